@@ -1,0 +1,175 @@
+"""The only place that parses gin: resolve gin files, apply bindings, make the run directory, run the job.
+
+    python -m bat_jax.launch --gin_file=bicurl_tiny.gin [--gin_file=...] [--gin_bindings=...]
+                             [--gin_search_paths=...] [--run_dir=...]
+
+Every top-level gin file binds `launch.run.job` (a callable taking `run_dir`) and `launch.run.run_name`.
+Gin files are looked up, in order, on: --gin_search_paths, $BAT_JAX_GIN_PATH (os.pathsep-separated), and the
+repository's `gin/` folder, so the command works from any working directory.
+
+Run directory: --run_dir, else `<--runs_root>/<run_name>` (default runs root `./runs`). The same command twice
+uses the same directory, which is how a killed run resumes. Written there: `config.gin` (the resolved
+configuration, before the job starts) and `operative_config.gin` (what the job actually read, after it ends).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import sys
+from collections.abc import Callable, Sequence
+
+import gin
+from absl import flags
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_GIN_DIR = REPO_ROOT / "gin"
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", [], "Gin file name or path (repeatable); names resolve on the search path.")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings applied after the files, e.g. 'experiment.Foo.x = 3'.")
+flags.DEFINE_multi_string("gin_search_paths", [], "Extra folders searched for gin files (before gin/).")
+flags.DEFINE_string("run_dir", None, "Run directory (default: <runs_root>/<run_name>).")
+flags.DEFINE_string("runs_root", "runs", "Parent folder of run directories when --run_dir is not given.")
+
+
+class LaunchError(Exception):
+    """A configuration problem the user must fix; the message says what and where."""
+
+
+def search_paths(extra: Sequence[str] = ()) -> list[pathlib.Path]:
+    """Gin search path, first match wins: extra paths, $BAT_JAX_GIN_PATH, then the repository's gin/."""
+    paths = [pathlib.Path(p) for p in extra]
+    env = os.environ.get("BAT_JAX_GIN_PATH", "")
+    paths += [pathlib.Path(p) for p in env.split(os.pathsep) if p]
+    paths.append(DEFAULT_GIN_DIR)
+    return [p.resolve() for p in paths]
+
+
+def available_gin_files(paths: Sequence[pathlib.Path]) -> list[str]:
+    """Names (relative to their search folder) of every .gin file on the search path, sorted."""
+    names = set()
+    for root in paths:
+        if root.is_dir():
+            names.update(str(p.relative_to(root)) for p in root.rglob("*.gin"))
+    return sorted(names)
+
+
+def resolve_gin_file(name: str, paths: Sequence[pathlib.Path]) -> pathlib.Path:
+    """Finds a gin file by path or by name on the search path.
+
+    Raises:
+      LaunchError: listing the available gin files when nothing matches.
+    """
+    candidate = pathlib.Path(name)
+    if candidate.is_file():
+        return candidate.resolve()
+    for root in paths:
+        if (root / name).is_file():
+            return (root / name).resolve()
+    listing = "\n  ".join(available_gin_files(paths)) or "(none)"
+    where = ", ".join(str(p) for p in paths)
+    raise LaunchError(f"gin file {name!r} not found on the search path ({where}). Available:\n  {listing}")
+
+
+def parse_gin(files: Sequence[str], bindings: Sequence[str], extra_paths: Sequence[str] = ()) -> list[pathlib.Path]:
+    """Clears gin, parses the files (includes resolve on the search path), then each binding.
+
+    Returns:
+      The resolved file paths, in order.
+
+    Raises:
+      LaunchError: no file given, an unknown file, a file that fails to parse (its path and gin's message),
+        or a malformed binding (the binding text and gin's message).
+    """
+    if not files:
+        raise LaunchError("no --gin_file given; try --gin_file=bicurl_tiny.gin")
+    paths = search_paths(extra_paths)
+    resolved = [resolve_gin_file(f, paths) for f in files]
+    gin.clear_config(clear_constants=True)
+    for root in paths:
+        gin.add_config_file_search_path(str(root))
+    for path in resolved:
+        try:
+            gin.parse_config_file(str(path))
+        except Exception as e:  # gin raises several types; all mean "this file is wrong"
+            raise LaunchError(f"gin file {path} failed to parse: {type(e).__name__}: {e}") from e
+    for binding in bindings:
+        try:
+            gin.parse_config(binding)
+        except Exception as e:
+            raise LaunchError(f"bad gin binding {binding!r}: {type(e).__name__}: {e}") from e
+    return resolved
+
+
+@dataclasses.dataclass(frozen=True)
+class Launched:
+    run_dir: pathlib.Path
+    result: object
+
+
+def run(job: Callable[..., object] = gin.REQUIRED, run_name: str = gin.REQUIRED, run_dir: str | None = None,
+        runs_root: str = "runs") -> Launched:
+    """Runs the configured job in its run directory (gin-bound by every top-level gin file).
+
+    Args:
+      job: callable invoked as `job(run_dir=pathlib.Path)`.
+      run_name: default run-directory name under `runs_root`.
+      run_dir: explicit run directory (overrides runs_root/run_name).
+      runs_root: parent of run directories.
+    """
+    directory = pathlib.Path(run_dir) if run_dir else pathlib.Path(runs_root) / run_name
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_atomic(directory / "config.gin", gin.config_str())
+    logging.info("run directory: %s", directory.resolve())
+    print(f"[bat_jax] run directory: {directory.resolve()}", flush=True)
+    result = job(run_dir=directory)
+    _write_atomic(directory / "operative_config.gin", gin.operative_config_str())
+    return Launched(run_dir=directory, result=result)
+
+
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    return FLAGS(argv)
+
+
+def launch(files: Sequence[str], bindings: Sequence[str] = (), extra_paths: Sequence[str] = (),
+           run_dir: str | None = None, runs_root: str = "runs") -> Launched:
+    """Programmatic entry point (what `main` calls): parse gin, then `run` with the directory overrides."""
+    parse_gin(files, bindings, extra_paths)
+    try:
+        configured_run = gin.get_configurable(run)
+    except ValueError as e:
+        raise LaunchError(
+            f"the gin files {list(files)} do not configure bat_jax.launch.run; a top-level gin file must "
+            "`import bat_jax.launch as launch` and bind `launch.run.job` and `launch.run.run_name`") from e
+    overrides = {"runs_root": runs_root}
+    if run_dir:
+        overrides["run_dir"] = run_dir
+    return configured_run(**overrides)
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise SystemExit(f"unexpected positional arguments: {list(argv[1:])}")
+    _maybe_initialize_distributed()
+    try:
+        launch(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, FLAGS.run_dir, FLAGS.runs_root)
+    except LaunchError as e:
+        print(f"[bat_jax] error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _maybe_initialize_distributed() -> None:
+    """Multi-host start: jax.distributed.initialize when the environment names a coordinator."""
+    if os.environ.get("JAX_COORDINATOR_ADDRESS") and int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1:
+        import jax
+
+        jax.distributed.initialize()

@@ -1,0 +1,138 @@
+"""The sandbox contract shared by the Docker backend, the task families, the teacher and the verifier.
+
+An agent acts only through two tools: `execute_code(language, code)` and `submit(path)`. Every call leaves a
+`Receipt` outside the agent's reach; the verifier checks rubric evidence against receipts and artefacts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from typing import Protocol
+
+#: Languages accepted by `execute_code`.
+LANGUAGES = ("python", "bash")
+#: Default characters of stdout/stderr returned to the agent (REFERENCE.md: 2,048 chars per observation).
+DEFAULT_MAX_OUTPUT_CHARS = 2048
+#: Default hard wall-clock limit of one tool call, seconds (REFERENCE.md: 120 s).
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def sha256_hex(data: bytes | str) -> str:
+    """SHA-256 hex digest of bytes (str is UTF-8 encoded)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What a tool call returns to the agent.
+
+    Attributes:
+      stdout, stderr: captured text, each cut to the configured limit (`truncated` says whether it was).
+      exit_code: process exit status; None when the call was killed (timeout) or never ran.
+      duration_s: wall-clock seconds of the call.
+      timed_out: True when the hard timeout killed the work.
+      truncated: True when stdout or stderr was cut.
+      error: infrastructure / tool error text (e.g. 'unknown language'), '' when none.
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    duration_s: float
+    timed_out: bool = False
+    truncated: bool = False
+    error: str = ""
+
+    def render(self) -> str:
+        """The observation text the agent sees as the tool response."""
+        parts = []
+        if self.stdout:
+            parts.append(self.stdout)
+        if self.stderr:
+            parts.append(f"[stderr]\n{self.stderr}")
+        if self.error:
+            parts.append(f"[error] {self.error}")
+        if self.timed_out:
+            parts.append(f"[timed out after {self.duration_s:.1f} s]")
+        parts.append(f"[exit code {self.exit_code}]")
+        return "\n".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    """Execution record of one tool call, kept by the host (never writable by the agent).
+
+    Attributes:
+      index: 0-based call index within the episode.
+      tool: 'execute_code' or 'submit'.
+      language: 'python' | 'bash' for execute_code, '' for submit.
+      code: the code (or the submitted path).
+      exit_code: as in Observation.
+      stdout_sha256, stderr_sha256: digests of the *full* (untruncated) outputs.
+      started_at, finished_at: Unix timestamps, seconds.
+      timed_out: as in Observation.
+      stdout: the (truncated) stdout the agent saw, kept for evidence predicates.
+    """
+
+    index: int
+    tool: str
+    language: str
+    code: str
+    exit_code: int | None
+    stdout_sha256: str
+    stderr_sha256: str
+    started_at: float
+    finished_at: float
+    timed_out: bool
+    stdout: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxState:
+    """An executable sandbox state p (paper Eq. 2): the workspace files and environment a sandbox starts from.
+
+    Attributes:
+      files: workspace-relative POSIX path → file bytes.
+      env: environment variables for tool calls.
+    """
+
+    files: Mapping[str, bytes]
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def digest(self) -> str:
+        """SHA-256 over sorted (path, file digest) pairs and env; stable across processes."""
+        h = hashlib.sha256()
+        for path in sorted(self.files):
+            h.update(path.encode("utf-8") + b"\0" + sha256_hex(self.files[path]).encode() + b"\n")
+        for key in sorted(self.env):
+            h.update(f"env:{key}={self.env[key]}\n".encode("utf-8"))
+        return h.hexdigest()
+
+
+class Sandbox(Protocol):
+    """One live sandbox holding one episode's workspace."""
+
+    def execute_code(self, language: str, code: str, timeout_s: float | None = None) -> Observation:
+        """Runs code ('python' or 'bash') in the workspace; never raises for agent mistakes."""
+
+    def submit(self, path: str) -> Observation:
+        """Marks a workspace-relative file as the final artefact."""
+
+    def receipts(self) -> list[Receipt]:
+        """Receipts of every call so far, in order (host-side copy)."""
+
+    def read_file(self, path: str) -> bytes:
+        """Host-side read of a workspace file, for the verifier. Raises FileNotFoundError."""
+
+    def list_files(self) -> list[str]:
+        """Workspace-relative paths of all files, sorted."""
+
+    def submitted(self) -> str | None:
+        """The submitted workspace-relative path, or None."""
+
+    def close(self) -> None:
+        """Releases the sandbox (idempotent)."""

@@ -1,0 +1,59 @@
+"""The launch edge: gin resolution from any directory, the run directory, clear errors."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from bat_jax import launch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_unknown_gin_file_lists_available_ones():
+    with pytest.raises(launch.LaunchError, match=r"'nope\.gin' not found(.|\n)*bicurl_tiny\.gin"):
+        launch.parse_gin(["nope.gin"], [])
+
+
+def test_malformed_binding_is_named():
+    bad = "experiment.BiCuRLConfig.rounds = = 3"
+    with pytest.raises(launch.LaunchError, match=r"bad gin binding 'experiment\.BiCuRLConfig\.rounds = = 3'"):
+        launch.parse_gin(["bicurl_tiny.gin"], [bad])
+    with pytest.raises(launch.LaunchError, match="roundz"):
+        launch.parse_gin(["bicurl_tiny.gin"], ["experiment.BiCuRLConfig.roundz = 3"])
+
+
+def test_no_gin_file_is_an_error():
+    with pytest.raises(launch.LaunchError, match="no --gin_file"):
+        launch.parse_gin([], [])
+
+
+def test_search_path_order_prefers_extra_paths(tmp_path):
+    (tmp_path / "bicurl_tiny.gin").write_text("# shadow\n")
+    paths = launch.search_paths([str(tmp_path)])
+    assert launch.resolve_gin_file("bicurl_tiny.gin", paths) == (tmp_path / "bicurl_tiny.gin").resolve()
+    assert paths[-1] == launch.DEFAULT_GIN_DIR.resolve()
+
+
+def test_cli_from_another_directory_writes_resolved_config(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "BAT_JAX_GIN_PATH"}
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bat_jax.launch", "--gin_file=bicurl_tiny.gin",
+         "--gin_bindings=experiment.BiCuRLConfig.rounds = 2", f"--run_dir={run_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    config = (run_dir / "config.gin").read_text()
+    assert "experiment.BiCuRLConfig.rounds = 2" in config
+    assert "launch.run.job = @experiment.run" in config
+    assert (run_dir / "operative_config.gin").is_file()
+
+
+def test_cli_bad_binding_exits_nonzero_with_the_binding(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "bat_jax.launch", "--gin_file=bicurl_tiny.gin", "--gin_bindings=nope.x = 1",
+         f"--run_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "bad gin binding 'nope.x = 1'" in proc.stderr
