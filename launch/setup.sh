@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=${PYTHON:-python3}
+PY=${PYTHON:-python}
 echo "[setup] python packages"
 "$PY" -m pip install --disable-pip-version-check -q -e ".[test]"
 
