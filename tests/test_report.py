@@ -1,0 +1,54 @@
+import struct
+
+import pytest
+
+from bat_jax import report
+from bat_jax.benchmark.scoring import Cell, aggregate
+from bat_jax.benchmark.stages import STAGES, Stage
+
+
+def _summary(values):
+    return aggregate([Cell(f"t{i}", 0, {s: v for s in STAGES}, task=v) for i, v in enumerate(values)])
+
+
+def test_results_table_prints_paper_scale_with_half_widths():
+    table = report.results_table([("SFT", _summary([0.1, 0.2, 0.3])), ("BiCuRL", _summary([0.5, 0.5, 0.5]))])
+    lines = table.splitlines()
+    assert lines[0].split()[:4] == ["System", "Overall", "Agentic", "Task"]
+    # mean 20.0, half-width 4.3027 * 10 / sqrt(3) = 24.84 -> 24.8
+    assert "20.0 ± 24.8" in lines[2]
+    assert "50.0 ± 0.0" in lines[3]
+
+
+def test_stage_table_and_best_so_far():
+    table = report.stage_table([("round 1", {Stage.PLAN: 0.5, Stage.VALIDATE: 0.25})])
+    assert "50.0" in table and "25.0" in table and "—" in table
+    assert report.best_so_far([0.30, None, 0.35, 0.34, 0.36]) == [0.30, 0.30, 0.35, 0.35, 0.36]
+    assert report.best_so_far([None, 0.2]) == [None, 0.2]
+
+
+def test_staircase_plot_writes_a_png(tmp_path):
+    path = report.staircase_plot([0.30, 0.35, 0.34, None, 0.40], tmp_path / "staircase.png", baselines={"SFT": 0.3})
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (720, 432)
+    assert not list(tmp_path.glob("*.tmp.png"))
+
+
+def test_scalar_writer_writes_event_file(tmp_path):
+    writer = report.ScalarWriter(tmp_path / "tb")
+    writer.summary("eval", _summary([0.4, 0.6]), step=1)
+    writer.close()
+    from tensorboardX.proto import event_pb2
+
+    (events_file,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    data, scalars, pos = events_file.read_bytes(), {}, 0
+    while pos < len(data):  # TFRecord framing: u64 length, u32 crc, payload, u32 crc
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+        pos += 16 + length
+        for value in event.summary.value:
+            scalars[value.tag] = (event.step, value.simple_value)
+    assert scalars["eval/overall"] == (1, pytest.approx(50.0))
+    assert scalars["eval/S3_Validate"] == (1, pytest.approx(50.0))
