@@ -1,0 +1,484 @@
+"""Chat templates of the Qwen3.5 and Qwen3 families, structured tool actions and the tool-call parser.
+
+Both families use `<|im_start|>ROLE\\n ... <|im_end|>\\n` turns and return tool output to the model as a user
+turn wrapped in `<tool_response>\\n ... \\n</tool_response>`:
+
+- ``qwen3_5`` (Qwen3.5's published template, written here as `QWEN3_5_CHAT_TEMPLATE`): tools as JSON lines in
+  a `<tools>` block of the system turn; tool calls as XML
+  `<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>`; the
+  generation prompt opens the thinking block (`<|im_start|>assistant\\n<think>\\n`).
+- ``qwen3`` (Qwen3's published template, shipped with the real Qwen3 tokenizer): tool calls as JSON
+  `{"name": ..., "arguments": {...}}` inside `<tool_call>\\n ... \\n</tool_call>`; the generation prompt is
+  `<|im_start|>assistant\\n` and the model writes its own `<think>` block.
+
+Stage Bank rows store model-neutral `ToolAction`s; `render_action` turns one into the text a family's
+template renders after the generation prompt (without the end-of-turn token), and `parse_tool_call` turns
+sampled text back into a `ToolAction`, or into a `ParseError` whose `observation` is shown to the agent
+(a malformed call never raises). Token-level episode assembly is `bat_jax.models.episode.EpisodeBuilder`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from bat_jax.sandbox.types import LANGUAGES
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+ENDOFTEXT = "<|endoftext|>"
+
+#: Qwen3 added tokens in id order, starting at `QWEN3_SPECIAL_START_ID` (Qwen3 tokenizer_config.json).
+QWEN3_SPECIAL_TOKENS = (
+    ENDOFTEXT, IM_START, IM_END, "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
+    "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
+    "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+)  # fmt: skip
+QWEN3_SPECIAL_START_ID = 151643
+#: Qwen3.5 added tokens in id order, starting at `QWEN3_5_SPECIAL_START_ID` (the Qwen3's, plus audio/tts).
+QWEN3_5_SPECIAL_TOKENS = QWEN3_SPECIAL_TOKENS + (
+    "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+    "<tts_text_bos_single>", "<|audio_pad|>",
+)  # fmt: skip
+QWEN3_5_SPECIAL_START_ID = 248044
+#: Added tokens that the published configs mark `special: false` (kept by `skip_special_tokens` decoding).
+NON_SPECIAL_ADDED_TOKENS = frozenset(QWEN3_SPECIAL_TOKENS[14:26])
+
+TOOL_NAMES = ("execute_code", "submit")
+#: The action that ends the episode without a tool call (a plain final assistant turn).
+STOP = "stop"
+_TOOL_ARGS = {"execute_code": ("language", "code"), "submit": ("path",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFamily:
+    """What the token-level code needs to know about one template family.
+
+    Attributes:
+      name: 'qwen3_5' or 'qwen3'.
+      special_tokens: added tokens in published id order.
+      published_special_start_id: id of `special_tokens[0]` in the published vocabulary.
+      generation_prompt: text the template appends for `add_generation_prompt=True` (thinking on).
+      strips_content: whether the template strips whitespace around message contents (Qwen3.5 `|trim`).
+    """
+
+    name: str
+    special_tokens: tuple[str, ...]
+    published_special_start_id: int
+    generation_prompt: str
+    strips_content: bool
+
+    def published_id(self, token: str) -> int:
+        """Published vocabulary id of an added token. Raises KeyError for an unknown token."""
+        if token not in self.special_tokens:
+            raise KeyError(f"{token!r} is not an added token of family {self.name}")
+        return self.published_special_start_id + self.special_tokens.index(token)
+
+
+FAMILIES = {
+    "qwen3_5": ChatFamily("qwen3_5", QWEN3_5_SPECIAL_TOKENS, QWEN3_5_SPECIAL_START_ID,
+                          f"{IM_START}assistant\n<think>\n", strips_content=True),
+    "qwen3": ChatFamily("qwen3", QWEN3_SPECIAL_TOKENS, QWEN3_SPECIAL_START_ID,
+                        f"{IM_START}assistant\n", strips_content=False),
+}  # fmt: skip
+
+
+def get_family(family: str | ChatFamily) -> ChatFamily:
+    """The `ChatFamily` named `family`. Raises ValueError naming the known families."""
+    if isinstance(family, ChatFamily):
+        return family
+    if family not in FAMILIES:
+        raise ValueError(f"unknown chat family {family!r}; known: {sorted(FAMILIES)}")
+    return FAMILIES[family]
+
+
+# Qwen3.5 chat template, text-only (image/video content items are not rendered). Follows the published
+# Qwen3.5 template: tools block in the system turn, XML tool calls, thinking kept for turns after the last
+# real user query, tool results as `<tool_response>` blocks of one user turn.
+QWEN3_5_CHAT_TEMPLATE = r"""{%- macro render_content(content) %}
+    {%- if content is string %}
+        {{- content }}
+    {%- elif content is iterable and content is not mapping %}
+        {%- for item in content %}
+            {%- if 'text' in item %}
+                {{- item.text }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif content is not none %}
+        {{- raise_exception('Unexpected content type.') }}
+    {%- endif %}
+{%- endmacro %}
+{%- if not messages %}
+    {{- raise_exception('No messages provided.') }}
+{%- endif %}
+{%- if tools and tools is iterable and tools is not mapping %}
+    {{- '<|im_start|>system\n' }}
+    {{- "# Tools\n\nYou have access to the following functions:\n\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>" }}
+    {{- '\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>' }}
+    {%- if messages[0].role == 'system' %}
+        {%- set content = render_content(messages[0].content)|trim %}
+        {%- if content %}
+            {{- '\n\n' + content }}
+        {%- endif %}
+    {%- endif %}
+    {{- '<|im_end|>\n' }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {%- set content = render_content(messages[0].content)|trim %}
+        {{- '<|im_start|>system\n' + content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" %}
+        {%- set content = render_content(message.content)|trim %}
+        {%- if not(content.startswith('<tool_response>') and content.endswith('</tool_response>')) %}
+            {%- set ns.multi_step_tool = false %}
+            {%- set ns.last_query_index = index %}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if ns.multi_step_tool %}
+    {{- raise_exception('No user query found in messages.') }}
+{%- endif %}
+{%- for message in messages %}
+    {%- set content = render_content(message.content)|trim %}
+    {%- if message.role == "system" %}
+        {%- if not loop.first %}
+            {{- raise_exception('System message must be at the beginning.') }}
+        {%- endif %}
+    {%- elif message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- set reasoning_content = reasoning_content|trim %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content + '\n</think>\n\n' + content }}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls and message.tool_calls is iterable and message.tool_calls is not mapping %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if tool_call.function is defined %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {%- if loop.first %}
+                    {%- if content|trim %}
+                        {{- '\n\n<tool_call>\n<function=' + tool_call.name + '>\n' }}
+                    {%- else %}
+                        {{- '<tool_call>\n<function=' + tool_call.name + '>\n' }}
+                    {%- endif %}
+                {%- else %}
+                    {{- '\n<tool_call>\n<function=' + tool_call.name + '>\n' }}
+                {%- endif %}
+                {%- if tool_call.arguments is defined %}
+                    {%- for args_name, args_value in tool_call.arguments|items %}
+                        {{- '<parameter=' + args_name + '>\n' }}
+                        {%- set args_value = args_value | tojson | safe if args_value is mapping or (args_value is sequence and args_value is not string) else args_value | string %}
+                        {{- args_value }}
+                        {{- '\n</parameter>\n' }}
+                    {%- endfor %}
+                {%- endif %}
+                {{- '</function>\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.previtem and loop.previtem.role != "tool" %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if not loop.last and loop.nextitem.role != "tool" %}
+            {{- '<|im_end|>\n' }}
+        {%- elif loop.last %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- raise_exception('Unexpected message role.') }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- else %}
+        {{- '<think>\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTemplate:
+    """Identity of a chat template, recorded in every derived (tokenised) view.
+
+    Attributes:
+      family: 'qwen3_5' or 'qwen3'.
+      name: free-form source name (e.g. the tokenizer directory's basename).
+      digest: SHA-256 hex of the Jinja template text.
+    """
+
+    family: str
+    name: str
+    digest: str
+
+    @classmethod
+    def from_text(cls, family: str, name: str, template: str) -> ChatTemplate:
+        get_family(family)
+        return cls(family=family, name=name, digest=hashlib.sha256(template.encode("utf-8")).hexdigest())
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, family: str) -> ChatTemplate:
+        """Identity of a `transformers` tokenizer's chat template. Raises ValueError when it has none."""
+        template = getattr(tokenizer, "chat_template", None)
+        if not isinstance(template, str) or not template:
+            raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template")
+        name = str(getattr(tokenizer, "name_or_path", "")).rstrip("/").rsplit("/", 1)[-1]
+        return cls.from_text(family, name, template)
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+def tool_schemas() -> list[dict]:
+    """JSON schemas (OpenAI function format) of the agent's two tools, for the system prompt's tools block."""
+    return [
+        {"type": "function", "function": {
+            "name": "execute_code",
+            "description": "Run python or bash code in the task workspace and return its stdout, stderr and "
+                           "exit code.",
+            "parameters": {"type": "object", "properties": {
+                "language": {"type": "string", "enum": list(LANGUAGES), "description": "Interpreter to use."},
+                "code": {"type": "string", "description": "The code to run."},
+            }, "required": ["language", "code"]},
+        }},
+        {"type": "function", "function": {
+            "name": "submit",
+            "description": "Submit a workspace file as the final result and end the task.",
+            "parameters": {"type": "object", "properties": {
+                "path": {"type": "string", "description": "Workspace-relative path of the result file."},
+            }, "required": ["path"]},
+        }},
+    ]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolAction:
+    """A model-neutral agent action, as stored in Stage Bank SFT rows.
+
+    Attributes:
+      thought: the reasoning text (the thinking block's content), may be ''.
+      tool: 'execute_code', 'submit', or 'stop' (no tool call; only `render_action` accepts it, the parser
+        reports such a turn as ParseError kind 'no_tool_call').
+      arguments: tool arguments, all strings ({'language', 'code'} or {'path'}, {} for 'stop').
+    """
+
+    thought: str
+    tool: str
+    arguments: Mapping[str, str]
+
+    def __post_init__(self):
+        error = _validate(self.tool, self.arguments)
+        if error:
+            raise ValueError(f"invalid ToolAction: {error}")
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ToolAction:
+        """From a row dict {'thought', 'tool', 'arguments'}. Raises ValueError naming the bad field."""
+        for key in ("tool", "arguments"):
+            if key not in row:
+                raise ValueError(f"action row lacks field {key!r}: {dict(row)!r:.200}")
+        thought = row.get("thought", "")
+        if not isinstance(thought, str):
+            raise ValueError(f"action field 'thought' must be a string, got {type(thought).__name__}")
+        if not isinstance(row["arguments"], Mapping):
+            raise ValueError("action field 'arguments' must be an object")
+        return cls(thought=thought, tool=row["tool"], arguments=dict(row["arguments"]))
+
+    def to_row(self) -> dict[str, Any]:
+        return {"thought": self.thought, "tool": self.tool, "arguments": dict(self.arguments)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ParseError:
+    """A tool call that could not be parsed; the episode goes on with `observation` as the tool response.
+
+    Attributes:
+      kind: 'no_tool_call' | 'malformed' | 'multiple_calls' | 'unknown_tool' | 'bad_arguments'.
+      message: what was wrong, for logs.
+      observation: the text returned to the agent.
+    """
+
+    kind: str
+    message: str
+    observation: str
+
+
+def _validate(tool: Any, arguments: Any) -> str:
+    """'' when (tool, arguments) is a valid call of one of `TOOL_NAMES`, else the reason."""
+    if tool == STOP:
+        return "" if not arguments else "stop takes no arguments"
+    if tool not in _TOOL_ARGS:
+        return f"unknown tool {tool!r}; available tools: {', '.join(TOOL_NAMES)}"
+    if not isinstance(arguments, Mapping):
+        return f"arguments of {tool} must be an object"
+    expected = _TOOL_ARGS[tool]
+    missing = [k for k in expected if k not in arguments]
+    extra = [k for k in arguments if k not in expected]
+    if missing or extra:
+        return (f"{tool} takes parameters {', '.join(expected)}"
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+                + (f"; unexpected: {', '.join(map(str, extra))}" if extra else ""))  # fmt: skip
+    bad = [k for k in expected if not isinstance(arguments[k], str)]
+    if bad:
+        return f"parameters of {tool} must be strings: {', '.join(bad)}"
+    if tool == "execute_code" and arguments["language"] not in LANGUAGES:
+        return f"language must be one of {', '.join(LANGUAGES)}, got {arguments['language']!r}"
+    return ""
+
+
+def render_action(action: ToolAction | Mapping[str, Any], family: str | ChatFamily) -> str:
+    """Assistant text for one action: what the family's template renders after the generation prompt.
+
+    The end-of-turn token is not included. For 'qwen3_5' the text starts inside the thinking block opened by
+    the generation prompt (`THOUGHT\\n</think>\\n\\n<tool_call>...`); for 'qwen3' it starts with `<think>\\n`.
+    Matches `apply_chat_template` of an assistant message {reasoning_content: thought, content: '',
+    tool_calls: [call]} (no tool_calls for 'stop') placed after the last user query. Raises ValueError for an
+    invalid action.
+    """
+    fam = get_family(family)
+    if not isinstance(action, ToolAction):
+        action = ToolAction.from_row(action)
+    if action.tool == STOP:  # thinking block, empty answer
+        return f"{action.thought.strip()}\n</think>\n\n" if fam.name == "qwen3_5" else (
+            f"<think>\n{action.thought.strip(chr(10))}\n</think>\n\n")
+    if fam.name == "qwen3_5":
+        params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in action.arguments.items())
+        call = f"<tool_call>\n<function={action.tool}>\n{params}</function>\n</tool_call>"
+        return f"{action.thought.strip()}\n</think>\n\n{call}"
+    call = json.dumps({"name": action.tool, "arguments": dict(action.arguments)}, ensure_ascii=False)
+    return f"<think>\n{action.thought.strip(chr(10))}\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
+
+
+def tool_response_text(observation: str, family: str | ChatFamily) -> str:
+    """Template glue after an assistant turn's end-of-turn token, through the next generation prompt.
+
+    `\\n<|im_start|>user\\n<tool_response>\\nOBS\\n</tool_response><|im_end|>\\n` + generation prompt; OBS is
+    stripped for 'qwen3_5' (its template trims contents).
+    """
+    fam = get_family(family)
+    obs = observation.strip() if fam.strips_content else observation
+    return f"\n{IM_START}user\n<tool_response>\n{obs}\n</tool_response>{IM_END}\n{fam.generation_prompt}"
+
+
+_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_FUNCTION_RE = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*", re.DOTALL)
+_PARAM_RE = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
+
+
+def _format_help(fam: ChatFamily) -> str:
+    example = ToolAction("", "execute_code", {"language": "python", "code": "print('hello')"})
+    text = render_action(example, fam)
+    return text[text.index("<tool_call>"):]
+
+
+def _error(kind: str, message: str, fam: ChatFamily) -> ParseError:
+    observation = (f"[tool call error] {message}\nCall exactly one tool per turn ({', '.join(TOOL_NAMES)}), "
+                   f"in this format:\n{_format_help(fam)}")  # fmt: skip
+    return ParseError(kind=kind, message=message, observation=observation)
+
+
+def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseError:
+    """Parses one assistant turn's text into a `ToolAction`; a malformed call gives a `ParseError`.
+
+    `text` is the decoded sampled turn (a trailing `<|im_end|>` is ignored). The thought is the text before
+    `</think>` (a leading `<think>` removed); exactly one `<tool_call>` block must follow. XML parameter values
+    lose the one newline the template puts on each side (a value that itself contains `</parameter>` cannot
+    be told apart from the closing tag and gives a ParseError or a cut value). Never raises for model output.
+    """
+    fam = get_family(family)
+    text = text.removesuffix(IM_END)
+    thought, sep, body = text.partition("</think>")
+    if not sep:
+        thought, body = "", text
+    thought = thought.strip().removeprefix("<think>").strip()
+    calls = _CALL_RE.findall(body)
+    if not calls:
+        if "<tool_call>" in body:
+            return _error("malformed", "the <tool_call> block is not closed with </tool_call>", fam)
+        return _error("no_tool_call", "no <tool_call> block found in your reply", fam)
+    if len(calls) > 1:
+        return _error("multiple_calls", f"found {len(calls)} <tool_call> blocks; only one is allowed", fam)
+    if fam.name == "qwen3_5":
+        parsed = _parse_xml_call(calls[0])
+    else:
+        parsed = _parse_json_call(calls[0])
+    if isinstance(parsed, str):
+        return _error("malformed", parsed, fam)
+    tool, arguments = parsed
+    if tool not in _TOOL_ARGS:  # 'stop' included: it is the absence of a call, not a tool
+        return _error("unknown_tool", f"unknown tool {tool!r}; available tools: {', '.join(TOOL_NAMES)}", fam)
+    error = _validate(tool, arguments)
+    if error:
+        return _error("bad_arguments", error, fam)
+    return ToolAction(thought=thought, tool=tool, arguments=arguments)
+
+
+def _parse_xml_call(call: str) -> tuple[str, dict[str, str]] | str:
+    match = _FUNCTION_RE.fullmatch(call)
+    if not match:
+        return "expected <function=NAME> ... </function> inside <tool_call>"
+    name, inner = match.group(1).strip(), match.group(2)
+    arguments: dict[str, str] = {}
+    position = 0
+    for param in _PARAM_RE.finditer(inner):
+        if inner[position:param.start()].strip():
+            return f"unexpected text between parameters: {inner[position:param.start()].strip()[:80]!r}"
+        key = param.group(1).strip()
+        if key in arguments:
+            return f"parameter {key!r} given twice"
+        value = param.group(2)
+        value = value[1:] if value.startswith("\n") else value
+        arguments[key] = value[:-1] if value.endswith("\n") else value
+        position = param.end()
+    if inner[position:].strip():
+        return f"unexpected text after the parameters: {inner[position:].strip()[:80]!r}"
+    return name, arguments
+
+
+def _parse_json_call(call: str) -> tuple[str, dict[str, Any]] | str:
+    try:
+        obj = json.loads(call)
+    except json.JSONDecodeError as e:
+        return f"the tool call is not valid JSON ({e.msg} at char {e.pos})"
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return 'expected a JSON object {"name": ..., "arguments": {...}}'
+    arguments = obj.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return "'arguments' is a string that is not a JSON object"
+    if not isinstance(arguments, dict):
+        return "'arguments' must be a JSON object"
+    return obj["name"], arguments
