@@ -16,6 +16,6 @@ if [ "${SKIP_DOCKER:-0}" != "1" ]; then
   echo "[setup] docker engine"
   bash launch/start_dockerd.sh
   echo "[setup] sandbox images"
-  "$PY" -m bat_jax.sandbox.images
+  PYTHON="$PY" bash launch/build_images.sh
 fi
 echo "[setup] done"

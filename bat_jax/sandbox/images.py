@@ -1,0 +1,160 @@
+"""Sandbox images built from nothing: a Debian base from `debootstrap` + `docker import`, and a task image.
+
+Recipe files live in `sandboxes/` at the repository root:
+  packages.txt      Debian packages of the base image (the one list; task families rely on exactly these)
+  task/Dockerfile   task image = base + the in-sandbox executor (no RUN steps, so no network is needed)
+  task/executor.py  the long-lived executor process (see bat_jax/sandbox/docker.py for the protocol)
+
+Tags are content addressed: the base tag hashes this module's recipe constants and the package list, the task
+tag hashes the base tag and every file of `sandboxes/task/`. `ensure_images` builds only what is missing, so a
+rebuild is skipped when nothing changed. The Debian mirror is read at run time from the machine's apt sources
+(`URIs:` in /etc/apt/sources.list.d/debian.sources, else the first `deb` line of /etc/apt/sources.list); no
+registry host is written in the repository.
+
+CLI: `python -m bat_jax.sandbox.images [--force]` prints the task image tag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import docker
+
+RECIPE_DIR = pathlib.Path(__file__).resolve().parents[2] / "sandboxes"
+SUITE = "bookworm"
+VARIANT = "minbase"
+BASE_REPO = "bat-sandbox-base"
+TASK_REPO = "bat-sandbox"
+IMAGE_LABEL = "bat_jax.image"
+_APT_SOURCES = (pathlib.Path("/etc/apt/sources.list.d/debian.sources"), pathlib.Path("/etc/apt/sources.list"))
+# Paths dropped from the debootstrap tree before import (caches only).
+_PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info")
+
+
+def packages(recipe_dir: pathlib.Path = RECIPE_DIR) -> list[str]:
+    """The Debian packages of the base image, from `packages.txt`. Raises FileNotFoundError, ValueError."""
+    path = recipe_dir / "packages.txt"
+    names = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        if not all(c.isalnum() or c in "+-._" for c in name):
+            raise ValueError(f"{path}:{lineno}: bad package name {name!r}")
+        names.append(name)
+    if not names:
+        raise ValueError(f"{path}: no packages listed")
+    return names
+
+
+def base_tag(recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
+    """`bat-sandbox-base:<12 hex>`: hash of suite, variant, pruned paths and the package list."""
+    h = hashlib.sha256(f"{SUITE}\n{VARIANT}\n{_PRUNE}\n".encode())
+    h.update("\n".join(packages(recipe_dir)).encode())
+    return f"{BASE_REPO}:{h.hexdigest()[:12]}"
+
+
+def task_tag(recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
+    """`bat-sandbox:<12 hex>`: hash of the base tag and every file (path + bytes) under `task/` (no caches)."""
+    h = hashlib.sha256(base_tag(recipe_dir).encode())
+    task_dir = recipe_dir / "task"
+    for path in sorted(p for p in task_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(str(path.relative_to(task_dir)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"{TASK_REPO}:{h.hexdigest()[:12]}"
+
+
+def debian_mirror(sources: tuple[pathlib.Path, ...] = _APT_SOURCES) -> str:
+    """The Debian mirror URL of this machine's apt sources (first non-security `URIs:` or `deb` entry).
+
+    Raises:
+      RuntimeError: no mirror in any of `sources`.
+    """
+    for path in sources:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line.startswith("URIs:"):
+                uris = line.split(":", 1)[1].split()
+                if uris and "security" not in uris[0]:
+                    return uris[0]
+            elif line.startswith("deb ") and "security" not in line:
+                return [w for w in line.split()[1:] if not w.startswith("[")][0]
+    raise RuntimeError(f"no Debian mirror found in {', '.join(map(str, sources))}")
+
+
+def _image_exists(client: docker.DockerClient, tag: str) -> bool:
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def build_base(client: docker.DockerClient, recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
+    """Builds the base image with debootstrap + `docker import` (needs root and debootstrap); returns its tag."""
+    tag = base_tag(recipe_dir)
+    if shutil.which("debootstrap") is None:
+        raise RuntimeError("debootstrap is not installed (apt-get install -y debootstrap; see launch/start_dockerd.sh)")
+    with tempfile.TemporaryDirectory(prefix="bat-rootfs-") as tmp:
+        rootfs = pathlib.Path(tmp) / "rootfs"
+        cmd = ["debootstrap", f"--variant={VARIANT}", "--include=" + ",".join(packages(recipe_dir)),
+               SUITE, str(rootfs), debian_mirror()]
+        print("+", " ".join(cmd), file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True, stdout=sys.stderr)
+        for rel in _PRUNE:
+            target = rootfs / rel
+            if target.is_dir():
+                shutil.rmtree(target)
+                target.mkdir(parents=True)
+        tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        subprocess.run(["docker", "import", "--change", f"LABEL {IMAGE_LABEL}=base", "-", tag],
+                       stdin=tar.stdout, check=True, stdout=sys.stderr)
+        tar.stdout.close()
+        if tar.wait() != 0:
+            raise RuntimeError(f"tar of {rootfs} failed")
+    return tag
+
+
+def build_task(client: docker.DockerClient, recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
+    """Builds the task image (base + executor) with `docker build`; returns its tag."""
+    tag = task_tag(recipe_dir)
+    client.images.build(path=str(recipe_dir / "task"), tag=tag, buildargs={"BASE": base_tag(recipe_dir)},
+                        labels={IMAGE_LABEL: "task"}, rm=True, network_mode="none")
+    return tag
+
+
+def ensure_images(client: docker.DockerClient | None = None, force: bool = False,
+                  recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
+    """Builds the base and task images when their content-addressed tags are missing; returns the task tag."""
+    client = client or docker.from_env(timeout=600)
+    if force or not _image_exists(client, base_tag(recipe_dir)):
+        build_base(client, recipe_dir)
+    tag = task_tag(recipe_dir)
+    if force or not _image_exists(client, tag):
+        build_task(client, recipe_dir)
+    return tag
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="rebuild even when the tags exist")
+    parser.add_argument("--print-tag", action="store_true", help="print the task tag without building")
+    args = parser.parse_args(argv)
+    if args.print_tag:
+        print(task_tag())
+        return 0
+    print(ensure_images(force=args.force))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DEBIAN_FRONTEND", "noninteractive")
+    sys.exit(main())

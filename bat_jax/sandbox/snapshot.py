@@ -1,0 +1,96 @@
+"""Snapshots: the sandbox state at a stage boundary, as a reusable artefact with a digest (paper Eq. 11).
+
+`replay_prefix` starts from an initial state, replays the tool calls of a trajectory prefix and captures the
+workspace reached (the state p of an RL row at that stage boundary). `save` / `load` store a state as one tar
+file: `state.json` (env, digest, file count) followed by the files under `files/`. Writes are atomic (temp file,
+then rename); `load` recomputes the digest and refuses a file whose content does not match it.
+Restoring into a sandbox is `sandbox.reset(state)` (a wipe plus one `put_archive`).
+
+Only regular files are captured: empty directories, symlinks and file modes are not part of a SandboxState.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from typing import Protocol
+
+from bat_jax.sandbox.tools import ToolCall, dispatch
+from bat_jax.sandbox.types import Observation, Sandbox, SandboxState
+
+
+class Restorable(Sandbox, Protocol):
+    """A sandbox that can be reset to a state and export its state (DockerSandbox implements it)."""
+
+    def reset(self, state: SandboxState | None = None) -> None:
+        """New episode: receipts and submission cleared, workspace and env replaced by `state`."""
+
+    def export_state(self) -> SandboxState:
+        """The current workspace (regular files) and env."""
+
+_META = "state.json"
+_FILES = "files/"
+
+
+def replay_prefix(sandbox: Restorable, initial: SandboxState, calls: Sequence[ToolCall],
+                  timeout_s: float | None = None) -> tuple[SandboxState, list[Observation]]:
+    """Resets `sandbox` to `initial`, replays `calls` in order and returns (state reached, observations)."""
+    sandbox.reset(initial)
+    observations = [dispatch(sandbox, call, timeout_s) for call in calls]
+    return sandbox.export_state(), observations
+
+
+def save(state: SandboxState, path: str | os.PathLike) -> str:
+    """Writes `state` to the tar file `path` atomically; returns its digest."""
+    path = pathlib.Path(path)
+    digest = state.digest()
+    meta = json.dumps({"digest": digest, "env": dict(state.env), "num_files": len(state.files)},
+                      sort_keys=True).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name, data in [(_META, meta)] + [(_FILES + p, state.files[p]) for p in sorted(state.files)]:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return digest
+
+
+def load(path: str | os.PathLike) -> SandboxState:
+    """Reads a state written by `save`.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: not a snapshot, or its files do not match the recorded digest (names the file).
+    """
+    files: dict[str, bytes] = {}
+    meta = None
+    try:
+        with tarfile.open(path, mode="r") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                data = tar.extractfile(member).read()
+                if member.name == _META:
+                    meta = json.loads(data)
+                elif member.name.startswith(_FILES):
+                    files[member.name[len(_FILES):]] = data
+    except tarfile.TarError as e:
+        raise ValueError(f"{path}: not a snapshot tar ({e})") from e
+    if meta is None:
+        raise ValueError(f"{path}: no {_META} in snapshot")
+    state = SandboxState(files=files, env=dict(meta.get("env", {})))
+    if state.digest() != meta.get("digest"):
+        raise ValueError(f"{path}: content digest {state.digest()} != recorded {meta.get('digest')}")
+    return state

@@ -1,0 +1,144 @@
+"""Warm pool and snapshots against the real engine: reset between rollouts, concurrency, recovery, cleanup."""
+
+import concurrent.futures
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from bat_jax.sandbox import images, snapshot
+from bat_jax.sandbox.docker import DockerSandboxConfig, SandboxError, connect
+from bat_jax.sandbox.pool import SandboxPool
+from bat_jax.sandbox.tools import ToolCall
+from bat_jax.sandbox.types import SandboxState, sha256_hex
+
+pytestmark = pytest.mark.docker
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _count(client, owner=None):
+    labels = ["bat_jax=1"] + ([f"bat_jax.owner={owner}"] if owner else [])
+    return len(client.api.containers(all=True, quiet=True, filters={"label": labels}))
+
+
+@pytest.fixture(scope="module")
+def client():
+    c = connect()
+    images.ensure_images(c)
+    before = _count(c)
+    yield c
+    assert _count(c) <= before, "bat_jax containers left behind by this module"
+
+
+@pytest.fixture(scope="module")
+def pool(client):
+    with SandboxPool(size=3, config=DockerSandboxConfig(timeout_s=10.0), client=client) as p:
+        yield p
+    assert _count(client, p.owner) == 0
+
+
+def test_pool_resets_between_rollouts(pool):
+    with pool.sandbox(SandboxState(files={"in.txt": b"1"}, env={"K": "v"})) as sb:
+        sb.execute_code("bash", "echo secret > leak.txt; echo $K > k.txt")
+        sb.submit("k.txt")
+        assert sb.list_files() == ["in.txt", "k.txt", "leak.txt"] and sb.read_file("k.txt") == b"v\n"
+        first = sb
+    with pool.sandbox(SandboxState(files={"other.txt": b"2"})) as sb:
+        assert sb.list_files() == ["other.txt"]
+        assert sb.receipts() == [] and sb.submitted() is None
+        assert sb.execute_code("bash", "echo \"[$K]\"; ls -A").stdout == "[]\nother.txt\n"
+    assert first.alive and pool.replaced == 0
+
+
+def test_pool_concurrency_is_safe(pool):
+    def rollout(i):
+        with pool.sandbox(SandboxState(files={"id.txt": str(i).encode()})) as sb:
+            out = sb.execute_code("python", "import time; time.sleep(0.05); print(open('id.txt').read())").stdout
+            return out, [r.index for r in sb.receipts()]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(rollout, range(12)))
+    assert results == [(f"{i}\n", [0]) for i in range(12)]
+
+
+def test_pool_recovers_from_fork_bomb_and_killed_executor(pool):
+    with pool.sandbox() as sb:
+        sb.execute_code("bash", ":(){ :|:& };:", timeout_s=3)
+    replaced = pool.replaced
+    with pool.sandbox() as sb:
+        obs = sb.execute_code("bash", "kill -9 $PPID; sleep 3")
+        assert "died" in obs.error
+    assert pool.replaced == replaced + 1
+    outs = []
+    for _ in range(pool.size):  # every member answers again
+        with pool.sandbox() as sb:
+            outs.append(sb.execute_code("python", "print(5)").stdout)
+    assert outs == ["5\n"] * pool.size
+
+
+def test_snapshot_replay_save_load_restore(pool, tmp_path):
+    initial = SandboxState(files={"data/scan.raw": np.arange(64, dtype=np.int16).tobytes()}, env={"SEED": "3"})
+    calls = [
+        ToolCall("execute_code", {"language": "python", "code": textwrap.dedent("""
+            import numpy as np, os
+            a = np.frombuffer(open('data/scan.raw', 'rb').read(), dtype=np.int16).reshape(8, 8)
+            os.makedirs('out/masks', exist_ok=True)
+            np.save('out/masks/m.npy', (a > int(os.environ['SEED'])).astype(np.uint8))
+            """)}),
+        ToolCall("execute_code", {"language": "bash", "code": "echo stage1 > notes.md; rm data/scan.raw"}),
+    ]
+    with pool.sandbox() as sb:
+        state, obs = snapshot.replay_prefix(sb, initial, calls)
+    assert [o.exit_code for o in obs] == [0, 0]
+    assert sorted(state.files) == ["notes.md", "out/masks/m.npy"] and state.env == {"SEED": "3"}
+    mask = np.load(io.BytesIO(state.files["out/masks/m.npy"]))
+    np.testing.assert_array_equal(mask, (np.arange(64).reshape(8, 8) > 3).astype(np.uint8))
+    digest = snapshot.save(state, tmp_path / "snap.tar")
+    assert digest == state.digest()
+    loaded = snapshot.load(tmp_path / "snap.tar")
+    assert loaded.digest() == digest and dict(loaded.files) == dict(state.files)
+    with pool.sandbox(loaded) as fresh:
+        again = fresh.export_state()
+        sums = fresh.execute_code("bash", "sha256sum notes.md out/masks/m.npy").stdout.split()
+    assert again.digest() == digest and dict(again.files) == dict(state.files) and again.env == {"SEED": "3"}
+    assert sums[0::2] == [sha256_hex(state.files["notes.md"]), sha256_hex(state.files["out/masks/m.npy"])]
+
+
+def _child_pool_script():
+    return textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {ROOT!r})
+        from bat_jax.sandbox.pool import SandboxPool
+        pool = SandboxPool(size=2)
+        print(pool.owner, flush=True)
+        time.sleep(60)
+    """)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_containers_removed_on_ctrl_c_and_on_kill(client, sig):
+    proc = subprocess.Popen([sys.executable, "-c", _child_pool_script()], stdout=subprocess.PIPE, text=True)
+    owner = proc.stdout.readline().strip()
+    assert owner and _count(client, owner) == 2
+    proc.send_signal(sig)
+    proc.wait(20)
+    deadline = time.monotonic() + 15
+    while _count(client, owner) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _count(client, owner) == 0
+
+
+def test_pool_errors_are_clear(client, monkeypatch):
+    with pytest.raises(ValueError, match="size must be"):
+        SandboxPool(size=0, client=client)
+    with pytest.raises(SandboxError, match="is missing; build it"):
+        SandboxPool(size=1, config=DockerSandboxConfig(image="bat-sandbox:doesnotexist"), client=client)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(SandboxError, match="Docker engine not reachable"):
+        SandboxPool(size=1)

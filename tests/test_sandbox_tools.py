@@ -1,0 +1,78 @@
+"""Tool dispatch, workspace tars and snapshot files (no engine needed)."""
+
+import io
+import tarfile
+
+import pytest
+
+from bat_jax.sandbox import snapshot, tools
+from bat_jax.sandbox.docker import state_to_tar, tar_to_files
+from bat_jax.sandbox.types import Observation, SandboxState
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def execute_code(self, language, code, timeout_s=None):
+        self.calls.append(("execute_code", language, code, timeout_s))
+        return Observation("ok", "", 0, 0.0)
+
+    def submit(self, path):
+        self.calls.append(("submit", path))
+        return Observation("submitted", "", 0, 0.0)
+
+
+def test_tool_dispatch_and_specs():
+    assert tools.TOOL_NAMES == ("execute_code", "submit")
+    sb = _Recorder()
+    assert tools.dispatch(sb, tools.ToolCall("execute_code", {"language": "bash", "code": "ls"}), 3.0).stdout == "ok"
+    assert tools.dispatch(sb, tools.ToolCall("submit", {"path": "out.nii.gz"})).stdout == "submitted"
+    assert sb.calls == [("execute_code", "bash", "ls", 3.0), ("submit", "out.nii.gz")]
+    assert "unknown tool" in tools.dispatch(sb, tools.ToolCall("rm", {})).error
+    assert "'language' and 'code'" in tools.dispatch(sb, tools.ToolCall("execute_code", {"code": 1})).error
+    assert "'path'" in tools.dispatch(sb, tools.ToolCall("submit", {"path": ""})).error
+    assert len(sb.calls) == 2  # bad calls never reach the sandbox
+
+
+def test_state_tar_round_trip_and_bad_paths():
+    state = SandboxState(files={"a.txt": b"A", "d/e/f.bin": b"\x00\x01", "d/g": b""})
+    data = state_to_tar(state)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = {m.name: (m.type, m.mode, m.uid) for m in tar.getmembers()}
+    assert members == {"a.txt": (tarfile.REGTYPE, 0o644, 65534), "d": (tarfile.DIRTYPE, 0o755, 65534),
+                       "d/e": (tarfile.DIRTYPE, 0o755, 65534), "d/e/f.bin": (tarfile.REGTYPE, 0o644, 65534),
+                       "d/g": (tarfile.REGTYPE, 0o644, 65534)}
+    # get_archive of /workspace/. names members under the directory's basename "."
+    wrapped = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=wrapped, mode="w") as dst:
+        for m in src.getmembers():
+            payload = src.extractfile(m).read() if m.isfile() else None
+            m.name = "./" + m.name
+            dst.addfile(m, io.BytesIO(payload) if payload is not None else None)
+    assert tar_to_files([wrapped.getvalue()]) == dict(state.files)
+    for bad in ("/etc/passwd", "../x", "a/../../x", "."):
+        with pytest.raises(ValueError, match="must be relative"):
+            state_to_tar(SandboxState(files={bad: b"x"}))
+
+
+def test_snapshot_save_load_and_tampering(tmp_path):
+    state = SandboxState(files={"a": b"x", "out/m.npy": bytes(range(200))}, env={"SEED": "3"})
+    path = tmp_path / "snaps" / "s.tar"
+    assert snapshot.save(state, path) == state.digest()
+    assert list(path.parent.iterdir()) == [path]  # no temp file left behind
+    loaded = snapshot.load(path)
+    assert dict(loaded.files) == dict(state.files) and loaded.env == {"SEED": "3"}
+    assert loaded.digest() == state.digest()
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(path, "w") as tar:
+        for member, data in members:
+            tar.addfile(member, io.BytesIO(b"y" if member.name == "files/a" else data))
+    with pytest.raises(ValueError, match="s.tar: content digest"):
+        snapshot.load(path)
+    (tmp_path / "junk.tar").write_bytes(b"not a tar")
+    with pytest.raises(ValueError, match="junk.tar: not a snapshot"):
+        snapshot.load(tmp_path / "junk.tar")
+    with pytest.raises(FileNotFoundError):
+        snapshot.load(tmp_path / "absent.tar")
