@@ -1,0 +1,153 @@
+"""The curriculum router: pick the target stage s* from held-out stage scores and write an auditable report.
+
+Source: paper Section 2.2.2 ("The curriculum router reads e_r and writes an auditable report that selects target
+stage s*_r"); released code (REFERENCE.md): weakest stage, ties → earliest stage; after a held candidate →
+the stage with the largest positive regression.
+
+Rules:
+  * 'weakest': s* = argmin_s e_s over scored stages; ties go to the earliest stage in workflow order.
+  * 'largest_regression' (only when `RouterConfig.corrective` and the last candidate was held / fell back):
+    s* = argmax_s (reference_s − candidate_s) over stages whose score fell (> 0); ties → earliest. When no
+    stage fell, the weakest rule applies.
+Unscored stages (None) are left out (null is not zero). Scores are 0–1; only aggregates enter the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.stage_bank.leakage import check_prescription
+
+RULE_WEAKEST = "weakest"
+RULE_REGRESSION = "largest_regression"
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterConfig:
+    """Router settings (gin binds these). `corrective`: use the largest-regression rule after a held
+    candidate (released code); the paper's default is the weakest-stage rule only."""
+
+    corrective: bool = False
+
+
+def _parse_scores(scores: Mapping[Any, float | None], what: str) -> dict[Stage, float | None]:
+    parsed: dict[Stage, float | None] = {}
+    for k, v in scores.items():
+        stage = Stage.parse(k)
+        if v is not None:
+            v = float(v)
+            if not math.isfinite(v) or not 0.0 <= v <= 1.0:
+                raise ValueError(f"{what} for {stage.value} ({stage.title}) must be in [0, 1], got {v!r}")
+        parsed[stage] = v
+    missing = [s.value for s in STAGES if s not in parsed]
+    if missing:
+        raise ValueError(f"{what} are missing stages {missing} (pass None for an unscored stage)")
+    return parsed
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingDecision:
+    """The router's choice and its audit trail.
+
+    Attributes:
+      round_index: the round the choice is for.
+      target: s*.
+      rule: RULE_WEAKEST or RULE_REGRESSION.
+      scores_in: stage scores read (candidate's when held), 'S1'..'S5' → 0–1 or None.
+      reference_scores: the retained checkpoint's scores used by the corrective rule, or None.
+      regressions: reference − candidate per stage (positive = fell), empty unless corrective rule was tried.
+      held: whether the last candidate was held / fell back.
+    """
+
+    round_index: int
+    target: Stage
+    rule: str
+    scores_in: Mapping[str, float | None]
+    reference_scores: Mapping[str, float | None] | None
+    regressions: Mapping[str, float]
+    held: bool
+
+    def report(self) -> dict[str, Any]:
+        """JSON-serialisable audit report (scores in, rule, choice) for the ledger."""
+        return {
+            "round": self.round_index,
+            "rule": self.rule,
+            "held": self.held,
+            "scores_in": dict(self.scores_in),
+            "reference_scores": dict(self.reference_scores) if self.reference_scores is not None else None,
+            "regressions": dict(self.regressions),
+            "target_stage": self.target.value,
+            "target_title": self.target.title,
+        }
+
+    def prescription(self) -> dict[str, Any]:
+        """What the data side receives: aggregates only, checked by the leakage firewall."""
+        payload: dict[str, Any] = {
+            "round": self.round_index,
+            "target_stage": self.target.value,
+            "stage_scores": {k: v for k, v in self.scores_in.items() if v is not None},
+        }
+        if self.regressions:
+            payload["stage_changes"] = {k: -v for k, v in self.regressions.items()}
+        return check_prescription(payload)
+
+
+def _earliest_min(values: Mapping[Stage, float]) -> Stage:
+    return min(values, key=lambda s: (values[s], s.index))
+
+
+def route(
+    stage_scores: Mapping[Any, float | None],
+    *,
+    round_index: int = 0,
+    held: bool = False,
+    reference_scores: Mapping[Any, float | None] | None = None,
+    config: RouterConfig = RouterConfig(),
+) -> RoutingDecision:
+    """Chooses the target stage.
+
+    Args:
+      stage_scores: e_r, one 0–1 score (or None = unscored) per stage; keys Stage, 'S3' or 'Validate'.
+        When `held`, these are the held candidate's scores.
+      round_index: round the decision is for (recorded in the report).
+      held: the last candidate was held / fell back.
+      reference_scores: the retained checkpoint θ*'s stage scores (needed by the corrective rule).
+      config: RouterConfig.
+
+    Returns:
+      RoutingDecision.
+
+    Raises:
+      ValueError: a missing stage, a score outside [0, 1], every stage unscored, or the corrective rule
+        enabled for a held candidate without reference_scores.
+    """
+    scores = _parse_scores(stage_scores, "stage scores")
+    scored = {s: v for s, v in scores.items() if v is not None}
+    if not scored:
+        raise ValueError("every stage is unscored; the router has nothing to compare")
+    reference = None
+    regressions: dict[str, float] = {}
+    rule, target = RULE_WEAKEST, _earliest_min(scored)
+    if held and config.corrective:
+        if reference_scores is None:
+            raise ValueError("the corrective rule needs reference_scores (the retained checkpoint's stage scores)")
+        reference = _parse_scores(reference_scores, "reference stage scores")
+        deltas = {s: reference[s] - scored[s] for s in scored if reference[s] is not None}
+        regressions = {s.value: d for s, d in deltas.items()}
+        fell = {s: d for s, d in deltas.items() if d > 0}
+        if fell:
+            rule = RULE_REGRESSION
+            target = min(fell, key=lambda s: (-fell[s], s.index))
+    return RoutingDecision(
+        round_index=round_index,
+        target=target,
+        rule=rule,
+        scores_in={s.value: scores[s] for s in STAGES},
+        reference_scores={s.value: reference[s] for s in STAGES} if reference is not None else None,
+        regressions=regressions,
+        held=held,
+    )

@@ -1,0 +1,145 @@
+"""The round ledger: one JSON line per BiCuRL round, read back on restart.
+
+Source: paper Section 2.2.2 ("BaT records each round's Stage Bank states, pool mixture, reward version,
+controller scores, and retained checkpoint"); DESIGN.md ("A killed run resumes from the ledger and Orbax").
+
+Each append rewrites the file through a temp file + fsync + rename, so the ledger on disk is always a complete
+sequence of rounds (rounds are few; the rewrite cost is negligible). Rounds must strictly increase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+FORMAT = 1
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Temp file in the same directory + fsync + os.replace + directory fsync."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LedgerError(RuntimeError):
+    """A ledger line is malformed or a round is out of order (message names file and line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundRecord:
+    """Everything one round decided.
+
+    Attributes:
+      round: round index r (int, strictly increasing in a ledger).
+      selected_stage: s*, 'S1'..'S5'.
+      routing_report: the router's audit report (`RoutingDecision.report()`).
+      pool_counts: rows drawn per pool, e.g. {'target': 400, 'mix': 200, 'e2e': 200}.
+      bank_version: Stage Bank version the round drew from.
+      state_ids: bank state_ids drawn, in draw order.
+      reward_version: identity of the reward contract / verifier version.
+      controller_scores: the controller evaluation of the candidate (`Evaluation.to_dict()`).
+      kl: mean per-token KL(candidate ‖ θ*) in nats, or None.
+      decision: 'accept' | 'fallback' | 'hold'.
+      retained_checkpoint: checkpoint the next round starts from.
+      controller_state: `ControllerState.to_dict()` after the decision (for resume).
+    """
+
+    round: int
+    selected_stage: str
+    routing_report: Mapping[str, Any]
+    pool_counts: Mapping[str, int]
+    bank_version: int
+    state_ids: Sequence[str]
+    reward_version: str
+    controller_scores: Mapping[str, Any]
+    kl: float | None
+    decision: str
+    retained_checkpoint: str
+    controller_state: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["state_ids"] = list(self.state_ids)
+        return {"format": FORMAT, **d}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RoundRecord":
+        """Raises KeyError / TypeError on missing or unexpected fields (wrapped by `Ledger.read`)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        extra = set(d) - fields - {"format"}
+        if extra:
+            raise TypeError(f"unexpected fields {sorted(extra)}")
+        return cls(**{k: d[k] for k in fields if k in d})
+
+
+class Ledger:
+    """A JSON-lines ledger file."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def read(self) -> list[RoundRecord]:
+        """All records, in order ([] when the file does not exist).
+
+        Raises:
+          LedgerError: a malformed line or non-increasing rounds (names file and line).
+        """
+        if not self.path.exists():
+            return []
+        records: list[RoundRecord] = []
+        for i, line in enumerate(self.path.read_text("utf-8").splitlines()):
+            if not line.strip():
+                continue
+            try:
+                rec = RoundRecord.from_dict(json.loads(line))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise LedgerError(f"{self.path}: line {i + 1}: malformed round record ({e})") from e
+            if records and rec.round <= records[-1].round:
+                raise LedgerError(f"{self.path}: line {i + 1}: round {rec.round} after round {records[-1].round}")
+            records.append(rec)
+        return records
+
+    def last(self) -> RoundRecord | None:
+        """The latest record, or None."""
+        records = self.read()
+        return records[-1] if records else None
+
+    def append(self, record: RoundRecord) -> None:
+        """Adds one round atomically.
+
+        Raises:
+          LedgerError: the round is not greater than the last recorded round (a resumed run must not
+            repeat a round), or the record is not JSON-serialisable.
+        """
+        records = self.read()
+        if records and record.round <= records[-1].round:
+            raise LedgerError(f"{self.path}: round {record.round} is not after the last recorded round "
+                              f"{records[-1].round}")
+        try:
+            line = json.dumps(record.to_dict(), sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise LedgerError(f"{self.path}: round {record.round} is not JSON-serialisable ({e})") from e
+        old = self.path.read_bytes() if self.path.exists() else b""
+        if old and not old.endswith(b"\n"):
+            old += b"\n"
+        _atomic_write(self.path, old + line.encode("utf-8") + b"\n")

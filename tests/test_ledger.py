@@ -1,0 +1,62 @@
+"""Round ledger: one JSON line per round, atomic appends, read back on restart."""
+
+import json
+
+import pytest
+
+from bat_jax.curriculum.controller import Controller, ControllerConfig, ControllerState, Evaluation
+from bat_jax.curriculum.router import route
+from bat_jax.ledger import Ledger, LedgerError, RoundRecord
+
+
+def record(r, controller):
+    decision_in = route({"S1": 0.7, "S2": 0.55, "S3": 0.2, "S4": 0.45, "S5": 0.6}, round_index=r)
+    ev = Evaluation(0.3 + 0.01 * r, 0.25, {"S3": 0.2}, {"vqa": 0.3})
+    d = controller.observe(r, f"ckpt-{r}", ev, kl=0.01 * r)
+    return RoundRecord(round=r, selected_stage=decision_in.target.value, routing_report=decision_in.report(),
+                       pool_counts={"target": 4, "mix": 2, "e2e": 2}, bank_version=3,
+                       state_ids=[f"st-{r}-{i}" for i in range(8)], reward_version="rubric-v1",
+                       controller_scores=ev.to_dict(), kl=d.kl, decision=d.decision,
+                       retained_checkpoint=d.retained_checkpoint, controller_state=controller.state.to_dict())
+
+
+def test_one_line_per_round_and_restart_reads_back(tmp_path):
+    path = tmp_path / "run" / "ledger.jsonl"
+    ledger, controller = Ledger(path), Controller()
+    records = [record(r, controller) for r in (1, 2, 3)]
+    for rec in records:
+        ledger.append(rec)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[1])["round"] == 2
+    assert json.loads(lines[0])["selected_stage"] == "S3"
+    assert Ledger(path).read() == records  # a restarted run sees the same records
+    last = Ledger(path).last()
+    resumed = Controller(ControllerConfig(), ControllerState.from_dict(last.controller_state))
+    assert resumed.state == controller.state
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_rounds_must_increase(tmp_path):
+    ledger, controller = Ledger(tmp_path / "l.jsonl"), Controller()
+    ledger.append(record(1, controller))
+    with pytest.raises(LedgerError, match="round 1 is not after"):
+        ledger.append(record(1, Controller()))
+    assert Ledger(tmp_path / "missing.jsonl").read() == [] and Ledger(tmp_path / "missing.jsonl").last() is None
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    path = tmp_path / "l.jsonl"
+    ledger = Ledger(path)
+    ledger.append(record(1, Controller()))
+    with open(path, "a") as f:
+        f.write('{"round": 2, "colour": "red"}\n')
+    with pytest.raises(LedgerError, match=r"l.jsonl: line 2: malformed"):
+        ledger.read()
+
+
+def test_non_serialisable_record_is_refused(tmp_path):
+    rec = record(1, Controller())
+    bad = RoundRecord(**{**rec.__dict__, "kl": float("nan")})
+    with pytest.raises(LedgerError, match="not JSON-serialisable"):
+        Ledger(tmp_path / "l.jsonl").append(bad)
+    assert not (tmp_path / "l.jsonl").exists()

@@ -1,0 +1,137 @@
+"""Row schema z = (p, s, c, G, κ, m) and SFT slices: validation, digests, state ids (paper Eq. 2, 9)."""
+
+import hashlib
+import json
+
+import pytest
+
+from bat_jax.benchmark.stages import Stage
+from bat_jax.sandbox.types import SandboxState
+from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RLRow, RowValidationError,
+                                    RubricItem, SFTRow, StateRef, Transformation, canonical_json, rl_row_from_dict,
+                                    sft_row_from_dict)
+
+H = "ab" * 32
+STATE = SandboxState(files={"task.md": b"Segment the fictional liver.", "data/x.txt": b"1"}, env={"SEED": "1"})
+
+
+def provenance(outcome="success", track="segmentation"):
+    return Provenance("seg-fict-0007", H, track, outcome, (Transformation("stage_slice", "cd" * 32, {"t": 3}),))
+
+
+def rl_row(**kw):
+    args = dict(state=StateRef.from_state(STATE, f"states/{STATE.digest()}.tar"), focus="S3",
+                prompt="Validate the model on the fictional split.",
+                rubric=(RubricItem("s3.dice", "Reports Dice on the validation split"),),
+                evidence=(EvidenceRequirement("s3.receipt", "receipt", {"pattern": "dice"}),),
+                skill="Validate: run the model on held-in cases first.", provenance=provenance(),
+                reward_source="rubric")
+    args.update(kw)
+    return RLRow(**args)
+
+
+def sft_row(**kw):
+    args = dict(context=(Message("system", "You are an agent."), Message("user", "Plan the task."),
+                         Message("assistant", action=Action("", "execute_code", {"language": "bash", "code": "ls"})),
+                         Message("tool", "task.md\n[exit code 0]")),
+                target=Action("Plan: 1) load 2) train", "", {}), focus="S1", provenance=provenance())
+    args.update(kw)
+    return SFTRow(**args)
+
+
+def test_state_ref_uses_sandbox_state_digest():
+    ref = StateRef.from_state(STATE, "states/a.tar")
+    assert ref.digest == STATE.digest() and len(ref.digest) == 64
+
+
+def test_rl_row_digest_is_sha256_of_canonical_json():
+    row = rl_row()
+    d = row.to_dict()
+    text = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_json(d) == text
+    assert row.digest == hashlib.sha256(text.encode()).hexdigest()
+    rec = row.to_record()
+    assert rec["digest"] == row.digest and rec["state_id"] == row.state_id
+
+
+def test_state_id_is_stable_and_keyed_by_source_focus_state_outcome():
+    row = rl_row()
+    key = json.dumps(["seg-fict-0007", "S3", STATE.digest(), "success"], separators=(",", ":"))
+    assert row.state_id == "st-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+    # Text edits change the digest but not the state id; focus changes both.
+    edited = rl_row(prompt="Another wording.")
+    assert edited.state_id == row.state_id and edited.digest != row.digest
+    assert rl_row(focus="S4").state_id != row.state_id
+
+
+def test_rl_row_roundtrip_and_stage_enum_focus():
+    row = rl_row(focus=Stage.VALIDATE)
+    assert row.focus == "S3" and row.track == "segmentation" and row.outcome == "success"
+    back = rl_row_from_dict(json.loads(json.dumps(row.to_record())))
+    assert back == row
+    assert rl_row(focus="E2E").is_e2e
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(focus="S9"), "focus"),
+    (dict(rubric=()), "rubric"),
+    (dict(provenance=provenance(outcome="win")), "provenance.outcome"),
+    (dict(provenance=provenance(track="Seg Track")), "provenance.track"),
+    (dict(reward_source=""), "reward_source"),
+    (dict(evidence=(EvidenceRequirement("a", "receipt"), EvidenceRequirement("a", "artifact"))),
+     "evidence[1].item_id"),
+    (dict(state=StateRef("nothex", "states/x.tar")), "state.digest"),
+])
+def test_rl_row_validation_names_field(kw, field):
+    with pytest.raises(RowValidationError) as e:
+        rl_row(**kw)
+    assert e.value.field == field and repr(field) in str(e.value)
+
+
+def test_from_dict_error_names_file_row_and_field():
+    rec = rl_row().to_record()
+    rec["rubric"][0]["text"] = 5
+    with pytest.raises(RowValidationError) as e:
+        rl_row_from_dict(rec, file="bank/rl.jsonl", row=17)
+    assert (e.value.file, e.value.row, e.value.field) == ("bank/rl.jsonl", 17, "rubric[0].text")
+    assert str(e.value).startswith("bank/rl.jsonl: row 17: field 'rubric[0].text'")
+    rec = rl_row().to_record()
+    del rec["provenance"]["source_digest"]
+    with pytest.raises(RowValidationError, match="provenance.source_digest"):
+        rl_row_from_dict(rec, file="f", row=0)
+
+
+def test_tampered_row_is_rejected_by_digest():
+    rec = rl_row().to_record()
+    rec["prompt"] = "tampered"
+    with pytest.raises(RowValidationError) as e:
+        rl_row_from_dict(rec, file="f.jsonl", row=2)
+    assert e.value.field == "digest"
+
+
+def test_sft_row_roundtrip_and_digest():
+    row = sft_row()
+    back = sft_row_from_dict(json.loads(json.dumps(row.to_record())))
+    assert back == row and back.digest == row.digest and row.row_id == "sft-" + row.digest[:24]
+    assert row.to_dict()["kind"] == "sft" and row.to_dict()["target"]["tool"] == ""
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(context=()), "context"),
+    (dict(context=(Message("user", "x"), Message("assistant", action=Action("ok")))), "context[1].role"),
+    (dict(target=Action("", "execute_code", {"language": "python"})), "target.arguments.code"),
+    (dict(target=Action("", "")), "target"),
+    (dict(target=Action("x", "rm_rf", {})), "target.tool"),
+    (dict(context=(Message("robot", "x"),)), "context[0].role"),
+    (dict(context=(Message("user", "x", action=Action("y")),)), "context[0].action"),
+])
+def test_sft_row_validation_names_field(kw, field):
+    with pytest.raises(RowValidationError) as e:
+        sft_row(**kw)
+    assert e.value.field == field
+
+
+def test_sft_parse_rejects_rl_kind():
+    with pytest.raises(RowValidationError) as e:
+        sft_row_from_dict(rl_row().to_record(), file="sft.jsonl", row=0)
+    assert e.value.field == "kind"
