@@ -1,0 +1,111 @@
+"""Public task text: the `task.md` brief (Lite-tier style) and the stage skills κ for S1–S5.
+
+Both are public: they describe goals, checks and recovery steps, never answers. Templates 0–1 are used for
+training tasks, template 2 only for the held-out suite (issue 5: disjoint templates).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bat_jax.benchmark.stages import Stage
+
+if TYPE_CHECKING:
+    from bat_jax.tasks.base import Layout, Track
+
+_OPENINGS = (
+    "You are an imaging research assistant. Complete the {title} task below end to end.",
+    "A study team needs the following {title} job done inside this workspace.",
+    "Held-out assignment: carry out the {title} analysis described here and hand in the result.",
+)
+N_TEMPLATES = len(_OPENINGS)
+HELDOUT_TEMPLATE = 2
+
+
+def render_brief(track: "Track", task_id: str, layout: "Layout", n_cases: int, template: int) -> str:
+    """The `task.md` text of one task.
+
+    Raises:
+      ValueError: template outside 0..N_TEMPLATES-1.
+    """
+    if not 0 <= template < N_TEMPLATES:
+        raise ValueError(f"template must be in 0..{N_TEMPLATES - 1}, got {template}")
+    opening = _OPENINGS[template].format(title=track.title)
+    return f"""# Task {task_id}
+
+{opening}
+
+Task id: {task_id}
+Track: {track.name}
+
+## Goal
+Produce a {track.output_summary} for each of the {n_cases} cases listed in the case manifest, scored by
+{track.metric_name}.
+
+## Paths
+{layout.render()}
+
+## Method
+Use the provided method in `{layout.method_dir}/model.py` (configuration in `{layout.method_dir}/config.json`):
+{track.method_summary}
+Call it as `model.predict(model.load_input(path), row, model.load_config())` where `row` is the case's
+manifest row (a dict), then `model.save_prediction(pred, "{layout.pred_dir}", case_id)`, which writes the
+prediction files and returns the case's submission entry. `model.summarize(pred)` reports the output shape
+and whether the output is non-degenerate.
+
+## Workflow
+1. Plan: read this brief and the case manifest; write a plan to `{layout.plan_path}`.
+2. Setup: check the Python environment and the method; record versions in `{layout.env_json}`.
+3. Validate: check every case input; run the method on one case into `{layout.validation_dir}`; write
+   `{layout.validation_json}` with `case_id`, `output_shape`, `nondegenerate`, `entry` and `issues`
+   (a list of {{"case_id", "kind": "missing"|"unreadable"|"spacing", "action": "restored"|"repaired"|
+   "unrecoverable"}}). Restore inputs from `{layout.archive_dir}` when a copy exists; when the manifest
+   has a `spacing_mm` column, a NIfTI header whose voxel size differs from it must be repaired.
+4. Inference: run the method on every usable case into `{layout.pred_dir}`.
+5. Submit: write `{layout.submission}` as
+   {{"task_id": "{task_id}", "predictions": {{case_id: entry}}, "failed": {{case_id: reason}}}}
+   and call the submit tool with that path. Cases that cannot be done go to "failed" with a reason.
+"""
+
+
+_SKILLS = {
+    Stage.PLAN: """Stage S1 Plan.
+Goal: understand the task before touching data.
+Do: read task.md; read the case manifest and count the cases; look at the method directory; write the plan
+file naming the method, the number of cases and the submission path.
+Checks: every case in the manifest is accounted for; the plan names the output schema.
+Recovery: if a path in the brief does not exist, list the workspace and note the discrepancy in the plan.""",
+    Stage.SETUP: """Stage S2 Setup.
+Goal: make sure the tools work before running them.
+Do: import numpy (and nibabel/PIL as needed) and the provided method; load its config and print its version;
+create the output directories; record the Python, numpy and method versions in the env file.
+Checks: the import succeeded (exit code 0); the recorded method version equals the config's version.
+Recovery: on an import error, read the traceback, fix the path (sys.path) and retry.""",
+    Stage.VALIDATE: """Stage S3 Validate.
+Goal: prove the pipeline works on a small case and find bad inputs before full inference.
+Do: check that every case input exists and loads, and that NIfTI header voxel sizes match the manifest's
+spacing_mm when present; restore a missing or unreadable input from the archive directory if a copy exists,
+rewrite a wrong header spacing from the manifest (re-check both); run the method on one good case; check
+the output shape and that the output is non-degenerate; write the validation report with every issue found.
+Checks: a real execution of the method happened; shape and non-degeneracy were checked; each issue names
+the case, its kind (missing | unreadable | spacing) and the action taken (restored | repaired |
+unrecoverable).
+Recovery: an input with no archive copy is unrecoverable — record it, do not invent an output.""",
+    Stage.INFERENCE: """Stage S4 Inference.
+Goal: produce outputs for every usable case.
+Do: read the validation report; run the method on every case not marked unrecoverable; save each with
+save_prediction; print a per-case status.
+Checks: every usable case has a prediction file; no output was written for an unrecoverable case.
+Recovery: if a case fails, read the error, fix the input if possible, and rerun only that case.""",
+    Stage.SUBMIT: """Stage S5 Submit.
+Goal: hand in a complete, schema-valid result.
+Do: collect the saved entries into the submission file with the task id; list unrecoverable cases under
+"failed" with a reason; check that every case is either predicted or failed; call submit with the path.
+Checks: the file parses as JSON; the task id matches; coverage is complete; the submit call succeeded.
+Recovery: if the check fails, fix the file and check again before submitting.""",
+}
+
+
+def stage_skill(stage: Stage | str) -> str:
+    """The public stage skill κ of a stage (goal, checks, recovery steps)."""
+    return _SKILLS[Stage.parse(stage)]

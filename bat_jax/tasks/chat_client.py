@@ -1,0 +1,95 @@
+"""Minimal OpenAI-compatible chat-completions client (stdlib urllib): timeouts, retries with backoff.
+
+Shared by the LLM teacher (`tasks.teacher.OpenAITeacher`) and the LLM judge (`verify.judge`). Failures raise
+`ChatError` with a short cause ('http_error', 'unreachable'); callers turn them into counted rejections
+(teacher) or unscored checks (judge) — never crashes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatEndpointConfig:
+    """Endpoint of an OpenAI-compatible chat-completions server.
+
+    Attributes:
+      base_url: e.g. 'https://api.example.com/v1' (requests go to base_url + '/chat/completions').
+      model: model name sent in the request.
+      api_key_env: name of the environment variable holding the key ('' for none); the key itself is never
+        stored in config.
+      timeout_s: per-request timeout, seconds.
+      max_retries: retries after the first attempt on network errors, HTTP 408/429 and 5xx.
+      backoff_s: first retry delay in seconds, doubled each retry.
+      temperature, max_tokens: sampling settings.
+    """
+
+    base_url: str
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 60.0
+    max_retries: int = 3
+    backoff_s: float = 1.0
+    temperature: float = 0.7
+    max_tokens: int = 2048
+
+
+class ChatError(RuntimeError):
+    """The endpoint failed; `cause` is a short category ('http_error', 'unreachable', 'bad_reply')."""
+
+    def __init__(self, cause: str, detail: str):
+        super().__init__(f"{cause}: {detail}")
+        self.cause = cause
+
+
+class ChatClient:
+    """Posts chat requests; `sleep` is injectable for tests."""
+
+    def __init__(self, config: ChatEndpointConfig, sleep=time.sleep):
+        self.config = config
+        self._sleep = sleep
+
+    def complete(self, messages: list[dict], temperature: float | None = None) -> str:
+        """The first choice's message content.
+
+        Raises:
+          ChatError: non-retryable HTTP status, retries exhausted, or a reply without choices[0].message.content.
+        """
+        cfg = self.config
+        payload = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_tokens,
+                   "temperature": cfg.temperature if temperature is None else temperature}
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        url = cfg.base_url.rstrip("/") + "/chat/completions"
+        last = ""
+        for attempt in range(cfg.max_retries + 1):
+            if attempt:
+                self._sleep(cfg.backoff_s * 2 ** (attempt - 1))
+            req = urllib.request.Request(url, json.dumps(payload).encode(), headers, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=cfg.timeout_s) as resp:
+                    reply = json.loads(resp.read().decode("utf-8"))
+                break
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}"
+                if exc.code not in (408, 429) and exc.code < 500:
+                    raise ChatError("http_error", f"{url}: {last}") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+        else:
+            raise ChatError("unreachable", f"{url} after {cfg.max_retries + 1} attempts ({last})")
+        try:
+            content = reply["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise ChatError("bad_reply", "no choices[0].message.content") from None
+        if not isinstance(content, str):
+            raise ChatError("bad_reply", "content is not a string")
+        return content

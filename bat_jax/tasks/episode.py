@@ -1,0 +1,200 @@
+"""The agent-facing interface: structured actions, conversations, policies and the episode loop.
+
+A *policy* maps the conversation so far (task brief + stage skill + previous actions/observations) to the
+next structured action {"thought", "tool": "execute_code" | "submit", "arguments"} or a stop. The scripted
+expert and (later) an LLM through a chat template are both policies. `run_episode` records every action,
+observation and the stage each turn belongs to; stage boundaries give stage-start states and SFT slices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.sandbox.types import Observation, Sandbox, SandboxState
+from bat_jax.tasks.brief import stage_skill
+from bat_jax.verify.rubric import Evidence
+
+TOOLS = ("execute_code", "submit")
+STOP = "stop"
+
+
+class PolicyError(RuntimeError):
+    """A policy could not produce an action (e.g. the teacher endpoint failed); the episode is rejected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """One structured assistant action.
+
+    Attributes:
+      thought: free text reasoning shown before the call.
+      tool: 'execute_code', 'submit' or 'stop'.
+      arguments: execute_code → {"language": "python"|"bash", "code": str}; submit → {"path": str}.
+      stage: the stage this action belongs to (S1..S5); None lets the loop carry the previous stage.
+    """
+
+    thought: str
+    tool: str
+    arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stage: Stage | None = None
+
+    def to_dict(self) -> dict:
+        """The model-neutral action record {"thought", "tool", "arguments"}."""
+        return {"thought": self.thought, "tool": self.tool, "arguments": dict(self.arguments)}
+
+    @classmethod
+    def from_dict(cls, data: dict, stage: Stage | None = None) -> "Action":
+        """Parses an action record. Raises ValueError naming the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"action must be an object, got {type(data).__name__}")
+        tool = data.get("tool")
+        if tool not in TOOLS + (STOP,):
+            raise ValueError(f"action.tool must be one of {TOOLS + (STOP,)}, got {tool!r}")
+        args = data.get("arguments", {})
+        if not isinstance(args, dict):
+            raise ValueError("action.arguments must be an object")
+        if tool == "execute_code" and not (isinstance(args.get("code"), str) and args.get("language")):
+            raise ValueError("execute_code needs arguments.language and arguments.code (string)")
+        if tool == "submit" and not isinstance(args.get("path"), str):
+            raise ValueError("submit needs arguments.path (string)")
+        return cls(str(data.get("thought", "")), tool, args, stage)
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """One recorded turn: the stage it belongs to, the action and the observation text it produced."""
+
+    index: int
+    stage: Stage
+    action: Action
+    observation: Observation
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "stage": self.stage.value, "action": self.action.to_dict(),
+                "observation": self.observation.render(), "exit_code": self.observation.exit_code}
+
+
+@dataclasses.dataclass
+class Conversation:
+    """What a policy sees: the brief, the focus (E2E or one stage), stage skills and the turns so far."""
+
+    brief: str
+    focus: str
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        return STAGES if self.focus == E2E else (Stage.parse(self.focus),)
+
+    def skills(self) -> str:
+        return "\n\n".join(stage_skill(s) for s in self.stages)
+
+    def messages(self) -> list[dict]:
+        """Chat messages (system/user/assistant/tool) for an OpenAI-compatible policy."""
+        system = ("You are a tool-using agent. Reply with ONE JSON object per turn: "
+                  '{"thought": str, "tool": "execute_code"|"submit"|"stop", "arguments": {...}}. '
+                  'execute_code arguments: {"language": "python"|"bash", "code": str}; '
+                  'submit arguments: {"path": str}. Use "stop" when done.')
+        msgs = [{"role": "system", "content": system},
+                {"role": "user", "content": f"{self.brief}\n\n## Stage skill\n{self.skills()}"}]
+        for t in self.turns:
+            msgs.append({"role": "assistant", "content": json.dumps(t.action.to_dict())})
+            msgs.append({"role": "user", "content": f"[tool result]\n{t.observation.render()}"})
+        return msgs
+
+
+class Policy(Protocol):
+    def __call__(self, conversation: Conversation) -> Action | None:
+        """Next action, or None / a 'stop' action to end. May raise PolicyError."""
+
+
+@dataclasses.dataclass
+class Episode:
+    """A finished episode: the turns (with stages), boundaries and why it ended."""
+
+    task_id: str
+    focus: str
+    turns: list[Turn]
+    end_reason: str
+    rejected: str = ""
+
+    def boundaries(self) -> dict[str, int]:
+        """Stage value → index of the first turn of that stage (stages without turns are absent)."""
+        out: dict[str, int] = {}
+        for t in self.turns:
+            out.setdefault(t.stage.value, t.index)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"task_id": self.task_id, "focus": self.focus, "end_reason": self.end_reason,
+                "rejected": self.rejected, "boundaries": self.boundaries(),
+                "turns": [t.to_dict() for t in self.turns]}
+
+
+def run_episode(policy: Policy, sandbox: Sandbox, brief: str, task_id: str, focus: str = E2E,
+                max_turns: int = 24, stop_before: Stage | None = None,
+                on_stage_start: Callable[[Stage, Sandbox], None] | None = None) -> Episode:
+    """Runs policy ⇄ sandbox until stop, `max_turns`, or the first action of stage `stop_before`.
+
+    The stage of a turn is the action's stage; if None, the previous turn's stage (the first stage of the
+    focus at the start); in a single-stage focus every turn belongs to that stage. A `PolicyError` ends the
+    episode with `rejected` set (a counted rejection, never a crash). `on_stage_start(stage, sandbox)` is
+    called before the first action of each stage is executed (e.g. to snapshot boundary states).
+    """
+    conv = Conversation(brief, focus)
+    current = conv.stages[0]
+    single = focus != E2E
+    for _ in range(max_turns):
+        try:
+            action = policy(conv)
+        except PolicyError as exc:
+            return Episode(task_id, focus, conv.turns, "rejected", rejected=str(exc))
+        if action is None or action.tool == STOP:
+            return Episode(task_id, focus, conv.turns, "stop")
+        stage = conv.stages[0] if single else (action.stage or current)
+        if stop_before is not None and stage.index >= stop_before.index:
+            return Episode(task_id, focus, conv.turns, f"boundary {stop_before.value}")
+        if on_stage_start is not None and (not conv.turns or stage != current):
+            on_stage_start(stage, sandbox)
+        current = stage
+        if action.tool == "execute_code":
+            obs = sandbox.execute_code(str(action.arguments.get("language")), str(action.arguments.get("code")))
+        else:
+            obs = sandbox.submit(str(action.arguments.get("path")))
+        conv.turns.append(Turn(len(conv.turns), stage, action, obs))
+    return Episode(task_id, focus, conv.turns, "max_turns")
+
+
+def collect_evidence(sandbox: Sandbox, infra_error: str = "") -> Evidence:
+    """Host-side evidence of a finished episode (call before `close`)."""
+    files = {p: sandbox.read_file(p) for p in sandbox.list_files()}
+    return Evidence(tuple(sandbox.receipts()), files, sandbox.submitted(), infra_error)
+
+
+def snapshot_state(sandbox: Sandbox, env: dict[str, str] | None = None) -> SandboxState:
+    """The sandbox's current workspace as an executable state p (works on any backend)."""
+    return SandboxState(files={p: sandbox.read_file(p) for p in sandbox.list_files()}, env=dict(env or {}))
+
+
+def stage_start_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: SandboxState, brief: str,
+                      task_id: str, expert: Policy, stage: Stage | str, max_turns: int = 24) -> SandboxState:
+    """State at the boundary before `stage`, produced by replaying the expert's prefix (stages < stage).
+
+    Raises:
+      RuntimeError: the expert's prefix was rejected or ended before reaching the boundary.
+    """
+    stage = Stage.parse(stage)
+    if stage == STAGES[0]:
+        return initial
+    box = make_sandbox(initial)
+    try:
+        ep = run_episode(expert, box, brief, task_id, E2E, max_turns, stop_before=stage)
+        if ep.end_reason != f"boundary {stage.value}":
+            raise RuntimeError(f"expert prefix for {task_id} ended with {ep.end_reason!r} before {stage.value}")
+        return snapshot_state(box, dict(initial.env))
+    finally:
+        box.close()

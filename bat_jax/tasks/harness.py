@@ -1,0 +1,130 @@
+"""Play one task with one policy in one sandbox backend and score it (E2E or a single-stage focus).
+
+A stage-focus episode starts from the state at that stage's boundary (the scripted expert's replayed
+prefix) and is rubric-scored on that stage only; an E2E episode starts from the task's initial state and is
+scored on S1–S5 plus the task metric. A sandbox crash or a rejected policy call makes the episode unscored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.sandbox.types import Sandbox, SandboxState
+from bat_jax.tasks.base import TaskInstance, Track
+from bat_jax.tasks.episode import (
+    Episode, Policy, collect_evidence, run_episode, snapshot_state, stage_start_state)
+from bat_jax.tasks.rubric_items import build_rubric
+from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.verify.rubric import REWARD_VERSION, EpisodeScore, Evidence, score
+
+SandboxFactory = Callable[[SandboxState], Sandbox]
+
+
+def local_sandbox(state: SandboxState) -> Sandbox:
+    """The non-isolated local backend (tests/development only; see bat_jax.sandbox.local)."""
+    from bat_jax.sandbox.local import LocalSandbox
+
+    return LocalSandbox(state, timeout_s=60.0)
+
+
+@dataclasses.dataclass
+class PlayResult:
+    episode: Episode | None
+    evidence: Evidence
+    score: EpisodeScore
+    start_state: SandboxState
+
+
+def play(track: Track, inst: TaskInstance, policy: Policy, focus: str = E2E,
+         make_sandbox: SandboxFactory = local_sandbox, max_turns: int = 24,
+         start_state: SandboxState | None = None) -> PlayResult:
+    """Runs and scores one episode. `start_state` overrides the boundary state of a stage focus."""
+    if focus != E2E:
+        focus = Stage.parse(focus).value
+    if start_state is None:
+        start_state = inst.state()
+        if focus not in (E2E, STAGES[0].value):
+            start_state = stage_start_state(make_sandbox, start_state, inst.brief, inst.task_id,
+                                            ScriptedExpert(), focus, max_turns)
+    episode = None
+    box = make_sandbox(start_state)
+    try:
+        episode = run_episode(policy, box, inst.brief, inst.task_id, focus, max_turns)
+        infra = f"policy rejected: {episode.rejected}" if episode.rejected else ""
+        evidence = collect_evidence(box, infra_error=infra)
+    except Exception as exc:  # noqa: BLE001 — a sandbox failure is infrastructure: unscored, never 0
+        evidence = Evidence((), {}, None, infra_error=f"sandbox failure: {type(exc).__name__}: {exc}")
+    finally:
+        box.close()
+    task = None if evidence.infra_error else track.score_task(inst, evidence.files, evidence.submitted)
+    stages = STAGES if focus == E2E else (Stage.parse(focus),)
+    return PlayResult(episode, evidence, score(build_rubric(track, inst), evidence, task, stages), start_state)
+
+
+@dataclasses.dataclass
+class TeacherTrajectory:
+    """One teacher E2E trajectory, ready for the Data Factory to slice.
+
+    Attributes:
+      episode: turns with structured actions, observations and stages (`episode.boundaries()`).
+      score: rubric verdicts per stage, task metric and E2E reward (with the reward version).
+      boundary_states: stage → sandbox state just before that stage's first action (RL stage-start states).
+      provenance: task id, track, seed, variant, method version, reward version, rubric contract (public).
+    """
+
+    episode: Episode
+    score: EpisodeScore
+    boundary_states: dict[Stage, SandboxState]
+    provenance: dict
+
+
+def record_teacher_trajectory(track: Track, inst: TaskInstance, teacher: Policy,
+                              make_sandbox: SandboxFactory = local_sandbox,
+                              max_turns: int = 24) -> TeacherTrajectory:
+    """Runs a teacher E2E once, snapshotting the workspace at every stage boundary on the way.
+
+    Raises:
+      RuntimeError: the sandbox failed (the trajectory cannot be used; callers count a rejection).
+    """
+    states: dict[Stage, SandboxState] = {}
+    box = make_sandbox(inst.state())
+    try:
+        episode = run_episode(teacher, box, inst.brief, inst.task_id, E2E, max_turns,
+                              on_stage_start=lambda st, sb: states.setdefault(st, snapshot_state(sb)))
+        evidence = collect_evidence(box, f"policy rejected: {episode.rejected}" if episode.rejected else "")
+    finally:
+        box.close()
+    task = None if evidence.infra_error else track.score_task(inst, evidence.files, evidence.submitted)
+    rubric = build_rubric(track, inst)
+    provenance = {"task_id": inst.task_id, "track": inst.track, "seed": inst.seed, "variant": inst.variant,
+                  "method_version": inst.method_version, "reward_version": REWARD_VERSION,
+                  "fault_kind": inst.fault.kind if inst.fault else None, "rubric": rubric.public()}
+    return TeacherTrajectory(episode, score(rubric, evidence, task), states, provenance)
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested sandbox backend cannot be used here (module, engine or image missing)."""
+
+
+def backend_factory(name: str) -> SandboxFactory:
+    """A sandbox factory by backend name: 'local' (non-isolated, tests only) or 'docker'.
+
+    Raises:
+      BackendUnavailable: Docker backend module, engine or task image missing (the message says which).
+      ValueError: unknown name.
+    """
+    if name == "local":
+        return local_sandbox
+    if name != "docker":
+        raise ValueError(f"unknown sandbox backend {name!r}; expected 'local' or 'docker'")
+    try:
+        from bat_jax.sandbox import docker as docker_backend
+
+        client = docker_backend.connect()
+        probe = docker_backend.DockerSandbox(client, state=SandboxState(files={}))
+        probe.close()
+    except Exception as exc:  # noqa: BLE001 — any failure here means the backend is not usable
+        raise BackendUnavailable(f"docker backend unavailable: {type(exc).__name__}: {exc}") from None
+    return lambda state: docker_backend.DockerSandbox(client, state=state)

@@ -1,0 +1,112 @@
+"""Held-out evaluation suite over the seven tracks, and its manifest for the leakage preflight.
+
+Disjoint from training tasks by construction (issue 5 item 4):
+  * seeds: held-out seeds are >= HELDOUT_SEED_BASE, training seeds must be below it;
+  * templates: brief template HELDOUT_TEMPLATE and question/report phrasing 1 are used only here;
+  * identifiers: task and case ids start with HELDOUT_PREFIX ('hx'); training uses TRAIN_PREFIX ('tr');
+  * paths: HELDOUT_LAYOUT (study/, tools/method/, results/) differs from TRAIN_LAYOUT (data/, method/, outputs/).
+
+The manifest lists task ids, case ids, file paths, questions, answers and report texts — everything the
+leakage preflight must keep out of Stage Bank rows. It never enters a training row itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+
+from bat_jax.tasks.base import HELDOUT_LAYOUT, TRAIN_LAYOUT, TaskInstance, Track
+from bat_jax.tasks.brief import HELDOUT_TEMPLATE
+from bat_jax.tasks.registry import TRACKS
+
+HELDOUT_SEED_BASE = 1_000_000_000
+HELDOUT_PREFIX = "hx"
+TRAIN_PREFIX = "tr"
+MANIFEST_VERSION = "bat_heldout_manifest/v1"
+
+
+def heldout_suite(n_per_track: int = 2, variants: Sequence[str] = ("success", "recovery"),
+                  suite_seed: int = 0, tracks: Iterable[str] | None = None) -> list[TaskInstance]:
+    """Generates the held-out suite: for each track, `n_per_track` tasks per variant.
+
+    Seeds are HELDOUT_SEED_BASE + 10⁶·suite_seed + 10⁴·track index (registry order) + 100·variant index + k,
+    so a task's seed does not depend on which other tracks are requested.
+
+    Raises:
+      ValueError: n_per_track outside 1..99 or an unknown track.
+    """
+    if not 1 <= n_per_track <= 99:
+        raise ValueError(f"n_per_track must be in 1..99, got {n_per_track}")
+    names = list(tracks) if tracks is not None else list(TRACKS)
+    out = []
+    for name in names:
+        if name not in TRACKS:
+            raise ValueError(f"unknown track {name!r}; known: {sorted(TRACKS)}")
+        track, ti = TRACKS[name], list(TRACKS).index(name)
+        for vi, variant in enumerate(variants):
+            for k in range(n_per_track):
+                seed = HELDOUT_SEED_BASE + 1_000_000 * suite_seed + 10_000 * ti + 100 * vi + k
+                out.append(track.generate(seed, variant, HELDOUT_LAYOUT, HELDOUT_PREFIX, HELDOUT_TEMPLATE))
+    return out
+
+
+def training_task(track: Track, seed: int, variant: str = "success", template: int = 0) -> TaskInstance:
+    """A training (Stage Bank) task: TRAIN_LAYOUT, TRAIN_PREFIX, a training template.
+
+    Raises:
+      ValueError: a held-out seed or the held-out template.
+    """
+    if not 0 <= seed < HELDOUT_SEED_BASE:
+        raise ValueError(f"training seed must be in [0, {HELDOUT_SEED_BASE}), got {seed}")
+    if template == HELDOUT_TEMPLATE:
+        raise ValueError(f"template {HELDOUT_TEMPLATE} is reserved for the held-out suite")
+    return track.generate(seed, variant, TRAIN_LAYOUT, TRAIN_PREFIX, template)
+
+
+def manifest(instances: Iterable[TaskInstance]) -> dict:
+    """Manifest of a suite: per task its id, track, seed, variant, file paths and per-case fields."""
+    tasks = []
+    for inst in instances:
+        track = TRACKS[inst.track]
+        cases = []
+        for c in inst.cases:
+            row = {"case_id": c.case_id, "file": c.file, **{k: v for k, v in c.meta.items()}}
+            extra = track.manifest_extra(c)
+            row.update({k: v for k, v in extra.items()})
+            cases.append(row)
+        tasks.append({"task_id": inst.task_id, "track": inst.track, "seed": inst.seed, "variant": inst.variant,
+                      "paths": sorted(inst.files), "brief": inst.brief, "cases": cases})
+    return {"version": MANIFEST_VERSION, "tasks": tasks}
+
+
+def manifest_strings(man: dict) -> set[str]:
+    """Every identifying string of a manifest (ids, paths, questions, report texts) of length >= 6; answers
+    are left out: they are shared class vocabulary ("melanoma", "yes") that cannot identify held-out content."""
+    out: set[str] = set()
+    for task in man["tasks"]:
+        out.add(task["task_id"])
+        out.update(p for p in task["paths"] if p != "task.md")  # the brief's fixed name identifies nothing
+        for case in task["cases"]:
+            for key in ("case_id", "file", "question", "report_text"):
+                value = case.get(key)
+                if isinstance(value, str) and len(value) >= 6:
+                    out.add(value)
+    return out
+
+
+def write_manifest(path: str | os.PathLike, instances: Iterable[TaskInstance]) -> dict:
+    """Writes the manifest as JSON atomically (temp file + rename) and returns it."""
+    man = manifest(instances)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(man, f, indent=1, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return man

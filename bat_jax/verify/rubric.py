@@ -1,0 +1,220 @@
+"""Rubric verifier: binary items checked against receipts and artefacts, evidence completeness, reward.
+
+Paper Eq. 4: v_ℓ = Verify(ℓ; p, y, x) ∈ {0, 1};  r = η · (1/|c|) Σ_ℓ v_ℓ, where η ∈ [0, 1] is the fraction of
+required evidence G confirmed by the rollout's receipts and artefacts. An item can only pass when all of its
+own evidence is confirmed (a claim in text earns nothing). E2E rows (released code) use
+0.5 · mean(stage rewards) + 0.5 · task metric. An infrastructure failure makes a score `None` (unscored),
+never 0. Every score records `REWARD_VERSION`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+
+from bat_jax.benchmark.scoring import Cell
+from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.sandbox.types import Receipt
+
+#: Version of the reward contract; bump when items, evidence or the formula change.
+REWARD_VERSION = "bat_rubric/v1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Evidence:
+    """What the verifier sees of one episode, collected host-side after it ends.
+
+    Attributes:
+      receipts: every tool call's receipt, in order.
+      files: workspace-relative path → bytes of the final workspace.
+      submitted: the submitted path, or None.
+      infra_error: non-empty when the sandbox or tooling failed (the episode is then unscored).
+    """
+
+    receipts: tuple[Receipt, ...]
+    files: Mapping[str, bytes]
+    submitted: str | None = None
+    infra_error: str = ""
+
+    def text(self, path: str) -> str | None:
+        """UTF-8 text of a workspace file, or None when absent."""
+        data = self.files.get(path)
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+    def json(self, path: str):
+        """Parsed JSON of a workspace file, or None when absent or invalid."""
+        text = self.text(path)
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return None
+
+    def ok_receipts(self, code_pattern: str = "", tool: str = "execute_code") -> list[Receipt]:
+        """Receipts of `tool` that exited 0 (not timed out) and whose code matches the regex `code_pattern`."""
+        rx = re.compile(code_pattern) if code_pattern else None
+        return [r for r in self.receipts if r.tool == tool and r.exit_code == 0 and not r.timed_out
+                and (rx is None or rx.search(r.code))]
+
+
+Check = Callable[[Evidence], bool]
+
+
+class InfraError(RuntimeError):
+    """Raised by a check when infrastructure failed (e.g. the LLM judge is unreachable): the stage becomes
+    unscored (None), never 0."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvidenceRequirement:
+    """One piece of required evidence g ∈ G (a receipt or an artefact), with its host-side check."""
+
+    key: str
+    description: str
+    check: Check
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricItem:
+    """One binary rubric item ℓ of a stage, with the evidence keys it rests on."""
+
+    item_id: str
+    stage: Stage
+    description: str
+    evidence: tuple[str, ...]
+    check: Check
+
+
+@dataclasses.dataclass(frozen=True)
+class Rubric:
+    """The reward contract (c, G) of one task: items per stage and evidence requirements by key."""
+
+    items: tuple[RubricItem, ...]
+    requirements: Mapping[str, EvidenceRequirement]
+
+    def __post_init__(self):
+        for item in self.items:
+            for key in item.evidence:
+                if key not in self.requirements:
+                    raise ValueError(f"rubric item {item.item_id!r} names unknown evidence {key!r}")
+
+    def for_stage(self, stage: Stage | str) -> tuple[RubricItem, ...]:
+        stage = Stage.parse(stage)
+        return tuple(i for i in self.items if i.stage == stage)
+
+    def public(self) -> dict:
+        """The contract without checks — items c (id, stage, description, evidence keys) and evidence
+        requirements G (key → description) — what a Stage Bank row stores and may show the policy."""
+        return {"version": REWARD_VERSION,
+                "items": [{"item_id": i.item_id, "stage": i.stage.value, "description": i.description,
+                           "evidence": list(i.evidence)} for i in self.items],
+                "evidence": {k: r.description for k, r in self.requirements.items()}}
+
+
+@dataclasses.dataclass(frozen=True)
+class StageVerdict:
+    """Verifier output for one stage: item decisions v_ℓ, evidence confirmations, η and r (Eq. 4)."""
+
+    stage: Stage
+    items: Mapping[str, bool]
+    evidence: Mapping[str, bool]
+    eta: float
+    reward: float
+    version: str = REWARD_VERSION
+
+
+def _safe(check: Check, evidence: Evidence) -> bool:
+    """A predicate that raises on malformed agent artefacts counts as not satisfied; InfraError propagates."""
+    try:
+        return bool(check(evidence))
+    except InfraError:
+        raise
+    except Exception:  # noqa: BLE001 — agent artefacts may be arbitrary; a crash is a failed check
+        return False
+
+
+def verify_stage(rubric: Rubric, stage: Stage | str, evidence: Evidence) -> StageVerdict | None:
+    """Scores one stage: r = η · mean(v_ℓ). Returns None (unscored) on an infrastructure failure (the
+    evidence's `infra_error`, or a check raising InfraError).
+
+    Raises:
+      ValueError: the rubric has no item for the stage.
+    """
+    stage = Stage.parse(stage)
+    if evidence.infra_error:
+        return None
+    items = rubric.for_stage(stage)
+    if not items:
+        raise ValueError(f"rubric has no items for stage {stage.value} ({stage.title})")
+    keys = sorted({k for i in items for k in i.evidence})
+    try:
+        confirmed = {k: _safe(rubric.requirements[k].check, evidence) for k in keys}
+        decisions = {i.item_id: all(confirmed[k] for k in i.evidence) and _safe(i.check, evidence)
+                     for i in items}
+    except InfraError:
+        return None
+    eta = sum(confirmed.values()) / len(keys) if keys else 1.0
+    reward = eta * statistics.fmean(float(v) for v in decisions.values())
+    return StageVerdict(stage, decisions, confirmed, eta, reward)
+
+
+def verify_episode(
+    rubric: Rubric, evidence: Evidence, stages: Iterable[Stage | str] = STAGES
+) -> dict[Stage, StageVerdict | None]:
+    """Stage verdicts for the given stages (default all five)."""
+    return {Stage.parse(s): verify_stage(rubric, s, evidence) for s in stages}
+
+
+def e2e_reward(stage_rewards: Mapping[Stage, float | None], task: float | None,
+               stage_weight: float = 0.5) -> float | None:
+    """E2E row reward (released code): stage_weight · mean(stage rewards) + (1 − stage_weight) · task.
+
+    Returns None if any stage reward or the task metric is unscored.
+    """
+    values = list(stage_rewards.values())
+    if task is None or not values or any(v is None for v in values):
+        return None
+    return stage_weight * statistics.fmean(values) + (1.0 - stage_weight) * float(task)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeScore:
+    """A scored episode: stage verdicts, task metric, the E2E reward and the reward version."""
+
+    verdicts: Mapping[Stage, StageVerdict | None]
+    task: float | None
+    reward: float | None
+    version: str = REWARD_VERSION
+
+    def stage_rewards(self) -> dict[Stage, float | None]:
+        return {s: (v.reward if v is not None else None) for s, v in self.verdicts.items()}
+
+    def to_cell(self, track: str, repeat: int) -> Cell:
+        """The evaluator's Cell: per-stage rubric scores and the task metric (None stays unscored)."""
+        scores = self.stage_rewards()
+        missing = [s.value for s in STAGES if s not in scores]
+        if missing:
+            raise ValueError(f"to_cell needs all five stages scored or unscored; missing {missing}")
+        return Cell(track=track, repeat=repeat, stage_scores=scores, task=self.task)
+
+
+def score(rubric: Rubric, evidence: Evidence, task: float | None,
+          stages: Iterable[Stage | str] = STAGES) -> EpisodeScore:
+    """Verifies the given stages and combines them with the task metric.
+
+    For a single-stage focus (one stage given) the reward is that stage's r; otherwise the E2E reward.
+    `task` must already be None when the task metric is unscored; an infrastructure failure forces None.
+    """
+    verdicts = verify_episode(rubric, evidence, stages)
+    if evidence.infra_error:
+        return EpisodeScore(verdicts, None, None)
+    rewards = {s: (v.reward if v is not None else None) for s, v in verdicts.items()}
+    if len(rewards) == 1:
+        reward = next(iter(rewards.values()))
+    else:
+        reward = e2e_reward(rewards, task)
+    return EpisodeScore(verdicts, task, reward)

@@ -1,0 +1,132 @@
+"""Rubric verifier: binary items, evidence completeness η, r = η · mean(items) (Eq. 4), E2E, unscored."""
+
+import pytest
+
+from bat_jax.benchmark.scoring import Cell
+from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.sandbox.types import Receipt
+from bat_jax.verify.rubric import (
+    REWARD_VERSION, Evidence, EvidenceRequirement, Rubric, RubricItem, e2e_reward, score, verify_stage)
+
+
+def _receipt(i, code, exit_code=0, stdout=""):
+    return Receipt(i, "execute_code", "python", code, exit_code, "", "", 0.0, 1.0, False, stdout)
+
+
+def _rubric():
+    req = {
+        "r.run": EvidenceRequirement("r.run", "ran the tool", lambda ev: bool(ev.ok_receipts(r"run_tool\("))),
+        "f.out": EvidenceRequirement("f.out", "out.json exists", lambda ev: "out.json" in ev.files),
+        "f.log": EvidenceRequirement("f.log", "log.txt exists", lambda ev: "log.txt" in ev.files),
+    }
+    items = (
+        RubricItem("ran", Stage.VALIDATE, "ran", ("r.run",), lambda ev: True),
+        RubricItem("shape", Stage.VALIDATE, "shape ok", ("r.run", "f.out"), lambda ev: ev.json("out.json")["n"] == 3),
+        RubricItem("logged", Stage.VALIDATE, "log ok", ("f.log",), lambda ev: True),
+        RubricItem("claim", Stage.VALIDATE, "claims done", (), lambda ev: True),
+    )
+    return Rubric(items, req)
+
+
+def test_reward_is_eta_times_item_mean():
+    ev = Evidence((_receipt(0, "run_tool(1)"),), {"out.json": b'{"n": 3}'})
+    v = verify_stage(_rubric(), "S3", ev)
+    # evidence: r.run ✓, f.out ✓, f.log ✗ → η = 2/3; items: ran ✓ shape ✓ logged ✗ (no evidence) claim ✓ → 3/4
+    assert v.evidence == {"f.log": False, "f.out": True, "r.run": True}
+    assert v.items == {"ran": True, "shape": True, "logged": False, "claim": True}
+    assert v.eta == pytest.approx(2 / 3)
+    assert v.reward == pytest.approx(2 / 3 * 3 / 4)
+    assert v.version == REWARD_VERSION
+    pub = _rubric().public()
+    assert pub["items"][1] == {"item_id": "shape", "stage": "S3", "description": "shape ok",
+                               "evidence": ["r.run", "f.out"]}
+    assert pub["evidence"]["f.log"] == "log.txt exists" and pub["version"] == REWARD_VERSION
+
+
+def test_failed_receipts_and_malformed_artefacts_earn_nothing():
+    ev = Evidence((_receipt(0, "run_tool(1)", exit_code=1),), {"out.json": b"not json", "log.txt": b""})
+    v = verify_stage(_rubric(), Stage.VALIDATE, ev)
+    # r.run ✗ (exit 1) → ran ✗ and shape ✗; malformed JSON is a failed check, not a crash
+    assert v.items == {"ran": False, "shape": False, "logged": True, "claim": True}
+    assert v.eta == pytest.approx(2 / 3)
+    assert v.reward == pytest.approx(2 / 3 * 2 / 4)
+
+
+def test_claim_without_evidence_is_discounted_by_eta():
+    v = verify_stage(_rubric(), "S3", Evidence((), {}))
+    assert v.eta == 0.0 and v.reward == 0.0 and v.items["claim"] is True
+
+
+def test_infrastructure_failure_is_unscored_not_zero():
+    ev = Evidence((), {}, infra_error="sandbox died")
+    assert verify_stage(_rubric(), "S3", ev) is None
+    s = score(_rubric(), ev, task=None, stages=("S3",))
+    assert s.reward is None and s.task is None and s.version == REWARD_VERSION
+
+
+def test_unknown_evidence_key_and_stage_without_items_raise():
+    with pytest.raises(ValueError, match="unknown evidence"):
+        Rubric((RubricItem("x", Stage.PLAN, "x", ("nope",), lambda ev: True),), {})
+    with pytest.raises(ValueError, match="no items for stage S1"):
+        verify_stage(_rubric(), "S1", Evidence((), {}))
+
+
+def test_e2e_reward_released_code_formula_and_cell():
+    rewards = {Stage.PLAN: 1.0, Stage.SETUP: 0.5, Stage.VALIDATE: 0.0, Stage.INFERENCE: 1.0, Stage.SUBMIT: 1.0}
+    assert e2e_reward(rewards, 0.6) == pytest.approx(0.5 * 0.7 + 0.5 * 0.6)
+    assert e2e_reward({**rewards, Stage.SETUP: None}, 0.6) is None
+    assert e2e_reward(rewards, None) is None
+    items = tuple(RubricItem(f"i{s.value}", s, "ok", ("f.out",), lambda ev: True) for s in STAGES)
+    rub = Rubric(items, {"f.out": EvidenceRequirement("f.out", "", lambda ev: "out.json" in ev.files)})
+    sc = score(rub, Evidence((), {"out.json": b"{}"}), task=0.4)
+    assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4)
+    cell = sc.to_cell("segmentation", 2)
+    assert isinstance(cell, Cell) and cell.task == 0.4 and cell.agentic() == pytest.approx(1.0)
+    single = score(rub, Evidence((), {}), task=0.4, stages=("S2",))
+    assert single.reward == 0.0 and list(single.verdicts) == [Stage.SETUP]
+    with pytest.raises(ValueError, match="missing"):
+        single.to_cell("segmentation", 0)
+
+
+class _StubClient:
+    """Stands in for ChatClient: returns queued replies or raises queued ChatErrors."""
+
+    def __init__(self, replies):
+        self.replies, self.seen = list(replies), []
+
+    def complete(self, messages, temperature=None):
+        self.seen.append((messages, temperature))
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+def _judged_rubric(judge):
+    from bat_jax.verify.judge import judged_item, render_evidence
+
+    req = {"f.plan": EvidenceRequirement("f.plan", "plan exists", lambda ev: "plan.md" in ev.files)}
+    item = judged_item("plan.recovery", Stage.PLAN, "the plan names a recovery step", ("f.plan",), judge,
+                       lambda ev: render_evidence(ev, ("plan.md",)))
+    return Rubric((item,), req)
+
+
+def test_llm_judge_items_and_unscored_on_judge_failure():
+    from bat_jax.tasks.chat_client import ChatError
+    from bat_jax.verify.judge import LLMJudge
+
+    ev = Evidence((_receipt(0, "cat task.md", stdout="# Task"),), {"plan.md": b"restore from archive"})
+    client = _StubClient(['ok {"verdict": "yes", "reason": "names restore"}', '{"verdict": "no"}',
+                          ChatError("unreachable", "down"), "maybe"])
+    judge = LLMJudge(client)
+    rub = _judged_rubric(judge)
+    assert verify_stage(rub, "S1", ev).reward == 1.0
+    assert judge.reasons["the plan names a recovery step"] == "names restore"
+    messages, temperature = client.seen[0]
+    assert temperature == 0.0 and "restore from archive" in messages[1]["content"]
+    assert "cat task.md" in messages[1]["content"]
+    assert verify_stage(rub, "S1", ev).reward == 0.0
+    assert verify_stage(rub, "S1", ev) is None  # judge unreachable → unscored, not 0
+    assert verify_stage(rub, "S1", ev) is None  # no verdict → unscored
+    # without the evidence file the judge is never asked and the item fails
+    assert verify_stage(rub, "S1", Evidence((), {})).reward == 0.0 and judge.calls == 4

@@ -1,0 +1,163 @@
+"""Common framework: episode loop and stage boundaries, stage-focus scoring, the diagnosis ablation,
+baselines, the OpenAI-compatible teacher client (against a local fake server)."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.tasks.episode import Action, Conversation, PolicyError, run_episode, stage_start_state
+from bat_jax.tasks.harness import local_sandbox, play, record_teacher_trajectory
+from bat_jax.tasks.registry import get_track
+from bat_jax.tasks.chat_client import ChatEndpointConfig
+from bat_jax.tasks.teacher import OpenAITeacher, RandomCommandPolicy, ScriptedExpert
+
+SEG = get_track("segmentation")
+
+
+@pytest.fixture(scope="module")
+def recovery_task():
+    return SEG.generate(21, "recovery")
+
+
+@pytest.fixture(scope="module")
+def s3_start(recovery_task):
+    inst = recovery_task
+    return stage_start_state(local_sandbox, inst.state(), inst.brief, inst.task_id, ScriptedExpert(), "S3")
+
+
+def test_e2e_episode_records_stages_in_order(recovery_task):
+    result = play(SEG, recovery_task, ScriptedExpert())
+    ep = result.episode
+    bounds = ep.boundaries()
+    assert list(bounds) == ["S1", "S2", "S3", "S4", "S5"]
+    assert list(bounds.values()) == sorted(bounds.values()) and bounds["S1"] == 0
+    assert ep.turns[-1].action.tool == "submit" and ep.end_reason == "stop"
+    record = json.loads(json.dumps(ep.to_dict()))
+    assert record["turns"][0]["action"] == {"thought": "Read the brief first.", "tool": "execute_code",
+                                            "arguments": {"language": "bash", "code": "cat task.md"}}
+    assert recovery_task.task_id in record["turns"][0]["observation"]
+    assert result.score.reward == pytest.approx(0.5 * 1.0 + 0.5 * result.score.task)
+
+
+def test_stage_start_state_is_the_boundary(recovery_task, s3_start):
+    L = recovery_task.layout
+    assert L.plan_path in s3_start.files and L.env_json in s3_start.files
+    assert L.validation_json not in s3_start.files
+    assert not any(p.startswith(L.pred_dir) for p in s3_start.files)
+
+
+def test_teacher_trajectory_boundary_states_match_the_replayed_prefix(recovery_task, s3_start):
+    traj = record_teacher_trajectory(SEG, recovery_task, ScriptedExpert())
+    assert list(traj.boundary_states) == list(Stage)
+    assert traj.boundary_states[Stage.PLAN].digest() == recovery_task.state().digest()
+    assert traj.boundary_states[Stage.VALIDATE].digest() == s3_start.digest()
+    assert traj.score.reward is not None and traj.score.version == traj.provenance["reward_version"]
+    assert traj.provenance["fault_kind"] == recovery_task.fault.kind
+    assert {i["stage"] for i in traj.provenance["rubric"]["items"]} == {"S1", "S2", "S3", "S4", "S5"}
+
+
+def test_stage_focus_is_scored_on_that_stage_only(recovery_task, s3_start):
+    result = play(SEG, recovery_task, ScriptedExpert(), focus="S3", start_state=s3_start)
+    assert list(result.score.verdicts) == [Stage.VALIDATE]
+    assert {t.stage for t in result.episode.turns} == {Stage.VALIDATE}
+    assert result.score.reward == pytest.approx(1.0)
+
+
+def test_removing_the_diagnosis_step_loses_validate_credit(recovery_task, s3_start):
+    full = play(SEG, recovery_task, ScriptedExpert(), focus="S3", start_state=s3_start)
+    ablated = play(SEG, recovery_task, ScriptedExpert(diagnose=False), focus="S3", start_state=s3_start)
+    v = ablated.score.verdicts[Stage.VALIDATE]
+    assert v.items["validate.issues"] is False and v.eta == pytest.approx(1.0)
+    # 3 of 4 Validate items pass with all evidence present → r = 1 · 3/4
+    assert v.reward == pytest.approx(0.75) and full.score.reward - v.reward == pytest.approx(0.25)
+
+
+def test_random_commands_score_at_most_ten_percent():
+    for name in ("detection", "vqa"):
+        track = get_track(name)
+        cell = play(track, track.generate(30), RandomCommandPolicy(seed=2, n_turns=5)).score.to_cell(name, 0)
+        assert cell.task == 0.0 and cell.agentic() <= 0.10
+
+
+def test_action_parsing_names_bad_fields():
+    a = Action.from_dict({"thought": "t", "tool": "submit", "arguments": {"path": "x.json"}})
+    assert a.to_dict() == {"thought": "t", "tool": "submit", "arguments": {"path": "x.json"}}
+    with pytest.raises(ValueError, match="action.tool"):
+        Action.from_dict({"tool": "rm"})
+    with pytest.raises(ValueError, match="language"):
+        Action.from_dict({"tool": "execute_code", "arguments": {"code": "ls"}})
+
+
+class _FakeServer:
+    """A local OpenAI-compatible endpoint replying with queued (status, body) pairs."""
+
+    def __init__(self, replies):
+        self.replies, self.requests = list(replies), []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.requests.append((self.path, self.headers.get("Authorization"), json.loads(body)))
+                status, payload = outer.replies.pop(0) if outer.replies else (500, {})
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+def _reply(action):
+    return {"choices": [{"message": {"role": "assistant", "content": "Sure:\n" + json.dumps(action)}}]}
+
+
+def test_openai_teacher_parses_actions_and_retries(monkeypatch):
+    monkeypatch.setenv("BAT_TEST_KEY", "sk-test")
+    action = {"thought": "look", "tool": "execute_code", "arguments": {"language": "bash", "code": "ls"}}
+    server = _FakeServer([(503, {}), (200, _reply(action))])
+    sleeps = []
+    try:
+        teacher = OpenAITeacher(ChatEndpointConfig(server.url, "m1", "BAT_TEST_KEY", timeout_s=5,
+                                                    max_retries=2, backoff_s=0.5), sleep=sleeps.append)
+        got = teacher(Conversation("brief", E2E))
+    finally:
+        server.close()
+    assert got.to_dict() == action and sleeps == [0.5] and teacher.rejections == {}
+    path, auth, body = server.requests[-1]
+    assert path == "/v1/chat/completions" and auth == "Bearer sk-test" and body["model"] == "m1"
+    assert body["messages"][0]["role"] == "system" and "brief" in body["messages"][1]["content"]
+
+
+def test_openai_teacher_failures_are_counted_rejections(recovery_task):
+    server = _FakeServer([(500, {}), (500, {}), (200, {"choices": [{"message": {"content": "no json"}}]})])
+    try:
+        teacher = OpenAITeacher(ChatEndpointConfig(server.url, "m", "", timeout_s=5, max_retries=1,
+                                                    backoff_s=0.1), sleep=lambda s: None)
+        with pytest.raises(PolicyError, match="unreachable"):
+            teacher(Conversation("b", E2E))
+        box = local_sandbox(recovery_task.state())
+        try:
+            ep = run_episode(teacher, box, recovery_task.brief, recovery_task.task_id)
+        finally:
+            box.close()
+        result = play(SEG, recovery_task, teacher)  # the server now answers 500: rejected → unscored
+    finally:
+        server.close()
+    assert ep.end_reason == "rejected" and "bad_reply" in ep.rejected
+    assert teacher.rejections == {"unreachable": 2, "bad_reply": 1}
+    assert result.score.reward is None and result.score.task is None
+    assert result.score.to_cell("segmentation", 0).scored() is False
