@@ -1,0 +1,137 @@
+"""Decoder-only causal LM shared by the Qwen3 and Qwen3.5 families (one interface for both).
+
+Module tree mirrors transformers (``model.embed_tokens``, ``model.layers[i]``, ``model.norm``,
+``lm_head``) so a parameter's dotted path is its safetensors key.
+
+Interface (``b`` batch, ``t`` tokens, ``V`` vocab; ``attention_mask`` 1 = real token, 0 = padding,
+padding on the left):
+
+* ``model(input_ids [b, t] int32, attention_mask [b, t] int/bool = None, positions [b, t] = None)``
+  -> logits ``[b, t, V]`` float32. Default positions: ``max(cumsum(mask) - 1, 0)`` per row, so a
+  left-padded row gets the same logits as the unpadded one. Logits at padded positions are
+  meaningless.
+* ``cache = model.init_cache(batch, max_len, dtype=None)`` -> ``DecodeCache`` (see cache.py).
+* ``logits, cache = model.prefill(input_ids [b, t], attention_mask [b, t], cache)`` -> ``[b, t, V]``;
+  appends ``t`` slots; may be called repeatedly (chunked prefill).
+* ``logits, cache = model.decode_step(tokens [b] int32, cache)`` -> ``[b, V]``; appends one slot.
+
+All are plain methods: wrap them in ``nnx.jit`` (or split the model with ``nnx.split`` and use
+``jax.jit``) at the call site; the cache is a pytree and can be donated.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bat_jax.models.cache import AttentionCache, DecodeCache, empty_cache
+from bat_jax.models.configs import LINEAR_ATTENTION
+from bat_jax.models.gated_deltanet import GatedDeltaNet
+from bat_jax.models.layers import MLP, Attention, Embedding, Linear, RMSNorm
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block: token mixer (attention or Gated DeltaNet) then SwiGLU MLP."""
+
+    def __init__(self, cfg, layer_type: str, *, zero_centered: bool, output_gate: bool, rngs: nnx.Rngs):
+        dt, pdt = cfg.compute_dtype, jnp.dtype(cfg.param_dtype)
+        self.is_linear = layer_type == LINEAR_ATTENTION
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(cfg, rngs=rngs)
+        else:
+            self.self_attn = Attention(cfg, output_gate=output_gate, zero_centered=zero_centered, rngs=rngs)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dtype=dt, param_dtype=pdt, rngs=rngs)
+        norm_kw = dict(eps=cfg.rms_norm_eps, zero_centered=zero_centered, param_dtype=pdt, rngs=rngs)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, **norm_kw)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **norm_kw)
+
+    def empty_cache(self, cfg, batch: int, max_len: int, dtype):
+        if self.is_linear:
+            return self.linear_attn.empty_cache(batch, dtype)
+        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        return AttentionCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+    def __call__(self, x, mask, positions, cache, write_index, slot_mask, deltanet_mode):
+        h = self.input_layernorm(x)
+        if self.is_linear:
+            h, cache = self.linear_attn(h, mask, cache, deltanet_mode)
+        else:
+            h, cache = self.self_attn(h, mask, positions, cache, write_index, slot_mask)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+class DecoderModel(nnx.Module):
+    """Embedding, decoder layers and final norm (transformers ``*TextModel``)."""
+
+    def __init__(self, cfg, *, zero_centered: bool, output_gate: bool, rngs: nnx.Rngs):
+        dt, pdt = cfg.compute_dtype, jnp.dtype(cfg.param_dtype)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.layers = nnx.List([
+            DecoderLayer(cfg, lt, zero_centered=zero_centered, output_gate=output_gate, rngs=rngs)
+            for lt in cfg.layer_types])
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, zero_centered=zero_centered,
+                            param_dtype=pdt, rngs=rngs)
+
+
+class CausalLM(nnx.Module):
+    """Base class; subclasses set ``zero_centered_norm`` and ``output_gate`` and the config type."""
+
+    zero_centered_norm = False
+    output_gate = False
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        self.config = config
+        self.model = DecoderModel(config, zero_centered=self.zero_centered_norm,
+                                  output_gate=self.output_gate, rngs=rngs)
+        self.lm_head = None if config.tie_word_embeddings else Linear(
+            config.hidden_size, config.vocab_size, ("vocab", "embed"), dtype=config.compute_dtype,
+            param_dtype=jnp.dtype(config.param_dtype), rngs=rngs)
+
+    def __call__(self, input_ids, attention_mask=None, positions=None, *, deltanet_mode: str = "auto"):
+        """Full forward without a cache: logits ``[b, t, vocab]`` float32 (see module docstring)."""
+        logits, _ = self._run(input_ids, attention_mask, positions, None, deltanet_mode)
+        return logits
+
+    def init_cache(self, batch: int, max_len: int, dtype=None) -> DecodeCache:
+        """Empty decode cache for ``batch`` rows and ``max_len`` token slots; attention K/V and the
+        conv history in ``dtype`` (default: compute dtype), DeltaNet state in float32."""
+        dtype = jnp.dtype(dtype or self.config.compute_dtype)
+        layers = tuple(layer.empty_cache(self.config, batch, max_len, dtype) for layer in self.model.layers)
+        return empty_cache(layers, batch, max_len)
+
+    def prefill(self, input_ids, attention_mask, cache: DecodeCache, positions=None,
+                *, deltanet_mode: str = "auto"):
+        """Feeds ``input_ids [b, t]`` (left padded, mask ``[b, t]``) after the cache's tokens.
+        Returns ``(logits [b, t, vocab] float32, cache)``."""
+        return self._run(input_ids, attention_mask, positions, cache, deltanet_mode)
+
+    def decode_step(self, tokens, cache: DecodeCache):
+        """Feeds one real token per row, ``tokens [b]`` int32. Returns ``(logits [b, vocab], cache)``."""
+        logits, cache = self._run(tokens[:, None], None, None, cache, "recurrent")
+        return logits[:, 0], cache
+
+    def _run(self, input_ids, attention_mask, positions, cache, deltanet_mode):
+        b, t = input_ids.shape
+        mask = (jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool))
+        write_index = slot_mask = None
+        base = jnp.zeros((b, 1), jnp.int32)
+        if cache is not None:
+            write_index = cache.length
+            slot_mask = jax.lax.dynamic_update_slice(cache.slot_mask, mask, (0, write_index))
+            base = cache.next_position[:, None]
+        if positions is None:
+            positions = base + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+        x = self.model.embed_tokens(input_ids)
+        new_layers = []
+        for i, layer in enumerate(self.model.layers):
+            layer_cache = None if cache is None else cache.layers[i]
+            x, layer_cache = layer(x, mask, positions, layer_cache, write_index, slot_mask, deltanet_mode)
+            new_layers.append(layer_cache)
+        x = self.model.norm(x)
+        logits = self.model.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)
+        if cache is not None:
+            cache = DecodeCache(layers=tuple(new_layers), length=cache.length + t, slot_mask=slot_mask,
+                                next_position=cache.next_position + mask.sum(axis=1).astype(jnp.int32))
+        return logits.astype(jnp.float32), cache

@@ -1,0 +1,206 @@
+"""Shared building blocks of the Qwen3 / Qwen3.5 decoders (Flax NNX).
+
+Parameters are stored in the Hugging Face layout (``Linear.weight`` is ``[out, in]``, names mirror
+the transformers module tree) so that safetensors I/O is a plain rename. Every parameter carries
+logical axis names in its ``out_sharding`` metadata (``eager_sharding=False``: nothing is placed at
+construction); ``learn/mesh.py`` maps them onto mesh axes. Logical names used:
+
+``vocab``, ``embed`` (hidden size), ``mlp`` (intermediate size), ``heads`` (q heads x head_dim,
+output of q_proj / input of o_proj), ``kv_heads`` (kv heads x head_dim), ``head_dim`` (per-head
+norms), ``linear_qkv`` (Gated DeltaNet fused q|k|v channels, also the conv channels),
+``linear_v`` (Gated DeltaNet value channels: z gate and out_proj input), ``linear_heads``
+(Gated DeltaNet value heads: in_proj_a/b, A_log, dt_bias), ``conv`` (conv taps).
+A name of ``None`` means replicated.
+
+Numerics follow transformers 5.19 (``modeling_qwen3.py`` / ``modeling_qwen3_5.py``): RMSNorm in
+float32, softmax in float32, rotary tables in float32 then cast to the compute dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bat_jax.models.cache import AttentionCache
+
+_NEG = -1e30  # finite "minus infinity": fully masked rows (left padding) stay NaN-free
+
+
+def param(rngs: nnx.Rngs | None, init, shape, dtype, names) -> nnx.Param:
+    """An ``nnx.Param`` of ``shape`` with logical axis ``names`` (no eager placement)."""
+    key = rngs.params() if rngs is not None else jax.random.key(0)
+    return nnx.Param(init(key, shape, dtype), out_sharding=tuple(names), eager_sharding=False)
+
+
+def _normal(key, shape, dtype):
+    return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def _fill(value):
+    return lambda key, shape, dtype: jnp.full(shape, value, dtype)
+
+
+class Linear(nnx.Module):
+    """``y = x @ weight.T (+ bias)``; ``weight`` is ``[out, in]`` (torch layout), computed in ``dtype``."""
+
+    def __init__(self, in_features: int, out_features: int, names: tuple, *, bias: bool = False,
+                 dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.weight = param(rngs, _normal, (out_features, in_features), param_dtype, names)
+        self.bias = param(rngs, _fill(0.0), (out_features,), param_dtype, names[:1]) if bias else None
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.einsum("...i,oi->...o", x.astype(self.dtype), self.weight[...].astype(self.dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class Embedding(nnx.Module):
+    """Token embedding ``weight [vocab, embed]``; ``attend`` gives tied-head logits."""
+
+    def __init__(self, vocab: int, dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.weight = param(rngs, _normal, (vocab, dim), param_dtype, ("vocab", "embed"))
+        self.dtype = dtype
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.weight[...], ids, axis=0).astype(self.dtype)
+
+    def attend(self, h: jax.Array) -> jax.Array:
+        return jnp.einsum("...d,vd->...v", h.astype(self.dtype), self.weight[...].astype(self.dtype))
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis, in float32.
+
+    ``zero_centered=False`` (Qwen3): ``w * (x / rms(x)).astype(in_dtype)``, weight init 1.
+    ``zero_centered=True`` (Qwen3.5): ``((x / rms(x)) * (1 + w)).astype(in_dtype)``, weight init 0.
+    """
+
+    def __init__(self, dim: int, *, eps: float, zero_centered: bool, names=("embed",),
+                 param_dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+        self.weight = param(rngs, _fill(0.0 if zero_centered else 1.0), (dim,), param_dtype, names)
+        self.eps = eps
+        self.zero_centered = zero_centered
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        w = self.weight[...]
+        if self.zero_centered:
+            return (normed * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
+        return w.astype(x.dtype) * normed.astype(x.dtype)
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, dim: int, hidden: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = Linear(dim, hidden, ("mlp", "embed"), **kw)
+        self.up_proj = Linear(dim, hidden, ("mlp", "embed"), **kw)
+        self.down_proj = Linear(hidden, dim, ("embed", "mlp"), **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rotary_tables(positions: jax.Array, rotary_dim: int, theta: float, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables ``[batch, seq, rotary_dim]`` for int ``positions [batch, seq]`` (default RoPE,
+    halves layout as in transformers ``rotate_half``); computed in float32, returned in ``dtype``."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates the first ``cos.shape[-1]`` channels of ``x [batch, seq, heads, head_dim]`` (partial RoPE)."""
+    rd = cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    half = rd // 2
+    rotated = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+    return jnp.concatenate([rot * c + rotated * s, rest], axis=-1)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention.
+
+    q ``[b, t, H, d]`` (already scaled), k/v ``[b, s, K, d]`` with ``H % K == 0``, valid ``[b, t, s]``
+    bool. Returns ``[b, t, H, d]`` in q's dtype; scores and softmax in float32. Rows with no valid key
+    (queries at padded positions) give a uniform average instead of NaN; callers ignore them.
+    """
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, t, kv, h // kv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(valid[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+class Attention(nnx.Module):
+    """Causal GQA self-attention with per-head q/k RMSNorm and RoPE.
+
+    ``output_gate=True`` (Qwen3.5 gated attention): q_proj emits ``[q | gate]`` per head and the
+    attention output is multiplied by ``sigmoid(gate)`` before o_proj; norms are zero-centred and
+    only ``rotary_dim`` channels are rotated. ``output_gate=False`` is Qwen3 attention.
+    """
+
+    def __init__(self, cfg, *, output_gate: bool, zero_centered: bool, rngs: nnx.Rngs):
+        dt, pdt = cfg.compute_dtype, jnp.dtype(cfg.param_dtype)
+        kw = dict(bias=cfg.attention_bias, dtype=dt, param_dtype=pdt, rngs=rngs)
+        h, k, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = h, k, d
+        self.output_gate = output_gate
+        self.rotary_dim, self.rope_theta = cfg.rotary_dim, cfg.rope_theta
+        self.q_proj = Linear(cfg.hidden_size, h * d * (2 if output_gate else 1), ("heads", "embed"), **kw)
+        self.k_proj = Linear(cfg.hidden_size, k * d, ("kv_heads", "embed"), **kw)
+        self.v_proj = Linear(cfg.hidden_size, k * d, ("kv_heads", "embed"), **kw)
+        self.o_proj = Linear(h * d, cfg.hidden_size, ("embed", "heads"), **kw)
+        norm_kw = dict(eps=cfg.rms_norm_eps, zero_centered=zero_centered, names=("head_dim",),
+                       param_dtype=pdt, rngs=rngs)
+        self.q_norm = RMSNorm(d, **norm_kw)
+        self.k_norm = RMSNorm(d, **norm_kw)
+
+    def __call__(self, x, mask, positions, cache: AttentionCache | None = None, write_index=None,
+                 slot_mask=None):
+        """x ``[b, t, embed]``; mask ``[b, t]`` bool (1 = real token); positions ``[b, t]`` int32.
+
+        With ``cache`` the new keys/values are written at slots ``[write_index, write_index + t)`` and
+        the queries attend to every slot ``j <= own slot`` with ``slot_mask[:, j]`` (``[b, max_len]``
+        bool, already including ``mask``). Returns ``(y [b, t, embed], cache)``.
+        """
+        b, t, _ = x.shape
+        d = self.head_dim
+        q = self.q_proj(x)
+        if self.output_gate:
+            q = q.reshape(b, t, self.num_heads, 2 * d)
+            q, gate = q[..., :d], q[..., d:].reshape(b, t, self.num_heads * d)
+        else:
+            q, gate = q.reshape(b, t, self.num_heads, d), None
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).reshape(b, t, self.num_kv_heads, d))
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, d)
+        cos, sin = rotary_tables(positions, self.rotary_dim, self.rope_theta, x.dtype)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q = q * jnp.asarray(d ** -0.5, q.dtype)
+        if cache is None:
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            valid = causal[None] & mask[:, None, :]
+        else:
+            idx = (0, write_index, 0, 0)
+            cache = AttentionCache(k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
+                                   v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
+            k, v = cache.k.astype(x.dtype), cache.v.astype(x.dtype)
+            s = k.shape[1]
+            q_slot = write_index + jnp.arange(t)
+            causal = jnp.arange(s)[None, :] <= q_slot[:, None]
+            valid = causal[None] & slot_mask[:, None, :]
+        out = attend(q, k, v, valid).reshape(b, t, self.num_heads * d)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
+        return self.o_proj(out), cache
