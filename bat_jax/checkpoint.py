@@ -1,0 +1,199 @@
+"""Orbax checkpoints for the learner: latest-N and best-by-Overall kept by separate rules, restore onto
+any mesh, resume with optimizer state and data cursor, fallback past a corrupted newest step.
+
+Layout: ``<directory>/<step>/state`` (the train-state pytree, OCDBT/tensorstore) and
+``<directory>/<step>/extra`` (JSON: data cursor, round, anything small). Orbax writes every step into a
+temporary directory and renames it when complete, so a crash mid-save never leaves a half step that looks
+finished (saves are atomic); leftover temporary directories are removed when the manager opens.
+
+Retention is ``AnyPreservationPolicy([LatestN(keep_latest), BestN(metric, keep_best)])``: a step survives
+when *either* rule keeps it, so the latest-N rule can never delete the best step and the best rule can
+never delete a recent one. Steps saved without metrics are kept only by the latest-N rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from typing import Any, Mapping
+
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as ocp_managers
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and what to keep.
+
+    Attributes:
+      directory: checkpoint root (local path or any path Orbax/epath accepts, e.g. gs://).
+      keep_latest: how many most recent steps to keep, 3 (released code: keep 3).
+      keep_best: how many best steps by ``best_metric`` to keep, 1.
+      best_metric: key of the metrics dict that ranks steps, ``'overall'`` (Overall, 0–1 scale).
+      best_mode: ``'max'`` (higher is better) or ``'min'``.
+      save_every: optimizer steps between saves (used by the training loops), 5.
+      async_save: let Orbax write in the background (``wait()`` before reading the directory).
+    """
+
+    directory: str
+    keep_latest: int = 3
+    keep_best: int = 1
+    best_metric: str = "overall"
+    best_mode: str = "max"
+    save_every: int = 5
+    async_save: bool = False
+
+    def __post_init__(self):
+        if self.best_mode not in ("max", "min"):
+            raise ValueError(f"CheckpointConfig.best_mode must be 'max' or 'min', got {self.best_mode!r}")
+        if self.keep_latest < 1:
+            raise ValueError(f"CheckpointConfig.keep_latest must be >= 1, got {self.keep_latest}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """Result of :meth:`Checkpointer.restore`: the step read, its state pytree and its JSON extra."""
+
+    step: int
+    state: Any
+    extra: dict[str, Any]
+
+
+class Checkpointer:
+    """A thin owner of one ``orbax.checkpoint.CheckpointManager`` with the retention rules above."""
+
+    def __init__(self, config: CheckpointConfig):
+        self.config = config
+        metric = config.best_metric
+        get_metric = lambda m: float(m[metric])  # noqa: E731
+        policy = ocp_managers.AnyPreservationPolicy(
+            [
+                ocp_managers.LatestN(n=config.keep_latest),
+                ocp_managers.BestN(
+                    get_metric_fn=get_metric,
+                    reverse=config.best_mode == "min",
+                    n=config.keep_best,
+                    keep_checkpoints_without_metrics=False,
+                ),
+            ]
+        )
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=policy,
+            # best_fn only makes Orbax write the metrics to disk (so the best rule survives a restart);
+            # retention itself is decided by ``policy``.
+            best_fn=get_metric,
+            best_mode=config.best_mode,
+            enable_async_checkpointing=config.async_save,
+            cleanup_tmp_directories=True,
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(config.directory, options=options, item_names=("state", "extra"))
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        metrics: Mapping[str, float] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Save ``state`` (any pytree of arrays, e.g. a TrainState) at ``step``.
+
+        Args:
+          metrics: scalars for ranking (must contain ``best_metric`` for the best rule to consider it).
+          extra: small JSON-able dict saved beside the state (data cursor, round index, ...).
+        Raises:
+          ValueError: ``metrics`` given without ``best_metric``.
+        """
+        if metrics is not None and self.config.best_metric not in metrics:
+            raise ValueError(f"checkpoint metrics {sorted(metrics)} lack best_metric {self.config.best_metric!r}")
+        self._manager.save(
+            int(step),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(dict(extra or {}))
+            ),
+            metrics=None if metrics is None else {k: float(v) for k, v in metrics.items()},
+            force=True,
+        )
+        if not self.config.async_save:
+            self._manager.wait_until_finished()
+
+    def wait(self) -> None:
+        """Block until any background save has finished."""
+        self._manager.wait_until_finished()
+
+    def all_steps(self) -> list[int]:
+        """Steps present on disk, ascending."""
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """Newest step on disk (not checked for readability), or None."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def best_step(self) -> int | None:
+        """The step with the best ``best_metric`` among those saved with metrics, or None."""
+        best: tuple[float, int] | None = None
+        sign = 1.0 if self.config.best_mode == "max" else -1.0
+        for step in self.all_steps():
+            metrics = self._manager.metrics(step)
+            if not metrics or self.config.best_metric not in metrics:
+                continue
+            key = (sign * float(metrics[self.config.best_metric]), -step)  # ties → the earlier step
+            if best is None or key > best:
+                best = key
+        return None if best is None else -best[1]
+
+    def restore(self, target: Any, step: int | None = None) -> Restored:
+        """Restore the state into ``target``'s structure, shapes, dtypes and shardings.
+
+        Args:
+          target: pytree of ``jax.ShapeDtypeStruct`` with ``sharding`` set for the *current* mesh (see
+            :func:`bat_jax.learn.train_state.abstract_train_state`), so a checkpoint written on 8 devices
+            restores onto 1 and vice versa.
+          step: a given step (errors propagate), or None: the newest readable step. An unreadable newest
+            step (corrupt or partial files) triggers a ``RuntimeWarning`` naming it and a fall back to the
+            next older step.
+        Raises:
+          FileNotFoundError: no checkpoint (or none readable) under the directory.
+        """
+        if step is not None:
+            return self._restore_step(int(step), target)
+        steps = self.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint under {self.config.directory}")
+        errors = []
+        for s in reversed(steps):
+            try:
+                return self._restore_step(s, target)
+            except Exception as e:  # noqa: BLE001 - any read failure means "this step is unusable"
+                errors.append(f"step {s}: {type(e).__name__}: {e}")
+                warnings.warn(
+                    f"checkpoint step {s} under {self.config.directory} is unreadable "
+                    f"({type(e).__name__}: {str(e)[:200]}); falling back to an older step",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        raise FileNotFoundError(f"no readable checkpoint under {self.config.directory}: " + "; ".join(errors))
+
+    def _restore_step(self, step: int, target: Any) -> Restored:
+        out = self._manager.restore(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()),
+        )
+        return Restored(step=step, state=out["state"], extra=dict(out["extra"] or {}))
+
+    def close(self) -> None:
+        """Finish pending writes and release the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,95 @@
+"""Policy-shift estimate for checkpoint fallback (paper Eq. 6, Appendix A.4 "Fallback KL threshold").
+
+``D_KL(π_candidate ‖ π_best)`` is estimated as the mean per-token KL over held-out Stage Bank prompts
+(default 256): at every prompt position the two models' full next-token distributions are compared
+exactly, ``Σ_v p_c(v) (log p_c(v) − log p_b(v))``, and the values are averaged over all valid positions
+of all prompts (each token weighs the same). Teacher forcing on the prompt tokens makes the estimate
+deterministic (no sampling noise), so the τ = 0.1 test in the controller is reproducible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyShiftConfig:
+    """Attributes:
+    num_prompts: held-out prompts used, 256 (paper).
+    batch_size: prompts per forward pass.
+    """
+
+    num_prompts: int = 256
+    batch_size: int = 16
+
+
+def token_kl(candidate_logits: jax.Array, best_logits: jax.Array) -> jax.Array:
+    """Exact KL(candidate ‖ best) of the next-token distributions, ``[B, T, V]`` → ``[B, T] float32``."""
+    lc = jax.nn.log_softmax(candidate_logits.astype(jnp.float32), axis=-1)
+    lb = jax.nn.log_softmax(best_logits.astype(jnp.float32), axis=-1)
+    return jnp.sum(jnp.exp(lc) * (lc - lb), axis=-1)
+
+
+def make_kl_sum_fn(apply_fn: ApplyFn) -> Callable[[Any, Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+    """Jitted ``(candidate_params, best_params, input_ids, attention_mask) -> (Σ KL, #positions)`` for one
+    batch; positions with ``attention_mask == 0`` are excluded."""
+
+    @jax.jit
+    def fn(candidate_params, best_params, input_ids, attention_mask):
+        kl = token_kl(apply_fn(candidate_params, input_ids, attention_mask), apply_fn(best_params, input_ids, attention_mask))
+        m = attention_mask.astype(jnp.float32)
+        return jnp.sum(jnp.where(m > 0, kl, 0.0)), m.sum()
+
+    return fn
+
+
+def policy_shift_kl(
+    apply_fn: ApplyFn,
+    candidate_params: Any,
+    best_params: Any,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    config: PolicyShiftConfig = PolicyShiftConfig(),
+) -> float:
+    """Mean per-token KL(candidate ‖ best) over the first ``config.num_prompts`` held-out prompts.
+
+    Args:
+      apply_fn: ``(params, input_ids [b, T] int32, attention_mask [b, T]) -> logits [b, T, V]``.
+      candidate_params, best_params: parameter trees for ``apply_fn`` (the candidate θ̃ and the retained θ*).
+      input_ids: ``[N, T] int32`` right-padded prompt ids, N ≥ ``config.num_prompts``.
+      attention_mask: ``[N, T]`` 0/1.
+    Returns:
+      The mean KL in nats per token (float, ≥ 0 up to rounding).
+    Raises:
+      ValueError: fewer than ``config.num_prompts`` prompts, mismatched shapes, or no valid token.
+    """
+    input_ids = np.asarray(input_ids)
+    attention_mask = np.asarray(attention_mask)
+    if input_ids.shape != attention_mask.shape or input_ids.ndim != 2:
+        raise ValueError(f"policy_shift_kl: input_ids {input_ids.shape} and attention_mask {attention_mask.shape} must be equal [N, T]")
+    n = config.num_prompts
+    if input_ids.shape[0] < n:
+        raise ValueError(f"policy_shift_kl: {input_ids.shape[0]} held-out prompts given, num_prompts={n} required")
+    fn = make_kl_sum_fn(apply_fn)
+    total, count = 0.0, 0.0
+    bs = config.batch_size
+    for start in range(0, n, bs):
+        ids = input_ids[start : min(start + bs, n)]
+        mask = attention_mask[start : min(start + bs, n)]
+        if ids.shape[0] < bs:  # pad the last batch to keep one compiled shape
+            pad = bs - ids.shape[0]
+            ids = np.concatenate([ids, np.zeros((pad, ids.shape[1]), ids.dtype)])
+            mask = np.concatenate([mask, np.zeros((pad, mask.shape[1]), mask.dtype)])
+        s, c = fn(candidate_params, best_params, jnp.asarray(ids, jnp.int32), jnp.asarray(mask))
+        total += float(s)
+        count += float(c)
+    if count == 0:
+        raise ValueError("policy_shift_kl: the prompts contain no valid token")
+    return total / count

@@ -1,0 +1,224 @@
+"""Train state, the functional view of an nnx model, and the one jitted, sharded train step.
+
+The learner works with any ``flax.nnx`` module called as ``logits = model(input_ids, attention_mask)``
+(``[batch, seq] int32``, ``[batch, seq]`` 0/1 → ``[batch, seq, vocab] float32``). Parameters are kept as a
+pure nested dict of arrays (``nnx.to_pure_dict``) so that optax, Orbax and sharding trees are plain
+pytrees; :func:`split_model` returns an ``apply_fn(params, input_ids, attention_mask)`` that merges them
+back into the module inside the trace.
+
+:func:`make_train_step` builds the single ``jax.jit`` step with in/out shardings and a donated state.
+Gradient accumulation splits the batch into ``num_micro_batches`` interleaved slices (row ``i`` goes to
+micro-batch ``i % M``, so every device keeps its share) and sums their gradients. The loss function gets
+the *whole batch's* normalizers (token and sequence counts) with every micro-batch, so the summed
+micro-batch losses and gradients equal the full-batch loss and gradient exactly (up to float rounding).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding
+
+from bat_jax.learn import mesh as mesh_lib
+
+Batch = Mapping[str, jax.Array]
+ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
+# loss_fn(params, micro_batch, normalizers) -> (scalar loss, dict of scalar metrics); the loss and every
+# metric must already be divided by the whole-batch normalizers so that micro-batch values add up.
+LossFn = Callable[[Any, Batch, Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
+NormalizerFn = Callable[[Batch], dict[str, jax.Array]]
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a resume needs besides the data cursor.
+
+    Attributes:
+      step: optimizer steps taken, ``[] int32``.
+      params: pure dict of parameter arrays.
+      opt_state: the optax state for ``params``.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def split_model(model: nnx.Module) -> tuple[ApplyFn, Any, Any]:
+    """Functional view of an nnx model.
+
+    Returns:
+      ``(apply_fn, params, logical_specs)``: ``apply_fn(params, input_ids, attention_mask) -> logits``;
+      ``params`` the pure dict of ``nnx.Param`` arrays; ``logical_specs`` the same tree with
+      ``PartitionSpec`` leaves of logical axis names (empty spec where the model set none).
+    Non-parameter state (buffers, rngs) is captured as a constant of ``apply_fn``.
+    """
+    graphdef, param_state, rest = nnx.split(model, nnx.Param, ...)
+    params = nnx.to_pure_dict(param_state)
+    specs = nnx.to_pure_dict(nnx.get_partition_spec(param_state))
+
+    def apply_fn(p: Any, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, p, rest)(input_ids, attention_mask)
+
+    return apply_fn, params, specs
+
+
+def train_state_shardings(
+    params: Any, param_shardings: Any, tx: optax.GradientTransformation, mesh: Mesh
+) -> TrainState:
+    """NamedSharding tree for a :class:`TrainState`: optimizer moments follow their parameter, every
+    other optimizer leaf (counts) and ``step`` are replicated."""
+    abstract_opt = jax.eval_shape(tx.init, params)
+    rep = mesh_lib.replicated(mesh)
+    opt_shardings = optax.tree_map_params(
+        tx,
+        lambda _, s: s,
+        abstract_opt,
+        param_shardings,
+        transform_non_params=lambda _: rep,
+    )
+    return TrainState(step=rep, params=param_shardings, opt_state=opt_shardings)
+
+
+def create_train_state(params: Any, tx: optax.GradientTransformation, shardings: TrainState) -> TrainState:
+    """Place ``params`` on the mesh and initialise the optimizer there (a fresh optimizer = a round reset)."""
+
+    def init(p: Any) -> TrainState:
+        return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
+
+    params = jax.device_put(params, shardings.params)
+    return jax.jit(init, out_shardings=shardings)(params)
+
+
+def abstract_train_state(state_like: Any, shardings: Any) -> Any:
+    """``jax.ShapeDtypeStruct`` tree with target shardings (for Orbax restore onto any mesh)."""
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_like, shardings
+    )
+
+
+def split_micro_batches(batch: Batch, num_micro_batches: int) -> dict[str, jax.Array]:
+    """``[B, ...]`` → ``[M, B/M, ...]``; micro-batch ``m`` holds rows ``m, m+M, m+2M, ...``.
+
+    Raises:
+      ValueError: the batch size does not divide by ``num_micro_batches``.
+    """
+    out = {}
+    for k, v in batch.items():
+        b = v.shape[0]
+        if b % num_micro_batches:
+            raise ValueError(f"batch field {k!r}: {b} rows do not divide into {num_micro_batches} micro-batches")
+        v = v.reshape((b // num_micro_batches, num_micro_batches) + v.shape[1:])
+        out[k] = jnp.swapaxes(v, 0, 1)
+    return out
+
+
+def accumulate_gradients(
+    loss_fn: LossFn, params: Any, batch: Batch, normalizers: Mapping[str, jax.Array], num_micro_batches: int
+) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+    """Sum of loss, metrics and gradients over micro-batches (= the full-batch values, see module doc)."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if num_micro_batches == 1:
+        (loss, metrics), grads = grad_fn(params, batch, normalizers)
+        return loss, metrics, grads
+    micro = split_micro_batches(batch, num_micro_batches)
+    first = jax.tree.map(lambda v: v[0], micro)
+    (loss_s, metrics_s), grads_s = jax.eval_shape(grad_fn, params, first, normalizers)
+    # accumulate in float32 even for bf16 parameters, cast back at the end
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), (loss_s, metrics_s, grads_s))
+
+    def body(carry, mb):
+        (loss, metrics), grads = grad_fn(params, mb, normalizers)
+        return jax.tree.map(lambda c, x: c + x.astype(c.dtype), carry, (loss, metrics, grads)), None
+
+    (loss, metrics, grads), _ = jax.lax.scan(body, zeros, micro)
+    grads = jax.tree.map(lambda g, s: g.astype(s.dtype), grads, grads_s)
+    return loss, metrics, grads
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    normalizer_fn: NormalizerFn,
+    tx: optax.GradientTransformation,
+    state_shardings: TrainState,
+    batch_shardings: Mapping[str, NamedSharding],
+    num_micro_batches: int = 1,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """One jitted optimizer step ``(state, batch) -> (state, metrics)``, state donated.
+
+    Args:
+      loss_fn: see :data:`LossFn`.
+      normalizer_fn: whole-batch denominators (e.g. loss-token and sequence counts), computed before the
+        split into micro-batches.
+      tx: the optax optimizer.
+      state_shardings: from :func:`train_state_shardings` (in and out sharding of the state).
+      batch_shardings: one NamedSharding per batch field.
+      num_micro_batches: gradient-accumulation steps inside one optimizer step.
+    Metrics returned (replicated scalars, no host sync inside the step): the loss function's metrics
+    plus ``loss`` and ``grad_norm`` (global L2 norm before clipping).
+    """
+    if num_micro_batches < 1:
+        raise ValueError(f"num_micro_batches must be >= 1, got {num_micro_batches}")
+
+    def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        normalizers = normalizer_fn(batch)
+        loss, metrics, grads = accumulate_gradients(loss_fn, state.params, batch, normalizers, num_micro_batches)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    rep = jax.tree.map(lambda s: mesh_lib.replicated(s.mesh), state_shardings.step)
+    return jax.jit(
+        step,
+        in_shardings=(state_shardings, dict(batch_shardings)),
+        out_shardings=(state_shardings, rep),
+        donate_argnums=0,
+    )
+
+
+def run_steps(
+    step_fn: Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]],
+    state: TrainState,
+    batches: Iterable[Batch],
+    *,
+    num_steps: int,
+    data_cursor: int = 0,
+    checkpointer: Any = None,
+    checkpoint_every: int = 0,
+    on_metrics: Callable[[int, dict[str, float]], None] | None = None,
+) -> tuple[TrainState, int]:
+    """Run ``num_steps`` optimizer steps, saving a checkpoint every ``checkpoint_every`` steps.
+
+    Args:
+      step_fn: from :func:`make_train_step`.
+      state: the train state (donated to each step; do not reuse the argument).
+      batches: global batches, already positioned at ``data_cursor`` (batches consumed so far).
+      data_cursor: saved with each checkpoint as ``extra['data_cursor']`` (after the step), so a resume
+        continues with the next unseen batch.
+      checkpointer: a :class:`bat_jax.checkpoint.Checkpointer` or None; saves happen when
+        ``state.step % checkpoint_every == 0`` (by the global optimizer step).
+      on_metrics: called with (step, host metrics) after every step.
+    Returns:
+      ``(state, data_cursor)`` after the last step.
+    Raises:
+      ValueError: ``batches`` ran out before ``num_steps``.
+    """
+    it = iter(batches)
+    for i in range(num_steps):
+        try:
+            batch = next(it)
+        except StopIteration:
+            raise ValueError(f"run_steps: batches ran out after {i} of {num_steps} steps") from None
+        state, metrics = step_fn(state, batch)
+        data_cursor += 1
+        step = int(state.step)
+        if on_metrics is not None:
+            on_metrics(step, {k: float(v) for k, v in metrics.items()})
+        if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
+            checkpointer.save(step, state, extra={"data_cursor": data_cursor})
+    return state, data_cursor
