@@ -1,0 +1,340 @@
+"""Multi-turn agent rollouts: a policy engine talking to sandboxes through the two tools (paper §RL rollouts).
+
+For each RL row, K episodes (default 4, REFERENCE.md) start in fresh sandboxes restored from the row's state.
+The prompt is the row's system prompt (stage skill) with the tool schemas in the template's tools block, then
+the task brief as the user turn. Per turn, every live episode of the batch is sampled in **one** engine call;
+the resulting tool calls then run concurrently in a thread pool (sandbox calls wait on subprocesses / Docker
+and release the GIL). Token in, token out: sampled ids go verbatim into an `EpisodeBuilder`
+(`bat_jax.models.episode`) with loss mask 1; observations are appended as template glue with mask 0.
+
+Limits (`AgentLoopConfig`, defaults from REFERENCE.md's released-code column): assistant turns, tool calls,
+cumulative sampled (response) tokens, tokens per turn, context tokens and characters per observation. The
+response-token budget is over the whole trajectory: a turn is asked for at most what is left, and anything an
+engine returns beyond it is cut — ids, loss mask and logprobs at the same place — and the episode ends with
+finish reason `max_response_tokens`. Tool-call parse errors and sandbox exceptions become observations; a
+sandbox that cannot be created makes the rollout unscored (`Trajectory.infra_error`, null is not zero).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from bat_jax.models.chat import ParseError, parse_tool_call, tool_schemas
+from bat_jax.rollout import trajectory as tj
+from bat_jax.rollout.engine import RolloutEngine, SamplingParams
+from bat_jax.sandbox.types import Sandbox, SandboxState, sha256_hex
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentLoopConfig:
+    """Rollout limits and sampling (units: tokens, characters, seconds).
+
+    Attributes:
+      episodes_per_state: K rollouts per RL row (paper: 4).
+      max_assistant_turns: assistant turns per episode (released code: 24).
+      max_tool_calls: tool calls per episode (released code: 23).
+      max_response_tokens: sampled tokens over the whole episode (released code: 16,384).
+      max_tokens_per_turn: sampled tokens per assistant turn (paper response limit: 2,048).
+      max_context_tokens: prompt + everything appended (paper context: 12,288).
+      max_observation_chars: characters of one observation shown to the agent (released code: 2,048).
+      temperature, top_p, top_k: sampling (paper: temperature 0.7).
+      tool_timeout_s: hard limit of one execute_code call (released code: 120 s).
+      max_workers: threads for sandbox creation and tool calls.
+      end_on_no_tool_call: end an episode at a turn without any tool call (else it is an observation).
+      max_artefact_bytes: total bytes of changed workspace files kept in `Trajectory.artefacts`.
+      progress: show a tqdm progress bar over finished episodes.
+    """
+
+    episodes_per_state: int = 4
+    max_assistant_turns: int = 24
+    max_tool_calls: int = 23
+    max_response_tokens: int = 16384
+    max_tokens_per_turn: int = 2048
+    max_context_tokens: int = 12288
+    max_observation_chars: int = 2048
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    tool_timeout_s: float = 120.0
+    max_workers: int = 16
+    end_on_no_tool_call: bool = False
+    max_artefact_bytes: int = 8 << 20
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("episodes_per_state", "max_assistant_turns", "max_response_tokens", "max_tokens_per_turn",
+                     "max_context_tokens", "max_observation_chars", "max_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AgentLoopConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_tool_calls < 0:
+            raise ValueError(f"AgentLoopConfig.max_tool_calls must be >= 0, got {self.max_tool_calls}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutRequest:
+    """What the agent loop needs from one RL row.
+
+    Attributes:
+      state_id: the row's state_id.
+      state: the executable sandbox state p each episode starts from.
+      system_prompt: system text (the stage skill); the tool schemas are added by the chat template.
+      user_message: the first user turn (the task brief).
+      tools: tool schemas for the template's tools block (default: execute_code and submit).
+      stage: stage name, recorded in the trajectories.
+    """
+
+    state_id: str
+    state: SandboxState
+    system_prompt: str
+    user_message: str
+    tools: tuple[Mapping[str, Any], ...] = tuple(tool_schemas())
+    stage: str = ""
+
+
+def cut_observation(text: str, max_chars: int) -> str:
+    """`text` cut to `max_chars` characters plus a marker saying how many were dropped."""
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"\n...[observation truncated: {len(text) - max_chars} more chars]"
+
+
+class _Episode:
+    """Mutable bookkeeping of one live episode (main thread only, except `sandbox` calls)."""
+
+    def __init__(self, request: RolloutRequest, k: int, builder: Any, seed: int):
+        self.request, self.k, self.builder, self.seed = request, k, builder, seed
+        self.sandbox: Sandbox | None = None
+        self.ids: list[int] = []
+        self.prompt_len = 0
+        self.turns = self.tool_calls = self.response_tokens = self.sandbox_errors = 0
+        self.truncated = False
+        self.finish: str | None = None
+        self.infra_error = ""
+        self.weight_version = 0
+        self.pending: Any = None  # ToolAction to run, or None
+
+
+class AgentLoop:
+    """Runs K multi-turn episodes per `RolloutRequest`, batching model calls across episodes.
+
+    Args:
+      engine: the policy (`RolloutEngine`).
+      builder_factory: returns a fresh `EpisodeBuilder` (`bat_jax.models.episode`) per episode; its `family`
+        picks the tool-call parser and its `eot_id` the stop token.
+      sandbox_factory: `state -> Sandbox`, a fresh sandbox restored from `state` (Docker pool in training,
+        `LocalSandbox` in tests).
+      config: limits and sampling.
+      sandbox_release: gives a finished episode's sandbox back (default: `sandbox.close()`); with a warm
+        `bat_jax.sandbox.pool.SandboxPool` pass `pool.release` and `lambda s: pool.acquire(s, timeout_s)` as the
+        factory. Every episode of a `run` holds its sandbox until the batch ends, so the pool needs at least
+        (rows x K) sandboxes, or a finite acquire timeout (a timeout makes the rollout unscored).
+      extra_stop_ids: further stop ids (e.g. `<|endoftext|>`, `<|im_start|>`); a turn ending in one is
+        appended as a truncated turn (end-of-turn added as glue); `<|im_start|>` itself is dropped because the
+        template cannot hold it inside an assistant turn.
+    """
+
+    def __init__(self, engine: RolloutEngine, builder_factory: Callable[[], Any],
+                 sandbox_factory: Callable[[SandboxState], Sandbox], config: AgentLoopConfig = AgentLoopConfig(),
+                 *, sandbox_release: Callable[[Sandbox], None] | None = None, extra_stop_ids: Sequence[int] = ()):
+        self.engine, self.builder_factory, self.sandbox_factory = engine, builder_factory, sandbox_factory
+        self.sandbox_release = sandbox_release
+        self.config = config
+        self.extra_stop_ids = tuple(int(i) for i in extra_stop_ids)
+
+    def run(self, requests: Sequence[RolloutRequest], *, seed: int = 42) -> list[tj.Trajectory]:
+        """Rolls out `config.episodes_per_state` episodes per request.
+
+        Args:
+          requests: the batch's RL rows.
+          seed: the round's seed; episode (i, k) turn t samples with a seed derived from (seed, i, k, t).
+        Returns: trajectories ordered by request, then k.
+        """
+        cfg = self.config
+        episodes = []
+        for i, req in enumerate(requests):
+            for k in range(cfg.episodes_per_state):
+                ep_seed = int(np.random.SeedSequence([seed, i, k]).generate_state(1)[0])
+                episodes.append(_Episode(req, k, self.builder_factory(), ep_seed))
+        if not episodes:
+            return []
+        first = episodes[0].builder
+        im_start = getattr(first, "im_start_id", None)
+        stops = (first.eot_id,) + tuple(s for s in self.extra_stop_ids if s != first.eot_id)
+        params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                max_new_tokens=cfg.max_tokens_per_turn, stop_token_ids=stops)
+        for ep in episodes:  # tokenizers are not shared across threads: prompts are rendered here
+            self._start(ep)
+        bar = tqdm(total=len(episodes), desc="rollouts", unit="ep", disable=not cfg.progress, leave=False)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=cfg.max_workers) as pool:
+            try:
+                list(pool.map(self._open_sandbox, [ep for ep in episodes if ep.finish is None]))
+                bar.update(sum(ep.finish is not None for ep in episodes))
+                while live := [ep for ep in episodes if ep.finish is None]:
+                    self._sample_turn(live, params, im_start)
+                    acting = [ep for ep in live if ep.finish is None and ep.pending is not None]
+                    for ep, obs in zip(acting, pool.map(self._act, acting)):
+                        self._observe(ep, obs)
+                    bar.update(sum(ep.finish is not None for ep in live))
+                evidence = list(pool.map(self._evidence, episodes))
+                list(pool.map(self._close, episodes))
+                return [self._finish(ep, *ev) for ep, ev in zip(episodes, evidence)]
+            finally:
+                bar.close()
+                for ep in episodes:  # after an error: release whatever is still open (close is idempotent)
+                    self._close(ep)
+
+    def _close(self, ep: _Episode) -> None:
+        sandbox, ep.sandbox = ep.sandbox, None
+        if sandbox is not None:
+            try:
+                (self.sandbox_release or type(sandbox).close)(sandbox)
+            except Exception:  # noqa: BLE001 - a failed release must not hide the rollout's result or error
+                pass
+
+    # -- steps -------------------------------------------------------------------------------------------------
+
+    def _start(self, ep: _Episode) -> None:
+        req = ep.request
+        messages = [{"role": "system", "content": req.system_prompt}, {"role": "user", "content": req.user_message}]
+        ep.ids = list(ep.builder.start(messages, [dict(t) for t in req.tools]))
+        ep.prompt_len = len(ep.ids)
+        if len(ep.ids) >= self.config.max_context_tokens:
+            ep.finish = tj.FINISH_MAX_CONTEXT
+
+    def _open_sandbox(self, ep: _Episode) -> None:
+        """Creates the episode's sandbox from the row's state (worker thread)."""
+        try:
+            ep.sandbox = self.sandbox_factory(ep.request.state)
+        except Exception as exc:  # noqa: BLE001 - any backend failure makes the rollout unscored
+            ep.infra_error = f"sandbox creation failed: {type(exc).__name__}: {exc}"
+            ep.finish = tj.FINISH_SANDBOX_ERROR
+
+    def _sample_turn(self, live: list[_Episode], params: SamplingParams, im_start: int | None) -> None:
+        cfg = self.config
+        asking, budgets = [], []
+        for ep in live:
+            left = cfg.max_response_tokens - ep.response_tokens
+            room = cfg.max_context_tokens - len(ep.ids)
+            if left < 1 or room < 1:
+                ep.finish = tj.FINISH_MAX_RESPONSE_TOKENS if left < 1 else tj.FINISH_MAX_CONTEXT
+                continue
+            asking.append(ep)
+            budgets.append(min(cfg.max_tokens_per_turn, left, room))
+        if not asking:
+            return
+        seeds = [int(np.random.SeedSequence([ep.seed, ep.turns]).generate_state(1)[0]) for ep in asking]
+        completions = self.engine.generate([ep.ids for ep in asking], params, max_new_tokens=budgets, seeds=seeds)
+        for ep, budget, comp in zip(asking, budgets, completions):
+            ids = [int(t) for t in comp.token_ids]
+            logprobs = [float(x) for x in comp.logprobs]
+            overshot = len(ids) > budget  # an engine that ignored the budget: cut ids and logprobs together
+            ids, logprobs = ids[:budget], logprobs[:budget]
+            ended = bool(ids) and ids[-1] == ep.builder.eot_id and not overshot
+            if im_start is not None and ids and ids[-1] == im_start:
+                ids, logprobs = ids[:-1], logprobs[:-1]
+            ep.weight_version = comp.weight_version
+            ep.turns += 1
+            if not ids:
+                ep.finish = tj.FINISH_INVALID_TURN
+                continue
+            cut = not ended and len(ids) == budget  # stopped by a token limit, not by a stop token
+            ep.truncated = ep.truncated or cut
+            ep.builder.add_assistant(ids, logprobs, truncated=not ended)
+            ep.response_tokens += len(ids)
+            self._after_turn(ep, ids, cut and ep.response_tokens >= cfg.max_response_tokens)
+
+    def _after_turn(self, ep: _Episode, ids: list[int], out_of_budget: bool) -> None:
+        cfg = self.config
+        ep.pending = None
+        if out_of_budget:
+            ep.finish = tj.FINISH_MAX_RESPONSE_TOKENS
+            return
+        action = parse_tool_call(ep.builder.tokenizer.decode(ids), ep.builder.family)
+        if isinstance(action, ParseError):
+            if action.kind == "no_tool_call" and cfg.end_on_no_tool_call:
+                ep.finish = tj.FINISH_NO_TOOL_CALL
+            elif ep.turns >= cfg.max_assistant_turns:
+                ep.finish = tj.FINISH_MAX_TURNS
+            else:
+                self._append_observation(ep, action.observation)
+            return
+        if ep.tool_calls >= cfg.max_tool_calls:
+            ep.finish = tj.FINISH_MAX_TOOL_CALLS
+            return
+        ep.pending = action
+
+    def _act(self, ep: _Episode) -> tuple[str, bool]:
+        """Runs the pending tool call in the episode's sandbox (worker thread). Returns (observation text,
+        whether a submit succeeded); a backend exception becomes an observation."""
+        action = ep.pending
+        try:
+            if action.tool == "submit":
+                obs = ep.sandbox.submit(action.arguments["path"])
+                return obs.render(), obs.exit_code == 0 and ep.sandbox.submitted() is not None
+            obs = ep.sandbox.execute_code(action.arguments["language"], action.arguments["code"],
+                                          timeout_s=self.config.tool_timeout_s)
+            return obs.render(), False
+        except Exception as exc:  # noqa: BLE001 - shown to the agent, counted on the trajectory
+            ep.sandbox_errors += 1
+            return f"[sandbox error] {type(exc).__name__}: {exc}", False
+
+    def _observe(self, ep: _Episode, result: tuple[str, bool]) -> None:
+        observation, submitted = result
+        ep.pending = None
+        ep.tool_calls += 1
+        if submitted:
+            ep.finish = tj.FINISH_SUBMITTED
+        elif ep.turns >= self.config.max_assistant_turns:
+            ep.finish = tj.FINISH_MAX_TURNS
+        else:
+            self._append_observation(ep, observation)
+
+    def _append_observation(self, ep: _Episode, text: str) -> None:
+        ep.builder.add_tool_response(cut_observation(text, self.config.max_observation_chars))
+        ep.ids = ep.builder.build().ids.tolist()  # the next prompt: everything so far, ending in the generation prompt
+        if len(ep.ids) >= self.config.max_context_tokens:
+            ep.finish = tj.FINISH_MAX_CONTEXT
+
+    def _evidence(self, ep: _Episode) -> tuple:
+        """Receipts, submitted path and artefacts from the episode's sandbox (worker thread)."""
+        if ep.sandbox is None:
+            return (), None, {}, []
+        try:
+            artefacts, skipped = self._artefacts(ep)
+            return tuple(ep.sandbox.receipts()), ep.sandbox.submitted(), artefacts, skipped
+        except Exception as exc:  # noqa: BLE001 - evidence lost: unscored
+            ep.infra_error = ep.infra_error or f"collecting evidence failed: {type(exc).__name__}: {exc}"
+            return (), None, {}, []
+
+    def _finish(self, ep: _Episode, receipts, submitted, artefacts, skipped) -> tj.Trajectory:
+        episode = ep.builder.build()
+        template = episode.template.to_dict() if hasattr(episode.template, "to_dict") else {}
+        return tj.Trajectory(
+            state_id=ep.request.state_id, episode=ep.k, stage=ep.request.stage, ids=episode.ids,
+            loss_mask=episode.loss_mask, logprobs=episode.logprobs, prompt_len=ep.prompt_len,
+            finish_reason=ep.finish, truncated=ep.truncated, num_turns=ep.turns, num_tool_calls=ep.tool_calls,
+            response_tokens=int(np.sum(episode.loss_mask)), receipts=receipts, artefacts=artefacts,
+            skipped_artefacts=tuple(skipped), submitted=submitted, messages=tuple(ep.builder.messages()),
+            infra_error=ep.infra_error, sandbox_errors=ep.sandbox_errors, weight_version=ep.weight_version,
+            template=template)
+
+    def _artefacts(self, ep: _Episode) -> tuple[dict[str, bytes], list[str]]:
+        initial = ep.request.state.files
+        kept, skipped, total = {}, [], 0
+        for path in ep.sandbox.list_files():
+            data = ep.sandbox.read_file(path)
+            if path in initial and sha256_hex(data) == sha256_hex(bytes(initial[path])):
+                continue
+            if total + len(data) > self.config.max_artefact_bytes:
+                skipped.append(path)
+                continue
+            kept[path] = data
+            total += len(data)
+        return kept, skipped
+

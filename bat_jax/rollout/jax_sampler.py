@@ -1,0 +1,184 @@
+"""The embedded rollout engine: batched, jit-compiled sampling from a Flax NNX causal LM.
+
+Works with any model that has the `bat_jax.models.causal_lm` interface (`init_cache`, `prefill`,
+`decode_step`): attention layers keep a fixed-size KV cache and Gated DeltaNet layers their recurrent state
+(the model's `DecodeCache`). One call of `generate`:
+
+1. left-pads the prompts to a common length P (P = next power of two >= the longest prompt, at least
+   `min_prompt_bucket`) and the batch to B rows (next power of two; filler rows stop at once);
+2. runs one jitted program: prefill, sample the first token, then a `lax.while_loop` of
+   `decode_step` + sample until every row has hit a stop token or its token budget (N = next power of two >=
+   the largest budget). Sampling parameters and stop ids are traced arguments: compiled programs depend only
+   on (B, P, N), so a steady workload compiles a handful of programs once;
+3. returns, per row, the sampled ids, their logprobs as sampled (`bat_jax.rollout.engine.token_logprobs`
+   semantics: the same `processed_logprobs` function makes the distribution that is sampled from) and the
+   finish reason.
+
+Randomness: row i's token at step s uses `fold_in(key(seed_i), s)`, so a row's completion depends only on
+its prompt, its seed and the weights — not on the batch it was run in (up to float round-off in the logits
+of differently padded batches).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, processed_logprobs
+
+
+def _bucket(n: int, minimum: int) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
+
+
+def _sample(logits, keys, step, temperature, top_p, top_k):
+    """One token per row from the processed distribution. logits `[B, V]`, keys `[B]` typed PRNG keys.
+    Returns (ids `[B] int32`, logprobs `[B] float32`)."""
+    logp = processed_logprobs(logits, temperature, top_p, top_k)
+    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
+    ids = jax.vmap(jax.random.categorical)(step_keys, logp).astype(jnp.int32)
+    return ids, jnp.take_along_axis(logp, ids[:, None], axis=-1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "cache_dtype"))
+def _generate(state, prompt_ids, prompt_mask, budgets, seeds, temperature, top_p, top_k, stop, *, graphdef,
+              max_new, cache_dtype):
+    """Prefill + while-loop decode. prompt_ids/prompt_mask `[B, P]` int32 (left padded), budgets `[B]` int32
+    (1..max_new), seeds `[B]` uint32, temperature/top_p float32 and top_k int32 scalars, stop `[S]` int32
+    (-1 = unused slot). Returns (ids `[B, N]`, logprobs `[B, N]`, lengths `[B]`, stopped `[B]`)."""
+    model = nnx.merge(graphdef, state)
+    b, p = prompt_ids.shape
+    keys = jax.vmap(jax.random.key)(seeds)
+    cache = model.init_cache(b, p + max_new, cache_dtype)
+    logits, cache = model.prefill(prompt_ids, prompt_mask, cache)
+
+    def record(carry_bufs, step, logits_t, done):
+        out_ids, out_lp, lengths, stopped = carry_bufs
+        tok, lp = _sample(logits_t, keys, step, temperature, top_p, top_k)
+        live = ~done
+        out_ids = out_ids.at[:, step].set(jnp.where(live, tok, 0))
+        out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+        lengths = lengths + live.astype(jnp.int32)
+        hit_stop = live & jnp.any(tok[:, None] == stop[None, :], axis=-1)
+        stopped = stopped | hit_stop
+        done = done | hit_stop | (lengths >= budgets)
+        return (out_ids, out_lp, lengths, stopped), tok, done
+
+    bufs = (jnp.zeros((b, max_new), jnp.int32), jnp.zeros((b, max_new), jnp.float32),
+            jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool))
+    bufs, tok, done = record(bufs, 0, logits[:, -1], jnp.zeros((b,), bool))
+
+    def cond(carry):
+        step, _, _, done, _ = carry
+        return (step < max_new) & ~jnp.all(done)
+
+    def body(carry):
+        step, bufs, tok, done, cache = carry
+        logits_t, cache = model.decode_step(tok, cache)
+        bufs, tok, done = record(bufs, step, logits_t, done)
+        return step + 1, bufs, tok, done, cache
+
+    _, bufs, _, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), bufs, tok, done, cache))
+    return bufs
+
+
+class JaxSampler:
+    """`RolloutEngine` over an NNX causal LM (`Qwen3ForCausalLM` / `Qwen3_5ForCausalLM`).
+
+    Args:
+      model: the policy; its parameters are read at construction and replaced by `update_weights`.
+      max_context: most tokens (prompt + new) one row may hold; default the config's
+        `max_position_embeddings` (REFERENCE.md context 12,288 for the paper's runs).
+      min_prompt_bucket: smallest padded prompt length (tokens); prompts pad to powers of two above it.
+      min_batch_bucket: smallest padded batch (rows); batches pad to powers of two above it.
+      cache_dtype: dtype of attention K/V and conv history (default: the model's compute dtype).
+      pad_id: id written into left padding (never attended to).
+    """
+
+    def __init__(self, model: nnx.Module, *, max_context: int | None = None, min_prompt_bucket: int = 16,
+                 min_batch_bucket: int = 1, cache_dtype: Any = None, pad_id: int = 0):
+        self._graphdef, self._state = nnx.split(model)
+        cfg = getattr(model, "config", None)
+        self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 32768))
+        self.min_prompt_bucket = int(min_prompt_bucket)
+        self.min_batch_bucket = int(min_batch_bucket)
+        self.cache_dtype = jnp.dtype(cache_dtype or getattr(cfg, "dtype", "float32")).name
+        self.pad_id = int(pad_id)
+        self._version = 0
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def update_weights(self, params: Any) -> int:
+        """Installs `params`: an `nnx.State` of the same structure as the model's (e.g. from the learner, any
+        sharding: arrays are moved to the sampler's placement) or a model of the same architecture. Returns the
+        new weight version. Raises ValueError on a structure mismatch (naming differing parameter paths)."""
+        new_state = nnx.state(params) if isinstance(params, nnx.Module) else params
+        old_paths = {p for p, _ in nnx.to_flat_state(self._state)}
+        new_paths = {p for p, _ in nnx.to_flat_state(new_state)}
+        if old_paths != new_paths:
+            diff = sorted(map(str, old_paths ^ new_paths))[:3]
+            raise ValueError(f"update_weights: parameter structure differs from the model's, e.g. {diff}")
+        # same dtype and placement as the weights compiled against: no recompile, no cross-mesh arrays
+        self._state = jax.tree.map(lambda old, new: jax.device_put(jnp.asarray(new, old.dtype), old.sharding),
+                                   self._state, new_state)
+        self._version += 1
+        return self._version
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+                 max_new_tokens: Sequence[int] | None = None,
+                 seeds: Sequence[int] | None = None) -> list[Completion]:
+        """Samples one completion per prompt (`bat_jax.rollout.engine.RolloutEngine.generate`).
+
+        Raises ValueError naming the row for an empty prompt, a budget outside [1, params.max_new_tokens],
+        or prompt + budget above `max_context`; and for a seeds / budgets list of the wrong length.
+        """
+        n = len(prompts)
+        if n == 0:
+            return []
+        budgets = [params.max_new_tokens] * n if max_new_tokens is None else [int(x) for x in max_new_tokens]
+        seeds = [params.seed + i for i in range(n)] if seeds is None else [int(s) for s in seeds]
+        if len(budgets) != n or len(seeds) != n:
+            raise ValueError(f"generate: {n} prompts but {len(budgets)} budgets and {len(seeds)} seeds")
+        for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+            if len(prompt) == 0:
+                raise ValueError(f"generate: prompt of row {i} is empty")
+            if not 1 <= budget <= params.max_new_tokens:
+                raise ValueError(f"generate: row {i} budget {budget} not in [1, {params.max_new_tokens}]")
+            if len(prompt) + budget > self.max_context:
+                raise ValueError(f"generate: row {i} prompt {len(prompt)} + budget {budget} tokens exceeds "
+                                 f"max_context {self.max_context}")
+        p = _bucket(max(len(x) for x in prompts), self.min_prompt_bucket)
+        new = min(_bucket(max(budgets), 1), params.max_new_tokens)
+        b = _bucket(n, self.min_batch_bucket)
+        ids = np.full((b, p), self.pad_id, np.int32)
+        mask = np.zeros((b, p), np.int32)
+        for i, prompt in enumerate(prompts):
+            ids[i, p - len(prompt):] = np.asarray(prompt, np.int32)
+            mask[i, p - len(prompt):] = 1
+        mask[n:, -1] = 1  # filler rows: one real token, budget 1
+        budget_arr = np.ones((b,), np.int32)
+        budget_arr[:n] = budgets
+        seed_arr = np.zeros((b,), np.uint32)
+        seed_arr[:n] = np.asarray(seeds, np.int64) % (1 << 32)
+        stops = params.stop_token_ids
+        stop_arr = np.full((_bucket(len(stops), 8),), -1, np.int32)
+        stop_arr[:len(stops)] = stops
+        out_ids, out_lp, lengths, stopped = _generate(
+            self._state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(budget_arr), jnp.asarray(seed_arr),
+            jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.int32(params.top_k),
+            jnp.asarray(stop_arr), graphdef=self._graphdef, max_new=new, cache_dtype=self.cache_dtype)
+        out_ids, out_lp, lengths, stopped = jax.device_get((out_ids, out_lp, lengths, stopped))
+        return [Completion(token_ids=out_ids[i, :lengths[i]].copy(), logprobs=out_lp[i, :lengths[i]].copy(),
+                           finish_reason=FINISH_STOP if stopped[i] else FINISH_LENGTH,
+                           weight_version=self._version)
+                for i in range(n)]

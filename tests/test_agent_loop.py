@@ -1,0 +1,308 @@
+"""Tests of the multi-turn agent loop (rollout/agent_loop.py): limits and truncation, observations from parse
+and sandbox errors, unscored infrastructure failures, concurrency with real local sandboxes and the real
+chat template, and (slow) the JAX sampler in the loop with the learner reproducing the recorded logprobs."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from bat_jax.models.chat import render_action, ToolAction
+from bat_jax.rollout import trajectory as tj
+from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest, cut_observation
+from bat_jax.rollout.engine import Completion
+from bat_jax.sandbox.types import Observation, SandboxState
+
+CALL = '<tool_call>\n{"name": "execute_code", "arguments": {"language": "bash", "code": "echo hi"}}\n</tool_call>'
+SUBMIT = '<tool_call>\n{"name": "submit", "arguments": {"path": "out.txt"}}\n</tool_call>'
+EOT, IM_START = 2, 1
+
+
+class WordTokenizer:
+    """One token per whitespace-separated word; a few ids decode to whole tool calls."""
+
+    def __init__(self):
+        self.pieces = {EOT: "<|im_end|>", IM_START: "<|im_start|>", 10: CALL, 11: " ok", 12: SUBMIT}
+        self.ids = {}
+
+    def encode(self, text):
+        out = []
+        for word in text.split():
+            if word not in self.ids:
+                self.ids[word] = 100 + len(self.ids)
+                self.pieces[self.ids[word]] = " " + word
+            out.append(self.ids[word])
+        return out
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
+@dataclasses.dataclass
+class StubEpisode:
+    ids: np.ndarray
+    loss_mask: np.ndarray
+    logprobs: np.ndarray
+    template: object = None
+
+
+class StubBuilder:
+    """The `EpisodeBuilder` interface with exact token accounting: a tool response is exactly the
+    observation's words; a truncated turn gets the end-of-turn token as mask-0 glue."""
+
+    family = "qwen3"
+    eot_id, im_start_id = EOT, IM_START
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids, self.mask, self.lps, self.msgs = [], [], [], []
+
+    def start(self, messages, tools):
+        self.msgs = list(messages)
+        ids = self.tokenizer.encode(" ".join(m["content"] for m in messages))
+        self.ids, self.mask, self.lps = list(ids), [0] * len(ids), [0.0] * len(ids)
+        return ids
+
+    def add_assistant(self, ids, logprobs, truncated=False):
+        self.ids += ids
+        self.mask += [1] * len(ids)
+        self.lps += list(logprobs)
+        if truncated:
+            self.ids, self.mask, self.lps = self.ids + [EOT], self.mask + [0], self.lps + [0.0]
+        self.msgs.append({"role": "assistant", "content": self.tokenizer.decode(ids)})
+
+    def add_tool_response(self, text):
+        ids = self.tokenizer.encode(text)
+        self.ids, self.mask, self.lps = self.ids + ids, self.mask + [0] * len(ids), self.lps + [0.0] * len(ids)
+        self.msgs.append({"role": "tool", "content": text})
+        return ids
+
+    def build(self):
+        return StubEpisode(np.asarray(self.ids, np.int32), np.asarray(self.mask, np.int32),
+                           np.asarray(self.lps, np.float32))
+
+    def messages(self):
+        return list(self.msgs)
+
+
+class ScriptedEngine:
+    """Replays scripted turns (ids) for every row, turn by turn; logprobs are -(turn + 1) / 10 - position / 100.
+    `obey_budget=False` returns whole turns whatever the budget (an engine overshooting its limit)."""
+
+    def __init__(self, turns, obey_budget=True):
+        self.turns, self.obey_budget = turns, obey_budget
+        self.calls = []
+        self.weight_version = 3
+
+    def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+        self.calls.append(list(max_new_tokens))
+        out = []
+        for prompt, budget in zip(prompts, max_new_tokens):
+            turn = sum(1 for t in prompt if t == EOT)  # turns so far = end-of-turn tokens in the prompt
+            ids = list(self.turns[min(turn, len(self.turns) - 1)])
+            lps = [-(turn + 1) / 10 - j / 100 for j in range(len(ids))]
+            reason = "stop"
+            if self.obey_budget and len(ids) > budget:
+                ids, lps, reason = ids[:budget], lps[:budget], "length"
+            out.append(Completion(np.asarray(ids, np.int32), np.asarray(lps, np.float32), reason, 3))
+        return out
+
+
+class FakeSandbox:
+    """Echoes 'hi' for execute_code; `fail` makes execute_code raise (a backend failure)."""
+
+    def __init__(self, state, fail=False):
+        self.calls, self.fail, self._submitted = [], fail, None
+
+    def execute_code(self, language, code, timeout_s=None):
+        self.calls.append(code)
+        if self.fail:
+            raise ConnectionError("docker daemon went away")
+        return Observation("hi\n", "", 0, 0.01)
+
+    def submit(self, path):
+        self._submitted = path
+        return Observation(f"submitted {path}", "", 0, 0.0)
+
+    def receipts(self):
+        return [f"receipt {i}" for i in range(len(self.calls))]
+
+    def submitted(self):
+        return self._submitted
+
+    def list_files(self):
+        return []
+
+    def read_file(self, path):
+        raise FileNotFoundError(path)
+
+    def close(self):
+        pass
+
+
+REQUEST = RolloutRequest(state_id="row-1", state=SandboxState(files={}), system_prompt="skill",
+                         user_message="brief", stage="S3")
+ACTION = [10, 11, 11, 11, 11, EOT]  # 6 tokens: a valid execute_code call + 4 filler tokens + end of turn
+
+
+def _loop(engine, config, sandbox_factory=FakeSandbox, **kw):
+    tok = WordTokenizer()
+    return AgentLoop(engine, lambda: StubBuilder(tok), sandbox_factory, config, extra_stop_ids=(IM_START,), **kw)
+
+
+@pytest.mark.parametrize("obey_budget", [True, False])
+def test_response_budget_cuts_whole_trajectory(obey_budget):
+    """Budget 8 tokens over the trajectory; 3 actions of 6 tokens, observations of 4 tokens ('hi [exit code 0]'):
+    action 1 and its observation are kept, action 2 is cut after 2 tokens, nothing after it."""
+    engine = ScriptedEngine([ACTION] * 3, obey_budget=obey_budget)
+    config = AgentLoopConfig(episodes_per_state=1, max_response_tokens=8, max_tokens_per_turn=8, progress=False)
+    (traj,) = _loop(engine, config).run([REQUEST])
+    assert engine.calls == [[8], [2]]
+    p = traj.prompt_len
+    assert p == 2  # 'skill brief'
+    obs = traj.ids[p + 6:p + 10]
+    assert len(traj.ids) == len(traj.loss_mask) == len(traj.logprobs) == p + 6 + 4 + 2 + 1
+    np.testing.assert_array_equal(traj.ids[p:p + 6], ACTION)
+    np.testing.assert_array_equal(traj.ids[p + 10:], [10, 11, EOT])  # 2 sampled tokens + end-of-turn glue
+    np.testing.assert_array_equal(traj.loss_mask, [0] * p + [1] * 6 + [0] * 4 + [1] * 2 + [0])
+    np.testing.assert_allclose(traj.logprobs, [0] * p + [-0.1, -0.11, -0.12, -0.13, -0.14, -0.15] + [0] * 4
+                               + [-0.2, -0.21] + [0], atol=1e-6)
+    assert len(obs) == 4 and traj.messages[-2]["content"] == "hi\n\n[exit code 0]"
+    assert traj.finish_reason == tj.FINISH_MAX_RESPONSE_TOKENS and traj.truncated
+    assert (traj.num_turns, traj.num_tool_calls, traj.response_tokens) == (2, 1, 8)
+    assert traj.state_id == "row-1" and traj.stage == "S3" and traj.weight_version == 3 and traj.scored
+
+
+def test_turn_and_tool_limits_parse_errors_and_observation_cut():
+    # turn 1: no tool call -> parse-error observation; turn 2: a call -> observation cut to 5 chars; turn 3:
+    # another call, but only 1 tool call is allowed
+    engine = ScriptedEngine([[11, 11, EOT], ACTION, ACTION])
+    config = AgentLoopConfig(episodes_per_state=2, max_tool_calls=1, max_observation_chars=5, progress=False)
+    trajs = _loop(engine, config).run([REQUEST])
+    assert [t.episode for t in trajs] == [0, 1]
+    traj = trajs[0]
+    assert traj.finish_reason == tj.FINISH_MAX_TOOL_CALLS and not traj.truncated
+    assert (traj.num_turns, traj.num_tool_calls, traj.response_tokens) == (3, 1, 15)
+    assert traj.messages[3]["content"].startswith("[tool\n...[observation truncated: ")  # parse-error text, cut
+    assert traj.messages[5]["content"] == cut_observation("hi\n\n[exit code 0]", 5)
+    assert traj.messages[5]["content"] == "hi\n\n[\n...[observation truncated: 12 more chars]"
+    # turn limit: the third turn's call is executed, then the episode ends without an observation
+    config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=3, progress=False)
+    (traj,) = _loop(ScriptedEngine([[11, 11, EOT], ACTION, ACTION]), config).run([REQUEST])
+    assert traj.finish_reason == tj.FINISH_MAX_TURNS and traj.num_tool_calls == 2 and len(traj.receipts) == 2
+    assert traj.messages[-1]["role"] == "assistant"
+    # end_on_no_tool_call
+    config = AgentLoopConfig(episodes_per_state=1, end_on_no_tool_call=True, progress=False)
+    (traj,) = _loop(ScriptedEngine([[11, 11, EOT]]), config).run([REQUEST])
+    assert traj.finish_reason == tj.FINISH_NO_TOOL_CALL and traj.num_turns == 1
+
+
+def test_submit_sandbox_errors_and_infra_failures():
+    config = AgentLoopConfig(episodes_per_state=3, progress=False)
+    released = []  # a pool's release hook gets every sandbox back once
+    trajs = _loop(ScriptedEngine([ACTION, [12, EOT]]), config, sandbox_release=released.append).run([REQUEST])
+    assert len(released) == 3 and len({id(sb) for sb in released}) == 3
+    traj = trajs[0]
+    assert traj.finish_reason == tj.FINISH_SUBMITTED and traj.submitted == "out.txt"
+    assert (traj.num_turns, traj.num_tool_calls) == (2, 2)
+    config = AgentLoopConfig(episodes_per_state=1, progress=False)
+    # a sandbox call raising becomes an observation and is counted
+    (traj,) = _loop(ScriptedEngine([ACTION, [12, EOT]]), config,
+                    lambda s: FakeSandbox(s, fail=True)).run([REQUEST])
+    assert traj.sandbox_errors == 1 and traj.finish_reason == tj.FINISH_SUBMITTED
+    assert traj.messages[3]["content"] == "[sandbox error] ConnectionError: docker daemon went away"
+    # a sandbox that cannot be created: unscored (null, not zero), no model call made for it
+
+    def broken(state):
+        raise RuntimeError("no image")
+
+    engine = ScriptedEngine([ACTION])
+    (traj,) = _loop(engine, config, broken).run([REQUEST])
+    assert traj.finish_reason == tj.FINISH_SANDBOX_ERROR and not traj.scored and "no image" in traj.infra_error
+    assert engine.calls == [] and traj.num_turns == 0
+    # a turn that opens a new turn at once (<|im_start|>) cannot be an assistant turn
+    (traj,) = _loop(ScriptedEngine([[IM_START]]), config).run([REQUEST])
+    assert traj.finish_reason == tj.FINISH_INVALID_TURN and traj.response_tokens == 0
+
+
+def test_real_template_local_sandboxes_concurrent():
+    """2 rows x K=2 episodes with the tiny tokenizer's Qwen3.5 template and LocalSandbox: write a file, then
+    submit it. Token in/token out: sampled ids appear verbatim with mask 1 and their logprobs."""
+    from bat_jax.models.episode import EpisodeBuilder
+    from bat_jax.models.tokenizer import load_tiny_tokenizer
+    from bat_jax.sandbox.local import LocalSandbox
+
+    tok = load_tiny_tokenizer()
+    eot, im_start = tok.convert_tokens_to_ids(["<|im_end|>", "<|im_start|>"])
+    write = ToolAction("I write the result.", "execute_code", {"language": "bash", "code": "echo 42 > out.txt"})
+    submit = ToolAction("Done.", "submit", {"path": "out.txt"})
+    turns = [tok.encode(render_action(a, "qwen3_5"), add_special_tokens=False) + [eot] for a in (write, submit)]
+
+    class TurnEngine(ScriptedEngine):
+        def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+            assert params.stop_token_ids[0] == eot
+            self.calls.append(list(max_new_tokens))
+            out = []
+            for prompt in prompts:  # system, user, generation prompt, then 2 turn openings per step
+                ids = turns[(sum(1 for t in prompt if t == im_start) - 3) // 2]
+                out.append(Completion(np.asarray(ids, np.int32), np.full(len(ids), -0.5, np.float32), "stop", 1))
+            return out
+
+    requests = [dataclasses.replace(REQUEST, state_id=f"row-{i}", state=SandboxState(files={"in.txt": b"x"}))
+                for i in range(2)]
+    engine = TurnEngine(turns)
+    loop = AgentLoop(engine, lambda: EpisodeBuilder(tok, "qwen3_5"), LocalSandbox,
+                     AgentLoopConfig(episodes_per_state=2, progress=False))
+    trajs = loop.run(requests, seed=7)
+    assert len(engine.calls) == 2 and len(engine.calls[0]) == 4  # one batched model call per turn
+    assert [(t.state_id, t.episode) for t in trajs] == [("row-0", 0), ("row-0", 1), ("row-1", 0), ("row-1", 1)]
+    for traj in trajs:
+        assert traj.finish_reason == tj.FINISH_SUBMITTED and traj.submitted == "out.txt"
+        assert traj.artefacts == {"out.txt": b"42\n"}  # in.txt is unchanged, so not an artefact
+        assert [r.tool for r in traj.receipts] == ["execute_code", "submit"]
+        sampled = traj.ids[traj.loss_mask == 1].tolist()
+        assert sampled == turns[0] + turns[1]
+        np.testing.assert_array_equal(traj.logprobs[traj.loss_mask == 1], -0.5)
+        assert np.all(traj.logprobs[traj.loss_mask == 0] == 0)
+        assert traj.template["family"] == "qwen3_5"
+        assert "<tool_response>\n42" not in tok.decode(traj.ids.tolist())  # echo > file prints nothing
+        assert "[exit code 0]" in tok.decode(traj.ids.tolist())
+
+
+@pytest.mark.slow
+def test_jax_sampler_in_loop_learner_reproduces_logprobs():
+    """A tiny random Qwen3.5 policy through the whole loop (parse errors become observations); a learner-style
+    full forward over each trajectory's ids reproduces the recorded logprobs on every sampled token."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from bat_jax.models.configs import Qwen3_5Config
+    from bat_jax.models.episode import EpisodeBuilder
+    from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+    from bat_jax.models.tokenizer import TINY_VOCAB_SIZE, load_tiny_tokenizer
+    from bat_jax.rollout.engine import token_logprobs
+    from bat_jax.rollout.jax_sampler import JaxSampler
+
+    tok = load_tiny_tokenizer()
+    cfg = Qwen3_5Config(vocab_size=TINY_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        full_attention_interval=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                        linear_num_value_heads=4)
+    model = Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    config = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=2, max_tokens_per_turn=8, temperature=0.6,
+                             top_p=0.8, progress=False)
+    im_start = tok.convert_tokens_to_ids("<|im_start|>")
+    loop = AgentLoop(JaxSampler(model), lambda: EpisodeBuilder(tok, "qwen3_5"), lambda s: FakeSandbox(s), config,
+                     extra_stop_ids=(im_start,))
+    trajs = loop.run([REQUEST, dataclasses.replace(REQUEST, state_id="row-2")], seed=1)
+    assert len(trajs) == 4
+    forward = nnx.jit(lambda m, ids: m(ids))
+    for traj in trajs:
+        assert traj.finish_reason in (tj.FINISH_MAX_TURNS, tj.FINISH_INVALID_TURN)
+        assert 1 <= traj.response_tokens <= 16
+        logits = forward(model, jnp.asarray(traj.ids[None]))
+        lp = np.asarray(token_logprobs(logits[0, :-1], jnp.asarray(traj.ids[1:]), 0.6, 0.8, 0))
+        sampled = traj.loss_mask[1:] == 1
+        np.testing.assert_allclose(lp[sampled], traj.logprobs[1:][sampled], atol=1e-4)
+    # episodes of one row differ (independent seeds)
+    assert trajs[0].ids.tolist() != trajs[1].ids.tolist()

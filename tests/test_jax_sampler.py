@@ -1,0 +1,206 @@
+"""Tests of the logprob-as-sampled definition (engine.py) and the embedded JAX sampler (jax_sampler.py),
+on tiny random Qwen3 (dense, KV cache) and Qwen3.5 (hybrid: Gated DeltaNet state + gated attention) models."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bat_jax.models.configs import Qwen3_5Config, Qwen3Config
+from bat_jax.models.qwen3 import Qwen3ForCausalLM
+from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+from bat_jax.rollout.engine import MASKED_LOGPROB, SamplingParams, processed_logprobs, token_logprobs
+from bat_jax.rollout.jax_sampler import JaxSampler
+
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16)
+
+
+def tiny_model(family: str, seed: int = 0):
+    if family == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**TINY), rngs=nnx.Rngs(seed))
+    cfg = Qwen3_5Config(**TINY, full_attention_interval=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                        linear_num_key_heads=2, linear_num_value_heads=4)  # layers: [DeltaNet, attention]
+    return Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(seed))
+
+
+# Compiles are the cost of these tests: every sampler here pads batches to >= 2 rows, prompts to 4 or 8
+# tokens and completions to 8, so each model family compiles two sampling programs.
+SAMPLER_KW = dict(min_prompt_bucket=4, min_batch_bucket=2)
+
+
+_CACHE = {}
+
+
+def model_and_sampler(family):
+    """One tiny model and sampler per family for the whole module (their compiled programs are reused)."""
+    if family not in _CACHE:
+        model = tiny_model(family)
+        _CACHE[family] = model, JaxSampler(model, **SAMPLER_KW)
+    return _CACHE[family]
+
+
+@pytest.fixture(scope="module")
+def qwen3_sampler():
+    return model_and_sampler("qwen3")[1]
+
+
+def _reference_logprobs(z, temperature, top_p, top_k):
+    """Plain numpy restatement of engine.py's module docstring, for one logits row."""
+    z = np.asarray(z, np.float64) / temperature
+    order = np.argsort(-z, kind="stable")
+    keep = np.zeros(z.shape, bool)
+    cand = order[:top_k] if top_k else order
+    p = np.exp(z[cand] - z[cand].max())
+    p /= p.sum()
+    mass = 0.0
+    for idx, pi in zip(cand, p):
+        if mass >= top_p:
+            break
+        keep[idx] = True
+        mass += pi
+    out = np.full(z.shape, -np.inf)
+    out[keep] = z[keep] - np.log(np.exp(z[keep]).sum())
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.6, 0.8, 0), (1.0, 0.8, 0),
+                                                     (0.7, 1.0, 3), (0.5, 0.9, 4)])
+def test_processed_logprobs_match_reference(temperature, top_p, top_k):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 11)).astype(np.float32) * 2
+    got = np.asarray(processed_logprobs(jnp.asarray(logits), temperature, top_p, top_k))
+    for row, g in zip(logits, got):
+        ref = _reference_logprobs(row, temperature, top_p, top_k)
+        np.testing.assert_array_equal(np.isfinite(ref), g > MASKED_LOGPROB / 2)
+        np.testing.assert_allclose(g[np.isfinite(ref)], ref[np.isfinite(ref)], atol=1e-5)
+
+
+def test_traced_parameters_give_the_static_result():
+    """The sampler traces temperature/top-p/top-k; the learner passes Python numbers: same numbers out."""
+    logits = jnp.asarray(np.random.default_rng(2).normal(size=(2, 64)) * 3, jnp.float32)
+    traced = jax.jit(processed_logprobs)
+    for t, p, k in [(0.6, 0.8, 0), (0.7, 1.0, 0), (1.0, 1.0, 5), (0.0, 1.0, 0), (0.5, 0.9, 7)]:
+        got = traced(logits, jnp.float32(t), jnp.float32(p), jnp.int32(k))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(processed_logprobs(logits, t, p, k)), atol=1e-6)
+
+
+def test_token_logprobs_hand_computed():
+    # softmax([3, 2, 1, 0, -1]) = [.6364, .2341, .0861, .0317, .0117]; top_p 0.8 keeps tokens 0 and 1 (mass
+    # before token 1 is .636 < .8, before token 2 it is .870 >= .8); renormalised p(1) = .2341 / .8705.
+    logits = jnp.asarray([[3.0, 2.0, 1.0, 0.0, -1.0]])
+    lp = token_logprobs(logits, jnp.asarray([1]), 1.0, 0.8, 0)
+    assert float(lp[0]) == pytest.approx(np.log(0.2341 / 0.8705), abs=1e-3)
+    # top_k 3 at T = 0.5: logits / T = [6, 4, 2]; p(2) = e^2 / (e^6 + e^4 + e^2).
+    lp = token_logprobs(logits, jnp.asarray([2]), 0.5, 1.0, 3)
+    assert float(lp[0]) == pytest.approx(2 - np.log(np.exp(6) + np.exp(4) + np.exp(2)), abs=1e-5)
+    assert float(token_logprobs(logits, jnp.asarray([3]), 0.5, 1.0, 3)[0]) == pytest.approx(MASKED_LOGPROB)
+    # greedy: the argmax has logprob 0
+    assert float(token_logprobs(logits, jnp.asarray([0]), 0.0)[0]) == 0.0
+
+
+def test_token_logprobs_gradient_is_finite():
+    logits = jnp.asarray(np.random.default_rng(1).normal(size=(4, 32)), jnp.float32)
+    ids = jnp.asarray([0, 5, 9, 31])
+    grad = jax.grad(lambda z: token_logprobs(z, ids, 0.6, 0.8, 0).sum())(logits)
+    assert np.all(np.isfinite(np.asarray(grad)))
+
+
+def test_sampling_params_validation():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1.0)
+
+
+def _learner_logprobs(model, prompts, completions, temperature, top_p, top_k):
+    """What the learner does: one full forward over left-padded prompt+completion, shifted token_logprobs."""
+    seqs = [list(p) + list(c.token_ids) for p, c in zip(prompts, completions)]
+    t = max(map(len, seqs))
+    ids = np.zeros((len(seqs), t), np.int32)
+    mask = np.zeros((len(seqs), t), np.int32)
+    for i, s in enumerate(seqs):
+        ids[i, t - len(s):], mask[i, t - len(s):] = s, 1
+    logits = nnx.jit(lambda m, i, k: m(i, k))(model, jnp.asarray(ids), jnp.asarray(mask))
+    lp = np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(ids[:, 1:]), temperature, top_p, top_k))
+    return [lp[i, t - 1 - len(c.token_ids):] for i, c in enumerate(completions)]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_learner_reproduces_sampled_logprobs(family):
+    """Importance ratios of freshly sampled tokens are 1 before any update (T 0.6, top-p 0.8)."""
+    model, sampler = model_and_sampler(family)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14]]
+    params = SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=8, seed=3)
+    out = sampler.generate(prompts, params)
+    assert [len(c.token_ids) for c in out] == [8, 8] and all(c.finish_reason == "length" for c in out)
+    learner = _learner_logprobs(model, prompts, out, 0.6, 0.8, 0)
+    sampled = np.concatenate([c.logprobs for c in out])
+    recomputed = np.concatenate(learner)
+    assert np.all(sampled < 0) and np.all(sampled > -20)
+    np.testing.assert_allclose(recomputed, sampled, atol=1e-4)
+    ratios = np.exp(recomputed - sampled)
+    assert abs(ratios.mean() - 1.0) < 0.01
+
+
+@pytest.mark.parametrize("family", ["qwen3", pytest.param("qwen3_5", marks=pytest.mark.slow)])
+def test_batched_equals_alone(family):
+    """Prompts of lengths 3 and 5 in one batch (left padded to 8) give the tokens and logprobs of each run
+    alone (padded to 4 and 8; the sampler adds a 1-token filler row to reach its minimum batch of 2)."""
+    sampler = model_and_sampler(family)[1]
+    prompts = [[21, 22, 23], [31, 32, 33, 34, 35]]
+    params = SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=8)
+    batch = sampler.generate(prompts, params, seeds=[11, 12])
+    for prompt, seed, together in zip(prompts, [11, 12], batch):
+        alone = sampler.generate([prompt], params, seeds=[seed])[0]
+        np.testing.assert_array_equal(alone.token_ids, together.token_ids)
+        np.testing.assert_allclose(alone.logprobs, together.logprobs, atol=1e-5)
+
+
+def test_stop_tokens_budgets_and_seeds(qwen3_sampler):
+    sampler = qwen3_sampler
+    prompts = [[21, 22, 23], [31, 32, 33, 34, 35]]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    ref = sampler.generate(prompts, greedy)
+    np.testing.assert_array_equal(ref[0].logprobs, np.zeros(8, np.float32))  # greedy: one-hot distribution
+    seq = ref[0].token_ids.tolist()
+    stop = seq[3]
+    first = seq.index(stop)
+    out = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(stop,)))
+    assert out[0].token_ids.tolist() == seq[:first + 1] and out[0].finish_reason == "stop"
+    other = ref[1].token_ids.tolist()
+    cut = other.index(stop) + 1 if stop in other else 8
+    assert out[1].token_ids.tolist() == other[:cut]
+    assert out[1].finish_reason == ("stop" if stop in other else "length")
+    # per-row budgets
+    out = sampler.generate(prompts, greedy, max_new_tokens=[2, 5])
+    assert [c.token_ids.tolist() for c in out] == [seq[:2], other[:5]]
+    assert [c.finish_reason for c in out] == ["length", "length"]
+    # seeded: same seed -> same tokens, another seed -> other tokens
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    a, b = (sampler.generate(prompts, params, seeds=s)[0] for s in ([1, 2], [1, 2]))
+    c = sampler.generate(prompts, params, seeds=[7, 2])[0]
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    assert a.token_ids.tolist() != c.token_ids.tolist()
+    with pytest.raises(ValueError, match="row 1 budget 9"):
+        sampler.generate(prompts, greedy, max_new_tokens=[2, 9])
+    with pytest.raises(ValueError, match="row 0 is empty"):
+        sampler.generate([[]], greedy)
+
+
+def test_update_weights():
+    model = tiny_model("qwen3")
+    sampler = JaxSampler(model, **SAMPLER_KW)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    before = sampler.generate([[21, 22, 23]], params, seeds=[5])[0]
+    other = tiny_model("qwen3", seed=1)
+    assert sampler.update_weights(nnx.state(other)) == 1 and sampler.weight_version == 1
+    after = sampler.generate([[21, 22, 23]], params, seeds=[5])[0]
+    assert after.weight_version == 1
+    expected = JaxSampler(other, **SAMPLER_KW).generate([[21, 22, 23]], params, seeds=[5])[0]
+    np.testing.assert_array_equal(after.token_ids, expected.token_ids)
+    np.testing.assert_array_equal(after.logprobs, expected.logprobs)
+    assert not np.allclose(before.logprobs, after.logprobs)
+    with pytest.raises(ValueError, match="structure"):
+        sampler.update_weights(nnx.state(nnx.eval_shape(lambda: tiny_model("qwen3_5"))))
