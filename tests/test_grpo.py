@@ -272,3 +272,22 @@ def test_on_policy_loss_at_ratio_one_equals_minus_mean_advantage():
         params, batch, grpo.grpo_normalizers(batch)
     )
     assert float(loss_tm) == pytest.approx(-(2 * 1.0 + 5 * -0.5 + 2 * 0.25 + 1 * -1.0) / 10, abs=1e-6)
+
+
+def test_learner_logprobs_use_the_rollout_sampling_transform():
+    """The ratio's denominator is the rollout's logprob *as sampled*; the learner must use the same transform."""
+    from bat_jax.rollout import engine
+
+    rng = np.random.default_rng(3)
+    logits = jnp.asarray(rng.normal(size=(2, 5, 11)), jnp.float32)
+    ids = jnp.asarray(rng.integers(0, 11, size=(2, 5)), jnp.int32)
+    plain = grpo.token_logprobs(logits, ids)
+    expected_plain = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), ids[:, 1:, None], axis=-1)[..., 0]
+    np.testing.assert_allclose(plain[:, 1:], expected_plain, atol=1e-6)
+    assert np.all(np.asarray(plain[:, 0]) == 0.0)
+    tempered = grpo.token_logprobs(logits, ids, 0.7)
+    expected_t = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1] / 0.7), ids[:, 1:, None], axis=-1)[..., 0]
+    np.testing.assert_allclose(tempered[:, 1:], expected_t, atol=1e-5)
+    cfg = grpo.GRPOConfig(temperature=0.6, top_p=0.8)
+    nucleus = grpo.token_logprobs(logits, ids, *cfg.sampling)
+    np.testing.assert_array_equal(nucleus[:, 1:], engine.token_logprobs(logits[:, :-1], ids[:, 1:], 0.6, 0.8, 0))

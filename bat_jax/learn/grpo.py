@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bat_jax.rollout import engine
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
 
@@ -54,6 +56,8 @@ class GRPOConfig:
         group keeps all K rollouts) or ``'token-mean'`` (all loss tokens of the batch weighted equally).
       adv_eps: ε in (r − mean) / (std + ε), 1e-6.
       adv_std_normalize: divide by the group std (paper) or not (released code, Dr.GRPO style).
+      temperature, top_p, top_k: the sampling transform the rollouts were drawn with (paper: T = 0.7); the
+        learner recomputes logprobs under the same transform, so ratios start at exactly 1.
       adv_std_ddof: 1 = sample std (as ``torch.std`` in verl/TRL), 0 = population std.
     """
 
@@ -67,6 +71,14 @@ class GRPOConfig:
     adv_eps: float = 1e-6
     adv_std_normalize: bool = True
     adv_std_ddof: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def sampling(self) -> tuple[float, float, int]:
+        """(temperature, top_p, top_k) of the rollouts: the learner's logprobs use the same transform."""
+        return (self.temperature, self.top_p, self.top_k)
 
     def __post_init__(self):
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -147,15 +159,17 @@ def with_advantages(
 # ---------------------------------------------------------------------------------------------------
 
 
-def token_logprobs(logits: jax.Array, input_ids: jax.Array) -> jax.Array:
+def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0, top_p: float = 1.0,
+                   top_k: int = 0) -> jax.Array:
     """``[B, T, V]`` logits, ``[B, T] int32`` ids → ``[B, T] float32`` logprobs, shifted.
 
-    ``out[:, t] = log softmax(logits[:, t − 1])[input_ids[:, t]]`` for t ≥ 1 and ``out[:, 0] = 0``.
+    ``out[:, t] = log π(input_ids[:, t] | logits[:, t − 1])`` for t ≥ 1 and ``out[:, 0] = 0``, where π is the
+    distribution the rollout engine *sampled from*: tempered and top-k / top-p truncated, renormalised
+    (`bat_jax.rollout.engine.token_logprobs`, the one shared definition). With the defaults (T = 1, no
+    truncation) this is the plain log-softmax, as SFT uses. GRPO passes the rollout's sampling parameters so
+    that the importance ratio against the recorded old logprobs is 1 before any update.
     """
-    logits = logits[:, :-1].astype(jnp.float32)
-    targets = input_ids[:, 1:]
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    lp = picked - jax.nn.logsumexp(logits, axis=-1)
+    lp = engine.token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature, top_p, top_k)
     return jnp.pad(lp, ((0, 0), (1, 0)))
 
 
@@ -278,7 +292,7 @@ def make_grpo_loss(
 
     def loss_fn(params, batch, normalizers):
         logits = apply_fn(params, batch["input_ids"], batch["attention_mask"])
-        lp = token_logprobs(logits, batch["input_ids"])
+        lp = token_logprobs(logits, batch["input_ids"], *config.sampling)
         t = grpo_token_terms(lp, batch, config)
         agg = lambda v: aggregate(v, t["mask"], config.loss_agg, normalizers)  # noqa: E731
         loss = agg(t["total"])
@@ -292,11 +306,12 @@ def grpo_normalizers(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     return loss_normalizers(batch["loss_mask"])
 
 
-def make_logprob_fn(apply_fn: Callable[[Any, jax.Array, jax.Array], jax.Array]) -> Callable:
+def make_logprob_fn(apply_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
+                    config: GRPOConfig = GRPOConfig()) -> Callable:
     """Jitted ``(params, input_ids, attention_mask) -> [B, T] float32`` shifted logprobs (for ref_logprobs)."""
 
     @jax.jit
     def fn(params, input_ids, attention_mask):
-        return token_logprobs(apply_fn(params, input_ids, attention_mask), input_ids)
+        return token_logprobs(apply_fn(params, input_ids, attention_mask), input_ids, *config.sampling)
 
     return fn
