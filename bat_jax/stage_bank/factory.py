@@ -1,0 +1,495 @@
+"""The Stage Bank Data Factory: fictional tasks → checked teacher trajectories → SFT slices, stage-boundary
+states and E2E surrogates → Accept() → leakage preflight → one new bank version (paper Appendix A.1).
+
+Source grid: every (focus, track, outcome) of `FactoryConfig.foci × tracks × outcomes` is one *source*: a fresh
+fictional training task ξ (seed derived from the config seed and the cell). Per source:
+
+  1. the teacher plays ξ end to end in a sandbox (trajectory τ, Eq. 8); every stage check must pass
+     (Check_s = 1 ⇔ stage reward r = 1) and T ≤ H; each teacher response becomes one SFT row (Eq. 9, focus =
+     the turn's stage);
+  2. stage focus s: the prefix τ_{<b_s} is replayed in a fresh sandbox (Eq. 11; every replayed call must exit
+     as recorded) and the reached workspace is the RL row's state p; the teacher then plays stage s alone from
+     p (Boot(p) and Check_s on the stage rollout); its responses are SFT rows too (context: brief + the stage's
+     skill only);
+  3. focus E2E: ξ̃ = R_λ(ξ) (`e2e_surrogate.reduce_task`), the teacher plays ξ̃ (τ̃, Eq. 13), Accept() of
+     Eq. 15 (+ the λ_validate budget) decides; the RL row starts at ξ̃'s initial state with the union contract
+     (Eq. 14); τ̃'s responses are SFT rows with focus 'E2E';
+  4. Leak(z) = 0 for every row and state of the source, scanned against the held-out manifest.
+
+A source yields rows only when every step passes; otherwise it is rejected with one counted reason. With the
+scripted teacher and all three outcomes a source gives ≈ 12.3 full-trajectory responses, plus ≈ 2.5 stage
+responses (stage foci) or ≈ 12.3 surrogate responses (E2E): the default 126-source grid gives ≈ 2,070 SFT rows.
+
+Resumable: each finished source is cached as JSON under `<bank_dir>/work/sources/<key>.json` (key = digest of
+the source, the task seed, every setting that changes its rows, the held-out manifest and `code_fingerprint`);
+an accepted source's state is stored in the bank's states/ directory at once (content-addressed, unreferenced
+until admitted). Infrastructure rejections (teacher endpoint, sandbox failure) are not cached and are retried
+on the next run. All accepted rows are admitted with one `StageBank.admit` (atomic: a killed build leaves no
+partial version), after a final leakage preflight over exactly those rows and their states.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from bat_jax.benchmark.stages import E2E, FOCI, STAGES, Stage
+from bat_jax.sandbox.types import Sandbox, SandboxState
+from bat_jax.stage_bank import e2e_surrogate as e2e
+from bat_jax.stage_bank import slicing
+from bat_jax.stage_bank.bank import StageBank
+from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageReport, LeakageScanner, preflight
+from bat_jax.stage_bank.row import (OUTCOMES, Provenance, RLRow, SFTRow, StateRef, content_digest,
+                                    rl_row_from_dict, sft_row_from_dict)
+from bat_jax.tasks import heldout
+from bat_jax.tasks.chat_client import ChatClient, ChatEndpointConfig, ChatError
+from bat_jax.tasks.episode import Action as EpisodeAction
+from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence, run_episode
+from bat_jax.tasks.registry import TRACKS, get_track
+from bat_jax.tasks.rubric_items import build_rubric
+from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.verify.rubric import Evidence, verify_episode
+
+FACTORY_VERSION = "bat_stage_bank_factory/v1"
+SandboxFactory = Callable[[SandboxState], Sandbox]
+#: Rejection reasons that depend on infrastructure, never cached (retried by the next build).
+_TRANSIENT = ("teacher_", "sandbox_failure", "boot_failed")
+#: Observation errors of a dead or closed sandbox (local and Docker backends).
+_DEAD = ("sandbox is closed", "sandbox executor died")
+
+
+@dataclasses.dataclass(frozen=True)
+class FactoryConfig:
+    """Settings of one factory build (gin binds these at the launch edge).
+
+    Attributes:
+      bank_dir: Stage Bank root (created if absent); the work cache lives in `<bank_dir>/work`.
+      seed: base seed; task seeds are derived from (seed, focus, track, outcome).
+      tracks: track names (registry order by default: 7 tracks).
+      foci: row foci, subset of ('E2E', 'S1'..'S5').
+      outcomes: teacher-trajectory outcome buckets, subset of ('success', 'recovery', 'failure').
+      cases_per_task: cases per generated task; 0 keeps each track's default (4 or 6).
+      e2e_cases, e2e_input_fraction, e2e_validation_passes: the E2E reduction λ (Eq. 12).
+      horizon: rollout limit H in assistant turns (REFERENCE.md: 24); also the teacher's turn cap.
+      backend: sandbox backend, 'local' (non-isolated, tests/dev) or 'docker'.
+      teacher: 'scripted' (the scripted expert) or 'openai' (an OpenAI-compatible endpoint).
+      teacher_base_url, teacher_model, teacher_api_key_env, teacher_timeout_s, teacher_max_retries,
+        teacher_temperature: the endpoint of the 'openai' teacher (`ChatEndpointConfig`); the key is read from
+        the environment variable, never stored.
+      heldout_manifest: held-out manifest JSON for Leak(z) and the preflight; '' = the default held-out suite
+        (`bat_jax.tasks.heldout.heldout_suite()`) generated in memory.
+      workers: sources processed in parallel (threads; the work is sandbox subprocesses).
+      note: free text kept in the bank version's manifest.
+    """
+
+    bank_dir: str = "stage_bank"
+    seed: int = 0
+    tracks: tuple[str, ...] = tuple(TRACKS)
+    foci: tuple[str, ...] = FOCI
+    outcomes: tuple[str, ...] = OUTCOMES
+    cases_per_task: int = 0
+    e2e_cases: int = 2
+    e2e_input_fraction: float = 1.0
+    e2e_validation_passes: int = 1
+    horizon: int = 24
+    backend: str = "local"
+    teacher: str = "scripted"
+    teacher_base_url: str = ""
+    teacher_model: str = ""
+    teacher_api_key_env: str = "OPENAI_API_KEY"
+    teacher_timeout_s: float = 60.0
+    teacher_max_retries: int = 3
+    teacher_temperature: float = 0.7
+    heldout_manifest: str = ""
+    workers: int = 2
+    note: str = ""
+
+    @property
+    def reduction(self) -> e2e.Reduction:
+        return e2e.Reduction(self.e2e_cases, self.e2e_input_fraction, self.e2e_validation_passes)
+
+    def validate(self) -> None:
+        """Raises ValueError naming the bad field."""
+        for name, allowed in (("tracks", tuple(TRACKS)), ("foci", FOCI), ("outcomes", OUTCOMES)):
+            values = getattr(self, name)
+            bad = [v for v in values if v not in allowed]
+            if not values or bad or len(set(values)) != len(values):
+                raise ValueError(f"FactoryConfig.{name} must be distinct values from {allowed}, got {values!r}")
+        if self.backend not in ("local", "docker"):
+            raise ValueError(f"FactoryConfig.backend must be 'local' or 'docker', got {self.backend!r}")
+        if self.teacher not in ("scripted", "openai"):
+            raise ValueError(f"FactoryConfig.teacher must be 'scripted' or 'openai', got {self.teacher!r}")
+        if self.teacher == "openai" and not (self.teacher_base_url and self.teacher_model):
+            raise ValueError("FactoryConfig.teacher='openai' needs teacher_base_url and teacher_model")
+        if self.cases_per_task < 0 or self.cases_per_task == 1:
+            raise ValueError(f"FactoryConfig.cases_per_task must be 0 (track default) or >= 2, "
+                             f"got {self.cases_per_task}")
+        if self.horizon < 1 or self.workers < 1:
+            raise ValueError(f"FactoryConfig.horizon and workers must be >= 1, got {self.horizon}, {self.workers}")
+        self.reduction.validate()
+
+    def endpoint(self) -> ChatEndpointConfig:
+        return ChatEndpointConfig(self.teacher_base_url, self.teacher_model, self.teacher_api_key_env,
+                                  self.teacher_timeout_s, self.teacher_max_retries,
+                                  temperature=self.teacher_temperature)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One grid cell: focus, track, outcome, the derived task seed and brief template (0 or 1)."""
+
+    index: int
+    focus: str
+    track: str
+    outcome: str
+    task_seed: int
+    template: int
+
+
+def sources(config: FactoryConfig) -> list[Source]:
+    """The source grid in order foci × tracks × outcomes; seeds are < HELDOUT_SEED_BASE (training range)."""
+    out = []
+    for focus in config.foci:
+        for track in config.tracks:
+            for outcome in config.outcomes:
+                h = content_digest([config.seed, focus, track, outcome])
+                out.append(Source(len(out), focus, track, outcome, int(h[:12], 16) % heldout.HELDOUT_SEED_BASE,
+                                  int(h[12], 16) % 2))
+    return out
+
+
+@dataclasses.dataclass
+class BuildReport:
+    """What a build did (also written as JSON to `<bank_dir>/work/build_report.json`).
+
+    Attributes:
+      version: the bank version written, or None when nothing new was admitted.
+      digest: SHA-256 over the sorted digests of all accepted RL and SFT rows (same seed ⇒ same digest).
+      sources_total / sources_accepted: grid cells and those that produced rows.
+      rejected: rejection reason → number of sources.
+      rl_rows / sft_rows: accepted rows (including ones already admitted by an earlier build).
+      rl_by_focus / sft_by_focus: accepted rows per focus.
+      admitted_rl / admitted_sft: rows written in this build's new version.
+      cached_sources: sources read from the work cache instead of being recomputed.
+      leakage_hits, leakage_rows_scanned: the final preflight (hits are always 0 in a written version).
+      elapsed_s: wall-clock seconds.
+    """
+
+    bank_dir: str
+    version: int | None = None
+    digest: str = ""
+    sources_total: int = 0
+    sources_accepted: int = 0
+    rejected: dict[str, int] = dataclasses.field(default_factory=dict)
+    rl_rows: int = 0
+    sft_rows: int = 0
+    rl_by_focus: dict[str, int] = dataclasses.field(default_factory=dict)
+    sft_by_focus: dict[str, int] = dataclasses.field(default_factory=dict)
+    admitted_rl: int = 0
+    admitted_sft: int = 0
+    cached_sources: int = 0
+    leakage_hits: int = 0
+    leakage_rows_scanned: int = 0
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class ChatTeacher:
+    """OpenAI-compatible teacher policy whose replies also name the stage of each action.
+
+    Works around `tasks.teacher.OpenAITeacher`, whose actions carry no stage label (every turn would be S1, so
+    stage boundaries could not be found). Endpoint failures and unparsable replies raise `PolicyError`
+    ('teacher <cause>: ...'), which the episode turns into a rejection.
+    """
+
+    NOTE = (' Also include "stage": one of "S1".."S5", the workflow stage (Plan, Setup, Validate, Inference, '
+            'Submit) the action belongs to.')
+
+    def __init__(self, config: ChatEndpointConfig, sleep=time.sleep):
+        self._client = ChatClient(config, sleep)
+
+    def __call__(self, conv: Conversation) -> EpisodeAction | None:
+        messages = conv.messages()
+        messages[0] = {**messages[0], "content": messages[0]["content"] + self.NOTE}
+        try:
+            content = self._client.complete(messages)
+        except ChatError as exc:
+            raise PolicyError(f"teacher {exc.cause}: {exc}") from None
+        try:
+            data = json.loads(re.search(r"\{[\s\S]*\}", content).group(0))
+            stage = data.get("stage") if isinstance(data, dict) else None
+            return EpisodeAction.from_dict(data, Stage.parse(stage) if stage else None)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise PolicyError(f"teacher bad_reply: {exc}") from None
+
+
+class _Rejected(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclasses.dataclass
+class _Context:
+    config: FactoryConfig
+    bank: StageBank
+    make_sandbox: SandboxFactory
+    scanner: LeakageScanner
+
+    def policy(self):
+        return ScriptedExpert() if self.config.teacher == "scripted" else ChatTeacher(self.config.endpoint())
+
+
+def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: str) -> tuple[Episode, Evidence]:
+    """Runs the teacher in a fresh sandbox. Raises _Rejected (boot, teacher, sandbox failures, too long)."""
+    try:
+        box = ctx.make_sandbox(state)
+    except Exception as exc:  # noqa: BLE001 — a sandbox that does not start is Boot(p) = 0
+        raise _Rejected("boot_failed") from exc
+    try:
+        ep = run_episode(ctx.policy(), box, brief, task_id, focus, ctx.config.horizon + 1)
+        if _died(box, ep):
+            raise _Rejected("sandbox_failure")
+        evidence = collect_evidence(box)
+    except _Rejected:
+        raise
+    except Exception as exc:  # noqa: BLE001 — the sandbox died mid-trajectory
+        raise _Rejected("sandbox_failure") from exc
+    finally:
+        box.close()
+    if ep.rejected:
+        m = re.match(r"teacher (\w+)", ep.rejected)
+        raise _Rejected(f"teacher_{m.group(1) if m else 'error'}")
+    if len(ep.turns) > ctx.config.horizon:
+        raise _Rejected("too_long")
+    return ep, evidence
+
+
+def _died(box: Sandbox, ep: Episode) -> bool:
+    """True when the sandbox died during the episode: Docker's `alive` turned False, or a call came back with
+    the backends' dead/closed-sandbox error (both backends return it as an observation instead of raising)."""
+    if getattr(box, "alive", True) is False:
+        return True
+    return any(t.observation.exit_code is None and t.observation.error.startswith(_DEAD) for t in ep.turns)
+
+
+def _task(config: FactoryConfig, src: Source):
+    """The source's track (a copy with `cases_per_task` cases when set) and its training task ξ."""
+    track = get_track(src.track)
+    if config.cases_per_task:
+        track = type(track)()
+        track.n_cases = config.cases_per_task
+    return track, heldout.training_task(track, src.task_seed, src.outcome, src.template)
+
+
+def _process(ctx: _Context, src: Source) -> dict:
+    """All rows of one source as stored records, or {'reason': ...}. Raises nothing but programming errors."""
+    cfg = ctx.config
+    track, inst = _task(cfg, src)
+    rubric = build_rubric(track, inst)
+    base = Provenance(inst.task_id, inst.state().digest(), src.track, src.outcome, (
+        slicing.transformation("task_synthesis", seed=inst.seed, variant=src.outcome, template=src.template,
+                               factory=FACTORY_VERSION),))
+    try:
+        ep, evidence = _play(ctx, inst.state(), inst.brief, inst.task_id, E2E)
+        failed = slicing.failed_checks(verify_episode(rubric, evidence), STAGES)
+        if failed:
+            raise _Rejected(f"check_failed:{failed[0]}")
+        traj = content_digest(ep.to_dict())
+        step = slicing.transformation("teacher_trajectory", trajectory=traj, teacher=cfg.teacher)
+        prov = dataclasses.replace(base, transformations=base.transformations + (step,))
+        sft = slicing.sft_slices(ep, inst.brief, prov, traj)
+        if src.focus == E2E:
+            reduced, params = e2e.reduce_task(track, inst, cfg.reduction, src.template)
+            start = reduced.state()
+            ep2, ev2 = _play(ctx, start, reduced.brief, reduced.task_id, E2E)
+            failed = slicing.failed_checks(verify_episode(build_rubric(track, reduced), ev2), STAGES)
+            reduce_step = slicing.transformation("e2e_reduce", **params)
+            play_inst, stages = reduced, STAGES
+        else:
+            stage = Stage.parse(src.focus)
+            try:  # Eq. 11
+                start = slicing.boundary_state(ctx.make_sandbox, inst.state(), ep, stage)
+            except slicing.ReplayMismatch as exc:
+                raise _Rejected("replay_mismatch") from exc
+            except Exception as exc:  # noqa: BLE001 — the replay sandbox failed to start or died
+                raise _Rejected("sandbox_failure") from exc
+            reduce_step = slicing.transformation("prefix_replay", trajectory=traj, stage=stage.value,
+                                                 turns=next((t.index for t in ep.turns if t.stage.index >= stage.index),
+                                                            len(ep.turns)))
+            ep2, ev2 = _play(ctx, start, inst.brief, inst.task_id, stage.value)
+            failed = slicing.failed_checks(verify_episode(rubric, ev2, (stage,)), (stage,))
+            play_inst, stages = inst, (stage,)
+        traj2 = content_digest(ep2.to_dict())
+        prov2 = dataclasses.replace(prov, transformations=prov.transformations + (reduce_step,))
+        sft += slicing.sft_slices(ep2, play_inst.brief, prov2, traj2)
+        c, g = slicing.stage_contract(build_rubric(track, play_inst), stages)
+        check = slicing.transformation("teacher_check", trajectory=traj2, turns=len(ep2.turns))
+        ref = StateRef(start.digest(), f"states/{start.digest()}.tar")  # stored only once accepted
+        row = RLRow(ref, src.focus, slicing.row_prompt(play_inst, src.focus), c, g, slicing.row_skill(src.focus),
+                    dataclasses.replace(prov2, transformations=prov2.transformations + (check,)), "rubric")
+        leak = LeakageReport()
+        for i, r in enumerate([row] + sft):
+            ctx.scanner.scan_value(r.to_dict(), file=inst.task_id, row=i, field="", report=leak)
+        ctx.scanner.scan_state(start, file=inst.task_id, row=0, field="state", report=leak)
+        reason = e2e.accept(booted=True, turns=len(ep2.turns), horizon=cfg.horizon, failed_stages=failed,
+                            passes=e2e.validation_passes(ev2, play_inst) if src.focus == E2E else 0,
+                            lam=cfg.reduction, leak_hits=len(leak.hits))
+        if reason:
+            raise _Rejected(reason)
+        ctx.bank.put_state(start)
+    except _Rejected as rej:
+        return {"reason": rej.reason}
+    return {"reason": "", "rl": [row.to_record()], "sft": [r.to_record() for r in sft]}
+
+
+def code_fingerprint() -> str:
+    """SHA-256 over the source files that shape rows (tasks, verifier, sandbox, stage bank): a cached source
+    is reused only while this code is unchanged."""
+    pkg = Path(__file__).resolve().parents[1]
+    files = sorted(p for d in ("tasks", "verify", "sandbox", "stage_bank") for p in (pkg / d).glob("*.py"))
+    return content_digest([[p.relative_to(pkg).as_posix(), content_digest(p.read_text("utf-8"))] for p in files])
+
+
+def _cache_key(cfg: FactoryConfig, src: Source, salt: str) -> str:
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items()
+              if k not in ("bank_dir", "tracks", "foci", "outcomes", "workers", "note", "heldout_manifest",
+                           "teacher_api_key_env")}
+    return content_digest({"factory": FACTORY_VERSION, "source": dataclasses.asdict(src), "config": fields,
+                           "salt": salt})
+
+
+def _write_json(path: Path, value) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _load_cached(path: Path, bank: StageBank) -> dict | None:
+    try:
+        result = json.loads(path.read_text("utf-8"))
+        rl = [rl_row_from_dict(d, file=str(path), row=i) for i, d in enumerate(result.get("rl", ()))]
+        sft = [sft_row_from_dict(d, file=str(path), row=i) for i, d in enumerate(result.get("sft", ()))]
+    except (OSError, ValueError):
+        return None  # unreadable or invalid cache entry: recompute the source
+    if any(not bank.state_path(r.state).is_file() for r in rl):
+        return None
+    return {"reason": result["reason"], "rl": rl, "sft": sft}
+
+
+def load_manifest(config: FactoryConfig) -> HeldOutManifest:
+    """The held-out manifest used for Leak(z): `config.heldout_manifest`, else the default held-out suite's."""
+    if config.heldout_manifest:
+        return HeldOutManifest.load(config.heldout_manifest)
+    return HeldOutManifest.from_task_manifest(heldout.manifest(heldout.heldout_suite()))
+
+
+def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: SandboxFactory | None = None,
+               on_source: Callable[[Source, str], None] | None = None) -> BuildReport:
+    """Builds (or resumes) the bank described by `config` and admits one new version.
+
+    Args:
+      config: the factory settings.
+      progress: show a tqdm progress bar over sources.
+      make_sandbox: sandbox factory override (tests inject failing sandboxes); default from `config.backend`.
+      on_source: called in the main thread after each source finishes with (source, reason or '').
+
+    Returns:
+      The BuildReport (also written to `<bank_dir>/work/build_report.json`).
+
+    Raises:
+      ValueError: a bad config field.
+      bat_jax.tasks.harness.BackendUnavailable: the Docker backend cannot be used.
+      bat_jax.stage_bank.leakage.LeakageError: the final preflight found held-out markers (nothing is
+        admitted).
+    """
+    from tqdm import tqdm
+
+    from bat_jax.tasks.harness import backend_factory
+
+    t0 = time.time()
+    config.validate()
+    bank = StageBank(config.bank_dir)
+    manifest = load_manifest(config)
+    salt = content_digest([dataclasses.asdict(manifest), code_fingerprint()])  # manifest + code → cache key
+    ctx = _Context(config, bank, make_sandbox or backend_factory(config.backend), LeakageScanner(manifest))
+    work = Path(config.bank_dir) / "work" / "sources"
+    grid = sources(config)
+    results: dict[int, dict] = {}
+    report = BuildReport(str(config.bank_dir), sources_total=len(grid))
+    todo = []
+    for src in grid:
+        cached = _load_cached(work / f"{_cache_key(config, src, salt)}.json", bank)
+        if cached is None:
+            todo.append(src)
+        else:
+            results[src.index] = cached
+            report.cached_sources += 1
+    bar = tqdm(total=len(grid), initial=len(results), desc="stage bank sources", disable=not progress)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=config.workers)
+    try:
+        futures = {pool.submit(_process, ctx, src): src for src in todo}
+        for fut in concurrent.futures.as_completed(futures):
+            src, result = futures[fut], fut.result()
+            if not result["reason"].startswith(_TRANSIENT):
+                _write_json(work / f"{_cache_key(config, src, salt)}.json", result)
+            results[src.index] = {"reason": result["reason"],
+                                  "rl": [rl_row_from_dict(d) for d in result.get("rl", ())],
+                                  "sft": [sft_row_from_dict(d) for d in result.get("sft", ())]}
+            bar.update(1)
+            if on_source is not None:
+                on_source(src, result["reason"])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+    rl: list[RLRow] = []
+    sft: list[SFTRow] = []
+    rejected: Counter = Counter()
+    for i in sorted(results):
+        if results[i]["reason"]:
+            rejected[results[i]["reason"]] += 1
+            continue
+        report.sources_accepted += 1
+        rl += results[i]["rl"]
+        sft += results[i]["sft"]
+    sft = list({r.digest: r for r in sft}.values())  # identical slices (same context and target) kept once
+    report.rejected = dict(sorted(rejected.items()))
+    report.rl_rows, report.sft_rows = len(rl), len(sft)
+    report.rl_by_focus = dict(sorted(Counter(r.focus for r in rl).items()))
+    report.sft_by_focus = dict(sorted(Counter(r.focus for r in sft).items()))
+    report.digest = content_digest({"rl": sorted(r.digest for r in rl), "sft": sorted(r.digest for r in sft)})
+    current = bank.read()
+    have_rl, have_sft = {r.state_id for r in current.rl_rows}, {r.digest for r in current.sft_rows}
+    new_rl = [r for r in rl if r.state_id not in have_rl]
+    new_sft = [r for r in sft if r.digest not in have_sft]
+    leak = preflight(manifest, rows=new_rl + new_sft, load_state=bank.load_state, source="factory")
+    report.leakage_hits, report.leakage_rows_scanned = len(leak.hits), leak.rows_scanned
+    if leak.hits:
+        leak.raise_if_leaky()  # refuse: nothing is admitted
+    if new_rl or new_sft:
+        note = config.note or f"{FACTORY_VERSION} seed={config.seed} digest={report.digest}"
+        report.version = bank.admit(new_rl, new_sft, note=note)
+        report.admitted_rl, report.admitted_sft = len(new_rl), len(new_sft)
+    report.elapsed_s = round(time.time() - t0, 3)
+    _write_json(Path(config.bank_dir) / "work" / "build_report.json", report.to_dict())
+    return report
+

@@ -1,0 +1,132 @@
+"""Teacher trajectory → Stage Bank rows: SFT slices (Eq. 9), stage contracts (c, G) and per-stage checks.
+
+Source: paper Appendix A.1, Eq. 8–9 (one SFT row per teacher response; history = task, stage skill, earlier
+responses and observations), Eq. 11 (stage sandbox from the replayed prefix) and Eq. 14 (E2E contracts are the
+union of the stage contracts). Everything but `boundary_state` (which replays a prefix in a sandbox) is pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.sandbox.tools import ToolCall, dispatch
+from bat_jax.sandbox.types import Sandbox, SandboxState
+from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RubricItem, SFTRow,
+                                    Transformation, content_digest)
+from bat_jax.tasks.base import TaskInstance
+from bat_jax.tasks.brief import stage_skill
+from bat_jax.tasks.episode import Action as EpisodeAction
+from bat_jax.tasks.episode import Conversation, Episode, snapshot_state
+from bat_jax.verify.rubric import Rubric, StageVerdict
+
+
+def row_action(action: EpisodeAction) -> Action:
+    """The model-neutral row action of an episode action (thought → text; tool and arguments kept)."""
+    return Action(text=action.thought, tool=action.tool, arguments=dict(action.arguments))
+
+
+def transformation(name: str, **params) -> Transformation:
+    """A provenance step whose digest is the SHA-256 of its canonical parameters."""
+    return Transformation(name, content_digest({"name": name, **params}), params)
+
+
+def sft_slices(episode: Episode, brief: str, provenance: Provenance, trajectory_digest: str) -> list[SFTRow]:
+    """One SFT row (h_t, a_t) per recorded teacher response of `episode` (paper Eq. 9).
+
+    Context h_t = the system message and the user message (brief + the stage skills of the episode's focus,
+    exactly what the teacher saw, `Conversation.messages`), then every earlier response (assistant message
+    with its structured action) and observation (tool message, the rendered observation text). The target is
+    a_t. Row focus: the turn's stage for a single-stage or full-task trajectory; 'E2E' when `provenance`
+    marks a surrogate (its transformations contain 'e2e_reduce').
+
+    Args:
+      episode: a finished, checked episode (turns carry their stage labels).
+      brief: the task brief the teacher saw.
+      provenance: base provenance (source, track, outcome, transformations so far).
+      trajectory_digest: content digest of the episode, recorded in each row's 'sft_slice' step.
+
+    Returns:
+      `len(episode.turns)` rows, in turn order.
+    """
+    head = Conversation(brief, episode.focus).messages()[:2]
+    context: list[Message] = [Message(m["role"], m["content"]) for m in head]
+    surrogate = any(t.name == "e2e_reduce" for t in provenance.transformations)
+    rows = []
+    for turn in episode.turns:
+        step = transformation("sft_slice", trajectory=trajectory_digest, turn=turn.index)
+        prov = Provenance(provenance.source_id, provenance.source_digest, provenance.track, provenance.outcome,
+                          provenance.transformations + (step,))
+        target = row_action(turn.action)
+        rows.append(SFTRow(context=tuple(context), target=target, focus=E2E if surrogate else turn.stage.value,
+                           provenance=prov))
+        context += [Message("assistant", action=target), Message("tool", turn.observation.render())]
+    return rows
+
+
+def stage_contract(rubric: Rubric, stages: Sequence[Stage]) -> tuple[tuple[RubricItem, ...],
+                                                                      tuple[EvidenceRequirement, ...]]:
+    """Row rubric c and evidence G for the given stages (one stage: c_s, G_s; all five: Eq. 14's union).
+
+    Evidence kind is the key's prefix ('receipt' or 'file'); params carry the public description.
+    """
+    items = [i for i in rubric.items if i.stage in stages]
+    keys = list(dict.fromkeys(k for i in items for k in i.evidence))
+    c = tuple(RubricItem(i.item_id, f"[{i.stage.value}] {i.description}") for i in items)
+    g = tuple(EvidenceRequirement(k, k.split(".", 1)[0], {"description": rubric.requirements[k].description})
+              for k in keys)
+    return c, g
+
+
+def row_skill(focus: str) -> str:
+    """κ: the stage skill, or for E2E the ordered skills of S1..S5 joined (Appendix A.1)."""
+    stages = STAGES if focus == E2E else (Stage.parse(focus),)
+    return "\n\n".join(stage_skill(s) for s in stages)
+
+
+def row_prompt(inst: TaskInstance, focus: str) -> str:
+    """The prompt p's agent sees first: the brief plus, for a stage row, where the rollout starts."""
+    if focus == E2E:
+        return inst.brief
+    stage = Stage.parse(focus)
+    done = ", ".join(f"{s.value} {s.title}" for s in STAGES[:stage.index]) or "none"
+    return (f"{inst.brief}\n## Current stage\nYou start at the boundary of stage {stage.value} {stage.title}. "
+            f"Stages already completed in this workspace: {done}. Do the work of {stage.value} only, then stop.\n")
+
+
+def failed_checks(verdicts: dict[Stage, StageVerdict | None], stages: Sequence[Stage]) -> list[str]:
+    """Stages (values) whose check fails: unscored, or any rubric item or evidence requirement not met
+    (Check_s = 1 iff the stage reward r = η · mean(v) equals 1)."""
+    bad = []
+    for s in stages:
+        v = verdicts.get(s)
+        if v is None or not (all(v.items.values()) and all(v.evidence.values())):
+            bad.append(s.value)
+    return bad
+
+
+class ReplayMismatch(RuntimeError):
+    """A replayed call exited differently from the recorded one (the prefix is not reproducible)."""
+
+
+def boundary_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: SandboxState, episode: Episode,
+                   stage: Stage) -> SandboxState:
+    """p_{i,s} = Φ_ξ((a_t, o_t)_{t < b_s}) (Eq. 11): replays the recorded calls of every turn before stage
+    `stage` in a fresh sandbox started from `initial` and returns the workspace reached (env of `initial`).
+
+    Raises:
+      ReplayMismatch: a replayed call's exit code differs from the recorded observation's (names the turn).
+      Exception: whatever the sandbox factory or a dead sandbox raises (callers count it as a sandbox failure).
+    """
+    box = make_sandbox(initial)
+    try:
+        for t in episode.turns:
+            if t.stage.index >= stage.index:
+                break
+            obs = dispatch(box, ToolCall(t.action.tool, t.action.arguments))
+            if obs.exit_code != t.observation.exit_code:
+                raise ReplayMismatch(f"{episode.task_id} turn {t.index}: replay exited {obs.exit_code}, "
+                                     f"recorded {t.observation.exit_code}")
+        return snapshot_state(box, dict(initial.env))
+    finally:
+        box.close()

@@ -1,0 +1,396 @@
+"""Stage Bank Data Factory (issue 5 item 3): grid, R_λ, Accept, SFT slicing, builds, resume, rejections.
+
+Builds use the local (non-isolated) backend and tiny grids (1–2 sources of the scripted expert); the full
+126-source build is in launch/bench/bench_factory.py. The Docker path has one @pytest.mark.docker test.
+"""
+
+import dataclasses
+import gzip
+import http.server
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.sandbox.local import LocalSandbox
+from bat_jax.sandbox.types import Observation, SandboxState
+from bat_jax.stage_bank import e2e_surrogate as e2e
+from bat_jax.stage_bank import slicing
+from bat_jax.stage_bank.bank import StageBank
+from bat_jax.stage_bank.factory import ChatTeacher, FactoryConfig, build_bank, load_manifest, sources
+from bat_jax.stage_bank.leakage import preflight
+from bat_jax.stage_bank.row import Provenance, content_digest
+from bat_jax.tasks.base import decode_array
+from bat_jax.tasks.chat_client import ChatEndpointConfig
+from bat_jax.tasks.episode import Action, Conversation, Episode, Turn
+from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, training_task
+from bat_jax.tasks.registry import TRACKS
+
+# ------------------------------------------------------------------------------------------- pure parts
+
+
+def test_default_grid_is_126_distinct_training_sources():
+    grid = sources(FactoryConfig())
+    assert len(grid) == 6 * 7 * 3
+    assert len({(s.focus, s.track, s.outcome) for s in grid}) == 126
+    assert len({s.task_seed for s in grid}) == 126
+    assert all(0 <= s.task_seed < HELDOUT_SEED_BASE and s.template in (0, 1) for s in grid)
+    assert [s.index for s in grid] == list(range(126))
+    assert grid == sources(FactoryConfig())  # deterministic
+    assert sources(FactoryConfig(seed=1))[0].task_seed != grid[0].task_seed
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("foci", ("S9",), "foci"), ("tracks", ("radiology",), "tracks"), ("outcomes", ("win",), "outcomes"),
+    ("backend", "k8s", "backend"), ("teacher", "human", "teacher"), ("e2e_cases", 0, "cases"),
+    ("e2e_input_fraction", 1.5, "input_fraction"), ("e2e_validation_passes", 0, "validation_passes"),
+    ("cases_per_task", 1, "cases_per_task"), ("foci", ("S1", "S1"), "foci")])
+def test_config_validation_names_the_field(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(FactoryConfig(), **{field: value}).validate()
+    with pytest.raises(ValueError, match="teacher_base_url"):
+        FactoryConfig(teacher="openai").validate()
+
+
+def _recovery_task(track, kind):
+    """The first recovery task (seed >= 3) whose injected fault has this kind."""
+    for seed in range(3, 200):
+        inst = training_task(track, seed, "recovery")
+        if inst.fault.kind == kind and inst.fault.case_id != inst.case_ids[0]:
+            return inst
+    pytest.skip(f"no {kind!r} fault drawn for {track.name}")
+
+
+def test_reduce_task_keeps_fault_case_and_crops_aligned_inputs():
+    import nibabel as nib
+
+    track = TRACKS["segmentation"]
+    inst = _recovery_task(track, "unreadable")  # a truncated input with an intact archive copy
+    fault_case = inst.case(inst.fault.case_id)
+    red, params = e2e.reduce_task(track, inst, e2e.Reduction(2, 0.5, 1), template=0)
+    assert red.case_ids == [inst.case_ids[0], fault_case.case_id]  # first case + the fault's case, in order
+    assert params["kept_cases"] == red.case_ids and params["input_fraction_applied"] == 0.5
+    csv_ids = [line.split(",")[0] for line in red.files["data/cases.csv"].decode().splitlines()[1:]]
+    assert csv_ids == red.case_ids
+    for dropped in inst.cases:
+        if dropped.case_id not in red.case_ids:
+            assert dropped.file not in red.files
+    good = red.cases[0]
+    assert decode_array(red.files[good.file], good.file).shape == (8, 16, 8)  # ⌈0.5 · 16⌉ slices
+    np.testing.assert_array_equal(good.target, inst.cases[0].target[:8])
+    arch = gzip.decompress(red.files["data/archive/" + fault_case.file.rsplit("/", 1)[1] + ".gz"])
+    assert decode_array(arch, fault_case.file).shape == (8, 16, 8)
+    assert red.files[fault_case.file] == inst.files[fault_case.file]  # the truncated input stays as it was
+    assert "each of the 2 cases" in red.brief and "at most 1 validation pass" in red.brief
+    assert red.files["task.md"].decode() == red.brief and red.task_id == inst.task_id
+
+    inst = _recovery_task(track, "spacing")  # wrong voxel size in the header must survive the crop
+    red, _ = e2e.reduce_task(track, inst, e2e.Reduction(2, 0.5, 1), template=0)
+    f = inst.case(inst.fault.case_id).file
+    zooms = [nib.Nifti1Image.from_bytes(gzip.decompress(x[f])).header.get_zooms() for x in (inst.files, red.files)]
+    assert zooms[0] == zooms[1] and decode_array(red.files[f], f).shape[0] == 8
+
+    cls = TRACKS["classification"]
+    inst = training_task(cls, 5, "success")
+    red, params = e2e.reduce_task(cls, inst, e2e.Reduction(3, 0.5, 2), template=1)
+    assert params["input_fraction_applied"] == 1.0 and len(red.cases) == 3  # labels: input kept whole
+    assert red.files[red.cases[0].file] == inst.files[red.cases[0].file]
+
+
+def test_accept_reports_first_failed_factor():
+    lam = e2e.Reduction(2, 1.0, 1)
+    ok = dict(booted=True, turns=12, horizon=24, failed_stages=[], passes=1, lam=lam, leak_hits=0)
+    assert e2e.accept(**ok) == ""
+    assert e2e.accept(**{**ok, "booted": False}) == "boot_failed"
+    assert e2e.accept(**{**ok, "turns": 25}) == "too_long"
+    assert e2e.accept(**{**ok, "failed_stages": ["S3", "S5"]}) == "check_failed:S3"
+    assert e2e.accept(**{**ok, "passes": 2}) == "validation_budget"
+    assert e2e.accept(**{**ok, "leak_hits": 1}) == "leak"
+
+
+def _obs(text, code=0):
+    return Observation(text, "", code, 0.1)
+
+
+def test_sft_slices_one_row_per_response_with_prior_turns():
+    acts = [Action("read", "execute_code", {"language": "bash", "code": "cat task.md"}, Stage.PLAN),
+            Action("env", "execute_code", {"language": "python", "code": "import numpy"}, Stage.SETUP),
+            Action("", "submit", {"path": "outputs/submission.json"}, Stage.SUBMIT)]
+    turns = [Turn(i, a.stage, a, _obs(f"out{i}")) for i, a in enumerate(acts)]
+    ep = Episode("tr-x", E2E, turns, "stop")
+    prov = Provenance("tr-x", "a" * 64, "vqa", "success")
+    rows = slicing.sft_slices(ep, "# Task tr-x\nbrief", prov, "b" * 64)
+    assert [r.focus for r in rows] == ["S1", "S2", "S5"]
+    assert [len(r.context) for r in rows] == [2, 4, 6]
+    assert [m.role for m in rows[2].context] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert "# Task tr-x" in rows[0].context[1].content and "Stage S5 Submit" in rows[0].context[1].content
+    assert rows[1].context[2].action.arguments["code"] == "cat task.md"
+    assert rows[2].context[5].content == "out1\n[exit code 0]"
+    assert rows[2].target.tool == "submit" and rows[1].target.text == "env"
+    assert [r.provenance.transformations[-1].params["turn"] for r in rows] == [0, 1, 2]
+    surrogate = Provenance("tr-x", "a" * 64, "vqa", "success",
+                           (slicing.transformation("e2e_reduce", cases=2),))
+    assert {r.focus for r in slicing.sft_slices(ep, "brief", surrogate, "b" * 64)} == {E2E}
+
+
+def test_boundary_state_replays_the_prefix_and_detects_mismatch():
+    def bash(stage, code, exit_code=0):
+        return (Action("", "execute_code", {"language": "bash", "code": code}, stage), _obs("", exit_code))
+
+    steps = [bash(Stage.PLAN, "echo plan > plan.md"), bash(Stage.SETUP, "mkdir -p out && echo 1 > out/env"),
+             bash(Stage.VALIDATE, "echo v > out/val")]
+    ep = Episode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
+    make = lambda st: LocalSandbox(st, timeout_s=30.0)  # noqa: E731
+    initial = SandboxState({"task.md": b"brief"}, {"SEED": "1"})
+    state = slicing.boundary_state(make, initial, ep, Stage.VALIDATE)
+    assert dict(state.files) == {"task.md": b"brief", "plan.md": b"plan\n", "out/env": b"1\n"}
+    assert dict(state.env) == {"SEED": "1"}
+    assert dict(slicing.boundary_state(make, initial, ep, Stage.SETUP).files) == {"task.md": b"brief",
+                                                                                    "plan.md": b"plan\n"}
+    steps[0] = bash(Stage.PLAN, "exit 3")  # recorded exit 0, replays as 3
+    ep = Episode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
+    with pytest.raises(slicing.ReplayMismatch, match="turn 0: replay exited 3, recorded 0"):
+        slicing.boundary_state(make, initial, ep, Stage.VALIDATE)
+
+
+# ------------------------------------------------------------------------------------------------ builds
+
+TINY = dict(tracks=("classification",), foci=("E2E", "S3"), outcomes=("recovery",), workers=2)
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """A fresh 2-source build (classification, recovery; foci E2E and S3)."""
+    root = tmp_path_factory.mktemp("fresh")
+    cfg = FactoryConfig(bank_dir=str(root / "bank"), **TINY)
+    return cfg, build_bank(cfg, progress=False)
+
+
+def test_tiny_build_rows_states_and_leakage(fresh):
+    cfg, report = fresh
+    assert report.version == 1 and report.sources_accepted == 2 and report.rejected == {}
+    # scripted expert on a recovery task: 13 responses (S1 3, S2 2, S3 4, S4 2, S5 2); the S3 source adds its
+    # 4-response stage rollout, the E2E source its 13-response surrogate rollout.
+    assert report.sft_rows == 13 + 4 + 13 + 13
+    assert report.sft_by_focus == {"E2E": 13, "S1": 6, "S2": 4, "S3": 8 + 4, "S4": 4, "S5": 4}
+    assert report.rl_by_focus == {"E2E": 1, "S3": 1}
+    bank = StageBank(cfg.bank_dir)
+    view = bank.read()
+    assert len(view.rl_rows) == 2 and len(view.sft_rows) == report.sft_rows
+    e2e_row = view.query(focus="E2E")[0]
+    s3_row = view.query(focus="S3")[0]
+    e2e_state = bank.load_state(e2e_row.state)
+    assert len(e2e_state.files["data/cases.csv"].decode().splitlines()) == 1 + cfg.e2e_cases
+    assert {i.item_id for i in e2e_row.rubric} >= {"plan.read_brief", "validate.issues", "submit.submitted"}
+    assert [t.name for t in e2e_row.provenance.transformations] == [
+        "task_synthesis", "teacher_trajectory", "e2e_reduce", "teacher_check"]
+    s3_state = bank.load_state(s3_row.state)
+    # Eq. 11: the S3 start state has the S1/S2 artefacts and nothing of S3 or later.
+    assert "plan.md" in s3_state.files and "outputs/env.json" in s3_state.files
+    assert "outputs/validation.json" not in s3_state.files and "outputs/submission.json" not in s3_state.files
+    assert all(i.item_id.startswith("validate.") for i in s3_row.rubric)
+    assert "Stage S3 Validate" in s3_row.skill and "boundary of stage S3" in s3_row.prompt
+    assert s3_row.provenance.transformations[2].params["turns"] == 5  # S1 3 + S2 2 replayed calls
+    leak = preflight(load_manifest(cfg), files=[bank.root / "versions", bank.root / "states"])
+    assert leak.hits == [] and leak.rows_scanned == 2 + report.sft_rows
+    saved = json.loads((bank.root / "work" / "build_report.json").read_text())
+    assert saved["digest"] == report.digest and saved["version"] == 1
+
+
+def test_resume_recomputes_a_missing_source_to_identical_rows(fresh):
+    cfg, ref = fresh
+    work = sorted((StageBank(cfg.bank_dir).root / "work" / "sources").glob("*.json"))
+    assert len(work) == 2
+    cached = {p: json.loads(p.read_text()) for p in work}
+    victim = next(p for p, v in cached.items() if v["rl"][0]["focus"] == "S3")
+    victim.unlink()
+    again = build_bank(cfg, progress=False)  # recomputes the S3 source from scratch, same seed
+    assert again.cached_sources == 1 and again.digest == ref.digest
+    assert json.loads(victim.read_text()) == cached[victim]  # byte-identical rows and states
+    assert again.version is None and StageBank(cfg.bank_dir).latest() == 1  # nothing new to admit
+
+
+ONE = dict(tracks=("classification",), foci=("S1",), outcomes=("success",), workers=1)
+
+
+def _assert_rejected(report, bank_dir, reason):
+    assert report.rejected == {reason: 1} and report.sources_accepted == 0
+    assert report.version is None and StageBank(bank_dir).latest() == 0
+    assert not list((StageBank(bank_dir).root / "work" / "sources").glob("*.json"))  # transient: not cached
+    assert not list((StageBank(bank_dir).root / "states").glob("*"))  # no state of a rejected source is stored
+
+
+def test_killed_build_leaves_no_version_and_resumes_from_cache(tmp_path):
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), **ONE)
+
+    def kill(src, reason):
+        raise KeyboardInterrupt("killed after the source finished")
+
+    with pytest.raises(KeyboardInterrupt):
+        build_bank(cfg, progress=False, on_source=kill)
+    assert StageBank(cfg.bank_dir).latest() == 0  # nothing half-written
+    assert len(list((tmp_path / "bank" / "work" / "sources").glob("*.json"))) == 1
+    resumed = build_bank(cfg, progress=False, make_sandbox=_no_sandbox)  # nothing left to run
+    assert resumed.cached_sources == 1 and resumed.version == 1 and resumed.rl_rows == 1
+    # success variant, S1 focus: 12 full-trajectory responses + the 3-response S1 stage rollout
+    assert resumed.sft_rows == 12 + 3 and resumed.sft_by_focus["S1"] == 3 + 3
+
+
+def _no_sandbox(state):
+    raise AssertionError("a cached source must not start a sandbox")
+
+
+def test_sandbox_dying_mid_trajectory_rejects_the_source(tmp_path):
+    def dying(state):
+        box = LocalSandbox(state, timeout_s=30.0)
+        real = box.execute_code
+
+        def execute_code(language, code, timeout_s=None):
+            if len(box.receipts()) == 2:
+                box.close()  # the workspace is gone: the next call raises
+            return real(language, code, timeout_s)
+
+        box.execute_code = execute_code
+        return box
+
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), **ONE)
+    # the workspace disappears after 2 calls; later calls return the backend's closed-sandbox error
+    _assert_rejected(build_bank(cfg, progress=False, make_sandbox=dying), cfg.bank_dir, "sandbox_failure")
+
+    def raising(state):
+        box = LocalSandbox(state, timeout_s=30.0)
+        real = box.execute_code
+
+        def execute_code(language, code, timeout_s=None):
+            if len(box.receipts()) == 2:
+                raise ConnectionError("container died")
+            return real(language, code, timeout_s)
+
+        box.execute_code = execute_code
+        return box
+
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank2"), **ONE)
+    _assert_rejected(build_bank(cfg, progress=False, make_sandbox=raising), cfg.bank_dir, "sandbox_failure")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_teacher_rejects_the_source(tmp_path):
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), teacher="openai", teacher_model="m",
+                        teacher_base_url=f"http://127.0.0.1:{_free_port()}/v1", teacher_max_retries=0,
+                        teacher_timeout_s=2.0, **ONE)
+    _assert_rejected(build_bank(cfg, progress=False), cfg.bank_dir, "teacher_unreachable")
+
+
+class _Garbage(http.server.BaseHTTPRequestHandler):
+    reply = "Sure! I will run the code now."
+
+    def do_POST(self):  # noqa: N802
+        self.server.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        body = json.dumps({"choices": [{"message": {"content": self.reply}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _serve(handler):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.requests = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_chat_teacher_parses_the_stage_label():
+    class Good(_Garbage):
+        reply = ('OK: {"thought": "env", "tool": "execute_code", "stage": "S2", '
+                 '"arguments": {"language": "python", "code": "import numpy"}}')
+
+    server = _serve(Good)
+    try:
+        teacher = ChatTeacher(ChatEndpointConfig(f"http://127.0.0.1:{server.server_address[1]}/v1", "m",
+                                                 max_retries=0))
+        action = teacher(Conversation("# Task tr-x", E2E))
+        assert action.stage == Stage.SETUP and action.arguments["code"] == "import numpy"
+        system = server.requests[0]["messages"][0]["content"]
+        assert system.endswith(ChatTeacher.NOTE) and server.requests[0]["model"] == "m"
+    finally:
+        server.shutdown()
+
+
+def test_malformed_teacher_output_rejects_the_source(tmp_path):
+    server = _serve(_Garbage)
+    try:
+        cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), teacher="openai", teacher_model="m",
+                            teacher_base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                            teacher_max_retries=0, **ONE)
+        _assert_rejected(build_bank(cfg, progress=False), cfg.bank_dir, "teacher_bad_reply")
+    finally:
+        server.shutdown()
+
+
+def test_leaky_source_is_rejected_and_nothing_is_admitted(tmp_path):
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), **ONE)
+    task_id = training_task(TRACKS["classification"], sources(cfg)[0].task_seed, "success",
+                            sources(cfg)[0].template).task_id
+    man = tmp_path / "heldout.json"
+    man.write_text(json.dumps({"task_ids": [task_id]}))
+    report = build_bank(dataclasses.replace(cfg, heldout_manifest=str(man)), progress=False)
+    assert report.rejected == {"leak": 1} and report.version is None and StageBank(cfg.bank_dir).latest() == 0
+    assert not list((StageBank(cfg.bank_dir).root / "states").glob("*"))
+
+
+@pytest.mark.docker
+def test_docker_backend_builds_two_sources(tmp_path):
+    from bat_jax.tasks.harness import BackendUnavailable, backend_factory
+
+    try:
+        backend_factory("docker")
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), backend="docker", tracks=("vqa",), foci=("E2E", "S4"),
+                        outcomes=("failure",), workers=2)
+    report = build_bank(cfg, progress=False)
+    assert report.rejected == {} and report.version == 1
+    # failure variant: 12 responses (S1 3, S2 2, S3 3, S4 2, S5 2); S4 stage rollout 2; surrogate 12.
+    assert report.sft_rows == 12 + 2 + 12 + 12
+    assert report.rl_by_focus == {"E2E": 1, "S4": 1}
+    assert content_digest(report.to_dict()["rl_by_focus"]) == content_digest({"E2E": 1, "S4": 1})
+
+
+@pytest.mark.docker
+def test_docker_container_killed_mid_trajectory_rejects_the_source(tmp_path):
+    from bat_jax.sandbox import docker as docker_backend
+    from bat_jax.tasks.harness import BackendUnavailable, backend_factory
+
+    try:
+        backend_factory("docker")
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    client = docker_backend.connect()
+
+    def killed(state):
+        box = docker_backend.DockerSandbox(client, state=state)
+        real = box.execute_code
+
+        def execute_code(language, code, timeout_s=None):
+            if len(box.receipts()) == 2:
+                client.api.kill(box.container_id)  # the container dies between two calls
+            return real(language, code, timeout_s)
+
+        box.execute_code = execute_code
+        return box
+
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), backend="docker", **ONE)
+    _assert_rejected(build_bank(cfg, progress=False, make_sandbox=killed), cfg.bank_dir, "sandbox_failure")
