@@ -1,6 +1,15 @@
-"""The BiCuRL experiment: SFT cold start once, then rounds of evaluate → route → practise → re-evaluate.
+"""The BiCuRL experiment, top to bottom (paper Section 2.2, Algorithm of Figure 1b):
 
-Gin binds `run` and `BiCuRLConfig` (gin/bicurl_*.gin); this module itself is plain Python.
+  Stage Bank (build or reuse a version) → leakage preflight → SFT cold start (once) → evaluation →
+  rounds of: route to the weakest stage → round view (S-target / S-mix / E2E) → preflight of the view →
+  GRPO block (K rollouts per state in sandboxes, rubric rewards) → weight sync → evaluation →
+  KL(candidate ‖ best) → accept or fall back → checkpoint → ledger → report
+  → final evaluation on disjoint runs (untrained, SFT, retained best) → results table + staircase plot.
+
+Gin binds `run` and the config dataclasses (gin/bicurl_*.gin); this module itself is plain Python. A killed run
+resumes from its ledger and checkpoints: finished rounds are read back, the retained checkpoint restored.
+Baselines: `mode='sft_only'` (stops after the cold start) and `mode='grpo_e2e'` (GRPO on E2E rows with the
+terminal task reward, no routing or fallback — the paper's GRPO row).
 """
 
 from __future__ import annotations
@@ -10,58 +19,314 @@ import json
 import pathlib
 from collections.abc import Mapping
 
-#: Pool names of paper Eq. 5.
-POOLS = ("S-target", "S-mix", "E2E")
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from bat_jax import report
+from bat_jax.benchmark import evaluator as ev
+from bat_jax.benchmark.scoring import Summary, display, paired_comparison
+from bat_jax.benchmark.stages import STAGES
+from bat_jax.checkpoint import CheckpointConfig, Checkpointer
+from bat_jax.curriculum import controller as ctl
+from bat_jax.curriculum import router
+from bat_jax.learn import grpo, kl, sft
+from bat_jax.learn.learner import Learner, pad_batch
+from bat_jax.learn.mesh import MeshConfig
+from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
+from bat_jax.ledger import Ledger, RoundRecord
+from bat_jax.policy import EngineCells, PolicyConfig, build_policy, make_agent_loop, render_sft_row, rl_request
+from bat_jax.rollout.agent_loop import AgentLoopConfig
+from bat_jax.rollout.jax_sampler import JaxSampler
+from bat_jax.stage_bank import pools
+from bat_jax.stage_bank.factory import FactoryConfig, build_bank
+from bat_jax.stage_bank.bank import StageBank
+from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
+from bat_jax.verify.row_reward import rollout_reward
+
+MODES = ("bicurl", "sft_only", "grpo_e2e")
+
+
+def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig) -> dict:
+    """The Data Factory as a launch job (`gin/stage_bank_tiny.gin`): one new bank version, report in run_dir."""
+    built = build_bank(config)
+    out = dataclasses.asdict(built) if dataclasses.is_dataclass(built) else {"report": str(built)}
+    (pathlib.Path(run_dir) / "build_report.json").write_text(json.dumps(out, indent=2, default=str))
+    print(f"[bat_jax] Stage Bank build: {built}")
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
 class BiCuRLConfig:
-    """Numbers of the outer and inner loop (paper defaults; REFERENCE.md).
+    """Outer-loop settings (paper defaults; REFERENCE.md). Component settings are their own dataclasses.
 
     Attributes:
-      rounds: outer-loop rounds R.
-      grpo_steps_per_round: GRPO optimizer steps per round block.
-      num_rollouts: K rollouts per state_id group.
-      temperature: rollout sampling temperature.
-      kl_beta: β of the GRPO KL penalty.
-      actor_lr: GRPO learning rate.
-      pool_proportions: S-target / S-mix / E2E shares ρ (Eq. 5), summing to 1; an omitted pool is dropped.
-      kl_tau: τ, fallback when mean per-token KL(candidate ‖ best) exceeds it (Eq. 6).
-      patience: consecutive Overall drops before fallback (Eq. 6).
-      seed: run seed.
+      mode: 'bicurl' (paper), 'sft_only' or 'grpo_e2e' (baselines).
+      rounds: outer-loop rounds R (paper: 10).
+      grpo_steps_per_round: GRPO optimizer steps per round block (paper: 50); one step = one pool batch.
+      sft_max_rows: SFT rows used by the cold start (0 = all).
+      backend: sandbox backend, 'docker' (real runs) or 'local' (non-isolated; tests only).
+      seed: run seed (paper: 42).
     """
 
+    mode: str = "bicurl"
     rounds: int = 10
     grpo_steps_per_round: int = 50
-    num_rollouts: int = 4
-    temperature: float = 0.7
-    kl_beta: float = 1e-3
-    actor_lr: float = 1e-6
-    pool_proportions: Mapping[str, float] = dataclasses.field(
-        default_factory=lambda: {"S-target": 0.5, "S-mix": 0.25, "E2E": 0.25})
-    kl_tau: float = 0.1
-    patience: int = 3
+    sft_max_rows: int = 0
+    backend: str = "docker"
     seed: int = 42
 
     def __post_init__(self):
-        unknown = sorted(set(self.pool_proportions) - set(POOLS))
-        if unknown:
-            raise ValueError(f"BiCuRLConfig.pool_proportions has unknown pools {unknown}; known: {list(POOLS)}")
-        total = sum(self.pool_proportions.values())
-        if abs(total - 1.0) > 1e-9 or any(v < 0 for v in self.pool_proportions.values()):
-            raise ValueError(f"BiCuRLConfig.pool_proportions must be >= 0 and sum to 1, got {dict(self.pool_proportions)}")
-        if self.num_rollouts < 2:
-            raise ValueError(f"BiCuRLConfig.num_rollouts (K) must be >= 2 for group advantages, got {self.num_rollouts}")
-        if self.patience < 1 or self.kl_tau <= 0:
-            raise ValueError(f"BiCuRLConfig needs patience >= 1 and kl_tau > 0, got {self.patience}, {self.kl_tau}")
+        if self.mode not in MODES:
+            raise ValueError(f"BiCuRLConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if self.rounds < 0 or self.grpo_steps_per_round < 1:
+            raise ValueError(f"BiCuRLConfig needs rounds >= 0 and grpo_steps_per_round >= 1, got "
+                             f"{self.rounds}, {self.grpo_steps_per_round}")
 
 
-def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig()) -> dict:
-    """Runs the BiCuRL experiment in `run_dir` and returns its summary (JSON-serialisable)."""
-    run_dir = pathlib.Path(run_dir)
-    summary = {"config": dataclasses.asdict(config)}
-    print("[bat_jax] BiCuRL configuration:")
-    for key, value in summary["config"].items():
-        print(f"  {key:>22} = {value}")
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    return summary
+@dataclasses.dataclass(frozen=True)
+class Components:
+    """The component configs one run uses (each bound by gin on its own dataclass)."""
+
+    policy: PolicyConfig = PolicyConfig()
+    bank: FactoryConfig | None = None
+    sft: sft.SFTConfig = sft.SFTConfig()
+    grpo: grpo.GRPOConfig = grpo.GRPOConfig(temperature=0.7)
+    grpo_optimizer: OptimizerConfig = GRPO_OPTIMIZER
+    pools: pools.PoolConfig = pools.PoolConfig()
+    router: router.RouterConfig = router.RouterConfig()
+    controller: ctl.ControllerConfig = ctl.ControllerConfig()
+    agent: AgentLoopConfig = AgentLoopConfig()
+    evaluation: ev.EvalConfig = ev.EvalConfig()
+    mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
+    policy_shift: kl.PolicyShiftConfig = kl.PolicyShiftConfig()
+
+
+def _summary_dict(s: Summary) -> dict:
+    return {"overall": s.overall, "agentic": s.agentic, "task": s.task, "overall_hw": s.overall_hw,
+            "stages": {k.value: v for k, v in s.stages.items()}, "n_cells": s.n_cells, "n_unscored": s.n_unscored}
+
+
+def _evaluation(s: Summary) -> ctl.Evaluation:
+    return ctl.Evaluation(overall=s.overall or 0.0, task=s.task, stage_scores={k.value: v for k, v in s.stages.items()},
+                          track_scores={t: row["overall"] for t, row in s.tracks.items()})
+
+
+def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components: Components = Components()) -> dict:
+    """Runs (or resumes) one experiment in `run_dir`; returns the final summary (also written as JSON)."""
+    run_dir, c = pathlib.Path(run_dir), components
+    if c.bank is None:
+        raise ValueError("Components.bank (a FactoryConfig naming the Stage Bank directory) is required")
+
+    # ---- Stage Bank: build a version once (resumable), then guard the held-out firewall -----------------
+    manifest_path = _write_heldout_manifest(run_dir, c.evaluation)
+    manifest = HeldOutManifest.load(manifest_path)
+    bank = StageBank(c.bank.bank_dir)
+    if not bank.versions():
+        built = build_bank(dataclasses.replace(c.bank, heldout_manifest=str(manifest_path)))
+        print(f"[bat_jax] Stage Bank built: {built}")
+    view = bank.read()
+    preflight(manifest, files=[c.bank.bank_dir]).raise_if_leaky()
+    print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
+          f"leakage preflight clean")
+
+    # ---- policy, learner (mesh + jitted steps), rollout engine, sandboxes -----------------------------
+    policy = build_policy(c.policy)
+    learner = Learner(policy.model, c.mesh)
+    engine = JaxSampler(policy.model, max_context=c.agent.max_context_tokens)
+    from bat_jax.tasks.harness import backend_factory
+
+    make_sandbox = backend_factory(config.backend)
+    loop = make_agent_loop(policy, engine, make_sandbox, c.agent)
+    eval_loop = make_agent_loop(policy, engine, make_sandbox, dataclasses.replace(c.agent, episodes_per_state=1))
+    checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
+    ledger = Ledger(run_dir / "ledger.jsonl")
+    writer = report.ScalarWriter(run_dir / "tensorboard")
+
+    def evaluate(params, purpose: str) -> Summary:
+        engine.update_weights(learner.sync_model(params))
+        return ev.evaluate(EngineCells(eval_loop), dataclasses.replace(c.evaluation, purpose=purpose))
+
+    untrained = jax.tree.map(lambda x: x.copy(), learner.params)
+
+    # ---- SFT cold start (once; checkpoint step 0) -----------------------------------------------------
+    abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                       learner.params)}
+    if 0 in checkpoints.all_steps():
+        learner.params = checkpoints.restore(abstract, step=0).state["params"]
+    else:
+        _sft_cold_start(learner, policy, view.sft_rows, c.sft, config)
+        sft_eval = evaluate(learner.params, "controller")
+        _round0(run_dir, sft_eval)
+        checkpoints.save(0, {"params": learner.params}, metrics={"overall": sft_eval.overall or 0.0},
+                         extra={"round": 0})
+    sft_params = learner.params
+    round0 = _round0(run_dir)
+
+    # ---- rounds ----------------------------------------------------------------------------------------
+    records = ledger.read()
+    controller = ctl.Controller(c.controller, ctl.ControllerState.from_dict(records[-1].controller_state)
+                                if records else None)
+    stage_scores = dict(records[-1].controller_scores["stage_scores"]) if records else dict(round0.stage_scores)
+    if not records:
+        controller.observe(0, "ckpt-0", round0)
+    best_step = int(controller.state.best_checkpoint.split("-")[1]) if controller.state.best_checkpoint else 0
+    best_params = checkpoints.restore(abstract, step=best_step).state["params"]
+    if records:
+        retained = int(records[-1].retained_checkpoint.split("-")[1])
+        learner.params = checkpoints.restore(abstract, step=retained).state["params"]
+    rounds = 0 if config.mode == "sft_only" else config.rounds
+    kl_prompts = _kl_prompts(view.rl_rows, policy, c.policy_shift)
+    for r in range(len(records) + 1, rounds + 1):
+        held = bool(records) and records[-1].decision != "accept"
+        decision = router.route(stage_scores, round_index=r, held=held, config=c.router)
+        rows = [row for row in view.rl_rows if config.mode != "grpo_e2e" or row.focus == "E2E"]
+        pool_cfg = c.pools if config.mode != "grpo_e2e" else dataclasses.replace(c.pools, omit=("target", "mix"))
+        if config.mode == "grpo_e2e":
+            rows = [dataclasses.replace(row, reward_source="task_metric") for row in rows]
+        round_view = pools.build_round_view(rows, decision.target, round_index=r,
+                                            n_batches=config.grpo_steps_per_round, config=pool_cfg)
+        preflight(manifest, rows=[item.row for item in round_view.items], load_state=bank.load_state,
+                  source=f"round {r} view").raise_if_leaky()
+        metrics = _grpo_block(learner, loop, bank, round_view, c, seed=config.seed * 1000 + r)
+        summary = evaluate(learner.params, "controller")
+        stage_scores = {k.value: v for k, v in summary.stages.items()}
+        shift = kl.policy_shift_kl(learner.apply_fn, learner.params, best_params, *kl_prompts, config=c.policy_shift)
+        checkpoints.save(r, {"params": learner.params}, metrics={"overall": summary.overall or 0.0},
+                         extra={"round": r, "summary": _summary_dict(summary)})
+        verdict = controller.observe(r, f"ckpt-{r}", _evaluation(summary), kl=shift)
+        if verdict.decision == "accept" and verdict.best_checkpoint == f"ckpt-{r}":
+            best_params = learner.params
+        if verdict.retained_checkpoint != f"ckpt-{r}":
+            step = int(verdict.retained_checkpoint.split("-")[1])
+            learner.params = checkpoints.restore(abstract, step=step).state["params"]
+        record = RoundRecord(round=r, selected_stage=decision.target.value, routing_report=decision.report(),
+                             pool_counts=round_view.pool_counts(), bank_version=view.version,
+                             state_ids=round_view.state_ids(), reward_version=metrics["reward_version"],
+                             controller_scores=_evaluation(summary).to_dict(), kl=shift, decision=verdict.decision,
+                             retained_checkpoint=verdict.retained_checkpoint,
+                             controller_state=controller.state.to_dict())
+        ledger.append(record)
+        records.append(record)
+        writer.summary("controller_eval", summary, r)
+        for key, value in metrics.items():
+            if isinstance(value, float):
+                writer.scalar(f"grpo/{key}", value, r)
+        print(f"[bat_jax] round {r}: target {decision.target.value}, Overall {display(summary.overall)}, "
+              f"KL {shift:.4f}, {verdict.decision} → {verdict.retained_checkpoint}", flush=True)
+
+    # ---- final evaluation on disjoint runs ------------------------------------------------------------
+    final = {"untrained": evaluate(untrained, "final"), "SFT": evaluate(sft_params, "final")}
+    if rounds:
+        final["BiCuRL (retained)" if config.mode == "bicurl" else "GRPO (E2E task reward)"] = evaluate(best_params, "final")
+    return _write_reports(run_dir, final, records, round0, writer)
+
+
+def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: BiCuRLConfig) -> None:
+    """SFT on the bank's SFT rows: loss on the single target action (+ end of turn), paper Appendix A.4."""
+    rows = list(rows)[: run.sft_max_rows or None]
+    examples = [e for e in (render_sft_row(row, policy, config.max_seq_len) for row in rows) if e is not None]
+    if not examples:
+        raise ValueError(f"no SFT row fits SFTConfig.max_seq_len={config.max_seq_len}")
+    print(f"[bat_jax] SFT cold start: {len(examples)}/{len(rows)} rows fit {config.max_seq_len} tokens; "
+          f"{config.total_steps} steps × {config.global_batch_size}", flush=True)
+    step_fn, state = learner.sft_block(config, config.total_steps)
+    rng = np.random.default_rng(run.seed)
+    for _ in tqdm(range(config.total_steps), desc="SFT", unit="step"):
+        idx = rng.choice(len(examples), size=config.global_batch_size, replace=len(examples) < config.global_batch_size)
+        state, _ = step_fn(state, pad_batch([examples[i] for i in idx], multiple=1, pad_to=config.max_seq_len))
+    learner.adopt(state)
+
+
+def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Components, seed: int) -> dict:
+    """One round's GRPO block: per pool batch, K rollouts per row → rubric rewards → one optimizer step."""
+    step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches))
+    ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
+    rewards_seen, unscored, version = [], 0, ""
+    for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
+        learner.params = state.params
+        loop.engine.update_weights(learner.sync_model(state.params))
+        starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
+        requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id) for item in batch]
+        trajectories = loop.run(requests, seed=seed * 100 + b)
+        by_id = {item.round_state_id: item.row for item in batch}
+        scored = [rollout_reward(by_id[t.state_id], t, starts[t.state_id]) for t in trajectories]
+        version = scored[0].version if scored else version
+        rewards = [s.reward for s in scored]
+        unscored += sum(r is None for r in rewards)
+        rewards_seen += [r for r in rewards if r is not None]
+        rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
+                 "old_logprobs": t.logprobs} for t in trajectories]
+        host = pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)))
+        host["ref_logprobs"] = learner.logprobs(ref_params, host, c.grpo)
+        groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rows))]
+        host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rows)), groups, c.grpo)
+        state, _ = step_fn(state, host)
+    learner.adopt(state)
+    mean = float(np.mean(rewards_seen)) if rewards_seen else float("nan")
+    return {"reward_mean": mean, "unscored": float(unscored), "reward_version": version or "none"}
+
+
+def _kl_prompts(rows, policy, config: kl.PolicyShiftConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the held-out KL probe set)."""
+    from bat_jax.models.chat import tool_schemas
+    from bat_jax.policy import AGENT_SYSTEM_PROMPT, user_message
+
+    prompts = []
+    for row in list(rows)[: config.num_prompts]:
+        messages = [{"role": "system", "content": AGENT_SYSTEM_PROMPT},
+                    {"role": "user", "content": user_message(row.prompt, row.skill)}]
+        text = policy.tokenizer.apply_chat_template(messages, tools=tool_schemas(), add_generation_prompt=True,
+                                                    tokenize=False)
+        prompts.append(policy.tokenizer.encode(text, add_special_tokens=False))
+    batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}
+                       for p in prompts], multiple=1)
+    return batch["input_ids"], batch["attention_mask"]
+
+
+def _write_heldout_manifest(run_dir: pathlib.Path, evaluation: ev.EvalConfig) -> pathlib.Path:
+    """The held-out manifest of both evaluation purposes (what the leakage preflight guards)."""
+    from bat_jax.tasks.heldout import write_manifest
+
+    path = run_dir / "heldout_manifest.json"
+    tasks = [job.task for purpose in ev.PURPOSES
+             for job in ev.suite_jobs(dataclasses.replace(evaluation, purpose=purpose))]
+    write_manifest(path, tasks)
+    return path
+
+
+def _round0(run_dir: pathlib.Path, summary: Summary | None = None) -> ctl.Evaluation:
+    """The SFT policy's controller evaluation (round 0): written once, read back on resume."""
+    path = run_dir / "round0_eval.json"
+    if summary is not None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(_evaluation(summary).to_dict()))
+        tmp.replace(path)
+    return ctl.Evaluation.from_dict(json.loads(path.read_text()))
+
+
+def _write_reports(run_dir: pathlib.Path, final: Mapping[str, Summary], records, round0: ctl.Evaluation,
+                   writer: report.ScalarWriter) -> dict:
+    """Results table (Table 2 style), paired difference, per-round stage table, staircase plot, summary.json."""
+    names = list(final)
+    lines = ["# BiCuRL run report", "", "Final evaluation (disjoint held-out runs; this project's own suite, "
+             "not AutoMedBench-Lite):", "", "```", report.results_table(list(final.items())), "```", ""]
+    if len(names) >= 3:
+        cmp = paired_comparison(final[names[-1]], final["SFT"], "overall")
+        lines.append(f"Paired track-level difference {names[-1]} − SFT (Overall): {display(cmp.mean_diff)} ± "
+                     f"{100 * cmp.half_width:.1f}")
+    stage_rows = [("round 0", {s: round0.stage_scores.get(s.value) for s in STAGES})]
+    stage_rows += [(f"round {rec.round}", {s: rec.controller_scores["stage_scores"].get(s.value)
+                                           for s in STAGES}) for rec in records]
+    lines += ["", "Controller evaluation per round:", "", "```", report.stage_table(stage_rows), "```"]
+    overall = [round0.overall] + [rec.controller_scores["overall"] for rec in records]
+    report.staircase_plot(overall, run_dir / "staircase.png", baselines={"SFT": round0.overall})
+    text = "\n".join(lines) + "\n"
+    (run_dir / "report.md").write_text(text)
+    print(text, flush=True)
+    for i, (name, summary) in enumerate(final.items()):
+        writer.summary(f"final/{name}", summary, i)
+    writer.close()
+    out = {"final": {name: _summary_dict(s) for name, s in final.items()}, "rounds": len(records)}
+    (run_dir / "summary.json").write_text(json.dumps(out, indent=2, default=str))
+    return out

@@ -30,13 +30,17 @@ def test_run_file_binds_a_job_and_the_papers_numbers(name):
 
 
 PAPER_NUMBERS = {
-    "experiment.BiCuRLConfig.pool_proportions": {"S-target": 0.5, "S-mix": 0.25, "E2E": 0.25},
-    "experiment.BiCuRLConfig.kl_tau": 0.1,
-    "experiment.BiCuRLConfig.patience": 3,
-    "experiment.BiCuRLConfig.num_rollouts": 4,
-    "experiment.BiCuRLConfig.temperature": 0.7,
-    "experiment.BiCuRLConfig.kl_beta": 1e-3,
-    "experiment.BiCuRLConfig.actor_lr": 1e-6,
+    "pools.PoolConfig.target": 0.5,
+    "pools.PoolConfig.mix": 0.25,
+    "pools.PoolConfig.e2e": 0.25,
+    "controller.ControllerConfig.kl_threshold": 0.1,
+    "controller.ControllerConfig.patience": 3,
+    "agent_loop.AgentLoopConfig.episodes_per_state": 4,
+    "grpo.GRPOConfig.group_size": 4,
+    "agent_loop.AgentLoopConfig.temperature": 0.7,
+    "grpo.GRPOConfig.temperature": 0.7,
+    "grpo.GRPOConfig.kl_coef": 1e-3,
+    "grpo/optim.OptimizerConfig.learning_rate": 1e-6,
 }
 
 
@@ -44,4 +48,7 @@ PAPER_NUMBERS = {
 def test_bicurl_files_carry_the_design_card_numbers(name):
     launch.parse_gin([name], [])
     for binding, expected in PAPER_NUMBERS.items():
-        assert gin.query_parameter(binding) == expected, binding
+        value = gin.query_parameter(binding)
+        if isinstance(value, gin.config.ConfigurableReference) or str(value).startswith("%"):
+            value = gin.query_parameter(str(value)) if str(value).startswith("%") else value
+        assert value == expected, binding

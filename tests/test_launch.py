@@ -37,17 +37,22 @@ def test_search_path_order_prefers_extra_paths(tmp_path):
     assert paths[-1] == launch.DEFAULT_GIN_DIR.resolve()
 
 
+DRY_RUN = "launch.run.job = @launch.show_config"
+
+
 def test_cli_from_another_directory_writes_resolved_config(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "BAT_JAX_GIN_PATH"}
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "bat_jax.launch", "--gin_file=bicurl_tiny.gin",
+        [sys.executable, "-m", "bat_jax.launch", "--gin_file=bicurl_tiny.gin", f"--gin_bindings={DRY_RUN}",
          "--gin_bindings=experiment.BiCuRLConfig.rounds = 2", f"--run_dir={run_dir}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     config = (run_dir / "config.gin").read_text()
     assert "experiment.BiCuRLConfig.rounds = 2" in config
-    assert "launch.run.job = @experiment.run" in config
+    assert "launch.run.job = @launch.show_config" in config
+    assert "pools.PoolConfig.target = 0.5" in config
+    assert "experiment.BiCuRLConfig.rounds = 2" in proc.stdout
     assert (run_dir / "operative_config.gin").is_file()
 
 

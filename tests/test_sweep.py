@@ -36,8 +36,9 @@ def test_bad_sweep_file_names_entry_and_field(tmp_path):
 
 def test_sweep_runs_entries_in_separate_dirs(tmp_path):
     path = tmp_path / "s.json"
-    path.write_text(json.dumps([{"name": "r2", "bindings": ["experiment.BiCuRLConfig.rounds = 2"]},
-                                {"name": "broken", "bindings": ["experiment.BiCuRLConfig.nope = 2"]}]))
+    dry = "launch.run.job = @launch.show_config"
+    path.write_text(json.dumps([{"name": "r2", "bindings": [dry, "experiment.BiCuRLConfig.rounds = 2"]},
+                                {"name": "broken", "bindings": [dry, "experiment.BiCuRLConfig.nope = 2"]}]))
     rc = sweep.main(["--gin_file=bicurl_tiny.gin", f"--sweep={path}", f"--runs_root={tmp_path / 'runs'}"])
     assert rc == 1  # the broken entry fails, the sweep goes on
     assert "rounds = 2" in (tmp_path / "runs" / "r2" / "config.gin").read_text()

@@ -130,6 +130,18 @@ def run(job: Callable[..., object] = gin.REQUIRED, run_name: str = gin.REQUIRED,
     return Launched(run_dir=directory, result=result)
 
 
+def show_config(run_dir: pathlib.Path) -> str:
+    """A job that only prints the resolved configuration (a dry run of any run file):
+    `--gin_bindings="launch.run.job = @launch.show_config"`."""
+    text = gin.config_str()
+    print(text, flush=True)
+    return text
+
+
+# Referenced as `@launch.show_config` from bindings; registered here because a binding string cannot import.
+gin.external_configurable(show_config, name="show_config", module="launch")
+
+
 def _write_atomic(path: pathlib.Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)

@@ -66,7 +66,7 @@ def policy_shift_kl(
       input_ids: ``[N, T] int32`` right-padded prompt ids, N ≥ ``config.num_prompts``.
       attention_mask: ``[N, T]`` 0/1.
     Returns:
-      The mean KL in nats per token (float, ≥ 0 up to rounding).
+      The mean KL in nats per token (float, ≥ 0; round-off below 0 is clamped to 0).
     Raises:
       ValueError: fewer than ``config.num_prompts`` prompts, mismatched shapes, or no valid token.
     """
@@ -92,4 +92,5 @@ def policy_shift_kl(
         count += float(c)
     if count == 0:
         raise ValueError("policy_shift_kl: the prompts contain no valid token")
-    return total / count
+    # KL >= 0 exactly; a tiny negative mean (identical policies) is float round-off, not a signal
+    return max(0.0, total / count)

@@ -50,6 +50,11 @@ DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("head_dim", None),
     ("layers", None),
     ("norm", None),
+    # Gated DeltaNet (Qwen3.5): fused q|k|v channels, value/z-gate channels, per-head a/b/A_log/dt_bias
+    ("linear_qkv", "tensor"),
+    ("linear_v", "tensor"),
+    ("linear_heads", "tensor"),
+    ("conv", None),
 )
 
 
