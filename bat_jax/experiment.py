@@ -118,6 +118,10 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     if c.bank is None:
         raise ValueError("Components.bank (a FactoryConfig naming the Stage Bank directory) is required")
 
+    # ---- policy and learner first: a missing checkpoint directory or device fails before any other work ---
+    policy = build_policy(c.policy)
+    learner = Learner(policy.model, c.mesh)
+
     # ---- Stage Bank: build a version once (resumable), then guard the held-out firewall -----------------
     manifest_path = _write_heldout_manifest(run_dir, c.evaluation)
     manifest = HeldOutManifest.load(manifest_path)
@@ -130,9 +134,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
 
-    # ---- policy, learner (mesh + jitted steps), rollout engine, sandboxes -----------------------------
-    policy = build_policy(c.policy)
-    learner = Learner(policy.model, c.mesh)
+    # ---- rollout engine and sandboxes -------------------------------------------------------------------
     engine = JaxSampler(policy.model, max_context=c.agent.max_context_tokens)
     from bat_jax.tasks.harness import backend_factory
 

@@ -64,3 +64,12 @@ def test_bicurl_runs_end_to_end_and_resumes(tmp_path):
     assert [r.round for r in records] == [1, 2] and records[0] == record
     assert out2["rounds"] == 2
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+
+
+@pytest.mark.parametrize("size", ["9b", "4b"])
+def test_paper_scale_run_files_stop_naming_the_missing_checkpoint(size, tmp_path):
+    from bat_jax import launch
+
+    with pytest.raises(FileNotFoundError, match=f"/models/Qwen3.5-{size.upper()}-Instruct"):
+        launch.launch([f"bicurl_{size}.gin"], run_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "ledger.jsonl").exists()
