@@ -404,3 +404,26 @@ def array_entry_errors(entry, key: str, ext: str, files: Mapping[str, bytes]) ->
     if not np.all(np.isfinite(arr)):
         return [f"{key}: {path!r} has non-finite values"]
     return []
+
+
+class ImageToImageTrack(Track):
+    """Shared scoring of tracks whose output per case is one NPY image of the target's shape (enhancement,
+    synthesis): entry field 'image', metric SSIM against the hidden target (data range 1), non-degenerate when
+    the image is not constant."""
+
+    def check_entry(self, entry, files):
+        return array_entry_errors(entry, "image", "npy", files)
+
+    def case_score(self, entry, files, case: Case) -> float:
+        from bat_jax.tasks.metrics import ssim
+
+        img = decode_array(files[entry["image"]], entry["image"])
+        if img.shape != case.target.shape:
+            return 0.0
+        return ssim(case.target, img, data_range=1.0)
+
+    def expected_shape(self, case):
+        return list(case.target.shape)
+
+    def nondegenerate(self, entry, files):
+        return float(np.std(decode_array(files[entry["image"]], entry["image"]))) > 1e-3

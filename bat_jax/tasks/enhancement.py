@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bat_jax.tasks.base import Case, Track, array_entry_errors, decode_array
-from bat_jax.tasks.metrics import ssim
+from bat_jax.tasks.base import ImageToImageTrack
 
 _METHOD = '''
 
@@ -39,7 +38,7 @@ def smooth_phantom(rng: np.random.Generator, size: int = 32) -> np.ndarray:
     return np.clip(ndimage.gaussian_filter(img, 1.0), 0, 1)
 
 
-class EnhancementTrack(Track):
+class EnhancementTrack(ImageToImageTrack):
     name = "enhancement"
     title = "low-dose CT denoising"
     input_ext = "npy"
@@ -55,17 +54,3 @@ class EnhancementTrack(Track):
         noisy = clean + rng.normal(0, 0.03, clean.shape)
         return noisy.astype(np.float32), {"dose": "quarter"}, clean
 
-    def check_entry(self, entry, files):
-        return array_entry_errors(entry, "image", "npy", files)
-
-    def case_score(self, entry, files, case: Case) -> float:
-        img = decode_array(files[entry["image"]], entry["image"])
-        if img.shape != case.target.shape:
-            return 0.0
-        return ssim(case.target, img, data_range=1.0)
-
-    def expected_shape(self, case):
-        return list(case.target.shape)
-
-    def nondegenerate(self, entry, files):
-        return float(np.std(decode_array(files[entry["image"]], entry["image"]))) > 1e-3

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bat_jax.tasks.base import Case, Track, array_entry_errors, decode_array
-from bat_jax.tasks.metrics import ssim
+from bat_jax.tasks.base import ImageToImageTrack
 
 _T1 = (0.0, 0.3, 0.6, 0.9)
 _T2 = (0.0, 0.8, 0.5, 0.2)
@@ -31,7 +30,7 @@ def summarize(pred):
 '''
 
 
-class SynthesisTrack(Track):
+class SynthesisTrack(ImageToImageTrack):
     name = "synthesis"
     title = "pancreas MR T1-to-T2 synthesis"
     input_ext = "npy"
@@ -55,17 +54,3 @@ class SynthesisTrack(Track):
         t2 = ndimage.gaussian_filter(np.asarray(_T2)[tissue], 0.8)
         return t1.astype(np.float32), {"sequence": "T1w"}, t2
 
-    def check_entry(self, entry, files):
-        return array_entry_errors(entry, "image", "npy", files)
-
-    def case_score(self, entry, files, case: Case) -> float:
-        img = decode_array(files[entry["image"]], entry["image"])
-        if img.shape != case.target.shape:
-            return 0.0
-        return ssim(case.target, img, data_range=1.0)
-
-    def expected_shape(self, case):
-        return list(case.target.shape)
-
-    def nondegenerate(self, entry, files):
-        return float(np.std(decode_array(files[entry["image"]], entry["image"]))) > 1e-3
