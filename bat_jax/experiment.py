@@ -140,7 +140,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
 
     make_sandbox = backend_factory(config.backend)
     loop = make_agent_loop(policy, engine, make_sandbox, c.agent)
-    eval_loop = make_agent_loop(policy, engine, make_sandbox, dataclasses.replace(c.agent, episodes_per_state=1))
+    eval_loop = make_agent_loop(policy, engine, make_sandbox, dataclasses.replace(
+        c.agent, episodes_per_state=1, max_assistant_turns=c.evaluation.max_turns))
     checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
     ledger = Ledger(run_dir / "ledger.jsonl")
     writer = report.ScalarWriter(run_dir / "tensorboard")

@@ -35,6 +35,17 @@ flags.DEFINE_string("run_dir", None, "Run directory (default: <runs_root>/<run_n
 flags.DEFINE_string("runs_root", "runs", "Parent folder of run directories when --run_dir is not given.")
 
 
+class _GinProbeFilter(logging.Filter):
+    """Drops gin's 'Path not found' error logged while it probes an include on the Python path before the search
+    path finds it; a file that is really missing still fails the parse with an error naming it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "Path not found: %s" and record.pathname.endswith("resource_reader.py"))
+
+
+logging.getLogger().addFilter(_GinProbeFilter())
+
+
 class LaunchError(Exception):
     """A configuration problem the user must fix; the message says what and where."""
 
