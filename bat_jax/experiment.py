@@ -86,7 +86,9 @@ class BiCuRLConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Components:
-    """The component configs one run uses (each bound by gin on its own dataclass)."""
+    """The component configs one run uses (each bound by gin on its own dataclass), plus two memory bounds:
+    `sampler_max_batch` (rows per compiled sampling call) and `grpo_micro_batches` (gradient accumulation
+    inside one GRPO step; the loss is exact under the split)."""
 
     policy: PolicyConfig = PolicyConfig()
     bank: FactoryConfig | None = None
@@ -100,6 +102,8 @@ class Components:
     evaluation: ev.EvalConfig = ev.EvalConfig()
     mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
     policy_shift: kl.PolicyShiftConfig = kl.PolicyShiftConfig()
+    sampler_max_batch: int = 8
+    grpo_micro_batches: int = 4
 
 
 def _summary_dict(s: Summary) -> dict:
@@ -135,7 +139,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
           f"leakage preflight clean")
 
     # ---- rollout engine and sandboxes -------------------------------------------------------------------
-    engine = JaxSampler(policy.model, max_context=c.agent.max_context_tokens)
+    engine = JaxSampler(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch)
     from bat_jax.tasks.harness import backend_factory
 
     make_sandbox = backend_factory(config.backend)
@@ -243,7 +247,8 @@ def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: 
 
 def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Components, seed: int) -> dict:
     """One round's GRPO block: per pool batch, K rollouts per row → rubric rewards → one optimizer step."""
-    step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches))
+    step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches),
+                                        num_micro_batches=c.grpo_micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
     rewards_seen, unscored, version = [], 0, ""
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
@@ -260,7 +265,7 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         rewards_seen += [r for r in rewards if r is not None]
         rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
                  "old_logprobs": t.logprobs} for t in trajectories]
-        host = pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)))
+        host = pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.grpo_micro_batches)
         host["ref_logprobs"] = learner.logprobs(ref_params, host, c.grpo)
         groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rows))]
         host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rows)), groups, c.grpo)

@@ -204,3 +204,25 @@ def test_update_weights():
     assert not np.allclose(before.logprobs, after.logprobs)
     with pytest.raises(ValueError, match="structure"):
         sampler.update_weights(nnx.state(nnx.eval_shape(lambda: tiny_model("qwen3_5"))))
+
+
+def test_max_batch_chunks_give_the_same_completions_as_one_call():
+    """A memory-bounded sampler (max_batch) returns exactly what one big call returns (per-row seeds)."""
+    from flax import nnx
+
+    from bat_jax.models.configs import Qwen3Config
+    from bat_jax.models.qwen3 import Qwen3ForCausalLM
+    from bat_jax.rollout.engine import SamplingParams
+    from bat_jax.rollout.jax_sampler import JaxSampler
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+    model = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12]]
+    params = SamplingParams(temperature=0.8, max_new_tokens=4, seed=5)
+    whole = JaxSampler(model).generate(prompts, params)
+    chunked = JaxSampler(model, max_batch=2).generate(prompts, params)
+    assert [c.token_ids.tolist() for c in whole] == [c.token_ids.tolist() for c in chunked]
+    assert [c.finish_reason for c in whole] == [c.finish_reason for c in chunked]
+    for a, b in zip(whole, chunked):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)

@@ -99,17 +99,20 @@ class JaxSampler:
         `max_position_embeddings` (REFERENCE.md context 12,288 for the paper's runs).
       min_prompt_bucket: smallest padded prompt length (tokens); prompts pad to powers of two above it.
       min_batch_bucket: smallest padded batch (rows); batches pad to powers of two above it.
+      max_batch: most rows sampled in one compiled call; larger requests run in consecutive chunks of this
+        size (bounds peak memory: prefill attention scores grow as rows × prompt²). 0 = no limit.
       cache_dtype: dtype of attention K/V and conv history (default: the model's compute dtype).
       pad_id: id written into left padding (never attended to).
     """
 
     def __init__(self, model: nnx.Module, *, max_context: int | None = None, min_prompt_bucket: int = 16,
-                 min_batch_bucket: int = 1, cache_dtype: Any = None, pad_id: int = 0):
+                 min_batch_bucket: int = 1, max_batch: int = 0, cache_dtype: Any = None, pad_id: int = 0):
         self._graphdef, self._state = nnx.split(model)
         cfg = getattr(model, "config", None)
         self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 32768))
         self.min_prompt_bucket = int(min_prompt_bucket)
         self.min_batch_bucket = int(min_batch_bucket)
+        self.max_batch = int(max_batch)
         self.cache_dtype = jnp.dtype(cache_dtype or getattr(cfg, "dtype", "float32")).name
         self.pad_id = int(pad_id)
         self._version = 0
@@ -149,6 +152,12 @@ class JaxSampler:
         seeds = [params.seed + i for i in range(n)] if seeds is None else [int(s) for s in seeds]
         if len(budgets) != n or len(seeds) != n:
             raise ValueError(f"generate: {n} prompts but {len(budgets)} budgets and {len(seeds)} seeds")
+        if self.max_batch and n > self.max_batch:  # memory bound: consecutive chunks, same per-row seeds
+            out: list[Completion] = []
+            for lo in range(0, n, self.max_batch):
+                hi = lo + self.max_batch
+                out += self.generate(prompts[lo:hi], params, max_new_tokens=budgets[lo:hi], seeds=seeds[lo:hi])
+            return out
         for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
             if len(prompt) == 0:
                 raise ValueError(f"generate: prompt of row {i} is empty")
