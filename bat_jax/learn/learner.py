@@ -69,12 +69,17 @@ class Learner:
         """Takes a block's final parameters as the learner's parameters."""
         self.params = state.params
 
-    def logprobs(self, params: Any, batch: Mapping[str, np.ndarray], config: grpo.GRPOConfig) -> np.ndarray:
-        """`[B, T] float32` shifted logprobs of `batch['input_ids']` under `params` (the rollout transform)."""
+    def logprobs(self, params: Any, batch: Mapping[str, np.ndarray], config: grpo.GRPOConfig,
+                 rows_per_call: int = 4) -> np.ndarray:
+        """`[B, T] float32` shifted logprobs of `batch['input_ids']` under `params` (the rollout transform),
+        computed `rows_per_call` rows at a time (peak memory of a forward grows as rows × T²)."""
         key = config.sampling
         if key not in self._logprob_fns:
             self._logprob_fns[key] = grpo.make_logprob_fn(self.apply_fn, config)
-        return np.asarray(self._logprob_fns[key](params, batch["input_ids"], batch["attention_mask"]))
+        fn = self._logprob_fns[key]
+        ids, mask = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"])
+        return np.concatenate([np.asarray(fn(params, ids[lo:lo + rows_per_call], mask[lo:lo + rows_per_call]))
+                               for lo in range(0, len(ids), rows_per_call)], axis=0)
 
     def sync_model(self, params: Any | None = None) -> nnx.Module:
         """Writes `params` (default: the learner's) into the model object and returns it (for weight sync)."""
