@@ -7,21 +7,13 @@ import pytest
 
 from bat_jax.benchmark.scoring import overall_score
 from bat_jax.tasks.base import decode_array, encode_input
-from bat_jax.tasks.harness import BackendUnavailable, backend_factory, play
+from bat_jax.tasks.harness import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.metrics import psnr, ssim
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import ScriptedExpert
 
 TRACK = get_track("enhancement")
-
-
-@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
-def factory(request):
-    try:
-        return backend_factory(request.param)
-    except BackendUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def _with_images(inst, images):

@@ -4,7 +4,7 @@ import pytest
 
 from bat_jax.benchmark.scoring import overall_score
 from bat_jax.tasks.base import HELDOUT_LAYOUT
-from bat_jax.tasks.harness import BackendUnavailable, backend_factory, play
+from bat_jax.tasks.harness import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.metrics import report_labels
 from bat_jax.tasks.registry import get_track
@@ -12,14 +12,6 @@ from bat_jax.tasks.report import FINDINGS
 from bat_jax.tasks.teacher import ScriptedExpert
 
 TRACK = get_track("report")
-
-
-@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
-def factory(request):
-    try:
-        return backend_factory(request.param)
-    except BackendUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def test_reference_reports_encode_the_labels_in_both_phrasings():

@@ -5,21 +5,13 @@ import pytest
 
 from bat_jax.benchmark.scoring import overall_score
 from bat_jax.tasks.base import decode_array, encode_input
-from bat_jax.tasks.harness import BackendUnavailable, backend_factory, play
+from bat_jax.tasks.harness import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.metrics import ssim
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import ScriptedExpert
 
 TRACK = get_track("synthesis")
-
-
-@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
-def factory(request):
-    try:
-        return backend_factory(request.param)
-    except BackendUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def test_contrast_is_inverted_between_input_and_target():
