@@ -21,7 +21,7 @@ from flax import nnx
 from bat_jax.benchmark.evaluator import EvalJob
 from bat_jax.benchmark.scoring import Cell
 from bat_jax.benchmark.stages import STAGES
-from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
+from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest, cut_observation
 from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.verify.rubric import Evidence
@@ -131,9 +131,12 @@ def evidence_of(trajectory: Trajectory, start: SandboxState) -> Evidence:
 
 @dataclasses.dataclass
 class EngineCells:
-    """CellRunner for a token-level policy: one E2E episode per held-out cell through the AgentLoop."""
+    """CellRunner for a token-level policy: one E2E episode per held-out cell through the AgentLoop.
+    `judge` (a `verify.judge.RubricJudge`, optional) decides its rubric items; a cell it cannot decide is
+    unscored."""
 
     loop: AgentLoop
+    judge: Any = None
 
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
         from bat_jax.stage_bank.slicing import row_skill
@@ -152,7 +155,10 @@ class EngineCells:
             track = TRACKS[job.track]
             evidence = evidence_of(trajectory, requests[i].state)
             task = None if evidence.infra_error else track.score_task(job.task, evidence.files, evidence.submitted)
-            cells.append(score(build_rubric(track, job.task), evidence, task, STAGES).to_cell(job.track, job.repeat))
+            rubric = build_rubric(track, job.task)
+            if self.judge is not None:
+                rubric = self.judge.apply(rubric, job.task.layout)
+            cells.append(score(rubric, evidence, task, STAGES).to_cell(job.track, job.repeat))
         return cells
 
 
@@ -162,10 +168,13 @@ def _tool_action(action) -> Any:
     return ToolAction(thought=action.text, tool=action.tool or "stop", arguments=dict(action.arguments))
 
 
-def render_sft_row(row: Any, policy: Policy, max_seq_len: int) -> dict[str, np.ndarray] | None:
+def render_sft_row(row: Any, policy: Policy, max_seq_len: int,
+                   max_observation_chars: int | None = None) -> dict[str, np.ndarray] | None:
     """Tokenised SFT example of a Stage Bank SFT row in the policy's chat template (DESIGN: rows are
     model-neutral; the adapter renders them): context (system, user, prior assistant actions and tool
     observations) as the prompt, the one target action + `<|im_end|>` as the response (loss mask 1).
+    With `max_observation_chars`, each tool observation is cut exactly as the agent loop cuts it at rollout
+    time (`rollout.agent_loop.cut_observation`), so SFT contexts look like the contexts the policy acts in.
 
     Returns `{'input_ids','attention_mask','loss_mask'}` `[max_seq_len]` int32, or None when the row does not
     fit in `max_seq_len` tokens (never truncated: a cut action would teach the model to stop mid-call).
@@ -186,7 +195,8 @@ def render_sft_row(row: Any, policy: Policy, max_seq_len: int) -> dict[str, np.n
         if message.role == "assistant":
             builder.add_assistant_text(render_action(_tool_action(message.action), policy.family))
         else:
-            builder.add_tool_response(message.content)
+            builder.add_tool_response(message.content if max_observation_chars is None
+                                      else cut_observation(message.content, max_observation_chars))
     prompt = builder.build().ids.tolist()
     response = list(policy.tokenizer.encode(render_action(_tool_action(row.target), policy.family),
                                             add_special_tokens=False))

@@ -27,7 +27,7 @@ def auto():
 
 def test_shipped_tokenizer_loads_offline_with_auto_tokenizer(auto):
     assert type(auto).__name__ == "Qwen3_5Tokenizer"
-    assert len(auto) == tiny.TINY_VOCAB_SIZE == 3072
+    assert len(auto) == tiny.TINY_VOCAB_SIZE == 3584
     assert auto.eos_token == chat.IM_END and auto.pad_token == chat.ENDOFTEXT and auto.bos_token is None
     assert auto.chat_template == chat.QWEN3_5_CHAT_TEMPLATE
     # Added tokens follow the learned vocabulary, in Qwen3.5's published order.
@@ -104,6 +104,17 @@ def test_corpus_is_deterministic_and_covers_the_glue():
     joined = "".join(docs)
     for needle in ("import numpy as np", "<tool_call>\n<function=execute_code>", "</tool_response>", "nii.gz"):
         assert needle in joined, needle
+
+
+def test_corpus_briefs_come_from_the_training_split_only():
+    from bat_jax.tasks.base import HELDOUT_LAYOUT
+    from bat_jax.tasks.brief import _OPENINGS, HELDOUT_TEMPLATE
+
+    joined = "".join(tiny.generate_corpus(600, seed=0))
+    assert joined.count("## Stage skill") == 100  # every 6th document is a brief with stage skills
+    assert "Task id: tr-" in joined and "Task id: hx-" not in joined
+    assert _OPENINGS[HELDOUT_TEMPLATE].split("{")[0] not in joined
+    assert f"`{HELDOUT_LAYOUT.cases_csv}`" not in joined
 
 
 def test_bad_sizes_raise():

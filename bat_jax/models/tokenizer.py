@@ -25,7 +25,7 @@ from bat_jax.models import chat
 #: Shipped tokenizer directory.
 TINY_TOKENIZER_DIR = pathlib.Path(__file__).resolve().parents[1] / "assets" / "tiny_tokenizer"
 #: Total vocabulary size of the shipped tokenizer (learned tokens + Qwen3.5 added tokens).
-TINY_VOCAB_SIZE = 3072
+TINY_VOCAB_SIZE = 3584
 #: Qwen3.5 pre-tokenisation regex (transformers `Qwen3_5Tokenizer`).
 QWEN3_5_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
@@ -181,10 +181,27 @@ def _episode_text(rng: random.Random) -> str:
     return text + chat.render_action(submit, fam) + chat.IM_END + "\n"
 
 
+def _brief_text(rng: random.Random) -> str:
+    """A training-split task brief (training layout and templates only, never the held-out ones) followed by
+    stage skills, as the agent's first user turn shows them."""
+    from bat_jax.benchmark.stages import STAGES
+    from bat_jax.tasks.base import TRAIN_LAYOUT
+    from bat_jax.tasks.brief import HELDOUT_TEMPLATE, N_TEMPLATES, render_brief, stage_skill
+    from bat_jax.tasks.registry import TRACKS
+
+    track = TRACKS[rng.choice(sorted(TRACKS))]
+    template = rng.choice([t for t in range(N_TEMPLATES) if t != HELDOUT_TEMPLATE])
+    task_id = f"tr-{track.name}-{rng.randint(0, 10**9)}-{rng.choice(['suc', 'rec', 'fail'])}"
+    brief = render_brief(track, task_id, TRAIN_LAYOUT, rng.randint(3, 12), template)
+    skills = "\n\n".join(stage_skill(s) for s in rng.sample(list(STAGES), rng.randint(1, len(STAGES))))
+    return f"{brief}\n\n## Stage skill\n{skills}"
+
+
 def generate_corpus(num_docs: int = 3000, seed: int = 0) -> Iterator[str]:
-    """Yields `num_docs` deterministic training documents: python, bash, task text and rendered episodes."""
+    """Yields `num_docs` deterministic training documents: python, bash, task text, rendered episodes and
+    training-split task briefs with stage skills (so that the agent's prompts tokenise compactly)."""
     rng = random.Random(seed)
-    makers = (_python_snippet, _code_lines, _bash_snippet, _task_text, _episode_text)
+    makers = (_python_snippet, _code_lines, _bash_snippet, _task_text, _episode_text, _brief_text)
     for i in range(num_docs):
         yield makers[i % len(makers)](rng)
 
