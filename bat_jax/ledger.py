@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,28 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def _without_torn_line(data: bytes, path: Path) -> bytes:
+    """`data` cut after its last complete line, ending in a newline.
+
+    A last line without a newline that is not valid JSON is a write cut short (e.g. a crash while a ledger was
+    appended in place by something other than `Ledger.append`, or a partial copy): it is dropped with a
+    `RuntimeWarning` naming file and line, so a restarted run redoes that round instead of failing to start.
+    A last line without a newline that is valid JSON is kept (a newline is added).
+    """
+    keep = data[: data.rfind(b"\n") + 1]
+    tail = data[len(keep):]
+    if not tail.strip():
+        return keep
+    try:
+        json.loads(tail)
+    except ValueError:  # JSONDecodeError, or UnicodeDecodeError of a multi-byte character cut in two
+        line = keep.count(b"\n") + 1
+        warnings.warn(f"{path}: line {line}: torn last line ({len(tail)} bytes, no newline, not JSON) dropped; "
+                      f"its round will be redone", RuntimeWarning, stacklevel=4)
+        return keep
+    return data + b"\n"
+
+
 class LedgerError(RuntimeError):
     """A ledger line is malformed or a round is out of order (message names file and line)."""
 
@@ -62,6 +85,9 @@ class RoundRecord:
       decision: 'accept' | 'fallback' | 'hold'.
       retained_checkpoint: checkpoint the next round starts from.
       controller_state: `ControllerState.to_dict()` after the decision (for resume).
+      rollouts, unscored_rollouts: GRPO rollouts of the round, and those left unscored (sandbox failure or the
+        LLM judge unreachable); None in ledgers written before these fields existed.
+      eval_cells, eval_unscored: cells of the round's controller evaluation, and those unscored (None likewise).
     """
 
     round: int
@@ -76,6 +102,10 @@ class RoundRecord:
     decision: str
     retained_checkpoint: str
     controller_state: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    rollouts: int | None = None
+    unscored_rollouts: int | None = None
+    eval_cells: int | None = None
+    eval_unscored: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -101,13 +131,20 @@ class Ledger:
     def read(self) -> list[RoundRecord]:
         """All records, in order ([] when the file does not exist).
 
+        A torn last line (no newline, not JSON: a write cut short) is dropped with a RuntimeWarning.
+
         Raises:
           LedgerError: a malformed line or non-increasing rounds (names file and line).
         """
+        return self._load()[0]
+
+    def _load(self) -> tuple[list[RoundRecord], bytes]:
+        """(records, the file's bytes up to its last complete line); see `_without_torn_line`."""
         if not self.path.exists():
-            return []
+            return [], b""
+        data = _without_torn_line(self.path.read_bytes(), self.path)
         records: list[RoundRecord] = []
-        for i, line in enumerate(self.path.read_text("utf-8").splitlines()):
+        for i, line in enumerate(data.decode("utf-8").splitlines()):
             if not line.strip():
                 continue
             try:
@@ -117,7 +154,7 @@ class Ledger:
             if records and rec.round <= records[-1].round:
                 raise LedgerError(f"{self.path}: line {i + 1}: round {rec.round} after round {records[-1].round}")
             records.append(rec)
-        return records
+        return records, data
 
     def last(self) -> RoundRecord | None:
         """The latest record, or None."""
@@ -131,7 +168,7 @@ class Ledger:
           LedgerError: the round is not greater than the last recorded round (a resumed run must not
             repeat a round), or the record is not JSON-serialisable.
         """
-        records = self.read()
+        records, old = self._load()
         if records and record.round <= records[-1].round:
             raise LedgerError(f"{self.path}: round {record.round} is not after the last recorded round "
                               f"{records[-1].round}")
@@ -139,7 +176,4 @@ class Ledger:
             line = json.dumps(record.to_dict(), sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise LedgerError(f"{self.path}: round {record.round} is not JSON-serialisable ({e})") from e
-        old = self.path.read_bytes() if self.path.exists() else b""
-        if old and not old.endswith(b"\n"):
-            old += b"\n"
         _atomic_write(self.path, old + line.encode("utf-8") + b"\n")

@@ -44,6 +44,22 @@ def stage_table(rounds: Sequence[tuple[str, Mapping]]) -> str:
     return "\n".join(lines)
 
 
+def _count(n: int | None) -> str:
+    return "—" if n is None else str(n)
+
+
+def scoring_table(rounds: Sequence[tuple[str, int | None, int | None, int | None, int | None]]) -> str:
+    """Per-round scoring counts: rows (label, rollouts, unscored rollouts, eval cells, unscored eval cells);
+    None (not recorded, e.g. an older ledger) prints '—'. Unscored = sandbox failure or the judge unreachable."""
+    header = f"{'Round':<12}{'rollouts':>10}{'scored':>8}{'unscored':>10}{'eval unscored':>15}"
+    lines = [header, "-" * len(header)]
+    for label, n, unscored, cells, eval_unscored in rounds:
+        scored = None if n is None or unscored is None else n - unscored
+        ev = "—" if cells is None or eval_unscored is None else f"{eval_unscored}/{cells}"
+        lines.append(f"{label:<12}{_count(n):>10}{_count(scored):>8}{_count(unscored):>10}{ev:>15}")
+    return "\n".join(lines)
+
+
 def best_so_far(values: Sequence[float | None]) -> list[float | None]:
     """Running maximum, skipping unscored (None) entries; None until the first scored value."""
     out: list[float | None] = []

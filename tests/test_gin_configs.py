@@ -52,3 +52,16 @@ def test_bicurl_files_carry_the_design_card_numbers(name):
         if isinstance(value, gin.config.ConfigurableReference) or str(value).startswith("%"):
             value = gin.query_parameter(str(value)) if str(value).startswith("%") else value
         assert value == expected, binding
+
+
+@pytest.mark.parametrize("name, engine", [("bicurl_9b.gin", "vllm"), ("bicurl_4b.gin", "vllm"),
+                                          ("bicurl_tiny.gin", "jax")])
+def test_paper_scale_files_roll_out_on_vllm_and_the_tiny_default_on_the_jax_sampler(name, engine):
+    launch.parse_gin([name], [])
+    try:
+        value = gin.query_parameter("experiment.Components.engine")
+    except ValueError:  # not bound: the dataclass default
+        value = "jax"
+    assert value == engine
+    if engine == "vllm":
+        assert gin.query_parameter("experiment.Components.vllm_options")["dtype"] == "bfloat16"

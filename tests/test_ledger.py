@@ -1,6 +1,7 @@
 """Round ledger: one JSON line per round, atomic appends, read back on restart."""
 
 import json
+import warnings
 
 import pytest
 
@@ -60,3 +61,37 @@ def test_non_serialisable_record_is_refused(tmp_path):
     with pytest.raises(LedgerError, match="not JSON-serialisable"):
         Ledger(tmp_path / "l.jsonl").append(bad)
     assert not (tmp_path / "l.jsonl").exists()
+
+
+@pytest.mark.parametrize("torn", [b'{"bank_version": 3, "controller_scores": {"overall": 0.3', b'{"selected_stage": "S\xc3'],
+                         ids=["cut-json", "cut-utf8"])
+def test_torn_last_line_is_dropped_with_a_warning_and_the_round_redone(tmp_path, torn):
+    """A write cut short (no newline, not JSON) at the end: rounds before it are read, the next append
+    replaces it (it must not become a malformed middle line)."""
+    path = tmp_path / "l.jsonl"
+    ledger, controller = Ledger(path), Controller()
+    records = [record(r, controller) for r in (1, 2, 3)]
+    ledger.append(records[0])
+    ledger.append(records[1])
+    with open(path, "ab") as f:
+        f.write(torn)
+    with pytest.warns(RuntimeWarning, match=r"l.jsonl: line 3: torn last line"):
+        assert ledger.read() == records[:2]
+    with pytest.warns(RuntimeWarning, match="torn last line"):
+        ledger.append(records[2])
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and [json.loads(line)["round"] for line in lines[:-1]] == [1, 2, 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the torn bytes are gone: no warning any more
+        assert Ledger(path).read() == records
+
+
+def test_complete_last_line_without_newline_is_kept(tmp_path):
+    path = tmp_path / "l.jsonl"
+    ledger, controller = Ledger(path), Controller()
+    records = [record(r, controller) for r in (1, 2)]
+    ledger.append(records[0])
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    assert ledger.read() == records[:1]
+    ledger.append(records[1])
+    assert ledger.read() == records and len(path.read_text().splitlines()) == 2

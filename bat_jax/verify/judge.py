@@ -4,18 +4,29 @@ Paper Section 3 / Eq. 4 uses an LLM rubric verifier; here most items are program
 judge is optional per item. A judged item still rests on evidence keys (no evidence → no credit, as for
 every item). A judge that is unreachable or answers unparsably raises `InfraError`, so the stage is
 unscored (None), never 0. The judge is asked for a binary verdict at temperature 0.
+
+A run configures its judge with `JudgeConfig` (endpoint, model, which items it decides); `RubricJudge` swaps
+those items' predicates for judge calls, caches verdicts by (item id, evidence digest) and names the judge
+model in the reward version.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import json
 import re
+import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bat_jax.benchmark.stages import Stage
-from bat_jax.tasks.chat_client import ChatError
-from bat_jax.verify.rubric import Evidence, InfraError, RubricItem
+from bat_jax.tasks.chat_client import ChatClient, ChatEndpointConfig, ChatError
+from bat_jax.verify.rubric import REWARD_VERSION, Evidence, InfraError, Rubric, RubricItem
+
+if TYPE_CHECKING:
+    from bat_jax.tasks.base import Layout
 
 #: Characters of rendered evidence sent to the judge.
 MAX_EVIDENCE_CHARS = 6000
@@ -83,3 +94,147 @@ def judged_item(item_id: str, stage: Stage, description: str, evidence: tuple[st
                 render: Callable[[Evidence], str]) -> RubricItem:
     """A rubric item decided by the LLM judge on `render(evidence)`."""
     return RubricItem(item_id, stage, description, evidence, lambda ev: judge.decide(description, render(ev)))
+
+
+#: Rubric items the judge decides by default: the semantic ones (does a free-text plan say what it must).
+#: Items resting on the hidden answer key or on exact artefact formats stay programmatic.
+DEFAULT_ITEMS = ("plan.written",)
+
+#: Evidence key → the `tasks.base.Layout` attribute of the workspace file it names (shown to the judge).
+EVIDENCE_FILES = {"file.plan": "plan_path", "file.env": "env_json", "file.validation": "validation_json",
+                  "file.submission": "submission"}
+
+_STAGE_PREFIXES = ("plan", "setup", "validate", "inference", "submit")
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeConfig:
+    """The LLM judge of a run (gin: `experiment.Components.judge = @judge.JudgeConfig()`).
+
+    Attributes:
+      base_url: OpenAI-compatible endpoint, e.g. 'http://127.0.0.1:8000/v1' (POSTs to base_url + '/chat/completions').
+      model: model name sent with each request; recorded in the reward version.
+      items: rubric item ids ('<stage>.<name>', `tasks.rubric_items`) whose predicate the judge replaces; every
+        other item stays programmatic. A judged item keeps its evidence gate: without its evidence the judge
+        is not asked and the item fails. An id absent from a task's rubric (e.g. 'inference.fault_handled' on a
+        task without a fault) is skipped for that task.
+      api_key_env: environment variable holding the key ('' for none); the key is never stored in config.
+      timeout_s: per-request timeout, seconds. max_retries: retries after the first attempt. backoff_s: first
+        retry delay, seconds, doubled each retry.
+      max_tokens: reply budget of one verdict.
+      trip_after: consecutive failed decisions (endpoint errors or replies without a verdict) after which the
+        judge counts as down for `cooldown_s` seconds: judged items then fail fast (unscored, no request), so
+        a dead endpoint cannot stall the run on timeouts; 0 = never.
+    """
+
+    base_url: str
+    model: str
+    items: tuple[str, ...] = DEFAULT_ITEMS
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 30.0
+    max_retries: int = 2
+    backoff_s: float = 1.0
+    max_tokens: int = 256
+    trip_after: int = 3
+    cooldown_s: float = 300.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "items", tuple(self.items))
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"JudgeConfig.base_url must start with http:// or https://, got {self.base_url!r}")
+        if not self.model:
+            raise ValueError("JudgeConfig.model must name the judge model")
+        bad = [i for i in self.items if not isinstance(i, str) or i.split(".")[0] not in _STAGE_PREFIXES
+               or "." not in i]
+        if not self.items or bad:
+            raise ValueError(f"JudgeConfig.items must be non-empty rubric item ids '<stage>.<name>' with stage in "
+                             f"{_STAGE_PREFIXES}; got {self.items!r}")
+        if self.timeout_s <= 0 or self.max_retries < 0 or self.backoff_s < 0 or self.trip_after < 0:
+            raise ValueError(f"JudgeConfig needs timeout_s > 0 and max_retries, backoff_s, trip_after >= 0; got "
+                             f"{self.timeout_s}, {self.max_retries}, {self.backoff_s}, {self.trip_after}")
+
+    def endpoint(self) -> ChatEndpointConfig:
+        """The chat-client settings (temperature 0: a verdict, not a sample)."""
+        return ChatEndpointConfig(base_url=self.base_url, model=self.model, api_key_env=self.api_key_env,
+                                  timeout_s=self.timeout_s, max_retries=self.max_retries, backoff_s=self.backoff_s,
+                                  temperature=0.0, max_tokens=self.max_tokens)
+
+
+def evidence_digest(description: str, evidence_text: str) -> str:
+    """sha256 hex of what the judge is shown for one item (description + truncated evidence text)."""
+    text = evidence_text[:MAX_EVIDENCE_CHARS]
+    return hashlib.sha256(f"{description}\0{text}".encode("utf-8")).hexdigest()
+
+
+class RubricJudge:
+    """The judge of one run: decides the configured rubric items, caches verdicts by (item id, evidence digest)
+    and stops calling a dead endpoint for a while (see `JudgeConfig.trip_after`).
+
+    Attributes:
+      config: the JudgeConfig. llm: the underlying LLMJudge (`llm.calls` = requests made).
+      cache: (item_id, evidence digest) → verdict; only verdicts are cached, never failures.
+      cache_hits, failures, skipped: decisions served from the cache; decisions that raised InfraError
+        (endpoint down or no verdict, including fast failures); fast failures without a request.
+    """
+
+    def __init__(self, config: JudgeConfig, client: _Completes | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.llm = LLMJudge(client if client is not None else ChatClient(config.endpoint()))
+        self.cache: dict[tuple[str, str], bool] = {}
+        self.cache_hits = self.failures = self.skipped = 0
+        self._clock = clock
+        self._consecutive = 0
+        self._down_until = float("-inf")
+
+    @property
+    def version(self) -> str:
+        """Reward version of rubric scores that use this judge, e.g. 'bat_rubric/v1+judge:m[plan.written]'."""
+        return f"{REWARD_VERSION}+judge:{self.config.model}[{','.join(self.config.items)}]"
+
+    def stats(self) -> dict[str, int]:
+        """Counters: requests, cache hits, failures (InfraError raised), skipped (failed fast while down)."""
+        return {"calls": self.llm.calls, "cache_hits": self.cache_hits, "failures": self.failures,
+                "skipped": self.skipped}
+
+    def decide(self, item: RubricItem, evidence_text: str) -> bool:
+        """The judge's verdict on `item` for this evidence text (cached by item id and evidence digest).
+
+        Raises:
+          InfraError: the endpoint failed, is marked down, or gave no yes/no verdict (the stage is unscored).
+        """
+        key = (item.item_id, evidence_digest(item.description, evidence_text))
+        if key in self.cache:
+            self.cache_hits += 1
+            return self.cache[key]
+        if self._clock() < self._down_until:
+            self.failures += 1
+            self.skipped += 1
+            raise InfraError(f"judge {self.config.base_url} marked down after {self.config.trip_after} failures")
+        try:
+            verdict = self.llm.decide(item.description, evidence_text)
+        except InfraError:
+            self.failures += 1
+            self._consecutive += 1
+            if self.config.trip_after and self._consecutive >= self.config.trip_after:
+                self._down_until = self._clock() + self.config.cooldown_s
+                self._consecutive = 0
+            raise
+        self._consecutive = 0
+        self.cache[key] = verdict
+        return verdict
+
+    def apply(self, rubric: Rubric, layout: Layout) -> Rubric:
+        """`rubric` with the configured items decided by the judge on the rendered evidence: the last
+        receipts, the brief `task.md` and the workspace files the item's evidence keys name."""
+        items = []
+        for item in rubric.items:
+            if item.item_id in self.config.items:
+                paths = ("task.md",) + tuple(getattr(layout, EVIDENCE_FILES[k]) for k in item.evidence
+                                             if k in EVIDENCE_FILES)
+                item = dataclasses.replace(item, check=functools.partial(self._check, item, paths))
+            items.append(item)
+        return dataclasses.replace(rubric, items=tuple(items))
+
+    def _check(self, item: RubricItem, paths: tuple[str, ...], ev: Evidence) -> bool:
+        return self.decide(item, render_evidence(ev, paths))

@@ -5,7 +5,8 @@ regenerated deterministically from the row's provenance (`task_synthesis` seed /
 `e2e_reduce` λ actually applied for E2E surrogates). Stage rows are scored on their stage's rubric only
 (r = η · mean of binary items); E2E rows on S1–S5 plus the task metric (0.5 · stage mean + 0.5 · task).
 `reward_source='task_metric'` scores the task metric alone (the paper's GRPO baseline on E2E rows).
-An infrastructure failure gives None (unscored), never 0.
+With a `RubricJudge` its items are decided by the LLM judge and the version names the judge model.
+An infrastructure failure (sandbox, or the judge unreachable) gives None (unscored), never 0.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.row import RLRow
+from bat_jax.verify.judge import RubricJudge
 from bat_jax.verify.rubric import REWARD_VERSION, Evidence, score
 
 
@@ -53,18 +55,26 @@ def row_task(row: RLRow):
     return track, inst
 
 
-def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState) -> RolloutReward:
-    """Scores one rollout of `row` that started from `start` (the row's state p)."""
+def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
+                   judge: RubricJudge | None = None) -> RolloutReward:
+    """Scores one rollout of `row` that started from `start` (the row's state p); `judge` (optional) decides
+    its configured rubric items. Reward None = unscored (sandbox failure, or a judged item the judge could
+    not decide)."""
     from bat_jax.policy import evidence_of
     from bat_jax.tasks.rubric_items import build_rubric
 
+    version = judge.version if judge is not None else REWARD_VERSION
     evidence: Evidence = evidence_of(trajectory, start)
+    if row.reward_source == "task_metric":
+        version = REWARD_VERSION + "+task"
     if evidence.infra_error:
-        return RolloutReward(None, REWARD_VERSION, row.focus)
+        return RolloutReward(None, version, row.focus)
     track, inst = row_task(row)
     if row.reward_source == "task_metric":
-        return RolloutReward(track.score_task(inst, evidence.files, evidence.submitted), REWARD_VERSION + "+task",
-                             row.focus)
+        return RolloutReward(track.score_task(inst, evidence.files, evidence.submitted), version, row.focus)
     stages = STAGES if row.focus == E2E else (Stage.parse(row.focus),)
     task = track.score_task(inst, evidence.files, evidence.submitted) if row.focus == E2E else None
-    return RolloutReward(score(build_rubric(track, inst), evidence, task, stages).reward, REWARD_VERSION, row.focus)
+    rubric = build_rubric(track, inst)
+    if judge is not None:
+        rubric = judge.apply(rubric, inst.layout)
+    return RolloutReward(score(rubric, evidence, task, stages).reward, version, row.focus)

@@ -1,0 +1,48 @@
+"""The micro BiCuRL run with an unreachable LLM judge: judged rollouts and cells are unscored, the run goes on,
+and the counts reach the ledger and report.md (issue 9)."""
+
+import dataclasses
+
+import pytest
+
+from bat_jax import experiment as ex
+from bat_jax.ledger import Ledger
+from bat_jax.stage_bank.bank import StageBank
+from bat_jax.verify.judge import JudgeConfig, RubricJudge
+
+
+@pytest.mark.slow
+def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, monkeypatch):
+    from test_experiment import _components
+
+    # A random micro policy never writes plan.md, so the judge would never be asked (no evidence → no call).
+    # Confirm the plan-file evidence on judged rubrics so every rollout whose stages include S1 reaches the judge.
+    apply = RubricJudge.apply
+
+    def apply_with_plan_evidence(self, rubric, layout):
+        out = apply(self, rubric, layout)
+        reqs = dict(out.requirements)
+        reqs["file.plan"] = dataclasses.replace(reqs["file.plan"], check=lambda ev: True)
+        return dataclasses.replace(out, requirements=reqs)
+
+    monkeypatch.setattr(RubricJudge, "apply", apply_with_plan_evidence)
+    judge = JudgeConfig(base_url="http://127.0.0.1:9/v1", model="judge-m", timeout_s=0.5, max_retries=0)
+    comps = dataclasses.replace(_components(tmp_path), judge=judge)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    out = ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1, backend="local"), comps)
+
+    assert out["rounds"] == 1
+    (record,) = Ledger(run_dir / "ledger.jsonl").read()
+    assert record.reward_version == "bat_rubric/v1+judge:judge-m[plan.written]"
+    focus = {row.state_id: row.focus for row in StageBank(comps.bank.bank_dir).read().rl_rows}
+    judged_states = sum(focus[s] in ("S1", "E2E") for s in record.state_ids)
+    k = comps.agent.episodes_per_state
+    assert record.rollouts == k * len(record.state_ids) == 8
+    assert judged_states >= 1 and record.unscored_rollouts == k * judged_states
+    assert record.eval_cells == 1 and record.eval_unscored == 1  # the E2E eval cell includes S1
+    for summary in out["final"].values():
+        assert summary["n_unscored"] == summary["n_cells"] == 1 and summary["overall"] is None
+    text = (run_dir / "report.md").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("round 1") and "/" in ln)
+    assert line.split() == ["round", "1", "8", str(8 - record.unscored_rollouts), str(record.unscored_rollouts), "1/1"]

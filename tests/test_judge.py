@@ -1,0 +1,216 @@
+"""LLM judge wired into the reward (issue 9): gin config, judged items, cache by evidence digest, unreachable
+endpoint → unscored rollouts, counts in the ledger and the report."""
+
+import http.server
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from bat_jax.ledger import Ledger, RoundRecord
+from bat_jax.report import scoring_table
+from bat_jax.rollout.trajectory import Trajectory
+from bat_jax.sandbox.types import Receipt
+from bat_jax.stage_bank.row import Provenance, RLRow, RubricItem, StateRef, Transformation
+from bat_jax.tasks import heldout
+from bat_jax.tasks.chat_client import ChatError
+from bat_jax.tasks.registry import get_track
+from bat_jax.tasks.rubric_items import build_rubric
+from bat_jax.verify.judge import DEFAULT_ITEMS, JudgeConfig, RubricJudge, evidence_digest
+from bat_jax.verify.row_reward import rollout_reward
+from bat_jax.verify.rubric import REWARD_VERSION
+
+SEED, VARIANT, TEMPLATE = 3, "success", 0
+CLOSED = "http://127.0.0.1:9/v1"  # the discard port: nothing listens, connections are refused at once
+
+
+@pytest.fixture(scope="module")
+def task():
+    return heldout.training_task(get_track("vqa"), SEED, VARIANT, TEMPLATE)
+
+
+def _row(task, focus):
+    syn = Transformation("task_synthesis", "ab" * 32, {"seed": SEED, "variant": VARIANT, "template": TEMPLATE})
+    state = task.state()
+    return RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), focus, "do the stage",
+                 (RubricItem("x", "y"),), (), "skill", Provenance("src-1", "cd" * 32, "vqa", "success", (syn,)))
+
+
+def _receipt(i, code, stdout):
+    return Receipt(i, "execute_code", "bash", code, 0, "", "", 0.0, 1.0, False, stdout)
+
+
+def _trajectory(task, focus, plan: str | None):
+    """A trajectory that read the brief and the manifest (S1 evidence) and, if `plan`, wrote plan.md."""
+    L = task.layout
+    receipts = (_receipt(0, "cat task.md", task.brief), _receipt(1, f"cat {L.cases_csv}", task.case_ids[0]))
+    artefacts = {L.plan_path: plan.encode()} if plan is not None else {}
+    ids = np.zeros(4, np.int32)
+    return Trajectory("st-x", 0, focus, ids, ids, np.zeros(4, np.float32), 2, "max_turns", False, 1, 2, 0,
+                      receipts=receipts, artefacts=artefacts)
+
+
+def _good_plan(task):
+    L = task.layout
+    return f"Run {L.method_dir}/model.py over {len(task.cases)} cases and write {L.submission}."
+
+
+def _description(task, item_id):
+    (item,) = [i for i in build_rubric(get_track("vqa"), task).items if i.item_id == item_id]
+    return item.description
+
+
+class _Stub:
+    """An OpenAI-compatible client that answers from a list (an Exception is raised)."""
+
+    def __init__(self, *replies):
+        self.replies, self.seen = list(replies), []
+
+    def complete(self, messages, temperature=None):
+        self.seen.append(messages)
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="base_url"):
+        JudgeConfig(base_url="127.0.0.1:9", model="m")
+    with pytest.raises(ValueError, match="items"):
+        JudgeConfig(base_url=CLOSED, model="m", items=("written",))
+    with pytest.raises(ValueError, match="timeout_s"):
+        JudgeConfig(base_url=CLOSED, model="m", timeout_s=0)
+    assert JudgeConfig(base_url=CLOSED, model="m", items=["plan.written"]).items == ("plan.written",)
+
+
+def test_default_items_exist_in_the_task_rubric(task):
+    ids = {i.item_id for i in build_rubric(get_track("vqa"), task).items}
+    assert set(DEFAULT_ITEMS) <= ids
+
+
+def test_unreachable_judge_leaves_judged_rollouts_unscored(task):
+    judge = RubricJudge(JudgeConfig(base_url=CLOSED, model="judge-m", timeout_s=0.5, max_retries=0))
+    plain = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", _good_plan(task)), task.state())
+    assert plain.reward == 1.0 and plain.version == REWARD_VERSION  # all three S1 items pass programmatically
+    out = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", _good_plan(task)), task.state(), judge)
+    assert out.reward is None and out.version == "bat_rubric/v1+judge:judge-m[plan.written]"
+    assert judge.stats() == {"calls": 1, "cache_hits": 0, "failures": 1, "skipped": 0}
+    # E2E rows include S1 → unscored too; an S3 row has no judged item → scored (0: no S3 evidence)
+    assert rollout_reward(_row(task, "E2E"), _trajectory(task, "E2E", "p"), task.state(), judge).reward is None
+    s3 = rollout_reward(_row(task, "S3"), _trajectory(task, "S3", "p"), task.state(), judge)
+    assert s3.reward == 0.0 and s3.version.endswith("+judge:judge-m[plan.written]")
+    # without the plan file the judge is not asked: the item fails on evidence, η = 2/3, r = 2/3 · 2/3
+    none = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", None), task.state(), judge)
+    assert none.reward == pytest.approx(4 / 9) and judge.llm.calls == 2
+
+
+def test_judge_decides_its_items_and_caches_by_evidence_digest(task):
+    yes, no = '{"verdict": "yes", "reason": "ok"}', 'x {"verdict": "no", "reason": "count missing"}'
+    client = _Stub(yes, no)
+    judge = RubricJudge(JudgeConfig(base_url=CLOSED, model="m"), client=client)
+    # a plan the programmatic predicate rejects (no method path / case count) is accepted by the judge
+    weak = _trajectory(task, "S1", "I will do the task.")
+    assert rollout_reward(_row(task, "S1"), weak, task.state()).reward == pytest.approx(2 / 3)
+    assert rollout_reward(_row(task, "S1"), weak, task.state(), judge).reward == 1.0
+    text = client.seen[0][1]["content"]
+    assert "Rubric item: the plan names the method" in text and "I will do the task." in text
+    assert f"[file task.md]\n# Task {task.task_id}" in text
+    # identical evidence (another rollout writing the same plan) is judged once
+    assert rollout_reward(_row(task, "S1"), weak, task.state(), judge).reward == 1.0
+    assert judge.stats() == {"calls": 1, "cache_hits": 1, "failures": 0, "skipped": 0}
+    # different evidence → a new request; the judge's 'no' fails a plan the predicate would pass
+    good = _trajectory(task, "S1", _good_plan(task))
+    assert rollout_reward(_row(task, "S1"), good, task.state(), judge).reward == pytest.approx(2 / 3)
+    assert judge.llm.calls == 2 and len(judge.cache) == 2
+    assert ("plan.written", evidence_digest("d", "e")) not in judge.cache and len(evidence_digest("d", "e")) == 64
+
+
+def test_dead_endpoint_trips_and_recovers_after_cooldown(task):
+    now = [0.0]
+    client = _Stub(ChatError("unreachable", "down"), "no verdict", '{"verdict": "yes"}')
+    judge = RubricJudge(JudgeConfig(base_url=CLOSED, model="m", trip_after=2, cooldown_s=60.0), client=client,
+                        clock=lambda: now[0])
+    rubric = judge.apply(build_rubric(get_track("vqa"), task), task.layout)
+    (item,) = [i for i in rubric.items if i.item_id == "plan.written"]
+    from bat_jax.policy import evidence_of
+    from bat_jax.verify.rubric import InfraError
+
+    ev = evidence_of(_trajectory(task, "S1", "plan"), task.state())
+    for _ in range(3):  # two failed requests trip the judge; the third decision fails without a request
+        with pytest.raises(InfraError):
+            item.check(ev)
+    assert judge.stats() == {"calls": 2, "cache_hits": 0, "failures": 3, "skipped": 1}
+    now[0] = 61.0
+    assert item.check(ev) is True and judge.llm.calls == 3
+
+
+class _YesHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 — http.server's naming
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert body["temperature"] == 0.0 and body["model"] == "stub-judge"
+        content = json.dumps({"verdict": "yes", "reason": "stub"})
+        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_judge_over_a_local_http_endpoint(task):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _YesHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        judge = RubricJudge(JudgeConfig(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="stub-judge",
+                                        api_key_env="", timeout_s=5.0, max_retries=0))
+        out = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", "I will do the task."), task.state(), judge)
+        assert out.reward == 1.0 and judge.llm.reasons == {_description(task, "plan.written"): "stub"}
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_gin_binds_the_judge_on_components():
+    import gin
+
+    from bat_jax import experiment as ex
+
+    gin.clear_config()
+    try:
+        gin.parse_config("""
+from __gin__ import dynamic_registration
+import bat_jax.experiment as experiment
+import bat_jax.verify.judge as judge
+experiment.Components.judge = @judge.JudgeConfig()
+judge.JudgeConfig.base_url = 'http://127.0.0.1:8000/v1'
+judge.JudgeConfig.model = 'qwen-judge'
+judge.JudgeConfig.items = ('plan.written', 'setup.env_recorded')
+""")
+        comps = gin.get_configurable(ex.Components)()
+    finally:
+        gin.clear_config()
+    assert comps.judge == JudgeConfig(base_url="http://127.0.0.1:8000/v1", model="qwen-judge",
+                                      items=("plan.written", "setup.env_recorded"))
+    assert ex.Components().judge is None
+
+
+def test_ledger_records_counts_and_reads_old_lines(tmp_path):
+    base = dict(round=1, selected_stage="S1", routing_report={}, pool_counts={"target": 2}, bank_version=1,
+                state_ids=["st-a"], reward_version="bat_rubric/v1", controller_scores={}, kl=None,
+                decision="accept", retained_checkpoint="ckpt-1")
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(json.dumps({"format": 1, **base}) + "\n")  # a line written before the count fields
+    (old,) = Ledger(path).read()
+    assert old.rollouts is None and old.unscored_rollouts is None and old.eval_unscored is None
+    new = RoundRecord(**{**base, "round": 2}, rollouts=8, unscored_rollouts=3, eval_cells=2, eval_unscored=1)
+    Ledger(path).append(new)
+    assert Ledger(path).read()[1] == new
+    table = scoring_table([("round 1", None, None, None, None), ("round 2", 8, 3, 2, 1)])
+    assert table.splitlines()[2].split() == ["round", "1", "—", "—", "—", "—"]
+    assert table.splitlines()[3].split() == ["round", "2", "8", "5", "3", "1/2"]
