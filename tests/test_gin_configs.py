@@ -65,3 +65,15 @@ def test_paper_scale_files_roll_out_on_vllm_and_the_tiny_default_on_the_jax_samp
     assert value == engine
     if engine == "vllm":
         assert gin.query_parameter("experiment.Components.vllm_options")["dtype"] == "bfloat16"
+
+
+def test_the_readme_judge_bindings_parse_on_the_run_files():
+    from bat_jax.verify.judge import JudgeConfig
+
+    launch.parse_gin(["bicurl_tiny.gin"], ["experiment.Components.judge = @judge.JudgeConfig()",
+                                           "judge.JudgeConfig.base_url = 'http://localhost:8000/v1'",
+                                           "judge.JudgeConfig.model = 'my-judge'"])
+    components = gin.get_bindings("bat_jax.experiment.Components")
+    judge = components["judge"]
+    assert isinstance(judge, JudgeConfig)
+    assert (judge.base_url, judge.model, judge.items) == ("http://localhost:8000/v1", "my-judge", ("plan.written",))
