@@ -71,7 +71,8 @@ class PolicyConfig:
 
 @dataclasses.dataclass
 class Policy:
-    """A model with its tokenizer and chat family."""
+    """A model with its tokenizer and the chat family of the tokenizer's template (`family`: how turns and
+    tool calls are rendered; the shipped tiny tokenizer carries the Qwen3.5 template whatever the model)."""
 
     model: nnx.Module
     tokenizer: Any
@@ -110,7 +111,7 @@ def build_policy(config: PolicyConfig) -> Policy:
         from bat_jax.models.qwen3 import Qwen3ForCausalLM
 
         model = Qwen3ForCausalLM(Qwen3Config(**overrides), rngs=nnx.Rngs(config.seed))
-    return Policy(model, tokenizer, config.family)
+    return Policy(model, tokenizer, "qwen3_5")  # the shipped tokenizer's chat template
 
 
 def make_agent_loop(policy: Policy, engine: Any, make_sandbox: Any, config: AgentLoopConfig) -> AgentLoop:

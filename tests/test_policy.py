@@ -61,3 +61,17 @@ def test_a_row_longer_than_max_seq_len_is_skipped_not_truncated(policy):
     n = int(render_sft_row(_row(), policy, max_seq_len=2048)["attention_mask"].sum())
     assert render_sft_row(_row(), policy, max_seq_len=n) is not None
     assert render_sft_row(_row(), policy, max_seq_len=n - 1) is None
+
+
+def test_the_tiny_qwen3_policy_renders_with_the_shipped_tokenizers_template():
+    from bat_jax.models.episode import EpisodeBuilder
+    from bat_jax.models.qwen3 import Qwen3ForCausalLM
+
+    dense = {k: v for k, v in MICRO.items() if not k.startswith("linear_")}
+    qwen3 = build_policy(PolicyConfig(family="qwen3", tiny=dense))
+    assert isinstance(qwen3.model, Qwen3ForCausalLM) and qwen3.family == "qwen3_5"
+    builder = EpisodeBuilder(qwen3.tokenizer, qwen3.family)  # raised TemplateMismatchError with family 'qwen3'
+    builder.start([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+    from bat_jax.models.chat import get_family
+
+    assert qwen3.tokenizer.decode(builder.build().ids.tolist()).endswith(get_family("qwen3_5").generation_prompt)

@@ -33,11 +33,12 @@ CFG = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hi
 PAD_LEN = 64  # reference batches are left-padded to this many tokens (one compile)
 
 
-def _model(seed: int, tied: bool = True) -> Qwen3ForCausalLM:
+def _model(seed: int, tied: bool = True, vocab_size: int = CFG.vocab_size) -> Qwen3ForCausalLM:
     """Random tiny Qwen3; the output head is scaled x10 so next-token distributions are peaked (logit std ~2-3)
     and temperature / top-p visibly change the logprobs. With a tied head the scaled embedding would dominate the
     residual stream (every model would just repeat its input token), so the attention outputs are scaled x100."""
-    model = Qwen3ForCausalLM(dataclasses.replace(CFG, tie_word_embeddings=tied), rngs=nnx.Rngs(seed))
+    model = Qwen3ForCausalLM(dataclasses.replace(CFG, tie_word_embeddings=tied, vocab_size=vocab_size),
+                             rngs=nnx.Rngs(seed))
     head = model.model.embed_tokens.weight if tied else model.lm_head.weight
     head.set_value(head.get_value() * 10.0)
     if tied:
@@ -203,3 +204,46 @@ def test_bad_input_raises(setup):
     with pytest.raises(TypeError, match="nnx.Module, nnx.State or a mapping"):
         engine.update_weights([1, 2])
     assert engine.weight_version == version
+
+
+def test_from_model_greedy_equals_jax_sampler(tmp_path):
+    """`VLLMEngine.from_model` on an in-memory model over the tiny tokenizer's vocabulary: the checkpoint (with
+    the tokenizer files) lands in work_dir/checkpoint, and greedy completions equal the JAX sampler's token for
+    token (fp32 both sides; the peaked head of `_model` keeps near-ties out)."""
+    from bat_jax.models.tokenizer import TINY_VOCAB_SIZE, load_tiny_tokenizer
+    from bat_jax.rollout.jax_sampler import JaxSampler
+
+    tokenizer = load_tiny_tokenizer()
+    model = _model(4, tied=True, vocab_size=TINY_VOCAB_SIZE)
+    prompts = [tokenizer.encode("import numpy as np\nprint(np.load('x.npy').shape)", add_special_tokens=False),
+               tokenizer.encode("Validate the input cases before inference.", add_special_tokens=False)]
+    engine = VLLMEngine.from_model(model, tmp_path / "work", tokenizer=tokenizer, kv_cache_memory_bytes=32 << 20,
+                                   max_num_seqs=8, block_size=32)
+    try:
+        got = engine.generate(prompts, GREEDY)
+    finally:
+        engine.close()
+    ckpt = tmp_path / "work" / "checkpoint"
+    assert engine.config.model_dir == str(ckpt)
+    assert engine.config.max_model_len == 1024  # min(4096, CFG.max_position_embeddings)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in ckpt.iterdir()}
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["checkpoint"]  # no temporary left
+    assert load_tiny_tokenizer(ckpt).encode("submit outputs/pred") == tokenizer.encode("submit outputs/pred")
+    want = JaxSampler(model).generate(prompts, GREEDY)
+    for g, w in zip(got, want):
+        assert len(g.token_ids) == 12 and g.finish_reason == "length"
+        np.testing.assert_array_equal(g.token_ids, w.token_ids)
+        np.testing.assert_array_equal(g.logprobs, w.logprobs)  # both 0: the one-hot limit at T == 0
+    assert len(set(np.concatenate([c.token_ids for c in got]).tolist())) > 3  # not a repeated token
+
+
+def test_from_model_rejects_bad_overrides(tmp_path):
+    model = _model(4)
+    with pytest.raises(ValueError, match="other than model_dir"):
+        VLLMEngine.from_model(model, tmp_path, model_dir="/elsewhere")
+    with pytest.raises(ValueError, match=r"\['max_len'\]"):
+        VLLMEngine.from_model(model, tmp_path, max_len=64)
+    with pytest.raises(ValueError, match="VLLMEngineConfig.dtype"):
+        VLLMEngine.from_model(model, tmp_path, dtype="int8")
+    assert not any(tmp_path.iterdir())  # nothing written before the config is valid

