@@ -6,9 +6,11 @@ Layout: ``<directory>/<step>/state`` (the train-state pytree, OCDBT/tensorstore)
 temporary directory and renames it when complete, so a crash mid-save never leaves a half step that looks
 finished (saves are atomic); leftover temporary directories are removed when the manager opens.
 
-Retention is ``AnyPreservationPolicy([LatestN(keep_latest), BestN(metric, keep_best)])``: a step survives
-when *either* rule keeps it, so the latest-N rule can never delete the best step and the best rule can
-never delete a recent one. Steps saved without metrics are kept only by the latest-N rule.
+Retention is ``AnyPreservationPolicy([LatestN(keep_latest), BestN(metric, keep_best), pinned])``: a step
+survives when *any* rule keeps it, so the latest-N rule can never delete the best step and the best rule can
+never delete a recent one. Steps saved without metrics are kept only by the latest-N rule. ``pin(steps)``
+names steps the caller still needs whatever their rank (the experiment pins the SFT checkpoint and the
+controller's best and retained checkpoints, which BestN by raw Overall need not keep).
 """
 
 from __future__ import annotations
@@ -62,11 +64,22 @@ class Restored:
     extra: dict[str, Any]
 
 
+class _Pinned(ocp_managers.PreservationPolicy):
+    """Keeps the steps in a set the owner may change between saves."""
+
+    def __init__(self):
+        self.steps: frozenset[int] = frozenset()
+
+    def should_preserve(self, checkpoints, *, context):
+        return [info.step in self.steps for info in checkpoints]
+
+
 class Checkpointer:
     """A thin owner of one ``orbax.checkpoint.CheckpointManager`` with the retention rules above."""
 
     def __init__(self, config: CheckpointConfig):
         self.config = config
+        self._pinned = _Pinned()
         metric = config.best_metric
         get_metric = lambda m: float(m[metric])  # noqa: E731
         policy = ocp_managers.AnyPreservationPolicy(
@@ -78,6 +91,7 @@ class Checkpointer:
                     n=config.keep_best,
                     keep_checkpoints_without_metrics=False,
                 ),
+                self._pinned,
             ]
         )
         options = ocp.CheckpointManagerOptions(
@@ -121,9 +135,22 @@ class Checkpointer:
         if not self.config.async_save:
             self._manager.wait_until_finished()
 
+    def pin(self, steps) -> None:
+        """Steps kept by every later save's retention pass, whatever their rank (replaces the previous set)."""
+        self._pinned.steps = frozenset(int(x) for x in steps)
+
     def wait(self) -> None:
         """Block until any background save has finished."""
         self._manager.wait_until_finished()
+
+    def delete(self, step: int) -> None:
+        """Removes one saved step (e.g. one a killed run saved but never recorded as done).
+
+        Raises:
+          FileNotFoundError: the step does not exist.
+        """
+        self._manager.wait_until_finished()
+        self._manager.delete(int(step))
 
     def all_steps(self) -> list[int]:
         """Steps present on disk, ascending."""

@@ -54,7 +54,7 @@ def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig) -> dict:
     """The Data Factory as a launch job (`gin/stage_bank_tiny.gin`): one new bank version, report in run_dir."""
     built = build_bank(config)
     out = dataclasses.asdict(built) if dataclasses.is_dataclass(built) else {"report": str(built)}
-    (pathlib.Path(run_dir) / "build_report.json").write_text(json.dumps(out, indent=2, default=str))
+    _write_atomic(pathlib.Path(run_dir) / "build_report.json", json.dumps(out, indent=2, default=str))
     print(f"[bat_jax] Stage Bank build: {built}")
     return out
 
@@ -210,6 +210,10 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
 
     # ---- rounds ----------------------------------------------------------------------------------------
     records = ledger.read()
+    for step in checkpoints.all_steps():  # saved by a round killed before its ledger line: that round is redone
+        if step > (records[-1].round if records else 0):
+            print(f"[bat_jax] dropping checkpoint {step}: its round is not in the ledger (killed run)", flush=True)
+            checkpoints.delete(step)
     controller = ctl.Controller(c.controller, ctl.ControllerState.from_dict(records[-1].controller_state)
                                 if records else None)
     stage_scores = dict(records[-1].controller_scores["stage_scores"]) if records else dict(round0.stage_scores)
@@ -237,6 +241,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         summary = evaluate(learner.params, "controller")
         stage_scores = {k.value: v for k, v in summary.stages.items()}
         shift = kl.policy_shift_kl(learner.apply_fn, learner.params, best_params, *kl_prompts, config=c.policy_shift)
+        checkpoints.pin(_needed_steps(controller.state))
         checkpoints.save(r, {"params": learner.params}, metrics={"overall": summary.overall or 0.0},
                          extra={"round": r, "summary": _summary_dict(summary)})
         verdict = controller.observe(r, f"ckpt-{r}", _evaluation(summary), kl=shift)
@@ -267,6 +272,11 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     if rounds:
         final["BiCuRL (retained)" if config.mode == "bicurl" else "GRPO (E2E task reward)"] = evaluate(best_params, "final")
     return _write_reports(run_dir, final, records, round0, writer)
+
+
+def _needed_steps(state: ctl.ControllerState) -> set[int]:
+    """Checkpoint steps a run may still restore: the SFT cold start (0), the controller's best and retained."""
+    return {0} | {int(name.split("-")[1]) for name in (state.best_checkpoint, state.retained_checkpoint) if name}
 
 
 def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: BiCuRLConfig,
@@ -362,13 +372,18 @@ def _write_heldout_manifest(run_dir: pathlib.Path, evaluation: ev.EvalConfig) ->
     return path
 
 
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+    """Writes `text` to a temporary sibling, then renames it over `path` (no half-written file on a kill)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def _round0(run_dir: pathlib.Path, summary: Summary | None = None) -> ctl.Evaluation:
     """The SFT policy's controller evaluation (round 0): written once, read back on resume."""
     path = run_dir / "round0_eval.json"
     if summary is not None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(_evaluation(summary).to_dict()))
-        tmp.replace(path)
+        _write_atomic(path, json.dumps(_evaluation(summary).to_dict()))
     return ctl.Evaluation.from_dict(json.loads(path.read_text()))
 
 
@@ -393,11 +408,11 @@ def _write_reports(run_dir: pathlib.Path, final: Mapping[str, Summary], records,
     overall = [round0.overall] + [rec.controller_scores["overall"] for rec in records]
     report.staircase_plot(overall, run_dir / "staircase.png", baselines={"SFT": round0.overall})
     text = "\n".join(lines) + "\n"
-    (run_dir / "report.md").write_text(text)
+    _write_atomic(run_dir / "report.md", text)
     print(text, flush=True)
     for i, (name, summary) in enumerate(final.items()):
         writer.summary(f"final/{name}", summary, i)
     writer.close()
     out = {"final": {name: _summary_dict(s) for name, s in final.items()}, "rounds": len(records)}
-    (run_dir / "summary.json").write_text(json.dumps(out, indent=2, default=str))
+    _write_atomic(run_dir / "summary.json", json.dumps(out, indent=2, default=str))
     return out

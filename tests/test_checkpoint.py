@@ -73,6 +73,27 @@ def test_best_survives_many_later_saves_and_min_mode(tmp_path):
     ckpt.close()
 
 
+def test_pinned_steps_survive_equal_scores_and_a_better_candidate(tmp_path):
+    # The experiment's case: every round scores the same Overall (Orbax's BestN keeps the later of equals),
+    # and a candidate the controller rejected may outrank the one it retains. Pinned steps are kept anyway.
+    mesh = mesh_lib.build_mesh(MeshConfig(fsdp=1), jax.devices()[:1])
+    state, _ = make_state(mesh)
+    ckpt = Checkpointer(CheckpointConfig(directory=str(tmp_path / "ck"), keep_latest=3))
+    for step in range(6):
+        ckpt.pin({0, 1})
+        ckpt.save(step, state, metrics={"overall": 0.9 if step == 2 else 0.0})
+    assert ckpt.all_steps() == [0, 1, 2, 3, 4, 5]  # pinned 0 and 1, best 2, latest 3..5
+    ckpt.pin({0})
+    ckpt.save(6, state, metrics={"overall": 0.0})
+    assert ckpt.all_steps() == [0, 2, 4, 5, 6]  # 1 unpinned: dropped at the next save
+    ckpt.close()
+    unpinned = Checkpointer(CheckpointConfig(directory=str(tmp_path / "plain"), keep_latest=3))
+    for step in range(5):
+        unpinned.save(step, state, metrics={"overall": 0.0})
+    assert 0 not in unpinned.all_steps()  # what pinning prevents
+    unpinned.close()
+
+
 def test_saved_on_8_devices_restores_on_1(tmp_path):
     mesh8 = mesh_lib.build_mesh(MeshConfig(fsdp=8))
     state8, _ = make_state(mesh8)

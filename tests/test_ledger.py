@@ -63,8 +63,8 @@ def test_non_serialisable_record_is_refused(tmp_path):
     assert not (tmp_path / "l.jsonl").exists()
 
 
-@pytest.mark.parametrize("torn", [b'{"bank_version": 3, "controller_scores": {"overall": 0.3', b'{"selected_stage": "S\xc3'],
-                         ids=["cut-json", "cut-utf8"])
+@pytest.mark.parametrize("torn", [b'{"bank_version": 3, "controller_scores": {"overall": 0.3',
+                                  b'{"selected_stage": "S\xc3'], ids=["cut-json", "cut-utf8"])
 def test_torn_last_line_is_dropped_with_a_warning_and_the_round_redone(tmp_path, torn):
     """A write cut short (no newline, not JSON) at the end: rounds before it are read, the next append
     replaces it (it must not become a malformed middle line)."""

@@ -1,0 +1,364 @@
+"""Issue 9: a killed BiCuRL run resumes to the same result, and a held-out leak in the Stage Bank stops the launch.
+
+All runs use the micro configuration of tests/test_experiment.py (local sandbox backend) through the command a
+user reruns, `python -m bat_jax.launch --gin_file=<micro gin> --run_dir=<dir>`, in subprocesses:
+
+* SIGKILL while round 2 runs, then the same command again: the ledger is byte-for-byte the uninterrupted run's
+  (selected stages, state ids, scores, KL, decisions, retained checkpoints, controller state) and so are
+  summary.json and round0_eval.json;
+* a kill after round 2's checkpoint was saved but before its ledger line (the disk state is rebuilt from the
+  uninterrupted run): the unrecorded checkpoint is dropped and the round redone, to the same ledger;
+* SIGKILL in the middle of an Orbax save: the half-written step is invisible and removed on the next open;
+* a held-out marker planted in the bank (a hand-admitted bank version whose SFT row copies a held-out scan, or a
+  stored sandbox state holding a held-out file) stops the launch with a LeakageError naming file, row / field and
+  the marker, before any checkpoint, round-0 evaluation or ledger line exists.
+
+The Stage Bank is built once for the module and shared read-only; the leak tests plant into copies.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from bat_jax.ledger import Ledger
+
+MICRO_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+               "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
+TRACKS = ("segmentation", "vqa")
+EVAL_TRACKS = ("segmentation",)
+RUN_TIMEOUT_S = 1800  # one micro run takes 2-5 minutes on a loaded 2-core machine
+
+# The micro configuration of tests/test_experiment.py::_components as a run file (2 rounds of 1 GRPO step).
+MICRO_GIN = """\
+from __gin__ import dynamic_registration
+import bat_jax.launch as launch
+import bat_jax.experiment as experiment
+import bat_jax.policy as policy
+import bat_jax.stage_bank.factory as factory
+import bat_jax.stage_bank.pools as pools
+import bat_jax.learn.grpo as grpo
+import bat_jax.learn.sft as sft
+import bat_jax.learn.optim as optim
+import bat_jax.learn.kl as kl
+import bat_jax.rollout.agent_loop as agent_loop
+import bat_jax.benchmark.evaluator as evaluator
+
+launch.run:
+  job = @experiment.run
+  run_name = 'micro'
+experiment.run:
+  config = @experiment.BiCuRLConfig()
+  components = @experiment.Components()
+experiment.BiCuRLConfig:
+  rounds = 2
+  grpo_steps_per_round = 1
+  backend = 'local'
+  seed = 42
+experiment.Components:
+  policy = @policy.PolicyConfig()
+  bank = @factory.FactoryConfig()
+  sft = @sft.SFTConfig()
+  grpo = @grpo.GRPOConfig()
+  pools = @pools.PoolConfig()
+  agent = @agent_loop.AgentLoopConfig()
+  evaluation = @evaluator.EvalConfig()
+  policy_shift = @kl.PolicyShiftConfig()
+policy.PolicyConfig.tiny = {model}
+factory.FactoryConfig:
+  bank_dir = '{bank_dir}'
+  tracks = {tracks}
+  outcomes = ('success',)
+  backend = 'local'
+sft.SFTConfig:
+  optimizer = @sft/optim.OptimizerConfig()
+  global_batch_size = 2
+  total_steps = 2
+  max_seq_len = 4096
+sft/optim.OptimizerConfig.learning_rate = 1e-3
+grpo.GRPOConfig:
+  temperature = 0.7
+  group_size = 2
+pools.PoolConfig.batch_size = 4
+agent_loop.AgentLoopConfig:
+  episodes_per_state = 2
+  max_assistant_turns = 2
+  max_tool_calls = 2
+  max_response_tokens = 64
+  max_tokens_per_turn = 32
+  max_context_tokens = 8192
+  progress = False
+evaluator.EvalConfig:
+  repeats = 1
+  tracks = {eval_tracks}
+  max_turns = 2
+kl.PolicyShiftConfig:
+  num_prompts = 4
+  batch_size = 2
+"""
+
+
+def _write_gin(path, bank_dir):
+    path.write_text(MICRO_GIN.format(model=MICRO_MODEL, bank_dir=bank_dir, tracks=TRACKS, eval_tracks=EVAL_TRACKS))
+    return path
+
+
+def _heldout_manifest():
+    """The held-out task manifest `experiment.run` writes for the micro EvalConfig (both purposes)."""
+    from bat_jax.benchmark import evaluator as ev
+    from bat_jax.tasks.heldout import manifest
+
+    config = ev.EvalConfig(repeats=1, tracks=EVAL_TRACKS, max_turns=2)
+    return manifest([job.task for purpose in ev.PURPOSES
+                     for job in ev.suite_jobs(dataclasses.replace(config, purpose=purpose))])
+
+
+def _start(gin_file, run_dir):
+    """`python -m bat_jax.launch` in a subprocess (inherits conftest's XLA_FLAGS / JAX_PLATFORMS); output appended
+    to `<run_dir>.log`."""
+    log = open(f"{run_dir}.log", "ab")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "bat_jax.launch", f"--gin_file={gin_file}",
+                                 f"--run_dir={run_dir}"], cwd=run_dir.parent, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        log.close()
+
+
+def _log(run_dir):
+    path = f"{run_dir}.log"
+    return open(path, errors="replace").read() if os.path.exists(path) else "(no log)"
+
+
+def _run_to_end(gin_file, run_dir):
+    proc = _start(gin_file, run_dir)
+    try:
+        rc = proc.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, f"launch in {run_dir} exited {rc}:\n{_log(run_dir)[-4000:]}"
+
+
+def _steps(run_dir):
+    root = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
+
+
+def _assert_same_run(run_dir, reference):
+    """Whole ledger records, then the bytes; summary.json finals; the round-0 evaluation."""
+    assert Ledger(run_dir / "ledger.jsonl").read() == Ledger(reference / "ledger.jsonl").read()
+    assert (run_dir / "ledger.jsonl").read_bytes() == (reference / "ledger.jsonl").read_bytes()
+    for name in ("summary.json", "round0_eval.json"):
+        assert json.loads((run_dir / name).read_text()) == json.loads((reference / name).read_text()), name
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    """(root, bank_dir, gin_file): a micro Stage Bank (12 RL / 192 SFT rows over two tracks) built once."""
+    from bat_jax.stage_bank.factory import FactoryConfig, build_bank
+
+    root = tmp_path_factory.mktemp("recovery")
+    manifest_path = root / "heldout_manifest.json"
+    manifest_path.write_text(json.dumps(_heldout_manifest()))
+    bank_dir = root / "bank"
+    build_bank(FactoryConfig(bank_dir=str(bank_dir), tracks=TRACKS, outcomes=("success",), backend="local",
+                             heldout_manifest=str(manifest_path)))
+    return root, bank_dir, _write_gin(root / "micro.gin", bank_dir)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(micro):
+    """Run directory of the micro run (2 rounds) that nobody interrupted."""
+    root, _, gin_file = micro
+    run_dir = root / "uninterrupted"
+    _run_to_end(gin_file, run_dir)
+    records = Ledger(run_dir / "ledger.jsonl").read()
+    assert [r.round for r in records] == [1, 2] and _steps(run_dir) == [0, 1, 2]
+    return run_dir
+
+
+# ------------------------------------------------------------------------------------------- (a) recovery
+
+
+@pytest.mark.slow
+def test_sigkill_during_round_2_resumes_to_the_uninterrupted_ledger(micro, uninterrupted):
+    root, _, gin_file = micro
+    run_dir = root / "killed"
+    proc = _start(gin_file, run_dir)
+    ledger = Ledger(run_dir / "ledger.jsonl")
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while not (run_dir / "ledger.jsonl").exists() or len(ledger.read()) < 1:  # round 1 recorded: round 2 runs
+            assert proc.poll() is None, f"the run ended before round 2 (rc {proc.returncode}):\n{_log(run_dir)[-4000:]}"
+            assert time.monotonic() < deadline, "round 1 did not finish in time"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert [r.round for r in ledger.read()] == [1]
+    assert not (run_dir / "summary.json").exists()
+    assert _steps(run_dir) in ([0, 1], [0, 1, 2])  # round 2's save may have started, never its ledger line
+
+    _run_to_end(gin_file, run_dir)  # the same command again
+    _assert_same_run(run_dir, uninterrupted)
+    assert _steps(run_dir) == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_kill_between_checkpoint_and_ledger_line_redoes_the_round(micro, uninterrupted, tmp_path):
+    """The disk state of a kill after `checkpoints.save(2, ...)` and before `ledger.append(round 2)`: before the
+    fix, every rerun died in Orbax with 'Checkpoint for step 2 already exists'."""
+    root, _, gin_file = micro
+    run_dir = tmp_path / "cut"
+    shutil.copytree(uninterrupted, run_dir)
+    lines = (run_dir / "ledger.jsonl").read_bytes().splitlines(keepends=True)
+    (run_dir / "ledger.jsonl").write_bytes(lines[0])
+    for name in ("summary.json", "report.md", "staircase.png"):
+        (run_dir / name).unlink()
+    assert _steps(run_dir) == [0, 1, 2]
+
+    _run_to_end(gin_file, run_dir)
+    assert "dropping checkpoint 2: its round is not in the ledger" in _log(run_dir)
+    _assert_same_run(run_dir, uninterrupted)
+    assert _steps(run_dir) == [0, 1, 2]
+
+
+_SAVE_LOOP = textwrap.dedent("""
+    import sys
+    import jax.numpy as jnp
+    from bat_jax.checkpoint import CheckpointConfig, Checkpointer
+    ckpt = Checkpointer(CheckpointConfig(directory=sys.argv[1], keep_latest=2))
+    state = {"w": jnp.arange(4 << 20, dtype=jnp.float32)}  # 16 MiB: a save takes a while
+    for step in range(1, 10_000):
+        ckpt.save(step, {"w": state["w"] + step}, metrics={"overall": 0.0})
+""")
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_checkpoint_save_leaves_no_half_step(tmp_path):
+    """Orbax writes a step under a temporary name and renames it when complete: a SIGKILL mid-save leaves a
+    temporary directory that is neither listed nor restored, and that the next Checkpointer removes."""
+    import jax
+    import numpy as np
+
+    from bat_jax.checkpoint import CheckpointConfig, Checkpointer
+
+    directory = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-c", _SAVE_LOOP, str(directory)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline, caught = time.monotonic() + 300, False
+    try:
+        while not caught and time.monotonic() < deadline:
+            assert proc.poll() is None, "the save loop died"
+            partial = [p for p in directory.glob("*") if "tmp" in p.name] if directory.is_dir() else []
+            done = [p for p in directory.glob("*") if p.name.isdigit()] if directory.is_dir() else []
+            if partial and done:  # a save in progress after at least one complete step
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                caught = any("tmp" in p.name for p in directory.glob("*"))
+                if not caught:  # the rename won the race: try again
+                    proc = subprocess.Popen([sys.executable, "-c", _SAVE_LOOP, str(directory)],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert caught, "could not catch a save in progress"
+
+    ckpt = Checkpointer(CheckpointConfig(directory=str(directory), keep_latest=2))
+    steps = ckpt.all_steps()
+    assert steps and not [p.name for p in directory.glob("*") if "tmp" in p.name]
+    target = {"w": jax.ShapeDtypeStruct((4 << 20,), np.float32,
+                                        sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}
+    restored = ckpt.restore(target)
+    assert restored.step == steps[-1]
+    np.testing.assert_array_equal(np.asarray(restored.state["w"])[:3], [steps[-1], steps[-1] + 1, steps[-1] + 2])
+    ckpt.close()
+
+
+def test_checkpointer_delete_removes_one_step(tmp_path):
+    import jax.numpy as jnp
+
+    from bat_jax.checkpoint import CheckpointConfig, Checkpointer
+
+    ckpt = Checkpointer(CheckpointConfig(directory=str(tmp_path / "ck")))
+    for step in (0, 1, 2):
+        ckpt.save(step, {"w": jnp.full((2,), float(step))}, metrics={"overall": 0.1 * step})
+    ckpt.delete(2)
+    assert ckpt.all_steps() == [0, 1] and sorted(os.listdir(tmp_path / "ck")) == ["0", "1"]
+    ckpt.save(2, {"w": jnp.full((2,), 5.0)}, metrics={"overall": 0.5})  # the step can be written again
+    assert ckpt.all_steps() == [0, 1, 2]
+    with pytest.raises(FileNotFoundError):
+        ckpt.delete(7)
+    ckpt.close()
+
+
+# ------------------------------------------------------------------------------------- (b) held-out leak
+
+
+def _plant_sft_row(bank, leaked):
+    """A hand-curated bank version: an admitted SFT row whose target copies a held-out scan into the workspace."""
+    from bat_jax.stage_bank.row import Action
+
+    row = bank.read().sft_rows[0]
+    planted = dataclasses.replace(row, target=Action(text="Fetch the reference scan first.", tool="execute_code",
+                                                     arguments={"language": "bash",
+                                                                "code": f"cp /mnt/eval/{leaked} data/images/"}))
+    version = bank.admit(sft_rows=[planted], note="hand-curated recovery example")
+    return f"{bank.root}/versions/v{version:06d}/sft.jsonl row 0 field 'target.arguments.code'"
+
+
+def _plant_state_file(bank, leaked):
+    """A sandbox state snapshotted with a held-out scan lying in it, admitted with an RL row that starts there."""
+    from bat_jax.sandbox.types import SandboxState
+
+    row = bank.read().rl_rows[0]
+    state = bank.load_state(row.state)
+    dirty = SandboxState({**state.files, leaked: b"\x00" * 64}, dict(state.env))
+    ref = bank.put_state(dirty)
+    bank.admit(rl_rows=[dataclasses.replace(row, state=ref)], note="re-snapshotted start state")
+    return f"{bank.root}/{ref.path} field 'state.files[{leaked}]<path>'"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", [_plant_sft_row, _plant_state_file], ids=["sft-row", "state-archive"])
+def test_planted_leak_stops_the_launch_naming_the_hit(micro, tmp_path, plant):
+    from bat_jax import launch
+    from bat_jax.stage_bank.bank import StageBank
+    from bat_jax.stage_bank.leakage import LeakageError
+
+    _, bank_dir, _ = micro
+    bank = StageBank(shutil.copytree(bank_dir, tmp_path / "bank"))
+    leaked = _heldout_manifest()["tasks"][0]["cases"][0]["file"]  # e.g. 'study/scans/hx000a925.nii.gz'
+    where = plant(bank, leaked)
+    gin_file = _write_gin(tmp_path / "micro.gin", bank.root)
+    run_dir = tmp_path / "run"
+
+    with pytest.raises(LeakageError, match="refusing to start") as err:
+        launch.launch([str(gin_file)], run_dir=str(run_dir))
+    assert f"{where}: held-out path {leaked!r}" in str(err.value)
+    # the marker planted is one the run itself declared held out
+    assert leaked in json.loads((run_dir / "heldout_manifest.json").read_text())["tasks"][0]["paths"]
+    for name in ("checkpoints", "round0_eval.json", "ledger.jsonl", "summary.json"):
+        assert not (run_dir / name).exists(), name
+    # the unplanted bank is clean: every hit is in the planted file and field
+    hits = [line for line in str(err.value).splitlines() if ": held-out " in line]
+    assert f"found {len(hits)} held-out markers" in str(err.value)
+    assert all(where in line for line in hits), hits
