@@ -403,8 +403,9 @@ def _write_reports(run_dir: pathlib.Path, final: Mapping[str, Summary], records,
     lines += ["", "Controller evaluation per round:", "", "```", report.stage_table(stage_rows), "```"]
     counts = [(f"round {rec.round}", rec.rollouts, rec.unscored_rollouts, rec.eval_cells, rec.eval_unscored)
               for rec in records]
-    lines += ["", "Rollouts and evaluation cells scored per round (unscored: sandbox failure or judge "
-              "unreachable):", "", "```", report.scoring_table(counts), "```"]
+    if counts:
+        lines += ["", "Rollouts and evaluation cells scored per round (unscored: sandbox failure or judge "
+                  "unreachable):", "", "```", report.scoring_table(counts), "```"]
     overall = [round0.overall] + [rec.controller_scores["overall"] for rec in records]
     report.staircase_plot(overall, run_dir / "staircase.png", baselines={"SFT": round0.overall})
     text = "\n".join(lines) + "\n"
