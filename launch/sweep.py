@@ -1,7 +1,11 @@
 """Run a sweep of gin-binding sets, one after another, each into its own run directory.
 
     python launch/sweep.py --gin_file=bicurl_tiny.gin --sweep=launch/sweeps/pool_ablations.json \
-        --runs_root=runs/sweeps [--dry_run]
+        --runs_root=runs/sweeps [--only=no_s_mix,grpo_e2e_task_reward] [--init_from=runs/bicurl_tiny] [--dry_run]
+
+`--init_from=RUN_DIR` starts every entry from RUN_DIR's SFT cold start (Orbax step 0 and its round-0
+evaluation, copied into the entry's run directory), as the paper's baselines and ablations all start from one
+SFT checkpoint: the entries then differ only in what follows the cold start, and each skips the SFT compute.
 
 A sweep file is JSON: a list of {"name": str, "bindings": [str, ...], "gin_files": [str, ...] (optional,
 added after the --gin_file ones)}. Each entry runs as
@@ -16,6 +20,7 @@ import json
 import pathlib
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -59,15 +64,46 @@ def commands(gin_files: list[str], entries: list[dict], runs_root: str, python: 
     return out
 
 
+def seed_from_sft(source: pathlib.Path, run_dir: pathlib.Path) -> None:
+    """Copies the SFT cold start of run `source` (checkpoints/0 and round0_eval.json) into `run_dir`, unless
+    `run_dir` already has one (a resumed sweep).
+
+    Raises:
+      FileNotFoundError: `source` has no finished SFT cold start (names the missing path).
+    """
+    step0, round0 = source / "checkpoints" / "0", source / "round0_eval.json"
+    for path in (step0, round0):
+        if not path.exists():
+            raise FileNotFoundError(f"--init_from: {path} does not exist (run the SFT cold start there first)")
+    if (run_dir / "round0_eval.json").exists():
+        return
+    tmp = run_dir / ".init_from.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(step0, tmp / "0")
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (tmp / "0").rename(run_dir / "checkpoints" / "0")
+    shutil.rmtree(tmp)
+    shutil.copyfile(round0, run_dir / ".round0_eval.json.tmp")
+    (run_dir / ".round0_eval.json.tmp").rename(run_dir / "round0_eval.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gin_file", action="append", default=[], help="base gin file(s), repeatable")
     parser.add_argument("--sweep", required=True, type=pathlib.Path, help="JSON sweep file")
     parser.add_argument("--runs_root", default="runs/sweep", help="parent of the per-entry run directories")
+    parser.add_argument("--only", default="", help="comma-separated entry names to run (default: all)")
+    parser.add_argument("--init_from", type=pathlib.Path, default=None,
+                        help="run directory whose SFT cold start every entry starts from")
     parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
     try:
         entries = load_sweep(args.sweep)
+        wanted = [n for n in args.only.split(",") if n]
+        unknown = sorted(set(wanted) - {e["name"] for e in entries})
+        if unknown:
+            raise ValueError(f"{args.sweep}: --only names unknown entries {unknown}")
+        entries = [e for e in entries if not wanted or e["name"] in wanted]
     except (OSError, ValueError) as e:
         print(f"sweep: {e}", file=sys.stderr)
         return 2
@@ -76,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[sweep] {name}: {shlex.join(cmd)}", flush=True)
         if args.dry_run:
             continue
+        if args.init_from is not None:
+            try:
+                seed_from_sft(args.init_from, pathlib.Path(args.runs_root) / name)
+            except OSError as e:
+                print(f"sweep: {e}", file=sys.stderr)
+                return 2
         if subprocess.run(cmd).returncode != 0:
             failed.append(name)
             print(f"[sweep] {name} FAILED", flush=True)

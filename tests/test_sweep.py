@@ -42,3 +42,32 @@ def test_sweep_runs_entries_in_separate_dirs(tmp_path):
     rc = sweep.main(["--gin_file=bicurl_tiny.gin", f"--sweep={path}", f"--runs_root={tmp_path / 'runs'}"])
     assert rc == 1  # the broken entry fails, the sweep goes on
     assert "rounds = 2" in (tmp_path / "runs" / "r2" / "config.gin").read_text()
+
+
+def test_only_selects_entries_and_names_unknown_ones(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps([{"name": "a"}, {"name": "b"}, {"name": "c"}]))
+    assert sweep.main([f"--sweep={path}", "--only=c,a", "--dry_run", f"--runs_root={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "[sweep] a:" in out and "[sweep] c:" in out and "[sweep] b:" not in out
+    assert sweep.main([f"--sweep={path}", "--only=a,zz", "--dry_run"]) == 2
+    assert "unknown entries ['zz']" in capsys.readouterr().err
+
+
+def test_init_from_copies_the_sft_cold_start_once(tmp_path):
+    source = tmp_path / "main"
+    (source / "checkpoints" / "0" / "state").mkdir(parents=True)
+    (source / "checkpoints" / "0" / "state" / "blob").write_bytes(b"sft weights")
+    (source / "checkpoints" / "1").mkdir()  # a GRPO round: not copied
+    (source / "round0_eval.json").write_text('{"overall": 0.05}')
+    run_dir = tmp_path / "runs" / "ablation"
+    sweep.seed_from_sft(source, run_dir)
+    assert (run_dir / "checkpoints" / "0" / "state" / "blob").read_bytes() == b"sft weights"
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["0"]
+    assert (run_dir / "round0_eval.json").read_text() == '{"overall": 0.05}'
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "round0_eval.json"]  # no temp left
+    (source / "round0_eval.json").write_text('{"overall": 0.9}')
+    sweep.seed_from_sft(source, run_dir)  # a resumed sweep keeps what the entry already has
+    assert (run_dir / "round0_eval.json").read_text() == '{"overall": 0.05}'
+    with pytest.raises(FileNotFoundError, match=r"nothing/checkpoints/0 does not exist"):
+        sweep.seed_from_sft(tmp_path / "nothing", run_dir)
