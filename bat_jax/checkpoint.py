@@ -8,7 +8,7 @@ finished (saves are atomic); leftover temporary directories are removed when the
 
 Retention is ``AnyPreservationPolicy([LatestN(keep_latest), BestN(metric, keep_best), pinned])``: a step
 survives when *any* rule keeps it, so the latest-N rule can never delete the best step and the best rule can
-never delete a recent one. Steps saved without metrics are kept only by the latest-N rule. ``pin(steps)``
+never delete a recent one. Steps saved without metrics are kept only by the latest-N rule (or a pin). ``pin(steps)``
 names steps the caller still needs whatever their rank (the experiment pins the SFT checkpoint and the
 controller's best and retained checkpoints, which BestN by raw Overall need not keep).
 """

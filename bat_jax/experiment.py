@@ -7,7 +7,8 @@
   → final evaluation on disjoint runs (untrained, SFT, retained best) → results table + staircase plot.
 
 Gin binds `run` and the config dataclasses (gin/bicurl_*.gin); this module itself is plain Python. A killed run
-resumes from its ledger and checkpoints: finished rounds are read back, the retained checkpoint restored.
+resumes from its ledger and checkpoints: finished rounds are read back, the retained checkpoint restored, and a
+checkpoint saved by a round that never reached the ledger is deleted (that round is redone).
 Baselines: `mode='sft_only'` (stops after the cold start) and `mode='grpo_e2e'` (GRPO on E2E rows with the
 terminal task reward, no routing or fallback — the paper's GRPO row).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 from collections.abc import Mapping
 from typing import Any
@@ -125,20 +127,21 @@ class Components:
 
 def build_engine(policy, c: Components, run_dir: pathlib.Path):
     """The rollout engine of a run: the embedded JAX sampler, or vLLM (weights pushed from the learner at every
-    sync). vLLM starts on `PolicyConfig.checkpoint_dir` when the policy is a local HF checkpoint, otherwise on
-    the tiny model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`). `vllm_options` are
-    `VLLMEngineConfig` fields (dtype, gpu_memory_utilization, enforce_eager, ...).
+    sync). vLLM starts on the policy model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`) —
+    also for a Hugging Face checkpoint policy, whose published files carry tensors the learner does not train
+    (Qwen3.5's vision tower and MTP head, `model.language_model.*` names), so that every sync names exactly
+    the checkpoint's tensors. `vllm_options` are `VLLMEngineConfig` fields (dtype, gpu_memory_utilization,
+    enforce_eager, ...).
 
     Raises:
       ImportError: engine 'vllm' without vLLM installed (`bash launch/install_vllm.sh`).
+      ValueError: `vllm_options` names a field `VLLMEngineConfig` does not have, or `model_dir`.
     """
     if c.engine == "jax":
         return JaxSampler(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch)
-    from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from bat_jax.rollout.vllm_engine import VLLMEngine
 
     options = {"max_model_len": c.agent.max_context_tokens, **dict(c.vllm_options)}
-    if c.policy.checkpoint_dir is not None:
-        return VLLMEngine(VLLMEngineConfig(model_dir=c.policy.checkpoint_dir, **options))
     return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer, **options)
 
 
@@ -157,6 +160,10 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     run_dir, c = pathlib.Path(run_dir), components
     if c.bank is None:
         raise ValueError("Components.bank (a FactoryConfig naming the Stage Bank directory) is required")
+
+    if c.engine == "vllm":  # JAX and vLLM share the accelerator in this process: JAX must leave vLLM its share
+        share = float(dict(c.vllm_options).get("gpu_memory_utilization", 0.5))
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{max(0.1, 0.9 - share):.2f}")
 
     # ---- policy and learner first: a missing checkpoint directory or device fails before any other work ---
     policy = build_policy(c.policy)
@@ -187,6 +194,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     writer = report.ScalarWriter(run_dir / "tensorboard")
 
     judge = RubricJudge(c.judge) if c.judge is not None else None
+    if judge is not None:
+        judge.check_endpoint()  # a rejected request (wrong model / key) stops here; unreachable only warns
 
     def evaluate(params, purpose: str) -> Summary:
         engine.update_weights(learner.sync_model(params))
@@ -219,11 +228,10 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     stage_scores = dict(records[-1].controller_scores["stage_scores"]) if records else dict(round0.stage_scores)
     if not records:
         controller.observe(0, "ckpt-0", round0)
-    best_step = int(controller.state.best_checkpoint.split("-")[1]) if controller.state.best_checkpoint else 0
+    best_step = _step(controller.state.best_checkpoint) if controller.state.best_checkpoint else 0
     best_params = checkpoints.restore(abstract, step=best_step).state["params"]
     if records:
-        retained = int(records[-1].retained_checkpoint.split("-")[1])
-        learner.params = checkpoints.restore(abstract, step=retained).state["params"]
+        learner.params = checkpoints.restore(abstract, step=_step(records[-1].retained_checkpoint)).state["params"]
     rounds = 0 if config.mode == "sft_only" else config.rounds
     kl_prompts = _kl_prompts(view.rl_rows, policy, c.policy_shift)
     for r in range(len(records) + 1, rounds + 1):
@@ -242,19 +250,26 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         stage_scores = {k.value: v for k, v in summary.stages.items()}
         shift = kl.policy_shift_kl(learner.apply_fn, learner.params, best_params, *kl_prompts, config=c.policy_shift)
         checkpoints.pin(_needed_steps(controller.state))
-        checkpoints.save(r, {"params": learner.params}, metrics={"overall": summary.overall or 0.0},
+        checkpoints.save(r, {"params": learner.params},
+                         metrics=None if summary.overall is None else {"overall": summary.overall},
                          extra={"round": r, "summary": _summary_dict(summary)})
-        verdict = controller.observe(r, f"ckpt-{r}", _evaluation(summary), kl=shift)
-        if verdict.decision == "accept" and verdict.best_checkpoint == f"ckpt-{r}":
-            best_params = learner.params
-        if verdict.retained_checkpoint != f"ckpt-{r}":
-            step = int(verdict.retained_checkpoint.split("-")[1])
-            learner.params = checkpoints.restore(abstract, step=step).state["params"]
+        scores = _evaluation(summary).to_dict()
+        if summary.overall is None:  # every controller cell unscored (sandboxes or judge down): no evidence
+            scores["overall"] = None  # either way — the candidate is neither accepted nor counted as a drop
+            decided = "unscored"
+            keep = controller.state.retained_checkpoint or controller.state.best_checkpoint or "ckpt-0"
+        else:
+            verdict = controller.observe(r, f"ckpt-{r}", _evaluation(summary), kl=shift)
+            decided, keep = verdict.decision, verdict.retained_checkpoint
+            if verdict.decision == "accept" and verdict.best_checkpoint == f"ckpt-{r}":
+                best_params = learner.params
+        if keep != f"ckpt-{r}":
+            learner.params = checkpoints.restore(abstract, step=_step(keep)).state["params"]
         record = RoundRecord(round=r, selected_stage=decision.target.value, routing_report=decision.report(),
                              pool_counts=round_view.pool_counts(), bank_version=view.version,
                              state_ids=round_view.state_ids(), reward_version=metrics["reward_version"],
-                             controller_scores=_evaluation(summary).to_dict(), kl=shift, decision=verdict.decision,
-                             retained_checkpoint=verdict.retained_checkpoint,
+                             controller_scores=scores, kl=shift, decision=decided,
+                             retained_checkpoint=keep,
                              controller_state=controller.state.to_dict(), rollouts=int(metrics["rollouts"]),
                              unscored_rollouts=int(metrics["unscored"]), eval_cells=summary.n_cells,
                              eval_unscored=summary.n_unscored)
@@ -265,18 +280,25 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
             if isinstance(value, float):
                 writer.scalar(f"grpo/{key}", value, r)
         print(f"[bat_jax] round {r}: target {decision.target.value}, Overall {display(summary.overall)}, "
-              f"KL {shift:.4f}, {verdict.decision} → {verdict.retained_checkpoint}", flush=True)
+              f"KL {shift:.4f}, {decided} → {keep}", flush=True)
 
     # ---- final evaluation on disjoint runs ------------------------------------------------------------
     final = {"untrained": evaluate(untrained, "final"), "SFT": evaluate(sft_params, "final")}
     if rounds:
         final["BiCuRL (retained)" if config.mode == "bicurl" else "GRPO (E2E task reward)"] = evaluate(best_params, "final")
+    if hasattr(engine, "close"):
+        engine.close()  # vLLM: free its memory and worker before the reports
     return _write_reports(run_dir, final, records, round0, writer)
 
 
 def _needed_steps(state: ctl.ControllerState) -> set[int]:
     """Checkpoint steps a run may still restore: the SFT cold start (0), the controller's best and retained."""
-    return {0} | {int(name.split("-")[1]) for name in (state.best_checkpoint, state.retained_checkpoint) if name}
+    return {0} | {_step(name) for name in (state.best_checkpoint, state.retained_checkpoint) if name}
+
+
+def _step(checkpoint: str) -> int:
+    """Orbax step of a controller checkpoint name 'ckpt-<round>'."""
+    return int(checkpoint.removeprefix("ckpt-"))
 
 
 def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: BiCuRLConfig,

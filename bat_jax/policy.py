@@ -50,7 +50,9 @@ class PolicyConfig:
     """Which policy to train.
 
     Attributes:
-      family: 'qwen3_5' (paper) or 'qwen3'.
+      family: 'qwen3_5' (paper) or 'qwen3'. For the tiny default it picks the architecture (Qwen3.5 hybrid or
+        Qwen3 dense); turns are always rendered with the shipped tokenizer's Qwen3.5 template. For a checkpoint it
+        names the chat family of the checkpoint's template (the architecture comes from its config.json).
       checkpoint_dir: a local Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files);
         None = the embedded tiny default (random init + the shipped tiny tokenizer).
       tiny: model-config overrides of the tiny default (e.g. hidden_size, num_hidden_layers).

@@ -1,11 +1,12 @@
 """(Re)builds the shipped tiny tokenizer (bat_jax/assets/tiny_tokenizer/).
 
-    python launch/train_tokenizer.py [--out bat_jax/assets/tiny_tokenizer] [--vocab_size 4096]
+    python launch/train_tokenizer.py [--out bat_jax/assets/tiny_tokenizer] [--vocab_size 3584]
         [--num_docs 3000] [--seed 0]
 
 Trains a byte-level BPE with `tokenizers` on a generated corpus (python/bash code, medical-imaging task text,
-Qwen3.5 template glue), appends the Qwen3.5 added tokens, writes the files atomically, and checks that
-`transformers.AutoTokenizer` loads the result offline and encodes exactly like the trained tokenizer.
+Qwen3.5 template glue, training-split task briefs with stage skills), appends the Qwen3.5 added tokens, writes
+the files atomically, and checks that `transformers.AutoTokenizer` loads the result offline and encodes exactly
+like the trained tokenizer.
 """
 
 from __future__ import annotations

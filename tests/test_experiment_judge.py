@@ -41,6 +41,9 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
     assert record.rollouts == k * len(record.state_ids) == 8
     assert judged_states >= 1 and record.unscored_rollouts == k * judged_states
     assert record.eval_cells == 1 and record.eval_unscored == 1  # the E2E eval cell includes S1
+    # no scored controller cell: the candidate is neither accepted nor a drop; the run keeps the SFT checkpoint
+    assert record.decision == "unscored" and record.retained_checkpoint == "ckpt-0"
+    assert record.controller_scores["overall"] is None and record.controller_state["drops"] == 0
     for summary in out["final"].values():
         assert summary["n_unscored"] == summary["n_cells"] == 1 and summary["overall"] is None
     text = (run_dir / "report.md").read_text()

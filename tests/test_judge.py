@@ -214,3 +214,31 @@ def test_ledger_records_counts_and_reads_old_lines(tmp_path):
     table = scoring_table([("round 1", None, None, None, None), ("round 2", 8, 3, 2, 1)])
     assert table.splitlines()[2].split() == ["round", "1", "—", "—", "—", "—"]
     assert table.splitlines()[3].split() == ["round", "2", "8", "5", "3", "1/2"]
+
+
+def test_the_judged_file_survives_the_evidence_cut_after_many_receipts():
+    from bat_jax.verify.judge import MAX_EVIDENCE_CHARS, render_evidence
+    from bat_jax.verify.rubric import Evidence
+
+    receipts = tuple(Receipt(i, "execute_code", "python", "x = 1\n" * 40, 0, "", "", 0.0, 1.0, False, "y" * 450)
+                     for i in range(10))
+    plan = "# Plan\n6 cases; method/model.py; results/submission.json"
+    text = render_evidence(Evidence(receipts, {"notes/plan.md": plan.encode()}, None), ("notes/plan.md", "task.md"))
+    assert len(text) > MAX_EVIDENCE_CHARS  # the judge will cut it...
+    kept = text[:MAX_EVIDENCE_CHARS]
+    assert f"[file notes/plan.md]\n{plan}" in kept and "[file task.md]\n(missing)" in kept  # ...after the files
+    assert "[receipt 2]" in text and "[receipt 1]" not in text  # the last 8 receipts, oldest dropped
+
+
+def test_endpoint_check_stops_on_a_rejected_request_and_warns_when_unreachable():
+    config = JudgeConfig(base_url="http://judge.example/v1", model="no-such-model")
+    rejected = RubricJudge(config, client=_Stub(ChatError("http_error", "http://judge.example/v1: HTTP 404")))
+    with pytest.raises(ValueError, match=r"judge\.example/v1 \(model 'no-such-model'\) rejected a request.*HTTP 404"):
+        rejected.check_endpoint()
+    down = RubricJudge(config, client=_Stub(ChatError("unreachable", "after 3 attempts")))
+    with pytest.warns(RuntimeWarning, match="did not answer .*unreachable"):
+        assert down.check_endpoint() is False
+    assert RubricJudge(config, client=_Stub('{"verdict": "yes"}')).check_endpoint() is True
+    # the real client over a closed port: unreachable, a warning, no exception
+    with pytest.warns(RuntimeWarning, match="did not answer"):
+        assert RubricJudge(JudgeConfig(base_url=CLOSED, model="m", timeout_s=0.5, max_retries=0)).check_endpoint() is False

@@ -56,7 +56,8 @@ class RoutingDecision:
     Attributes:
       round_index: the round the choice is for.
       target: s*.
-      rule: RULE_WEAKEST or RULE_REGRESSION.
+      rule: RULE_WEAKEST or RULE_REGRESSION ('no_scored_stage' when `experiment._route` picks S1 because every
+        stage is unscored).
       scores_in: stage scores read (candidate's when held), 'S1'..'S5' → 0–1 or None.
       reference_scores: the retained checkpoint's scores used by the corrective rule, or None.
       regressions: reference − candidate per stage (positive = fell), empty unless corrective rule was tried.

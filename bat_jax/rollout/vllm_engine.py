@@ -219,9 +219,9 @@ class VLLMEngine:
             ``kv_cache_memory_bytes``, ...). ``max_model_len`` defaults to the smaller of 4,096 and the model's
             ``max_position_embeddings``.
         Returns: the started engine (``weight_version`` 0 = the model's weights at the call).
-        Raises: ValueError when ``config_overrides`` sets ``model_dir`` or names no `VLLMEngineConfig` field, or
-          a field's value is invalid; ImportError without vLLM; vLLM's own errors when it cannot load the model
-          family.
+        Raises: ValueError when ``config_overrides`` sets ``model_dir`` or a key that is not a `VLLMEngineConfig`
+          field, or a field's value is invalid; ImportError without vLLM; vLLM's own errors when it cannot load
+          the model family.
         """
         import tempfile
 

@@ -8,6 +8,7 @@ Shared by the LLM teacher (`tasks.teacher.OpenAITeacher`) and the LLM judge (`ve
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
 import time
@@ -82,7 +83,8 @@ class ChatClient:
                 last = f"HTTP {exc.code}"
                 if exc.code not in (408, 429) and exc.code < 500:
                     raise ChatError("http_error", f"{url}: {last}") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
+            except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError,
+                    json.JSONDecodeError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
         else:
             raise ChatError("unreachable", f"{url} after {cfg.max_retries + 1} attempts ({last})")

@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 import time
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -79,14 +80,16 @@ class LLMJudge:
 
 
 def render_evidence(ev: Evidence, paths: tuple[str, ...] = (), max_receipts: int = 8) -> str:
-    """Evidence text for the judge: the last receipts (code, exit code, stdout) and the named files."""
+    """Evidence text for the judge: the named files first (each cut to 1,500 characters), then the last
+    `max_receipts` receipts (code, exit code, stdout; 800 characters each) — so that the judge's cut at
+    `MAX_EVIDENCE_CHARS` drops old receipts, never the files the item is about."""
     parts = []
-    for r in ev.receipts[-max_receipts:]:
-        parts.append(f"[receipt {r.index}] tool={r.tool} exit={r.exit_code}\ncode:\n{r.code[:800]}\n"
-                     f"stdout:\n{r.stdout[:800]}")
     for p in paths:
         text = ev.text(p)
         parts.append(f"[file {p}]\n{text[:1500] if text is not None else '(missing)'}")
+    for r in ev.receipts[-max_receipts:]:
+        parts.append(f"[receipt {r.index}] tool={r.tool} exit={r.exit_code}\ncode:\n{r.code[:800]}\n"
+                     f"stdout:\n{r.stdout[:800]}")
     return "\n\n".join(parts)
 
 
@@ -180,7 +183,8 @@ class RubricJudge:
     def __init__(self, config: JudgeConfig, client: _Completes | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self.llm = LLMJudge(client if client is not None else ChatClient(config.endpoint()))
+        self._client = client if client is not None else ChatClient(config.endpoint())
+        self.llm = LLMJudge(self._client)
         self.cache: dict[tuple[str, str], bool] = {}
         self.cache_hits = self.failures = self.skipped = 0
         self._clock = clock
@@ -191,6 +195,26 @@ class RubricJudge:
     def version(self) -> str:
         """Reward version of rubric scores that use this judge, e.g. 'bat_rubric/v1+judge:m[plan.written]'."""
         return f"{REWARD_VERSION}+judge:{self.config.model}[{','.join(self.config.items)}]"
+
+    def check_endpoint(self) -> bool:
+        """One request at run start. A refusal of the request itself (HTTP 4xx: wrong model name, key or path)
+        would leave every judged item unscored for the whole run, so it stops the run; an unreachable endpoint
+        only warns (the run goes on, judged items unscored until it answers). Returns True when it answered.
+
+        Raises:
+          ValueError: the endpoint rejected the request (names base_url, model and the status).
+        """
+        try:
+            self._client.complete([{"role": "user", "content": 'Reply with {"verdict": "yes"}.'}],
+                                      temperature=0.0)
+        except ChatError as exc:
+            if exc.cause == "http_error":
+                raise ValueError(f"LLM judge {self.config.base_url} (model {self.config.model!r}) rejected a "
+                                 f"request: {exc}; check JudgeConfig.base_url / model / api_key_env") from None
+            warnings.warn(f"LLM judge {self.config.base_url} did not answer ({exc}); judged rubric items stay "
+                          f"unscored until it does", RuntimeWarning, stacklevel=2)
+            return False
+        return True
 
     def stats(self) -> dict[str, int]:
         """Counters: requests, cache hits, failures (InfraError raised), skipped (failed fast while down)."""
@@ -225,13 +249,13 @@ class RubricJudge:
         return verdict
 
     def apply(self, rubric: Rubric, layout: Layout) -> Rubric:
-        """`rubric` with the configured items decided by the judge on the rendered evidence: the last
-        receipts, the brief `task.md` and the workspace files the item's evidence keys name."""
+        """`rubric` with the configured items decided by the judge on the rendered evidence: the workspace files
+        the item's evidence keys name, the brief `task.md`, then the last receipts."""
         items = []
         for item in rubric.items:
             if item.item_id in self.config.items:
-                paths = ("task.md",) + tuple(getattr(layout, EVIDENCE_FILES[k]) for k in item.evidence
-                                             if k in EVIDENCE_FILES)
+                paths = tuple(getattr(layout, EVIDENCE_FILES[k]) for k in item.evidence
+                              if k in EVIDENCE_FILES) + ("task.md",)
                 item = dataclasses.replace(item, check=functools.partial(self._check, item, paths))
             items.append(item)
         return dataclasses.replace(rubric, items=tuple(items))
