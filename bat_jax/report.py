@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 
 from bat_jax.benchmark.scoring import Summary, display
@@ -131,7 +132,9 @@ class ScalarWriter:
         self._writer = SummaryWriter(str(self.log_dir))
 
     def summary(self, prefix: str, summary: Summary, step: int) -> None:
-        """Writes Overall/Agentic/Task and S1..S5 (0–100) at `step`."""
+        """Writes Overall/Agentic/Task and S1..S5 (0–100) at `step`; characters TensorBoard does not allow in
+        a tag (e.g. the spaces and parentheses of 'BiCuRL (retained)') become '_'."""
+        prefix = re.sub(r"[^A-Za-z0-9_./-]+", "_", prefix).strip("_")
         for key in ("overall", "agentic", "task"):
             value = getattr(summary, key)
             if value is not None:

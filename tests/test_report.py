@@ -39,6 +39,7 @@ def test_staircase_plot_writes_a_png(tmp_path):
 def test_scalar_writer_writes_event_file(tmp_path):
     writer = report.ScalarWriter(tmp_path / "tb")
     writer.summary("eval", _summary([0.4, 0.6]), step=1)
+    writer.summary("final/BiCuRL (retained)", _summary([0.4, 0.6]), step=2)
     writer.close()
     from tensorboardX.proto import event_pb2
 
@@ -52,3 +53,4 @@ def test_scalar_writer_writes_event_file(tmp_path):
             scalars[value.tag] = (event.step, value.simple_value)
     assert scalars["eval/overall"] == (1, pytest.approx(50.0))
     assert scalars["eval/S3_Validate"] == (1, pytest.approx(50.0))
+    assert scalars["final/BiCuRL_retained/overall"] == (2, pytest.approx(50.0))  # a legal tag, no rename warning
