@@ -245,7 +245,8 @@ _SAVE_LOOP = textwrap.dedent("""
     from bat_jax.checkpoint import CheckpointConfig, Checkpointer
     ckpt = Checkpointer(CheckpointConfig(directory=sys.argv[1], keep_latest=2))
     state = {"w": jnp.arange(4 << 20, dtype=jnp.float32)}  # 16 MiB: a save takes a while
-    for step in range(1, 10_000):
+    first = max(ckpt.all_steps(), default=0) + 1  # a restarted loop goes on after the steps already saved
+    for step in range(first, first + 10_000):
         ckpt.save(step, {"w": state["w"] + step}, metrics={"overall": 0.0})
 """)
 
@@ -260,12 +261,13 @@ def test_sigkill_during_a_checkpoint_save_leaves_no_half_step(tmp_path):
     from bat_jax.checkpoint import CheckpointConfig, Checkpointer
 
     directory = tmp_path / "ck"
+    err = open(tmp_path / "save_loop.err", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen([sys.executable, "-c", _SAVE_LOOP, str(directory)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline, caught = time.monotonic() + 300, False
+                            stderr=err)
+    deadline, caught = time.monotonic() + 600, False
     try:
         while not caught and time.monotonic() < deadline:
-            assert proc.poll() is None, "the save loop died"
+            assert proc.poll() is None, f"the save loop died: {(tmp_path / 'save_loop.err').read_text()[-2000:]}"
             partial = [p for p in directory.glob("*") if "tmp" in p.name] if directory.is_dir() else []
             done = [p for p in directory.glob("*") if p.name.isdigit()] if directory.is_dir() else []
             if partial and done:  # a save in progress after at least one complete step
@@ -274,12 +276,13 @@ def test_sigkill_during_a_checkpoint_save_leaves_no_half_step(tmp_path):
                 caught = any("tmp" in p.name for p in directory.glob("*"))
                 if not caught:  # the rename won the race: try again
                     proc = subprocess.Popen([sys.executable, "-c", _SAVE_LOOP, str(directory)],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                            stdout=subprocess.DEVNULL, stderr=err)
             time.sleep(0.01)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        err.close()
     assert caught, "could not catch a save in progress"
 
     ckpt = Checkpointer(CheckpointConfig(directory=str(directory), keep_latest=2))
