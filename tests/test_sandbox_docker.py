@@ -25,13 +25,11 @@ def _count(client, owner=None):
 def client():
     c = connect()
     images.ensure_images(c)
-    before = _count(c)
     yield c
     deadline = time.monotonic() + 10  # auto-removal of a dead sandbox may still be in progress
     while _count(c, OWNER) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _count(c, OWNER) == 0, "containers of this module left behind"
-    assert _count(c) <= before
+    assert _count(c, OWNER) == 0, "containers of this module left behind"  # other jobs' containers may run
 
 
 @pytest.fixture(scope="module")
