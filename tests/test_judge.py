@@ -1,12 +1,11 @@
 """LLM judge wired into the reward (issue 9): gin config, judged items, cache by evidence digest, unreachable
 endpoint → unscored rollouts, counts in the ledger and the report."""
 
-import http.server
 import json
-import threading
 
 import numpy as np
 import pytest
+from openai_stub import FakeChatServer
 
 from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.report import scoring_table
@@ -146,34 +145,18 @@ def test_dead_endpoint_trips_and_recovers_after_cooldown(task):
     assert item.check(ev) is True and judge.llm.calls == 3
 
 
-class _YesHandler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 — http.server's naming
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert body["temperature"] == 0.0 and body["model"] == "stub-judge"
-        content = json.dumps({"verdict": "yes", "reason": "stub"})
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_judge_over_a_local_http_endpoint(task):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _YesHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    verdict = json.dumps({"verdict": "yes", "reason": "stub"})
+    server = FakeChatServer([(200, {"choices": [{"message": {"role": "assistant", "content": verdict}}]})])
     try:
-        judge = RubricJudge(JudgeConfig(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="stub-judge",
-                                        api_key_env="", timeout_s=5.0, max_retries=0))
+        judge = RubricJudge(JudgeConfig(base_url=server.url, model="stub-judge", api_key_env="", timeout_s=5.0,
+                                        max_retries=0))
         out = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", "I will do the task."), task.state(), judge)
         assert out.reward == 1.0 and judge.llm.reasons == {_description(task, "plan.written"): "stub"}
+        ((_, _, body),) = server.requests
+        assert body["temperature"] == 0.0 and body["model"] == "stub-judge"
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 def test_gin_binds_the_judge_on_components():

@@ -2,10 +2,9 @@
 baselines, the OpenAI-compatible teacher client (against a local fake server)."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from openai_stub import FakeChatServer
 
 from bat_jax.benchmark.stages import E2E, Stage
 from bat_jax.tasks.episode import Action, Conversation, PolicyError, run_episode, stage_start_state
@@ -91,36 +90,6 @@ def test_action_parsing_names_bad_fields():
         Action.from_dict({"tool": "execute_code", "arguments": {"code": "ls"}})
 
 
-class _FakeServer:
-    """A local OpenAI-compatible endpoint replying with queued (status, body) pairs."""
-
-    def __init__(self, replies):
-        self.replies, self.requests = list(replies), []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.requests.append((self.path, self.headers.get("Authorization"), json.loads(body)))
-                status, payload = outer.replies.pop(0) if outer.replies else (500, {})
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-
-
 def _reply(action):
     return {"choices": [{"message": {"role": "assistant", "content": "Sure:\n" + json.dumps(action)}}]}
 
@@ -128,7 +97,7 @@ def _reply(action):
 def test_openai_teacher_parses_actions_and_retries(monkeypatch):
     monkeypatch.setenv("BAT_TEST_KEY", "sk-test")
     action = {"thought": "look", "tool": "execute_code", "arguments": {"language": "bash", "code": "ls"}}
-    server = _FakeServer([(503, {}), (200, _reply(action))])
+    server = FakeChatServer([(503, {}), (200, _reply(action))])
     sleeps = []
     try:
         teacher = OpenAITeacher(ChatEndpointConfig(server.url, "m1", "BAT_TEST_KEY", timeout_s=5,
@@ -143,7 +112,7 @@ def test_openai_teacher_parses_actions_and_retries(monkeypatch):
 
 
 def test_openai_teacher_failures_are_counted_rejections(recovery_task):
-    server = _FakeServer([(500, {}), (500, {}), (200, {"choices": [{"message": {"content": "no json"}}]})])
+    server = FakeChatServer([(500, {}), (500, {}), (200, {"choices": [{"message": {"content": "no json"}}]})])
     try:
         teacher = OpenAITeacher(ChatEndpointConfig(server.url, "m", "", timeout_s=5, max_retries=1,
                                                     backoff_s=0.1), sleep=lambda s: None)
