@@ -37,7 +37,7 @@ from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn.learner import Learner, pad_batch
 from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
-from bat_jax.ledger import Ledger, RoundRecord
+from bat_jax.ledger import Ledger, RoundRecord, atomic_write
 from bat_jax.policy import EngineCells, PolicyConfig, build_policy, make_agent_loop, render_sft_row, rl_request
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.rollout.jax_sampler import JaxSampler
@@ -56,7 +56,7 @@ def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig) -> dict:
     """The Data Factory as a launch job (`gin/stage_bank_tiny.gin`): one new bank version, report in run_dir."""
     built = build_bank(config)
     out = dataclasses.asdict(built) if dataclasses.is_dataclass(built) else {"report": str(built)}
-    _write_atomic(pathlib.Path(run_dir) / "build_report.json", json.dumps(out, indent=2, default=str))
+    atomic_write(pathlib.Path(run_dir) / "build_report.json", json.dumps(out, indent=2, default=str).encode())
     print(f"[bat_jax] Stage Bank build: {built}")
     return out
 
@@ -394,18 +394,11 @@ def _write_heldout_manifest(run_dir: pathlib.Path, evaluation: ev.EvalConfig) ->
     return path
 
 
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    """Writes `text` to a temporary sibling, then renames it over `path` (no half-written file on a kill)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def _round0(run_dir: pathlib.Path, summary: Summary | None = None) -> ctl.Evaluation:
     """The SFT policy's controller evaluation (round 0): written once, read back on resume."""
     path = run_dir / "round0_eval.json"
     if summary is not None:
-        _write_atomic(path, json.dumps(_evaluation(summary).to_dict()))
+        atomic_write(path, json.dumps(_evaluation(summary).to_dict()).encode())
     return ctl.Evaluation.from_dict(json.loads(path.read_text()))
 
 
@@ -431,11 +424,11 @@ def _write_reports(run_dir: pathlib.Path, final: Mapping[str, Summary], records,
     overall = [round0.overall] + [rec.controller_scores["overall"] for rec in records]
     report.staircase_plot(overall, run_dir / "staircase.png", baselines={"SFT": round0.overall})
     text = "\n".join(lines) + "\n"
-    _write_atomic(run_dir / "report.md", text)
+    atomic_write(run_dir / "report.md", text.encode())
     print(text, flush=True)
     for i, (name, summary) in enumerate(final.items()):
         writer.summary(f"final/{name}", summary, i)
     writer.close()
     out = {"final": {name: _summary_dict(s) for name, s in final.items()}, "rounds": len(records)}
-    _write_atomic(run_dir / "summary.json", json.dumps(out, indent=2, default=str))
+    atomic_write(run_dir / "summary.json", json.dumps(out, indent=2, default=str).encode())
     return out

@@ -22,8 +22,9 @@ from typing import Any
 FORMAT = 1
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Temp file in the same directory + fsync + os.replace + directory fsync."""
+def atomic_write(path: Path, data: bytes) -> None:
+    """Writes `data` to `path` all or nothing: temp file in the same directory + fsync + os.replace (a kill
+    leaves the old file or the new one, never half of it). Used for the ledger and every run-dir file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
     try:
@@ -176,4 +177,4 @@ class Ledger:
             line = json.dumps(record.to_dict(), sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise LedgerError(f"{self.path}: round {record.round} is not JSON-serialisable ({e})") from e
-        _atomic_write(self.path, old + line.encode("utf-8") + b"\n")
+        atomic_write(self.path, old + line.encode("utf-8") + b"\n")

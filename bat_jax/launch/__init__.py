@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 import gin
 from absl import flags
 
+from bat_jax.ledger import atomic_write
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_GIN_DIR = REPO_ROOT / "gin"
 
@@ -133,11 +135,11 @@ def run(job: Callable[..., object] = gin.REQUIRED, run_name: str = gin.REQUIRED,
     """
     directory = pathlib.Path(run_dir) if run_dir else pathlib.Path(runs_root) / run_name
     directory.mkdir(parents=True, exist_ok=True)
-    _write_atomic(directory / "config.gin", gin.config_str())
+    atomic_write(directory / "config.gin", gin.config_str().encode())
     logging.info("run directory: %s", directory.resolve())
     print(f"[bat_jax] run directory: {directory.resolve()}", flush=True)
     result = job(run_dir=directory)
-    _write_atomic(directory / "operative_config.gin", gin.operative_config_str())
+    atomic_write(directory / "operative_config.gin", gin.operative_config_str().encode())
     return Launched(run_dir=directory, result=result)
 
 
@@ -151,12 +153,6 @@ def show_config(run_dir: pathlib.Path) -> str:
 
 # Referenced as `@launch.show_config` from bindings; registered here because a binding string cannot import.
 gin.external_configurable(show_config, name="show_config", module="launch")
-
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
