@@ -157,10 +157,21 @@ def test_engine_down_gives_one_clear_error(monkeypatch):
     assert time.monotonic() - t < 5
 
 
-def test_killed_executor_marks_sandbox_dead(client):
+def test_agent_cannot_kill_the_executor_or_init(client):
+    with DockerSandbox(client, owner=OWNER) as s:
+        obs = s.execute_code("bash", "kill -9 $PPID; kill -TERM 1; kill -9 -1; echo alive")
+        assert obs.stdout == "alive\n" and obs.stderr.count("Operation not permitted") == 2, obs
+        assert s.alive and s.fault == "" and s.execute_code("python", "print(1)").stdout == "1\n"
+
+
+def test_sandbox_dying_during_an_agent_call_is_the_agents_failure(client):
     s = DockerSandbox(client, owner=OWNER)
-    obs = s.execute_code("bash", "kill -9 $PPID; sleep 5")
+    killer = threading.Timer(1.0, lambda: client.api.kill(s.container_id))
+    killer.start()
+    obs = s.execute_code("bash", "sleep 5")
+    killer.join()
     assert obs.exit_code is None and "died" in obs.error and not s.alive
+    assert s.fault == "agent" and "after the agent's code ran" in s.failure
     assert s.receipts()[-1].exit_code is None
     cid = s.container_id
     s.close()

@@ -55,6 +55,11 @@ class Trajectory:
       submitted: workspace-relative path passed to a successful `submit`, or None.
       messages: the episode as chat messages (decoded sampled turns, observations), for a judge / logs.
       infra_error: text of an infrastructure failure ('' when none); when set the rollout is unscored.
+        Only what the agent cannot cause counts here (engine down, image missing, a host-side error before the
+        agent's first action ran).
+      agent_error: text of a sandbox failure the agent's own code caused ('' when none): the sandbox died, hung
+        or stopped answering after the agent's code ran. The rollout is still scored (from the receipts and
+        files gathered up to then) — a failure the agent causes is its own failure, never "unscored".
       sandbox_errors: tool calls that raised inside the sandbox backend (shown to the agent as observations).
       weight_version: policy weight version of the engine at the last turn.
       template: identity of the chat template of the glue (`ChatTemplate.to_dict()`), {} if unknown.
@@ -78,6 +83,7 @@ class Trajectory:
     submitted: str | None = None
     messages: tuple[Mapping[str, Any], ...] = ()
     infra_error: str = ""
+    agent_error: str = ""
     sandbox_errors: int = 0
     weight_version: int = 0
     template: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -14,10 +14,18 @@ When the host connection closes — `close()`, or the host process dying for any
 executor reads EOF and exits, and the engine removes the container and its volume. `close()` also removes it
 explicitly. Every container carries the label `bat_jax=1` (see `remove_labelled`).
 
-Trust: receipts are built and kept host-side from the executor's replies; workspace files are read through the
-engine (`get_archive`), not through the executor. Agent code runs as the same uid as the executor; the
-executor is marked non-dumpable, so agent code cannot ptrace it or read its memory, but it can kill it (the
-sandbox then reports itself dead and the pool replaces it).
+Trust (issue 13): the executor runs as root inside the container with six capabilities (CHOWN, DAC_OVERRIDE,
+FOWNER, KILL, SETUID, SETGID; no-new-privileges, everything else dropped) and runs every agent call as uid 65534
+with no capabilities and no descriptor but 0/1/2. Agent code cannot write to the reply channel, signal or
+ptrace the executor or PID 1, or keep anything across a reset. Every request carries an id; only the reply
+with that id is accepted (anything else on the channel is dropped and counted in `stray_replies`). Receipts
+are built and kept host-side; their `reads` / `writes` come from kernel file events seen by the executor.
+Workspace files are read through the engine (`get_archive`, size checked before any byte is read) under the
+caps of `config.evidence`.
+
+Failures: a sandbox that dies, hangs or stops answering after the agent's code ran is the agent's failure
+(`fault == "agent"`: the episode is scored from what was gathered until then); one that could not start, or
+whose engine is unreachable, is infrastructure (`fault == "infra"`: unscored).
 """
 
 from __future__ import annotations
@@ -39,8 +47,9 @@ import docker.errors
 import docker.types
 import requests
 
-from bat_jax.sandbox.types import (DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, LANGUAGES, Observation, Receipt,
-                                   SandboxState, sha256_hex)
+from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
+from bat_jax.sandbox.types import (DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, LANGUAGES, FileTooLarge, Observation,
+                                   Receipt, SandboxState, sha256_hex)
 
 LABEL = "bat_jax"
 WORKSPACE = "/workspace"
@@ -61,7 +70,13 @@ class DockerSandboxConfig:
       cap_drop: Linux capabilities dropped ('ALL').
       read_only_root: mount the image's root file system read-only.
       no_new_privileges: forbid privilege gain through setuid binaries.
-      user: 'uid:gid' of the executor and all agent code (65534 = nobody).
+      user: 'uid:gid' of the executor (root inside the container, with only `cap_add`); agent code always runs
+        as `agent_uid`.
+      cap_add: the capabilities the executor keeps (it needs them to run calls as another uid, kill them and
+        reset the writable mounts); agent calls have none.
+      agent_uid: uid = gid every agent call runs as (65534 = nobody).
+      require_separation: refuse to start unless the executor reports that agent calls run as another uid
+        (an executor started as `agent_uid` could be killed or impersonated by agent code).
       mem_limit: memory limit incl. the tmpfs workspace (Docker size string). 512m is enough for the task
         families' volumes; the paper runs with 4g (`mem_limit='4g'`).
       memswap_limit: memory + swap; equal to mem_limit = no swap.
@@ -76,6 +91,7 @@ class DockerSandboxConfig:
       inline_restore_max_bytes: states whose tar is at most this many bytes are restored through the executor;
         larger ones through the engine's `put_archive` (measured crossover ~2-3 MB).
       labels: extra container labels (the label `bat_jax=1` is always set).
+      evidence: caps on reading the workspace back to the host (`list_files`, `export_state`).
     """
 
     image: str | None = None
@@ -83,7 +99,10 @@ class DockerSandboxConfig:
     cap_drop: tuple[str, ...] = ("ALL",)
     read_only_root: bool = True
     no_new_privileges: bool = True
-    user: str = "65534:65534"
+    user: str = "0:0"
+    cap_add: tuple[str, ...] = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID")
+    agent_uid: int = 65534
+    require_separation: bool = True
     mem_limit: str = "512m"
     memswap_limit: str = "512m"
     pids_limit: int = 256
@@ -97,6 +116,7 @@ class DockerSandboxConfig:
     grace_s: float = 10.0
     inline_restore_max_bytes: int = 2_000_000
     labels: tuple[tuple[str, str], ...] = ()
+    evidence: EvidenceLimits = EvidenceLimits()
 
 
 def connect(config: DockerSandboxConfig | None = None) -> docker.DockerClient:
@@ -162,31 +182,37 @@ def state_to_tar(state: SandboxState) -> bytes:
     return buf.getvalue()
 
 
-def tar_to_files(stream) -> dict[str, bytes]:
-    """Regular files of a `get_archive` tar of a directory, keyed by path relative to that directory."""
-    buf = io.BytesIO(b"".join(stream))
-    files = {}
-    with tarfile.open(fileobj=buf, mode="r") as tar:
-        for member in tar.getmembers():
-            if not member.isfile():
-                continue
-            parts = member.name.split("/", 1)  # first component is the archived directory's basename
-            if len(parts) == 2 and parts[1]:
-                files[parts[1]] = tar.extractfile(member).read()
-    return files
-
-
 class _Channel:
-    """The attached stdin/stdout stream of a container: write a line, read one line (Docker's 8-byte framing)."""
+    """The attached stdin/stdout stream of a container: write a request line, read its reply line (Docker's
+    8-byte framing). Requests get increasing ids; `request` returns only the reply carrying its id and drops
+    (and counts in `stray`) any other line — a stale reply of a request the host gave up on, or garbage."""
 
     def __init__(self, sock):
         self._io = sock
         self._sock = sock._sock if hasattr(sock, "_sock") else sock
         self._buf = b""
         self._line = b""
+        self._next_id = 0
+        self.stray = 0
 
     def send(self, obj: dict) -> None:
         self._sock.sendall(json.dumps(obj).encode() + b"\n")
+
+    def request(self, obj: dict, timeout_s: float) -> dict:
+        """Sends `obj` with a fresh id and returns the reply with that id (waits at most `timeout_s`)."""
+        self._next_id += 1
+        ident = self._next_id
+        self.send({**obj, "id": ident})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                reply = self.recv(max(0.0, deadline - time.monotonic()))
+            except ValueError:  # not JSON: not a reply of ours
+                self.stray += 1
+                continue
+            if isinstance(reply, dict) and reply.get("id") == ident:
+                return reply
+            self.stray += 1
 
     def _read_exact(self, n: int, deadline: float) -> bytes:
         while len(self._buf) < n:
@@ -237,6 +263,8 @@ class DockerSandbox:
         self._submitted: str | None = None
         self._env: dict[str, str] = {}
         self._dead = ""
+        self._fault = ""
+        self._agent_ran = False
         self._closed = False
         self._channel = None
         self.container_id = ""
@@ -252,7 +280,8 @@ class DockerSandbox:
             image = images.task_tag()
         api = self._client.api
         host_config = api.create_host_config(
-            network_mode=cfg.network_mode, cap_drop=list(cfg.cap_drop), read_only=cfg.read_only_root,
+            network_mode=cfg.network_mode, cap_drop=list(cfg.cap_drop), cap_add=list(cfg.cap_add) or None,
+            read_only=cfg.read_only_root,
             security_opt=["no-new-privileges"] if cfg.no_new_privileges else None,
             mem_limit=cfg.mem_limit, memswap_limit=cfg.memswap_limit, pids_limit=cfg.pids_limit,
             nano_cpus=int(cfg.cpus * 1e9), init=True, auto_remove=True,
@@ -267,18 +296,22 @@ class DockerSandbox:
         try:
             created = api.create_container(
                 image, user=cfg.user, stdin_open=True, detach=False, tty=False, labels=labels,
+                environment={"BAT_AGENT_UID": str(cfg.agent_uid), "BAT_AGENT_GID": str(cfg.agent_uid)},
                 working_dir=WORKSPACE, host_config=host_config, network_disabled=cfg.network_mode == "none")
             self.container_id = created["Id"]
             sock = api.attach_socket(self.container_id, params={"stdin": 1, "stdout": 1, "stderr": 1,
                                                                 "stream": 1})
             self._channel = _Channel(sock)
             api.start(self.container_id)
-            self._channel.send({"op": "ping"})
-            reply = self._channel.recv(cfg.start_timeout_s)
+            reply = self._channel.request({"op": "ping"}, cfg.start_timeout_s)
             if not reply.get("ok"):
                 raise SandboxError(f"sandbox executor failed to start: {reply.get('error')}")
+            if cfg.require_separation and not reply.get("separated"):
+                raise SandboxError(f"image {image!r}: the executor does not run agent calls as another uid "
+                                   "(rebuild the image with launch/build_images.sh, or run it as root)")
         except (docker.errors.DockerException, requests.exceptions.RequestException, OSError, EOFError,
                 TimeoutError, ValueError) as e:
+            self._fault = "infra"
             self.close()
             raise SandboxError(f"could not start a sandbox from image {image!r}: {type(e).__name__}: {e}") from e
 
@@ -307,14 +340,42 @@ class DockerSandbox:
         """False once closed or once the executor died or stopped answering."""
         return not self._closed and not self._dead
 
+    @property
+    def fault(self) -> str:
+        """Who a failure of this sandbox is charged to: '' (none), 'agent' (it died, hung or stopped answering
+        after the agent's code ran: scored as the agent's failure) or 'infra' (it could not start, the engine
+        is unreachable, or it failed before any agent code ran: unscored)."""
+        return self._fault
+
+    @property
+    def failure(self) -> str:
+        """Text of the failure ('' when none)."""
+        return self._dead
+
+    @property
+    def stray_replies(self) -> int:
+        """Lines on the reply channel that answered no pending request (dropped)."""
+        return self._channel.stray if self._channel is not None else 0
+
+    def _engine_ok(self) -> bool:
+        try:
+            self._client.api.ping()
+            return True
+        except (docker.errors.DockerException, requests.exceptions.RequestException, OSError):
+            return False
+
     def _request(self, req: dict, timeout_s: float) -> dict:
         if not self.alive:
             raise SandboxError(self._dead or "sandbox is closed")
+        if req.get("op") == "exec":
+            self._agent_ran = True
         try:
-            self._channel.send(req)
-            return self._channel.recv(timeout_s)
+            return self._channel.request(req, timeout_s)
         except (OSError, EOFError, TimeoutError, ValueError) as e:
             self._dead = f"sandbox executor died or stopped answering ({type(e).__name__}: {e})"
+            self._fault = "agent" if self._agent_ran and self._engine_ok() else "infra"
+            if self._fault == "agent":
+                self._dead += " after the agent's code ran"
             raise SandboxError(self._dead) from e
 
     # -- tools ---------------------------------------------------------------------------------------------
@@ -346,7 +407,9 @@ class DockerSandbox:
                 duration_s=time.monotonic() - t0, timed_out=bool(reply.get("timed_out", False)),
                 truncated=bool(reply.get("truncated", False)), error=reply.get("error", ""))
             self._record("execute_code", language, code, obs, started,
-                         reply.get("stdout_sha256", _EMPTY_SHA), reply.get("stderr_sha256", _EMPTY_SHA))
+                         reply.get("stdout_sha256", _EMPTY_SHA), reply.get("stderr_sha256", _EMPTY_SHA),
+                         tuple(reply.get("reads", ())), tuple(reply.get("writes", ())),
+                         bool(reply.get("trace_complete", False)))
             return obs
 
     def submit(self, path: str) -> Observation:
@@ -356,7 +419,7 @@ class DockerSandbox:
             t0 = time.monotonic()
             rel = posixpath.normpath(path.removeprefix(WORKSPACE + "/")) if path else ""
             try:
-                self.read_file(rel)
+                self._stat_file(rel)
                 self._submitted = rel
                 obs = Observation(stdout=f"submitted {rel}", stderr="", exit_code=0,
                                   duration_s=time.monotonic() - t0)
@@ -366,11 +429,13 @@ class DockerSandbox:
             self._record("submit", "", path, obs, started, sha256_hex(obs.stdout), _EMPTY_SHA)
             return obs
 
-    def _record(self, tool, language, code, obs, started, out_sha, err_sha) -> None:
+    def _record(self, tool, language, code, obs, started, out_sha, err_sha, reads=(), writes=(),
+                trace_complete=False) -> None:
         self._receipts.append(Receipt(
             index=len(self._receipts), tool=tool, language=language, code=code, exit_code=obs.exit_code,
             stdout_sha256=out_sha, stderr_sha256=err_sha, started_at=started, finished_at=time.time(),
-            timed_out=obs.timed_out, stdout=obs.stdout))
+            timed_out=obs.timed_out, stdout=obs.stdout, reads=reads, writes=writes,
+            trace_complete=trace_complete))
 
     def receipts(self) -> list[Receipt]:
         """Host-side copies of every call's receipt, in order."""
@@ -381,43 +446,83 @@ class DockerSandbox:
         return self._submitted
 
     # -- files ---------------------------------------------------------------------------------------------
-    def _archive(self, path: str) -> dict[str, bytes]:
-        try:
-            stream, _ = self._client.api.get_archive(self.container_id, path)
-            return tar_to_files(stream)
-        except docker.errors.NotFound as e:
-            raise FileNotFoundError(path) from e
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise SandboxError(f"cannot read {path} from the sandbox: {e}") from e
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Workspace file bytes, read through the engine.
 
-    def read_file(self, path: str) -> bytes:
-        """Workspace file bytes, read through the engine. Raises FileNotFoundError (also for directories)."""
+        Raises:
+          FileNotFoundError: missing, a directory or a symlink (never followed).
+          FileTooLarge: the file holds more than `max_bytes` (default `config.evidence.max_file_bytes`) bytes;
+            raised from the archive's size header, before any content is transferred.
+          ValueError: a path outside the workspace.
+        """
         rel = posixpath.normpath(path)
         if rel.startswith("/") or rel.startswith(".."):
             raise ValueError(f"path {path!r} is outside the workspace")
-        return self._single_file(rel)
-
-    def _single_file(self, rel: str) -> bytes:
+        limit = self.config.evidence.max_file_bytes if max_bytes is None else int(max_bytes)
+        stream, stat = self._open_archive(rel)
         try:
-            stream, _ = self._client.api.get_archive(self.container_id, posixpath.join(WORKSPACE, rel))
-            data = b"".join(stream)
+            size = int(stat.get("size", 0))
+            if size > limit:
+                raise FileTooLarge(f"{rel}: {size} bytes, over the {limit}-byte evidence cap")
+            with tarfile.open(fileobj=_CappedStream(stream, limit + 65536), mode="r|") as tar:
+                member = tar.next()
+                if member is None or not member.isfile():
+                    raise FileNotFoundError(f"{rel} is not a regular file")
+                if member.size > limit:
+                    raise FileTooLarge(f"{rel}: {member.size} bytes, over the {limit}-byte evidence cap")
+                return tar.extractfile(member).read()
+        except (tarfile.TarError, OSError) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise SandboxError(f"cannot read {rel} from the sandbox: {e}") from e
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+
+    def _open_archive(self, rel: str):
+        try:
+            return self._client.api.get_archive(self.container_id, posixpath.join(WORKSPACE, rel))
         except docker.errors.NotFound as e:
             raise FileNotFoundError(rel) from e
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise SandboxError(f"cannot read {rel} from the sandbox: {e}") from e
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-            member = tar.next()
-            if member is None or not member.isfile():
-                raise FileNotFoundError(f"{rel} is not a regular file")
-            return tar.extractfile(member).read()
+
+    def _stat_file(self, rel: str) -> int:
+        """Size of a regular workspace file, from the archive's header only. Raises FileNotFoundError."""
+        stream, stat = self._open_archive(rel)
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+        mode = int(stat.get("mode", 0))
+        if mode & ((1 << 31) | (1 << 27)):  # Go's os.ModeDir / os.ModeSymlink
+            raise FileNotFoundError(f"{rel} is not a regular file")
+        return int(stat.get("size", 0))
 
     def export_state(self) -> SandboxState:
-        """The current workspace (regular files only) and environment as a SandboxState (a snapshot)."""
+        """The current workspace (regular files within `config.evidence`) and environment as a SandboxState."""
         with self._lock:
-            return SandboxState(files=self._archive(WORKSPACE + "/."), env=dict(self._env))
+            files, _ = gather_files(self, self.config.evidence)
+            return SandboxState(files=files, env=dict(self._env))
 
     def list_files(self) -> list[str]:
-        return sorted(self.export_state().files)
+        """Regular workspace files (symlinks never followed), sorted, at most `config.evidence.max_files`;
+        listed by the executor within `config.evidence.max_seconds`."""
+        lim = self.config.evidence
+        reply = self._request({"op": "list", "max_files": lim.max_files, "max_seconds": lim.max_seconds},
+                              lim.max_seconds + self.config.grace_s)
+        if not reply.get("ok"):
+            raise SandboxError(f"listing the workspace failed: {reply.get('error')}")
+        return sorted(path for path, _ in reply.get("files", []))
+
+    def fingerprint(self) -> dict:
+        """Everything an episode could leave behind (writable mounts, processes, IPC objects); a reset
+        sandbox and a fresh one give equal fingerprints (see sandboxes/task/executor.py)."""
+        with self._lock:
+            reply = self._request({"op": "fingerprint"}, self.config.start_timeout_s)
+            if not reply.get("ok"):
+                raise SandboxError(f"fingerprint failed: {reply.get('error')}")
+            return {k: v for k, v in reply.items() if k not in ("ok", "id")}
 
     def load_state(self, state: SandboxState) -> None:
         """Replaces the workspace and environment with `state`.
@@ -447,11 +552,36 @@ class DockerSandbox:
             self._env = dict(state.env)
 
     def reset(self, state: SandboxState | None = None) -> None:
-        """Starts a new episode: clears receipts and the submission, then loads `state` (or an empty one)."""
+        """Starts a new episode as in a fresh container: kills every process, empties every writable mount,
+        removes IPC objects, clears receipts, the submission and the failure accounting, then loads `state`
+        (or an empty workspace). Raises SandboxError when the sandbox is dead."""
         with self._lock:
             self._receipts = []
             self._submitted = None
+            self._agent_ran = False
             self.load_state(state or SandboxState(files={}))
+
+
+class _CappedStream:
+    """A file-like view of docker-py's chunk generator that refuses to deliver more than `limit` bytes."""
+
+    def __init__(self, chunks, limit: int):
+        self._chunks = iter(chunks)
+        self._buf = b""
+        self._left = limit
+
+    def read(self, n: int = -1) -> bytes:
+        while (n < 0 or len(self._buf) < n) and self._left > 0:
+            chunk = next(self._chunks, b"")
+            if not chunk:
+                break
+            chunk = chunk[: self._left]
+            self._left -= len(chunk)
+            self._buf += chunk
+        if self._left <= 0 and (n < 0 or len(self._buf) < n):
+            raise FileTooLarge("archive stream over the evidence cap")
+        out, self._buf = (self._buf, b"") if n < 0 else (self._buf[:n], self._buf[n:])
+        return out
 
 
 def new_owner() -> str:

@@ -4,6 +4,7 @@ Recipe files live in `sandboxes/` at the repository root:
   packages.txt      Debian packages of the base image (the one list; task families rely on exactly these)
   task/Dockerfile   task image = base + the in-sandbox executor (no RUN steps, so no network is needed)
   task/executor.py  the long-lived executor process (see bat_jax/sandbox/docker.py for the protocol)
+  + bat_jax/sandbox/file_trace.py, copied next to the executor (kernel file events for receipts; stdlib only)
 
 Tags are content addressed: the base tag hashes this module's recipe constants and the package list, the task
 tag hashes the base tag and every file of `sandboxes/task/`. `ensure_images` builds only what is missing, so a
@@ -28,6 +29,8 @@ import tempfile
 import docker
 
 RECIPE_DIR = pathlib.Path(__file__).resolve().parents[2] / "sandboxes"
+#: Package modules copied into the task image's build context next to the executor.
+TASK_EXTRA_FILES = (pathlib.Path(__file__).resolve().parent / "file_trace.py",)
 SUITE = "bookworm"
 VARIANT = "minbase"
 BASE_REPO = "bat-sandbox-base"
@@ -62,11 +65,14 @@ def base_tag(recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
 
 
 def task_tag(recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
-    """`bat-sandbox:<12 hex>`: hash of the base tag and every file (path + bytes) under `task/` (no caches)."""
+    """`bat-sandbox:<12 hex>`: hash of the base tag, every file (path + bytes) under `task/` (no caches) and
+    the package modules copied next to them (`TASK_EXTRA_FILES`)."""
     h = hashlib.sha256(base_tag(recipe_dir).encode())
     task_dir = recipe_dir / "task"
     for path in sorted(p for p in task_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         h.update(str(path.relative_to(task_dir)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in TASK_EXTRA_FILES:
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return f"{TASK_REPO}:{h.hexdigest()[:12]}"
 
 
@@ -124,10 +130,15 @@ def build_base(client: docker.DockerClient, recipe_dir: pathlib.Path = RECIPE_DI
 
 
 def build_task(client: docker.DockerClient, recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
-    """Builds the task image (base + executor) with `docker build`; returns its tag."""
+    """Builds the task image (base + executor + `TASK_EXTRA_FILES`) with `docker build`; returns its tag."""
     tag = task_tag(recipe_dir)
-    client.images.build(path=str(recipe_dir / "task"), tag=tag, buildargs={"BASE": base_tag(recipe_dir)},
-                        labels={IMAGE_LABEL: "task"}, rm=True, network_mode="none")
+    with tempfile.TemporaryDirectory(prefix="bat-task-context-") as tmp:
+        context = pathlib.Path(tmp) / "task"
+        shutil.copytree(recipe_dir / "task", context, ignore=shutil.ignore_patterns("__pycache__"))
+        for path in TASK_EXTRA_FILES:
+            shutil.copy2(path, context / path.name)
+        client.images.build(path=str(context), tag=tag, buildargs={"BASE": base_tag(recipe_dir)},
+                            labels={IMAGE_LABEL: "task"}, rm=True, network_mode="none")
     return tag
 
 

@@ -76,6 +76,10 @@ class Receipt:
       started_at, finished_at: Unix timestamps, seconds.
       timed_out: as in Observation.
       stdout: the (truncated) stdout the agent saw, kept for evidence predicates.
+      reads, writes: workspace-relative paths the call's processes read / wrote, as the kernel reported them
+        (`bat_jax.sandbox.file_trace`), sorted. Evidence predicates rest on these, never on `code`.
+      trace_complete: False when the backend could not observe every file event of the call (no tracing, a
+        kernel queue overflow, a directory tree past the watch cap): reads / writes may then miss paths.
     """
 
     index: int
@@ -89,6 +93,9 @@ class Receipt:
     finished_at: float
     timed_out: bool
     stdout: str = ""
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    trace_complete: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +120,10 @@ class SandboxState:
         return h.hexdigest()
 
 
+class FileTooLarge(ValueError):
+    """A workspace file is larger than the byte budget the caller gave `Sandbox.read_file`."""
+
+
 class Sandbox(Protocol):
     """One live sandbox holding one episode's workspace."""
 
@@ -125,11 +136,13 @@ class Sandbox(Protocol):
     def receipts(self) -> list[Receipt]:
         """Receipts of every call so far, in order (host-side copy)."""
 
-    def read_file(self, path: str) -> bytes:
-        """Host-side read of a workspace file, for the verifier. Raises FileNotFoundError."""
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Host-side read of a workspace file, for the verifier. Raises FileNotFoundError, and FileTooLarge
+        (before reading anything) when the file holds more than `max_bytes` bytes."""
 
     def list_files(self) -> list[str]:
-        """Workspace-relative paths of all files, sorted."""
+        """Workspace-relative paths of the regular files (symlinks not followed), sorted; a backend may cap
+        how many it lists."""
 
     def submitted(self) -> str | None:
         """The submitted workspace-relative path, or None."""

@@ -1,18 +1,35 @@
 """In-sandbox executor: one long-lived process per container that runs tool calls.
 
 Protocol (one JSON object per line, both ways): the host writes a request line on this process's stdin (the
-container's attached stdin) and reads exactly one response line from its stdout. Requests:
+container's attached stdin) and reads exactly one response line from its stdout. Every request carries an
+"id" that its reply echoes; the host accepts only the reply with the id it sent. Requests:
 
-  {"op": "ping"}                                   -> {"ok": true, "pid": int, "preloaded": [str]}
+  {"op": "ping"}                                   -> {"ok": true, "pid": int, "preloaded": [str],
+                                                       "separated": bool, "trace": str}
   {"op": "exec", "language": "python" | "bash", "code": str, "timeout_s": float, "max_chars": int,
    "env": {str: str}}                              -> {"ok": true, "stdout", "stderr", "stdout_sha256",
                                                        "stderr_sha256", "stdout_bytes", "stderr_bytes",
                                                        "exit_code", "timed_out", "truncated", "duration_s",
-                                                       "error"}
+                                                       "error", "reads", "writes", "trace_complete"}
   {"op": "wipe"}                                   -> {"ok": true, "removed": int}
   {"op": "load", "tar_b64": str}                   -> {"ok": true, "removed": int, "written": int}
-      wipe, then write the regular files of the (host-built) tar into /workspace; names that are absolute or
+      reset, then write the regular files of the (host-built) tar into /workspace; names that are absolute or
       leave the workspace are refused.
+  {"op": "list", "max_files": int, "max_seconds": float}
+                                                   -> {"ok": true, "files": [[path, bytes]], "complete": bool}
+      regular files under /workspace (symlinks are never followed), at most max_files of them.
+  {"op": "fingerprint"}                            -> {"ok": true, "mounts", "files", "procs", "ipc"}
+      everything an episode could leave behind (see `_fingerprint`); a reset sandbox and a fresh one give
+      the same fingerprint.
+
+Privilege separation: this executor runs as root inside the container with a handful of capabilities (CHOWN,
+DAC_OVERRIDE, FOWNER, KILL, SETUID, SETGID; everything else dropped by the host). Every call runs as the
+agent uid (65534) with no capabilities, no file descriptor but 0/1/2, and cannot signal, ptrace or read this
+process or PID 1. `wipe` / `load` reset every writable mount (/workspace, /tmp, /dev/shm, /dev/mqueue), remove
+SysV IPC objects and kill every process, so a pooled sandbox after a reset equals a fresh one.
+
+File evidence: `reads` / `writes` are the workspace files the call's processes read / wrote, observed by the
+kernel (inotify, `file_trace.py`), never taken from the code text.
 
 Every call forks a child from this warm process (numpy, scipy, nibabel and PIL are imported once at start, so a
 Python call pays neither interpreter start nor imports). The child runs in its own process group, with stdin
@@ -42,7 +59,14 @@ import tarfile
 import time
 import traceback
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import file_trace  # noqa: E402 - copied next to this file into the image (bat_jax/sandbox/file_trace.py)
+
 WORKSPACE = "/workspace"
+AGENT_UID = int(os.environ.get("BAT_AGENT_UID", "65534"))
+AGENT_GID = int(os.environ.get("BAT_AGENT_GID", "65534"))
+#: Writable mounts an episode can leave files in; a reset empties each of them.
+RESET_DIRS = (WORKSPACE, "/tmp", "/dev/shm", "/dev/mqueue")
 PRELOAD = ("numpy", "scipy", "scipy.ndimage", "nibabel", "PIL.Image")
 _READ = 65536
 
@@ -96,67 +120,76 @@ class _Stream:
         return head + marker + tail, True
 
 
+def _drop_privileges():
+    """Becomes the agent uid/gid with no supplementary groups (and so no capabilities). A no-op when this
+    executor is not root (an image run without privilege separation; the ping reply says so)."""
+    if os.geteuid() != 0:
+        return
+    os.setgroups([])
+    os.setgid(AGENT_GID)
+    os.setuid(AGENT_UID)
+
+
 class _Zygote:
     """A child forked ahead of time (off the critical path) that waits for one request on a pipe.
 
-    Pipes: `req` (executor -> child: the request, then EOF), `ctl` (child -> executor: "<pid> <status>" once the
-    Python code finished and its output is flushed and closed), `out` / `err` (the call's stdout / stderr).
+    Pipes: `req` (executor -> child: the request, then EOF), `out` / `err` (the call's stdout / stderr). The
+    child keeps no other descriptor of this process: the reply channel, the inotify descriptor and the
+    executor's stdin are closed before any agent code runs.
     """
 
     def __init__(self):
         req_r, self.req_w = os.pipe()
-        self.ctl_r, ctl_w = os.pipe()
         self.out_r, out_w = os.pipe()
         self.err_r, err_w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
-            for fd in (self.req_w, self.ctl_r, self.out_r, self.err_r):
-                os.close(fd)
-            _child(req_r, ctl_w, out_w, err_w)
+            _child(req_r, out_w, err_w)
         try:
             os.setpgid(self.pid, self.pid)
         except OSError:
             pass
-        for fd in (req_r, ctl_w, out_w, err_w):
+        for fd in (req_r, out_w, err_w):
             os.close(fd)
 
     def close_fds(self):
-        for fd in (self.req_w, self.ctl_r, self.out_r, self.err_r):
+        for fd in (self.req_w, self.out_r, self.err_r):
             try:
                 os.close(fd)
             except OSError:
                 pass
 
 
-def _child(req_r, ctl_w, out_w, err_w):
-    """Runs in the forked child: prepares the process, waits for the request, runs it; never returns."""
+def _child(req_r, out_w, err_w):
+    """Runs in the forked child: drops to the agent uid, waits for the request, runs it; never returns."""
     try:
         os.setpgid(0, 0)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:  # before the uid change: the file is root's then
+                f.write("1000")
+        except OSError:
+            pass
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        for fd in (devnull, out_w, err_w):
-            os.close(fd)
+        os.dup2(req_r, 3)
+        os.closerange(4, _max_fd())  # every descriptor of the executor: reply channel, inotify, pipes
+        os.set_inheritable(3, False)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        _drop_privileges()
         _set_dumpable(1)  # the call's own processes are ordinary (their /proc entries stay theirs)
-        try:
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("1000")
-        except OSError:
-            pass
         chunks = []
         while True:
-            data = os.read(req_r, _READ)
+            data = os.read(3, _READ)
             if not data:
                 break
             chunks.append(data)
-        os.close(req_r)
+        os.close(3)
         if not chunks:  # the executor dropped this zygote
             os._exit(0)
         req = json.loads(b"".join(chunks))
-        os.set_inheritable(ctl_w, False)
         os.chdir(WORKSPACE)
         env = dict(os.environ)
         env.update(req.get("env") or {})
@@ -172,7 +205,6 @@ def _child(req_r, ctl_w, out_w, err_w):
         sys.path[0:0] = [WORKSPACE]
         sys.dont_write_bytecode = True  # no __pycache__ in the workspace
         linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
-        me = os.getpid()
         status = 0
         try:
             exec(compile(code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": builtins})
@@ -193,16 +225,19 @@ def _child(req_r, ctl_w, out_w, err_w):
             sys.stderr.flush()
         except Exception:  # noqa: BLE001
             pass
-        if os.getpid() == me:  # not a process the code forked
-            os.close(1)
-            os.close(2)
-            os.write(ctl_w, b"%d %d\n" % (me, status))
         os._exit(status)
     except BaseException:  # noqa: BLE001
         try:
             os.write(2, traceback.format_exc().encode())
         finally:
             os._exit(127)
+
+
+def _max_fd():
+    try:
+        return max(64, min(os.sysconf("SC_OPEN_MAX"), 1 << 20))
+    except (ValueError, OSError):
+        return 1 << 16
 
 
 def _other_pids(keep):
@@ -266,6 +301,20 @@ class Executor:
 
     def __init__(self):
         self.zygote = None
+        self.trace = None
+        self.trace_error = ""
+        self.new_trace()
+
+    def new_trace(self):
+        """A fresh inotify watch over the workspace (after every reset: the old tree is gone)."""
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None
+        try:
+            self.trace = file_trace.FileTrace(WORKSPACE)
+            self.trace_error = ""
+        except OSError as e:
+            self.trace_error = "file tracing unavailable: %s" % (e,)
 
     def spawn(self):
         if self.zygote is None:
@@ -316,6 +365,9 @@ class Executor:
         z, self.zygote = self.zygote, None
         pid = z.pid
         ooms = _oom_kills()
+        trace = self.trace
+        if trace is not None:
+            trace.begin()
         payload = json.dumps({"language": req["language"], "code": req["code"], "env": req.get("env") or {}})
         view = memoryview(payload.encode())
         try:
@@ -331,25 +383,23 @@ class Executor:
             pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError):
             pidfd = None
-        status = None  # ("exit", code) | ("wait", waitpid status)
+        status = None  # waitpid status of the call's main process
         timed_out = False
         done_at = None
-        ctl_buf = b""
-        watch_ctl = True
         while True:
             now = time.monotonic()
             if now >= deadline:
                 timed_out = status is None
                 break
-            if status is None and (pidfd is None or done_at is not None):
+            if status is None and pidfd is None:
                 got, st = os.waitpid(pid, os.WNOHANG)
                 if got:
-                    status, done_at = ("wait", st), now
+                    status, done_at = st, now
             if status is not None and (not open_fds or now - done_at > 0.05):
                 break
             watch = list(open_fds)
-            if watch_ctl:
-                watch.append(z.ctl_r)
+            if trace is not None:
+                watch.append(trace.fd)
             if pidfd is not None and status is None:
                 watch.append(pidfd)
             wait = deadline - now
@@ -360,18 +410,9 @@ class Executor:
                 if fd == pidfd:
                     got, st = os.waitpid(pid, os.WNOHANG)
                     if got:
-                        status, done_at = ("wait", st), time.monotonic()
-                elif fd == z.ctl_r:
-                    data = os.read(fd, 256)
-                    if not data:
-                        watch_ctl = False
-                        continue
-                    ctl_buf += data
-                    for line in ctl_buf.split(b"\n")[:-1]:
-                        parts = line.split()
-                        if len(parts) == 2 and int(parts[0]) == pid and status is None:
-                            status, done_at = ("exit", int(parts[1])), time.monotonic()
-                    ctl_buf = ctl_buf.rsplit(b"\n", 1)[-1]
+                        status, done_at = st, time.monotonic()
+                elif trace is not None and fd == trace.fd:
+                    trace.drain()
                 else:
                     data = os.read(fd, _READ)
                     if data:
@@ -392,17 +433,15 @@ class Executor:
         error = ""
         exit_code = None
         if not timed_out and status is not None:
-            kind, value = status
-            if kind == "exit":
-                exit_code = value
-            elif os.WIFSIGNALED(value):
-                sig = os.WTERMSIG(value)
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
                 exit_code = 128 + sig
                 error = "killed by signal %s" % signal.Signals(sig).name
                 if sig == signal.SIGKILL and _oom_kills() > ooms >= 0:
                     error = "out of memory: the call exceeded the sandbox memory limit and was killed (SIGKILL)"
             else:
-                exit_code = os.WEXITSTATUS(value)
+                exit_code = os.WEXITSTATUS(status)
+        reads, writes, complete = trace.end() if trace is not None else ([], [], False)
         out, err = streams[z.out_r], streams[z.err_r]
         out_text, out_cut = out.text(max_chars)
         err_text, err_cut = err.text(max_chars)
@@ -415,7 +454,19 @@ class Executor:
             "stdout_bytes": out.total, "stderr_bytes": err.total,
             "exit_code": exit_code, "timed_out": timed_out, "truncated": out_cut or err_cut,
             "duration_s": time.monotonic() - start, "error": error,
+            "reads": reads, "writes": writes, "trace_complete": complete and trace is not None,
         }, pid
+
+    def reset(self, tar_b64=None):
+        """Kills every process, empties every writable mount, removes SysV IPC objects, then loads the tar."""
+        self.drop_zygote()
+        _sweep()
+        _remove_ipc()
+        removed = _wipe()
+        written = _load(tar_b64) if tar_b64 else 0
+        self.new_trace()
+        self.spawn()
+        return {"removed": removed, "written": written}
 
 
 def _set_dumpable(flag):
@@ -427,8 +478,7 @@ def _set_dumpable(flag):
 
 
 def _load(tar_b64):
-    """Wipes the workspace, then writes the tar's directories and regular files (nothing else) into it."""
-    removed = _wipe()["removed"]
+    """Writes the tar's directories and regular files (nothing else) into the workspace, owned by the agent."""
     written = 0
     root = os.path.realpath(WORKSPACE)
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(tar_b64)), mode="r") as tar:
@@ -437,45 +487,207 @@ def _load(tar_b64):
             if member.name.startswith("/") or not target.startswith(root + os.sep):
                 raise ValueError("refusing tar member %r outside the workspace" % member.name)
             if member.isdir():
-                os.makedirs(target, mode=0o755, exist_ok=True)
+                _makedirs(target, root)
             elif member.isfile():
-                os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
-                with open(target, "wb") as f:
+                _makedirs(os.path.dirname(target), root)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, member.mode & 0o755)
+                with os.fdopen(fd, "wb") as f:
                     f.write(tar.extractfile(member).read())
+                os.chown(target, AGENT_UID, AGENT_GID)
                 os.chmod(target, member.mode & 0o755)
                 written += 1
-    return {"removed": removed, "written": written}
+    return written
+
+
+def _makedirs(path, root):
+    """Creates `path` and its missing parents below `root`, each 0755 and owned by the agent."""
+    missing = []
+    while path != root and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for d in reversed(missing):
+        os.mkdir(d, 0o755)
+        os.chown(d, AGENT_UID, AGENT_GID)
+
+
+def _empty(top):
+    """Removes everything below `top` (not following symlinks); returns how many entries went."""
+    removed = 0
+    try:
+        entries = list(os.scandir(top))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                removed += _empty(entry.path)
+                os.rmdir(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def _wipe():
-    """Removes everything under /workspace, first making every directory writable (the agent may chmod)."""
-    for root, dirs, _ in os.walk(WORKSPACE):
-        for name in dirs:
-            path = os.path.join(root, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o700)
-    removed = 0
-    for root, dirs, files in os.walk(WORKSPACE, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-            removed += 1
-        for name in dirs:
-            path = os.path.join(root, name)
-            if os.path.islink(path):
-                os.unlink(path)
-            else:
-                os.rmdir(path)
-            removed += 1
-    return {"removed": removed}
+    """Empties every writable mount of `RESET_DIRS` and restores the workspace root (mode, owner, xattrs)."""
+    removed = sum(_empty(d) for d in RESET_DIRS)
+    try:
+        if os.geteuid() == 0:
+            os.chown(WORKSPACE, AGENT_UID, AGENT_GID)
+        os.chmod(WORKSPACE, 0o755)
+        for name in os.listxattr(WORKSPACE, follow_symlinks=False):
+            os.removexattr(WORKSPACE, name, follow_symlinks=False)
+    except OSError:
+        pass
+    return removed
+
+
+def _ipc_objects():
+    """[(kind, id)] of every SysV IPC object in this IPC namespace, from /proc/sysvipc."""
+    out = []
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                next(f, None)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 1:
+                        out.append((kind, int(parts[1])))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _remove_ipc():
+    """Removes every SysV IPC object. Removal needs the owner's uid (no CAP_SYS_ADMIN here), so a short-lived
+    child at the agent uid does it."""
+    objects = _ipc_objects()
+    if not objects:
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.closerange(3, _max_fd())
+            _drop_privileges()
+            libc = ctypes.CDLL(None, use_errno=True)
+            for kind, ident in objects:  # IPC_RMID = 0
+                if kind == "shm":
+                    libc.shmctl(ident, 0, None)
+                elif kind == "sem":
+                    libc.semctl(ident, 0, 0)
+                else:
+                    libc.msgctl(ident, 0, None)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _list(max_files, max_seconds):
+    """Regular files under the workspace as [path, bytes] (symlinks never followed), capped in count and time."""
+    files, complete = [], True
+    end = time.monotonic() + max_seconds
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        try:
+            entries = sorted(os.scandir(os.path.join(WORKSPACE, rel) if rel else WORKSPACE), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if len(files) >= max_files or time.monotonic() > end:
+                return files, False
+            path = rel + "/" + entry.name if rel else entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(path)
+                elif entry.is_file(follow_symlinks=False):
+                    files.append([path, entry.stat(follow_symlinks=False).st_size])
+            except OSError:
+                continue
+    return sorted(files), complete
+
+
+_DOCKER_FILES = ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf")  # per-container content by design
+
+
+def _writable_mounts():
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, fstype = left.split(), right.split()[0]
+            if fstype in ("proc", "sysfs", "cgroup", "cgroup2", "devpts"):
+                continue
+            point = fields[4].replace("\\040", " ")
+            if point.split("/")[1:2] in (["proc"], ["sys"]):  # kernel views, not storage
+                continue
+            if "rw" in fields[5].split(","):
+                mounts.append(point)
+    return sorted(set(mounts))
+
+
+def _fingerprint():
+    """Everything an episode could leave behind, free of per-container noise (ids, times): every entry of every
+    writable mount (type, mode, owner, size, content digest, xattrs), every process but PID 1 and this one (uid
+    and command line), SysV IPC objects. Equal for a fresh sandbox and a reset one."""
+    files = {}
+    for mount in _writable_mounts():
+        entries = []
+        if os.path.isdir(mount) and not os.path.islink(mount):
+            for root, dirs, names in os.walk(mount):
+                dirs.sort()
+                for name in sorted(dirs) + sorted(names):
+                    entries.append(_entry(os.path.join(root, name), mount))
+            entries.append(_entry(mount, mount))
+        else:
+            entries.append(_entry(mount, mount, digest=mount not in _DOCKER_FILES))
+        files[mount] = sorted(entries)
+    procs = []
+    me = os.getpid()
+    for pid in _other_pids({1, me}):
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            procs.append([os.stat("/proc/%d" % pid).st_uid, cmd])
+        except OSError:
+            continue
+    return {"mounts": _writable_mounts(), "files": files, "procs": sorted(procs),
+            "ipc": sorted(kind for kind, _ in _ipc_objects())}
+
+
+def _entry(path, mount, digest=True):
+    st = os.lstat(path)
+    rel = os.path.relpath(path, mount)
+    kind = "d" if os.path.isdir(path) and not os.path.islink(path) else "l" if os.path.islink(path) else "f"
+    sha = ""
+    if kind == "f" and digest and os.path.isfile(path):
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            sha = h.hexdigest()
+        except OSError:
+            sha = "unreadable"
+    try:
+        xattrs = sorted(os.listxattr(path, follow_symlinks=False))
+    except OSError:
+        xattrs = []
+    return [rel, kind, oct(st.st_mode & 0o7777), st.st_uid, st.st_gid, st.st_size if kind == "f" else 0, sha,
+            xattrs]
 
 
 def main():
     out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.set_inheritable(out.fileno(), False)
     devnull = os.open("/dev/null", os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     os.close(devnull)
-    _set_dumpable(0)  # agent code (same uid) cannot ptrace this process or read its memory
+    _set_dumpable(0)  # nothing of another uid may ptrace this process or read its memory
+    separated = os.geteuid() == 0
     preloaded = _preload()
     executor = Executor()
     executor.spawn()
@@ -483,23 +695,29 @@ def main():
         if not line.strip():
             continue
         pid = None
+        ident = None
         try:
             req = json.loads(line)
+            ident = req.get("id")
             op = req.get("op")
             if op == "ping":
-                resp = {"pid": os.getpid(), "preloaded": preloaded}
+                resp = {"pid": os.getpid(), "preloaded": preloaded, "separated": separated,
+                        "trace": executor.trace_error or "ok"}
             elif op == "exec":
                 resp, pid = executor.exec(req)
             elif op in ("wipe", "load"):
-                executor.drop_zygote()
-                _sweep()
-                resp = _wipe() if op == "wipe" else _load(req["tar_b64"])
-                executor.spawn()
+                resp = executor.reset(req.get("tar_b64") if op == "load" else None)
+            elif op == "list":
+                files, complete = _list(int(req.get("max_files", 10000)), float(req.get("max_seconds", 10.0)))
+                resp = {"files": files, "complete": complete}
+            elif op == "fingerprint":
+                resp = _fingerprint()
             else:
                 raise ValueError("unknown op %r" % (op,))
             resp["ok"] = True
         except Exception:  # noqa: BLE001 - report, keep serving
             resp = {"ok": False, "error": traceback.format_exc()}
+        resp["id"] = ident
         out.write(json.dumps(resp) + "\n")
         if pid is not None:
             executor.cleanup(pid)  # after the reply: off the critical path of the call

@@ -1,0 +1,171 @@
+"""Kernel-observed file reads and writes under a directory tree, per tool call (Linux inotify via ctypes).
+
+Rubric evidence must rest on what a call actually executed, never on the text of its code (issue 13): a call
+whose code only *mentions* `task.md` or `predict(` in a comment reads and writes nothing. The kernel reports,
+for every process that touches a watched directory, which files were read (`IN_ACCESS`: a read(2) happened)
+and which were written (`IN_MODIFY`, `IN_CLOSE_WRITE`, `IN_CREATE`, `IN_MOVED_TO`). The watcher runs outside
+the agent's processes (the in-sandbox executor, as another uid, or the host for the local backend), so agent
+code can neither forge nor erase these events: it can only fail to produce them.
+
+Limits: at most `max_dirs` directories are watched (a directory tree deeper or wider than that loses events
+below the cap); a kernel queue overflow (`IN_Q_OVERFLOW`) marks the call's trace incomplete. Both can only
+*lose* evidence (the agent's failure), never invent it. Files created inside a directory that appeared during
+the call, before its watch was added, are counted as written (they can only have been created by the call).
+
+This module is stdlib only: it is copied next to the executor into the sandbox image
+(`bat_jax/sandbox/images.py`) and imported by the local backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import struct
+
+IN_ACCESS = 0x00000001
+IN_MODIFY = 0x00000002
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+IN_ONLYDIR = 0x01000000
+IN_DONT_FOLLOW = 0x02000000
+IN_ISDIR = 0x40000000
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+
+_WRITE = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+_MASK = IN_ACCESS | _WRITE | IN_ONLYDIR | IN_DONT_FOLLOW
+_HEADER = struct.Struct("iIII")
+
+
+class TraceUnavailable(OSError):
+    """inotify cannot be used here (kernel limit `fs.inotify.max_user_instances` reached, or not Linux)."""
+
+
+class FileTrace:
+    """Watches `root` recursively; `begin()` / `end()` bracket one call and return what it read and wrote.
+
+    Args:
+      root: directory to watch (the workspace).
+      max_dirs: most directories watched at once.
+      max_paths: most paths reported per call in each of reads / writes (more marks the trace incomplete).
+    Raises:
+      TraceUnavailable: inotify_init1 failed (the message names the kernel limit to raise).
+    """
+
+    def __init__(self, root: str, max_dirs: int = 2000, max_paths: int = 5000):
+        self.root = os.path.realpath(root)
+        self.max_dirs = int(max_dirs)
+        self.max_paths = int(max_paths)
+        libc_name = ctypes.util.find_library("c") or "libc.so.6"
+        self._libc = ctypes.CDLL(libc_name, use_errno=True)
+        self.fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if self.fd < 0:
+            err = ctypes.get_errno()
+            raise TraceUnavailable(err, f"inotify_init1 failed: {os.strerror(err)} (raise "
+                                        "fs.inotify.max_user_instances if this is EMFILE)")
+        self._dirs: dict[int, str] = {}  # watch descriptor -> directory path relative to root ('' = root)
+        self.reads: set[str] = set()
+        self.writes: set[str] = set()
+        self.complete = True
+        self._watch_tree("")
+
+    # -- watches ---------------------------------------------------------------------------------------------
+    def _watch(self, rel: str) -> bool:
+        if len(self._dirs) >= self.max_dirs:
+            self.complete = False
+            return False
+        path = os.path.join(self.root, rel) if rel else self.root
+        wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), _MASK)
+        if wd < 0:
+            return False
+        self._dirs[wd] = rel
+        return True
+
+    def _watch_tree(self, rel: str, created: bool = False) -> None:
+        """Watches `rel` and every directory below it; with `created`, files found there count as written."""
+        stack = [rel]
+        while stack:
+            cur = stack.pop()
+            if not self._watch(cur):
+                continue
+            try:
+                entries = list(os.scandir(os.path.join(self.root, cur) if cur else self.root))
+            except OSError:
+                continue
+            for entry in entries:
+                sub = f"{cur}/{entry.name}" if cur else entry.name
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(sub)
+                    elif created:
+                        self._add(self.writes, sub)
+                except OSError:
+                    continue
+
+    def _add(self, bucket: set[str], path: str) -> None:
+        if len(bucket) >= self.max_paths:
+            self.complete = False
+        else:
+            bucket.add(path)
+
+    # -- events ----------------------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Reads every queued event (non-blocking); call it whenever `fd` is readable."""
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno == errno.EINTR:
+                    continue
+                return
+            if not data:
+                return
+            off = 0
+            while off + _HEADER.size <= len(data):
+                wd, mask, _, length = _HEADER.unpack_from(data, off)
+                name = data[off + _HEADER.size: off + _HEADER.size + length].split(b"\0", 1)[0]
+                off += _HEADER.size + length
+                self._event(wd, mask, os.fsdecode(name))
+
+    def _event(self, wd: int, mask: int, name: str) -> None:
+        if mask & IN_Q_OVERFLOW:
+            self.complete = False
+            return
+        if mask & IN_IGNORED:
+            self._dirs.pop(wd, None)
+            return
+        parent = self._dirs.get(wd)
+        if parent is None or not name:
+            return
+        rel = f"{parent}/{name}" if parent else name
+        if mask & IN_ISDIR:
+            if mask & (IN_CREATE | IN_MOVED_TO):
+                self._watch_tree(rel, created=True)
+            return
+        if mask & IN_ACCESS:
+            self._add(self.reads, rel)
+        if mask & _WRITE:
+            self._add(self.writes, rel)
+
+    # -- one call --------------------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Starts a call: drops events of whatever happened before it."""
+        self.drain()
+        self.reads, self.writes, self.complete = set(), set(), len(self._dirs) < self.max_dirs
+
+    def end(self) -> tuple[list[str], list[str], bool]:
+        """Ends a call (after its processes are gone): (sorted reads, sorted writes, trace complete)."""
+        self.drain()
+        return sorted(self.reads), sorted(self.writes), self.complete
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
