@@ -7,18 +7,39 @@ Never run untrusted model output through it; use the Docker backend (`bat_jax.sa
 
 It implements the `bat_jax.sandbox.types.Sandbox` protocol so the task families, the scripted teacher and
 the rubric verifier can be exercised quickly without Docker. Receipts are kept host-side in this object.
+
+The wall-clock limit covers every process a call starts (issue 13), also those that leave the call's process
+group or session (`setsid`, double fork, `nohup … &`, `disown`, `os.setsid()`, `start_new_session=True`):
+`run_with_deadline` runs each call under a small supervisor (`_SUPERVISOR`, a `python -I -S` script, ~20 ms per
+call) that is the parent of the code and, in order of preference:
+
+1. "pidns": the init (PID 1) of a fresh PID namespace made by util-linux `unshare --pid --fork --kill-child`
+   (as root; otherwise with `--user --map-current-user`, then `--map-root-user`). When the supervisor exits or
+   is killed, the kernel kills every process left in the namespace, and code inside cannot signal anything
+   outside it. Which `unshare` form works is probed once per process (`isolation_mode`).
+2. "reaper" (no usable `unshare`, e.g. user namespaces disabled): a child subreaper (prctl
+   PR_SET_CHILD_SUBREAPER), so orphans of the call are re-parented to it instead of to init; it finds every
+   descendant by walking /proc, stops them all (SIGSTOP, so none forks meanwhile), kills them (SIGKILL) and
+   reaps them, until it has no child left. Code that kills the supervisor itself (`kill -9 $PPID`) escapes
+   this mode; the host then kills the supervisor's process group only.
+
+The call ends when its main process exits (strays still holding stdout/stderr are killed then, their later
+output is lost) or at the deadline (everything killed, `timed_out`).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from bat_jax.sandbox.types import (
     DEFAULT_MAX_OUTPUT_CHARS,
@@ -37,6 +58,211 @@ def _safe_relpath(path: str) -> PurePosixPath:
     if rel.is_absolute() or ".." in rel.parts or not rel.parts or str(rel) == ".":
         raise ValueError(f"path {path!r} must be a relative path inside the workspace (no '..')")
     return rel
+
+
+#: The supervisor of one call (argv: status fd, then the command). It writes its host PID (read from the host's
+#: /proc, which it sees also inside a PID namespace) and a newline to the status fd, runs the command as its
+#: child, waits for it, kills and reaps every other process of the call, and only then writes the command's
+#: `Popen.returncode`-style status (negative: killed by that signal) and exits. SIGTERM (the host's deadline)
+#: kills and reaps the whole call without a status. As PID 1 of its own namespace it kills with kill(-1) (the
+#: namespace only; every orphan is its child, so "no child left" means "none left"); otherwise it is a child
+#: subreaper and kills the descendants it finds in /proc.
+_SUPERVISOR = r"""
+import os, signal, sys, time
+status_fd, argv = int(sys.argv[1]), sys.argv[2:]
+os.set_inheritable(status_fd, False)
+init = os.getpid() == 1
+if not init:
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+class Stop(Exception):
+    pass
+def stop(signum, frame):
+    raise Stop
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, stop)
+os.write(status_fd, os.readlink("/proc/self").encode() + b"\n")
+def descendants():
+    kids = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            kids.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(name))
+    found, todo = [], [os.getpid()]
+    while todo:
+        more = kids.get(todo.pop(), [])
+        found += more
+        todo += more
+    return found
+def kill_all():
+    while True:
+        if init:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+        else:
+            pids = descendants()
+            for sig in (signal.SIGSTOP, signal.SIGKILL):
+                for pid in pids:
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(0.002)
+status = None
+try:
+    child = os.fork()
+    if child == 0:
+        try:
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
+            os.execvp(argv[0], argv)
+        except BaseException as exc:
+            os.write(2, ("cannot run %s: %s\n" % (argv[0], exc)).encode())
+        os._exit(127)
+    while status is None:
+        pid, st = os.waitpid(-1, 0)
+        if pid == child:
+            status = os.waitstatus_to_exitcode(st)
+except Stop:
+    pass
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+kill_all()
+if status is not None:
+    os.write(status_fd, str(status).encode() + b"\n")
+os._exit(0)
+"""
+
+#: unshare forms tried, in order, for the "pidns" mode (the first is only tried as root).
+_UNSHARE_FORMS = (("--pid",), ("--user", "--map-current-user", "--pid"), ("--user", "--map-root-user", "--pid"))
+_MODE_LOCK = threading.Lock()
+_MODE: list[tuple[str, tuple[str, ...]]] = []
+
+
+def isolation_mode() -> tuple[str, tuple[str, ...]]:
+    """("pidns", unshare argv prefix) when a fresh PID namespace can be made here, else ("reaper", ()).
+
+    Probed once per process by running `unshare <form> --fork --kill-child true` for each form of
+    `_UNSHARE_FORMS` (5 s limit each); the result is cached.
+    """
+    with _MODE_LOCK:
+        if not _MODE:
+            mode: tuple[str, tuple[str, ...]] = ("reaper", ())
+            forms = _UNSHARE_FORMS if os.geteuid() == 0 else _UNSHARE_FORMS[1:]
+            for form in forms:
+                argv = ("unshare", *form, "--fork", "--kill-child")
+                try:
+                    ok = subprocess.run([*argv, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, timeout=5).returncode == 0
+                except (OSError, subprocess.SubprocessError):
+                    ok = False
+                if ok:
+                    mode = ("pidns", argv)
+                    break
+            _MODE.append(mode)
+        return _MODE[0]
+
+
+class Completed(NamedTuple):
+    """What one supervised call left: exit code (None when it timed out or its status was lost), raw stdout and
+    stderr bytes (all of them, up to the main process's exit or the deadline), timed_out, and an error text
+    ('' normally; set when the supervisor died without reporting a status)."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    error: str = ""
+
+
+#: Seconds the host waits for the supervisor to finish its clean-up after the deadline, and for the output
+#: pipes to close after the supervisor exits, before it kills the supervisor's process group itself.
+_GRACE_S = 2.0
+
+
+def run_with_deadline(argv: list[str], *, cwd: str | os.PathLike, env: dict[str, str], timeout_s: float,
+                      mode: str | None = None) -> Completed:
+    """Runs `argv` (stdin /dev/null) under the call supervisor and returns when its main process exits or at
+    `timeout_s` seconds (wall clock), with every other process of the call killed either way.
+
+    Args:
+      argv: the command; cwd, env: its working directory and complete environment.
+      timeout_s: wall-clock limit, seconds; at the limit the call is killed and `timed_out` is True.
+      mode: "pidns" or "reaper" (see the module docstring); None = `isolation_mode()`.
+    Raises:
+      ValueError: `mode` is "pidns" but no `unshare` form works here, or an unknown mode.
+    """
+    found, prefix = isolation_mode()
+    if mode is None:
+        mode = found
+    elif mode not in ("pidns", "reaper") or (mode == "pidns" and found != "pidns"):
+        raise ValueError(f"mode {mode!r}: expected 'reaper' or, where unshare works (here: {found!r}), 'pidns'")
+    limit = time.monotonic() + float(timeout_s)
+    status_r, status_w = os.pipe()
+    cmd = [sys.executable, "-I", "-S", "-c", _SUPERVISOR, str(status_w), *argv]
+    if mode == "pidns":
+        cmd = [*prefix, *cmd]
+    try:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, pass_fds=(status_w,), start_new_session=True)
+    except BaseException:
+        os.close(status_r)
+        raise
+    finally:
+        os.close(status_w)
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray(), status_r: bytearray()}
+    open_fds = set(bufs)
+    timed_out = False
+    try:
+        while open_fds:
+            now = time.monotonic()
+            if now >= limit:
+                if status_r not in open_fds or timed_out:
+                    break  # stray writers outlived the supervisor (only if it was killed): stop reading
+                timed_out = True  # the main process has not ended: the supervisor kills and reaps the call
+                head = bytes(bufs[status_r]).split(b"\n")
+                try:
+                    os.kill(int(head[0]), signal.SIGTERM)
+                except (ValueError, OSError):  # no PID reported yet, so nothing started: kill it outright
+                    proc.kill()  # (in "pidns" mode unshare --kill-child then kills the namespace init)
+                limit = now + _GRACE_S
+                continue
+            for fd in select.select(list(open_fds), [], [], limit - now)[0]:
+                data = os.read(fd, 65536)
+                bufs[fd] += data
+                if not data:
+                    open_fds.discard(fd)
+                    if fd == status_r:  # the supervisor (and unshare) exited: its clean-up is done
+                        limit = min(limit, time.monotonic() + _GRACE_S)
+    finally:
+        if open_fds:  # last resort (the supervisor is stuck or was killed): kill it and its process group
+            for kill in (proc.kill, lambda: os.killpg(proc.pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except OSError:
+                    pass
+        proc.wait()
+        os.close(status_r)
+        proc.stdout.close()
+        proc.stderr.close()
+    status = bytes(bufs[status_r]).split(b"\n")[1].strip() if bufs[status_r].count(b"\n") >= 2 else b""
+    error = ""
+    if not timed_out and not status:
+        error = (f"the call's supervisor ended without reporting the exit status (returncode {proc.returncode}); "
+                 "see stderr")
+    return Completed(None if timed_out or not status else int(status), bytes(bufs[out_fd]), bytes(bufs[err_fd]),
+                     timed_out, error)
 
 
 class LocalSandbox:
@@ -99,7 +325,9 @@ class LocalSandbox:
         )
 
     def execute_code(self, language: str, code: str, timeout_s: float | None = None) -> Observation:
-        """Runs `code` with cwd = workspace. Never raises for agent mistakes (bad language → error text)."""
+        """Runs `code` with cwd = workspace under `run_with_deadline`: returns when the code's main process exits
+        or after the limit (`timeout_s`, default the sandbox's, seconds; then `timed_out`), with every process the
+        call started killed either way. Never raises for agent mistakes (bad language → error text)."""
         t0 = time.time()
         if self._closed:
             return Observation("", "", None, 0.0, error="sandbox is closed")
@@ -111,24 +339,15 @@ class LocalSandbox:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self._root), "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", **self._env}
         limit = self._timeout_s if timeout_s is None else float(timeout_s)
-        proc = subprocess.Popen(argv, cwd=self._root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        timed_out = False
-        try:
-            out_b, err_b = proc.communicate(timeout=limit)
-            exit_code: int | None = proc.returncode
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            out_b, err_b = proc.communicate()
-            exit_code = None
+        done = run_with_deadline(argv, cwd=self._root, env=env, timeout_s=limit)
         t1 = time.time()
-        out = out_b.decode("utf-8", errors="replace")
-        err = err_b.decode("utf-8", errors="replace")
+        out = done.stdout.decode("utf-8", errors="replace")
+        err = done.stderr.decode("utf-8", errors="replace")
         shown_out, cut1 = self._cut(out)
         shown_err, cut2 = self._cut(err)
-        self._record("execute_code", language, code, exit_code, out, err, t0, t1, timed_out, shown_out)
-        return Observation(shown_out, shown_err, exit_code, t1 - t0, timed_out=timed_out, truncated=cut1 or cut2)
+        self._record("execute_code", language, code, done.exit_code, out, err, t0, t1, done.timed_out, shown_out)
+        return Observation(shown_out, shown_err, done.exit_code, t1 - t0, timed_out=done.timed_out,
+                           truncated=cut1 or cut2, error=done.error)
 
     def submit(self, path: str) -> Observation:
         """Marks a workspace file as the final artefact; a missing/invalid path is an error observation
