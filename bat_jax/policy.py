@@ -129,7 +129,10 @@ def evidence_of(trajectory: Trajectory, start: SandboxState) -> Evidence:
     """Verifier evidence of one trajectory: receipts, the final workspace (start files overlaid with the
     episode's changed files) and the submitted path; an infrastructure failure is carried as unscored."""
     files = {**dict(start.files), **dict(trajectory.artefacts)}
-    return Evidence(tuple(trajectory.receipts), files, trajectory.submitted, infra_error=trajectory.infra_error)
+    for path in trajectory.skipped_artefacts:  # over a cap: absent, never the stale start version
+        files.pop(path, None)
+    return Evidence(tuple(trajectory.receipts), files, trajectory.submitted, infra_error=trajectory.infra_error,
+                    agent_error=trajectory.agent_error, skipped=tuple(trajectory.skipped_artefacts))
 
 
 @dataclasses.dataclass

@@ -1,5 +1,7 @@
 """Rubric verifier: binary items, evidence completeness η, r = η · mean(items) (Eq. 4), E2E, unscored."""
 
+import dataclasses
+
 import pytest
 
 from bat_jax.benchmark.scoring import Cell
@@ -9,13 +11,14 @@ from bat_jax.verify.rubric import (
     REWARD_VERSION, Evidence, EvidenceRequirement, Rubric, RubricItem, e2e_reward, score, verify_stage)
 
 
-def _receipt(i, code, exit_code=0, stdout=""):
-    return Receipt(i, "execute_code", "python", code, exit_code, "", "", 0.0, 1.0, False, stdout)
+def _receipt(i, code, exit_code=0, stdout="", reads=(), writes=()):
+    return Receipt(i, "execute_code", "python", code, exit_code, "", "", 0.0, 1.0, False, stdout, reads=reads,
+                   writes=writes, trace_complete=True)
 
 
 def _rubric():
     req = {
-        "r.run": EvidenceRequirement("r.run", "ran the tool", lambda ev: bool(ev.ok_receipts(r"run_tool\("))),
+        "r.run": EvidenceRequirement("r.run", "ran the tool", lambda ev: bool(ev.ran(reads=("tool.py",), writes_under="out"))),
         "f.out": EvidenceRequirement("f.out", "out.json exists", lambda ev: "out.json" in ev.files),
         "f.log": EvidenceRequirement("f.log", "log.txt exists", lambda ev: "log.txt" in ev.files),
     }
@@ -29,7 +32,7 @@ def _rubric():
 
 
 def test_reward_is_eta_times_item_mean():
-    ev = Evidence((_receipt(0, "run_tool(1)"),), {"out.json": b'{"n": 3}'})
+    ev = Evidence((_receipt(0, "run_tool(1)", reads=("tool.py",), writes=("out/x",)),), {"out.json": b'{"n": 3}'})
     v = verify_stage(_rubric(), "S3", ev)
     # evidence: r.run ✓, f.out ✓, f.log ✗ → η = 2/3; items: ran ✓ shape ✓ logged ✗ (no evidence) claim ✓ → 3/4
     assert v.evidence == {"f.log": False, "f.out": True, "r.run": True}
@@ -44,7 +47,8 @@ def test_reward_is_eta_times_item_mean():
 
 
 def test_failed_receipts_and_malformed_artefacts_earn_nothing():
-    ev = Evidence((_receipt(0, "run_tool(1)", exit_code=1),), {"out.json": b"not json", "log.txt": b""})
+    ev = Evidence((_receipt(0, "run_tool(1)", exit_code=1, reads=("tool.py",), writes=("out/x",)),),
+                  {"out.json": b"not json", "log.txt": b""})
     v = verify_stage(_rubric(), Stage.VALIDATE, ev)
     # r.run ✗ (exit 1) → ran ✗ and shape ✗; malformed JSON is a failed check, not a crash
     assert v.items == {"ran": False, "shape": False, "logged": True, "claim": True}
@@ -130,3 +134,21 @@ def test_llm_judge_items_and_unscored_on_judge_failure():
     assert verify_stage(rub, "S1", ev) is None  # no verdict → unscored
     # without the evidence file the judge is never asked and the item fails
     assert verify_stage(rub, "S1", Evidence((), {})).reward == 0.0 and judge.calls == 4
+
+
+def test_receipt_evidence_is_the_kernel_trace_not_the_code_text():
+    rub = _rubric()
+    # the code names the tool, but the call read and wrote nothing: no evidence
+    talk = _receipt(0, "# run_tool(1) tool.py out/x\n'run_tool(1)'\nif False: run_tool(1)")
+    assert verify_stage(rub, "S3", Evidence((talk,), {"out.json": b'{"n": 3}'})).evidence["r.run"] is False
+    # read the tool but wrote nowhere under out/, or wrote but never read it: no evidence
+    for reads, writes in ((("tool.py",), ("elsewhere/x",)), ((), ("out/x",)), (("tool.pyc",), ("out/x",)),
+                          (("tool.py",), ("out",)), (("tool.py",), ("outside/out/x",))):
+        ev = Evidence((_receipt(0, "", reads=reads, writes=writes),), {"out.json": b'{"n": 3}'})
+        assert verify_stage(rub, "S3", ev).evidence["r.run"] is False, (reads, writes)
+    # a code text that never mentions the tool still counts when the call did the work
+    ev = Evidence((_receipt(0, "import t; t.go()", reads=("tool.py",), writes=("out/a/b",)),), {})
+    assert verify_stage(rub, "S3", ev).evidence["r.run"] is True
+    # a timed-out call counts for nothing
+    late = dataclasses.replace(ev.receipts[0], timed_out=True)
+    assert verify_stage(rub, "S3", Evidence((late,), {})).evidence["r.run"] is False

@@ -12,13 +12,18 @@ cumulative sampled (response) tokens, tokens per turn, context tokens and charac
 response-token budget is over the whole trajectory: a turn is asked for at most what is left, and anything an
 engine returns beyond it is cut — ids, loss mask and logprobs at the same place — and the episode ends with
 finish reason `max_response_tokens`. Tool-call parse errors and sandbox exceptions become observations; a
-sandbox that cannot be created makes the rollout unscored (`Trajectory.infra_error`, null is not zero).
+sandbox that cannot be created makes the rollout unscored (`Trajectory.infra_error`, null is not zero). A
+sandbox that dies, hangs or stops answering after the agent's code ran is the agent's failure
+(`Trajectory.agent_error`): the rollout is scored from its receipts and start state (issue 13). Artefacts are
+read back within `AgentLoopConfig.evidence` (files, bytes, seconds), so no workspace can stall or blow up the
+host.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +33,8 @@ from tqdm.auto import tqdm
 from bat_jax.models.chat import ParseError, parse_tool_call, tool_schemas
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.engine import RolloutEngine, SamplingParams
-from bat_jax.sandbox.types import Sandbox, SandboxState, sha256_hex
+from bat_jax.sandbox.evidence import EvidenceLimits
+from bat_jax.sandbox.types import FileTooLarge, Sandbox, SandboxState, sha256_hex
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +54,7 @@ class AgentLoopConfig:
       max_workers: threads for sandbox creation and tool calls.
       end_on_no_tool_call: end an episode at a turn without any tool call (else it is an observation).
       max_artefact_bytes: total bytes of changed workspace files kept in `Trajectory.artefacts`.
+      evidence: caps on reading the workspace back (files listed, bytes per file, seconds in all).
       progress: show a tqdm progress bar over finished episodes.
     """
 
@@ -65,6 +72,7 @@ class AgentLoopConfig:
     max_workers: int = 16
     end_on_no_tool_call: bool = False
     max_artefact_bytes: int = 8 << 20
+    evidence: EvidenceLimits = EvidenceLimits()
     progress: bool = True
 
     def __post_init__(self):
@@ -116,6 +124,7 @@ class _Episode:
         self.truncated = False
         self.finish: str | None = None
         self.infra_error = ""
+        self.agent_error = ""
         self.weight_version = 0
         self.pending: Any = None  # ToolAction to run, or None
 
@@ -302,15 +311,30 @@ class AgentLoop:
             ep.finish = tj.FINISH_MAX_CONTEXT
 
     def _evidence(self, ep: _Episode) -> tuple:
-        """Receipts, submitted path and artefacts from the episode's sandbox (worker thread)."""
+        """Receipts, submitted path and artefacts from the episode's sandbox (worker thread). A sandbox the
+        agent brought down gives its receipts and no artefacts (scored); an infrastructure failure, nothing
+        (unscored)."""
         if ep.sandbox is None:
             return (), None, {}, []
+        if self._agent_fault(ep):
+            return tuple(ep.sandbox.receipts()), ep.sandbox.submitted(), {}, []
         try:
             artefacts, skipped = self._artefacts(ep)
             return tuple(ep.sandbox.receipts()), ep.sandbox.submitted(), artefacts, skipped
-        except Exception as exc:  # noqa: BLE001 - evidence lost: unscored
+        except Exception as exc:  # noqa: BLE001 - evidence lost
+            if self._agent_fault(ep):
+                return tuple(ep.sandbox.receipts()), ep.sandbox.submitted(), {}, []
             ep.infra_error = ep.infra_error or f"collecting evidence failed: {type(exc).__name__}: {exc}"
             return (), None, {}, []
+
+    @staticmethod
+    def _agent_fault(ep: _Episode) -> bool:
+        """True (and `ep.agent_error` set) when the sandbox died, hung or stopped answering after the agent's
+        code ran (`DockerSandbox.fault == 'agent'`)."""
+        if getattr(ep.sandbox, "fault", "") != "agent":
+            return False
+        ep.agent_error = ep.agent_error or getattr(ep.sandbox, "failure", "") or "sandbox died after agent code"
+        return True
 
     def _finish(self, ep: _Episode, receipts, submitted, artefacts, skipped) -> tj.Trajectory:
         episode = ep.builder.build()
@@ -321,14 +345,31 @@ class AgentLoop:
             finish_reason=ep.finish, truncated=ep.truncated, num_turns=ep.turns, num_tool_calls=ep.tool_calls,
             response_tokens=int(np.sum(episode.loss_mask)), receipts=receipts, artefacts=artefacts,
             skipped_artefacts=tuple(skipped), submitted=submitted, messages=tuple(ep.builder.messages()),
-            infra_error=ep.infra_error, sandbox_errors=ep.sandbox_errors, weight_version=ep.weight_version,
+            infra_error=ep.infra_error, agent_error=ep.agent_error, sandbox_errors=ep.sandbox_errors,
+            weight_version=ep.weight_version,
             template=template)
 
     def _artefacts(self, ep: _Episode) -> tuple[dict[str, bytes], list[str]]:
+        """Changed workspace files within `max_artefact_bytes` and `config.evidence`; the rest are skipped."""
+        lim = self.config.evidence
         initial = ep.request.state.files
         kept, skipped, total = {}, [], 0
-        for path in ep.sandbox.list_files():
-            data = ep.sandbox.read_file(path)
+        deadline = time.monotonic() + lim.max_seconds
+        paths = ep.sandbox.list_files()
+        for n, path in enumerate(paths):
+            if n >= lim.max_files or time.monotonic() > deadline:
+                skipped.extend(paths[n:])
+                break
+            budget = min(lim.max_file_bytes, self.config.max_artefact_bytes - total)
+            if path in initial:  # read enough to tell an unchanged start file
+                budget = max(budget, min(len(initial[path]), lim.max_file_bytes))
+            try:
+                data = ep.sandbox.read_file(path, max_bytes=budget)
+            except FileTooLarge:
+                skipped.append(path)
+                continue
+            except FileNotFoundError:
+                continue
             if path in initial and sha256_hex(data) == sha256_hex(bytes(initial[path])):
                 continue
             if total + len(data) > self.config.max_artefact_bytes:

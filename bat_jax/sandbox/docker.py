@@ -489,7 +489,11 @@ class DockerSandbox:
             raise SandboxError(f"cannot read {rel} from the sandbox: {e}") from e
 
     def _stat_file(self, rel: str) -> int:
-        """Size of a regular workspace file, from the archive's header only. Raises FileNotFoundError."""
+        """Size of a regular workspace file, from the archive's header only. Raises FileNotFoundError, and
+        ValueError for a path outside the workspace."""
+        rel = posixpath.normpath(rel)
+        if rel.startswith("/") or rel.startswith("..") or rel == ".":
+            raise ValueError(f"path {rel!r} is outside the workspace")
         stream, stat = self._open_archive(rel)
         close = getattr(stream, "close", None)
         if close is not None:

@@ -137,8 +137,10 @@ def reduce_task(track: Track, inst: TaskInstance, lam: Reduction, template: int)
 
 
 def validation_passes(evidence: Evidence, inst: TaskInstance) -> int:
-    """Successful smoke runs of the method into the validation directory (the rubric's smoke-run receipt)."""
-    return sum(inst.layout.validation_dir in r.code for r in evidence.ok_receipts(r"predict\("))
+    """Successful smoke runs of the method into the validation directory (the rubric's smoke-run receipt: a call
+    the kernel saw read `model.py` and a case input and write under the validation directory)."""
+    L = inst.layout
+    return len(evidence.ran((f"{L.method_dir}/model.py",), (L.images_dir,), writes_under=L.validation_dir))
 
 
 def accept(*, booted: bool, turns: int, horizon: int, failed_stages: Sequence[Stage | str], passes: int,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
 from bat_jax.sandbox.types import Observation, Sandbox, SandboxState
 from bat_jax.tasks.brief import stage_skill
 from bat_jax.verify.rubric import Evidence
@@ -169,15 +170,36 @@ def run_episode(policy: Policy, sandbox: Sandbox, brief: str, task_id: str, focu
     return Episode(task_id, focus, conv.turns, "max_turns")
 
 
-def collect_evidence(sandbox: Sandbox, infra_error: str = "") -> Evidence:
-    """Host-side evidence of a finished episode (call before `close`)."""
-    files = {p: sandbox.read_file(p) for p in sandbox.list_files()}
-    return Evidence(tuple(sandbox.receipts()), files, sandbox.submitted(), infra_error)
+def sandbox_fault(sandbox: Sandbox) -> tuple[str, str]:
+    """(fault, text) of a sandbox: ('', '') when healthy; 'agent' when it died, hung or stopped answering after
+    the agent's code ran (scored, the agent's failure); 'infra' otherwise (unscored). Backends without fault
+    accounting (the local one) report ('', '')."""
+    return getattr(sandbox, "fault", ""), getattr(sandbox, "failure", "")
 
 
-def snapshot_state(sandbox: Sandbox, env: dict[str, str] | None = None) -> SandboxState:
-    """The sandbox's current workspace as an executable state p (works on any backend)."""
-    return SandboxState(files={p: sandbox.read_file(p) for p in sandbox.list_files()}, env=dict(env or {}))
+def collect_evidence(sandbox: Sandbox, infra_error: str = "", limits: EvidenceLimits = EvidenceLimits(),
+                     start: SandboxState | None = None) -> Evidence:
+    """Host-side evidence of a finished episode (call before `close`), read within `limits`.
+
+    A sandbox that died through the agent's own doing is scored from what the host kept: the receipts and, for
+    files, the episode's start state (`start`; empty when not given), with `Evidence.agent_error` set. A
+    sandbox that failed for infrastructure reasons gives unscored evidence (`infra_error`).
+    """
+    fault, text = sandbox_fault(sandbox)
+    if fault == "agent":
+        files = dict(start.files) if start is not None else {}
+        return Evidence(tuple(sandbox.receipts()), files, sandbox.submitted(), infra_error, agent_error=text)
+    if fault == "infra":
+        return Evidence(tuple(sandbox.receipts()), {}, None, infra_error or text)
+    files, skipped = gather_files(sandbox, limits)
+    return Evidence(tuple(sandbox.receipts()), files, sandbox.submitted(), infra_error, skipped=tuple(skipped))
+
+
+def snapshot_state(sandbox: Sandbox, env: dict[str, str] | None = None,
+                   limits: EvidenceLimits = EvidenceLimits()) -> SandboxState:
+    """The sandbox's current workspace as an executable state p (works on any backend), read within `limits`."""
+    files, _ = gather_files(sandbox, limits)
+    return SandboxState(files=files, env=dict(env or {}))
 
 
 def stage_start_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: SandboxState, brief: str,

@@ -2,7 +2,8 @@
 
 A stage-focus episode starts from the state at that stage's boundary (the scripted expert's replayed
 prefix) and is rubric-scored on that stage only; an E2E episode starts from the task's initial state and is
-scored on S1–S5 plus the task metric. A sandbox crash or a rejected policy call makes the episode unscored.
+scored on S1–S5 plus the task metric. A rejected policy call or an infrastructure failure makes the episode
+unscored; a sandbox the agent's own code brought down is the agent's failure and is scored (issue 13).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.sandbox.types import Sandbox, SandboxState
 from bat_jax.tasks.base import TaskInstance, Track
 from bat_jax.tasks.episode import (
-    Episode, Policy, collect_evidence, run_episode, snapshot_state, stage_start_state)
+    Episode, Policy, collect_evidence, run_episode, sandbox_fault, snapshot_state, stage_start_state)
 from bat_jax.tasks.rubric_items import build_rubric
 from bat_jax.tasks.teacher import ScriptedExpert
 from bat_jax.verify.rubric import REWARD_VERSION, EpisodeScore, Evidence, score
@@ -49,17 +50,25 @@ def play(track: Track, inst: TaskInstance, policy: Policy, focus: str = E2E,
             start_state = stage_start_state(make_sandbox, start_state, inst.brief, inst.task_id,
                                             ScriptedExpert(), focus, max_turns)
     episode = None
-    box = make_sandbox(start_state)
+    stages = STAGES if focus == E2E else (Stage.parse(focus),)
+    try:
+        box = make_sandbox(start_state)
+    except Exception as exc:  # noqa: BLE001 — no sandbox, no agent action: infrastructure, unscored
+        evidence = Evidence((), {}, None, infra_error=f"sandbox creation failed: {type(exc).__name__}: {exc}")
+        return PlayResult(None, evidence, score(build_rubric(track, inst), evidence, None, stages), start_state)
     try:
         episode = run_episode(policy, box, inst.brief, inst.task_id, focus, max_turns)
         infra = f"policy rejected: {episode.rejected}" if episode.rejected else ""
-        evidence = collect_evidence(box, infra_error=infra)
-    except Exception as exc:  # noqa: BLE001 — a sandbox failure is infrastructure: unscored, never 0
-        evidence = Evidence((), {}, None, infra_error=f"sandbox failure: {type(exc).__name__}: {exc}")
+        evidence = collect_evidence(box, infra_error=infra, start=start_state)
+    except Exception as exc:  # noqa: BLE001 — a host-side failure the agent did not cause: unscored, never 0
+        fault, text = sandbox_fault(box)
+        if fault == "agent":  # the sandbox died through the agent's code: scored from what the host kept
+            evidence = Evidence(tuple(box.receipts()), dict(start_state.files), box.submitted(), agent_error=text)
+        else:
+            evidence = Evidence((), {}, None, infra_error=f"sandbox failure: {type(exc).__name__}: {exc}")
     finally:
         box.close()
     task = None if evidence.infra_error else track.score_task(inst, evidence.files, evidence.submitted)
-    stages = STAGES if focus == E2E else (Stage.parse(focus),)
     return PlayResult(episode, evidence, score(build_rubric(track, inst), evidence, task, stages), start_state)
 
 

@@ -1,8 +1,11 @@
 """Per-stage rubric items and evidence predicates shared by every track (issue 5 item 1, issue 9).
 
-Evidence is host-side only: receipts (code, exit code, stdout the agent saw) and the final workspace files.
-Items that rest on the hidden answer key (the fault set, expected shapes) are checked against the
-`TaskInstance`, which the policy never sees.
+Evidence is host-side only: receipts (exit code, stdout the agent saw, and the workspace files the kernel saw
+each call read and write) and the final workspace files. Receipt evidence is what a call executed and produced,
+never the text of its code (issue 13): "the method ran" means a successful call read the method's `model.py`
+(importing it), read a case input and wrote into the output directory, and the artefact items then check the
+written files' shape and content. Items that rest on the hidden answer key (the fault set, expected shapes)
+are checked against the `TaskInstance`, which the policy never sees.
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ def _pred_entries(ev: Evidence, inst: TaskInstance) -> dict[str, object]:
 def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
     """The reward contract (c, G) of one task instance over S1–S5."""
     L = inst.layout
-    esc = re.escape
     first_case = inst.case_ids[0]
+    model_py, config_json = f"{L.method_dir}/model.py", f"{L.method_dir}/config.json"
+    inputs = (L.images_dir,)
 
     def submission(ev: Evidence) -> dict:
         data = ev.json(L.submission)
@@ -50,31 +54,32 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
     req = [
         # S1
         EvidenceRequirement("receipt.read_brief", "a successful call that read task.md and printed its task id",
-                            lambda ev: any(inst.task_id in r.stdout for r in ev.ok_receipts(r"task\.md"))),
+                            lambda ev: any(inst.task_id in r.stdout for r in ev.ran(reads=("task.md",)))),
         EvidenceRequirement("receipt.inventory", "a successful call that read the case manifest and printed a case id",
-                            lambda ev: any(first_case in r.stdout for r in ev.ok_receipts(esc(L.cases_csv)))),
+                            lambda ev: any(first_case in r.stdout for r in ev.ran(reads=(L.cases_csv,)))),
         EvidenceRequirement("file.plan", "the plan file exists", lambda ev: L.plan_path in ev.files),
         # S2
-        EvidenceRequirement("receipt.env_check", "a successful call importing numpy and the provided method",
-                            lambda ev: bool(ev.ok_receipts(r"import numpy[\s\S]*import model"))),
+        EvidenceRequirement("receipt.env_check", "a successful call that imported the provided method (read its "
+                            "model.py) and loaded its config", lambda ev: bool(ev.ran(reads=(model_py, config_json)))),
         EvidenceRequirement("file.env", "the env file exists", lambda ev: L.env_json in ev.files),
         # S3
-        EvidenceRequirement("receipt.smoke_run", "a successful call that ran predict on a single case",
-                            lambda ev: any(L.validation_dir in r.code for r in ev.ok_receipts(r"predict\("))),
+        EvidenceRequirement("receipt.smoke_run", "a successful call that ran the method (read model.py and a case "
+                            "input) and wrote into the validation dir",
+                            lambda ev: bool(ev.ran((model_py,), inputs, writes_under=L.validation_dir))),
         EvidenceRequirement("file.validation", "the validation report exists",
                             lambda ev: L.validation_json in ev.files),
-        EvidenceRequirement("receipt.input_check", "a successful call that loaded case inputs from the manifest",
-                            lambda ev: bool(ev.ok_receipts(r"load_input\([\s\S]*" + esc(L.cases_csv) + "|" +
-                                                           esc(L.cases_csv) + r"[\s\S]*load_input\("))),
+        EvidenceRequirement("receipt.input_check", "a successful call that read the case manifest and loaded case "
+                            "inputs", lambda ev: bool(ev.ran((L.cases_csv,), inputs))),
         # S4
-        EvidenceRequirement("receipt.inference", "a successful call that ran predict into the prediction dir",
-                            lambda ev: any(L.pred_dir in r.code for r in ev.ok_receipts(r"predict\("))),
+        EvidenceRequirement("receipt.inference", "a successful call that ran the method (read model.py and case "
+                            "inputs) and wrote into the prediction dir",
+                            lambda ev: bool(ev.ran((model_py,), inputs, writes_under=L.pred_dir))),
         EvidenceRequirement("file.predictions", "at least one saved prediction entry",
                             lambda ev: bool(_pred_entries(ev, inst))),
         # S5
         EvidenceRequirement("file.submission", "the submission file exists", lambda ev: L.submission in ev.files),
         EvidenceRequirement("receipt.submit", "a successful submit call",
-                            lambda ev: bool(ev.ok_receipts("", tool="submit"))),
+                            lambda ev: bool(ev.ok_receipts(tool="submit"))),
     ]
 
     def plan_ok(ev: Evidence) -> bool:
@@ -87,7 +92,7 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         return data.get("method_version") == inst.method_version and bool(data.get("numpy"))
 
     def version_printed(ev: Evidence) -> bool:
-        return any(inst.method_version in r.stdout for r in ev.ok_receipts(r"config"))
+        return any(inst.method_version in r.stdout for r in ev.ran(reads=(config_json,)))
 
     def shape_ok(ev: Evidence) -> bool:
         v = _validation(ev, inst)

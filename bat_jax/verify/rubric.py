@@ -2,7 +2,9 @@
 
 Paper Eq. 4: v_ℓ = Verify(ℓ; p, y, x) ∈ {0, 1};  r = η · (1/|c|) Σ_ℓ v_ℓ, where η ∈ [0, 1] is the fraction of
 required evidence G confirmed by the rollout's receipts and artefacts. An item can only pass when all of its
-own evidence is confirmed (a claim in text earns nothing). E2E rows (released code) use
+own evidence is confirmed (a claim in text earns nothing). Receipt evidence is what a call actually did — the
+workspace files the kernel saw it read and write (`Receipt.reads` / `writes`) and the output it printed —
+never the text of its code: comment-only, string-only and dead code earn nothing (issue 13). E2E rows (released code) use
 0.5 · mean(stage rewards) + 0.5 · task metric. An infrastructure failure makes a score `None` (unscored),
 never 0. Every score records `REWARD_VERSION`.
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping
 
@@ -31,13 +32,20 @@ class Evidence:
       receipts: every tool call's receipt, in order.
       files: workspace-relative path → bytes of the final workspace.
       submitted: the submitted path, or None.
-      infra_error: non-empty when the sandbox or tooling failed (the episode is then unscored).
+      infra_error: non-empty when infrastructure failed (engine down, image missing, a host-side error before
+        the agent's first action): the episode is then unscored.
+      agent_error: non-empty when the sandbox died, hung or stopped answering after the agent's code ran: the
+        episode is still scored, from the receipts and files gathered until then (the agent's own failure).
+      skipped: workspace files left out of `files` for an evidence cap (`sandbox.evidence.EvidenceLimits`);
+        items that needed them fail.
     """
 
     receipts: tuple[Receipt, ...]
     files: Mapping[str, bytes]
     submitted: str | None = None
     infra_error: str = ""
+    agent_error: str = ""
+    skipped: tuple[str, ...] = ()
 
     def text(self, path: str) -> str | None:
         """UTF-8 text of a workspace file, or None when absent."""
@@ -54,11 +62,27 @@ class Evidence:
         except json.JSONDecodeError:
             return None
 
-    def ok_receipts(self, code_pattern: str = "", tool: str = "execute_code") -> list[Receipt]:
-        """Receipts of `tool` that exited 0 (not timed out) and whose code matches the regex `code_pattern`."""
-        rx = re.compile(code_pattern) if code_pattern else None
-        return [r for r in self.receipts if r.tool == tool and r.exit_code == 0 and not r.timed_out
-                and (rx is None or rx.search(r.code))]
+    def ok_receipts(self, tool: str = "execute_code") -> list[Receipt]:
+        """Receipts of `tool` that exited 0 and did not time out."""
+        return [r for r in self.receipts if r.tool == tool and r.exit_code == 0 and not r.timed_out]
+
+    def ran(self, reads: Iterable[str] = (), read_under: Iterable[str] = (),
+            writes_under: str | None = None) -> list[Receipt]:
+        """Successful `execute_code` receipts whose kernel-observed file trace shows the call read every path of
+        `reads`, read at least one file under each directory of `read_under`, and (when given) wrote at least
+        one file under `writes_under`. The code text plays no part."""
+        reads, read_under = tuple(reads), tuple(d.rstrip("/") + "/" for d in read_under)
+        out = []
+        for r in self.ok_receipts():
+            got = set(r.reads)
+            if not all(p in got for p in reads):
+                continue
+            if not all(any(p.startswith(d) for p in got) for d in read_under):
+                continue
+            if writes_under is not None and not any(p.startswith(writes_under.rstrip("/") + "/") for p in r.writes):
+                continue
+            out.append(r)
+        return out
 
 
 Check = Callable[[Evidence], bool]
