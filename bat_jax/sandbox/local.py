@@ -41,10 +41,12 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
+from bat_jax.sandbox.file_trace import FileTrace
 from bat_jax.sandbox.types import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_TIMEOUT_S,
     LANGUAGES,
+    FileTooLarge,
     Observation,
     Receipt,
     SandboxState,
@@ -296,6 +298,7 @@ class LocalSandbox:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(bytes(data))
         self._env = dict(state.env)
+        self._trace = FileTrace(str(self._root))  # kernel-observed reads/writes per call, as in the Docker backend
 
     @property
     def root(self) -> Path:
@@ -307,7 +310,8 @@ class LocalSandbox:
             return text, False
         return text[: self._max_chars] + f"\n...[truncated {len(text) - self._max_chars} chars]", True
 
-    def _record(self, tool, language, code, exit_code, out, err, t0, t1, timed_out, shown) -> None:
+    def _record(self, tool, language, code, exit_code, out, err, t0, t1, timed_out, shown, trace=((), (), False)
+                ) -> None:
         self._receipts.append(
             Receipt(
                 index=len(self._receipts),
@@ -321,6 +325,9 @@ class LocalSandbox:
                 finished_at=t1,
                 timed_out=timed_out,
                 stdout=shown,
+                reads=tuple(trace[0]),
+                writes=tuple(trace[1]),
+                trace_complete=bool(trace[2]),
             )
         )
 
@@ -339,13 +346,16 @@ class LocalSandbox:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self._root), "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", **self._env}
         limit = self._timeout_s if timeout_s is None else float(timeout_s)
+        self._trace.begin()
         done = run_with_deadline(argv, cwd=self._root, env=env, timeout_s=limit)
         t1 = time.time()
+        trace = self._trace.end()
         out = done.stdout.decode("utf-8", errors="replace")
         err = done.stderr.decode("utf-8", errors="replace")
         shown_out, cut1 = self._cut(out)
         shown_err, cut2 = self._cut(err)
-        self._record("execute_code", language, code, done.exit_code, out, err, t0, t1, done.timed_out, shown_out)
+        self._record("execute_code", language, code, done.exit_code, out, err, t0, t1, done.timed_out, shown_out,
+                     trace)
         return Observation(shown_out, shown_err, done.exit_code, t1 - t0, timed_out=done.timed_out,
                            truncated=cut1 or cut2, error=done.error)
 
@@ -369,17 +379,28 @@ class LocalSandbox:
     def receipts(self) -> list[Receipt]:
         return list(self._receipts)
 
-    def read_file(self, path: str) -> bytes:
-        """Host-side read. Raises FileNotFoundError (missing file) or ValueError (path outside workspace)."""
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Host-side read. Raises FileNotFoundError (missing file or a symlink), FileTooLarge (more than
+        `max_bytes` bytes, checked before reading) or ValueError (path outside workspace)."""
         target = self._root / _safe_relpath(path)
-        if not target.is_file():
+        if target.is_symlink() or not target.is_file():
             raise FileNotFoundError(f"no such file in workspace: {path!r}")
+        size = target.stat().st_size
+        if max_bytes is not None and size > max_bytes:
+            raise FileTooLarge(f"{path}: {size} bytes, over the {max_bytes}-byte evidence cap")
         return target.read_bytes()
 
     def list_files(self) -> list[str]:
+        """Regular files (symlinks not followed), sorted."""
         if self._closed:
             return []
-        return sorted(p.relative_to(self._root).as_posix() for p in self._root.rglob("*") if p.is_file())
+        out = []
+        for root, dirs, names in os.walk(self._root):
+            for name in names:
+                path = Path(root) / name
+                if path.is_file() and not path.is_symlink():
+                    out.append(path.relative_to(self._root).as_posix())
+        return sorted(out)
 
     def submitted(self) -> str | None:
         return self._submitted
@@ -387,6 +408,7 @@ class LocalSandbox:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._trace.close()
             shutil.rmtree(self._root, ignore_errors=True)
 
     def __enter__(self) -> "LocalSandbox":
