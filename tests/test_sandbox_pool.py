@@ -156,3 +156,45 @@ def test_pool_errors_are_clear(client, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(SandboxError, match="Docker engine not reachable"):
         SandboxPool(size=1)
+
+
+_PLANT = r"""
+set -e
+site=$(python3 -c 'import site; print(site.getusersitepackages())')
+mkdir -p "$site" && echo 'import os; open("/workspace/leak.txt", "w").write(os.getcwd())' > "$site/evil.pth"
+echo secret > /tmp/note && mkdir -p /tmp/.cache/x && echo 1 > /tmp/.cache/x/y
+echo shm > /dev/shm/blob
+python3 - <<'PY'
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.shmget(4242, 4096, 0o1666) >= 0 and libc.msgget(4343, 0o1666) >= 0 and libc.semget(4444, 1, 0o1666) >= 0
+fd = os.open("/dev/mqueue/q1", os.O_CREAT | os.O_WRONLY, 0o666) if os.path.isdir("/dev/mqueue") else -1
+os.setxattr("/workspace", "user.mark", b"1")
+PY
+chmod 700 /workspace/sub || true
+mkdir -p /workspace/sub && chmod 000 /workspace/sub && chmod 711 /workspace
+nohup sleep 300 >/dev/null 2>&1 &
+echo planted
+"""
+
+
+def test_reset_sandbox_is_indistinguishable_from_a_fresh_one(client):
+    state = SandboxState(files={"task.md": b"T-1", "data/a.bin": bytes(range(256))}, env={"SEED": "1"})
+    with SandboxPool(1, client=client) as pool:
+        with pool.sandbox(state) as sb:
+            fresh_print = sb.fingerprint()
+            assert sb.execute_code("bash", _PLANT).stdout.endswith("planted\n")
+            dirty = sb.fingerprint()
+            assert dirty != fresh_print and {"shm", "msg", "sem"} <= set(dirty["ipc"])
+        with pool.sandbox(state) as sb:  # the same container, reset
+            reset = sb.fingerprint()
+            obs = sb.execute_code("bash", "python3 -c 'print(1)'; ls -a /tmp /dev/shm; cat leak.txt 2>&1 | head -1")
+        fresh = pool._new()
+        try:
+            fresh.reset(state)
+            assert reset == fresh.fingerprint()
+        finally:
+            pool._discard(fresh)
+    assert reset["ipc"] == [] and reset["procs"] == fresh_print["procs"]
+    assert obs.stdout.startswith("1\n") and "secret" not in obs.stdout and "blob" not in obs.stdout
+    assert "No such file" in obs.stdout  # the planted .pth never ran in episode B
