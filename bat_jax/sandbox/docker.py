@@ -306,6 +306,8 @@ class DockerSandbox:
             reply = self._channel.request({"op": "ping"}, cfg.start_timeout_s)
             if not reply.get("ok"):
                 raise SandboxError(f"sandbox executor failed to start: {reply.get('error')}")
+            if reply.get("trace", "ok") != "ok":  # no file evidence would make every receipt item fail
+                raise SandboxError(f"sandbox executor cannot observe file events: {reply.get('trace')}")
             if cfg.require_separation and not reply.get("separated"):
                 raise SandboxError(f"image {image!r}: the executor does not run agent calls as another uid "
                                    "(rebuild the image with launch/build_images.sh, or run it as root)")

@@ -166,6 +166,10 @@ class FileTrace:
         return sorted(self.reads), sorted(self.writes), self.complete
 
     def close(self) -> None:
-        if self.fd >= 0:
+        """Releases the inotify instance (idempotent; also on garbage collection)."""
+        if getattr(self, "fd", -1) >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def __del__(self):
+        self.close()

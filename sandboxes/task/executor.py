@@ -511,19 +511,28 @@ def _makedirs(path, root):
 
 
 def _empty(top):
-    """Removes everything below `top` (not following symlinks); returns how many entries went."""
+    """Removes everything below `top` (iteratively, never following symlinks); returns how many entries went."""
     removed = 0
-    try:
-        entries = list(os.scandir(top))
-    except OSError:
-        return 0
-    for entry in entries:
+    stack, dirs = [top], []
+    while stack:
+        cur = stack.pop()
         try:
-            if entry.is_dir(follow_symlinks=False):
-                removed += _empty(entry.path)
-                os.rmdir(entry.path)
-            else:
-                os.unlink(entry.path)
+            entries = list(os.scandir(cur))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                    dirs.append(entry.path)
+                else:
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                pass
+    for d in reversed(dirs):  # children were appended after their parents
+        try:
+            os.rmdir(d)
             removed += 1
         except OSError:
             pass
@@ -628,10 +637,10 @@ def _writable_mounts():
     return sorted(set(mounts))
 
 
-def _fingerprint():
+def _fingerprint(zygote_pid=None):
     """Everything an episode could leave behind, free of per-container noise (ids, times): every entry of every
-    writable mount (type, mode, owner, size, content digest, xattrs), every process but PID 1 and this one (uid
-    and command line), SysV IPC objects. Equal for a fresh sandbox and a reset one."""
+    writable mount (type, mode, owner, size, content digest, xattrs), every process but PID 1, this one and
+    its ready zygote (uid and command line), SysV IPC objects. Equal for a fresh sandbox and a reset one."""
     files = {}
     for mount in _writable_mounts():
         entries = []
@@ -646,7 +655,7 @@ def _fingerprint():
         files[mount] = sorted(entries)
     procs = []
     me = os.getpid()
-    for pid in _other_pids({1, me}):
+    for pid in _other_pids({1, me, zygote_pid}):
         try:
             with open("/proc/%d/cmdline" % pid, "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
@@ -711,7 +720,7 @@ def main():
                 files, complete = _list(int(req.get("max_files", 10000)), float(req.get("max_seconds", 10.0)))
                 resp = {"files": files, "complete": complete}
             elif op == "fingerprint":
-                resp = _fingerprint()
+                resp = _fingerprint(executor.zygote.pid if executor.zygote is not None else None)
             else:
                 raise ValueError("unknown op %r" % (op,))
             resp["ok"] = True
