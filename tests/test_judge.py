@@ -37,14 +37,17 @@ def _row(task, focus):
                  (RubricItem("x", "y"),), (), "skill", Provenance("src-1", "cd" * 32, "vqa", "success", (syn,)))
 
 
-def _receipt(i, code, stdout):
-    return Receipt(i, "execute_code", "bash", code, 0, "", "", 0.0, 1.0, False, stdout)
+def _receipt(i, code, stdout, reads=()):
+    """A successful call whose kernel-observed file trace shows it read `reads`."""
+    return Receipt(i, "execute_code", "bash", code, 0, "", "", 0.0, 1.0, False, stdout, reads=tuple(reads),
+                   trace_complete=True)
 
 
 def _trajectory(task, focus, plan: str | None):
     """A trajectory that read the brief and the manifest (S1 evidence) and, if `plan`, wrote plan.md."""
     L = task.layout
-    receipts = (_receipt(0, "cat task.md", task.brief), _receipt(1, f"cat {L.cases_csv}", task.case_ids[0]))
+    receipts = (_receipt(0, "cat task.md", task.brief, ("task.md",)),
+                _receipt(1, f"cat {L.cases_csv}", task.case_ids[0], (L.cases_csv,)))
     artefacts = {L.plan_path: plan.encode()} if plan is not None else {}
     ids = np.zeros(4, np.int32)
     return Trajectory("st-x", 0, focus, ids, ids, np.zeros(4, np.float32), 2, "max_turns", False, 1, 2, 0,
