@@ -197,9 +197,14 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     if judge is not None:
         judge.check_endpoint()  # a rejected request (wrong model / key) stops here; unreachable only warns
 
+    eval_agent_failed = [0]  # scored cells of the latest evaluation that were agent-caused sandbox failures
+
     def evaluate(params, purpose: str) -> Summary:
         engine.update_weights(learner.sync_model(params))
-        return ev.evaluate(EngineCells(eval_loop, judge), dataclasses.replace(c.evaluation, purpose=purpose))
+        cells = EngineCells(eval_loop, judge)
+        summary = ev.evaluate(cells, dataclasses.replace(c.evaluation, purpose=purpose))
+        eval_agent_failed[0] = cells.agent_failed
+        return summary
 
     untrained = jax.tree.map(lambda x: x.copy(), learner.params)
 
@@ -272,7 +277,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                              retained_checkpoint=keep,
                              controller_state=controller.state.to_dict(), rollouts=int(metrics["rollouts"]),
                              unscored_rollouts=int(metrics["unscored"]), eval_cells=summary.n_cells,
-                             eval_unscored=summary.n_unscored)
+                             eval_unscored=summary.n_unscored, agent_failed_rollouts=int(metrics["agent_failed"]),
+                             eval_agent_failed=eval_agent_failed[0])
         ledger.append(record)
         records.append(record)
         writer.summary("controller_eval", summary, r)
@@ -323,11 +329,12 @@ def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: 
 def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Components, seed: int,
                 judge: RubricJudge | None = None) -> dict:
     """One round's GRPO block: per pool batch, K rollouts per row → rubric rewards (judged items by `judge`)
-    → one optimizer step. Unscored rollouts (reward None) leave the loss; their count is returned."""
+    → one optimizer step. Unscored rollouts (reward None) leave the loss; their count is returned, and apart
+    from it the count of scored rollouts the agent's own code failed (`rollout_counts`)."""
     step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches),
                                         num_micro_batches=c.grpo_micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
-    rewards_seen, unscored, total, version = [], 0, 0, ""
+    rewards_seen, unscored, agent_failed, total, version = [], 0, 0, 0, ""
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
@@ -338,7 +345,9 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         scored = [rollout_reward(by_id[t.state_id], t, starts[t.state_id], judge) for t in trajectories]
         version = scored[0].version if scored else version
         rewards = [s.reward for s in scored]
-        unscored += sum(r is None for r in rewards)
+        batch_unscored, batch_agent_failed = rollout_counts(trajectories, rewards)
+        unscored += batch_unscored
+        agent_failed += batch_agent_failed
         total += len(rewards)
         rewards_seen += [r for r in rewards if r is not None]
         rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
@@ -351,8 +360,18 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
     learner.adopt(state)
     mean = float(np.mean(rewards_seen)) if rewards_seen else float("nan")
     judged = {f"judge_{k}": float(v) for k, v in judge.stats().items()} if judge is not None else {}
-    return {"reward_mean": mean, "unscored": float(unscored), "rollouts": float(total),
-            "reward_version": version or "none", **judged}
+    return {"reward_mean": mean, "unscored": float(unscored), "agent_failed": float(agent_failed),
+            "rollouts": float(total), "reward_version": version or "none", **judged}
+
+
+def rollout_counts(trajectories, rewards) -> tuple[int, int]:
+    """(unscored, agent_failed) of one batch: rollouts with reward None (infrastructure: unscored, out of the
+    loss), and scored rollouts whose sandbox the agent's own code killed or hung (`Trajectory.agent_error`,
+    issue 13). The two never overlap: an agent-failed rollout that is unscored for another reason (e.g. the
+    judge down) counts as unscored only."""
+    unscored = sum(r is None for r in rewards)
+    agent_failed = sum(bool(t.agent_error) and r is not None for t, r in zip(trajectories, rewards, strict=True))
+    return unscored, agent_failed
 
 
 def _route(stage_scores: Mapping[str, float | None], *, round_index: int, held: bool,
@@ -416,11 +435,12 @@ def _write_reports(run_dir: pathlib.Path, final: Mapping[str, Summary], records,
     stage_rows += [(f"round {rec.round}", {s: rec.controller_scores["stage_scores"].get(s.value)
                                            for s in STAGES}) for rec in records]
     lines += ["", "Controller evaluation per round:", "", "```", report.stage_table(stage_rows), "```"]
-    counts = [(f"round {rec.round}", rec.rollouts, rec.unscored_rollouts, rec.eval_cells, rec.eval_unscored)
+    counts = [report.RoundCounts(f"round {rec.round}", rec.rollouts, rec.unscored_rollouts,
+                                 rec.agent_failed_rollouts, rec.eval_cells, rec.eval_unscored, rec.eval_agent_failed)
               for rec in records]
     if counts:
-        lines += ["", "Rollouts and evaluation cells scored per round (unscored: sandbox failure or judge "
-                  "unreachable):", "", "```", report.scoring_table(counts), "```"]
+        lines += ["", "Rollouts and evaluation cells per round: agent-caused failures (scored) apart from "
+                  "infrastructure failures (unscored):", "", "```", report.scoring_table(counts), "```"]
     overall = [round0.overall] + [rec.controller_scores["overall"] for rec in records]
     report.staircase_plot(overall, run_dir / "staircase.png", baselines={"SFT": round0.overall})
     text = "\n".join(lines) + "\n"

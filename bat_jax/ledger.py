@@ -86,9 +86,13 @@ class RoundRecord:
       decision: 'accept' | 'fallback' | 'hold'.
       retained_checkpoint: checkpoint the next round starts from.
       controller_state: `ControllerState.to_dict()` after the decision (for resume).
-      rollouts, unscored_rollouts: GRPO rollouts of the round, and those left unscored (sandbox failure or the
-        LLM judge unreachable); None in ledgers written before these fields existed.
+      rollouts, unscored_rollouts: GRPO rollouts of the round, and those left unscored (infrastructure: engine
+        or sandbox start failed, or the LLM judge unreachable); None in ledgers written before these fields existed.
+      agent_failed_rollouts: scored rollouts whose sandbox the agent's own code killed or hung
+        (`Trajectory.agent_error`); scored from the evidence gathered until then, so they are NOT among
+        `unscored_rollouts`. None in ledgers written before the field existed (issue 13).
       eval_cells, eval_unscored: cells of the round's controller evaluation, and those unscored (None likewise).
+      eval_agent_failed: scored controller-evaluation cells that were agent-caused sandbox failures (None likewise).
     """
 
     round: int
@@ -107,6 +111,8 @@ class RoundRecord:
     unscored_rollouts: int | None = None
     eval_cells: int | None = None
     eval_unscored: int | None = None
+    agent_failed_rollouts: int | None = None
+    eval_agent_failed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -139,10 +139,13 @@ def evidence_of(trajectory: Trajectory, start: SandboxState) -> Evidence:
 class EngineCells:
     """CellRunner for a token-level policy: one E2E episode per held-out cell through the AgentLoop.
     `judge` (a `verify.judge.RubricJudge`, optional) decides its rubric items; a cell it cannot decide is
-    unscored."""
+    unscored. After each call, `agent_failed` is the number of its cells whose sandbox the agent's own code
+    brought down (`Trajectory.agent_error`) and that were still scored (`Cell.scored`), as the ledger counts
+    them; scoring is not changed by it."""
 
     loop: AgentLoop
     judge: Any = None
+    agent_failed: int = 0
 
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
         from bat_jax.stage_bank.slicing import row_skill
@@ -165,6 +168,8 @@ class EngineCells:
             if self.judge is not None:
                 rubric = self.judge.apply(rubric, job.task.layout)
             cells.append(score(rubric, evidence, task, STAGES).to_cell(job.track, job.repeat))
+        self.agent_failed = sum(bool(by_request[f"eval-{i}"].agent_error) and cell.scored()
+                                for i, cell in enumerate(cells))
         return cells
 
 

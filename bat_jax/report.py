@@ -11,6 +11,7 @@ import os
 import pathlib
 import re
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import STAGES
@@ -49,16 +50,46 @@ def _count(n: int | None) -> str:
     return "—" if n is None else str(n)
 
 
-def scoring_table(rounds: Sequence[tuple[str, int | None, int | None, int | None, int | None]]) -> str:
-    """Per-round scoring counts: rows (label, rollouts, unscored rollouts, eval cells, unscored eval cells);
-    None (not recorded, e.g. an older ledger) prints '—'. Unscored = sandbox failure or the judge unreachable."""
-    header = f"{'Round':<12}{'rollouts':>10}{'scored':>8}{'unscored':>10}{'eval unscored':>15}"
-    lines = [header, "-" * len(header)]
-    for label, n, unscored, cells, eval_unscored in rounds:
-        scored = None if n is None or unscored is None else n - unscored
-        ev = "—" if cells is None or eval_unscored is None else f"{eval_unscored}/{cells}"
-        lines.append(f"{label:<12}{_count(n):>10}{_count(scored):>8}{_count(unscored):>10}{ev:>15}")
-    return "\n".join(lines)
+class RoundCounts(NamedTuple):
+    """One row of `scoring_table` (counts; None = not recorded, e.g. an older ledger)."""
+
+    label: str
+    rollouts: int | None
+    unscored: int | None
+    agent_failed: int | None
+    eval_cells: int | None
+    eval_unscored: int | None
+    eval_agent_failed: int | None
+
+
+#: Printed under `scoring_table`: what separates the two failure columns (issue 13).
+SCORING_LEGEND = (
+    "agent-failed (scored): the agent's own code killed or hung its sandbox; scored from the evidence gathered "
+    "until then (a failure of the policy, counted in 'scored').\n"
+    "unscored (infra): engine or sandbox start failed, or the LLM judge was unreachable; left out of the GRPO "
+    "loss and of the evaluation means.")
+
+
+def scoring_table(rounds: Sequence[RoundCounts | tuple]) -> str:
+    """Per-round scoring counts, then `SCORING_LEGEND`: rollouts, scored (= rollouts − unscored), agent-failed
+    (scored), unscored (infra); then the controller evaluation's agent-failed and unscored cells as
+    'count/cells'. Each row is a `RoundCounts` (or a tuple in its field order); None prints '—'."""
+    cols = [("rollouts", "", 10), ("scored", "", 8), ("agent-failed", "(scored)", 14), ("unscored", "(infra)", 10),
+            ("eval agent-failed", "(scored)/cells", 19), ("eval unscored", "(infra)/cells", 16)]
+    lines = [f"{'Round':<12}" + "".join(f"{a:>{w}}" for a, _, w in cols),
+             " " * 12 + "".join(f"{b:>{w}}" for _, b, w in cols)]
+    lines.append("-" * len(lines[0]))
+
+    def frac(k: int | None, n: int | None) -> str:
+        return "—" if k is None or n is None else f"{k}/{n}"
+
+    for row in rounds:
+        r = RoundCounts(*row)
+        scored = None if r.rollouts is None or r.unscored is None else r.rollouts - r.unscored
+        values = [_count(r.rollouts), _count(scored), _count(r.agent_failed), _count(r.unscored),
+                  frac(r.eval_agent_failed, r.eval_cells), frac(r.eval_unscored, r.eval_cells)]
+        lines.append(f"{r.label:<12}" + "".join(f"{v:>{w}}" for v, (_, _, w) in zip(values, cols)))
+    return "\n".join(lines + ["", SCORING_LEGEND])
 
 
 def best_so_far(values: Sequence[float | None]) -> list[float | None]:

@@ -96,3 +96,75 @@ def test_paper_scale_run_files_stop_naming_the_missing_checkpoint(size, tmp_path
     with pytest.raises(FileNotFoundError, match=f"/models/Qwen3.5-{size.upper()}-Instruct"):
         launch.launch([f"bicurl_{size}.gin"], run_dir=str(tmp_path / "run"))
     assert not (tmp_path / "run" / "ledger.jsonl").exists()
+
+
+# --- agent-caused failures (scored) apart from infrastructure failures (unscored), issue 13 -------------------
+
+def _trajectory(state_id, agent_error="", infra_error=""):
+    import numpy as np
+
+    from bat_jax.rollout.trajectory import Trajectory
+
+    ids = np.zeros(4, np.int32)
+    return Trajectory(state_id, 0, "E2E", ids, ids, np.zeros(4, np.float32), 2, "max_turns", False, 1, 1, 2,
+                      agent_error=agent_error, infra_error=infra_error)
+
+
+def test_rollout_counts_keep_agent_failures_apart_from_unscored():
+    trajectories = [_trajectory("a"), _trajectory("b", agent_error="sandbox died after agent code"),
+                    _trajectory("c", agent_error="executor hung"), _trajectory("d", infra_error="engine down"),
+                    _trajectory("e", agent_error="sandbox died after agent code")]
+    # e: agent-failed but unscored for another reason (judge down) → counted as unscored only
+    assert ex.rollout_counts(trajectories, [0.5, 0.0, 0.25, None, None]) == (2, 2)
+    assert ex.rollout_counts([], []) == (0, 0)
+    with pytest.raises(ValueError):
+        ex.rollout_counts(trajectories, [0.5])
+
+
+class _Loop:
+    """An AgentLoop stand-in: returns one prepared trajectory per request, in request order."""
+
+    def __init__(self, errors):
+        self.errors = errors
+
+    def run(self, requests, seed=0):
+        return [_trajectory(req.state_id, *self.errors[i]) for i, req in enumerate(requests)]
+
+
+def test_engine_cells_count_scored_agent_failed_cells():
+    from bat_jax.benchmark import evaluator
+    from bat_jax.policy import EngineCells
+
+    jobs = evaluator.suite_jobs(EvalConfig(repeats=4, tracks=("vqa",)))
+    errors = [("", ""), ("sandbox died after agent code", ""), ("", "engine down"),
+              ("sandbox died after agent code", "engine down")]
+    runner = EngineCells(_Loop(errors))
+    cells = runner(jobs)
+    assert [c.scored() for c in cells] == [True, True, False, False]
+    assert runner.agent_failed == 1  # the agent-failed cell is scored; the one also hit by infra is unscored
+    summary = evaluator.evaluate(EngineCells(_Loop(errors)), EvalConfig(repeats=4, tracks=("vqa",)))
+    assert (summary.n_cells, summary.n_unscored) == (4, 2)
+    assert runner(jobs[:1]) and runner.agent_failed == 0  # reset by each call
+
+
+def test_policy_cells_count_scored_agent_failed_cells(monkeypatch):
+    from types import SimpleNamespace
+
+    from bat_jax.benchmark import evaluator
+    from bat_jax.benchmark.scoring import Cell
+    from bat_jax.benchmark.stages import STAGES
+    from bat_jax.tasks import harness
+    from bat_jax.verify.rubric import Evidence
+
+    outcomes = iter([("", 0.5), ("sandbox died after agent code", 0.0), ("sandbox died after agent code", None)])
+
+    def fake_play(track, inst, policy, make_sandbox=None, max_turns=24):
+        agent_error, value = next(outcomes)
+        cell = lambda track, repeat: Cell(track, repeat, {s: value for s in STAGES}, task=value)  # noqa: E731
+        return SimpleNamespace(evidence=Evidence((), {}, None, agent_error=agent_error),
+                               score=SimpleNamespace(to_cell=cell))
+
+    monkeypatch.setattr(harness, "play", fake_play)
+    runner = evaluator.PolicyCells(lambda seed: None, None, max_workers=1, progress=False)
+    cells = runner(evaluator.suite_jobs(EvalConfig(repeats=3, tracks=("vqa",))))
+    assert [c.scored() for c in cells] == [True, True, False] and runner.agent_failed == 1

@@ -198,9 +198,9 @@ def test_ledger_records_counts_and_reads_old_lines(tmp_path):
     new = RoundRecord(**{**base, "round": 2}, rollouts=8, unscored_rollouts=3, eval_cells=2, eval_unscored=1)
     Ledger(path).append(new)
     assert Ledger(path).read()[1] == new
-    table = scoring_table([("round 1", None, None, None, None), ("round 2", 8, 3, 2, 1)])
-    assert table.splitlines()[2].split() == ["round", "1", "—", "—", "—", "—"]
-    assert table.splitlines()[3].split() == ["round", "2", "8", "5", "3", "1/2"]
+    table = scoring_table([("round 1", None, None, None, None, None, None), ("round 2", 8, 3, 0, 2, 1, 0)])
+    assert table.splitlines()[3].split() == ["round", "1", "—", "—", "—", "—", "—", "—"]
+    assert table.splitlines()[4].split() == ["round", "2", "8", "5", "0", "3", "0/2", "1/2"]
 
 
 def test_the_judged_file_survives_the_evidence_cut_after_many_receipts():

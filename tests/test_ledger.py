@@ -1,5 +1,6 @@
 """Round ledger: one JSON line per round, atomic appends, read back on restart."""
 
+import dataclasses
 import json
 import warnings
 
@@ -95,3 +96,20 @@ def test_complete_last_line_without_newline_is_kept(tmp_path):
     assert ledger.read() == records[:1]
     ledger.append(records[1])
     assert ledger.read() == records and len(path.read_text().splitlines()) == 2
+
+
+def test_agent_failed_counts_round_trip_and_old_lines_read_as_none(tmp_path):
+    """Issue 13: agent-caused failures (scored) are recorded apart from infrastructure failures (unscored)."""
+    path = tmp_path / "ledger.jsonl"
+    old = record(1, Controller()).to_dict()
+    for key in ("agent_failed_rollouts", "eval_agent_failed"):  # a line written before the fields existed
+        del old[key]
+    path.write_text(json.dumps(old) + "\n")
+    (first,) = Ledger(path).read()
+    assert first.agent_failed_rollouts is None and first.eval_agent_failed is None
+    new = dataclasses.replace(record(2, Controller()), rollouts=8, unscored_rollouts=3, agent_failed_rollouts=2,
+                              eval_cells=7, eval_unscored=1, eval_agent_failed=4)
+    Ledger(path).append(new)
+    line = json.loads(path.read_text().splitlines()[1])
+    assert (line["agent_failed_rollouts"], line["unscored_rollouts"], line["eval_agent_failed"]) == (2, 3, 4)
+    assert Ledger(path).read() == [first, new]

@@ -54,3 +54,24 @@ def test_scalar_writer_writes_event_file(tmp_path):
     assert scalars["eval/overall"] == (1, pytest.approx(50.0))
     assert scalars["eval/S3_Validate"] == (1, pytest.approx(50.0))
     assert scalars["final/BiCuRL_retained/overall"] == (2, pytest.approx(50.0))  # a legal tag, no rename warning
+
+
+def test_scoring_table_separates_agent_failed_scored_from_unscored_infra():
+    table = report.scoring_table([
+        report.RoundCounts("round 1", None, None, None, None, None, None),  # an older ledger: nothing recorded
+        report.RoundCounts("round 2", 8, 3, 2, 7, 1, 4),
+        ("round 3", 8, 0, 0, 7, 0, 0),  # a plain tuple in field order
+    ])
+    lines = table.splitlines()
+    assert lines[0].split() == ["Round", "rollouts", "scored", "agent-failed", "unscored", "eval", "agent-failed",
+                                "eval", "unscored"]
+    assert lines[1].split() == ["(scored)", "(infra)", "(scored)/cells", "(infra)/cells"]
+    assert lines[3].split() == ["round", "1", "—", "—", "—", "—", "—", "—"]
+    # 8 rollouts: 3 unscored (infra) → 5 scored, 2 of them agent-failed; eval: 4 of 7 cells agent-failed, 1 unscored
+    assert lines[4].split() == ["round", "2", "8", "5", "2", "3", "4/7", "1/7"]
+    assert lines[5].split() == ["round", "3", "8", "8", "0", "0", "0/7", "0/7"]
+    # right-aligned columns: every head ends where its values end
+    assert len({len(line) for line in lines[:6]}) == 1
+    assert lines[0].index(" agent-failed") + len(" agent-failed") == lines[4].index("5") + 1 + 14
+    assert lines[-2].startswith("agent-failed (scored): the agent's own code killed or hung its sandbox")
+    assert lines[-1].startswith("unscored (infra): engine or sandbox start failed, or the LLM judge was unreachable")

@@ -73,7 +73,13 @@ class EvalJob:
 
 
 class CellRunner(Protocol):
-    """Plays and scores a batch of cells (an agent: policy + stage skills + tools + sandbox backend)."""
+    """Plays and scores a batch of cells (an agent: policy + stage skills + tools + sandbox backend).
+
+    A runner may also keep `agent_failed: int`, set by each call: how many of its cells were agent-caused
+    sandbox failures (the agent's code killed or hung the sandbox) that were still scored (`Cell.scored`) —
+    counted for the ledger beside the unscored (infrastructure) cells; `PolicyCells` and
+    `policy.EngineCells` do. It never changes a score.
+    """
 
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
         """Returns one Cell per job, in order; an infrastructure failure gives an unscored cell."""
@@ -118,6 +124,8 @@ class PolicyCells:
       max_turns: assistant turns per episode.
       max_workers: episodes in flight at once.
       progress: tqdm progress bar.
+      agent_failed: after each call, its scored cells whose sandbox the agent's code brought down
+        (`verify.rubric.Evidence.agent_error`).
     """
 
     policy_factory: Callable[[int], object]
@@ -125,6 +133,7 @@ class PolicyCells:
     max_turns: int = 24
     max_workers: int = 4
     progress: bool = True
+    agent_failed: int = 0
 
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
         from tqdm.auto import tqdm
@@ -132,10 +141,11 @@ class PolicyCells:
         from bat_jax.tasks.harness import play
         from bat_jax.tasks.registry import TRACKS
 
-        def one(job: EvalJob) -> Cell:
+        def one(job: EvalJob) -> tuple[Cell, bool]:
             result = play(TRACKS[job.track], job.task, self.policy_factory(job.seed),
                           make_sandbox=self.make_sandbox, max_turns=self.max_turns)
-            return result.score.to_cell(job.track, job.repeat)
+            cell = result.score.to_cell(job.track, job.repeat)
+            return cell, bool(result.evidence.agent_error) and cell.scored()
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             futures = [pool.submit(one, job) for job in jobs]
@@ -143,7 +153,9 @@ class PolicyCells:
             for _ in concurrent.futures.as_completed(futures):
                 bar.update(1)
             bar.close()
-            return [f.result() for f in futures]
+            results = [f.result() for f in futures]
+        self.agent_failed = sum(failed for _, failed in results)
+        return [cell for cell, _ in results]
 
 
 def _cell_from_record(record: dict, where: str) -> Cell:
