@@ -160,3 +160,34 @@ def test_local_sandbox_limit_covers_a_setsid_process(tmp_path):
         assert (obs.stdout, obs.exit_code, obs.timed_out) == ("fast\n", 0, False) and obs.duration_s < 0.3 + SLACK
         assert box.receipts()[-1].stdout == "fast\n"
         assert _marked(env["BAT_MARK"]) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_code_that_kills_its_supervisor(tmp_path, mode):
+    """As PID 1 of its namespace the supervisor ignores the signal; as a plain subreaper it dies, and the call
+    ends at its limit with an error and its process group killed (the documented limit of "reaper" mode)."""
+    env = _env(tmp_path)
+    t0 = time.monotonic()
+    done = run_with_deadline(["bash", "-c", f"kill -9 $PPID; {REC}; echo x; sleep 20"], cwd=tmp_path, env=env,
+                             timeout_s=TIMEOUT, mode=mode)
+    assert TIMEOUT <= time.monotonic() - t0 < TIMEOUT + SLACK
+    assert (done.exit_code, done.stdout, done.timed_out) == (None, b"x\n", True)
+    assert done.error == ("" if mode == "pidns" else
+                          "the call's supervisor ended without reporting the exit status (returncode -9); see stderr")
+    _assert_all_gone(env, 1)
+
+
+def test_host_with_many_open_files(tmp_path):
+    """The host side polls its pipes (select() fails on fds past 1024, which a large trainer process reaches)."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1300:
+        pytest.skip("RLIMIT_NOFILE below 1300")
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        done = run_with_deadline(["bash", "-c", "echo hi; sleep 20"], cwd=tmp_path, env=_env(tmp_path), timeout_s=0.5)
+        assert (done.stdout, done.timed_out) == (b"hi\n", True) and min(held) < 1024 < max(held)
+        assert run_with_deadline(["true"], cwd=tmp_path, env=_env(tmp_path), timeout_s=5).exit_code == 0
+    finally:
+        for fd in held:
+            os.close(fd)

@@ -209,7 +209,7 @@ def run_with_deadline(argv: list[str], *, cwd: str | os.PathLike, env: dict[str,
         mode = found
     elif mode not in ("pidns", "reaper") or (mode == "pidns" and found != "pidns"):
         raise ValueError(f"mode {mode!r}: expected 'reaper' or, where unshare works (here: {found!r}), 'pidns'")
-    limit = time.monotonic() + float(timeout_s)
+    deadline = limit = time.monotonic() + float(timeout_s)
     status_r, status_w = os.pipe()
     cmd = [sys.executable, "-I", "-S", "-c", _SUPERVISOR, str(status_w), *argv]
     if mode == "pidns":
@@ -225,26 +225,33 @@ def run_with_deadline(argv: list[str], *, cwd: str | os.PathLike, env: dict[str,
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     bufs = {out_fd: bytearray(), err_fd: bytearray(), status_r: bytearray()}
     open_fds = set(bufs)
-    timed_out = False
+    poller = select.poll()  # not select(): fds of a large host process may be past FD_SETSIZE
+    for fd in open_fds:
+        poller.register(fd, select.POLLIN)
+    timed_out = stopped = False  # stopped: the host asked the supervisor to kill the call
     try:
         while open_fds:
             now = time.monotonic()
             if now >= limit:
-                if status_r not in open_fds or timed_out:
-                    break  # stray writers outlived the supervisor (only if it was killed): stop reading
-                timed_out = True  # the main process has not ended: the supervisor kills and reaps the call
-                head = bytes(bufs[status_r]).split(b"\n")
+                if status_r not in open_fds or stopped:
+                    # the supervisor is gone (killed, by the agent's code in "reaper" mode) or stuck, and stray
+                    # writers hold the pipes: stop reading; the process group is killed below
+                    timed_out = timed_out or (now >= deadline and bufs[status_r].count(b"\n") < 2)
+                    break
+                timed_out = stopped = True  # the main process has not ended: the supervisor kills the call
+                head = bytes(bufs[status_r])
                 try:
-                    os.kill(int(head[0]), signal.SIGTERM)
+                    os.kill(int(head[:head.index(b"\n")]), signal.SIGTERM)
                 except (ValueError, OSError):  # no PID reported yet, so nothing started: kill it outright
                     proc.kill()  # (in "pidns" mode unshare --kill-child then kills the namespace init)
                 limit = now + _GRACE_S
                 continue
-            for fd in select.select(list(open_fds), [], [], limit - now)[0]:
+            for fd, _ in poller.poll(max(1, int(1000 * (limit - now)))):
                 data = os.read(fd, 65536)
                 bufs[fd] += data
                 if not data:
                     open_fds.discard(fd)
+                    poller.unregister(fd)
                     if fd == status_r:  # the supervisor (and unshare) exited: its clean-up is done
                         limit = min(limit, time.monotonic() + _GRACE_S)
     finally:
@@ -260,7 +267,7 @@ def run_with_deadline(argv: list[str], *, cwd: str | os.PathLike, env: dict[str,
         proc.stderr.close()
     status = bytes(bufs[status_r]).split(b"\n")[1].strip() if bufs[status_r].count(b"\n") >= 2 else b""
     error = ""
-    if not timed_out and not status:
+    if not stopped and not status:
         error = (f"the call's supervisor ended without reporting the exit status (returncode {proc.returncode}); "
                  "see stderr")
     return Completed(None if timed_out or not status else int(status), bytes(bufs[out_fd]), bytes(bufs[err_fd]),
