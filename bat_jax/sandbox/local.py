@@ -16,7 +16,9 @@ call) that is the parent of the code and, in order of preference:
 1. "pidns": the init (PID 1) of a fresh PID namespace made by util-linux `unshare --pid --fork --kill-child`
    (as root; otherwise with `--user --map-current-user`, then `--map-root-user`). When the supervisor exits or
    is killed, the kernel kills every process left in the namespace, and code inside cannot signal anything
-   outside it. Which `unshare` form works is probed once per process (`isolation_mode`).
+   outside it. Which `unshare` form works is probed once per process (`isolation_mode`). Inside, the code sees
+   namespace PIDs (it is PID 2: `$$`, `os.getpid()`) but still the host's /proc; under `--map-root-user` it
+   sees uid 0 (its files belong to the caller on the host).
 2. "reaper" (no usable `unshare`, e.g. user namespaces disabled): a child subreaper (prctl
    PR_SET_CHILD_SUBREAPER), so orphans of the call are re-parented to it instead of to init; it finds every
    descendant by walking /proc, stops them all (SIGSTOP, so none forks meanwhile), kills them (SIGKILL) and
