@@ -98,7 +98,7 @@ def test_unreachable_judge_leaves_judged_rollouts_unscored(task):
     plain = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", _good_plan(task)), task.state())
     assert plain.reward == 1.0 and plain.version == REWARD_VERSION  # all three S1 items pass programmatically
     out = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", _good_plan(task)), task.state(), judge)
-    assert out.reward is None and out.version == "bat_rubric/v1+judge:judge-m[plan.written]"
+    assert out.reward is None and out.version == "bat_rubric/v2+judge:judge-m[plan.written]"
     assert judge.stats() == {"calls": 1, "cache_hits": 0, "failures": 1, "skipped": 0}
     # E2E rows include S1 → unscored too; an S3 row has no judged item → scored (0: no S3 evidence)
     assert rollout_reward(_row(task, "E2E"), _trajectory(task, "E2E", "p"), task.state(), judge).reward is None
@@ -189,7 +189,7 @@ judge.JudgeConfig.items = ('plan.written', 'setup.env_recorded')
 
 def test_ledger_records_counts_and_reads_old_lines(tmp_path):
     base = dict(round=1, selected_stage="S1", routing_report={}, pool_counts={"target": 2}, bank_version=1,
-                state_ids=["st-a"], reward_version="bat_rubric/v1", controller_scores={}, kl=None,
+                state_ids=["st-a"], reward_version="bat_rubric/v2", controller_scores={}, kl=None,
                 decision="accept", retained_checkpoint="ckpt-1")
     path = tmp_path / "ledger.jsonl"
     path.write_text(json.dumps({"format": 1, **base}) + "\n")  # a line written before the count fields
