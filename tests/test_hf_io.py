@@ -120,6 +120,10 @@ def test_bf16_checkpoint_loads_exactly(tmp_path):
     for name, t in tm.state_dict().items():
         if name == "lm_head.weight":
             continue
+        if name.endswith(FLOAT32_TAILS):  # kept float32: the bf16 values upcast exactly
+            assert p[name].dtype == np.float32, name
+            np.testing.assert_array_equal(p[name], t.float().numpy())
+            continue
         assert p[name].dtype == jnp.bfloat16
         np.testing.assert_array_equal(p[name].view(np.uint16), t.view(torch.int16).numpy().view(np.uint16))
     # bf16 compute stays close to the float32 forward of the same (exactly upcast) weights
@@ -128,6 +132,50 @@ def test_bf16_checkpoint_loads_exactly(tmp_path):
     real = MASK.astype(bool)
     err = np.abs(out - ref)[real].max() / ref[real].std()
     assert err < 0.05, err
+
+
+FLOAT32_TAILS = ("linear_attn.A_log", "linear_attn.norm.weight")
+
+
+def test_bf16_load_keeps_deltanet_a_log_and_norm_float32(tmp_path):
+    """A released Qwen3.5 checkpoint stores A_log and the DeltaNet output norm in float32, the rest in
+    bf16; loading with param_dtype='bfloat16' keeps those two float32 bit for bit (a bf16 cast moves
+    A_log by up to ~8e-3) and save_pretrained writes them back as float32."""
+    torch.manual_seed(2)
+    tm = TorchQwen3_5(Qwen3_5TextConfig(**TINY, tie_word_embeddings=False)).to(torch.bfloat16)
+    with torch.no_grad():
+        for name, mod in tm.named_modules():
+            if name.endswith("linear_attn"):
+                mod.A_log = torch.nn.Parameter(torch.empty(TINY["linear_num_value_heads"]).uniform_(0.01, 16).log_())
+                mod.norm.weight = torch.nn.Parameter(1.0 + 0.1 * torch.randn(TINY["linear_value_head_dim"]))
+    sd = tm.state_dict()
+    f32 = [k for k in sd if k.endswith(FLOAT32_TAILS)]
+    assert len(f32) == 6 and all(sd[k].dtype == torch.float32 for k in f32)
+    tm.save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    assert stored["model.layers.0.linear_attn.A_log"].dtype == np.float32
+    jm = hf_io.load_pretrained(tmp_path, param_dtype="bfloat16", dtype="bfloat16")
+    p = _params(jm)
+    for k in f32:
+        assert p[k].dtype == np.float32, k
+        np.testing.assert_array_equal(p[k], stored[k])
+    # a bf16 round trip would have moved A_log: the test's values are not bf16-representable
+    a = stored["model.layers.0.linear_attn.A_log"]
+    assert np.abs(a.astype(jnp.bfloat16).astype(np.float32) - a).max() > 1e-4
+    assert p["model.layers.0.mlp.up_proj.weight"].dtype == jnp.bfloat16
+    assert p["model.layers.3.self_attn.q_norm.weight"].dtype == jnp.bfloat16
+    out = hf_io.save_pretrained(jm, tmp_path / "again")
+    again = load_file(out / "model.safetensors")
+    for k in f32:
+        assert again[k].dtype == np.float32
+        np.testing.assert_array_equal(again[k], stored[k])
+    # freshly built bf16 models follow the same rule
+    from bat_jax.models.configs import Qwen3_5Config
+    from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+    fresh = Qwen3_5ForCausalLM(Qwen3_5Config(param_dtype="bfloat16", dtype="bfloat16"), rngs=nnx.Rngs(0))
+    assert fresh.model.layers[0].linear_attn.A_log.get_value().dtype == jnp.float32
+    assert fresh.model.layers[0].linear_attn.norm.weight.get_value().dtype == jnp.float32
+    assert fresh.model.layers[0].linear_attn.dt_bias.get_value().dtype == jnp.bfloat16
 
 
 def test_fsdp_load_on_8_devices_matches_one_device(hf_dir, loaded):

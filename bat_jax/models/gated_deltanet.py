@@ -140,17 +140,26 @@ def causal_conv(x, conv_state, weight):
     return jax.nn.silu(y).astype(x.dtype), full[:, full.shape[1] - (kernel - 1):]
 
 
-class GatedRMSNorm(nnx.Module):
-    """``w * rmsnorm(x) * silu(z)`` over the last axis (norm before gate; weight init 1)."""
+FLOAT32_PARAMS = ("A_log", "norm.weight")
+"""Gated DeltaNet parameters (dotted path tails inside ``linear_attn``) that are float32 whatever the
+model's ``param_dtype``: released Qwen3.5 checkpoints store them in float32, and a bfloat16 ``A_log``
+is off by up to ~8e-3 in the log decay."""
 
-    def __init__(self, dim: int, *, eps: float, param_dtype, rngs: nnx.Rngs):
-        self.weight = param(rngs, _fill(1.0), (dim,), param_dtype, ("head_dim",))
+
+class GatedRMSNorm(nnx.Module):
+    """``w * rmsnorm(x) * silu(z)`` over the last axis (norm before gate; weight init 1).
+
+    ``weight [dim]`` is float32 (see :data:`FLOAT32_PARAMS`); as in transformers, the normalised input
+    is cast back to the input dtype before the (type-promoting) product with the weight."""
+
+    def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
+        self.weight = param(rngs, _fill(1.0), (dim,), jnp.float32, ("head_dim",))
         self.eps = eps
 
     def __call__(self, x, z):
         xf = x.astype(jnp.float32)
         normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        y = self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
+        y = self.weight[...] * normed.astype(x.dtype)
         return (y * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
 
 
@@ -180,8 +189,8 @@ class GatedDeltaNet(nnx.Module):
         self.dt_bias = param(rngs, _fill(1.0), (self.nv,), pdt, ("linear_heads",))
         a_init = lambda key, shape, dtype: jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)
                                                    ).astype(dtype)
-        self.A_log = param(rngs, a_init, (self.nv,), pdt, ("linear_heads",))
-        self.norm = GatedRMSNorm(self.dv, eps=cfg.rms_norm_eps, param_dtype=pdt, rngs=rngs)
+        self.A_log = param(rngs, a_init, (self.nv,), jnp.float32, ("linear_heads",))  # FLOAT32_PARAMS
+        self.norm = GatedRMSNorm(self.dv, eps=cfg.rms_norm_eps, rngs=rngs)
         self.out_proj = Linear(value_dim, hs, ("embed", "linear_v"), **kw)
 
     def empty_cache(self, batch: int, dtype) -> DeltaNetCache:

@@ -111,7 +111,8 @@ def load_pretrained(path: str | os.PathLike, *, sharding_fn: ShardingFn | None =
 
     ``sharding_fn(logical_names, shape) -> jax.sharding.Sharding`` places each parameter (default:
     the first local device); ``config_overrides`` replace config fields (e.g. ``dtype="bfloat16"``,
-    ``param_dtype``). Tensors are cast to ``param_dtype``. Raises FileNotFoundError /
+    ``param_dtype``). Tensors are cast to their parameter's dtype: ``param_dtype``, except the Gated
+    DeltaNet ``A_log`` and output-norm weight, which stay float32 (``gated_deltanet.FLOAT32_PARAMS``). Raises FileNotFoundError /
     ValueError naming the file and tensor on a missing tensor or a shape mismatch.
     """
     path = Path(path)
