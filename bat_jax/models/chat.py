@@ -15,6 +15,10 @@ Stage Bank rows store model-neutral `ToolAction`s; `render_action` turns one int
 template renders after the generation prompt (without the end-of-turn token), and `parse_tool_call` turns
 sampled text back into a `ToolAction`, or into a `ParseError` whose `observation` is shown to the agent
 (a malformed call never raises). Token-level episode assembly is `bat_jax.models.episode.EpisodeBuilder`.
+
+Text never becomes a control token: rendered glue is a `Rendered` string whose `parts` mark the template's own
+control tokens (`Control`); everything else (thoughts, code, briefs, tool output) is ordinary text, encoded
+with the added tokens switched off (`bat_jax.models.episode.TextCodec`).
 """
 
 from __future__ import annotations
@@ -95,6 +99,45 @@ def get_family(family: str | ChatFamily) -> ChatFamily:
     if family not in FAMILIES:
         raise ValueError(f"unknown chat family {family!r}; known: {sorted(FAMILIES)}")
     return FAMILIES[family]
+
+
+class Control(str):
+    """One control token of a chat template (an added token such as `<|im_end|>` or `<tool_call>`) inside
+    rendered text: encoded as its one id, never from text. A plain `str` part is ordinary text."""
+
+
+class Rendered(str):
+    """Text rendered in a chat template (a `str`), with `parts`: `Control` parts are the template's own control
+    tokens, plain `str` parts are ordinary text (a `<|im_end|>` typed in a tool output is text). Slicing or
+    concatenating gives a plain `str` (all ordinary text); `"".join(parts) == self`."""
+
+    parts: tuple[str, ...]
+
+    def __new__(cls, parts):
+        parts = tuple(parts)
+        self = super().__new__(cls, "".join(parts))
+        self.parts = parts
+        return self
+
+
+def split_controls(text: str, tokens) -> tuple[str, ...]:
+    """Splits template-literal `text` (never content) at occurrences of the control `tokens` (longest first):
+    the occurrences become `Control` parts, the rest plain parts. Pure function of its arguments."""
+    pattern = "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))
+    parts: list[str] = []
+    position = 0
+    for match in re.finditer(pattern, text) if pattern else ():
+        if match.start() > position:
+            parts.append(text[position:match.start()])
+        parts.append(Control(match.group(0)))
+        position = match.end()
+    if position < len(text):
+        parts.append(text[position:])
+    return tuple(parts)
+
+
+def _glue(text: str, fam: ChatFamily) -> tuple[str, ...]:
+    return split_controls(text, fam.special_tokens)
 
 
 # Qwen3.5 chat template, text-only (image/video content items are not rendered). Follows the published
@@ -357,43 +400,53 @@ def _validate(tool: Any, arguments: Any) -> str:
     return ""
 
 
-def render_action(action: ToolAction | Mapping[str, Any], family: str | ChatFamily) -> str:
+def render_action(action: ToolAction | Mapping[str, Any], family: str | ChatFamily) -> Rendered:
     """Assistant text for one action: what the family's template renders after the generation prompt.
 
     The end-of-turn token is not included. For 'qwen3_5' the text starts inside the thinking block opened by
     the generation prompt (`THOUGHT\\n</think>\\n\\n<tool_call>...`); for 'qwen3' it starts with `<think>\\n`.
     Matches `apply_chat_template` of an assistant message {reasoning_content: thought, content: '',
-    tool_calls: [call]} (no tool_calls for 'stop') placed after the last user query. Raises ValueError for an
-    invalid action.
+    tool_calls: [call]} (no tool_calls for 'stop') placed after the last user query. The result is a
+    `Rendered` string: only the template's tags (`<think>`, `</think>`, `<tool_call>`, `</tool_call>`) are
+    `Control` parts; the thought and the argument values are ordinary text whatever they contain, and
+    `parse_tool_call` gives the arguments back byte for byte. Raises ValueError for an invalid action.
     """
     fam = get_family(family)
     if not isinstance(action, ToolAction):
         action = ToolAction.from_row(action)
+    head = (action.thought.strip(),) if fam.name == "qwen3_5" else (*_glue("<think>\n", fam),
+                                                                    action.thought.strip("\n"))
     if action.tool == STOP:  # thinking block, empty answer
-        return f"{action.thought.strip()}\n</think>\n\n" if fam.name == "qwen3_5" else (
-            f"<think>\n{action.thought.strip(chr(10))}\n</think>\n\n")
+        return Rendered((*head, *_glue("\n</think>\n\n", fam)))
     if fam.name == "qwen3_5":
         params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in action.arguments.items())
-        call = f"<tool_call>\n<function={action.tool}>\n{params}</function>\n</tool_call>"
-        return f"{action.thought.strip()}\n</think>\n\n{call}"
-    call = json.dumps({"name": action.tool, "arguments": dict(action.arguments)}, ensure_ascii=False)
-    return f"<think>\n{action.thought.strip(chr(10))}\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
+        call = f"\n<function={action.tool}>\n{params}</function>\n"
+    else:
+        call = json.dumps({"name": action.tool, "arguments": dict(action.arguments)}, ensure_ascii=False)
+        call = f"\n{call}\n"
+    return Rendered((*head, *_glue("\n</think>\n\n<tool_call>", fam), call, *_glue("</tool_call>", fam)))
 
 
-def tool_response_text(observation: str, family: str | ChatFamily) -> str:
+def tool_response_text(observation: str, family: str | ChatFamily) -> Rendered:
     """Template glue after an assistant turn's end-of-turn token, through the next generation prompt.
 
     `\\n<|im_start|>user\\n<tool_response>\\nOBS\\n</tool_response><|im_end|>\\n` + generation prompt; OBS is
-    stripped for 'qwen3_5' (its template trims contents).
+    stripped for 'qwen3_5' (its template trims contents). A `Rendered` string in which OBS is one ordinary-text
+    part (a `<|im_end|>` printed by a tool stays text).
     """
     fam = get_family(family)
     obs = observation.strip() if fam.strips_content else observation
-    return f"\n{IM_START}user\n<tool_response>\n{obs}\n</tool_response>{IM_END}\n{fam.generation_prompt}"
+    return Rendered((*_glue(f"\n{IM_START}user\n<tool_response>\n", fam), obs,
+                     *_glue(f"\n</tool_response>{IM_END}\n{fam.generation_prompt}", fam)))
 
 
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*", re.DOTALL)
-_PARAM_RE = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
+_PARAM_OPEN_RE = re.compile(r"\s*<parameter=([^>\n]*)>")
+_NEXT_PARAM_RE = re.compile(r"\s*<parameter=")
+#: A parameter whose `</parameter>` is followed by the next `<parameter=` or the end of the function.
+_PARAM_RE = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)</parameter>(?=\s*<parameter=|\s*\Z)", re.DOTALL)
+_CLOSE_PARAM = "</parameter>"
 
 
 def _format_help(fam: ChatFamily) -> str:
@@ -408,61 +461,107 @@ def _error(kind: str, message: str, fam: ChatFamily) -> ParseError:
     return ParseError(kind=kind, message=message, observation=observation)
 
 
+def _is_call(parsed: Any) -> bool:
+    return isinstance(parsed, tuple) and parsed[0] in _TOOL_ARGS and not _validate(*parsed)
+
+
 def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseError:
     """Parses one assistant turn's text into a `ToolAction`; a malformed call gives a `ParseError`.
 
-    `text` is the decoded sampled turn (a trailing `<|im_end|>` is ignored). The thought is the text before
-    `</think>` (a leading `<think>` removed); exactly one `<tool_call>` block must follow. XML parameter values
-    lose the one newline the template puts on each side (a value that itself contains `</parameter>` cannot
-    be told apart from the closing tag and gives a ParseError or a cut value). Never raises for model output.
+    `text` is the decoded sampled turn (a trailing `<|im_end|>` is ignored). The thought is the text before the
+    first `</think>` ('qwen3': only when the turn opens with `<think>`); the call starts at the next
+    `<tool_call>`. Values may hold any text, tags included: the call ends at a `</tool_call>` whose block is a
+    valid call (JSON delimits itself; an XML `</parameter>` closes a value only where `<parameter=` or the
+    function's end follows, and the tool's parameters decide between readings). Of the valid readings the first
+    is taken; when it is followed by a `<tool_call>` the turn is 'multiple_calls', and when it is followed by
+    other text, a valid reading through the last `</tool_call>` wins. So `render_action` arguments come back
+    byte for byte, except an XML value holding a complete call end then `<tool_call>` (read as two calls).
+    XML values lose the one newline the template puts on each side. Never raises for model output.
     """
     fam = get_family(family)
     text = text.removesuffix(IM_END)
-    thought, sep, body = text.partition("</think>")
-    if not sep:
-        thought, body = "", text
-    thought = thought.strip().removeprefix("<think>").strip()
-    calls = _CALL_RE.findall(body)
-    if not calls:
-        if "<tool_call>" in body:
-            return _error("malformed", "the <tool_call> block is not closed with </tool_call>", fam)
+    thought, body = "", text
+    if fam.name == "qwen3_5" or text.lstrip().startswith("<think>"):
+        head, sep, rest = text.partition("</think>")
+        if sep:
+            thought, body = head.strip().removeprefix("<think>").strip(), rest
+    start = body.find("<tool_call>") + len("<tool_call>")
+    if start < len("<tool_call>"):
         return _error("no_tool_call", "no <tool_call> block found in your reply", fam)
-    if len(calls) > 1:
-        return _error("multiple_calls", f"found {len(calls)} <tool_call> blocks; only one is allowed", fam)
-    if fam.name == "qwen3_5":
-        parsed = _parse_xml_call(calls[0])
-    else:
-        parsed = _parse_json_call(calls[0])
-    if isinstance(parsed, str):
-        return _error("malformed", parsed, fam)
-    tool, arguments = parsed
-    if tool not in _TOOL_ARGS:  # 'stop' included: it is the absence of a call, not a tool
-        return _error("unknown_tool", f"unknown tool {tool!r}; available tools: {', '.join(TOOL_NAMES)}", fam)
-    error = _validate(tool, arguments)
-    if error:
-        return _error("bad_arguments", error, fam)
-    return ToolAction(thought=thought, tool=tool, arguments=arguments)
+    ends = [start + m.start() for m in re.finditer("</tool_call>", body[start:])]
+    if not ends:
+        return _error("malformed", "the <tool_call> block is not closed with </tool_call>", fam)
+    parse = _parse_xml_call if fam.name == "qwen3_5" else _parse_json_call
+    readings = [(end, parse(body[start:end])) for end in ends]
+    valid = [(end, parsed) for end, parsed in readings if _is_call(parsed)]
+    if not valid:
+        if len(_CALL_RE.findall(body)) > 1:
+            return _error("multiple_calls", "found more than one <tool_call> block; only one is allowed", fam)
+        parsed = next((parsed for _, parsed in readings if isinstance(parsed, tuple)), None)
+        if parsed is None:
+            return _error("malformed", readings[0][1], fam)
+        tool = parsed[0]
+        if tool not in _TOOL_ARGS:  # 'stop' included: it is the absence of a call, not a tool
+            return _error("unknown_tool", f"unknown tool {tool!r}; available tools: {', '.join(TOOL_NAMES)}", fam)
+        return _error("bad_arguments", _validate(*parsed), fam)
+    (end, parsed), (last_end, last) = valid[0], valid[-1]
+    after = body[end + len("</tool_call>"):]
+    if "<tool_call>" in after:
+        return _error("multiple_calls", "found more than one <tool_call> block; only one is allowed", fam)
+    if after.strip() and not body[last_end + len("</tool_call>"):].strip():
+        parsed = last
+    return ToolAction(thought=thought, tool=parsed[0], arguments=parsed[1])
+
+
+def _xml_value(raw: str) -> str:
+    """A parameter value without the one newline the template writes on each side."""
+    raw = raw[1:] if raw.startswith("\n") else raw
+    return raw[:-1] if raw.endswith("\n") else raw
+
+
+def _xml_readings(inner: str, expected: tuple[str, ...], position: int = 0, seen: tuple[str, ...] = ()):
+    """Yields the argument dicts `inner` reads as with each of `expected` once, shortest values first; a
+    `</parameter>` closes a value where the next `<parameter=` (or, for the last parameter, only whitespace)
+    follows, so there are at most (closing tags)^(len(expected)-1) readings."""
+    if not inner[position:].strip():
+        yield {}
+        return
+    opening = _PARAM_OPEN_RE.match(inner, position)
+    key = opening.group(1).strip() if opening else None
+    if key not in expected or key in seen:
+        return
+    if len(seen) + 1 == len(expected):  # the last parameter: its value ends at the last closing tag
+        close = inner.rfind(_CLOSE_PARAM)
+        if close >= opening.end() and not inner[close + len(_CLOSE_PARAM):].strip():
+            yield {key: _xml_value(inner[opening.end():close])}
+        return
+    close = inner.find(_CLOSE_PARAM, opening.end())
+    while close >= 0:
+        if _NEXT_PARAM_RE.match(inner, close + len(_CLOSE_PARAM)):
+            for rest in _xml_readings(inner, expected, close + len(_CLOSE_PARAM), seen + (key,)):
+                yield {key: _xml_value(inner[opening.end():close]), **rest}
+        close = inner.find(_CLOSE_PARAM, close + 1)
 
 
 def _parse_xml_call(call: str) -> tuple[str, dict[str, str]] | str:
+    """(name, arguments) of one `<function=NAME>...</function>` block — a valid reading when the tool has one,
+    else the plain reading (for the error message) — or the reason it cannot be read."""
     match = _FUNCTION_RE.fullmatch(call)
     if not match:
         return "expected <function=NAME> ... </function> inside <tool_call>"
     name, inner = match.group(1).strip(), match.group(2)
-    arguments: dict[str, str] = {}
-    position = 0
-    for param in _PARAM_RE.finditer(inner):
-        if inner[position:param.start()].strip():
-            return f"unexpected text between parameters: {inner[position:param.start()].strip()[:80]!r}"
-        key = param.group(1).strip()
-        if key in arguments:
-            return f"parameter {key!r} given twice"
-        value = param.group(2)
-        value = value[1:] if value.startswith("\n") else value
-        arguments[key] = value[:-1] if value.endswith("\n") else value
+    for arguments in _xml_readings(inner, _TOOL_ARGS.get(name, ())):
+        if not _validate(name, arguments):
+            return name, arguments
+    arguments, position = {}, 0
+    while inner[position:].strip():
+        param = _PARAM_RE.match(inner, position)
+        if not param:
+            return f"expected <parameter=NAME>\\nVALUE\\n</parameter>, got {inner[position:].strip()[:80]!r}"
+        if param.group(1).strip() in arguments:
+            return f"parameter {param.group(1).strip()!r} given twice"
+        arguments[param.group(1).strip()] = _xml_value(param.group(2))
         position = param.end()
-    if inner[position:].strip():
-        return f"unexpected text after the parameters: {inner[position:].strip()[:80]!r}"
     return name, arguments
 
 
