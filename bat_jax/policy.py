@@ -186,6 +186,8 @@ def render_sft_row(row: Any, policy: Policy, max_seq_len: int,
     observations) as the prompt, the one target action + `<|im_end|>` as the response (loss mask 1).
     With `max_observation_chars`, each tool observation is cut exactly as the agent loop cuts it at rollout
     time (`rollout.agent_loop.cut_observation`), so SFT contexts look like the contexts the policy acts in.
+    Only the template's own tags become control ids: the brief, skill, observations and the teacher's
+    thoughts and arguments are ordinary text whatever they contain (`models.episode.TextCodec`).
 
     Returns `{'input_ids','attention_mask','loss_mask'}` `[max_seq_len]` int32, or None when the row does not
     fit in `max_seq_len` tokens (never truncated: a cut action would teach the model to stop mid-call).
@@ -209,8 +211,7 @@ def render_sft_row(row: Any, policy: Policy, max_seq_len: int,
             builder.add_tool_response(message.content if max_observation_chars is None
                                       else cut_observation(message.content, max_observation_chars))
     prompt = builder.build().ids.tolist()
-    response = list(policy.tokenizer.encode(render_action(_tool_action(row.target), policy.family),
-                                            add_special_tokens=False))
+    response = builder.encode(render_action(_tool_action(row.target), policy.family))
     if len(prompt) + len(response) + 1 > max_seq_len:
         return None
     return build_sft_example(prompt, response, builder.eot_id, max_seq_len)

@@ -249,8 +249,8 @@ class _TiktokenQwen3_5:
         self.enc, self.template_tok = enc, template_tok
         self.chat_template, self.name_or_path = chat.QWEN3_5_CHAT_TEMPLATE, "qwen3.5-tiktoken"
 
-    def encode(self, text, add_special_tokens=False):
-        return self.enc.encode(text)
+    def encode(self, text, add_special_tokens=False, split_special_tokens=False):
+        return self.enc._tokenizer.encode_ordinary(text) if split_special_tokens else self.enc.encode(text)
 
     def decode(self, ids):
         return self.enc.decode(list(ids))
