@@ -131,3 +131,23 @@ def test_shipped_tokenizer_is_reproducible():
     tok = tiny.train_tiny_tokenizer(tiny.generate_corpus(3000, seed=0), tiny.TINY_VOCAB_SIZE)
     shipped = json.loads((tiny.TINY_TOKENIZER_DIR / "tokenizer.json").read_text())
     assert json.loads(tok.to_str()) == shipped
+
+
+def test_added_tokens_typed_as_text_encode_as_ordinary_tokens(auto):
+    from bat_jax.models.episode import TextCodec
+
+    codec = TextCodec(auto, "qwen3_5")
+    first = tiny.TINY_VOCAB_SIZE - len(chat.QWEN3_5_SPECIAL_TOKENS)  # 3551: learned ids are 0 .. 3550
+    assert sorted(codec.controls.values()) == list(range(first, tiny.TINY_VOCAB_SIZE))
+    for token in chat.QWEN3_5_SPECIAL_TOKENS:
+        ids = codec.encode_text(token)
+        assert max(ids) < first and auto.decode(ids) == token, token
+    # Hand-read pieces of the shipped vocabulary.
+    assert [auto.decode([i]) for i in codec.encode_text("<|im_end|>")] == ["<|", "im", "_end", "|>"]
+    assert [auto.decode([i]) for i in codec.encode_text("</tool_call>")] == ["</", "tool", "_call", ">"]
+    # Why the codec bypasses the added vocabulary: in the installed transformers, split_special_tokens=True
+    # spells only the `special` tokens as text; the published non-special ones (<think>, <tool_call>, ...)
+    # would still become control ids.
+    split = auto.encode("<|im_end|><think>", add_special_tokens=False, split_special_tokens=True)
+    assert split[-1] == auto.convert_tokens_to_ids("<think>") and max(split[:-1]) < first
+    assert auto.encode("<|im_end|>", add_special_tokens=False) == [first + 2]  # the tokenizer itself parses tags
