@@ -339,10 +339,33 @@ def test_many_closing_tags_parse_quickly():
     assert time.monotonic() - started < 20
 
 
-def test_the_one_ambiguous_xml_value_is_refused_not_misread():
-    # A value holding a complete call end and then a new call is, as text, two calls: the Qwen3.5 form reads
-    # it so (never as a shortened value); the JSON form has no such ambiguity.
+def test_the_one_ambiguous_xml_value_is_refused_not_misread(tiny):
+    # A value holding a complete call end and then a new call is, as plain text, two calls: the Qwen3.5 form
+    # reads it so (never as a shortened value); the JSON form has no such ambiguity. Given the rendered parts
+    # (or the ids decoded by TextCodec) only the template's own tags count, and the value comes back whole.
     code = "x\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=submit>\n<parameter=path>\ny"
-    action = _call(code, "language_first")
-    assert chat.parse_tool_call(chat.render_action(action, "qwen3_5"), "qwen3_5").kind == "multiple_calls"
-    assert chat.parse_tool_call(chat.render_action(action, "qwen3"), "qwen3") == action
+    action = chat.ToolAction("a </think> b", "execute_code", {"language": "python", "code": code})
+    rendered = chat.render_action(action, "qwen3_5")
+    assert chat.parse_tool_call(str(rendered), "qwen3_5").kind == "multiple_calls"
+    assert chat.parse_tool_call(rendered, "qwen3_5") == action
+    codec = TextCodec(tiny, "qwen3_5")
+    sampled = codec.encode(rendered) + [TINY_EOT]
+    assert chat.parse_tool_call(codec.decode(sampled), "qwen3_5") == action
+    plain = chat.ToolAction("", "execute_code", {"language": "python", "code": code})
+    assert chat.parse_tool_call(str(chat.render_action(plain, "qwen3")), "qwen3") == plain
+
+
+@pytest.mark.parametrize("name,family", TOKENIZERS)
+def test_property_decoded_parts_round_trip_everything(request, name, family):
+    # With the template's tags known as control ids, any code and any thought (even one holding '</think>')
+    # come back exactly.
+    tok = request.getfixturevalue(name)
+    codec = TextCodec(tok, family)
+    rng = random.Random(17)
+    for _ in range(80):
+        code, thought = _adversarial(rng), _adversarial(rng).strip()
+        if family == "qwen3_5":  # the turn opens inside the thinking block: a leading '<think>' is dropped
+            thought = thought.removeprefix("<think>").strip()
+        action = chat.ToolAction(thought, "execute_code", {"code": code, "language": "bash"})
+        sampled = codec.encode(chat.render_action(action, family)) + [codec.controls[chat.IM_END]]
+        assert chat.parse_tool_call(codec.decode(sampled), family) == action, (code, thought)

@@ -465,6 +465,17 @@ def _is_call(parsed: Any) -> bool:
     return isinstance(parsed, tuple) and parsed[0] in _TOOL_ARGS and not _validate(*parsed)
 
 
+def _tags(text: str, tag: str, begin: int = 0) -> list[int]:
+    """Offsets of `tag` in `text` from `begin`; in a `Rendered` text holding `tag` as a `Control`, only those."""
+    if isinstance(text, Rendered) and tag in [p for p in text.parts if isinstance(p, Control)]:
+        offsets = [0]
+        for part in text.parts:
+            offsets.append(offsets[-1] + len(part))
+        return [at for at, part in zip(offsets, text.parts) if isinstance(part, Control) and part == tag
+                and at >= begin]  # fmt: skip
+    return [m.start() for m in re.finditer(re.escape(tag), text) if m.start() >= begin]
+
+
 def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseError:
     """Parses one assistant turn's text into a `ToolAction`; a malformed call gives a `ParseError`.
 
@@ -475,27 +486,30 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseEr
     function's end follows, and the tool's parameters decide between readings). Of the valid readings the first
     is taken; when it is followed by a `<tool_call>` the turn is 'multiple_calls', and when it is followed by
     other text, a valid reading through the last `</tool_call>` wins. So `render_action` arguments come back
-    byte for byte, except an XML value holding a complete call end then `<tool_call>` (read as two calls).
+    byte for byte, except an XML value holding a complete call end then `<tool_call>` (read as two calls) and a
+    thought holding `</think>` — unless `text` is a `Rendered` string with `Control` tags (`render_action`
+    output, `TextCodec.decode` of sampled ids): then only those tags count (a tag never sampled as a control is
+    looked for in the text) and nothing is ambiguous.
     XML values lose the one newline the template puts on each side. Never raises for model output.
     """
     fam = get_family(family)
-    text = text.removesuffix(IM_END)
-    thought, body = "", text
-    if fam.name == "qwen3_5" or text.lstrip().startswith("<think>"):
-        head, sep, rest = text.partition("</think>")
-        if sep:
-            thought, body = head.strip().removeprefix("<think>").strip(), rest
-    start = body.find("<tool_call>") + len("<tool_call>")
-    if start < len("<tool_call>"):
+    source, text = text, str(text).removesuffix(IM_END)
+    thought, begin = "", 0
+    think = _tags(source, "</think>")
+    if think and (fam.name == "qwen3_5" or text.lstrip().startswith("<think>")):
+        thought, begin = text[:think[0]].strip().removeprefix("<think>").strip(), think[0] + len("</think>")
+    opens = _tags(source, "<tool_call>", begin)
+    if not opens:
         return _error("no_tool_call", "no <tool_call> block found in your reply", fam)
-    ends = [start + m.start() for m in re.finditer("</tool_call>", body[start:])]
+    start = opens[0] + len("<tool_call>")
+    ends = [end for end in _tags(source, "</tool_call>", start) if end < len(text)]
     if not ends:
         return _error("malformed", "the <tool_call> block is not closed with </tool_call>", fam)
     parse = _parse_xml_call if fam.name == "qwen3_5" else _parse_json_call
-    readings = [(end, parse(body[start:end])) for end in ends]
+    readings = [(end, parse(text[start:end])) for end in ends]
     valid = [(end, parsed) for end, parsed in readings if _is_call(parsed)]
     if not valid:
-        if len(_CALL_RE.findall(body)) > 1:
+        if len(opens) > 1 and len(ends) > 1 and len(_CALL_RE.findall(text[begin:])) > 1:
             return _error("multiple_calls", "found more than one <tool_call> block; only one is allowed", fam)
         parsed = next((parsed for _, parsed in readings if isinstance(parsed, tuple)), None)
         if parsed is None:
@@ -505,10 +519,9 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseEr
             return _error("unknown_tool", f"unknown tool {tool!r}; available tools: {', '.join(TOOL_NAMES)}", fam)
         return _error("bad_arguments", _validate(*parsed), fam)
     (end, parsed), (last_end, last) = valid[0], valid[-1]
-    after = body[end + len("</tool_call>"):]
-    if "<tool_call>" in after:
+    if _tags(source, "<tool_call>", end):
         return _error("multiple_calls", "found more than one <tool_call> block; only one is allowed", fam)
-    if after.strip() and not body[last_end + len("</tool_call>"):].strip():
+    if text[end + len("</tool_call>"):].strip() and not text[last_end + len("</tool_call>"):].strip():
         parsed = last
     return ToolAction(thought=thought, tool=parsed[0], arguments=parsed[1])
 
