@@ -36,7 +36,7 @@ class TextCodec:
     spelled with ordinary tokens; decoding gives the same characters back) and a `chat.Rendered` string into
     the ids of its parts (a `Control` part is its one id). For a `transformers` fast tokenizer the text path is
     the backend's pre-tokenizer and BPE model without the added vocabulary (and without a Unicode normaliser,
-    so that e.g. 'e\u0301' stays two code points); any other tokenizer must accept
+    so that an 'e' + U+0301 stays two code points); any other tokenizer must accept
     `encode(text, add_special_tokens=False, split_special_tokens=True)` and never return a control id.
     """
 
