@@ -82,7 +82,9 @@ class DockerSandboxConfig:
       memswap_limit: memory + swap; equal to mem_limit = no swap.
       pids_limit: max processes/threads in the container (contains fork bombs).
       cpus: CPU limit in cores.
-      tmp_size, workspace_size: sizes of the tmpfs /tmp and the tmpfs workspace volume.
+      tmp_size, workspace_size: sizes of the tmpfs /tmp (and /dev/shm) and the tmpfs workspace volume.
+      max_inodes: files + directories each of /workspace, /tmp and /dev/shm may hold (tmpfs `nr_inodes`): the
+        kernel memory of a million empty files would otherwise be pinned in the container's memory limit.
       timeout_s: default hard wall-clock limit of one tool call, seconds (REFERENCE.md: 120 s).
       max_output_chars: characters of stdout/stderr returned per call (REFERENCE.md: 2,048).
       start_timeout_s: limit for a container to start and answer its first ping, seconds.
@@ -109,6 +111,7 @@ class DockerSandboxConfig:
     cpus: float = 1.0
     tmp_size: str = "64m"
     workspace_size: str = "256m"
+    max_inodes: int = 32768
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     start_timeout_s: float = 30.0
@@ -190,8 +193,8 @@ class _Channel:
     def __init__(self, sock):
         self._io = sock
         self._sock = sock._sock if hasattr(sock, "_sock") else sock
-        self._buf = b""
-        self._line = b""
+        self._buf = bytearray()
+        self._line = bytearray()
         self._next_id = 0
         self.stray = 0
 
@@ -224,17 +227,21 @@ class _Channel:
             if not chunk:
                 raise EOFError("the sandbox executor closed its output")
             self._buf += chunk
-        out, self._buf = self._buf[:n], self._buf[n:]
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
         return out
 
     def recv(self, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._line:
+        scanned = 0
+        while (end := self._line.find(b"\n", scanned)) < 0:
+            scanned = len(self._line)
             kind, size = struct.unpack(">BxxxL", self._read_exact(8, deadline))
             payload = self._read_exact(size, deadline)
             if kind == 1:
                 self._line += payload
-        line, self._line = self._line.split(b"\n", 1)
+        line = bytes(self._line[:end])
+        del self._line[:end + 1]
         return json.loads(line)
 
     def close(self) -> None:
@@ -285,12 +292,14 @@ class DockerSandbox:
             security_opt=["no-new-privileges"] if cfg.no_new_privileges else None,
             mem_limit=cfg.mem_limit, memswap_limit=cfg.memswap_limit, pids_limit=cfg.pids_limit,
             nano_cpus=int(cfg.cpus * 1e9), init=True, auto_remove=True,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={cfg.tmp_size},mode=1777"},
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={cfg.tmp_size},nr_inodes={cfg.max_inodes},mode=1777",
+                   "/dev/shm": f"rw,nosuid,nodev,noexec,size={cfg.tmp_size},nr_inodes={cfg.max_inodes},mode=1777"},
             mounts=[docker.types.Mount(
                 WORKSPACE, None, type="volume",
                 driver_config=docker.types.DriverConfig("local", {
                     "type": "tmpfs", "device": "tmpfs",
-                    "o": f"size={cfg.workspace_size},uid=65534,gid=65534,mode=0755,nosuid,nodev"}))],
+                    "o": f"size={cfg.workspace_size},nr_inodes={cfg.max_inodes},uid=65534,gid=65534,mode=0755,"
+                         "nosuid,nodev"}))],
             log_config=docker.types.LogConfig(type="none"))
         labels = {LABEL: "1", f"{LABEL}.owner": owner or "none", **dict(cfg.labels)}
         try:
@@ -449,61 +458,70 @@ class DockerSandbox:
 
     # -- files ---------------------------------------------------------------------------------------------
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        """Workspace file bytes, read through the engine.
+        """Workspace file bytes, read by the executor with no symlink followed anywhere in the path.
 
         Raises:
-          FileNotFoundError: missing, a directory or a symlink (never followed).
-          FileTooLarge: the file holds more than `max_bytes` (default `config.evidence.max_file_bytes`) bytes;
-            raised from the archive's size header, before any content is transferred.
+          FileNotFoundError: missing, a directory, a special file, or a symlink in any component.
+          FileTooLarge: more than `max_bytes` (default `config.evidence.max_file_bytes`) bytes; checked before
+            any content is read.
           ValueError: a path outside the workspace.
+          SandboxError: the sandbox is dead.
         """
-        rel = posixpath.normpath(path)
-        if rel.startswith("/") or rel.startswith(".."):
-            raise ValueError(f"path {path!r} is outside the workspace")
         limit = self.config.evidence.max_file_bytes if max_bytes is None else int(max_bytes)
-        stream, stat = self._open_archive(rel)
-        try:
-            size = int(stat.get("size", 0))
-            if size > limit:
-                raise FileTooLarge(f"{rel}: {size} bytes, over the {limit}-byte evidence cap")
-            with tarfile.open(fileobj=_CappedStream(stream, limit + 65536), mode="r|") as tar:
-                member = tar.next()
-                if member is None or not member.isfile():
-                    raise FileNotFoundError(f"{rel} is not a regular file")
-                if member.size > limit:
-                    raise FileTooLarge(f"{rel}: {member.size} bytes, over the {limit}-byte evidence cap")
-                return tar.extractfile(member).read()
-        except (tarfile.TarError, OSError) as e:
-            if isinstance(e, FileNotFoundError):
-                raise
-            raise SandboxError(f"cannot read {rel} from the sandbox: {e}") from e
-        finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+        files, too_large = self.read_files([path], limit, limit)
+        if path in too_large:
+            raise FileTooLarge(f"{path}: {too_large[path]} bytes, over the {limit}-byte evidence cap")
+        if path not in files:
+            raise FileNotFoundError(f"no such regular file in the workspace: {path!r}")
+        return files[path]
 
-    def _open_archive(self, rel: str):
-        try:
-            return self._client.api.get_archive(self.container_id, posixpath.join(WORKSPACE, rel))
-        except docker.errors.NotFound as e:
-            raise FileNotFoundError(rel) from e
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise SandboxError(f"cannot read {rel} from the sandbox: {e}") from e
+    def read_files(self, paths: list[str], max_file_bytes: int, max_total_bytes: int
+                   ) -> tuple[dict[str, bytes], dict[str, int]]:
+        """Several workspace files in few round trips (batches of at most `_READ_BATCH_BYTES`).
+
+        Returns:
+          (files: path → bytes, too_large: path → size in bytes); missing paths are in neither.
+        Raises:
+          ValueError: a path outside the workspace. SandboxError: the sandbox is dead.
+        """
+        for path in paths:
+            rel = posixpath.normpath(path)
+            if rel.startswith("/") or rel.startswith("..") or rel == ".":
+                raise ValueError(f"path {path!r} is outside the workspace")
+        files: dict[str, bytes] = {}
+        too_large: dict[str, int] = {}
+        pending, left, retried = list(paths), int(max_total_bytes), set()
+        with self._lock:
+            while pending:
+                batch, pending = pending[:_READ_BATCH_FILES], pending[_READ_BATCH_FILES:]
+                budget = min(left, max(_READ_BATCH_BYTES, int(max_file_bytes)))
+                req = {"op": "read", "paths": batch, "max_file_bytes": int(max_file_bytes),
+                       "max_total_bytes": budget}
+                reply = self._request(req, self.config.evidence.max_seconds + self.config.grace_s)
+                if not reply.get("ok"):
+                    raise SandboxError(f"reading workspace files failed: {reply.get('error')}")
+                for path in batch:
+                    status, value = reply["files"].get(path, ["missing", ""])
+                    if status == "ok":
+                        files[path] = base64.b64decode(value)
+                        left -= len(files[path])
+                    elif status == "too_large":
+                        size = int(value)
+                        if size <= min(max_file_bytes, left) and path not in retried:
+                            retried.add(path)  # over this request's share only: once more, in a later one
+                            pending.append(path)
+                        else:
+                            too_large[path] = size
+        return files, too_large
 
     def _stat_file(self, rel: str) -> int:
-        """Size of a regular workspace file, from the archive's header only. Raises FileNotFoundError, and
-        ValueError for a path outside the workspace."""
-        rel = posixpath.normpath(rel)
-        if rel.startswith("/") or rel.startswith("..") or rel == ".":
-            raise ValueError(f"path {rel!r} is outside the workspace")
-        stream, stat = self._open_archive(rel)
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()
-        mode = int(stat.get("mode", 0))
-        if mode & ((1 << 31) | (1 << 27)):  # Go's os.ModeDir / os.ModeSymlink
-            raise FileNotFoundError(f"{rel} is not a regular file")
-        return int(stat.get("size", 0))
+        """Size of a regular workspace file (no symlink followed). Raises FileNotFoundError, ValueError."""
+        files, too_large = self.read_files([rel], 0, 0)
+        if rel in too_large:
+            return too_large[rel]
+        if rel in files:
+            return 0
+        raise FileNotFoundError(f"no such regular file in the workspace: {rel!r}")
 
     def export_state(self) -> SandboxState:
         """The current workspace (regular files within `config.evidence`) and environment as a SandboxState."""
@@ -568,26 +586,9 @@ class DockerSandbox:
             self.load_state(state or SandboxState(files={}))
 
 
-class _CappedStream:
-    """A file-like view of docker-py's chunk generator that refuses to deliver more than `limit` bytes."""
-
-    def __init__(self, chunks, limit: int):
-        self._chunks = iter(chunks)
-        self._buf = b""
-        self._left = limit
-
-    def read(self, n: int = -1) -> bytes:
-        while (n < 0 or len(self._buf) < n) and self._left > 0:
-            chunk = next(self._chunks, b"")
-            if not chunk:
-                break
-            chunk = chunk[: self._left]
-            self._left -= len(chunk)
-            self._buf += chunk
-        if self._left <= 0 and (n < 0 or len(self._buf) < n):
-            raise FileTooLarge("archive stream over the evidence cap")
-        out, self._buf = (self._buf, b"") if n < 0 else (self._buf[:n], self._buf[n:])
-        return out
+#: Files and bytes of one `read` request to the executor (bounded reply lines on the channel).
+_READ_BATCH_FILES = 256
+_READ_BATCH_BYTES = 16 * 2**20
 
 
 def new_owner() -> str:

@@ -18,6 +18,11 @@ container's attached stdin) and reads exactly one response line from its stdout.
   {"op": "list", "max_files": int, "max_seconds": float}
                                                    -> {"ok": true, "files": [[path, bytes]], "complete": bool}
       regular files under /workspace (symlinks are never followed), at most max_files of them.
+  {"op": "read", "paths": [str], "max_file_bytes": int, "max_total_bytes": int}
+                                                   -> {"ok": true, "files": {path: ["ok", b64] | ["too_large",
+                                                       bytes] | ["missing", reason]}}
+      files opened component by component with O_NOFOLLOW (no symlink anywhere in a path is followed), the size
+      checked before any byte is read.
   {"op": "fingerprint"}                            -> {"ok": true, "mounts", "files", "procs", "ipc"}
       everything an episode could leave behind (see `_fingerprint`); a reset sandbox and a fresh one give
       the same fingerprint.
@@ -54,6 +59,7 @@ import linecache
 import os
 import select
 import signal
+import subprocess
 import sys
 import tarfile
 import time
@@ -510,33 +516,85 @@ def _makedirs(path, root):
         os.chown(d, AGENT_UID, AGENT_GID)
 
 
-def _empty(top):
-    """Removes everything below `top` (iteratively, never following symlinks); returns how many entries went."""
-    removed = 0
-    stack, dirs = [top], []
-    while stack:
-        cur = stack.pop()
-        try:
-            entries = list(os.scandir(cur))
-        except OSError:
-            continue
-        for entry in entries:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _tree(top, stop=lambda: False):
+    """Yields (rel, kind, st, dir_fd, name) for every entry below `top`, each directory before its entries.
+
+    Iterative and fd-relative: no recursion limit, no PATH_MAX (a tree 3,000 levels deep is walked), symlinks
+    never followed (kind 'l'), other mounts not entered. `dir_fd` / `name` address the entry for openat-style
+    calls while the generator holds that directory open. Stops early when `stop()` is true.
+    """
+    try:
+        root = os.open(top, _DIR_FLAGS)
+    except OSError:
+        return
+    dev = os.fstat(root).st_dev
+    stack = [(root, "")]
+    try:
+        while stack:
+            fd, rel = stack.pop()
+            subdirs = []
             try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                    dirs.append(entry.path)
-                else:
-                    os.unlink(entry.path)
-                    removed += 1
+                with os.scandir(fd) as it:
+                    for entry in it:
+                        if stop():
+                            return
+                        path = rel + "/" + entry.name if rel else entry.name
+                        try:
+                            st = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
+                        except OSError:
+                            continue
+                        kind = "d" if _S_ISDIR(st.st_mode) else "l" if _S_ISLNK(st.st_mode) else \
+                            "f" if _S_ISREG(st.st_mode) else "o"
+                        yield path, kind, st, fd, entry.name
+                        if kind == "d" and st.st_dev == dev:
+                            subdirs.append((entry.name, path))
             except OSError:
                 pass
-    for d in reversed(dirs):  # children were appended after their parents
-        try:
-            os.rmdir(d)
-            removed += 1
-        except OSError:
-            pass
-    return removed
+            for name, path in reversed(subdirs):
+                try:
+                    stack.append((os.open(name, _DIR_FLAGS, dir_fd=fd), path))
+                except OSError:
+                    continue
+            os.close(fd)
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+
+
+def _S_ISDIR(mode):
+    return (mode & 0o170000) == 0o040000
+
+
+def _S_ISLNK(mode):
+    return (mode & 0o170000) == 0o120000
+
+
+def _S_ISREG(mode):
+    return (mode & 0o170000) == 0o100000
+
+
+def _empty(top):
+    """Removes everything below `top` (`rm -rf` per top-level entry: openat-based, so trees deeper than
+    PATH_MAX go too; never follows symlinks or crosses mounts). Returns how many top-level entries went.
+
+    Raises:
+      RuntimeError: something is left (the host then replaces the sandbox rather than reuse it).
+    """
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return 0
+    if names:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--"] + [os.path.join(top, n) for n in names],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       close_fds=True, check=False)
+    left = os.listdir(top)
+    if left:
+        raise RuntimeError("reset left %d entries in %s: %r" % (len(left), top, sorted(left)[:5]))
+    return len(names)
 
 
 def _wipe():
@@ -594,28 +652,78 @@ def _remove_ipc():
 
 
 def _list(max_files, max_seconds):
-    """Regular files under the workspace as [path, bytes] (symlinks never followed), capped in count and time."""
-    files, complete = [], True
+    """Regular files under the workspace as [path, bytes], symlinks never followed; stops at `max_files` files
+    or `max_seconds` (then complete is False) without reading the rest of a directory."""
+    files = []
     end = time.monotonic() + max_seconds
-    stack = [""]
-    while stack:
-        rel = stack.pop()
+    over = []
+
+    def stop():
+        if len(files) >= max_files or time.monotonic() > end:
+            over.append(True)
+            return True
+        return False
+
+    for rel, kind, st, _, _ in _tree(WORKSPACE, stop):
+        if kind == "f":
+            files.append([rel, st.st_size])
+    return sorted(files), not over
+
+
+def _open_in_workspace(rel):
+    """An fd of the regular workspace file `rel`, opened component by component with O_NOFOLLOW, so no
+    symlink anywhere in the path is followed. Raises FileNotFoundError (missing, a directory, a symlink, a
+    special file) or ValueError (a path leaving the workspace)."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts or rel.startswith("/"):
+        raise ValueError("path %r is outside the workspace" % (rel,))
+    fd = os.open(WORKSPACE, _DIR_FLAGS)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        out = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+    except OSError as e:
+        raise FileNotFoundError("%s: %s" % (rel, e.strerror)) from None
+    finally:
+        os.close(fd)
+    if not _S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise FileNotFoundError("%s is not a regular file" % (rel,))
+    return out
+
+
+def _read(paths, max_file_bytes, max_total_bytes):
+    """{path: ["ok", base64] | ["too_large", bytes] | ["missing", reason]} for workspace files, sizes checked
+    (fstat) before any byte is read; stops reading once `max_total_bytes` are used (later files: too_large)."""
+    out, total = {}, 0
+    for rel in paths:
         try:
-            entries = sorted(os.scandir(os.path.join(WORKSPACE, rel) if rel else WORKSPACE), key=lambda e: e.name)
-        except OSError:
+            fd = _open_in_workspace(rel)
+        except (FileNotFoundError, ValueError) as e:
+            out[rel] = ["missing", str(e)]
             continue
-        for entry in entries:
-            if len(files) >= max_files or time.monotonic() > end:
-                return files, False
-            path = rel + "/" + entry.name if rel else entry.name
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(path)
-                elif entry.is_file(follow_symlinks=False):
-                    files.append([path, entry.stat(follow_symlinks=False).st_size])
-            except OSError:
+        try:
+            size = os.fstat(fd).st_size
+            if size > max_file_bytes or total + size > max_total_bytes:
+                out[rel] = ["too_large", size]
                 continue
-    return sorted(files), complete
+            chunks, got = [], 0
+            while got <= size:
+                data = os.read(fd, min(_READ * 16, size + 1 - got))
+                if not data:
+                    break
+                chunks.append(data)
+                got += len(data)
+            if got > size:  # grew while read: nothing runs now, but never trust a size twice
+                out[rel] = ["too_large", got]
+                continue
+            total += got
+            out[rel] = ["ok", base64.b64encode(b"".join(chunks)).decode("ascii")]
+        finally:
+            os.close(fd)
+    return out
 
 
 _DOCKER_FILES = ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf")  # per-container content by design
@@ -643,15 +751,12 @@ def _fingerprint(zygote_pid=None):
     its ready zygote (uid and command line), SysV IPC objects. Equal for a fresh sandbox and a reset one."""
     files = {}
     for mount in _writable_mounts():
-        entries = []
         if os.path.isdir(mount) and not os.path.islink(mount):
-            for root, dirs, names in os.walk(mount):
-                dirs.sort()
-                for name in sorted(dirs) + sorted(names):
-                    entries.append(_entry(os.path.join(root, name), mount))
-            entries.append(_entry(mount, mount))
+            entries = [_entry(mount, ".", os.lstat(mount), None, mount, digest=False)]
+            for rel, kind, st, dir_fd, name in _tree(mount):
+                entries.append(_entry(mount, rel, st, dir_fd, name, digest=kind == "f"))
         else:
-            entries.append(_entry(mount, mount, digest=mount not in _DOCKER_FILES))
+            entries = [_entry(mount, ".", os.lstat(mount), None, mount, digest=mount not in _DOCKER_FILES)]
         files[mount] = sorted(entries)
     procs = []
     me = os.getpid()
@@ -666,22 +771,25 @@ def _fingerprint(zygote_pid=None):
             "ipc": sorted(kind for kind, _ in _ipc_objects())}
 
 
-def _entry(path, mount, digest=True):
-    st = os.lstat(path)
-    rel = os.path.relpath(path, mount)
-    kind = "d" if os.path.isdir(path) and not os.path.islink(path) else "l" if os.path.islink(path) else "f"
+def _entry(mount, rel, st, dir_fd, name, digest=True):
+    kind = "d" if _S_ISDIR(st.st_mode) else "l" if _S_ISLNK(st.st_mode) else "f" if _S_ISREG(st.st_mode) else "o"
     sha = ""
-    if kind == "f" and digest and os.path.isfile(path):
+    if kind == "f" and digest:
         h = hashlib.sha256()
         try:
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            try:
+                for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
                     h.update(chunk)
+            finally:
+                os.close(fd)
             sha = h.hexdigest()
         except OSError:
             sha = "unreadable"
     try:
-        xattrs = sorted(os.listxattr(path, follow_symlinks=False))
+        target = name if dir_fd is not None else mount
+        xattrs = sorted(os.listxattr(target if dir_fd is None else "/proc/self/fd/%d/%s" % (dir_fd, name),
+                                     follow_symlinks=False))
     except OSError:
         xattrs = []
     return [rel, kind, oct(st.st_mode & 0o7777), st.st_uid, st.st_gid, st.st_size if kind == "f" else 0, sha,
@@ -719,6 +827,9 @@ def main():
             elif op == "list":
                 files, complete = _list(int(req.get("max_files", 10000)), float(req.get("max_seconds", 10.0)))
                 resp = {"files": files, "complete": complete}
+            elif op == "read":
+                resp = {"files": _read(list(req.get("paths", ())), int(req.get("max_file_bytes", 0)),
+                                       int(req.get("max_total_bytes", 0)))}
             elif op == "fingerprint":
                 resp = _fingerprint(executor.zygote.pid if executor.zygote is not None else None)
             else:
