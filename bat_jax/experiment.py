@@ -388,15 +388,15 @@ def _route(stage_scores: Mapping[str, float | None], *, round_index: int, held: 
 def _kl_prompts(rows, policy, config: kl.PolicyShiftConfig) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the held-out KL probe set)."""
     from bat_jax.models.chat import tool_schemas
+    from bat_jax.models.episode import EpisodeBuilder
     from bat_jax.policy import AGENT_SYSTEM_PROMPT, user_message
 
     prompts = []
     for row in list(rows)[: config.num_prompts]:
         messages = [{"role": "system", "content": AGENT_SYSTEM_PROMPT},
                     {"role": "user", "content": user_message(row.prompt, row.skill)}]
-        text = policy.tokenizer.apply_chat_template(messages, tools=tool_schemas(), add_generation_prompt=True,
-                                                    tokenize=False)
-        prompts.append(policy.tokenizer.encode(text, add_special_tokens=False))
+        # through the EpisodeBuilder: text in briefs and skills never becomes a control id (issue 13 item 6)
+        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tool_schemas())))
     batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}
                        for p in prompts], multiple=1)
     return batch["input_ids"], batch["attention_mask"]

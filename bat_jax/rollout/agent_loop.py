@@ -264,7 +264,9 @@ class AgentLoop:
         if out_of_budget:
             ep.finish = tj.FINISH_MAX_RESPONSE_TOKENS
             return
-        action = parse_tool_call(ep.builder.tokenizer.decode(ids), ep.builder.family)
+        codec = getattr(ep.builder, "codec", None)  # control tokens marked: the parse is unambiguous
+        action = parse_tool_call(codec.decode(ids) if codec is not None else ep.builder.tokenizer.decode(ids),
+                                 ep.builder.family)
         if isinstance(action, ParseError):
             if action.kind == "no_tool_call" and cfg.end_on_no_tool_call:
                 ep.finish = tj.FINISH_NO_TOOL_CALL
