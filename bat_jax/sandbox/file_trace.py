@@ -8,7 +8,9 @@ the agent's processes (the in-sandbox executor, as another uid, or the host for 
 code can neither forge nor erase these events: it can only fail to produce them.
 
 Limits: at most `max_dirs` directories are watched (a directory tree deeper or wider than that loses events
-below the cap); a kernel queue overflow (`IN_Q_OVERFLOW`) marks the call's trace incomplete. Both can only
+below the cap); a kernel queue overflow (`IN_Q_OVERFLOW`) marks the call's trace incomplete. A directory
+renamed inside the tree keeps its watches under its new path (so a read is never reported under a name the
+directory no longer has); one moved out of the tree stops being watched. Both can only
 *lose* evidence (the agent's failure), never invent it. Files created inside a directory that appeared during
 the call, before its watch was added, are counted as written (they can only have been created by the call).
 
@@ -27,6 +29,7 @@ import struct
 IN_ACCESS = 0x00000001
 IN_MODIFY = 0x00000002
 IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_FROM = 0x00000040
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 IN_Q_OVERFLOW = 0x00004000
@@ -38,7 +41,7 @@ IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 
 _WRITE = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
-_MASK = IN_ACCESS | _WRITE | IN_ONLYDIR | IN_DONT_FOLLOW
+_MASK = IN_ACCESS | _WRITE | IN_MOVED_FROM | IN_ONLYDIR | IN_DONT_FOLLOW
 _HEADER = struct.Struct("iIII")
 
 
@@ -69,6 +72,7 @@ class FileTrace:
             raise TraceUnavailable(err, f"inotify_init1 failed: {os.strerror(err)} (raise "
                                         "fs.inotify.max_user_instances if this is EMFILE)")
         self._dirs: dict[int, str] = {}  # watch descriptor -> directory path relative to root ('' = root)
+        self._moving: dict[int, str] = {}  # rename cookie -> old path of a directory moved away
         self.reads: set[str] = set()
         self.writes: set[str] = set()
         self.complete = True
@@ -120,21 +124,34 @@ class FileTrace:
             try:
                 data = os.read(self.fd, 1 << 16)
             except BlockingIOError:
-                return
+                break
             except OSError as e:
                 if e.errno == errno.EINTR:
                     continue
-                return
+                break
             if not data:
-                return
+                break
             off = 0
             while off + _HEADER.size <= len(data):
-                wd, mask, _, length = _HEADER.unpack_from(data, off)
+                wd, mask, cookie, length = _HEADER.unpack_from(data, off)
                 name = data[off + _HEADER.size: off + _HEADER.size + length].split(b"\0", 1)[0]
                 off += _HEADER.size + length
-                self._event(wd, mask, os.fsdecode(name))
+                self._event(wd, mask, os.fsdecode(name), cookie)
+        for old in self._moving.values():  # moved out of the tree: no longer watched
+            self._unwatch(old)
+        self._moving.clear()
 
-    def _event(self, wd: int, mask: int, name: str) -> None:
+    def _unwatch(self, prefix: str) -> None:
+        for wd, rel in list(self._dirs.items()):
+            if rel == prefix or rel.startswith(prefix + "/"):
+                self._libc.inotify_rm_watch(self.fd, wd)
+                self._dirs.pop(wd, None)
+
+    def _event(self, wd: int, mask: int, name: str, cookie: int = 0) -> None:
+        if self._moving and not (mask & IN_MOVED_TO and cookie in self._moving):
+            for old in self._moving.values():  # the rename's other half never came: moved out of the tree
+                self._unwatch(old)
+            self._moving.clear()
         if mask & IN_Q_OVERFLOW:
             self.complete = False
             return
@@ -146,8 +163,20 @@ class FileTrace:
             return
         rel = f"{parent}/{name}" if parent else name
         if mask & IN_ISDIR:
-            if mask & (IN_CREATE | IN_MOVED_TO):
+            if mask & IN_MOVED_FROM:
+                self._moving[cookie] = rel
+            elif mask & IN_MOVED_TO and cookie in self._moving:  # renamed inside the tree: same watches
+                old, moved = self._moving.pop(cookie), False
+                for d, path in list(self._dirs.items()):
+                    if path == old or path.startswith(old + "/"):
+                        self._dirs[d] = rel + path[len(old):]
+                        moved = True
+                if not moved:  # created and renamed before its watch was added: new to us, made by the call
+                    self._watch_tree(rel, created=True)
+            elif mask & (IN_CREATE | IN_MOVED_TO):
                 self._watch_tree(rel, created=True)
+            return
+        if mask & IN_MOVED_FROM:
             return
         if mask & IN_ACCESS:
             self._add(self.reads, rel)
