@@ -34,7 +34,7 @@ from bat_jax.checkpoint import CheckpointConfig, Checkpointer
 from bat_jax.curriculum import controller as ctl
 from bat_jax.curriculum import router
 from bat_jax.learn import grpo, kl, sft
-from bat_jax.learn.learner import Learner, pad_batch
+from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
 from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord, atomic_write
@@ -113,6 +113,7 @@ class Components:
     agent: AgentLoopConfig = AgentLoopConfig()
     evaluation: ev.EvalConfig = ev.EvalConfig()
     mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
+    memory: MemoryConfig = MemoryConfig()  # learner remat / attention block / logit chunk (issue 14)
     policy_shift: kl.PolicyShiftConfig = kl.PolicyShiftConfig()
     sampler_max_batch: int = 8
     grpo_micro_batches: int = 4
@@ -167,7 +168,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
 
     # ---- policy and learner first: a missing checkpoint directory or device fails before any other work ---
     policy = build_policy(c.policy)
-    learner = Learner(policy.model, c.mesh)
+    learner = Learner(policy.model, c.mesh, c.memory)
 
     # ---- Stage Bank: build a version once (resumable), then guard the held-out firewall -----------------
     manifest_path = _write_heldout_manifest(run_dir, c.evaluation)

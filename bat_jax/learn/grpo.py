@@ -173,6 +173,50 @@ def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float =
     return jnp.pad(lp, ((0, 0), (1, 0)))
 
 
+def map_sequence_chunks(fn: Callable[..., jax.Array], xs: tuple[jax.Array, ...], chunk: int) -> jax.Array:
+    """``fn(*xs)`` for per-position ``fn`` (``[B, c, ...]`` slices → ``[B, c]``), ``chunk`` positions at a time.
+
+    ``xs`` are ``[B, T, ...]`` arrays; the sequence is padded to a multiple of ``chunk`` (pad results dropped).
+    Each chunk runs under ``jax.checkpoint`` inside a ``lax.map``: the forward keeps one chunk's intermediates
+    (e.g. ``[B, chunk, V]`` float32 logits) at a time, and the backward recomputes them chunk by chunk instead
+    of storing them. ``chunk`` 0 or ≥ T calls ``fn`` once. Returns ``[B, T]``.
+    """
+    b, t = xs[0].shape[:2]
+    if not chunk or t <= chunk:
+        return fn(*xs)
+    pad = (-t) % chunk
+    n = (t + pad) // chunk
+
+    def split(x):  # [B, T, ...] -> [n, B, chunk, ...]
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return jnp.moveaxis(x.reshape((b, n, chunk) + x.shape[2:]), 1, 0)
+
+    out = jax.lax.map(jax.checkpoint(lambda args: fn(*args)), tuple(split(x) for x in xs))  # [n, B, chunk]
+    return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk)[:, :t]
+
+
+def sequence_logprobs(apply_fn: Callable, params: Any, input_ids: jax.Array, attention_mask: jax.Array,
+                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> jax.Array:
+    """Shifted logprobs ``[B, T] float32`` of ``input_ids [B, T] int32`` under the model (same values as
+    :func:`token_logprobs` of the model's logits).
+
+    With an ``apply_fn`` that has ``hidden`` / ``head`` / ``logit_chunk``
+    (:class:`bat_jax.learn.train_state.ModelApply`) the output head runs ``logit_chunk`` positions at a time
+    (:func:`map_sequence_chunks`), so the ``[B, T, V]`` float32 logits never exist; any other ``apply_fn`` is
+    called for the full logits.
+    """
+    if not hasattr(apply_fn, "hidden"):
+        return token_logprobs(apply_fn(params, input_ids, attention_mask), input_ids, temperature, top_p, top_k)
+    h = apply_fn.hidden(params, input_ids, attention_mask)
+    targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1)))  # position t predicts id t + 1
+
+    def per_chunk(h_c, ids_c):
+        return engine.token_logprobs(apply_fn.head(params, h_c), ids_c, temperature, top_p, top_k)
+
+    nxt = map_sequence_chunks(per_chunk, (h, targets), apply_fn.logit_chunk)
+    return jnp.pad(nxt[:, :-1], ((0, 0), (1, 0)))
+
+
 def effective_loss_mask(loss_mask: jax.Array) -> jax.Array:
     """``[B, T]`` loss mask as float32 with position 0 forced to 0 (it has no prediction)."""
     m = loss_mask.astype(jnp.float32)
@@ -291,8 +335,7 @@ def make_grpo_loss(
     """
 
     def loss_fn(params, batch, normalizers):
-        logits = apply_fn(params, batch["input_ids"], batch["attention_mask"])
-        lp = token_logprobs(logits, batch["input_ids"], *config.sampling)
+        lp = sequence_logprobs(apply_fn, params, batch["input_ids"], batch["attention_mask"], *config.sampling)
         t = grpo_token_terms(lp, batch, config)
         agg = lambda v: aggregate(v, t["mask"], config.loss_agg, normalizers)  # noqa: E731
         loss = agg(t["total"])
@@ -307,11 +350,11 @@ def grpo_normalizers(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
 
 
 def make_logprob_fn(apply_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
-                    config: GRPOConfig = GRPOConfig()) -> Callable:
-    """Jitted ``(params, input_ids, attention_mask) -> [B, T] float32`` shifted logprobs (for ref_logprobs)."""
+                    config: GRPOConfig = GRPOConfig(), **jit_kwargs) -> Callable:
+    """Jitted ``(params, input_ids [B, T] int32, attention_mask [B, T]) -> [B, T] float32`` shifted logprobs
+    (for ref_logprobs; :func:`sequence_logprobs`). ``jit_kwargs`` go to ``jax.jit`` (e.g. in/out shardings)."""
 
-    @jax.jit
     def fn(params, input_ids, attention_mask):
-        return token_logprobs(apply_fn(params, input_ids, attention_mask), input_ids, *config.sampling)
+        return sequence_logprobs(apply_fn, params, input_ids, attention_mask, *config.sampling)
 
-    return fn
+    return jax.jit(fn, **jit_kwargs)

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bat_jax.learn.grpo import map_sequence_chunks
+
 ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
 
 
@@ -37,17 +39,35 @@ def token_kl(candidate_logits: jax.Array, best_logits: jax.Array) -> jax.Array:
     return jnp.sum(jnp.exp(lc) * (lc - lb), axis=-1)
 
 
-def make_kl_sum_fn(apply_fn: ApplyFn) -> Callable[[Any, Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
-    """Jitted ``(candidate_params, best_params, input_ids, attention_mask) -> (Σ KL, #positions)`` for one
-    batch; positions with ``attention_mask == 0`` are excluded."""
+def sequence_kl(apply_fn: ApplyFn, candidate_params: Any, best_params: Any, input_ids: jax.Array,
+                attention_mask: jax.Array) -> jax.Array:
+    """``[B, T] float32`` exact KL(candidate ‖ best) of the next-token distributions at every position.
 
-    @jax.jit
+    With a ``ModelApply`` (``hidden`` / ``head`` / ``logit_chunk``) the two output heads run ``logit_chunk``
+    positions at a time (``grpo.map_sequence_chunks``): no ``[B, T, V]`` float32 logits exist. Any other
+    ``apply_fn`` is called for the full logits of both models (:func:`token_kl`)."""
+    if not hasattr(apply_fn, "hidden"):
+        return token_kl(apply_fn(candidate_params, input_ids, attention_mask),
+                        apply_fn(best_params, input_ids, attention_mask))
+    hc = apply_fn.hidden(candidate_params, input_ids, attention_mask)
+    hb = apply_fn.hidden(best_params, input_ids, attention_mask)
+    return map_sequence_chunks(
+        lambda c, b: token_kl(apply_fn.head(candidate_params, c), apply_fn.head(best_params, b)), (hc, hb),
+        apply_fn.logit_chunk)
+
+
+def make_kl_sum_fn(apply_fn: ApplyFn, **jit_kwargs) -> Callable[[Any, Any, jax.Array, jax.Array],
+                                                                 tuple[jax.Array, jax.Array]]:
+    """Jitted ``(candidate_params, best_params, input_ids, attention_mask) -> (Σ KL, #positions)`` for one
+    batch (:func:`sequence_kl`); positions with ``attention_mask == 0`` are excluded. ``jit_kwargs`` go to
+    ``jax.jit`` (e.g. in/out shardings)."""
+
     def fn(candidate_params, best_params, input_ids, attention_mask):
-        kl = token_kl(apply_fn(candidate_params, input_ids, attention_mask), apply_fn(best_params, input_ids, attention_mask))
+        kl = sequence_kl(apply_fn, candidate_params, best_params, input_ids, attention_mask)
         m = attention_mask.astype(jnp.float32)
         return jnp.sum(jnp.where(m > 0, kl, 0.0)), m.sum()
 
-    return fn
+    return jax.jit(fn, **jit_kwargs)
 
 
 def policy_shift_kl(

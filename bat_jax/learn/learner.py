@@ -4,10 +4,16 @@
 mesh from a `MeshConfig`, places parameters by their logical axis names, and builds one jitted, sharded,
 donated step per objective (SFT cold start, GRPO block). It hands parameters back to the model object so a
 rollout engine can take them (`engine.update_weights(learner.sync_model())`).
+
+Memory (`MemoryConfig`, bound in gin): per-layer remat, the attention query block, the sequence chunk of the
+output head (log-probs and KL never build `[B, T, V]` float32 logits) and a batch-axis sharding constraint on
+the activations. The step builders are module functions (`make_block_step`, `make_ref_logprob_fn`) so that
+`launch/bench/compile_probe.py` lowers exactly the functions a run calls, with abstract inputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,9 +25,71 @@ from bat_jax.learn import grpo, sft
 from bat_jax.learn import mesh as mesh_lib
 from bat_jax.learn import train_state as ts
 from bat_jax.learn.optim import OptimizerConfig, make_optimizer
+from bat_jax.models.causal_lm import REMAT_POLICIES, ForwardOptions
 
 BATCH_FIELDS_SFT = ("input_ids", "attention_mask", "loss_mask")
 BATCH_FIELDS_GRPO = ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "ref_logprobs", "advantages")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryConfig:
+    """How the learner spends accelerator memory; none of it changes the computed values beyond round-off.
+
+    Attributes:
+      remat: per-decoder-layer rematerialisation policy, one of ``causal_lm.REMAT_POLICIES``
+        (``'none'``, ``'full'``, ``'dots'``, ``'dots_no_batch'``). ``'full'`` keeps one ``[b, t, embed]``
+        input per layer for the backward pass and recomputes the rest.
+      attention_block: attention queries per block (float32 scores ``[b, heads, block, t]``); 0 = dense.
+      logit_chunk: sequence positions per output-head chunk for log-probs and KL (``[b, chunk, vocab]``
+        float32 at a time); 0 = whole sequence.
+      shard_activations: constrain the residual stream's batch axis to the mesh's batch axes (data, fsdp).
+      logprob_rows_per_device: rows per device in one reference-logprob call.
+    Raises:
+      ValueError: an unknown remat policy or a negative size.
+    """
+
+    remat: str = "none"
+    attention_block: int = 1024
+    logit_chunk: int = 1024
+    shard_activations: bool = True
+    logprob_rows_per_device: int = 1
+
+    def __post_init__(self):
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"MemoryConfig.remat must be one of {tuple(REMAT_POLICIES)}, got {self.remat!r}")
+        if min(self.attention_block, self.logit_chunk) < 0 or self.logprob_rows_per_device < 1:
+            raise ValueError(f"MemoryConfig: sizes must be >= 0 (rows >= 1), got {self}")
+
+    def forward_options(self, mesh: jax.sharding.Mesh) -> ForwardOptions:
+        """The model's ``ForwardOptions`` on ``mesh``."""
+        sharding = mesh_lib.batch_sharding(mesh, 3) if self.shard_activations else None
+        return ForwardOptions(remat=self.remat, attention_block=self.attention_block, activation_sharding=sharding)
+
+
+def batch_shardings(mesh: jax.sharding.Mesh, fields) -> dict[str, jax.sharding.NamedSharding]:
+    """Batch-axis sharding per batch field (``advantages`` is ``[B]``, the rest ``[B, T]``)."""
+    return {k: mesh_lib.batch_sharding(mesh, 2 if k != "advantages" else 1) for k in fields}
+
+
+def make_block_step(loss_fn, normalizer_fn, optimizer: OptimizerConfig, total_steps: int, fields,
+                    num_micro_batches: int, params: Any, param_shardings: Any, mesh: jax.sharding.Mesh
+                    ) -> tuple[Callable, ts.TrainState, Any]:
+    """The jitted, donated train step of one block and its state shardings.
+
+    ``params`` may be arrays or ``jax.ShapeDtypeStruct`` (only shapes are read). Returns
+    ``(step_fn, state_shardings, tx)``.
+    """
+    tx = make_optimizer(optimizer, total_steps)
+    shardings = ts.train_state_shardings(params, param_shardings, tx, mesh)
+    step = ts.make_train_step(loss_fn, normalizer_fn, tx, shardings, batch_shardings(mesh, fields),
+                              num_micro_batches)
+    return step, shardings, tx
+
+
+def make_ref_logprob_fn(apply_fn, config: grpo.GRPOConfig, mesh: jax.sharding.Mesh) -> Callable:
+    """Jitted ``(params, input_ids [B, T] int32, attention_mask [B, T]) -> [B, T] float32`` shifted logprobs
+    under the rollout transform, rows sharded over the mesh's batch axes (B a multiple of their size)."""
+    return grpo.make_logprob_fn(apply_fn, config, out_shardings=mesh_lib.batch_sharding(mesh, 2))
 
 
 class Learner:
@@ -30,26 +98,32 @@ class Learner:
     Args:
       model: the NNX policy (its parameters are read now and written back by `sync_model`).
       mesh_config: mesh shape; the mesh takes the first `data·fsdp·tensor` devices (all when one axis is -1).
+      memory: remat / attention block / logit chunk / activation sharding (`MemoryConfig`).
     """
 
-    def __init__(self, model: nnx.Module, mesh_config: mesh_lib.MeshConfig):
+    def __init__(self, model: nnx.Module, mesh_config: mesh_lib.MeshConfig, memory: MemoryConfig = MemoryConfig()):
         self.model = model
-        self.apply_fn, params, self.logical_specs = ts.split_model(model)
+        self.memory = memory
         sizes = [s for s in (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)]
         devices = None if -1 in sizes else jax.devices()[: int(np.prod(sizes))]
         self.mesh = mesh_lib.build_mesh(mesh_config, devices)
+        self.apply_fn, params, self.logical_specs = ts.split_model(
+            model, memory.forward_options(self.mesh), memory.logit_chunk)
         self.param_shardings = mesh_lib.param_shardings(params, self.logical_specs, self.mesh,
                                                         mesh_config.logical_axis_rules)
         self.params = jax.device_put(params, self.param_shardings)
         self._logprob_fns: dict[tuple, Callable] = {}
 
+    @property
+    def batch_devices(self) -> int:
+        """Devices along the batch axes (rows of a sharded batch come in multiples of this)."""
+        return int(np.prod([self.mesh.shape[a] for a in mesh_lib.BATCH_AXES]))
+
     # ----------------------------------------------------------------------------------------------------
     def _step(self, loss_fn, normalizer_fn, optimizer: OptimizerConfig, total_steps: int, fields,
               num_micro_batches: int) -> tuple[Callable, ts.TrainState]:
-        tx = make_optimizer(optimizer, total_steps)
-        shardings = ts.train_state_shardings(self.params, self.param_shardings, tx, self.mesh)
-        batch_sh = {k: mesh_lib.batch_sharding(self.mesh, 2 if k != "advantages" else 1) for k in fields}
-        step = ts.make_train_step(loss_fn, normalizer_fn, tx, shardings, batch_sh, num_micro_batches)
+        step, shardings, tx = make_block_step(loss_fn, normalizer_fn, optimizer, total_steps, fields,
+                                              num_micro_batches, self.params, self.param_shardings, self.mesh)
         # a fresh optimizer state for every block (paper: optimizer reset between rounds)
         params = jax.tree.map(lambda x: x.copy(), self.params)
         return step, ts.create_train_state(params, tx, shardings)
@@ -70,16 +144,29 @@ class Learner:
         self.params = state.params
 
     def logprobs(self, params: Any, batch: Mapping[str, np.ndarray], config: grpo.GRPOConfig,
-                 rows_per_call: int = 4) -> np.ndarray:
-        """`[B, T] float32` shifted logprobs of `batch['input_ids']` under `params` (the rollout transform),
-        computed `rows_per_call` rows at a time (peak memory of a forward grows as rows × T²)."""
+                 rows_per_call: int | None = None) -> np.ndarray:
+        """`[B, T] float32` shifted logprobs of `batch['input_ids']` under `params` (the rollout transform).
+
+        Rows go `rows_per_call` at a time (default `MemoryConfig.logprob_rows_per_device` per batch device;
+        rounded up to a multiple of the batch devices), sharded over the mesh's batch axes; the last call is
+        padded with empty rows, which are dropped."""
         key = config.sampling
         if key not in self._logprob_fns:
-            self._logprob_fns[key] = grpo.make_logprob_fn(self.apply_fn, config)
+            self._logprob_fns[key] = make_ref_logprob_fn(self.apply_fn, config, self.mesh)
         fn = self._logprob_fns[key]
+        n = self.batch_devices
+        per = rows_per_call or n * self.memory.logprob_rows_per_device
+        per = -(-per // n) * n
         ids, mask = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"])
-        return np.concatenate([np.asarray(fn(params, ids[lo:lo + rows_per_call], mask[lo:lo + rows_per_call]))
-                               for lo in range(0, len(ids), rows_per_call)], axis=0)
+        rows = len(ids)
+        pad = (-rows) % per
+        if pad:
+            ids = np.concatenate([ids, np.zeros((pad,) + ids.shape[1:], ids.dtype)])
+            mask = np.concatenate([mask, np.zeros((pad,) + mask.shape[1:], mask.dtype)])
+        sh = mesh_lib.batch_sharding(self.mesh, 2)
+        out = [np.asarray(fn(params, jax.device_put(ids[lo:lo + per], sh), jax.device_put(mask[lo:lo + per], sh)))
+               for lo in range(0, len(ids), per)]
+        return np.concatenate(out, axis=0)[:rows]
 
     def sync_model(self, params: Any | None = None) -> nnx.Module:
         """Writes `params` (default: the learner's) into the model object and returns it (for weight sync)."""

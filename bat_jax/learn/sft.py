@@ -104,13 +104,17 @@ def make_sft_loss(
 ) -> Callable[[Any, Mapping[str, jax.Array], Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]:
     """Token-mean NLL over the response tokens for :func:`bat_jax.learn.train_state.make_train_step`.
 
+    Log-probs come from :func:`bat_jax.learn.grpo.sequence_logprobs` (chunked output head for a
+    ``ModelApply``), the same values as :func:`sft_token_nll` on full logits.
+
     Use :func:`sft_normalizers` as the step's ``normalizer_fn``. Metrics: ``nll`` (same as the loss) and
     ``num_tokens`` share (sums to the batch's loss-token count over micro-batches).
     """
 
     def loss_fn(params, batch, normalizers):
-        logits = apply_fn(params, batch["input_ids"], batch["attention_mask"])
-        nll, mask = sft_token_nll(logits, batch)
+        lp = grpo.sequence_logprobs(apply_fn, params, batch["input_ids"], batch["attention_mask"])
+        mask = grpo.effective_loss_mask(batch["loss_mask"])
+        nll = jnp.where(mask > 0, -lp, 0.0)
         loss = grpo.aggregate(nll, mask, "token-mean", normalizers)
         return loss, {"nll": loss, "num_tokens": mask.sum()}
 

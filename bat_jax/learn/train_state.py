@@ -15,13 +15,14 @@ micro-batch losses and gradients equal the full-batch loss and gradient exactly 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bat_jax.learn import mesh as mesh_lib
 
@@ -48,18 +49,52 @@ class TrainState:
     opt_state: Any
 
 
-def split_model(model: nnx.Module) -> tuple[ApplyFn, Any, Any]:
+class ModelApply:
+    """``apply_fn(params, input_ids [B, T] int32, attention_mask [B, T] 0/1) -> logits [B, T, V] float32`` of an
+    nnx language model, plus the two halves the learner's losses use so that full float32 logits never exist:
+
+    * ``hidden(params, input_ids, attention_mask) -> [B, T, embed]`` (compute dtype, after the final norm);
+    * ``head(params, h [..., embed]) -> [..., V] float32``;
+    * ``logit_chunk``: tokens per sequence chunk when the losses apply ``head`` (0 = whole sequence).
+
+    ``options`` (``causal_lm.ForwardOptions``) set remat, the attention block and the activation sharding.
+    """
+
+    def __init__(self, graphdef, rest, options=None, logit_chunk: int = 0):
+        self._graphdef, self._rest = graphdef, rest
+        self.options = options
+        self.logit_chunk = int(logit_chunk)
+
+    def _model(self, p):
+        return nnx.merge(self._graphdef, p, self._rest)
+
+    def hidden(self, p: Any, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        kw = {} if self.options is None else {"options": self.options}
+        return self._model(p).hidden_states(input_ids, attention_mask, **kw)
+
+    def head(self, p: Any, h: jax.Array) -> jax.Array:
+        return self._model(p).logits_from_hidden(h)
+
+    def __call__(self, p: Any, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        return self.head(p, self.hidden(p, input_ids, attention_mask))
+
+
+def split_model(model: nnx.Module, options: Any = None, logit_chunk: int = 0) -> tuple[ApplyFn, Any, Any]:
     """Functional view of an nnx model.
 
     Returns:
       ``(apply_fn, params, logical_specs)``: ``apply_fn(params, input_ids, attention_mask) -> logits``;
       ``params`` the pure dict of ``nnx.Param`` arrays; ``logical_specs`` the same tree with
       ``PartitionSpec`` leaves of logical axis names (empty spec where the model set none).
+      For a model with ``hidden_states`` / ``logits_from_hidden`` (``causal_lm.CausalLM``), ``apply_fn`` is a
+      :class:`ModelApply` built with ``options`` and ``logit_chunk``; for any other module a plain function.
     Non-parameter state (buffers, rngs) is captured as a constant of ``apply_fn``.
     """
     graphdef, param_state, rest = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(param_state)
     specs = nnx.to_pure_dict(nnx.get_partition_spec(param_state))
+    if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
+        return ModelApply(graphdef, rest, options, logit_chunk), params, specs
 
     def apply_fn(p: Any, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, p, rest)(input_ids, attention_mask)
@@ -118,14 +153,21 @@ def split_micro_batches(batch: Batch, num_micro_batches: int) -> dict[str, jax.A
 
 
 def accumulate_gradients(
-    loss_fn: LossFn, params: Any, batch: Batch, normalizers: Mapping[str, jax.Array], num_micro_batches: int
+    loss_fn: LossFn, params: Any, batch: Batch, normalizers: Mapping[str, jax.Array], num_micro_batches: int,
+    micro_sharding: Mapping[str, NamedSharding] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
-    """Sum of loss, metrics and gradients over micro-batches (= the full-batch values, see module doc)."""
+    """Sum of loss, metrics and gradients over micro-batches (= the full-batch values, see module doc).
+
+    ``micro_sharding``: per field, the sharding of the split ``[M, B/M, ...]`` batch (rows of every micro-batch
+    spread over the batch axes); applied as a constraint."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if num_micro_batches == 1:
         (loss, metrics), grads = grad_fn(params, batch, normalizers)
         return loss, metrics, grads
     micro = split_micro_batches(batch, num_micro_batches)
+    if micro_sharding is not None:
+        micro = {k: jax.lax.with_sharding_constraint(v, micro_sharding[k]) if k in micro_sharding else v
+                 for k, v in micro.items()}
     first = jax.tree.map(lambda v: v[0], micro)
     (loss_s, metrics_s), grads_s = jax.eval_shape(grad_fn, params, first, normalizers)
     # accumulate in float32 even for bf16 parameters, cast back at the end
@@ -138,6 +180,19 @@ def accumulate_gradients(
     (loss, metrics, grads), _ = jax.lax.scan(body, zeros, micro)
     grads = jax.tree.map(lambda g, s: g.astype(s.dtype), grads, grads_s)
     return loss, metrics, grads
+
+
+def _batch_ways(sharding: NamedSharding, dim: int) -> int:
+    axes = sharding.spec[dim] if len(sharding.spec) > dim else None
+    axes = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+    return int(math.prod(sharding.mesh.shape[a] for a in axes))
+
+
+def _micro_sharding(sharding: NamedSharding, num_micro_batches: int) -> NamedSharding | None:
+    """``[B, ...]`` batch sharding → the ``[M, B/M, ...]`` micro-batch stack's (batch axes on dim 1)."""
+    if num_micro_batches == 1 or not isinstance(sharding, NamedSharding) or not len(sharding.spec):
+        return None
+    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
 
 
 def make_train_step(
@@ -164,9 +219,14 @@ def make_train_step(
     if num_micro_batches < 1:
         raise ValueError(f"num_micro_batches must be >= 1, got {num_micro_batches}")
 
+    micro_sharding = {k: _micro_sharding(s, num_micro_batches) for k, s in batch_shardings.items()}
+
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         normalizers = normalizer_fn(batch)
-        loss, metrics, grads = accumulate_gradients(loss_fn, state.params, batch, normalizers, num_micro_batches)
+        micro = {k: v for k, v in micro_sharding.items()
+                 if v is not None and batch[k].shape[0] % (num_micro_batches * _batch_ways(v, 1)) == 0}
+        loss, metrics, grads = accumulate_gradients(loss_fn, state.params, batch, normalizers, num_micro_batches,
+                                                    micro)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))

@@ -15,11 +15,23 @@ padding on the left):
   appends ``t`` slots; may be called repeatedly (chunked prefill).
 * ``logits, cache = model.decode_step(tokens [b] int32, cache)`` -> ``[b, V]``; appends one slot.
 
+* ``h = model.hidden_states(input_ids, attention_mask, positions, options=ForwardOptions(...))`` ->
+  ``[b, t, embed]`` in the compute dtype (after the final norm); ``model.logits_from_hidden(h)`` -> float32
+  logits ``[..., V]``. The learner uses the pair to compute log-probs a sequence chunk at a time, so the
+  ``[b, t, V]`` float32 logits of a long sequence never exist at once.
+
+``ForwardOptions`` (memory, not numerics): per-layer rematerialisation (``remat``), the query block of the
+attention (``attention_block``; 0 = dense scores) and a sharding constraint on the batch axis of the residual
+stream (``activation_sharding``). Every setting gives the same values up to float round-off.
+
 All are plain methods: wrap them in ``nnx.jit`` (or split the model with ``nnx.split`` and use
 ``jax.jit``) at the call site; the cache is a pytree and can be donated.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +41,55 @@ from bat_jax.models.cache import AttentionCache, DecodeCache, empty_cache
 from bat_jax.models.configs import LINEAR_ATTENTION
 from bat_jax.models.gated_deltanet import GatedDeltaNet
 from bat_jax.models.layers import MLP, Attention, Embedding, Linear, RMSNorm
+
+
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation: every intermediate of every layer is kept for the backward pass
+    "full": jax.checkpoint_policies.nothing_saveable,  # keep only each layer's input; recompute the layer
+    "dots": jax.checkpoint_policies.dots_saveable,  # keep matmul outputs, recompute the elementwise work
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls only
+}
+"""Per-layer remat policies by name (``ForwardOptions.remat``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardOptions:
+    """How a full forward spends memory; the values it computes do not depend on these.
+
+    Attributes:
+      remat: a key of :data:`REMAT_POLICIES`; applied to every decoder layer (``jax.checkpoint``) in
+        ``hidden_states`` (the cached prefill/decode paths never remat).
+      attention_block: queries per attention block (float32 scores ``[b, heads, block, t]``); 0 = dense.
+      activation_sharding: a ``NamedSharding`` whose spec's first entry names the mesh axes of the batch
+        dimension; the residual stream ``[b, t, embed]`` is constrained to it between layers (skipped when
+        ``b`` does not divide). None = no constraint.
+    Raises:
+      ValueError: an unknown ``remat`` name or a negative ``attention_block``.
+    """
+
+    remat: str = "none"
+    attention_block: int = 1024
+    activation_sharding: jax.sharding.NamedSharding | None = None
+
+    def __post_init__(self):
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"ForwardOptions.remat must be one of {tuple(REMAT_POLICIES)}, got {self.remat!r}")
+        if self.attention_block < 0:
+            raise ValueError(f"ForwardOptions.attention_block must be >= 0, got {self.attention_block}")
+
+    def constrain(self, x: jax.Array) -> jax.Array:
+        """``x`` with its leading (batch) axis constrained to ``activation_sharding``'s batch axes."""
+        sh = self.activation_sharding
+        if sh is None or not len(sh.spec) or sh.spec[0] is None:
+            return x
+        axes = sh.spec[0] if isinstance(sh.spec[0], tuple) else (sh.spec[0],)
+        if x.shape[0] % math.prod(sh.mesh.shape[a] for a in axes):
+            return x
+        spec = jax.sharding.PartitionSpec(sh.spec[0], *([None] * (x.ndim - 1)))
+        return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(sh.mesh, spec))
+
+
+DEFAULT_OPTIONS = ForwardOptions()
 
 
 class DecoderLayer(nnx.Module):
@@ -52,12 +113,12 @@ class DecoderLayer(nnx.Module):
         shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
         return AttentionCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
-    def __call__(self, x, mask, positions, cache, write_index, slot_mask, deltanet_mode):
+    def __call__(self, x, mask, positions, cache, write_index, slot_mask, deltanet_mode, attention_block=0):
         h = self.input_layernorm(x)
         if self.is_linear:
             h, cache = self.linear_attn(h, mask, cache, deltanet_mode)
         else:
-            h, cache = self.self_attn(h, mask, positions, cache, write_index, slot_mask)
+            h, cache = self.self_attn(h, mask, positions, cache, write_index, slot_mask, attention_block)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), cache
 
@@ -89,10 +150,40 @@ class CausalLM(nnx.Module):
             config.hidden_size, config.vocab_size, ("vocab", "embed"), dtype=config.compute_dtype,
             param_dtype=jnp.dtype(config.param_dtype), rngs=rngs)
 
-    def __call__(self, input_ids, attention_mask=None, positions=None, *, deltanet_mode: str = "auto"):
+    def __call__(self, input_ids, attention_mask=None, positions=None, *, deltanet_mode: str = "auto",
+                 options: ForwardOptions = DEFAULT_OPTIONS):
         """Full forward without a cache: logits ``[b, t, vocab]`` float32 (see module docstring)."""
-        logits, _ = self._run(input_ids, attention_mask, positions, None, deltanet_mode)
-        return logits
+        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, positions,
+                                                          deltanet_mode=deltanet_mode, options=options))
+
+    def hidden_states(self, input_ids, attention_mask=None, positions=None, *, deltanet_mode: str = "auto",
+                      options: ForwardOptions = DEFAULT_OPTIONS):
+        """Final-norm hidden states ``[b, t, embed]`` (compute dtype) of a full forward without a cache;
+        ``input_ids [b, t] int32``, ``attention_mask [b, t]`` 0/1 (None = all real)."""
+        b, t = input_ids.shape
+        mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        if positions is None:
+            positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+        x = options.constrain(self.model.embed_tokens(input_ids))
+        policy = REMAT_POLICIES[options.remat]
+        for layer in self.model.layers:
+            if options.remat == "none":
+                x = layer(x, mask, positions, None, None, None, deltanet_mode, options.attention_block)[0]
+            else:
+                graphdef, state = nnx.split(layer)
+
+                def run(state, x, mask, positions, graphdef=graphdef):
+                    return nnx.merge(graphdef, state)(x, mask, positions, None, None, None, deltanet_mode,
+                                                      options.attention_block)[0]
+
+                x = jax.checkpoint(run, policy=policy)(state, x, mask, positions)
+            x = options.constrain(x)
+        return options.constrain(self.model.norm(x))
+
+    def logits_from_hidden(self, h):
+        """Output head: ``h [..., embed]`` -> logits ``[..., vocab]`` float32 (tied or untied)."""
+        logits = self.model.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
+        return logits.astype(jnp.float32)
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> DecodeCache:
         """Empty decode cache for ``batch`` rows and ``max_len`` token slots; attention K/V and the
@@ -102,36 +193,32 @@ class CausalLM(nnx.Module):
         return empty_cache(layers, batch, max_len)
 
     def prefill(self, input_ids, attention_mask, cache: DecodeCache, positions=None,
-                *, deltanet_mode: str = "auto"):
+                *, deltanet_mode: str = "auto", attention_block: int = DEFAULT_OPTIONS.attention_block):
         """Feeds ``input_ids [b, t]`` (left padded, mask ``[b, t]``) after the cache's tokens.
         Returns ``(logits [b, t, vocab] float32, cache)``."""
-        return self._run(input_ids, attention_mask, positions, cache, deltanet_mode)
+        return self._run(input_ids, attention_mask, positions, cache, deltanet_mode, attention_block)
 
     def decode_step(self, tokens, cache: DecodeCache):
         """Feeds one real token per row, ``tokens [b]`` int32. Returns ``(logits [b, vocab], cache)``."""
         logits, cache = self._run(tokens[:, None], None, None, cache, "recurrent")
         return logits[:, 0], cache
 
-    def _run(self, input_ids, attention_mask, positions, cache, deltanet_mode):
+    def _run(self, input_ids, attention_mask, positions, cache, deltanet_mode, attention_block=0):
+        """The cached path (prefill / decode): one pass over the layers, updating ``cache``."""
         b, t = input_ids.shape
         mask = (jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool))
-        write_index = slot_mask = None
-        base = jnp.zeros((b, 1), jnp.int32)
-        if cache is not None:
-            write_index = cache.length
-            slot_mask = jax.lax.dynamic_update_slice(cache.slot_mask, mask, (0, write_index))
-            base = cache.next_position[:, None]
+        write_index = cache.length
+        slot_mask = jax.lax.dynamic_update_slice(cache.slot_mask, mask, (0, write_index))
+        base = cache.next_position[:, None]
         if positions is None:
             positions = base + jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
         x = self.model.embed_tokens(input_ids)
         new_layers = []
         for i, layer in enumerate(self.model.layers):
-            layer_cache = None if cache is None else cache.layers[i]
-            x, layer_cache = layer(x, mask, positions, layer_cache, write_index, slot_mask, deltanet_mode)
+            x, layer_cache = layer(x, mask, positions, cache.layers[i], write_index, slot_mask, deltanet_mode,
+                                   attention_block)
             new_layers.append(layer_cache)
-        x = self.model.norm(x)
-        logits = self.model.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)
-        if cache is not None:
-            cache = DecodeCache(layers=tuple(new_layers), length=cache.length + t, slot_mask=slot_mask,
-                                next_position=cache.next_position + mask.sum(axis=1).astype(jnp.int32))
-        return logits.astype(jnp.float32), cache
+        logits = self.logits_from_hidden(self.model.norm(x))
+        cache = DecodeCache(layers=tuple(new_layers), length=cache.length + t, slot_mask=slot_mask,
+                            next_position=cache.next_position + mask.sum(axis=1).astype(jnp.int32))
+        return logits, cache

@@ -142,6 +142,42 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array) -> jax.Ar
     return out.reshape(b, t, h, d)
 
 
+def causal_valid(key_mask: jax.Array, q_offset, t: int) -> jax.Array:
+    """``[b, t, s]`` bool: query ``i`` (at slot ``q_offset + i``) may see key slot ``j`` iff ``j <= q_offset + i``
+    and ``key_mask[:, j]`` (``[b, s]`` bool)."""
+    s = key_mask.shape[1]
+    causal = jnp.arange(s)[None, :] <= (q_offset + jnp.arange(t))[:, None]
+    return causal[None] & key_mask[:, None, :]
+
+
+def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, q_offset=0,
+                  block: int = 0) -> jax.Array:
+    """Causal GQA attention, ``attend(q, k, v, causal_valid(key_mask, q_offset, t))``, computed ``block`` queries
+    at a time when ``0 < block < t``.
+
+    q ``[b, t, H, d]`` (scaled), k/v ``[b, s, K, d]``, key_mask ``[b, s]`` bool, q_offset int (slot of query 0).
+    Blockwise, the float32 scores of one query block, ``[b, H, block, s]``, are the largest buffer (never
+    ``[b, H, t, s]``); each block is rematerialised in the backward pass (``jax.checkpoint``). Every query row
+    is the same softmax over the same keys as the dense form, so the two agree to float round-off.
+    Returns ``[b, t, H, d]`` in q's dtype.
+    """
+    b, t, h, d = q.shape
+    if not block or t <= block:
+        return attend(q, k, v, causal_valid(key_mask, q_offset, t))
+    pad = (-t) % block
+    n = (t + pad) // block
+    qb = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, block, h, d)
+    starts = q_offset + block * jnp.arange(n)
+
+    @jax.checkpoint
+    def one(args):
+        q_i, start = args
+        return attend(q_i, k, v, causal_valid(key_mask, start, block))
+
+    out = jax.lax.map(one, (jnp.moveaxis(qb, 1, 0), starts))  # [n, b, block, H, d]
+    return jnp.moveaxis(out, 0, 1).reshape(b, n * block, h, d)[:, :t]
+
+
 class Attention(nnx.Module):
     """Causal GQA self-attention with per-head q/k RMSNorm and RoPE.
 
@@ -167,12 +203,13 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(d, **norm_kw)
 
     def __call__(self, x, mask, positions, cache: AttentionCache | None = None, write_index=None,
-                 slot_mask=None):
+                 slot_mask=None, block: int = 0):
         """x ``[b, t, embed]``; mask ``[b, t]`` bool (1 = real token); positions ``[b, t]`` int32.
 
         With ``cache`` the new keys/values are written at slots ``[write_index, write_index + t)`` and
         the queries attend to every slot ``j <= own slot`` with ``slot_mask[:, j]`` (``[b, max_len]``
-        bool, already including ``mask``). Returns ``(y [b, t, embed], cache)``.
+        bool, already including ``mask``). ``block`` > 0: queries in blocks of that many tokens
+        (:func:`attend_causal`). Returns ``(y [b, t, embed], cache)``.
         """
         b, t, _ = x.shape
         d = self.head_dim
@@ -189,18 +226,14 @@ class Attention(nnx.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         q = q * jnp.asarray(d ** -0.5, q.dtype)
         if cache is None:
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            valid = causal[None] & mask[:, None, :]
+            key_mask, offset = mask, 0
         else:
             idx = (0, write_index, 0, 0)
             cache = AttentionCache(k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), idx),
                                    v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), idx))
             k, v = cache.k.astype(x.dtype), cache.v.astype(x.dtype)
-            s = k.shape[1]
-            q_slot = write_index + jnp.arange(t)
-            causal = jnp.arange(s)[None, :] <= q_slot[:, None]
-            valid = causal[None] & slot_mask[:, None, :]
-        out = attend(q, k, v, valid).reshape(b, t, self.num_heads * d)
+            key_mask, offset = slot_mask, write_index
+        out = attend_causal(q, k, v, key_mask, offset, block).reshape(b, t, self.num_heads * d)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
         return self.o_proj(out), cache
