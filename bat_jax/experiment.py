@@ -38,7 +38,8 @@ from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
 from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord, atomic_write
-from bat_jax.policy import EngineCells, PolicyConfig, build_policy, make_agent_loop, render_sft_row, rl_request
+from bat_jax.policy import (EngineCells, PolicyConfig, build_policy, make_agent_loop, render_sft_row, rl_request,
+                            sft_batch)
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.rollout.jax_sampler import JaxSampler
 from bat_jax.stage_bank import pools
@@ -202,7 +203,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
 
     def evaluate(params, purpose: str) -> Summary:
         engine.update_weights(learner.sync_model(params))
-        cells = EngineCells(eval_loop, judge)
+        cells = EngineCells(eval_loop, judge, prompt_style=policy.prompt_style)
         summary = ev.evaluate(cells, dataclasses.replace(c.evaluation, purpose=purpose))
         eval_agent_failed[0] = cells.agent_failed
         return summary
@@ -311,7 +312,8 @@ def _step(checkpoint: str) -> int:
 def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: BiCuRLConfig,
                     max_observation_chars: int) -> None:
     """SFT on the bank's SFT rows: loss on the single target action (+ end of turn), paper Appendix A.4.
-    Observations in the context are cut to `max_observation_chars`, as rollouts cut them."""
+    Observations in the context are cut to `max_observation_chars`, as rollouts cut them. Each batch is padded
+    to the length bucket of its rows (`policy.sft_batch`), not to `max_seq_len`."""
     rows = list(rows)[: run.sft_max_rows or None]
     examples = [e for e in (render_sft_row(row, policy, config.max_seq_len, max_observation_chars) for row in rows)
                 if e is not None]
@@ -322,8 +324,7 @@ def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: 
     step_fn, state = learner.sft_block(config, config.total_steps)
     rng = np.random.default_rng(run.seed)
     for _ in tqdm(range(config.total_steps), desc="SFT", unit="step"):
-        idx = rng.choice(len(examples), size=config.global_batch_size, replace=len(examples) < config.global_batch_size)
-        state, _ = step_fn(state, pad_batch([examples[i] for i in idx], multiple=1, pad_to=config.max_seq_len))
+        state, _ = step_fn(state, sft_batch(examples, config.global_batch_size, rng, config.max_seq_len))
     learner.adopt(state)
 
 
@@ -340,7 +341,8 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
         starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
-        requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id) for item in batch]
+        requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.policy.prompt_style)
+                    for item in batch]
         trajectories = loop.run(requests, seed=seed * 100 + b)
         by_id = {item.round_state_id: item.row for item in batch}
         scored = [rollout_reward(by_id[t.state_id], t, starts[t.state_id], judge) for t in trajectories]
@@ -388,16 +390,14 @@ def _route(stage_scores: Mapping[str, float | None], *, round_index: int, held: 
 
 def _kl_prompts(rows, policy, config: kl.PolicyShiftConfig) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the held-out KL probe set)."""
-    from bat_jax.models.chat import tool_schemas
     from bat_jax.models.episode import EpisodeBuilder
-    from bat_jax.policy import AGENT_SYSTEM_PROMPT, user_message
+    from bat_jax.policy import first_messages
 
     prompts = []
     for row in list(rows)[: config.num_prompts]:
-        messages = [{"role": "system", "content": AGENT_SYSTEM_PROMPT},
-                    {"role": "user", "content": user_message(row.prompt, row.skill)}]
+        messages, tools = first_messages(row.prompt, row.skill, policy.prompt_style)
         # through the EpisodeBuilder: text in briefs and skills never becomes a control id (issue 13 item 6)
-        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tool_schemas())))
+        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tools)))
     batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}
                        for p in prompts], multiple=1)
     return batch["input_ids"], batch["attention_mask"]

@@ -5,6 +5,12 @@ Stage Bank rows to agent-loop requests, and from trajectories back to verifier e
 tokenizer) or loads a local Hugging Face checkpoint directory (Qwen3.5 / Qwen3), failing with the missing path
 named. `EngineCells` is the held-out evaluator's CellRunner for a token-level policy: one episode per cell
 through the same `AgentLoop` that GRPO rollouts use, scored by the rubric verifier and the task metric.
+
+Prompt styles (`PolicyConfig.prompt_style`, one switch for SFT rendering, GRPO rollouts, evaluation and the KL
+probe): 'full' (paper scale) prompts with `AGENT_SYSTEM_PROMPT`, the chat template's tools block and the
+brief + stage skills as written; 'compact' (small policies, issue 15) with `COMPACT_SYSTEM_PROMPT` naming the
+two tools (no tools block) and the first user turn rewritten by `tasks.brief.compact_user_message`. Either way
+the turn is rendered through `models.episode.EpisodeBuilder`: its text never becomes control ids.
 """
 
 from __future__ import annotations
@@ -27,22 +33,63 @@ from bat_jax.sandbox.types import SandboxState
 from bat_jax.verify.rubric import Evidence
 
 FAMILIES = ("qwen3_5", "qwen3")
+PROMPT_STYLES = ("full", "compact")
 
-#: System prompt of the token-level agent (SFT rendering, GRPO rollouts and evaluation all use it; the tools
-#: block of the chat template carries the tool schemas).
+#: System prompt of the token-level agent in the 'full' style (the tools block of the chat template carries
+#: the tool schemas).
 AGENT_SYSTEM_PROMPT = ("You are a medical-imaging research agent. Work through the stages of the task using the "
                        "tools: execute_code runs python or bash in the workspace, submit hands in the final file.")
+#: System prompt of the 'compact' style: the two tools and their parameters (no tools block).
+COMPACT_SYSTEM_PROMPT = ("Imaging agent. Tools: execute_code(language: python|bash, code) runs code in the "
+                         "workspace; submit(path) hands in the result.")
 
 
-def user_message(brief: str, skill: str) -> str:
-    """The first user turn: the task brief and the stage skill κ (the same layout the teacher saw)."""
-    return f"{brief}\n\n## Stage skill\n{skill}"
+def user_message(brief: str, skill: str, style: str = "full") -> str:
+    """The first user turn: the task brief and the stage skill κ (the same layout the teacher saw); in the
+    'compact' style rewritten by `tasks.brief.compact_user_message`. Raises ValueError for an unknown style."""
+    return style_user_message(f"{brief}\n\n## Stage skill\n{skill}", style)
 
 
-def rl_request(row: Any, state: SandboxState, round_state_id: str | None = None) -> RolloutRequest:
-    """The agent-loop request of one Stage Bank RL row (state p, prompt, skill κ)."""
-    return RolloutRequest(state_id=round_state_id or row.state_id, state=state, system_prompt=AGENT_SYSTEM_PROMPT,
-                          user_message=user_message(row.prompt, row.skill), stage=row.focus)
+def style_user_message(text: str, style: str) -> str:
+    """A full first user turn `text` in prompt style `style`. Raises ValueError for an unknown style."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
+    if style == "full":
+        return text
+    from bat_jax.tasks.brief import compact_user_message
+
+    return compact_user_message(text)
+
+
+def prompt_head(style: str) -> tuple[str, tuple[dict, ...]]:
+    """(system prompt, tool schemas for the template's tools block) of a prompt style; the compact style names
+    the tools in its system prompt and leaves the tools block out. Raises ValueError for an unknown style."""
+    from bat_jax.models.chat import tool_schemas
+
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
+    return (AGENT_SYSTEM_PROMPT, tuple(tool_schemas())) if style == "full" else (COMPACT_SYSTEM_PROMPT, ())
+
+
+def first_messages(brief: str, skill: str, style: str = "full") -> tuple[list[dict], list[dict]]:
+    """(system + first user message, tools) of a prompt: what `EpisodeBuilder.start` takes."""
+    system, tools = prompt_head(style)
+    return ([{"role": "system", "content": system}, {"role": "user", "content": user_message(brief, skill, style)}],
+            [dict(t) for t in tools])
+
+
+def request(state_id: str, state: SandboxState, brief: str, skill: str, stage: str,
+            style: str = "full") -> RolloutRequest:
+    """The agent-loop request of one episode: start state, brief and skill κ rendered in `style`."""
+    system, tools = prompt_head(style)
+    return RolloutRequest(state_id=state_id, state=state, system_prompt=system,
+                          user_message=user_message(brief, skill, style), tools=tools, stage=stage)
+
+
+def rl_request(row: Any, state: SandboxState, round_state_id: str | None = None,
+               style: str = "full") -> RolloutRequest:
+    """The agent-loop request of one Stage Bank RL row (state p, prompt, skill κ) in prompt style `style`."""
+    return request(round_state_id or row.state_id, state, row.prompt, row.skill, row.focus, style)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +105,8 @@ class PolicyConfig:
       tiny: model-config overrides of the tiny default (e.g. hidden_size, num_hidden_layers).
       dtype: compute dtype ('float32' on CPU, 'bfloat16' on GPU/TPU).
       seed: parameter-init seed of the tiny default.
+      prompt_style: 'full' (paper scale: full system prompt, tools block, brief and skills) or 'compact'
+        (small policies: short system prompt naming the tools, terse brief and one-line skills).
     """
 
     family: str = "qwen3_5"
@@ -65,20 +114,25 @@ class PolicyConfig:
     tiny: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dtype: str = "float32"
     seed: int = 0
+    prompt_style: str = "full"
 
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"PolicyConfig.family must be one of {FAMILIES}, got {self.family!r}")
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"PolicyConfig.prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}")
 
 
 @dataclasses.dataclass
 class Policy:
-    """A model with its tokenizer and the chat family of the tokenizer's template (`family`: how turns and
-    tool calls are rendered; the shipped tiny tokenizer carries the Qwen3.5 template whatever the model)."""
+    """A model with its tokenizer, the chat family of the tokenizer's template (`family`: how turns and
+    tool calls are rendered; the shipped tiny tokenizer carries the Qwen3.5 template whatever the model) and
+    the prompt style its turns are rendered in (`PROMPT_STYLES`)."""
 
     model: nnx.Module
     tokenizer: Any
     family: str
+    prompt_style: str = "full"
 
 
 def build_policy(config: PolicyConfig) -> Policy:
@@ -98,7 +152,7 @@ def build_policy(config: PolicyConfig) -> Policy:
         from bat_jax.models import hf_io
 
         model = hf_io.load_pretrained(path, dtype=config.dtype)
-        return Policy(model, AutoTokenizer.from_pretrained(str(path)), config.family)
+        return Policy(model, AutoTokenizer.from_pretrained(str(path)), config.family, config.prompt_style)
     from bat_jax.models.tokenizer import load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer()
@@ -113,7 +167,7 @@ def build_policy(config: PolicyConfig) -> Policy:
         from bat_jax.models.qwen3 import Qwen3ForCausalLM
 
         model = Qwen3ForCausalLM(Qwen3Config(**overrides), rngs=nnx.Rngs(config.seed))
-    return Policy(model, tokenizer, "qwen3_5")  # the shipped tokenizer's chat template
+    return Policy(model, tokenizer, "qwen3_5", config.prompt_style)  # the shipped tokenizer's chat template
 
 
 def make_agent_loop(policy: Policy, engine: Any, make_sandbox: Any, config: AgentLoopConfig) -> AgentLoop:
@@ -139,13 +193,14 @@ def evidence_of(trajectory: Trajectory, start: SandboxState) -> Evidence:
 class EngineCells:
     """CellRunner for a token-level policy: one E2E episode per held-out cell through the AgentLoop.
     `judge` (a `verify.judge.RubricJudge`, optional) decides its rubric items; a cell it cannot decide is
-    unscored. After each call, `agent_failed` is the number of its cells whose sandbox the agent's own code
+    unscored. Prompts are rendered in `prompt_style`. After each call, `agent_failed` is the number of its cells whose sandbox the agent's own code
     brought down (`Trajectory.agent_error`) and that were still scored (`Cell.scored`), as the ledger counts
     them; scoring is not changed by it."""
 
     loop: AgentLoop
     judge: Any = None
     agent_failed: int = 0
+    prompt_style: str = "full"
 
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
         from bat_jax.stage_bank.slicing import row_skill
@@ -153,8 +208,7 @@ class EngineCells:
         from bat_jax.tasks.rubric_items import build_rubric
         from bat_jax.verify.rubric import score
 
-        requests = [RolloutRequest(state_id=f"eval-{i}", state=job.task.state(), system_prompt=AGENT_SYSTEM_PROMPT,
-                                   user_message=user_message(job.task.brief, row_skill("E2E")), stage="E2E")
+        requests = [request(f"eval-{i}", job.task.state(), job.task.brief, row_skill("E2E"), "E2E", self.prompt_style)
                     for i, job in enumerate(jobs)]
         trajectories = self.loop.run(requests, seed=jobs[0].seed if jobs else 0)
         by_request = {t.state_id: t for t in trajectories}
@@ -186,14 +240,15 @@ def render_sft_row(row: Any, policy: Policy, max_seq_len: int,
     observations) as the prompt, the one target action + `<|im_end|>` as the response (loss mask 1).
     With `max_observation_chars`, each tool observation is cut exactly as the agent loop cuts it at rollout
     time (`rollout.agent_loop.cut_observation`), so SFT contexts look like the contexts the policy acts in.
-    Only the template's own tags become control ids: the brief, skill, observations and the teacher's
+    The system prompt and first user turn are those of `policy.prompt_style` (the teacher's system message
+    is replaced). Only the template's own tags become control ids: the brief, skill, observations and the teacher's
     thoughts and arguments are ordinary text whatever they contain (`models.episode.TextCodec`).
 
     Returns `{'input_ids','attention_mask','loss_mask'}` `[max_seq_len]` int32, or None when the row does not
     fit in `max_seq_len` tokens (never truncated: a cut action would teach the model to stop mid-call).
     """
     from bat_jax.learn.sft import build_sft_example
-    from bat_jax.models.chat import render_action, tool_schemas
+    from bat_jax.models.chat import render_action
     from bat_jax.models.episode import EpisodeBuilder
 
     builder = EpisodeBuilder(policy.tokenizer, policy.family)
@@ -201,8 +256,10 @@ def render_sft_row(row: Any, policy: Policy, max_seq_len: int,
     if not users:
         raise ValueError(f"SFT row {row.row_id}: context has no user message")
     start = row.context.index(users[0]) + 1
-    builder.start([{"role": "system", "content": AGENT_SYSTEM_PROMPT}, {"role": "user", "content": users[0].content}],
-                  tools=tool_schemas())
+    system, tools = prompt_head(policy.prompt_style)
+    builder.start([{"role": "system", "content": system},
+                   {"role": "user", "content": style_user_message(users[0].content, policy.prompt_style)}],
+                  tools=[dict(t) for t in tools])
     rest = row.context[start:]
     for message in rest:
         if message.role == "assistant":
@@ -215,3 +272,43 @@ def render_sft_row(row: Any, policy: Policy, max_seq_len: int,
     if len(prompt) + len(response) + 1 > max_seq_len:
         return None
     return build_sft_example(prompt, response, builder.eot_id, max_seq_len)
+
+
+def sft_bucket(length: int, max_seq_len: int) -> int:
+    """Tokens an SFT batch whose longest row has `length` tokens is padded to: the smallest of 256, 384, 512,
+    768, 1024, 1536, ... (powers of two and their 1.5 multiples) that holds it, at most `max_seq_len`.
+
+    Raises:
+      ValueError: `length` > `max_seq_len`.
+    """
+    if length > max_seq_len:
+        raise ValueError(f"an SFT row of {length} tokens exceeds max_seq_len={max_seq_len}")
+    size = 256
+    while size < length:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3  # 256 → 384 → 512 → 768 → 1024 ...
+    return min(size, max_seq_len)
+
+
+def sft_batch(examples: Sequence[Mapping[str, np.ndarray]], batch_size: int, rng: np.random.Generator,
+              max_seq_len: int) -> dict[str, np.ndarray]:
+    """One SFT batch `{'input_ids','attention_mask','loss_mask'}` `[batch_size, T]` int32 of rendered rows
+    (`render_sft_row` output, `[max_seq_len]` each), padded only to the bucket of its longest row
+    (`sft_bucket`), so that a step on short rows does not pay for `max_seq_len` tokens.
+
+    The first row is drawn uniformly; the others uniformly from the rows of the same bucket (with replacement
+    when the bucket has fewer than `batch_size` rows), so every row is drawn equally often on average.
+
+    Raises:
+      ValueError: no examples.
+    """
+    if not examples:
+        raise ValueError("sft_batch: no examples")
+    buckets = [sft_bucket(int(e["attention_mask"].sum()), max_seq_len) for e in examples]
+    first = int(rng.integers(len(examples)))
+    same = [i for i, b in enumerate(buckets) if b == buckets[first]]
+    others = rng.choice(same, size=batch_size - 1, replace=len(same) < batch_size - 1) if batch_size > 1 else []
+    from bat_jax.learn.learner import pad_batch
+
+    t = buckets[first]
+    return pad_batch([{k: np.asarray(v)[:t] for k, v in examples[i].items()} for i in [first, *others]],
+                     multiple=1, pad_to=t)

@@ -1,7 +1,13 @@
 """Public task text: the `task.md` brief (Lite-tier style) and the stage skills κ for S1–S5.
 
 Both are public: they describe goals, checks and recovery steps, never answers. Templates 0–1 are used for
-training tasks, template 2 only for the held-out suite (issue 5: disjoint templates).
+training tasks, template 2 only for the held-out suite (issue 5: disjoint templates). Templates
+`VARIED_TEMPLATE_BASE` + w (w = 0, 1) are training templates with wording w whose workspace paths and ids are
+drawn from the task seed (`tasks.base.varied_naming`), so that no path or id can be memorised.
+
+`compact_user_message` rewrites a full first user turn (brief + stage skills, as `render_brief` and
+`stage_skill` write them) into the terse form small policies are prompted with (issue 15): task id, track,
+case count, every path, the submission schema, the stage to start at and one line per stage skill.
 """
 
 from __future__ import annotations
@@ -20,17 +26,31 @@ _OPENINGS = (
 )
 N_TEMPLATES = len(_OPENINGS)
 HELDOUT_TEMPLATE = 2
+#: Templates VARIED_TEMPLATE_BASE + w: training wording w (0 or 1) with seed-drawn paths and ids.
+VARIED_TEMPLATE_BASE = 10
+VARIED_TEMPLATES = tuple(VARIED_TEMPLATE_BASE + w for w in range(N_TEMPLATES) if w != HELDOUT_TEMPLATE)
+
+
+def wording(template: int) -> int:
+    """The opening wording (0..N_TEMPLATES-1) of a task template.
+
+    Raises:
+      ValueError: a template that is neither 0..N_TEMPLATES-1 nor one of `VARIED_TEMPLATES`.
+    """
+    if 0 <= template < N_TEMPLATES:
+        return template
+    if template in VARIED_TEMPLATES:
+        return template - VARIED_TEMPLATE_BASE
+    raise ValueError(f"template must be in 0..{N_TEMPLATES - 1} or one of {VARIED_TEMPLATES}, got {template}")
 
 
 def render_brief(track: "Track", task_id: str, layout: "Layout", n_cases: int, template: int) -> str:
     """The `task.md` text of one task.
 
     Raises:
-      ValueError: template outside 0..N_TEMPLATES-1.
+      ValueError: a template outside 0..N_TEMPLATES-1 and `VARIED_TEMPLATES` (`wording`).
     """
-    if not 0 <= template < N_TEMPLATES:
-        raise ValueError(f"template must be in 0..{N_TEMPLATES - 1}, got {template}")
-    opening = _OPENINGS[template].format(title=track.title)
+    opening = _OPENINGS[wording(template)].format(title=track.title)
     return f"""# Task {task_id}
 
 {opening}
@@ -109,3 +129,63 @@ Recovery: if the check fails, fix the file and check again before submitting."""
 def stage_skill(stage: Stage | str) -> str:
     """The public stage skill κ of a stage (goal, checks, recovery steps)."""
     return _SKILLS[Stage.parse(stage)]
+
+
+#: One line per stage skill: what the compact prompt keeps of κ (goal and the files the stage leaves behind).
+_COMPACT_SKILLS = {
+    Stage.PLAN: "S1 Plan: cat task.md; read the cases file; write the plan (method, case count, submission).",
+    Stage.SETUP: "S2 Setup: import the method, print its config version; make the output dirs; write the env file.",
+    Stage.VALIDATE: "S3 Validate: check every input (restore from archive, fix spacing); smoke-run one case; "
+                    "write the validation report.",
+    Stage.INFERENCE: "S4 Inference: run the method on every usable case; save each prediction.",
+    Stage.SUBMIT: "S5 Submit: write the submission (task id, predictions, failed) and submit it.",
+}
+SKILL_HEADING = "\n\n## Stage skill\n"
+
+
+def compact_skill(stage: Stage | str) -> str:
+    """The one-line form of a stage skill κ (compact prompting)."""
+    return _COMPACT_SKILLS[Stage.parse(stage)]
+
+
+def compact_user_message(text: str) -> str:
+    """The terse form of a full first user turn (`brief` + `SKILL_HEADING` + stage skills, the layout
+    `render_brief` / `stage_skill` / the Stage Bank's row prompts write): task id, track, case count, every
+    workspace path the workflow touches, the submission schema, the stage a stage row starts at, the E2E
+    budget, and one line per stage skill present. Pure and deterministic.
+
+    Text that is not such a turn (no `Task id:` / `Track:` lines or path lines) is returned unchanged, so an
+    external benchmark's brief is never mangled.
+    """
+    import re
+
+    from bat_jax.tasks.base import Layout
+
+    head, _, skills = text.partition(SKILL_HEADING)
+    task_id = re.search(r"^Task id: (\S+)", head, flags=re.MULTILINE)
+    track = re.search(r"^Track: (\S+)", head, flags=re.MULTILINE)
+    n_cases = re.search(r"each of the (\d+) cases", head)
+    try:
+        layout = Layout.parse(head)
+    except ValueError:
+        return text
+    if not (task_id and track and n_cases):
+        return text
+    tid, L = task_id.group(1), layout
+    lines = [f"Task {tid} | {track.group(1)} | {n_cases.group(1)} cases",
+             f"cases: {L.cases_csv}", f"images: {L.images_dir}", f"archive: {L.archive_dir}",
+             f"method: {L.method_dir}/model.py", f"plan: {L.plan_path}", f"env: {L.env_json}",
+             f"validation: {L.validation_json} (smoke run into {L.validation_dir})", f"predictions: {L.pred_dir}",
+             f'submission: {L.submission} = {{"task_id": "{tid}", "predictions": {{case_id: entry}}, '
+             f'"failed": {{case_id: reason}}}}']
+    start = re.search(r"boundary of stage (S\d) (\w+)\. Stages already completed in this workspace: ([^.]*)\.", head)
+    if start:
+        lines.append(f"Start: {start.group(1)} {start.group(2)} (done: {start.group(3)}); do {start.group(1)} only, "
+                     f"then stop.")
+    budget = re.search(r"at most (\d+) validation pass", head)
+    if budget:
+        lines.append(f"Budget: at most {budget.group(1)} validation pass(es).")
+    stages = re.findall(r"^Stage (S\d) ", skills, flags=re.MULTILINE)
+    if stages:
+        lines += ["Skills:"] + [compact_skill(s) for s in stages]
+    return "\n".join(lines)
