@@ -50,6 +50,7 @@ from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageReport, LeakageSc
 from bat_jax.stage_bank.row import (OUTCOMES, Provenance, RLRow, SFTRow, StateRef, content_digest,
                                     rl_row_from_dict, sft_row_from_dict)
 from bat_jax.tasks import heldout
+from bat_jax.tasks.brief import VARIED_TEMPLATE_BASE
 from bat_jax.tasks.chat_client import ChatClient, ChatEndpointConfig, ChatError
 from bat_jax.tasks.episode import Action as EpisodeAction
 from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence, run_episode
@@ -64,6 +65,7 @@ SandboxFactory = Callable[[SandboxState], Sandbox]
 _TRANSIENT = ("teacher_", "sandbox_failure", "boot_failed")
 #: Observation errors of a dead or closed sandbox (local and Docker backends).
 _DEAD = ("sandbox is closed", "sandbox executor died")
+LAYOUTS = ("fixed", "varied")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +78,8 @@ class FactoryConfig:
       tracks: track names (registry order by default: 7 tracks).
       foci: row foci, subset of ('E2E', 'S1'..'S5').
       outcomes: teacher-trajectory outcome buckets, subset of ('success', 'recovery', 'failure').
+      layouts: 'fixed' (every task in `tasks.base.TRAIN_LAYOUT`, 'tr' ids) or 'varied' (paths and id prefix drawn
+        from the task seed, `tasks.base.varied_naming`): a policy must read them from the brief.
       cases_per_task: cases per generated task; 0 keeps each track's default (4 or 6).
       e2e_cases, e2e_input_fraction, e2e_validation_passes: the E2E reduction λ (Eq. 12).
       horizon: rollout limit H in assistant turns (REFERENCE.md: 24); also the teacher's turn cap.
@@ -95,6 +99,7 @@ class FactoryConfig:
     tracks: tuple[str, ...] = tuple(TRACKS)
     foci: tuple[str, ...] = FOCI
     outcomes: tuple[str, ...] = OUTCOMES
+    layouts: str = "fixed"
     cases_per_task: int = 0
     e2e_cases: int = 2
     e2e_input_fraction: float = 1.0
@@ -123,6 +128,8 @@ class FactoryConfig:
             bad = [v for v in values if v not in allowed]
             if not values or bad or len(set(values)) != len(values):
                 raise ValueError(f"FactoryConfig.{name} must be distinct values from {allowed}, got {values!r}")
+        if self.layouts not in LAYOUTS:
+            raise ValueError(f"FactoryConfig.layouts must be one of {LAYOUTS}, got {self.layouts!r}")
         if self.backend not in ("local", "docker"):
             raise ValueError(f"FactoryConfig.backend must be 'local' or 'docker', got {self.backend!r}")
         if self.teacher not in ("scripted", "openai"):
@@ -144,7 +151,7 @@ class FactoryConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """One grid cell: focus, track, outcome, the derived task seed and brief template (0 or 1)."""
+    """One grid cell: focus, track, outcome, the derived task seed and brief template (0 / 1, or 10 / 11)."""
 
     index: int
     focus: str
@@ -155,14 +162,16 @@ class Source:
 
 
 def sources(config: FactoryConfig) -> list[Source]:
-    """The source grid in order foci × tracks × outcomes; seeds are < HELDOUT_SEED_BASE (training range)."""
+    """The source grid in order foci × tracks × outcomes; seeds are < HELDOUT_SEED_BASE (training range); template
+    0 or 1, plus `VARIED_TEMPLATE_BASE` when `config.layouts == 'varied'`."""
     out = []
+    offset = VARIED_TEMPLATE_BASE if config.layouts == "varied" else 0
     for focus in config.foci:
         for track in config.tracks:
             for outcome in config.outcomes:
                 h = content_digest([config.seed, focus, track, outcome])
                 out.append(Source(len(out), focus, track, outcome, int(h[:12], 16) % heldout.HELDOUT_SEED_BASE,
-                                  int(h[12], 16) % 2))
+                                  int(h[12], 16) % 2 + offset))
     return out
 
 

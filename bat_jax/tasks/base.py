@@ -82,6 +82,48 @@ TRAIN_LAYOUT = Layout()
 HELDOUT_LAYOUT = Layout(images_dir="study/scans", archive_dir="study/backup", cases_csv="study/manifest.csv",
                         method_dir="tools/method", outputs_dir="results", plan_path="notes/plan.md")
 
+# Name pools of seed-drawn training layouts (`varied_naming`). None holds a component of HELDOUT_LAYOUT, so no
+# training path can spell a held-out one.
+_ROOTS = ("data", "input", "raw", "cohort", "project", "work", "batch", "exam", "series", "site", "trial",
+          "collection", "dataset", "intake", "share", "lab", "clinic", "ward", "source", "inbox")
+_IMAGES = ("images", "imgs", "volumes", "slices", "frames", "cases", "files", "pixels", "acq", "img", "inputs",
+           "raw_px", "pictures", "stack")
+_ARCHIVES = ("archive", "bak", "orig", "originals", "mirror", "spare", "copies", "vault", "safe", "snapshots",
+             "restore", "cold")
+_TABLES = ("cases", "index", "list", "catalog", "table", "cohort", "registry", "inventory", "roster", "sheet",
+           "worklist", "census")
+_METHODS = ("method", "algo", "pipeline", "solver", "engine", "baseline", "code", "pkg", "lib", "src", "model_dir",
+            "predictor")
+_SUBDIRS = ("", "", "v1", "core", "impl", "current")
+_OUTPUTS = ("outputs", "out", "output", "artifacts", "deliver", "export", "answers", "products", "final", "runs",
+            "made", "yield")
+_PLAN_DIRS = ("", "", "docs/", "doc/", "meta/", "admin/")
+_PLANS = ("plan", "PLAN", "planning", "todo", "roadmap", "steps", "approach")
+#: Two-letter id prefixes of seed-drawn training tasks: any but the held-out suite's 'hx'.
+_LETTERS = "abcdefgijklmnopqrstuvwyz"
+
+
+def varied_naming(seed: int) -> tuple[Layout, str]:
+    """(layout, id prefix) of a training task drawn from its seed (issue 15): every path of the workspace
+    (image, archive and method directories, the cases table, outputs and plan) and the two-letter prefix of its
+    task and case ids come from name pools with numbered roots, so paths and ids differ from task to task and
+    only reading the brief gives them. Pure function of `seed`; never a held-out component or the 'hx' prefix.
+    """
+    rng = np.random.default_rng([int(seed), 15])
+
+    def pick(pool):
+        return pool[int(rng.integers(len(pool)))]
+
+    root = f"{pick(_ROOTS)}{pick(('', '_', '-'))}{int(rng.integers(1, 100))}"
+    sub = pick(_SUBDIRS)
+    method = pick(_METHODS) + (f"/{sub}" if sub else "")
+    outputs = pick(_OUTPUTS) + pick(("", f"_{int(rng.integers(1, 100))}"))
+    layout = Layout(images_dir=f"{root}/{pick(_IMAGES)}", archive_dir=f"{root}/{pick(_ARCHIVES)}",
+                    cases_csv=f"{root}/{pick(_TABLES)}.csv", method_dir=method, outputs_dir=outputs,
+                    plan_path=f"{pick(_PLAN_DIRS)}{pick(_PLANS)}.md")
+    prefix = pick(_LETTERS) + pick(_LETTERS)
+    return layout, prefix
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:

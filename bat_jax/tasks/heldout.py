@@ -3,8 +3,10 @@
 Disjoint from training tasks by construction (issue 5 item 4):
   * seeds: held-out seeds are >= HELDOUT_SEED_BASE, training seeds must be below it;
   * templates: brief template HELDOUT_TEMPLATE and question/report phrasing 1 are used only here;
-  * identifiers: task and case ids start with HELDOUT_PREFIX ('hx'); training uses TRAIN_PREFIX ('tr');
-  * paths: HELDOUT_LAYOUT (study/, tools/method/, results/) differs from TRAIN_LAYOUT (data/, method/, outputs/).
+  * identifiers: task and case ids start with HELDOUT_PREFIX ('hx'); training uses TRAIN_PREFIX ('tr'), or for
+    the varied templates a seed-drawn two-letter prefix that is never 'hx';
+  * paths: HELDOUT_LAYOUT (study/, tools/method/, results/) differs from TRAIN_LAYOUT (data/, method/, outputs/)
+    and from every seed-drawn training layout (`base.varied_naming`: name pools without a held-out component).
 
 The manifest lists task ids, case ids, file paths, questions, answers and report texts — everything the
 leakage preflight must keep out of Stage Bank rows. It never enters a training row itself.
@@ -17,8 +19,8 @@ import os
 import tempfile
 from collections.abc import Iterable, Sequence
 
-from bat_jax.tasks.base import HELDOUT_LAYOUT, TRAIN_LAYOUT, TaskInstance, Track
-from bat_jax.tasks.brief import HELDOUT_TEMPLATE
+from bat_jax.tasks.base import HELDOUT_LAYOUT, TRAIN_LAYOUT, TaskInstance, Track, varied_naming
+from bat_jax.tasks.brief import HELDOUT_TEMPLATE, VARIED_TEMPLATES
 from bat_jax.tasks.registry import TRACKS
 
 HELDOUT_SEED_BASE = 1_000_000_000
@@ -53,15 +55,20 @@ def heldout_suite(n_per_track: int = 2, variants: Sequence[str] = ("success", "r
 
 
 def training_task(track: Track, seed: int, variant: str = "success", template: int = 0) -> TaskInstance:
-    """A training (Stage Bank) task: TRAIN_LAYOUT, TRAIN_PREFIX, a training template.
+    """A training (Stage Bank) task: TRAIN_LAYOUT and TRAIN_PREFIX with template 0 or 1; with one of
+    `brief.VARIED_TEMPLATES` (10, 11: wording 0, 1) the layout and id prefix drawn from the seed
+    (`base.varied_naming`), so that paths and ids vary from task to task.
 
     Raises:
-      ValueError: a held-out seed or the held-out template.
+      ValueError: a held-out seed, the held-out template or an unknown template.
     """
     if not 0 <= seed < HELDOUT_SEED_BASE:
         raise ValueError(f"training seed must be in [0, {HELDOUT_SEED_BASE}), got {seed}")
     if template == HELDOUT_TEMPLATE:
         raise ValueError(f"template {HELDOUT_TEMPLATE} is reserved for the held-out suite")
+    if template in VARIED_TEMPLATES:
+        layout, prefix = varied_naming(seed)
+        return track.generate(seed, variant, layout, prefix, template)
     return track.generate(seed, variant, TRAIN_LAYOUT, TRAIN_PREFIX, template)
 
 
