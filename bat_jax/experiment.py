@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from bat_jax import report
 from bat_jax.benchmark import evaluator as ev
-from bat_jax.benchmark.scoring import Summary, display, paired_comparison
+from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import STAGES
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer
 from bat_jax.curriculum import controller as ctl
@@ -147,11 +147,6 @@ def build_engine(policy, c: Components, run_dir: pathlib.Path):
     return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer, **options)
 
 
-def _summary_dict(s: Summary) -> dict:
-    return {"overall": s.overall, "agentic": s.agentic, "task": s.task, "overall_hw": s.overall_hw,
-            "stages": {k.value: v for k, v in s.stages.items()}, "n_cells": s.n_cells, "n_unscored": s.n_unscored}
-
-
 def _evaluation(s: Summary) -> ctl.Evaluation:
     return ctl.Evaluation(overall=s.overall or 0.0, task=s.task, stage_scores={k.value: v for k, v in s.stages.items()},
                           track_scores={t: row["overall"] for t, row in s.tracks.items()})
@@ -259,7 +254,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         checkpoints.pin(_needed_steps(controller.state))
         checkpoints.save(r, {"params": learner.params},
                          metrics=None if summary.overall is None else {"overall": summary.overall},
-                         extra={"round": r, "summary": _summary_dict(summary)})
+                         extra={"round": r, "summary": report.summary_dict(summary)})
         scores = _evaluation(summary).to_dict()
         if summary.overall is None:  # every controller cell unscored (sandboxes or judge down): no evidence
             scores["overall"] = None  # either way — the candidate is neither accepted nor counted as a drop
@@ -280,7 +275,11 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                              controller_state=controller.state.to_dict(), rollouts=int(metrics["rollouts"]),
                              unscored_rollouts=int(metrics["unscored"]), eval_cells=summary.n_cells,
                              eval_unscored=summary.n_unscored, agent_failed_rollouts=int(metrics["agent_failed"]),
-                             eval_agent_failed=eval_agent_failed[0])
+                             eval_agent_failed=eval_agent_failed[0],
+                             pool_reward_before=_finite(metrics["pool_reward_before"]),
+                             pool_reward_after=_finite(metrics["pool_reward_after"]),
+                             groups_with_variance=int(metrics["groups_with_variance"]),
+                             groups_scored=int(metrics["groups_scored"]))
         ledger.append(record)
         records.append(record)
         writer.summary("controller_eval", summary, r)
@@ -288,7 +287,9 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
             if isinstance(value, float):
                 writer.scalar(f"grpo/{key}", value, r)
         print(f"[bat_jax] round {r}: target {decision.target.value}, Overall {display(summary.overall)}, "
-              f"KL {shift:.4f}, {decided} → {keep}", flush=True)
+              f"KL {shift:.4f}, {decided} → {keep}; reward on its pool {metrics['pool_reward_before']:.3f} → "
+              f"{metrics['pool_reward_after']:.3f}, groups with reward variance {record.groups_with_variance}/"
+              f"{record.groups_scored}", flush=True)
 
     # ---- final evaluation on disjoint runs ------------------------------------------------------------
     final = {"untrained": evaluate(untrained, "final"), "SFT": evaluate(sft_params, "final")}
@@ -296,7 +297,12 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         final["BiCuRL (retained)" if config.mode == "bicurl" else "GRPO (E2E task reward)"] = evaluate(best_params, "final")
     if hasattr(engine, "close"):
         engine.close()  # vLLM: free its memory and worker before the reports
-    return _write_reports(run_dir, final, records, round0, writer)
+    return report.write_run_report(run_dir, final, records, round0, writer)
+
+
+def _finite(value: float) -> float | None:
+    """`value`, or None when it is NaN (nothing scored): the ledger holds no NaN."""
+    return None if value != value else float(value)
 
 
 def _needed_steps(state: ctl.ControllerState) -> set[int]:
@@ -332,20 +338,21 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
                 judge: RubricJudge | None = None) -> dict:
     """One round's GRPO block: per pool batch, K rollouts per row → rubric rewards (judged items by `judge`)
     → one optimizer step. Unscored rollouts (reward None) leave the loss; their count is returned, and apart
-    from it the count of scored rollouts the agent's own code failed (`rollout_counts`)."""
+    from it the count of scored rollouts the agent's own code failed (`rollout_counts`).
+
+    Signal diagnostics (issue 15): `pool_reward_before` is the mean scored reward of the first batch's rollouts
+    (round-start policy), `pool_reward_after` that of the same rows rolled out again with the same seed after
+    the block's last step (NaN when none was scored); `groups_with_variance` / `groups_scored` count the
+    block's groups (K rollouts of one row) whose scored rewards differ / that have ≥ 2 scored rewards."""
     step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches),
                                         num_micro_batches=c.grpo_micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
-    rewards_seen, unscored, agent_failed, total, version = [], 0, 0, 0, ""
+    rewards_seen, unscored, agent_failed, total, version, varied, grouped = [], 0, 0, 0, "", 0, 0
+    before = []
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
-        starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
-        requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.policy.prompt_style)
-                    for item in batch]
-        trajectories = loop.run(requests, seed=seed * 100 + b)
-        by_id = {item.round_state_id: item.row for item in batch}
-        scored = [rollout_reward(by_id[t.state_id], t, starts[t.state_id], judge) for t in trajectories]
+        trajectories, scored = _rollouts(loop, bank, batch, c, seed * 100 + b, judge)
         version = scored[0].version if scored else version
         rewards = [s.reward for s in scored]
         batch_unscored, batch_agent_failed = rollout_counts(trajectories, rewards)
@@ -353,6 +360,9 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         agent_failed += batch_agent_failed
         total += len(rewards)
         rewards_seen += [r for r in rewards if r is not None]
+        before = before if b else [r for r in rewards if r is not None]
+        k, n = group_variance(rewards, [t.state_id for t in trajectories])
+        varied, grouped = varied + k, grouped + n
         rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
                  "old_logprobs": t.logprobs} for t in trajectories]
         host = pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.grpo_micro_batches)
@@ -361,10 +371,38 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rows)), groups, c.grpo)
         state, _ = step_fn(state, host)
     learner.adopt(state)
+    loop.engine.update_weights(learner.sync_model(learner.params))
+    _, probe = _rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge)  # same rows, same seed
+    after = [s.reward for s in probe if s.reward is not None]
     mean = float(np.mean(rewards_seen)) if rewards_seen else float("nan")
     judged = {f"judge_{k}": float(v) for k, v in judge.stats().items()} if judge is not None else {}
     return {"reward_mean": mean, "unscored": float(unscored), "agent_failed": float(agent_failed),
-            "rollouts": float(total), "reward_version": version or "none", **judged}
+            "rollouts": float(total), "reward_version": version or "none",
+            "pool_reward_before": float(np.mean(before)) if before else float("nan"),
+            "pool_reward_after": float(np.mean(after)) if after else float("nan"),
+            "groups_with_variance": float(varied), "groups_scored": float(grouped), **judged}
+
+
+def _rollouts(loop, bank: StageBank, batch, c: Components, seed: int, judge: RubricJudge | None):
+    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`."""
+    starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
+    requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.policy.prompt_style)
+                for item in batch]
+    trajectories = loop.run(requests, seed=seed)
+    by_id = {item.round_state_id: item.row for item in batch}
+    return trajectories, [rollout_reward(by_id[t.state_id], t, starts[t.state_id], judge) for t in trajectories]
+
+
+def group_variance(rewards, groups) -> tuple[int, int]:
+    """(groups whose scored rewards are not all equal, groups with at least two scored rewards) of one batch;
+    `rewards[i]` (None = unscored) belongs to group `groups[i]`. Only the first kind gives GRPO a non-zero
+    advantage (a group of equal rewards normalises to zero)."""
+    by_group: dict = {}
+    for reward, group in zip(rewards, groups, strict=True):
+        if reward is not None:
+            by_group.setdefault(group, []).append(float(reward))
+    scored = [v for v in by_group.values() if len(v) >= 2]
+    return sum(max(v) - min(v) > 1e-12 for v in scored), len(scored)
 
 
 def rollout_counts(trajectories, rewards) -> tuple[int, int]:
@@ -420,36 +458,3 @@ def _round0(run_dir: pathlib.Path, summary: Summary | None = None) -> ctl.Evalua
     if summary is not None:
         atomic_write(path, json.dumps(_evaluation(summary).to_dict()).encode())
     return ctl.Evaluation.from_dict(json.loads(path.read_text()))
-
-
-def _write_reports(run_dir: pathlib.Path, final: Mapping[str, Summary], records, round0: ctl.Evaluation,
-                   writer: report.ScalarWriter) -> dict:
-    """Results table (Table 2 style), paired difference, per-round stage table, staircase plot, summary.json."""
-    names = list(final)
-    lines = ["# BiCuRL run report", "", "Final evaluation (disjoint held-out runs; this project's own suite, "
-             "not AutoMedBench-Lite):", "", "```", report.results_table(list(final.items())), "```", ""]
-    if len(names) >= 3:
-        cmp = paired_comparison(final[names[-1]], final["SFT"], "overall")
-        lines.append(f"Paired track-level difference {names[-1]} − SFT (Overall): {display(cmp.mean_diff)} ± "
-                     f"{100 * cmp.half_width:.1f}")
-    stage_rows = [("round 0", {s: round0.stage_scores.get(s.value) for s in STAGES})]
-    stage_rows += [(f"round {rec.round}", {s: rec.controller_scores["stage_scores"].get(s.value)
-                                           for s in STAGES}) for rec in records]
-    lines += ["", "Controller evaluation per round:", "", "```", report.stage_table(stage_rows), "```"]
-    counts = [report.RoundCounts(f"round {rec.round}", rec.rollouts, rec.unscored_rollouts,
-                                 rec.agent_failed_rollouts, rec.eval_cells, rec.eval_unscored, rec.eval_agent_failed)
-              for rec in records]
-    if counts:
-        lines += ["", "Rollouts and evaluation cells per round: agent-caused failures (scored) apart from "
-                  "infrastructure failures (unscored):", "", "```", report.scoring_table(counts), "```"]
-    overall = [round0.overall] + [rec.controller_scores["overall"] for rec in records]
-    report.staircase_plot(overall, run_dir / "staircase.png", baselines={"SFT": round0.overall})
-    text = "\n".join(lines) + "\n"
-    atomic_write(run_dir / "report.md", text.encode())
-    print(text, flush=True)
-    for i, (name, summary) in enumerate(final.items()):
-        writer.summary(f"final/{name}", summary, i)
-    writer.close()
-    out = {"final": {name: _summary_dict(s) for name, s in final.items()}, "rounds": len(records)}
-    atomic_write(run_dir / "summary.json", json.dumps(out, indent=2, default=str).encode())
-    return out

@@ -93,6 +93,11 @@ class RoundRecord:
         `unscored_rollouts`. None in ledgers written before the field existed (issue 13).
       eval_cells, eval_unscored: cells of the round's controller evaluation, and those unscored (None likewise).
       eval_agent_failed: scored controller-evaluation cells that were agent-caused sandbox failures (None likewise).
+      pool_reward_before, pool_reward_after: mean scored reward (0–1) of the round's first pool batch rolled out
+        with the round-start policy, and of the same rows rolled out with the same seed after the round's GRPO
+        update (None when nothing was scored, or in ledgers written before these fields existed; issue 15).
+      groups_with_variance, groups_scored: the round's GRPO groups (K rollouts of one row) whose scored rewards
+        differ, and those with at least two scored rewards — GRPO learns only from the first (None likewise).
     """
 
     round: int
@@ -113,6 +118,10 @@ class RoundRecord:
     eval_unscored: int | None = None
     agent_failed_rollouts: int | None = None
     eval_agent_failed: int | None = None
+    pool_reward_before: float | None = None
+    pool_reward_after: float | None = None
+    groups_with_variance: int | None = None
+    groups_scored: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -1,5 +1,6 @@
-"""Reports of a run: the Table-2-style results table, per-round stage scores, the best-so-far staircase plot
-(paper Figure 1(c)) and TensorBoard scalars.
+"""Reports of a run: the Table-2-style results table, per-round stage scores, GRPO signal per round, the
+best-so-far staircase plot (paper Figure 1(c)), TensorBoard scalars, `report.md` / `summary.json` of a run
+(`write_run_report`) and the one-table report of a sweep over runs (`sweep_report`).
 
 All inputs are 0–1 scores (unrounded); tables print them on the paper's 0–100 scale with one decimal.
 """
@@ -7,14 +8,15 @@ All inputs are 0–1 scores (unrounded); tables print them on the paper's 0–10
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from bat_jax.benchmark.scoring import Summary, display
-from bat_jax.benchmark.stages import STAGES
+from bat_jax.benchmark.scoring import Summary, display, half_width, paired_comparison
+from bat_jax.benchmark.stages import STAGES, Stage
 
 
 def _pm(value: float | None, hw: float) -> str:
@@ -27,12 +29,13 @@ def results_table(systems: Sequence[tuple[str, Summary]]) -> str:
     """A plain-text table like the paper's Table 2: one row per system, Overall / Agentic / Task ± half-width.
 
     Args:
-      systems: (name, Summary) pairs in display order.
+      systems: (name, Summary) pairs in display order; the name column is 22 characters or the longest name.
     """
-    header = f"{'System':<22} {'Overall':>14} {'Agentic':>14} {'Task':>14} {'unscored':>9}"
+    w = max([22] + [len(name) for name, _ in systems])
+    header = f"{'System':<{w}} {'Overall':>14} {'Agentic':>14} {'Task':>14} {'unscored':>9}"
     lines = [header, "-" * len(header)]
     for name, s in systems:
-        lines.append(f"{name:<22} {_pm(s.overall, s.overall_hw):>14} {_pm(s.agentic, s.agentic_hw):>14} "
+        lines.append(f"{name:<{w}} {_pm(s.overall, s.overall_hw):>14} {_pm(s.agentic, s.agentic_hw):>14} "
                      f"{_pm(s.task, s.task_hw):>14} {s.n_unscored:>4}/{s.n_cells:<4}")
     return "\n".join(lines)
 
@@ -90,6 +93,41 @@ def scoring_table(rounds: Sequence[RoundCounts | tuple]) -> str:
                   frac(r.eval_agent_failed, r.eval_cells), frac(r.eval_unscored, r.eval_cells)]
         lines.append(f"{r.label:<12}" + "".join(f"{v:>{w}}" for v, (_, _, w) in zip(values, cols)))
     return "\n".join(lines + ["", SCORING_LEGEND])
+
+
+class RoundSignal(NamedTuple):
+    """One row of `signal_table` (None = not recorded: nothing scored, or an older ledger)."""
+
+    label: str
+    target: str
+    reward_before: float | None
+    reward_after: float | None
+    groups_with_variance: int | None
+    groups_scored: int | None
+
+
+def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
+    """Per-round GRPO signal: mean reward (0–1, three decimals) of the round's first pool batch before and after
+    its update (same rows, same seed), the change, and the groups whose rewards vary out of the scored groups
+    (with their share); None prints '—'."""
+    cols = [("target", 8), ("reward before", 15), ("after", 9), ("change", 9), ("groups with variance", 22)]
+    lines = [f"{'Round':<12}" + "".join(f"{a:>{w}}" for a, w in cols)]
+    lines.append("-" * len(lines[0]))
+
+    def num(x: float | None, sign: str = "") -> str:
+        return "—" if x is None else f"{x:{sign}.3f}"
+
+    for row in rounds:
+        r = RoundSignal(*row)
+        change = None if r.reward_before is None or r.reward_after is None else r.reward_after - r.reward_before
+        if r.groups_scored is None or r.groups_with_variance is None:
+            groups = "—"
+        else:
+            share = f" ({100 * r.groups_with_variance / r.groups_scored:.0f}%)" if r.groups_scored else ""
+            groups = f"{r.groups_with_variance}/{r.groups_scored}{share}"
+        values = [r.target, num(r.reward_before), num(r.reward_after), num(change, "+"), groups]
+        lines.append(f"{r.label:<12}" + "".join(f"{v:>{w}}" for v, (_, w) in zip(values, cols)))
+    return "\n".join(lines)
 
 
 def best_so_far(values: Sequence[float | None]) -> list[float | None]:
@@ -180,3 +218,104 @@ class ScalarWriter:
     def close(self) -> None:
         self._writer.flush()
         self._writer.close()
+
+
+# ---- run and sweep reports ------------------------------------------------------------------------------------
+
+
+def summary_dict(s: Summary) -> dict:
+    """A Summary as JSON-ready values (stages by name, track means included; `summary_from_dict` reads it)."""
+    return {"overall": s.overall, "agentic": s.agentic, "task": s.task, "overall_hw": s.overall_hw,
+            "agentic_hw": s.agentic_hw, "task_hw": s.task_hw, "stages": {k.value: v for k, v in s.stages.items()},
+            "tracks": {t: dict(row) for t, row in s.tracks.items()}, "n_cells": s.n_cells,
+            "n_unscored": s.n_unscored}
+
+
+def summary_from_dict(d: Mapping) -> Summary:
+    """The Summary of `summary_dict` output; fields an older summary.json lacks read as 0 / empty."""
+    return Summary(d.get("overall"), d.get("agentic"), d.get("task"), d.get("overall_hw", 0.0),
+                   d.get("agentic_hw", 0.0), d.get("task_hw", 0.0),
+                   {Stage.parse(k): v for k, v in d.get("stages", {}).items()}, dict(d.get("tracks", {})),
+                   int(d.get("n_cells", 0)), int(d.get("n_unscored", 0)))
+
+
+def paired_line(candidate: str, a: Summary, baseline: str, b: Summary) -> str:
+    """'Paired track-level difference A − B (Overall): m ± hw (n tracks)' (0–100 scale)."""
+    cmp = paired_comparison(a, b, "overall")
+    return (f"Paired track-level difference {candidate} − {baseline} (Overall): {display(cmp.mean_diff)} ± "
+            f"{100 * cmp.half_width:.1f} ({len(cmp.per_track)} tracks)")
+
+
+def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], records, round0,
+                     writer: ScalarWriter | None = None) -> dict:
+    """`report.md` (results table, paired differences SFT − untrained and last system − SFT, per-round stage
+    scores, GRPO signal, scoring counts), `staircase.png` and `summary.json` of a run; returns the summary.
+
+    Args:
+      final: system name → final Summary, in display order ('untrained', 'SFT', then the trained system).
+      records: the ledger's `RoundRecord`s; round0: the SFT policy's controller `Evaluation`.
+    """
+    from bat_jax.ledger import atomic_write
+
+    run_dir = pathlib.Path(run_dir)
+    names = list(final)
+    lines = ["# BiCuRL run report", "", "Final evaluation (disjoint held-out runs; this project's own suite, "
+             "not AutoMedBench-Lite):", "", "```", results_table(list(final.items())), "```", ""]
+    if "SFT" in final and "untrained" in final:
+        lines.append(paired_line("SFT", final["SFT"], "untrained", final["untrained"]))
+    if len(names) >= 3:
+        lines.append(paired_line(names[-1], final[names[-1]], "SFT", final["SFT"]))
+    stage_rows = [("round 0", {s: round0.stage_scores.get(s.value) for s in STAGES})]
+    stage_rows += [(f"round {rec.round}", {s: rec.controller_scores["stage_scores"].get(s.value)
+                                           for s in STAGES}) for rec in records]
+    lines += ["", "Controller evaluation per round:", "", "```", stage_table(stage_rows), "```"]
+    if records:
+        signal = [RoundSignal(f"round {rec.round}", rec.selected_stage, rec.pool_reward_before, rec.pool_reward_after,
+                              rec.groups_with_variance, rec.groups_scored) for rec in records]
+        lines += ["", "GRPO signal per round: mean reward of the round's first pool batch before / after its update "
+                  "(same rows, same seed), and groups (K rollouts of one row) whose rewards vary:", "", "```",
+                  signal_table(signal), "```"]
+        counts = [RoundCounts(f"round {rec.round}", rec.rollouts, rec.unscored_rollouts, rec.agent_failed_rollouts,
+                              rec.eval_cells, rec.eval_unscored, rec.eval_agent_failed) for rec in records]
+        lines += ["", "Rollouts and evaluation cells per round: agent-caused failures (scored) apart from "
+                  "infrastructure failures (unscored):", "", "```", scoring_table(counts), "```"]
+    overall = [round0.overall] + [rec.controller_scores["overall"] for rec in records]
+    staircase_plot(overall, run_dir / "staircase.png", baselines={"SFT": round0.overall})
+    text = "\n".join(lines) + "\n"
+    atomic_write(run_dir / "report.md", text.encode())
+    print(text, flush=True)
+    if writer is not None:
+        for i, (name, summary) in enumerate(final.items()):
+            writer.summary(f"final/{name}", summary, i)
+        writer.close()
+    out = {"final": {name: summary_dict(s) for name, s in final.items()}, "rounds": len(records)}
+    atomic_write(run_dir / "summary.json", json.dumps(out, indent=2, default=str).encode())
+    return out
+
+
+def sweep_report(runs: Sequence[tuple[str, Mapping]], confidence: float = 0.95) -> str:
+    """One Table-2-style table over the runs of a sweep, then the paired differences.
+
+    Args:
+      runs: (entry name, that run's summary.json dict) in sweep order.
+    Returns the text: every system of every run as one row 'entry: system'; per run, the paired track-level
+    difference of its trained system (its last one) − its SFT; and over all runs with a trained system, the
+    pooled difference (mean over every (run, track) pair, Student-t half-width over those pairs).
+    """
+    rows, lines, pooled = [], [], []
+    for name, summary in runs:
+        final = {k: summary_from_dict(v) for k, v in summary.get("final", {}).items()}
+        rows += [(f"{name}: {system}", s) for system, s in final.items()]
+        trained = [k for k in final if k not in ("untrained", "SFT")]
+        if trained and "SFT" in final:
+            cmp = paired_comparison(final[trained[-1]], final["SFT"], "overall")
+            pooled += list(cmp.per_track.values())
+            lines.append(f"  {name}: {trained[-1]} − SFT = {display(cmp.mean_diff)} ± {100 * cmp.half_width:.1f} "
+                         f"({len(cmp.per_track)} tracks)")
+    text = ["```", results_table(rows), "```", "", "Trained system − SFT, paired over tracks (Overall, 0–100):",
+            *lines]
+    if pooled:
+        mean = sum(pooled) / len(pooled)
+        text.append(f"  pooled over {len(pooled)} (run, track) pairs: {display(mean)} ± "
+                    f"{100 * half_width(pooled, confidence):.1f}")
+    return "\n".join(text) + "\n"

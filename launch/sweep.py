@@ -11,6 +11,10 @@ A sweep file is JSON: a list of {"name": str, "bindings": [str, ...], "gin_files
 added after the --gin_file ones)}. Each entry runs as
 `python -m bat_jax.launch --gin_file=... --gin_bindings=... --run_dir=<runs_root>/<name>`; a failed entry is
 reported and the sweep goes on; the exit status is 1 when any entry failed.
+
+After the entries, `<runs_root>/sweep_report.md` puts every finished entry's final evaluation in one
+Table-2-style table and prints each entry's paired difference (its trained system − its SFT) and the pooled one
+over all entries (`bat_jax.report.sweep_report`); `--report_only` writes just that report.
 """
 
 from __future__ import annotations
@@ -87,6 +91,24 @@ def seed_from_sft(source: pathlib.Path, run_dir: pathlib.Path) -> None:
     (run_dir / ".round0_eval.json.tmp").rename(run_dir / "round0_eval.json")
 
 
+def write_report(runs_root: pathlib.Path, names: list[str]) -> pathlib.Path | None:
+    """Writes `<runs_root>/sweep_report.md` over the entries of `names` that have a summary.json (in order);
+    returns its path, or None when no entry has finished."""
+    from bat_jax.report import sweep_report
+
+    runs = [(name, json.loads((runs_root / name / "summary.json").read_text())) for name in names
+            if (runs_root / name / "summary.json").is_file()]
+    if not runs:
+        return None
+    path = runs_root / "sweep_report.md"
+    text = "# Sweep report\n\n" + sweep_report(runs)
+    tmp = path.with_name(".sweep_report.md.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    print(text, flush=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gin_file", action="append", default=[], help="base gin file(s), repeatable")
@@ -96,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init_from", type=pathlib.Path, default=None,
                         help="run directory whose SFT cold start every entry starts from")
     parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--report_only", action="store_true", help="write sweep_report.md, run nothing")
     args = parser.parse_args(argv)
     try:
         entries = load_sweep(args.sweep)
@@ -108,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sweep: {e}", file=sys.stderr)
         return 2
     failed = []
+    if args.report_only:
+        return 0 if write_report(pathlib.Path(args.runs_root), [e["name"] for e in entries]) else 1
     for name, cmd in commands(args.gin_file, entries, args.runs_root):
         print(f"[sweep] {name}: {shlex.join(cmd)}", flush=True)
         if args.dry_run:
@@ -121,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         if subprocess.run(cmd).returncode != 0:
             failed.append(name)
             print(f"[sweep] {name} FAILED", flush=True)
+    if not args.dry_run:
+        write_report(pathlib.Path(args.runs_root), [e["name"] for e in entries])
     if failed:
         print(f"[sweep] failed entries: {failed}", file=sys.stderr)
     return 1 if failed else 0

@@ -168,3 +168,13 @@ def test_policy_cells_count_scored_agent_failed_cells(monkeypatch):
     runner = evaluator.PolicyCells(lambda seed: None, None, max_workers=1, progress=False)
     cells = runner(evaluator.suite_jobs(EvalConfig(repeats=3, tracks=("vqa",))))
     assert [c.scored() for c in cells] == [True, True, False] and runner.agent_failed == 1
+
+
+def test_group_variance_counts_groups_whose_scored_rewards_differ():
+    rewards = [0.0, 0.0, 0.5, 0.0, None, 0.25, 1.0, None, None, 0.3]
+    groups = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e"]
+    # a: equal; b: varies; c and e: one scored reward each (no group); d: one scored
+    assert ex.group_variance(rewards, groups) == (1, 2)
+    assert ex.group_variance([], []) == (0, 0)
+    with pytest.raises(ValueError):
+        ex.group_variance([0.1], ["a", "b"])

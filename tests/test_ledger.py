@@ -113,3 +113,22 @@ def test_agent_failed_counts_round_trip_and_old_lines_read_as_none(tmp_path):
     line = json.loads(path.read_text().splitlines()[1])
     assert (line["agent_failed_rollouts"], line["unscored_rollouts"], line["eval_agent_failed"]) == (2, 3, 4)
     assert Ledger(path).read() == [first, new]
+
+
+def test_grpo_signal_fields_round_trip_and_old_lines_read_as_none(tmp_path):
+    """Issue 15: reward on the round's own pool before / after its update and groups with reward variance."""
+    path = tmp_path / "ledger.jsonl"
+    old = record(1, Controller()).to_dict()
+    for key in ("pool_reward_before", "pool_reward_after", "groups_with_variance", "groups_scored"):
+        del old[key]  # a line written before the fields existed
+    path.write_text(json.dumps(old) + "\n")
+    (first,) = Ledger(path).read()
+    assert (first.pool_reward_before, first.pool_reward_after, first.groups_with_variance,
+            first.groups_scored) == (None, None, None, None)
+    new = dataclasses.replace(record(2, Controller()), pool_reward_before=0.125, pool_reward_after=0.3125,
+                              groups_with_variance=5, groups_scored=8)
+    Ledger(path).append(new)
+    line = json.loads(path.read_text().splitlines()[1])
+    assert (line["pool_reward_before"], line["pool_reward_after"], line["groups_with_variance"],
+            line["groups_scored"]) == (0.125, 0.3125, 5, 8)
+    assert Ledger(path).read() == [first, new]

@@ -75,3 +75,51 @@ def test_scoring_table_separates_agent_failed_scored_from_unscored_infra():
     assert lines[0].index(" agent-failed") + len(" agent-failed") == lines[4].index("5") + 1 + 14
     assert lines[-2].startswith("agent-failed (scored): the agent's own code killed or hung its sandbox")
     assert lines[-1].startswith("unscored (infra): engine or sandbox start failed, or the LLM judge was unreachable")
+
+
+def test_signal_table_prints_before_after_change_and_group_share():
+    table = report.signal_table([report.RoundSignal("round 1", "S1", 0.125, 0.3125, 5, 8),
+                                 ("round 2", "S3", None, None, 0, 0), ("round 3", "S2", 0.5, 0.25, None, None)])
+    lines = table.splitlines()
+    assert lines[0].split()[:4] == ["Round", "target", "reward", "before"]
+    assert lines[2].split()[2:] == ["S1", "0.125", "0.312", "+0.188", "5/8", "(62%)"]
+    assert lines[3].split()[2:] == ["S3", "—", "—", "—", "0/0"]
+    assert lines[4].split()[2:] == ["S2", "0.500", "0.250", "-0.250", "—"]
+
+
+def _final():
+    return {"untrained": _summary([0.0, 0.0, 0.0]), "SFT": _summary([0.1, 0.2, 0.3]),
+            "BiCuRL (retained)": _summary([0.2, 0.2, 0.4])}
+
+
+def test_summary_dict_round_trips_with_track_means():
+    s = _final()["SFT"]
+    back = report.summary_from_dict(report.summary_dict(s))
+    assert back == s and back.tracks["t2"]["overall"] == pytest.approx(0.3)
+    assert report.summary_from_dict({"overall": 0.5}).tracks == {}  # an older summary.json
+
+
+def test_run_report_has_both_paired_differences_and_the_signal_table(tmp_path):
+    from bat_jax.curriculum.controller import Evaluation
+    from bat_jax.ledger import RoundRecord
+
+    rec = RoundRecord(round=1, selected_stage="S1", routing_report={}, pool_counts={"target": 4}, bank_version=1,
+                      state_ids=["s"], reward_version="v", controller_scores=Evaluation(0.3, 0.2, {"S1": 0.4}, {})
+                      .to_dict(), kl=0.01, decision="accept", retained_checkpoint="ckpt-1", pool_reward_before=0.1,
+                      pool_reward_after=0.2, groups_with_variance=3, groups_scored=8)
+    out = report.write_run_report(tmp_path, _final(), [rec], Evaluation(0.2, 0.1, {"S1": 0.3}, {}))
+    text = (tmp_path / "report.md").read_text()
+    assert "Paired track-level difference SFT − untrained (Overall): 20.0 ± 24.8 (3 tracks)" in text
+    assert "Paired track-level difference BiCuRL (retained) − SFT (Overall): 6.7 ± 14.3 (3 tracks)" in text
+    assert "3/8 (38%)" in text and "+0.100" in text
+    assert (tmp_path / "staircase.png").stat().st_size > 1000
+    assert out["final"]["SFT"]["tracks"]["t0"]["overall"] == pytest.approx(0.1)
+
+
+def test_sweep_report_puts_every_run_in_one_table_and_pools_the_paired_difference():
+    runs = [(f"seed{i}", {"final": {k: report.summary_dict(v) for k, v in _final().items()}}) for i in (1, 2)]
+    text = report.sweep_report(runs + [("sft_only", {"final": {"SFT": report.summary_dict(_final()["SFT"])}})])
+    assert "seed1: BiCuRL (retained)" in text and "seed2: untrained" in text and "sft_only: SFT" in text
+    assert "seed1: BiCuRL (retained) − SFT = 6.7 ± 14.3 (3 tracks)" in text
+    # six (run, track) differences 0.1, 0, 0.1, 0.1, 0, 0.1: mean 6.7, half-width 2.571 * 5.16 / sqrt(6) = 5.4
+    assert "pooled over 6 (run, track) pairs: 6.7 ± 5.4" in text

@@ -71,3 +71,25 @@ def test_init_from_copies_the_sft_cold_start_once(tmp_path):
     assert (run_dir / "round0_eval.json").read_text() == '{"overall": 0.05}'
     with pytest.raises(FileNotFoundError, match=r"nothing/checkpoints/0 does not exist"):
         sweep.seed_from_sft(tmp_path / "nothing", run_dir)
+
+
+def test_report_only_writes_one_table_over_finished_entries(tmp_path, capsys):
+    from bat_jax import report
+    from bat_jax.benchmark.scoring import Cell, aggregate
+    from bat_jax.benchmark.stages import STAGES
+
+    def summary(values):
+        return report.summary_dict(aggregate([Cell(f"t{i}", 0, {s: v for s in STAGES}, task=v)
+                                              for i, v in enumerate(values)]))
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps([{"name": "seed1"}, {"name": "seed2"}, {"name": "unfinished"}]))
+    for name, gain in (("seed1", 0.1), ("seed2", 0.2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"final": {
+            "untrained": summary([0, 0]), "SFT": summary([0.1, 0.2]), "BiCuRL (retained)": summary([0.1 + gain, 0.2])}}))
+    assert sweep.main([f"--sweep={path}", f"--runs_root={tmp_path}", "--report_only"]) == 0
+    text = (tmp_path / "sweep_report.md").read_text()
+    assert "seed2: BiCuRL (retained)" in text and "unfinished" not in text
+    assert "pooled over 4 (run, track) pairs: 7.5 ±" in text
+    assert sweep.main([f"--sweep={path}", f"--runs_root={tmp_path / 'none'}", "--report_only"]) == 1
