@@ -174,7 +174,10 @@ def accumulate_gradients(
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), (loss_s, metrics_s, grads_s))
 
     def body(carry, mb):
-        (loss, metrics), grads = grad_fn(params, mb, normalizers)
+        # the barrier ties the parameters to this iteration's micro-batch, so XLA cannot hoist their (FSDP)
+        # all-gathers out of the loop and keep every layer's gathered weights alive for the whole step
+        p, mb = jax.lax.optimization_barrier((params, mb))
+        (loss, metrics), grads = grad_fn(p, mb, normalizers)
         return jax.tree.map(lambda c, x: c + x.astype(c.dtype), carry, (loss, metrics, grads)), None
 
     (loss, metrics, grads), _ = jax.lax.scan(body, zeros, micro)

@@ -173,6 +173,9 @@ class CausalLM(nnx.Module):
                 graphdef, state = nnx.split(layer)
 
                 def run(state, x, mask, positions, graphdef=graphdef):
+                    # matrices in the compute dtype before use (Linear casts them anyway: same values), so an
+                    # FSDP all-gather inside the rematerialised layer moves bf16, not fp32
+                    state = jax.tree.map(lambda v: v.astype(x.dtype) if v.ndim == 2 else v, state)
                     return nnx.merge(graphdef, state)(x, mask, positions, None, None, None, deltanet_mode,
                                                       options.attention_block)[0]
 

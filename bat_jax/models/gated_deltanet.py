@@ -140,8 +140,8 @@ def causal_conv(x, conv_state, weight):
     return jax.nn.silu(y).astype(x.dtype), full[:, full.shape[1] - (kernel - 1):]
 
 
-FLOAT32_PARAMS = ("A_log", "norm.weight")
-"""Gated DeltaNet parameters (dotted path tails inside ``linear_attn``) that are float32 whatever the
+FLOAT32_PARAMS = ("linear_attn.A_log", "linear_attn.norm.weight")
+"""Gated DeltaNet parameters (dotted-path tails, as HF names end) that are float32 whatever the
 model's ``param_dtype``: released Qwen3.5 checkpoints store them in float32, and a bfloat16 ``A_log``
 is off by up to ~8e-3 in the log decay."""
 

@@ -4,8 +4,9 @@ The vLLM engine runs in this Python process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`
 parallelism), so weight sync is a direct call, with no disk round trip and no serialisation:
 
   JAX params (``nnx.State`` / ``nnx.Module`` / ``{hf_name: array}``)
-    -> ``torch.from_dlpack`` (zero copy; a sharded array is first gathered onto one device)
-    -> cast to the engine dtype
+    -> buckets of at most 1 GB (``stream_torch_weights``): each sharded array is cast to the engine dtype on the
+       mesh (the DeltaNet ``A_log`` / norm stay float32), then gathered onto one device, one bucket at a time
+    -> ``torch.from_dlpack`` (zero copy)
     -> ``worker.reload_weights(weights_iterator=...)`` (vLLM's in-place reload: ``model.load_weights`` wrapped
        in the layer-wise reload that re-runs each layer's ``process_weights_after_loading``, so the CPU
        backend's repacked GEMM weights are rebuilt; plain ``model.load_weights`` is not enough there)
@@ -45,6 +46,7 @@ import numpy as np
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +146,72 @@ def to_torch(x: Any, dtype: str):
     else:
         t = torch.from_numpy(np.ascontiguousarray(np.asarray(x)))
     return t.to(getattr(torch, dtype))
+
+
+SYNC_BUCKET_BYTES = 1 << 30
+"""Largest bucket of tensors (bytes, in the transfer dtype) gathered onto one device at a time by weight sync."""
+
+
+def sync_dtype(name: str, dtype: str) -> str:
+    """Transfer dtype of one tensor: ``dtype``, except the Gated DeltaNet tensors kept float32
+    (``gated_deltanet.FLOAT32_PARAMS``), which travel as float32."""
+    from bat_jax.models.gated_deltanet import FLOAT32_PARAMS
+
+    return "float32" if name.endswith(FLOAT32_PARAMS) else dtype
+
+
+def plan_buckets(named: Sequence[tuple[str, Any, str]], max_bytes: int = SYNC_BUCKET_BYTES) -> list[list[int]]:
+    """Consecutive index groups of ``(name, array, dtype)`` whose bytes in ``dtype`` stay ≤ ``max_bytes`` (a single
+    larger tensor gets a bucket of its own)."""
+    buckets, cur, size = [], [], 0
+    for i, (_, x, dtype) in enumerate(named):
+        nbytes = int(np.prod(x.shape)) * _ITEMSIZE[dtype]
+        if cur and size + nbytes > max_bytes:
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += nbytes
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def gather_bucket_fn(dtypes: Sequence[str], mesh):
+    """Jitted ``(arrays...) -> arrays`` that casts each array (sharded on ``mesh``) to its transfer dtype, then
+    all-gathers it (replicated on ``mesh``): the cast happens before the gather, so devices receive bf16, not fp32,
+    and each holds at most one bucket of gathered copies."""
+    import jax
+    import jax.numpy as jnp
+
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(lambda *xs: tuple(x.astype(jnp.dtype(d)) for x, d in zip(xs, dtypes)),
+                   out_shardings=tuple(rep for _ in dtypes))
+
+
+def stream_torch_weights(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int = SYNC_BUCKET_BYTES
+                         ) -> Iterator[tuple[str, Any]]:
+    """``(name, torch tensor)`` pairs for vLLM, produced one bucket (≤ ``max_bytes`` in the transfer dtype) at a
+    time: a bucket of mesh-sharded jax arrays is cast and gathered by :func:`gather_bucket_fn`, the first device's
+    copy is handed over by DLPack, and the bucket is released when the consumer moves on, so at most one bucket
+    of transfer copies exists at once. Other arrays go through :func:`to_torch`."""
+    import jax
+
+    items = [(n, x, sync_dtype(n, dtype)) for n, x in named]
+    for bucket in plan_buckets(items, max_bytes):
+        group = [items[i] for i in bucket]
+        on_mesh = [i for i, (_, x, _) in enumerate(group) if isinstance(x, jax.Array)
+                   and isinstance(x.sharding, jax.sharding.NamedSharding) and len(x.sharding.device_set) > 1]
+        if on_mesh:
+            mesh = group[on_mesh[0]][1].sharding.mesh
+            same = [i for i in on_mesh if group[i][1].sharding.mesh == mesh]
+            gathered = gather_bucket_fn([group[i][2] for i in same], mesh)(*[group[i][1] for i in same])
+            for i, g in zip(same, gathered):
+                first = min(g.addressable_shards, key=lambda sh: sh.device.id).data  # one device's full copy
+                group[i] = (group[i][0], first, group[i][2])
+            del gathered
+        for name, x, d in group:
+            yield name, to_torch(x, d)
+        del group
 
 
 def _refresh_tied_output_head(worker) -> bool:
@@ -320,7 +388,7 @@ class VLLMEngine:
         Source: vLLM ``Worker.reload_weights(weights_iterator=...)`` + ``LLM.reset_prefix_cache`` (module
         docstring).
         """
-        named = [(name, to_torch(x, self.config.dtype)) for name, x in _flat_named_arrays(params)]
+        named = list(_flat_named_arrays(params))
         given = {name for name, _ in named}
         missing, unknown = sorted(self._shapes.keys() - given), sorted(given - self._shapes.keys())
         if missing or unknown:
@@ -331,7 +399,8 @@ class VLLMEngine:
             if tuple(t.shape) != self._shapes[name]:
                 raise ValueError(f"update_weights: tensor {name!r} has shape {tuple(t.shape)}, "
                                  f"{self.config.model_dir} has {self._shapes[name]}")
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named,
+        weights = stream_torch_weights(named, self.config.dtype)  # buckets of <= 1 GB (module docstring)
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                            "is_checkpoint_format": True})
         self._llm.collective_rpc(_refresh_tied_output_head)
         if not self._llm.reset_prefix_cache():

@@ -1,0 +1,268 @@
+"""Compile (never run) the jitted steps of a paper-scale run and print their per-device memory (issue 14).
+
+    # 9B / 4B on an 8-chip TPU v5p topology, from a CPU-only machine (libtpu in its own venv, README)
+    JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python launch/bench/compile_probe.py --model 9b
+    JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python launch/bench/compile_probe.py --model 4b
+    # reduced size on 8 fake CPU devices (what tests/test_compile_probe.py guards)
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/bench/compile_probe.py --model tiny --topology cpu
+
+The model is the real Qwen3.5 text config (published dimensions, built abstractly: no weight is allocated); the
+settings come from the run's gin file (`experiment.Components` as that file binds it): mesh, `MemoryConfig`,
+SFT global batch / max_seq_len / micro-batches, GRPO rollouts (pool batch × K) at the agent's max context with
+`grpo_micro_batches`, the policy-shift KL batch. Each step is the function a run calls, built by the same code
+(`learner.make_block_step`, `learner.make_ref_logprob_fn`, `kl.make_kl_sum_fn`, the weight-sync bucket gather),
+lowered with abstract inputs carrying the run's shardings and compiled for the target devices. Printed per
+step: the compiler's per-device argument / output / alias / temp bytes, the peak (argument + output − alias +
+temp), what else the run keeps resident on each device during that step (parameter copies held by the
+experiment, computed from the parameter bytes), and the compile seconds.
+
+The TPU compiler schedules memory (remat, chunking and buffer reuse show up in `temp`); the CPU backend's temp
+figure does not reflect remat, so CPU numbers are a regression guard only, not a fit check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from bat_jax.learn import grpo, kl, sft  # noqa: E402
+from bat_jax.learn import learner as learner_lib  # noqa: E402
+from bat_jax.learn import mesh as mesh_lib  # noqa: E402
+from bat_jax.learn import train_state as ts  # noqa: E402
+from bat_jax.models.configs import Qwen3_5Config  # noqa: E402
+from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
+from bat_jax.rollout import vllm_engine  # noqa: E402
+
+GB = 1e9
+_COMMON = dict(vocab_size=248_320, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+               linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+               linear_num_value_heads=32, full_attention_interval=4, partial_rotary_factor=0.25,
+               rope_theta=10_000_000.0, max_position_embeddings=262_144, rms_norm_eps=1e-6)
+MODELS = {
+    # Qwen/Qwen3.5-9B text_config: hidden 4096, intermediate 12288, untied head (8.95e9 parameters)
+    "9b": Qwen3_5Config(hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False, **_COMMON),
+    # Qwen/Qwen3.5-4B text_config: hidden 2560, intermediate 9216, tied head
+    "4b": Qwen3_5Config(hidden_size=2560, intermediate_size=9216, tie_word_embeddings=True, **_COMMON),
+    # reduced size for the CI guard on 8 fake CPU devices
+    "tiny": Qwen3_5Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_key_head_dim=16,
+                          linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                          tie_word_embeddings=False, chunk_size=16),
+}
+GIN_FILES = {"9b": "bicurl_9b.gin", "4b": "bicurl_4b.gin", "tiny": "bicurl_9b.gin"}
+STEPS = ("sft_step", "ref_logprobs", "grpo_step", "policy_shift_kl", "weight_sync_bucket")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShapes:
+    """The shapes and settings of a run that decide its memory (read from the gin file)."""
+
+    mesh: mesh_lib.MeshConfig
+    memory: learner_lib.MemoryConfig
+    sft: sft.SFTConfig
+    grpo: grpo.GRPOConfig
+    grpo_rows: int
+    grpo_seq: int
+    grpo_micro_batches: int
+    kl_rows: int
+    kl_seq: int
+    compute_dtype: str = "bfloat16"
+    param_dtype: str = "float32"
+    vllm_share: float = 0.0
+    device_copies: int = 3
+
+
+def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
+    """Parses a run file and returns the settings its `experiment.Components` carries."""
+    import gin
+
+    from bat_jax import experiment
+    from bat_jax import launch
+
+    launch.parse_gin([gin_file], list(bindings))
+    c = gin.get_configurable(experiment.Components)()
+    rows = c.pools.batch_size * c.agent.episodes_per_state
+    return RunShapes(mesh=c.mesh, memory=c.memory, sft=c.sft, grpo=c.grpo, grpo_rows=rows,
+                     grpo_seq=c.agent.max_context_tokens, grpo_micro_batches=c.grpo_micro_batches,
+                     kl_rows=c.policy_shift.batch_size, kl_seq=c.agent.max_context_tokens,
+                     compute_dtype=c.policy.dtype, param_dtype="float32",
+                     vllm_share=float(dict(c.vllm_options).get("gpu_memory_utilization", 0.0))
+                     if c.engine == "vllm" else 0.0)
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _stats(compiled, seconds: float, resident: float) -> dict[str, float]:
+    m = compiled.memory_analysis()
+    arg, out, alias, temp = (float(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp"))
+    peak = arg + out - alias + temp
+    return {"argument": arg, "output": out, "alias": alias, "temp": temp, "peak": peak, "resident_other": resident,
+            "total": peak + resident, "compile_s": seconds}
+
+
+_UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def _refused(message: str, seconds: float, resident: float) -> dict[str, Any]:
+    """Stats of a step the compiler refused (RESOURCE_EXHAUSTED): the temp bytes it says it needed."""
+    import re
+
+    line = next((ln for ln in message.splitlines() if "RESOURCE_EXHAUSTED" in ln), message.splitlines()[0])
+    m = re.search(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\)", message)
+    temp = float(m.group(1)) * _UNITS[m.group(2)] if m else float("inf")
+    return {"argument": float("nan"), "output": float("nan"), "alias": float("nan"), "temp": temp, "peak": temp,
+            "resident_other": resident, "total": temp + resident, "compile_s": seconds, "error": line.strip()[:300]}
+
+
+def probe(config: Qwen3_5Config, run: RunShapes, devices, steps=STEPS, *, scale_seq: int | None = None,
+          scale_rows: int | None = None, log=print) -> dict[str, dict[str, float]]:
+    """Lowers and compiles each step for ``devices``; returns ``{step: per-device byte counts and seconds}``.
+
+    ``scale_seq`` / ``scale_rows`` replace the sequence lengths / row counts (reduced-size CPU mode).
+    """
+    cfg = dataclasses.replace(config, dtype=run.compute_dtype, param_dtype=run.param_dtype)
+    abstract_model = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    mesh = mesh_lib.build_mesh(run.mesh, list(devices))
+    apply_fn, params, specs = ts.split_model(abstract_model, run.memory.forward_options(mesh), run.memory.logit_chunk)
+    param_sh = mesh_lib.param_shardings(params, specs, mesh, run.mesh.logical_axis_rules)
+    a_params = _abstract(params, param_sh)
+    n_dev = len(devices)
+    param_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(params))
+    per_copy = param_bytes / n_dev  # one fully sharded parameter copy per device
+    log(f"[probe] {sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)) / 1e9:.2f}e9 parameters, "
+        f"{run.param_dtype} {param_bytes / GB:.1f} GB ({per_copy / GB:.2f} GB per device per copy); mesh {dict(mesh.shape)}")
+    seq_sft = scale_seq or run.sft.max_seq_len
+    seq_grpo = scale_seq or run.grpo_seq
+    seq_kl = scale_seq or run.kl_seq
+    rows_sft = scale_rows or run.sft.global_batch_size
+    rows_grpo = scale_rows or run.grpo_rows
+    rows_kl = scale_rows or run.kl_rows
+    b_sh = mesh_lib.batch_sharding(mesh, 2)
+    ids = lambda r, t: jax.ShapeDtypeStruct((r, t), jnp.int32, sharding=b_sh)  # noqa: E731
+
+    def batch(fields, rows, seq):
+        shs = learner_lib.batch_shardings(mesh, fields)
+        return {k: jax.ShapeDtypeStruct((rows,) if k == "advantages" else (rows, seq),
+                                        jnp.float32 if k.endswith(("logprobs", "advantages")) else jnp.int32,
+                                        sharding=shs[k]) for k in fields}
+
+    def train(loss_fn, norm_fn, optimizer, fields, micro, rows, seq):
+        step, state_sh, tx = learner_lib.make_block_step(loss_fn, norm_fn, optimizer, 10, fields, micro, params,
+                                                         param_sh, mesh)
+        state = ts.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32, sharding=state_sh.step), params=a_params,
+                              opt_state=_abstract(jax.eval_shape(tx.init, params), state_sh.opt_state))
+        return step, (state, batch(fields, rows, seq))
+
+    # what the experiment keeps on each device beside the step's own arguments (bat_jax/experiment.py), in
+    # parameter copies: the untrained / SFT / best copies (`run.device_copies` of them on device), the learner's
+    # params beside the SFT state, the round-start reference beside the GRPO state (params + 2 Adam moments)
+    extra = run.device_copies
+    resident = {"sft_step": (1 + min(extra, 1)) * per_copy,  # learner.params + untrained
+                "ref_logprobs": (3 + extra) * per_copy,  # the block's train state + the copies
+                "grpo_step": (1 + extra) * per_copy,  # reference + the copies
+                "policy_shift_kl": max(extra - 1, 0) * per_copy,  # untrained + SFT (best is an argument)
+                "weight_sync_bucket": (4 + extra) * per_copy}  # train state + reference + the copies
+    builders = {
+        "sft_step": lambda: train(sft.make_sft_loss(apply_fn), sft.sft_normalizers, run.sft.optimizer,
+                                  learner_lib.BATCH_FIELDS_SFT, run.sft.num_micro_batches, rows_sft, seq_sft),
+        "ref_logprobs": lambda: (learner_lib.make_ref_logprob_fn(apply_fn, run.grpo, mesh),
+                                 (a_params, ids(n_dev * run.memory.logprob_rows_per_device, seq_grpo),
+                                  ids(n_dev * run.memory.logprob_rows_per_device, seq_grpo))),
+        "grpo_step": lambda: train(grpo.make_grpo_loss(apply_fn, run.grpo), grpo.grpo_normalizers,
+                                   learner_lib.OptimizerConfig(learning_rate=1e-6, schedule="constant",
+                                                               warmup_ratio=0.0),
+                                   learner_lib.BATCH_FIELDS_GRPO, run.grpo_micro_batches, rows_grpo, seq_grpo),
+        "policy_shift_kl": lambda: (kl.make_kl_sum_fn(apply_fn), (a_params, a_params, ids(rows_kl, seq_kl),
+                                                                  ids(rows_kl, seq_kl))),
+        "weight_sync_bucket": lambda: _sync_bucket(params, param_sh, mesh),
+    }
+    results = {}
+    for name in steps:
+        fn, args = builders[name]()
+        t0 = time.perf_counter()
+        try:
+            compiled = fn.lower(*args).compile()
+        except jax.errors.JaxRuntimeError as e:  # the TPU compiler refuses a program that cannot fit its HBM
+            results[name] = _refused(str(e), time.perf_counter() - t0, resident[name])
+            log(f"[probe] {name:18s} does not fit: {results[name]['error']}; compile {results[name]['compile_s']:.1f} s")
+            continue
+        results[name] = _stats(compiled, time.perf_counter() - t0, resident[name])
+        r = results[name]
+        log(f"[probe] {name:18s} peak {r['peak'] / GB:6.2f} GB (arg {r['argument'] / GB:.2f} out {r['output'] / GB:.2f} "
+            f"alias {r['alias'] / GB:.2f} temp {r['temp'] / GB:.2f}) + resident {r['resident_other'] / GB:.2f} "
+            f"= {r['total'] / GB:6.2f} GB per device; compile {r['compile_s']:.1f} s")
+    return results
+
+
+def _sync_bucket(params, param_sh, mesh):
+    """The largest weight-sync bucket (<= 1 GB in bf16) as `vllm_engine.gather_bucket_fn` builds it."""
+    flat = [(".".join(map(str, k)), v, s) for (k, v), s in zip(
+        [(tuple(getattr(p, "key", p) for p in path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)],
+        jax.tree.leaves(param_sh))]
+    items = [(n, x, vllm_engine.sync_dtype(n, "bfloat16")) for n, x, _ in flat]
+    buckets = vllm_engine.plan_buckets(items)
+    size = lambda b: sum(int(np.prod(items[i][1].shape)) * vllm_engine._ITEMSIZE[items[i][2]] for i in b)  # noqa: E731
+    biggest = max(buckets, key=size)
+    fn = vllm_engine.gather_bucket_fn([items[i][2] for i in biggest], mesh)
+    args = [jax.ShapeDtypeStruct(flat[i][1].shape, flat[i][1].dtype, sharding=flat[i][2]) for i in biggest]
+    return fn, args
+
+
+def topology_devices(name: str):
+    """Devices of a TPU topology (e.g. ``v5p:2x2x2``), compiled against without a TPU; ``cpu`` = jax.devices()."""
+    if name == "cpu":
+        return jax.devices()
+    from jax.experimental import topologies
+
+    return topologies.get_topology_desc(topology_name=name, platform="tpu").devices
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="9b")
+    ap.add_argument("--gin_file", default=None, help="run file (default: bicurl_9b.gin / bicurl_4b.gin)")
+    ap.add_argument("--gin_bindings", action="append", default=[])
+    ap.add_argument("--topology", default="v5p:2x2x2", help="TPU topology name, or 'cpu' (jax.devices())")
+    ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--budget_gb", type=float, default=None, help="per-device budget (default 80 for 9b, 40 for 4b)")
+    ap.add_argument("--seq", type=int, default=None, help="replace every sequence length (reduced mode)")
+    ap.add_argument("--rows", type=int, default=None, help="replace every row count (reduced mode)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    run = shapes_from_gin(args.gin_file or GIN_FILES[args.model], tuple(args.gin_bindings))
+    devices = topology_devices(args.topology)
+    budget = args.budget_gb or (40.0 if args.model == "4b" else 80.0)
+    print(f"[probe] Qwen3.5-{args.model} on {len(devices)} x {devices[0].device_kind} ({args.topology}); "
+          f"memory {run.memory}; SFT {run.sft.global_batch_size} x {run.sft.max_seq_len} in "
+          f"{run.sft.num_micro_batches} micro-batches; GRPO {run.grpo_rows} x {run.grpo_seq} in "
+          f"{run.grpo_micro_batches}; KL {run.kl_rows} x {run.kl_seq}", flush=True)
+    results = probe(MODELS[args.model], run, devices, tuple(args.steps.split(",")), scale_seq=args.seq,
+                    scale_rows=args.rows)
+    over = [k for k, r in results.items() if r["total"] > budget * GB]
+    share = f"; JAX's share beside vLLM (1 - {run.vllm_share}) x budget = {(1 - run.vllm_share) * budget:.0f} GB" \
+        if run.vllm_share else ""
+    print(f"[probe] budget {budget:.0f} GB per device{share}: "
+          + ("every step fits" if not over else f"over budget: {', '.join(over)}"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "topology": args.topology, "budget_gb": budget,
+                                               "steps": results}, indent=2))
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
