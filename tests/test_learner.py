@@ -53,3 +53,21 @@ def test_pad_batch_pads_rows_and_length():
     out = pad_batch(rows, multiple=4)
     assert out["input_ids"].shape == (4, 4) and out["w"].tolist() == [0.5, 1.0, 0.0, 0.0]
     assert out["input_ids"][1].tolist() == [4, 0, 0, 0]
+
+
+def test_host_copy_needs_no_device_and_comes_back_sharded():
+    from bat_jax.learn import mesh as mesh_lib
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16)
+    learner = Learner(Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)), MeshConfig(fsdp=8))
+    host = learner.host_copy(learner.params)
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(host))
+    back = learner.on_mesh(host)
+    emb = back["model"]["embed_tokens"]["weight"]
+    assert emb.sharding == learner.param_shardings["model"]["embed_tokens"]["weight"]
+    assert emb.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp") and len(emb.sharding.device_set) == 8
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), back, host)
+    model = learner.sync_model(host)  # a host tree goes onto the mesh, not onto one device
+    w = model.model.embed_tokens.weight.get_value()
+    assert len(w.sharding.device_set) == 8
+    assert mesh_lib.BATCH_AXES == ("data", "fsdp")

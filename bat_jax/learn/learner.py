@@ -168,10 +168,20 @@ class Learner:
                for lo in range(0, len(ids), per)]
         return np.concatenate(out, axis=0)[:rows]
 
+    def host_copy(self, params: Any) -> Any:
+        """A host (numpy) copy of a parameter tree: the untrained / SFT / best copies a run keeps need no device
+        memory (`on_mesh` puts one back, sharded, when it is used)."""
+        return jax.tree.map(np.asarray, jax.device_get(params))
+
+    def on_mesh(self, params: Any) -> Any:
+        """``params`` (host or device arrays) placed with the learner's parameter shardings (no-op where they are)."""
+        return jax.device_put(params, self.param_shardings)
+
     def sync_model(self, params: Any | None = None) -> nnx.Module:
-        """Writes `params` (default: the learner's) into the model object and returns it (for weight sync)."""
+        """Writes `params` (default: the learner's; a host copy is placed on the mesh, sharded, never on one
+        device) into the model object and returns it (for weight sync)."""
         param_state = nnx.state(self.model, nnx.Param)
-        nnx.replace_by_pure_dict(param_state, jax.tree.map(jax.numpy.asarray, self.params if params is None else params))
+        nnx.replace_by_pure_dict(param_state, self.on_mesh(self.params if params is None else params))
         nnx.update(self.model, param_state)
         return self.model
 
