@@ -39,7 +39,7 @@ from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord, atomic_write
 from bat_jax.policy import (EngineCells, PolicyConfig, build_policy, make_agent_loop, render_sft_row, rl_request,
-                            sft_batch)
+                            sft_batch, sft_bucket, trajectory_examples)
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.rollout.jax_sampler import JaxSampler
 from bat_jax.stage_bank import pools
@@ -71,6 +71,9 @@ class BiCuRLConfig:
       rounds: outer-loop rounds R (paper: 10).
       grpo_steps_per_round: GRPO optimizer steps per round block (paper: 50); one step = one pool batch.
       sft_max_rows: SFT rows used by the cold start (0 = all).
+      sft_targets: 'row' (paper Eq. 9: loss on each row's one target action) or 'trajectory' (per teacher
+        trajectory its longest row that fits, with loss on every action: the same targets and contexts in one
+        sequence instead of one per row; `policy.trajectory_examples`).
       backend: sandbox backend, 'docker' (real runs) or 'local' (non-isolated; tests only).
       seed: run seed (paper: 42).
     """
@@ -79,12 +82,15 @@ class BiCuRLConfig:
     rounds: int = 10
     grpo_steps_per_round: int = 50
     sft_max_rows: int = 0
+    sft_targets: str = "row"
     backend: str = "docker"
     seed: int = 42
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"BiCuRLConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if self.sft_targets not in ("row", "trajectory"):
+            raise ValueError(f"BiCuRLConfig.sft_targets must be 'row' or 'trajectory', got {self.sft_targets!r}")
         if self.rounds < 0 or self.grpo_steps_per_round < 1:
             raise ValueError(f"BiCuRLConfig needs rounds >= 0 and grpo_steps_per_round >= 1, got "
                              f"{self.rounds}, {self.grpo_steps_per_round}")
@@ -321,12 +327,17 @@ def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: 
     Observations in the context are cut to `max_observation_chars`, as rollouts cut them. Each batch is padded
     to the length bucket of its rows (`policy.sft_batch`), not to `max_seq_len`."""
     rows = list(rows)[: run.sft_max_rows or None]
-    examples = [e for e in (render_sft_row(row, policy, config.max_seq_len, max_observation_chars) for row in rows)
-                if e is not None]
+    if run.sft_targets == "trajectory":
+        examples = trajectory_examples(rows, policy, config.max_seq_len, max_observation_chars)
+    else:
+        examples = [e for e in (render_sft_row(row, policy, config.max_seq_len, max_observation_chars)
+                                for row in rows) if e is not None]
     if not examples:
         raise ValueError(f"no SFT row fits SFTConfig.max_seq_len={config.max_seq_len}")
-    print(f"[bat_jax] SFT cold start: {len(examples)}/{len(rows)} rows fit {config.max_seq_len} tokens; "
-          f"{config.total_steps} steps × {config.global_batch_size}", flush=True)
+    targets = sum(int(np.sum(np.diff(e["loss_mask"], prepend=0) == 1)) for e in examples)
+    print(f"[bat_jax] SFT cold start: {len(examples)} sequences holding {targets} of the {len(rows)} rows' target "
+          f"actions within {config.max_seq_len} tokens; {config.total_steps} steps × {config.global_batch_size}",
+          flush=True)
     step_fn, state = learner.sft_block(config, config.total_steps)
     rng = np.random.default_rng(run.seed)
     for _ in tqdm(range(config.total_steps), desc="SFT", unit="step"):
@@ -365,7 +376,9 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         varied, grouped = varied + k, grouped + n
         rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
                  "old_logprobs": t.logprobs} for t in trajectories]
-        host = pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.grpo_micro_batches)
+        longest = max(len(t.ids) for t in trajectories)  # padded to its length bucket, not the next power of two
+        host = pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.grpo_micro_batches,
+                         pad_to=sft_bucket(longest, max(longest, c.agent.max_context_tokens)))
         host["ref_logprobs"] = learner.logprobs(ref_params, host, c.grpo)
         groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rows))]
         host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rows)), groups, c.grpo)

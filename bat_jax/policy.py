@@ -233,8 +233,8 @@ def _tool_action(action) -> Any:
     return ToolAction(thought=action.text, tool=action.tool or "stop", arguments=dict(action.arguments))
 
 
-def render_sft_row(row: Any, policy: Policy, max_seq_len: int,
-                   max_observation_chars: int | None = None) -> dict[str, np.ndarray] | None:
+def render_sft_row(row: Any, policy: Policy, max_seq_len: int, max_observation_chars: int | None = None,
+                   all_turns: bool = False) -> dict[str, np.ndarray] | None:
     """Tokenised SFT example of a Stage Bank SFT row in the policy's chat template (DESIGN: rows are
     model-neutral; the adapter renders them): context (system, user, prior assistant actions and tool
     observations) as the prompt, the one target action + `<|im_end|>` as the response (loss mask 1).
@@ -243,6 +243,10 @@ def render_sft_row(row: Any, policy: Policy, max_seq_len: int,
     The system prompt and first user turn are those of `policy.prompt_style` (the teacher's system message
     is replaced). Only the template's own tags become control ids: the brief, skill, observations and the teacher's
     thoughts and arguments are ordinary text whatever they contain (`models.episode.TextCodec`).
+
+    With `all_turns`, the context's earlier assistant actions (each + `<|im_end|>`) carry loss too: the row then
+    trains every earlier row of its teacher trajectory at once, each action with exactly its own context
+    (causal attention), as `trajectory_examples` uses it.
 
     Returns `{'input_ids','attention_mask','loss_mask'}` `[max_seq_len]` int32, or None when the row does not
     fit in `max_seq_len` tokens (never truncated: a cut action would teach the model to stop mid-call).
@@ -267,11 +271,43 @@ def render_sft_row(row: Any, policy: Policy, max_seq_len: int,
         else:
             builder.add_tool_response(message.content if max_observation_chars is None
                                       else cut_observation(message.content, max_observation_chars))
-    prompt = builder.build().ids.tolist()
+    context = builder.build()
+    prompt = context.ids.tolist()
     response = builder.encode(render_action(_tool_action(row.target), policy.family))
     if len(prompt) + len(response) + 1 > max_seq_len:
         return None
-    return build_sft_example(prompt, response, builder.eot_id, max_seq_len)
+    example = build_sft_example(prompt, response, builder.eot_id, max_seq_len)
+    if all_turns:
+        example["loss_mask"][: len(prompt)] = context.loss_mask
+    return example
+
+
+def trajectory_key(row: Any) -> tuple[str, int] | None:
+    """(teacher trajectory digest, turn) of an SFT row, from its provenance's `sft_slice` step; None if absent."""
+    for step in reversed(tuple(row.provenance.transformations)):
+        if step.name == "sft_slice":
+            return str(step.params["trajectory"]), int(step.params["turn"])
+    return None
+
+
+def trajectory_examples(rows: Sequence[Any], policy: Policy, max_seq_len: int,
+                        max_observation_chars: int | None = None) -> list[dict[str, np.ndarray]]:
+    """SFT examples with loss on every expert action: per teacher trajectory (`trajectory_key`) only its
+    latest-turn row that fits `max_seq_len`, rendered with `all_turns`, which holds the targets of all its
+    earlier rows with their exact contexts; rows without an `sft_slice` step are rendered on their own.
+    Examples as `render_sft_row`'s, in the order of the rows kept."""
+    best: dict[str, tuple[int, dict]] = {}
+    out: list[dict[str, np.ndarray]] = []
+    for row in rows:
+        key = trajectory_key(row)
+        example = render_sft_row(row, policy, max_seq_len, max_observation_chars, all_turns=key is not None)
+        if example is None:
+            continue
+        if key is None:
+            out.append(example)
+        elif key[0] not in best or key[1] > best[key[0]][0]:
+            best[key[0]] = (key[1], example)
+    return out + [example for _, example in best.values()]
 
 
 def sft_bucket(length: int, max_seq_len: int) -> int:

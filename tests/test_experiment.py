@@ -178,3 +178,9 @@ def test_group_variance_counts_groups_whose_scored_rewards_differ():
     assert ex.group_variance([], []) == (0, 0)
     with pytest.raises(ValueError):
         ex.group_variance([0.1], ["a", "b"])
+
+
+def test_sft_targets_must_be_row_or_trajectory():
+    assert ex.BiCuRLConfig().sft_targets == "row"  # the paper's rows: loss on one target each
+    with pytest.raises(ValueError, match="sft_targets"):
+        ex.BiCuRLConfig(sft_targets="all")

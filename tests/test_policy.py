@@ -175,3 +175,44 @@ def test_sft_batches_pad_to_the_length_bucket_and_draw_rows_evenly():
         for n in real:
             counts[lengths.index(int(n))] += 1
     assert np.allclose(counts / counts.sum(), 1 / 6, atol=0.02), counts
+
+
+def _trajectory_rows():
+    """Three SFT slices of one teacher trajectory (each context the previous one + its action + observation)
+    and one row without slice provenance, as the factory writes them (`stage_bank.slicing.sft_slices`)."""
+    from bat_jax.stage_bank.slicing import transformation
+
+    actions = [Action(f"Step {i}.", "execute_code", {"language": "bash", "code": f"echo step-{i}"}) for i in range(3)]
+    context = [Message("system", "t"), Message("user", "# Task tr-1\nbrief")]
+    rows = []
+    for i, action in enumerate(actions):
+        prov = Provenance("src-1", "0" * 64, "vqa", "success", (transformation("sft_slice", trajectory="T", turn=i),))
+        rows.append(SFTRow(context=tuple(context), target=action, focus="S1", provenance=prov))
+        context += [Message("assistant", action=action), Message("tool", f"out-{i}")]
+    lone = SFTRow(context=(Message("user", "# Task tr-2\nbrief"),), target=actions[0], focus="S1",
+                  provenance=Provenance("src-2", "0" * 64, "vqa", "success"))
+    return rows, lone
+
+
+def test_trajectory_examples_train_every_action_of_a_trajectory_in_its_longest_fitting_row(policy):
+    from bat_jax.policy import trajectory_examples
+
+    rows, lone = _trajectory_rows()
+    examples = trajectory_examples(rows + [lone], policy, 2048)
+    assert len(examples) == 2
+    whole = examples[1]
+    spans = np.flatnonzero(np.diff(whole["loss_mask"], prepend=0) == 1)
+    assert len(spans) == 3  # the three actions, each followed by its end of turn
+    target = _decode(policy, whole, 1)
+    assert [target.count(f"echo step-{i}") for i in range(3)] == [1, 1, 1] and target.count("<|im_end|>") == 3
+    assert "out-0" not in target and "brief" not in target
+    # each earlier row's target sits at the same position with the same context as in its own rendering
+    alone = render_sft_row(rows[1], policy, 2048)
+    n = int(alone["attention_mask"].sum())
+    assert (whole["input_ids"][:n] == alone["input_ids"][:n]).all()
+    assert (whole["loss_mask"][:n] >= alone["loss_mask"][:n]).all()
+    # when the last row does not fit, the longest one that does carries the trajectory
+    limit = int(alone["attention_mask"].sum())
+    (kept,) = trajectory_examples(rows, policy, limit)
+    assert int(kept["attention_mask"].sum()) == limit and len(np.flatnonzero(np.diff(kept["loss_mask"],
+                                                                                     prepend=0) == 1)) == 2

@@ -16,7 +16,8 @@ tokens are non-padding tokens. `--models` adds the tokens/s of other tiny sizes 
 beside wall seconds because other jobs share the cores.
 
 Usage: python launch/bench/bench_tiny_budget.py [--bank DIR] [--outcomes recovery] [--layouts varied]
-         [--before_seq 2048] [--after_seq 4096] [--obs_chars 512] [--batch 4] [--steps 4] [--models 128x4]
+         [--before_seq 2048] [--after_seq 2048] [--obs_chars 512] [--batch 4] [--steps 4] [--models 128x4]
+         [--no_speed]
 """
 
 from __future__ import annotations
@@ -113,11 +114,12 @@ def main() -> None:
     ap.add_argument("--outcomes", default="recovery")
     ap.add_argument("--layouts", default="varied")
     ap.add_argument("--before_seq", type=int, default=2048)
-    ap.add_argument("--after_seq", type=int, default=4096)
+    ap.add_argument("--after_seq", type=int, default=2048)
     ap.add_argument("--obs_chars", type=int, default=512)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--models", default="", help="extra tiny sizes HIDDENxLAYERS, comma-separated")
+    ap.add_argument("--no_speed", action="store_true", help="prompt tokens and row fit only (no SFT timing)")
     args = ap.parse_args()
 
     from bat_jax.learn.learner import pad_batch
@@ -142,6 +144,8 @@ def main() -> None:
           f"{sum(n <= 2048 for n in lengths)}; compact row tokens p50 {np.percentile(lengths, 50):.0f}, "
           f"p90 {np.percentile(lengths, 90):.0f}, max {max(lengths)}")
 
+    if args.no_speed:
+        return
     rng = np.random.default_rng(0)
     n = args.steps
     before_b = [pad_batch([before_rows[i] for i in rng.choice(len(before_rows), args.batch)], 1, args.before_seq)
