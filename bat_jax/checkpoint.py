@@ -105,6 +105,10 @@ class Checkpointer:
             create=True,
         )
         self._manager = ocp.CheckpointManager(config.directory, options=options, item_names=("state", "extra"))
+        # Orbax removes a killed run's temporary step directories in a background thread and waits for it only
+        # in its first save(); wait here so that listing, restoring or deleting never races that cleanup
+        # (orbax-checkpoint 0.12.8, pinned; no public call waits for it).
+        self._manager._maybe_await_cleanup_tmp_directory()  # noqa: SLF001
 
     def save(
         self,
