@@ -57,8 +57,9 @@ class ForwardOptions:
     """How a full forward spends memory; the values it computes do not depend on these.
 
     Attributes:
-      remat: a key of :data:`REMAT_POLICIES`; applied to every decoder layer (``jax.checkpoint``) in
-        ``hidden_states`` (the cached prefill/decode paths never remat).
+      remat: a key of :data:`REMAT_POLICIES`; applied to every decoder layer (:func:`ordered_remat`: a
+        ``jax.checkpoint`` whose backward runs layer by layer) in ``hidden_states`` (the cached prefill/decode
+        paths never remat).
       attention_block: queries per attention block (float32 scores ``[b, heads, block, t]``); 0 = dense.
       activation_sharding: a ``NamedSharding`` whose spec's first entry names the mesh axes of the batch
         dimension; the residual stream ``[b, t, embed]`` is constrained to it between layers (skipped when
@@ -90,6 +91,44 @@ class ForwardOptions:
 
 
 DEFAULT_OPTIONS = ForwardOptions()
+
+
+def ordered_remat(fn, policy):
+    """``jax.checkpoint(fn, policy=policy)`` whose backward pass runs in layer order: same values, bounded memory.
+
+    ``fn(state, x, *rest) -> y``: ``state`` a pytree of float arrays (the layer's parameters), ``x`` the float
+    residual stream ``[b, t, embed]``, ``rest`` non-differentiable arrays (masks, integer positions; they get no
+    cotangent), ``y`` shaped like ``x``. The forward is ``fn`` itself; the backward recomputes ``fn`` under
+    ``policy`` (exactly as ``jax.checkpoint`` does) and returns ``(d state, d x)``.
+
+    Why: a plain ``jax.checkpoint`` leaves the recomputation of every layer free of any dependency on the
+    incoming cotangent, and the weight-gradient contractions free of any dependency on the next layer's
+    backward. XLA's TPU scheduler then hoists several layers' recomputed intermediates (MLP activations
+    ``[b, t, intermediate]``, DeltaNet projections) and delays their weight gradients, so the backward's peak
+    grows by ~2 GB per decoder layer at Qwen3.5-9B / 12,288 tokens (launch/bench/compile_probe.py). Two
+    ``optimization_barrier``s pin the order: the recomputation starts only once the cotangent ``dy`` has
+    arrived, and ``d x`` (which starts the previous layer's backward) is released only together with
+    ``d state``. At most one layer's recomputed activations are live at a time.
+    """
+
+    remat_fn = jax.checkpoint(fn, policy=policy)
+
+    def call(state, x, *rest):
+        @jax.custom_vjp
+        def layer(state, x):
+            return fn(state, x, *rest)
+
+        def fwd(state, x):
+            return jax.vjp(lambda s, h: remat_fn(s, h, *rest), state, x)
+
+        def bwd(vjp, dy):
+            vjp, dy = jax.lax.optimization_barrier((vjp, dy))
+            return jax.lax.optimization_barrier(vjp(dy))
+
+        layer.defvjp(fwd, bwd)
+        return layer(state, x)
+
+    return call
 
 
 class DecoderLayer(nnx.Module):
@@ -179,7 +218,7 @@ class CausalLM(nnx.Module):
                     return nnx.merge(graphdef, state)(x, mask, positions, None, None, None, deltanet_mode,
                                                       options.attention_block)[0]
 
-                x = jax.checkpoint(run, policy=policy)(state, x, mask, positions)
+                x = ordered_remat(run, policy)(state, x, mask, positions)
             x = options.constrain(x)
         return options.constrain(self.model.norm(x))
 

@@ -242,6 +242,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget_gb", type=float, default=None, help="per-device budget (default 80 for 9b, 40 for 4b)")
     ap.add_argument("--seq", type=int, default=None, help="replace every sequence length (reduced mode)")
     ap.add_argument("--rows", type=int, default=None, help="replace every row count (reduced mode)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="replace the number of decoder layers (a multiple of 4 keeps the hybrid pattern); "
+                         "per-layer growth is read off two small compiles")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     run = shapes_from_gin(args.gin_file or GIN_FILES[args.model], tuple(args.gin_bindings))
@@ -251,7 +254,10 @@ def main(argv=None) -> int:
           f"memory {run.memory}; SFT {run.sft.global_batch_size} x {run.sft.max_seq_len} in "
           f"{run.sft.num_micro_batches} micro-batches; GRPO {run.grpo_rows} x {run.grpo_seq} in "
           f"{run.grpo_micro_batches}; KL {run.kl_rows} x {run.kl_seq}", flush=True)
-    results = probe(MODELS[args.model], run, devices, tuple(args.steps.split(",")), scale_seq=args.seq,
+    config = MODELS[args.model]
+    if args.layers:
+        config = dataclasses.replace(config, num_hidden_layers=args.layers, layer_types=())
+    results = probe(config, run, devices, tuple(args.steps.split(",")), scale_seq=args.seq,
                     scale_rows=args.rows)
     over = [k for k, r in results.items() if r["total"] > budget * GB]
     share = f"; JAX's share beside vLLM (1 - {run.vllm_share}) x budget = {(1 - run.vllm_share) * budget:.0f} GB" \
