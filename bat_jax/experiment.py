@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +44,7 @@ from bat_jax.policy import (EngineCells, PolicyConfig, build_policy, make_agent_
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.rollout.jax_sampler import JaxSampler
 from bat_jax.stage_bank import pools
-from bat_jax.stage_bank.factory import FactoryConfig, build_bank
+from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
@@ -176,6 +177,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     manifest_path = _write_heldout_manifest(run_dir, c.evaluation)
     manifest = HeldOutManifest.load(manifest_path)
     bank = StageBank(c.bank.bank_dir)
+    check_recipe(bank, c.bank)  # a bank another teacher / layout family wrote is refused, never mixed in
     if not bank.versions():
         built = build_bank(dataclasses.replace(c.bank, heldout_manifest=str(manifest_path)))
         print(f"[bat_jax] Stage Bank built: {built}")
@@ -217,8 +219,12 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     if 0 in checkpoints.all_steps():
         learner.params = checkpoints.restore(abstract, step=0).state["params"]
     else:
+        t0 = time.perf_counter()
         _sft_cold_start(learner, policy, view.sft_rows, c.sft, config, c.agent.max_observation_chars)
+        t1 = time.perf_counter()
         sft_eval = evaluate(learner.params, "controller")
+        print(f"[bat_jax] SFT cold start done in {t1 - t0:.0f} s; controller evaluation Overall "
+              f"{display(sft_eval.overall)} ({time.perf_counter() - t1:.0f} s)", flush=True)
         _round0(run_dir, sft_eval)
         checkpoints.save(0, {"params": learner.params}, metrics={"overall": sft_eval.overall or 0.0},
                          extra={"round": 0})
@@ -243,6 +249,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     rounds = 0 if config.mode == "sft_only" else config.rounds
     kl_prompts = _kl_prompts(view.rl_rows, policy, c.policy_shift)
     for r in range(len(records) + 1, rounds + 1):
+        t_round = time.perf_counter()
         held = bool(records) and records[-1].decision != "accept"
         decision = _route(stage_scores, round_index=r, held=held, config=c.router)
         rows = [row for row in view.rl_rows if config.mode != "grpo_e2e" or row.focus == "E2E"]
@@ -295,12 +302,16 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         print(f"[bat_jax] round {r}: target {decision.target.value}, Overall {display(summary.overall)}, "
               f"KL {shift:.4f}, {decided} → {keep}; reward on its pool {metrics['pool_reward_before']:.3f} → "
               f"{metrics['pool_reward_after']:.3f}, groups with reward variance {record.groups_with_variance}/"
-              f"{record.groups_scored}", flush=True)
+              f"{record.groups_scored} ({time.perf_counter() - t_round:.0f} s)", flush=True)
 
     # ---- final evaluation on disjoint runs ------------------------------------------------------------
+    t_final = time.perf_counter()
     final = {"untrained": evaluate(untrained, "final"), "SFT": evaluate(sft_params, "final")}
     if rounds:
         final["BiCuRL (retained)" if config.mode == "bicurl" else "GRPO (E2E task reward)"] = evaluate(best_params, "final")
+    print(f"[bat_jax] final evaluation of {len(final)} systems: "
+          + ", ".join(f"{name} {display(summary.overall)}" for name, summary in final.items())
+          + f" Overall ({time.perf_counter() - t_final:.0f} s)", flush=True)
     if hasattr(engine, "close"):
         engine.close()  # vLLM: free its memory and worker before the reports
     return report.write_run_report(run_dir, final, records, round0, writer)
@@ -340,8 +351,11 @@ def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: 
           flush=True)
     step_fn, state = learner.sft_block(config, config.total_steps)
     rng = np.random.default_rng(run.seed)
-    for _ in tqdm(range(config.total_steps), desc="SFT", unit="step"):
-        state, _ = step_fn(state, sft_batch(examples, config.global_batch_size, rng, config.max_seq_len))
+    bar = tqdm(range(config.total_steps), desc="SFT", unit="step")
+    for i in bar:
+        state, metrics = step_fn(state, sft_batch(examples, config.global_batch_size, rng, config.max_seq_len))
+        if i % 10 == 9:
+            bar.set_postfix(nll=f"{float(metrics['nll']):.3f}")  # token-mean NLL of this batch's target actions
     learner.adopt(state)
 
 

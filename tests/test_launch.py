@@ -54,6 +54,17 @@ def test_cli_from_another_directory_writes_resolved_config(tmp_path):
     assert "pools.PoolConfig.target = 0.5" in config
     assert "experiment.BiCuRLConfig.rounds = 2" in proc.stdout
     assert (run_dir / "operative_config.gin").is_file()
+    # library INFO lines (absl format 'I1130 ...') are off unless --verbosity asks for them
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("I")], proc.stderr[-2000:]
+
+
+def test_cli_verbosity_brings_library_info_back(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "bat_jax.launch", "--verbosity=0", "--gin_file=bicurl_tiny.gin",
+         f"--gin_bindings={DRY_RUN}", f"--run_dir={tmp_path / 'run'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any(line.startswith("I") and "run directory" in line for line in proc.stderr.splitlines())
 
 
 def test_cli_bad_binding_exits_nonzero_with_the_binding(tmp_path):

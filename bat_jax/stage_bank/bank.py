@@ -159,6 +159,18 @@ class StageBank:
     def _version_dir(self, version: int) -> Path:
         return self._versions_dir / f"v{version:06d}"
 
+    def note(self, version: int) -> str:
+        """The free-text note version `version` was admitted with.
+
+        Raises:
+          BankError: the version's manifest is missing or unreadable.
+        """
+        mpath = self._version_dir(version) / "manifest.json"
+        try:
+            return str(json.loads(mpath.read_text("utf-8")).get("note", ""))
+        except (OSError, json.JSONDecodeError) as e:
+            raise BankError(f"{mpath}: unreadable manifest ({e})") from e
+
     def _read_segment(self, version: int) -> tuple[list[RLRow], list[SFTRow]]:
         vdir = self._version_dir(version)
         mpath = vdir / "manifest.json"

@@ -56,6 +56,7 @@ from bat_jax.tasks.episode import Action as EpisodeAction
 from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence, run_episode
 from bat_jax.tasks.registry import TRACKS, get_track
 from bat_jax.tasks.rubric_items import build_rubric
+from bat_jax.tasks.portable_expert import PortableExpert
 from bat_jax.tasks.teacher import ScriptedExpert
 from bat_jax.verify.rubric import Evidence, verify_episode
 
@@ -84,7 +85,10 @@ class FactoryConfig:
       e2e_cases, e2e_input_fraction, e2e_validation_passes: the E2E reduction λ (Eq. 12).
       horizon: rollout limit H in assistant turns (REFERENCE.md: 24); also the teacher's turn cap.
       backend: sandbox backend, 'local' (non-isolated, tests/dev) or 'docker'.
-      teacher: 'scripted' (the scripted expert) or 'openai' (an OpenAI-compatible endpoint).
+      teacher: 'scripted' (the scripted expert: the brief's paths written into its code), 'portable' (the
+        scripted expert whose action texts are the same for every task: its code reads the paths from task.md
+        when it runs, `tasks.portable_expert`; the tiny default's teacher) or 'openai' (an OpenAI-compatible
+        endpoint).
       teacher_base_url, teacher_model, teacher_api_key_env, teacher_timeout_s, teacher_max_retries,
         teacher_temperature: the endpoint of the 'openai' teacher (`ChatEndpointConfig`); the key is read from
         the environment variable, never stored.
@@ -132,8 +136,8 @@ class FactoryConfig:
             raise ValueError(f"FactoryConfig.layouts must be one of {LAYOUTS}, got {self.layouts!r}")
         if self.backend not in ("local", "docker"):
             raise ValueError(f"FactoryConfig.backend must be 'local' or 'docker', got {self.backend!r}")
-        if self.teacher not in ("scripted", "openai"):
-            raise ValueError(f"FactoryConfig.teacher must be 'scripted' or 'openai', got {self.teacher!r}")
+        if self.teacher not in ("scripted", "portable", "openai"):
+            raise ValueError(f"FactoryConfig.teacher must be 'scripted', 'portable' or 'openai', got {self.teacher!r}")
         if self.teacher == "openai" and not (self.teacher_base_url and self.teacher_model):
             raise ValueError("FactoryConfig.teacher='openai' needs teacher_base_url and teacher_model")
         if self.cases_per_task < 0 or self.cases_per_task == 1:
@@ -256,7 +260,11 @@ class _Context:
     scanner: LeakageScanner
 
     def policy(self):
-        return ScriptedExpert() if self.config.teacher == "scripted" else ChatTeacher(self.config.endpoint())
+        if self.config.teacher == "scripted":
+            return ScriptedExpert()
+        if self.config.teacher == "portable":
+            return PortableExpert()
+        return ChatTeacher(self.config.endpoint())
 
 
 def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: str) -> tuple[Episode, Evidence]:
@@ -378,6 +386,33 @@ def _cache_key(cfg: FactoryConfig, src: Source, salt: str) -> str:
                            "salt": salt})
 
 
+def recipe(config: FactoryConfig) -> str:
+    """The part of a version's note that says which teacher and layouts wrote its rows, e.g.
+    'teacher=portable layouts=varied' (`check_recipe` compares it)."""
+    return f"teacher={config.teacher} layouts={config.layouts}"
+
+
+def check_recipe(bank: StageBank, config: FactoryConfig) -> None:
+    """Refuses a bank whose first version was written by another teacher or layout family than `config` asks
+    for (rows of two recipes would otherwise be trained on together). Versions admitted with a custom
+    `FactoryConfig.note` are not checked.
+
+    Raises:
+      ValueError: naming the bank directory, what built it and what the run asks for.
+    """
+    versions = bank.versions()
+    if not versions:
+        return
+    note = bank.note(versions[0])
+    if not note.startswith(FACTORY_VERSION):
+        return
+    if f" {recipe(config)} " not in f" {note} ":
+        found = (" ".join(w for w in note.split() if w.startswith(("teacher=", "layouts=")))
+                 or "teacher=scripted layouts=fixed (an older bank)")
+        raise ValueError(f"Stage Bank {config.bank_dir} was built with {found}; this run asks for {recipe(config)}: "
+                         f"set FactoryConfig.bank_dir to a new directory or remove {config.bank_dir}")
+
+
 def _write_json(path: Path, value) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
@@ -495,7 +530,7 @@ def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: Sa
     if leak.hits:
         leak.raise_if_leaky()  # refuse: nothing is admitted
     if new_rl or new_sft:
-        note = config.note or f"{FACTORY_VERSION} seed={config.seed} digest={report.digest}"
+        note = config.note or f"{FACTORY_VERSION} seed={config.seed} {recipe(config)} digest={report.digest}"
         report.version = bank.admit(new_rl, new_sft, note=note)
         report.admitted_rl, report.admitted_sft = len(new_rl), len(new_sft)
     report.elapsed_s = round(time.time() - t0, 3)
