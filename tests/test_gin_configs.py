@@ -43,7 +43,7 @@ PAPER_NUMBERS = {
 }
 #: The paper's actor learning rate; the tiny default trains a random-init model for a few GRPO steps only and
 #: uses a larger one (stated in bicurl_tiny.gin).
-GRPO_LR = {"bicurl_9b.gin": 1e-6, "bicurl_4b.gin": 1e-6, "bicurl_tiny.gin": 5e-5}
+GRPO_LR = {"bicurl_9b.gin": 1e-6, "bicurl_4b.gin": 1e-6, "bicurl_tiny.gin": 1e-4}
 
 
 @pytest.mark.parametrize("name", ["bicurl_9b.gin", "bicurl_4b.gin", "bicurl_tiny.gin"])
@@ -55,6 +55,25 @@ def test_bicurl_files_carry_the_design_card_numbers(name):
             value = gin.query_parameter(str(value)) if str(value).startswith("%") else value
         assert value == expected, binding
     assert gin.query_parameter("grpo/optim.OptimizerConfig.learning_rate") == GRPO_LR[name]
+
+
+@pytest.mark.parametrize("name, style, layouts", [("bicurl_9b.gin", None, None), ("bicurl_4b.gin", None, None),
+                                                  ("bicurl_tiny.gin", "compact", "varied")])
+def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, style, layouts):
+    """Issue 15: small policies get compact prompts, varied training layouts and the portable teacher; paper
+    scale keeps the full prompts (PolicyConfig's default 'full') and the factory's default teacher."""
+    from bat_jax.policy import PolicyConfig
+
+    launch.parse_gin([name], [])
+    bound = gin.get_bindings("policy.PolicyConfig")
+    assert bound.get("prompt_style") == style
+    assert gin.get_bindings("factory.FactoryConfig").get("layouts") == layouts
+    assert gin.get_bindings("factory.FactoryConfig").get("teacher") == ("portable" if style else "scripted")
+    assert PolicyConfig().prompt_style == "full"
+    if name == "bicurl_tiny.gin":  # the Data Factory job alone builds the same bank
+        launch.parse_gin(["stage_bank_tiny.gin"], [])
+        assert gin.get_bindings("factory.FactoryConfig")["layouts"] == "varied"
+        assert gin.get_bindings("factory.FactoryConfig")["teacher"] == "portable"
 
 
 @pytest.mark.parametrize("name, engine", [("bicurl_9b.gin", "vllm"), ("bicurl_4b.gin", "vllm"),

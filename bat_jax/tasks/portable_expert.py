@@ -37,20 +37,27 @@ rows = list(csv.DictReader(open(P["cases_csv"])))
 def _action(body: str) -> str:
     """An action's code: the stage's own `body` first, as `run()`, then the shared `PREAMBLE` and the call.
 
-    The stage-specific text comes right after the thought that names the stage, and the text every action
-    shares comes last, so a policy writing it never has to remember across it which stage it is in.
+    The text every action shares comes after the stage's own text, so a policy writing an action decides its
+    stage once, at the body's first line, and never has to carry that decision across shared text (the thought
+    is the same for every action for the same reason: issue 15, a tiny model's thought and body disagreed).
     """
     return "def run():\n" + textwrap.indent(body, "    ") + "\n\n" + PREAMBLE + "run()\n"
 
 
-_PLAN = _action("""T, M, n = re.search(r"Task id: (\\S+)", B).group(1), P["method_dir"], len(rows)
+def _stage_action(comment: str, body: str) -> str:
+    """`_action` of a body whose first line is the comment naming its stage (the one place where the action
+    texts of two stages differ first)."""
+    return _action(f"# {comment}\n{body}")
+
+
+_PLAN = _stage_action("S1 Plan: read the brief and the case manifest; write the plan.", """T, M, n = re.search(r"Task id: (\\S+)", B).group(1), P["method_dir"], len(rows)
 print(T, json.dumps([r["case_id"] for r in rows]), n, "cases")
 os.makedirs(os.path.dirname(P["plan_path"]) or ".", exist_ok=True)
 open(P["plan_path"], "w").write(f"# Plan for {T}\\n{n} cases in {P['cases_csv']}; method {M}/model.py; "
                                 f"restore from {P['archive_dir']}; submission {O}/submission.json\\n")
 """)
 
-_SETUP = _action("""import numpy, model
+_SETUP = _stage_action("S2 Setup: import the method, record versions, create the output directories.", """import numpy, model
 info = {"numpy": numpy.__version__, "method_version": model.load_config()["version"]}
 for d in ("", "/pred", "/validation"):
     os.makedirs(O + d, exist_ok=True)
@@ -58,7 +65,7 @@ json.dump(info, open(O + "/env.json", "w"))
 print(info)
 """)
 
-_VALIDATE = _action("""import gzip, model, numpy as np
+_VALIDATE = _stage_action("S3 Validate: check every input, restore or repair, smoke-run one case, write the report.", """import gzip, model, numpy as np
 A = P["archive_dir"]
 
 def check(r):
@@ -98,7 +105,7 @@ json.dump({"case_id": r["case_id"], "output_shape": s["shape"], "nondegenerate":
 print(issues, s)
 """)
 
-_INFERENCE = _action("""import model
+_INFERENCE = _stage_action("S4 Inference: run the method on every usable case.", """import model
 issues = json.load(open(O + "/validation.json")).get("issues", [])
 skip = [i["case_id"] for i in issues if i["action"] == "unrecoverable"]
 for r in rows:
@@ -108,7 +115,7 @@ for r in rows:
 print("predicted", len(rows) - len(skip), "skipped", skip)
 """)
 
-_SUBMIT = _action("""T, D, S = re.search(r"Task id: (\\S+)", B).group(1), O + "/pred", O + "/submission.json"
+_SUBMIT = _stage_action("S5 Submit: assemble the submission and check coverage.", """T, D, S = re.search(r"Task id: (\\S+)", B).group(1), O + "/pred", O + "/submission.json"
 preds = {n[:-5]: json.load(open(D + "/" + n)) for n in os.listdir(D) if n.endswith(".json")}
 issues = json.load(open(O + "/validation.json")).get("issues", [])
 failed = {i["case_id"]: i["kind"] + " input, unrecoverable" for i in issues if i["action"] == "unrecoverable"}
@@ -117,13 +124,15 @@ json.dump({"task_id": T, "predictions": preds, "failed": failed}, open(S, "w"))
 print(json.dumps({"complete": len(preds) + len(failed) == len(rows), "submission": S}))
 """)
 
+#: The thought of every code action: the same text, so the stage is decided once, in the code (`_action`).
+STEP_THOUGHT = "Next step of the workflow; the code says which."
 #: (stage, thought, code) of every python action, in order; the submit call follows S5's.
 SCRIPT: tuple[tuple[Stage, str, str], ...] = (
-    (Stage.PLAN, "Read the brief and the case manifest; write the plan.", _PLAN),
-    (Stage.SETUP, "Import the method, record versions, create the output directories.", _SETUP),
-    (Stage.VALIDATE, "Check every input, restore or repair, smoke-run one case, write the report.", _VALIDATE),
-    (Stage.INFERENCE, "Run the method on every usable case.", _INFERENCE),
-    (Stage.SUBMIT, "Assemble the submission and check coverage.", _SUBMIT),
+    (Stage.PLAN, STEP_THOUGHT, _PLAN),
+    (Stage.SETUP, STEP_THOUGHT, _SETUP),
+    (Stage.VALIDATE, STEP_THOUGHT, _VALIDATE),
+    (Stage.INFERENCE, STEP_THOUGHT, _INFERENCE),
+    (Stage.SUBMIT, STEP_THOUGHT, _SUBMIT),
 )
 SUBMIT_THOUGHT = "Coverage is complete; submit."
 
