@@ -194,6 +194,33 @@ class Completed(NamedTuple):
 _GRACE_S = 2.0
 
 
+def _group_members(pgid: int) -> list[int]:
+    """Host PIDs of the live (not zombie) processes of process group `pgid`, from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            state, _ppid, pgrp = stat[stat.rindex(b")") + 2:].split()[:3]
+            if int(pgrp) == pgid and state not in (b"Z", b"X"):
+                found.append(int(name))
+    return found
+
+
+def _wait_group_dead(pgid: int, timeout_s: float) -> None:
+    """Waits (at most `timeout_s` seconds) until no live process is left in group `pgid`, re-sending SIGKILL."""
+    end = time.monotonic() + timeout_s
+    while _group_members(pgid) and time.monotonic() < end:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            return
+        time.sleep(0.005)
+
+
 def run_with_deadline(argv: list[str], *, cwd: str | os.PathLike, env: dict[str, str], timeout_s: float,
                       mode: str | None = None) -> Completed:
     """Runs `argv` (stdin /dev/null) under the call supervisor and returns when its main process exits or at
@@ -263,6 +290,7 @@ def run_with_deadline(argv: list[str], *, cwd: str | os.PathLike, env: dict[str,
                     kill()
                 except OSError:
                     pass
+            _wait_group_dead(proc.pid, _GRACE_S)  # SIGKILL is asynchronous: return only once they have exited
         proc.wait()
         os.close(status_r)
         proc.stdout.close()
