@@ -98,7 +98,7 @@ def test_unreachable_judge_leaves_judged_rollouts_unscored(task):
     plain = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", _good_plan(task)), task.state())
     assert plain.reward == 1.0 and plain.version == REWARD_VERSION  # all three S1 items pass programmatically
     out = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", _good_plan(task)), task.state(), judge)
-    assert out.reward is None and out.version == "bat_rubric/v2+judge:judge-m[plan.written]"
+    assert out.reward is None and out.version == f"{REWARD_VERSION}+judge:judge-m[plan.written]"
     assert judge.stats() == {"calls": 1, "cache_hits": 0, "failures": 1, "skipped": 0}
     # E2E rows include S1 → unscored too; an S3 row has no judged item → scored (0: no S3 evidence)
     assert rollout_reward(_row(task, "E2E"), _trajectory(task, "E2E", "p"), task.state(), judge).reward is None

@@ -1,6 +1,7 @@
 """Reward integrity (issue 13): rubric evidence is what a call executed, a sandbox the agent brings down is the
 agent's failure (scored), and evidence collection is bounded whatever the workspace holds."""
 
+import json
 import resource
 import threading
 import time
@@ -73,6 +74,85 @@ def test_a_call_that_really_runs_the_method_earns_the_receipts(factory):
     assert any(p.startswith(L.validation_dir + "/") for p in r.writes)
     ev = result.score.verdicts[Stage.VALIDATE].evidence
     assert ev["receipt.smoke_run"] is True and ev["receipt.input_check"] is True
+
+
+def _forgeries(inst):
+    """Calls that read the method and a case input and write a case entry into the validation dir, without
+    that entry being the method's output (each must earn no 'the method ran' evidence)."""
+    L, case = inst.layout, inst.cases[0]
+    cid, out = case.case_id, f"{L.validation_dir}/{case.case_id}"
+    head = (f"import csv, json, os, shutil, sys\nsys.path.insert(0, '{L.method_dir}')\nos.makedirs('{L.validation_dir}',"
+            f" exist_ok=True)\nopen('{L.method_dir}/model.py').read(); open('{L.method_dir}/config.json').read()\n"
+            f"data = open('{case.file}', 'rb').read()\n")
+    return {
+        "bash_cat": _bash(f"mkdir -p {L.validation_dir}; cat {L.method_dir}/model.py {case.file} > {out}.nii.gz; "
+                          f"echo '{{\"mask\": \"{out}.nii.gz\"}}' > {out}.json"),
+        "copy_of_input": _py(head + f"shutil.copy('{case.file}', '{out}.nii.gz')\n"
+                             f"json.dump({{'mask': '{out}.nii.gz'}}, open('{out}.json', 'w'))"),
+        "imported_but_forged_mask": _py(
+            head + "import model, numpy as np, nibabel as nib\nx = model.load_input('" + case.file + "')\n"
+            f"nib.save(nib.Nifti1Image((x > x.mean()).astype(np.int16), np.eye(4)), '{out}.nii.gz')\n"
+            f"json.dump({{'mask': '{out}.nii.gz'}}, open('{out}.json', 'w'))"),
+        "method_output_off_by_one_voxel": _py(
+            head + "import model, numpy as np, nibabel as nib\n"
+            f"row = {{r['case_id']: r for r in csv.DictReader(open('{L.cases_csv}'))}}['{cid}']\n"
+            "pred = model.predict(model.load_input(row['file']), row, model.load_config())\n"
+            "pred.flat[0] = 2 - pred.flat[0]\n"
+            f"model.save_prediction(pred, '{L.validation_dir}', '{cid}')"),
+        "another_cases_output": _py(
+            head + "import model\n"
+            f"row = {{r['case_id']: r for r in csv.DictReader(open('{L.cases_csv}'))}}['{inst.cases[1].case_id}']\n"
+            "pred = model.predict(model.load_input(row['file']), row, model.load_config())\n"
+            f"model.save_prediction(pred, '{L.validation_dir}', '{cid}')"),
+    }
+
+
+@pytest.mark.parametrize("forgery", ["bash_cat", "copy_of_input", "imported_but_forged_mask",
+                                     "method_output_off_by_one_voxel", "another_cases_output"])
+def test_reading_the_method_and_writing_anything_else_is_not_a_method_run(factory, forgery):
+    """Kernel traces show what a call touched, not that it ran the method: a call that reads model.py, the
+    config and a case input and writes a case entry earns 'the method ran' only when the entry equals the host's
+    replay of the method (tasks/method_replay.py)."""
+    inst = SEG.generate(5, "success")
+    L = inst.layout
+    result = play(SEG, inst, _Script([_forgeries(inst)[forgery]]), make_sandbox=factory)
+    r = result.evidence.receipts[0]
+    assert r.exit_code == 0 and f"{L.method_dir}/model.py" in r.reads and inst.cases[0].file in r.reads, r
+    assert any(p.startswith(L.validation_dir + "/") for p in r.writes)
+    verdict = result.score.verdicts[Stage.VALIDATE]
+    assert verdict.evidence["receipt.smoke_run"] is False
+    assert verdict.items["validate.smoke_run"] is False and verdict.items["validate.nondegenerate"] is False
+
+
+def test_method_replay_equals_the_method_run_in_the_sandbox_on_every_track(factory):
+    """The host's replay matches what the method writes inside the sandbox, for every track and every
+    replayable case (restored archive copies included); a 'spacing' fault's case has no replay."""
+    from bat_jax.tasks.method_replay import is_method_output, method_output
+    from bat_jax.tasks.registry import TRACKS
+
+    for name in TRACKS:
+        track = get_track(name)
+        inst = track.generate(11, "recovery")
+        L = inst.layout
+        code = (f"import csv, gzip, os, sys\nsys.path.insert(0, '{L.method_dir}')\nimport model\n"
+                f"for r in csv.DictReader(open('{L.cases_csv}')):\n"
+                f"    a = os.path.join('{L.archive_dir}', os.path.basename(r['file']) + '.gz')\n"
+                f"    try:\n        x = model.load_input(r['file'])\n    except Exception:\n"
+                f"        os.makedirs(os.path.dirname(r['file']), exist_ok=True)\n"
+                f"        open(r['file'], 'wb').write(gzip.decompress(open(a, 'rb').read()))\n"
+                f"        x = model.load_input(r['file'])\n"
+                f"    model.save_prediction(model.predict(x, r, model.load_config()), '{L.pred_dir}', r['case_id'])\n")
+        result = play(track, inst, _Script([_py(code)]), make_sandbox=factory)
+        assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
+        files = result.evidence.files
+        spacing = inst.fault.case_id if inst.fault is not None and inst.fault.kind == "spacing" else None
+        for cid in inst.case_ids:
+            entry = json.loads(files[f"{L.pred_dir}/{cid}.json"])
+            if cid == spacing:
+                assert method_output(inst, cid) is None
+            else:
+                assert is_method_output(inst, cid, entry, files), (name, cid)
+        assert result.score.verdicts[Stage.INFERENCE].evidence["receipt.inference"] is True, name
 
 
 @pytest.mark.docker

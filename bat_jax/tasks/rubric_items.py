@@ -3,8 +3,9 @@
 Evidence is host-side only: receipts (exit code, stdout the agent saw, and the workspace files the kernel saw
 each call read and write) and the final workspace files. Receipt evidence is what a call executed and produced,
 never the text of its code (issue 13): "the method ran" means a successful call read the method's `model.py`
-(importing it), read a case input and wrote into the output directory, and the artefact items then check the
-written files' shape and content. Items that rest on the hidden answer key (the fault set, expected shapes)
+(importing it) and a case input, and itself wrote a case entry into the output directory that equals the host's
+replay of the method on that case (`tasks/method_replay.py`: reading the files and writing anything else earns
+nothing); the artefact items then check the written files' shape and content. Items that rest on the hidden answer key (the fault set, expected shapes)
 are checked against the `TaskInstance`, which the policy never sees.
 """
 
@@ -15,6 +16,7 @@ import re
 
 from bat_jax.benchmark.stages import Stage
 from bat_jax.tasks.base import TaskInstance, Track
+from bat_jax.tasks.method_replay import entry_files, is_method_output
 from bat_jax.verify.rubric import Evidence, EvidenceRequirement, Rubric, RubricItem
 
 
@@ -51,6 +53,18 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
             raise ValueError("submission is not an object")
         return data
 
+    def method_ran(ev: Evidence, out_dir: str) -> bool:
+        """A call read model.py and a case input and itself wrote `out_dir/<case>.json` (and the files it names)
+        whose content equals the host's replay of the method on that case (`method_replay`)."""
+        for r in ev.ran((model_py,), inputs, writes_under=out_dir):
+            for cid in inst.case_ids:
+                path = f"{out_dir}/{cid}.json"
+                entry = ev.json(path) if path in r.writes else None
+                if (entry is not None and all(f in r.writes for f in entry_files(entry))
+                        and is_method_output(inst, cid, entry, ev.files)):
+                    return True
+        return False
+
     req = [
         # S1
         EvidenceRequirement("receipt.read_brief", "a successful call that read task.md and printed its task id",
@@ -64,16 +78,16 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         EvidenceRequirement("file.env", "the env file exists", lambda ev: L.env_json in ev.files),
         # S3
         EvidenceRequirement("receipt.smoke_run", "a successful call that ran the method (read model.py and a case "
-                            "input) and wrote into the validation dir",
-                            lambda ev: bool(ev.ran((model_py,), inputs, writes_under=L.validation_dir))),
+                            "input) and wrote into the validation dir an entry equal to the method's output",
+                            lambda ev: method_ran(ev, L.validation_dir)),
         EvidenceRequirement("file.validation", "the validation report exists",
                             lambda ev: L.validation_json in ev.files),
         EvidenceRequirement("receipt.input_check", "a successful call that read the case manifest and loaded case "
                             "inputs", lambda ev: bool(ev.ran((L.cases_csv,), inputs))),
         # S4
         EvidenceRequirement("receipt.inference", "a successful call that ran the method (read model.py and case "
-                            "inputs) and wrote into the prediction dir",
-                            lambda ev: bool(ev.ran((model_py,), inputs, writes_under=L.pred_dir))),
+                            "inputs) and wrote into the prediction dir an entry equal to the method's output",
+                            lambda ev: method_ran(ev, L.pred_dir)),
         EvidenceRequirement("file.predictions", "at least one saved prediction entry",
                             lambda ev: bool(_pred_entries(ev, inst))),
         # S5

@@ -244,7 +244,7 @@ class RubricJudge:
 
     @property
     def version(self) -> str:
-        """Reward version of rubric scores that use this judge, e.g. 'bat_rubric/v2+judge:m[plan.written]'."""
+        """Reward version of rubric scores that use this judge, e.g. 'bat_rubric/v3+judge:m[plan.written]'."""
         return f"{REWARD_VERSION}+judge:{self.config.model}[{','.join(self.config.items)}]"
 
     def check_endpoint(self) -> bool:

@@ -21,7 +21,7 @@ from bat_jax.benchmark.stages import STAGES, Stage
 from bat_jax.sandbox.types import Receipt
 
 #: Version of the reward contract; bump when items, evidence or the formula change.
-REWARD_VERSION = "bat_rubric/v2"  # v2: receipt evidence from kernel file traces (issue 13)
+REWARD_VERSION = "bat_rubric/v3"  # v2: receipt evidence from kernel file traces; v3: "the method ran" = its replayed output (issue 13)
 
 
 @dataclasses.dataclass(frozen=True)
