@@ -159,6 +159,13 @@ def _evaluation(s: Summary) -> ctl.Evaluation:
                           track_scores={t: row["overall"] for t, row in s.tracks.items()})
 
 
+def jax_memory_fraction(vllm_share: float) -> float:
+    """Fraction of each accelerator's memory JAX may preallocate (`XLA_PYTHON_CLIENT_MEM_FRACTION`) beside a vLLM
+    engine holding `vllm_share` of it (its `gpu_memory_utilization`, 0–1): 0.9 − share (0.1 stays free for the
+    CUDA contexts and NCCL), at least 0.1. With vLLM at 0.3 of an 80 GB A100, JAX gets 0.6 · 80 = 48 GB."""
+    return max(0.1, 0.9 - vllm_share)
+
+
 def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components: Components = Components()) -> dict:
     """Runs (or resumes) one experiment in `run_dir`; returns the final summary (also written as JSON)."""
     run_dir, c = pathlib.Path(run_dir), components
@@ -167,7 +174,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
 
     if c.engine == "vllm":  # JAX and vLLM share the accelerator in this process: JAX must leave vLLM its share
         share = float(dict(c.vllm_options).get("gpu_memory_utilization", 0.5))
-        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{max(0.1, 0.9 - share):.2f}")
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{jax_memory_fraction(share):.2f}")
 
     # ---- policy and learner first: a missing checkpoint directory or device fails before any other work ---
     policy = build_policy(c.policy)
@@ -211,7 +218,9 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         eval_agent_failed[0] = cells.agent_failed
         return summary
 
-    untrained = jax.tree.map(lambda x: x.copy(), learner.params)
+    # the untrained / SFT / best copies wait on the host (fp32, exact) and go onto the mesh only when used: at 9B
+    # each is 4.5 GB per device that the SFT and GRPO steps need (launch/bench/compile_probe.py)
+    untrained = learner.host_copy(learner.params)
 
     # ---- SFT cold start (once; checkpoint step 0) -----------------------------------------------------
     abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
@@ -228,7 +237,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         _round0(run_dir, sft_eval)
         checkpoints.save(0, {"params": learner.params}, metrics={"overall": sft_eval.overall or 0.0},
                          extra={"round": 0})
-    sft_params = learner.params
+    sft_params = learner.host_copy(learner.params)
     round0 = _round0(run_dir)
 
     # ---- rounds ----------------------------------------------------------------------------------------
@@ -243,7 +252,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     if not records:
         controller.observe(0, "ckpt-0", round0)
     best_step = _step(controller.state.best_checkpoint) if controller.state.best_checkpoint else 0
-    best_params = checkpoints.restore(abstract, step=best_step).state["params"]
+    best_params = learner.host_copy(checkpoints.restore(abstract, step=best_step).state["params"])
     if records:
         learner.params = checkpoints.restore(abstract, step=_step(records[-1].retained_checkpoint)).state["params"]
     rounds = 0 if config.mode == "sft_only" else config.rounds
@@ -263,7 +272,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         metrics = _grpo_block(learner, loop, bank, round_view, c, seed=config.seed * 1000 + r, judge=judge)
         summary = evaluate(learner.params, "controller")
         stage_scores = {k.value: v for k, v in summary.stages.items()}
-        shift = kl.policy_shift_kl(learner.apply_fn, learner.params, best_params, *kl_prompts, config=c.policy_shift)
+        shift = kl.policy_shift_kl(learner.apply_fn, learner.params, learner.on_mesh(best_params), *kl_prompts,
+                                   config=c.policy_shift)
         checkpoints.pin(_needed_steps(controller.state))
         checkpoints.save(r, {"params": learner.params},
                          metrics=None if summary.overall is None else {"overall": summary.overall},
@@ -277,7 +287,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
             verdict = controller.observe(r, f"ckpt-{r}", _evaluation(summary), kl=shift)
             decided, keep = verdict.decision, verdict.retained_checkpoint
             if verdict.decision == "accept" and verdict.best_checkpoint == f"ckpt-{r}":
-                best_params = learner.params
+                best_params = learner.host_copy(learner.params)
         if keep != f"ckpt-{r}":
             learner.params = checkpoints.restore(abstract, step=_step(keep)).state["params"]
         record = RoundRecord(round=r, selected_stage=decision.target.value, routing_report=decision.report(),

@@ -82,7 +82,7 @@ class RunShapes:
     compute_dtype: str = "bfloat16"
     param_dtype: str = "float32"
     vllm_share: float = 0.0
-    device_copies: int = 3
+    device_copies: int = 0  # experiment.run keeps the untrained / SFT / best copies on the host
 
 
 def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
@@ -169,8 +169,9 @@ def probe(config: Qwen3_5Config, run: RunShapes, devices, steps=STEPS, *, scale_
         return step, (state, batch(fields, rows, seq))
 
     # what the experiment keeps on each device beside the step's own arguments (bat_jax/experiment.py), in
-    # parameter copies: the untrained / SFT / best copies (`run.device_copies` of them on device), the learner's
-    # params beside the SFT state, the round-start reference beside the GRPO state (params + 2 Adam moments)
+    # parameter copies: the learner's params beside the SFT state, the round-start reference beside the GRPO
+    # state (params + 2 Adam moments), and `run.device_copies` of the untrained / SFT / best copies (0: the
+    # experiment keeps them on the host and puts best on the mesh only for the KL probe, as its argument)
     extra = run.device_copies
     resident = {"sft_step": (1 + min(extra, 1)) * per_copy,  # learner.params + untrained
                 "ref_logprobs": (3 + extra) * per_copy,  # the block's train state + the copies
@@ -260,10 +261,15 @@ def main(argv=None) -> int:
     results = probe(config, run, devices, tuple(args.steps.split(",")), scale_seq=args.seq,
                     scale_rows=args.rows)
     over = [k for k, r in results.items() if r["total"] > budget * GB]
-    share = f"; JAX's share beside vLLM (1 - {run.vllm_share}) x budget = {(1 - run.vllm_share) * budget:.0f} GB" \
-        if run.vllm_share else ""
-    print(f"[probe] budget {budget:.0f} GB per device{share}: "
+    print(f"[probe] budget {budget:.0f} GB per device: "
           + ("every step fits" if not over else f"over budget: {', '.join(over)}"))
+    if run.vllm_share:  # the fraction experiment.run gives JAX beside vLLM on the same accelerator
+        from bat_jax.experiment import jax_memory_fraction
+
+        frac = jax_memory_fraction(run.vllm_share)
+        crowded = [k for k, r in results.items() if r["total"] > frac * budget * GB]
+        print(f"[probe] beside vLLM at {run.vllm_share} JAX may use {frac:.2f} x {budget:.0f} = {frac * budget:.0f} GB "
+              "per device: " + ("every step fits" if not crowded else f"over it: {', '.join(crowded)}"))
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "topology": args.topology, "budget_gb": budget,
                                                "steps": results}, indent=2))
