@@ -9,6 +9,7 @@ from bat_jax import experiment as ex
 from bat_jax.ledger import Ledger
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
+from bat_jax.verify.rubric import REWARD_VERSION
 
 
 @pytest.mark.slow
@@ -34,7 +35,7 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
 
     assert out["rounds"] == 1
     (record,) = Ledger(run_dir / "ledger.jsonl").read()
-    assert record.reward_version == "bat_rubric/v2+judge:judge-m[plan.written]"
+    assert record.reward_version == f"{REWARD_VERSION}+judge:judge-m[plan.written]"
     focus = {row.state_id: row.focus for row in StageBank(comps.bank.bank_dir).read().rl_rows}
     judged_states = sum(focus[s] in ("S1", "E2E") for s in record.state_ids)
     k = comps.agent.episodes_per_state
