@@ -20,7 +20,7 @@ from bat_jax.sandbox.types import Observation, SandboxState
 from bat_jax.stage_bank import e2e_surrogate as e2e
 from bat_jax.stage_bank import slicing
 from bat_jax.stage_bank.bank import StageBank
-from bat_jax.stage_bank.factory import ChatTeacher, FactoryConfig, build_bank, load_manifest, sources
+from bat_jax.stage_bank.factory import FactoryConfig, build_bank, load_manifest, sources
 from bat_jax.stage_bank.leakage import preflight
 from bat_jax.stage_bank.row import Provenance, content_digest
 from bat_jax.tasks.base import decode_array
@@ -28,6 +28,7 @@ from bat_jax.tasks.chat_client import ChatEndpointConfig
 from bat_jax.tasks.episode import Action, Conversation, Episode, Turn
 from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, training_task
 from bat_jax.tasks.registry import TRACKS
+from bat_jax.tasks.teacher import ChatTeacher
 
 # ------------------------------------------------------------------------------------------- pure parts
 

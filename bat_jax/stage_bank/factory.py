@@ -51,13 +51,12 @@ from bat_jax.stage_bank.row import (OUTCOMES, Provenance, RLRow, SFTRow, StateRe
                                     rl_row_from_dict, sft_row_from_dict)
 from bat_jax.tasks import heldout
 from bat_jax.tasks.brief import VARIED_TEMPLATE_BASE
-from bat_jax.tasks.chat_client import ChatClient, ChatEndpointConfig, ChatError
-from bat_jax.tasks.episode import Action as EpisodeAction
+from bat_jax.tasks.chat_client import ChatEndpointConfig
 from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence, run_episode
 from bat_jax.tasks.registry import TRACKS, get_track
 from bat_jax.tasks.rubric_items import build_rubric
 from bat_jax.tasks.portable_expert import PortableExpert
-from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.tasks.teacher import ChatTeacher, ScriptedExpert
 from bat_jax.verify.rubric import Evidence, verify_episode
 
 FACTORY_VERSION = "bat_stage_bank_factory/v1"
@@ -215,35 +214,6 @@ class BuildReport:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-class ChatTeacher:
-    """OpenAI-compatible teacher policy whose replies also name the stage of each action.
-
-    Works around `tasks.teacher.OpenAITeacher`, whose actions carry no stage label (every turn would be S1, so
-    stage boundaries could not be found). Endpoint failures and unparsable replies raise `PolicyError`
-    ('teacher <cause>: ...'), which the episode turns into a rejection.
-    """
-
-    NOTE = (' Also include "stage": one of "S1".."S5", the workflow stage (Plan, Setup, Validate, Inference, '
-            'Submit) the action belongs to.')
-
-    def __init__(self, config: ChatEndpointConfig, sleep=time.sleep):
-        self._client = ChatClient(config, sleep)
-
-    def __call__(self, conv: Conversation) -> EpisodeAction | None:
-        messages = conv.messages()
-        messages[0] = {**messages[0], "content": messages[0]["content"] + self.NOTE}
-        try:
-            content = self._client.complete(messages)
-        except ChatError as exc:
-            raise PolicyError(f"teacher {exc.cause}: {exc}") from None
-        try:
-            data = json.loads(re.search(r"\{[\s\S]*\}", content).group(0))
-            stage = data.get("stage") if isinstance(data, dict) else None
-            return EpisodeAction.from_dict(data, Stage.parse(stage) if stage else None)
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise PolicyError(f"teacher bad_reply: {exc}") from None
 
 
 class _Rejected(Exception):

@@ -298,3 +298,32 @@ class RandomCommandPolicy:
             return None
         cmd = self._rng.choice(_RANDOM_COMMANDS)
         return Action("random command", "execute_code", {"language": "bash", "code": cmd})
+
+
+class ChatTeacher:
+    """OpenAI-compatible teacher policy whose replies also name the stage of each action.
+
+    Works around `OpenAITeacher`, whose actions carry no stage label (every turn would be S1, so
+    stage boundaries could not be found). Endpoint failures and unparsable replies raise `PolicyError`
+    ('teacher <cause>: ...'), which the episode turns into a rejection.
+    """
+
+    NOTE = (' Also include "stage": one of "S1".."S5", the workflow stage (Plan, Setup, Validate, Inference, '
+            'Submit) the action belongs to.')
+
+    def __init__(self, config: ChatEndpointConfig, sleep=time.sleep):
+        self._client = ChatClient(config, sleep)
+
+    def __call__(self, conv: Conversation) -> Action | None:
+        messages = conv.messages()
+        messages[0] = {**messages[0], "content": messages[0]["content"] + self.NOTE}
+        try:
+            content = self._client.complete(messages)
+        except ChatError as exc:
+            raise PolicyError(f"teacher {exc.cause}: {exc}") from None
+        try:
+            data = json.loads(re.search(r"\{[\s\S]*\}", content).group(0))
+            stage = data.get("stage") if isinstance(data, dict) else None
+            return Action.from_dict(data, Stage.parse(stage) if stage else None)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise PolicyError(f"teacher bad_reply: {exc}") from None
