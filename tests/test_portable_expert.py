@@ -19,7 +19,7 @@ from bat_jax.tasks.brief import VARIED_TEMPLATES
 from bat_jax.tasks.episode import Conversation, Turn
 from bat_jax.tasks.harness import play
 from bat_jax.tasks.heldout import heldout_suite, training_task
-from bat_jax.tasks.portable_expert import SCRIPT, SUBMIT_THOUGHT, PortableExpert
+from bat_jax.tasks.portable_expert import NEXT, SCRIPT, SUBMIT_THOUGHT, THOUGHTS, PortableExpert
 from bat_jax.tasks.registry import TRACKS
 
 CODES = [code for _, _, code in SCRIPT]
@@ -37,6 +37,12 @@ def _assert_full_marks_with_the_fixed_script(result, inst):
     assert [a[0] for a in actions] == [s for s, _, _ in SCRIPT] + [Stage.SUBMIT]
     assert actions[-1][1:] == ("submit", SUBMIT_THOUGHT, {"path": inst.layout.submission})
     assert result.evidence.submitted == inst.layout.submission
+    # each step's output opens with the step after it, and the next action's thought names that step
+    turns = result.episode.turns
+    firsts = [t.observation.stdout.split("\n", 1)[0] for t in turns[:-1]]
+    assert firsts == [NEXT[s] for s, _, _ in SCRIPT]
+    assert [a[2] for a in actions] == [THOUGHTS[s] for s, _, _ in SCRIPT] + [SUBMIT_THOUGHT]
+    assert [f.split(": ", 1)[1] for f in firsts] == [a[2][len("Next: "):-1] for a in actions[1:]]
 
 
 @pytest.mark.parametrize("track", list(TRACKS))
@@ -82,8 +88,8 @@ def test_factory_builds_a_portable_bank_and_refuses_to_mix_recipes(tmp_path):
     bank = StageBank(cfg.bank_dir)
     targets = {r.target.arguments.get("code") for r in bank.read().sft_rows if r.target.tool == "execute_code"}
     assert targets == set(CODES)
-    assert recipe(cfg) == "teacher=portable layouts=varied" and recipe(cfg) in bank.note(1)
+    assert recipe(cfg) == "teacher=portable/v2 layouts=varied" and recipe(cfg) in bank.note(1)
     check_recipe(bank, cfg)  # same recipe: accepted
-    with pytest.raises(ValueError, match=r"bank.*built with teacher=portable layouts=varied; this run asks for "
+    with pytest.raises(ValueError, match=r"bank.*built with teacher=portable/v2 layouts=varied; this run asks for "
                                          r"teacher=scripted layouts=varied"):
         check_recipe(bank, dataclasses.replace(cfg, teacher="scripted"))

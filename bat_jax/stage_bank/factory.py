@@ -55,6 +55,7 @@ from bat_jax.tasks.chat_client import ChatEndpointConfig
 from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence, run_episode
 from bat_jax.tasks.registry import TRACKS, get_track
 from bat_jax.tasks.rubric_items import build_rubric
+from bat_jax.tasks.portable_expert import VERSION as PORTABLE_VERSION
 from bat_jax.tasks.portable_expert import PortableExpert
 from bat_jax.tasks.teacher import ChatTeacher, ScriptedExpert
 from bat_jax.verify.rubric import Evidence, verify_episode
@@ -358,8 +359,10 @@ def _cache_key(cfg: FactoryConfig, src: Source, salt: str) -> str:
 
 def recipe(config: FactoryConfig) -> str:
     """The part of a version's note that says which teacher and layouts wrote its rows, e.g.
-    'teacher=portable layouts=varied' (`check_recipe` compares it)."""
-    return f"teacher={config.teacher} layouts={config.layouts}"
+    'teacher=portable/v2 layouts=varied' (`check_recipe` compares it; the portable expert's action texts carry
+    their version, `portable_expert.VERSION`, since rows of two versions must not be trained on together)."""
+    teacher = f"{config.teacher}/{PORTABLE_VERSION}" if config.teacher == "portable" else config.teacher
+    return f"teacher={teacher} layouts={config.layouts}"
 
 
 def check_recipe(bank: StageBank, config: FactoryConfig) -> None:

@@ -23,6 +23,10 @@ from bat_jax.sandbox.types import Observation
 from bat_jax.tasks.episode import Action, Conversation
 from bat_jax.tasks.teacher import _last_json
 
+#: Version of the action texts (the Stage Bank recipe names it): v2 = each step prints the next step's name first
+#: and the thought repeats it.
+VERSION = "v2"
+
 #: Reads the brief when the code runs: B = its text, P = its '## Paths' lines (`Layout.render`), O = outputs
 #: dir, rows = the case manifest; the method dir goes on sys.path. Every action ends with it (`_action`).
 PREAMBLE = """import csv, json, os, re, sys
@@ -38,17 +42,27 @@ def _action(body: str) -> str:
     """An action's code: the stage's own `body` first, as `run()`, then the shared `PREAMBLE` and the call.
 
     The text every action shares comes after the stage's own text, so a policy writing an action decides its
-    stage once, at the body's first line, and never has to carry that decision across shared text (the thought
-    is the same for every action for the same reason: issue 15, a tiny model's thought and body disagreed).
+    stage at the thought (`THOUGHTS`, read off the previous observation's `NEXT` line) and the body's first
+    line right after it, and never has to carry that decision across shared text (issue 15).
     """
     return "def run():\n" + textwrap.indent(body, "    ") + "\n\n" + PREAMBLE + "run()\n"
 
 
 def _stage_action(comment: str, body: str) -> str:
     """`_action` of a body whose first line is the comment naming its stage (the one place where the action
-    texts of two stages differ first)."""
-    return _action(f"# {comment}\n{body}")
+    texts of two stages differ first), then the print of the step that follows it (`NEXT`)."""
+    stage = Stage.parse(comment.split(":")[0].split()[0])
+    return _action(f"# {comment}\nprint({NEXT[stage]!r})\n{body}")
 
+
+#: The first line each stage's code prints, before anything that can fail: the step after it. The next
+#: thought repeats it (`THOUGHTS`), so a policy reads which step comes next from the latest observation, right
+#: before it writes that step, instead of inferring it from the whole history (issue 15).
+NEXT = {Stage.PLAN: "next: S2 Setup", Stage.SETUP: "next: S3 Validate", Stage.VALIDATE: "next: S4 Inference",
+        Stage.INFERENCE: "next: S5 Submit", Stage.SUBMIT: "next: submit"}
+#: The thought of each step's action: the step named by the previous observation's `NEXT` line (S1: the first).
+THOUGHTS = {Stage.PLAN: "Next: S1 Plan.", Stage.SETUP: "Next: S2 Setup.", Stage.VALIDATE: "Next: S3 Validate.",
+            Stage.INFERENCE: "Next: S4 Inference.", Stage.SUBMIT: "Next: S5 Submit."}
 
 _PLAN = _stage_action("S1 Plan: read the brief and the case manifest; write the plan.", """T, M, n = re.search(r"Task id: (\\S+)", B).group(1), P["method_dir"], len(rows)
 print(T, json.dumps([r["case_id"] for r in rows]), n, "cases")
@@ -124,17 +138,15 @@ json.dump({"task_id": T, "predictions": preds, "failed": failed}, open(S, "w"))
 print(json.dumps({"complete": len(preds) + len(failed) == len(rows), "submission": S}))
 """)
 
-#: The thought of every code action: the same text, so the stage is decided once, in the code (`_action`).
-STEP_THOUGHT = "Next step of the workflow; the code says which."
 #: (stage, thought, code) of every python action, in order; the submit call follows S5's.
 SCRIPT: tuple[tuple[Stage, str, str], ...] = (
-    (Stage.PLAN, STEP_THOUGHT, _PLAN),
-    (Stage.SETUP, STEP_THOUGHT, _SETUP),
-    (Stage.VALIDATE, STEP_THOUGHT, _VALIDATE),
-    (Stage.INFERENCE, STEP_THOUGHT, _INFERENCE),
-    (Stage.SUBMIT, STEP_THOUGHT, _SUBMIT),
+    (Stage.PLAN, THOUGHTS[Stage.PLAN], _PLAN),
+    (Stage.SETUP, THOUGHTS[Stage.SETUP], _SETUP),
+    (Stage.VALIDATE, THOUGHTS[Stage.VALIDATE], _VALIDATE),
+    (Stage.INFERENCE, THOUGHTS[Stage.INFERENCE], _INFERENCE),
+    (Stage.SUBMIT, THOUGHTS[Stage.SUBMIT], _SUBMIT),
 )
-SUBMIT_THOUGHT = "Coverage is complete; submit."
+SUBMIT_THOUGHT = "Next: submit."
 
 
 class PortableExpert:
