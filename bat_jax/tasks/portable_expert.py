@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import textwrap
 
-from bat_jax.benchmark.stages import Stage
+from bat_jax.benchmark.stages import STAGES, Stage
 from bat_jax.sandbox.types import Observation
 from bat_jax.tasks.episode import Action, Conversation
 from bat_jax.tasks.teacher import _last_json
@@ -48,30 +48,32 @@ def _action(body: str) -> str:
     return "def run():\n" + textwrap.indent(body, "    ") + "\n\n" + PREAMBLE + "run()\n"
 
 
-def _stage_action(comment: str, body: str) -> str:
-    """`_action` of a body whose first line is the comment naming its stage (the one place where the action
-    texts of two stages differ first), then the print of the step that follows it (`NEXT`)."""
-    stage = Stage.parse(comment.split(":")[0].split()[0])
-    return _action(f"# {comment}\nprint({NEXT[stage]!r})\n{body}")
+def _name(stage: Stage) -> str:
+    return f"{stage.value} {stage.title}"
 
 
 #: The first line each stage's code prints, before anything that can fail: the step after it. The next
 #: thought repeats it (`THOUGHTS`), so a policy reads which step comes next from the latest observation, right
 #: before it writes that step, instead of inferring it from the whole history (issue 15).
-NEXT = {Stage.PLAN: "next: S2 Setup", Stage.SETUP: "next: S3 Validate", Stage.VALIDATE: "next: S4 Inference",
-        Stage.INFERENCE: "next: S5 Submit", Stage.SUBMIT: "next: submit"}
+NEXT = {**{s: f"next: {_name(n)}" for s, n in zip(STAGES, STAGES[1:])}, Stage.SUBMIT: "next: submit"}
 #: The thought of each step's action: the step named by the previous observation's `NEXT` line (S1: the first).
-THOUGHTS = {Stage.PLAN: "Next: S1 Plan.", Stage.SETUP: "Next: S2 Setup.", Stage.VALIDATE: "Next: S3 Validate.",
-            Stage.INFERENCE: "Next: S4 Inference.", Stage.SUBMIT: "Next: S5 Submit."}
+THOUGHTS = {s: f"Next: {_name(s)}." for s in STAGES}
 
-_PLAN = _stage_action("S1 Plan: read the brief and the case manifest; write the plan.", """T, M, n = re.search(r"Task id: (\\S+)", B).group(1), P["method_dir"], len(rows)
+
+def _stage_action(stage: Stage, summary: str, body: str) -> str:
+    """`_action` of a body whose first line is the comment naming its stage and `summary` (the one place where
+    the action texts of two stages differ first), then the print of the step that follows it (`NEXT`)."""
+    return _action(f"# {_name(stage)}: {summary}\nprint({NEXT[stage]!r})\n{body}")
+
+
+_PLAN = _stage_action(Stage.PLAN, "read the brief and the case manifest; write the plan.", """T, M, n = re.search(r"Task id: (\\S+)", B).group(1), P["method_dir"], len(rows)
 print(T, json.dumps([r["case_id"] for r in rows]), n, "cases")
 os.makedirs(os.path.dirname(P["plan_path"]) or ".", exist_ok=True)
 open(P["plan_path"], "w").write(f"# Plan for {T}\\n{n} cases in {P['cases_csv']}; method {M}/model.py; "
                                 f"restore from {P['archive_dir']}; submission {O}/submission.json\\n")
 """)
 
-_SETUP = _stage_action("S2 Setup: import the method, record versions, create the output directories.", """import numpy, model
+_SETUP = _stage_action(Stage.SETUP, "import the method, record versions, create the output directories.", """import numpy, model
 info = {"numpy": numpy.__version__, "method_version": model.load_config()["version"]}
 for d in ("", "/pred", "/validation"):
     os.makedirs(O + d, exist_ok=True)
@@ -79,7 +81,7 @@ json.dump(info, open(O + "/env.json", "w"))
 print(info)
 """)
 
-_VALIDATE = _stage_action("S3 Validate: check every input, restore or repair, smoke-run one case, write the report.", """import gzip, model, numpy as np
+_VALIDATE = _stage_action(Stage.VALIDATE, "check every input, restore or repair, smoke-run one case, write the report.", """import gzip, model, numpy as np
 A = P["archive_dir"]
 
 def check(r):
@@ -119,7 +121,7 @@ json.dump({"case_id": r["case_id"], "output_shape": s["shape"], "nondegenerate":
 print(issues, s)
 """)
 
-_INFERENCE = _stage_action("S4 Inference: run the method on every usable case.", """import model
+_INFERENCE = _stage_action(Stage.INFERENCE, "run the method on every usable case.", """import model
 issues = json.load(open(O + "/validation.json")).get("issues", [])
 skip = [i["case_id"] for i in issues if i["action"] == "unrecoverable"]
 for r in rows:
@@ -129,7 +131,7 @@ for r in rows:
 print("predicted", len(rows) - len(skip), "skipped", skip)
 """)
 
-_SUBMIT = _stage_action("S5 Submit: assemble the submission and check coverage.", """T, D, S = re.search(r"Task id: (\\S+)", B).group(1), O + "/pred", O + "/submission.json"
+_SUBMIT = _stage_action(Stage.SUBMIT, "assemble the submission and check coverage.", """T, D, S = re.search(r"Task id: (\\S+)", B).group(1), O + "/pred", O + "/submission.json"
 preds = {n[:-5]: json.load(open(D + "/" + n)) for n in os.listdir(D) if n.endswith(".json")}
 issues = json.load(open(O + "/validation.json")).get("issues", [])
 failed = {i["case_id"]: i["kind"] + " input, unrecoverable" for i in issues if i["action"] == "unrecoverable"}
@@ -139,13 +141,8 @@ print(json.dumps({"complete": len(preds) + len(failed) == len(rows), "submission
 """)
 
 #: (stage, thought, code) of every python action, in order; the submit call follows S5's.
-SCRIPT: tuple[tuple[Stage, str, str], ...] = (
-    (Stage.PLAN, THOUGHTS[Stage.PLAN], _PLAN),
-    (Stage.SETUP, THOUGHTS[Stage.SETUP], _SETUP),
-    (Stage.VALIDATE, THOUGHTS[Stage.VALIDATE], _VALIDATE),
-    (Stage.INFERENCE, THOUGHTS[Stage.INFERENCE], _INFERENCE),
-    (Stage.SUBMIT, THOUGHTS[Stage.SUBMIT], _SUBMIT),
-)
+SCRIPT: tuple[tuple[Stage, str, str], ...] = tuple(
+    (stage, THOUGHTS[stage], code) for stage, code in zip(STAGES, (_PLAN, _SETUP, _VALIDATE, _INFERENCE, _SUBMIT)))
 SUBMIT_THOUGHT = "Next: submit."
 
 
