@@ -55,8 +55,7 @@ from bat_jax.tasks.chat_client import ChatEndpointConfig
 from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence, run_episode
 from bat_jax.tasks.registry import TRACKS, get_track
 from bat_jax.tasks.rubric_items import build_rubric
-from bat_jax.tasks.portable_expert import VERSION as PORTABLE_VERSION
-from bat_jax.tasks.portable_expert import PortableExpert
+from bat_jax.tasks.portable_expert import VERSION as PORTABLE_VERSION, PortableExpert
 from bat_jax.tasks.teacher import ChatTeacher, ScriptedExpert
 from bat_jax.verify.rubric import Evidence, verify_episode
 

@@ -55,9 +55,10 @@ def _replay_input(inst: TaskInstance, case_id: str) -> tuple[str, bytes, dict[st
 
 @functools.lru_cache(maxsize=256)
 def _run_method(model_py: bytes, config_json: bytes, input_name: str, input_bytes: bytes,
-                row_items: tuple[tuple[str, str], ...]) -> tuple[str, bytes] | None:
-    """Runs the method on one input in a temp dir. Returns (JSON text of the entry's non-file values, npz bytes
-    of the decoded files the entry names), or None when the method raises on this input."""
+                row_items: tuple[tuple[str, str], ...]) -> tuple[str, tuple[tuple[str, np.ndarray], ...]] | None:
+    """Runs the method on one input in a temp dir. Returns (JSON text of the entry's non-file values,
+    (key, read-only decoded array) of each file the entry names), or None when the method raises on this input.
+    Cached, so nothing it returns may be mutable."""
     with tempfile.TemporaryDirectory(prefix="bat_replay_") as tmp:
         mdir = os.path.join(tmp, "method")
         os.makedirs(mdir)
@@ -74,14 +75,15 @@ def _run_method(model_py: bytes, config_json: bytes, input_name: str, input_byte
             entry = module.save_prediction(pred, os.path.join(tmp, "out"), "case")
         except Exception:  # noqa: BLE001 — an input the method rejects has no replay
             return None
-        arrays = {}
+        arrays = []
         for key, value in entry.items():
             if isinstance(value, str) and value.startswith(tmp):
                 with open(value, "rb") as f:
-                    arrays[key] = decode_array(f.read(), value)
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        return json.dumps({k: v for k, v in entry.items() if k not in arrays}, sort_keys=True), buf.getvalue()
+                    array = decode_array(f.read(), value)
+                array.setflags(write=False)
+                arrays.append((key, array))
+        files = {k for k, _ in arrays}
+        return json.dumps({k: v for k, v in entry.items() if k not in files}, sort_keys=True), tuple(arrays)
 
 
 def _ext(name: str) -> str:
@@ -96,8 +98,8 @@ def method_output(inst: TaskInstance, case_id: str) -> tuple[dict, dict[str, np.
 
     Returns:
       (values, arrays): the entry's non-file values (e.g. {'label': ..., 'scores': {...}}) and, for each entry key
-      that names a written file, its decoded content (`decode_array`, float64 / int arrays); None when the case
-      has no replayable input (see the module docstring) or the method rejects it.
+      that names a written file, its decoded content (`decode_array`, float64 / int arrays, read-only); None when
+      the case has no replayable input (see the module docstring) or the method rejects it.
     """
     got = _replay_input(inst, case_id)
     if got is None:
@@ -108,10 +110,8 @@ def method_output(inst: TaskInstance, case_id: str) -> tuple[dict, dict[str, np.
                       tuple(sorted(row.items())))
     if out is None:
         return None
-    values, npz = out
-    with np.load(io.BytesIO(npz), allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    return json.loads(values), arrays
+    values, arrays = out
+    return json.loads(values), dict(arrays)
 
 
 def _close(a, b) -> bool:

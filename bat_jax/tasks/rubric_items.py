@@ -5,8 +5,8 @@ each call read and write) and the final workspace files. Receipt evidence is wha
 never the text of its code (issue 13): "the method ran" means a successful call read the method's `model.py`
 (importing it) and a case input, and itself wrote a case entry into the output directory that equals the host's
 replay of the method on that case (`tasks/method_replay.py`: reading the files and writing anything else earns
-nothing); the artefact items then check the written files' shape and content. Items that rest on the hidden answer key (the fault set, expected shapes)
-are checked against the `TaskInstance`, which the policy never sees.
+nothing); the artefact items then check the written files' shape and content. Items that rest on the hidden
+answer key (the fault set, expected shapes) are checked against the `TaskInstance`, which the policy never sees.
 """
 
 from __future__ import annotations

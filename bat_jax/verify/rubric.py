@@ -20,8 +20,9 @@ from bat_jax.benchmark.scoring import Cell
 from bat_jax.benchmark.stages import STAGES, Stage
 from bat_jax.sandbox.types import Receipt
 
-#: Version of the reward contract; bump when items, evidence or the formula change.
-REWARD_VERSION = "bat_rubric/v3"  # v2: receipt evidence from kernel file traces; v3: "the method ran" = its replayed output (issue 13)
+#: Version of the reward contract; bump when items, evidence or the formula change. v2: receipt evidence from
+#: kernel file traces; v3: "the method ran" = an entry equal to the host's replay of the method (issue 13).
+REWARD_VERSION = "bat_rubric/v3"
 
 
 @dataclasses.dataclass(frozen=True)
