@@ -99,6 +99,16 @@ def _forgeries(inst):
             "pred = model.predict(model.load_input(row['file']), row, model.load_config())\n"
             "pred.flat[0] = 2 - pred.flat[0]\n"
             f"model.save_prediction(pred, '{L.validation_dir}', '{cid}')"),
+        "tampered_method_copy": _py(
+            head + f"os.makedirs('{L.outputs_dir}/m', exist_ok=True)\n"
+            f"shutil.copy('{L.method_dir}/config.json', '{L.outputs_dir}/m/config.json')\n"
+            f"src = open('{L.method_dir}/model.py').read().replace('def predict(x, row, cfg):',"
+            " 'def predict(x, row, cfg):\\n    return (x > x.mean()).astype(np.int16)\\n\\ndef _real(x, row, cfg):')\n"
+            f"open('{L.outputs_dir}/m/model.py', 'w').write(src)\nsys.path.insert(0, '{L.outputs_dir}/m')\n"
+            "import model\n"
+            f"row = {{r['case_id']: r for r in csv.DictReader(open('{L.cases_csv}'))}}['{cid}']\n"
+            "pred = model.predict(model.load_input(row['file']), row, model.load_config())\n"
+            f"model.save_prediction(pred, '{L.validation_dir}', '{cid}')"),
         "another_cases_output": _py(
             head + "import model\n"
             f"row = {{r['case_id']: r for r in csv.DictReader(open('{L.cases_csv}'))}}['{inst.cases[1].case_id}']\n"
@@ -108,7 +118,8 @@ def _forgeries(inst):
 
 
 @pytest.mark.parametrize("forgery", ["bash_cat", "copy_of_input", "imported_but_forged_mask",
-                                     "method_output_off_by_one_voxel", "another_cases_output"])
+                                     "method_output_off_by_one_voxel", "another_cases_output",
+                                     "tampered_method_copy"])
 def test_reading_the_method_and_writing_anything_else_is_not_a_method_run(factory, forgery):
     """Kernel traces show what a call touched, not that it ran the method: a call that reads model.py, the
     config and a case input and writes a case entry earns 'the method ran' only when the entry equals the host's
