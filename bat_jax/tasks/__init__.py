@@ -4,5 +4,5 @@ Modules: base (layout, TaskInstance, Track, variants/faults), brief (task.md + s
 rubric_items (per-stage rubric + evidence), episode (Action/Conversation/Policy/run_episode), teacher
 (ScriptedExpert, OpenAITeacher, baselines), chat_client (OpenAI-compatible HTTP), harness (play, teacher
 trajectories with boundary states, backend factory), heldout (suite + manifest), registry, and one module
-per track: classification, detection, enhancement, report, segmentation, synthesis, vqa.
+per track: classification, detection, enhancement, report_generation, segmentation, synthesis, vqa.
 """

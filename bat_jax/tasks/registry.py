@@ -6,7 +6,7 @@ from bat_jax.tasks.base import Track
 from bat_jax.tasks.classification import ClassificationTrack
 from bat_jax.tasks.detection import DetectionTrack
 from bat_jax.tasks.enhancement import EnhancementTrack
-from bat_jax.tasks.report import ReportTrack
+from bat_jax.tasks.report_generation import ReportTrack
 from bat_jax.tasks.segmentation import SegmentationTrack
 from bat_jax.tasks.synthesis import SynthesisTrack
 from bat_jax.tasks.vqa import VQATrack

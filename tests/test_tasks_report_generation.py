@@ -8,7 +8,7 @@ from bat_jax.tasks.harness import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.metrics import report_labels
 from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.report import FINDINGS
+from bat_jax.tasks.report_generation import FINDINGS
 from bat_jax.tasks.teacher import ScriptedExpert
 
 TRACK = get_track("report")

@@ -1,4 +1,5 @@
-"""Report-generation track: fictional chest radiograph PNGs; metric label F1 of the findings in the report."""
+"""Report-generation track (track name "report", as in banks and digests): fictional chest radiograph PNGs; metric
+label F1 of the findings in the report."""
 
 from __future__ import annotations
 
