@@ -3,9 +3,9 @@
 import pytest
 
 from bat_jax.benchmark.scoring import overall_score
-from bat_jax.tasks.base import HELDOUT_LAYOUT
 from bat_jax.tasks.harness import play
 from bat_jax.tasks.heldout import heldout_suite
+from bat_jax.tasks.layout import HELDOUT_LAYOUT
 from bat_jax.tasks.metrics import report_labels
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.report_generation import FINDINGS

@@ -107,8 +107,8 @@ def test_corpus_is_deterministic_and_covers_the_glue():
 
 
 def test_corpus_briefs_come_from_the_training_split_only():
-    from bat_jax.tasks.base import HELDOUT_LAYOUT
     from bat_jax.tasks.brief import _OPENINGS, HELDOUT_TEMPLATE
+    from bat_jax.tasks.layout import HELDOUT_LAYOUT
 
     joined = "".join(tiny.generate_corpus(600, seed=0))
     assert joined.count("## Stage skill") == 100  # every 6th document is a brief with stage skills

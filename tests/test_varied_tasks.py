@@ -8,9 +8,9 @@ import pytest
 
 from bat_jax.stage_bank.factory import FactoryConfig, sources
 from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageScanner
-from bat_jax.tasks.base import HELDOUT_LAYOUT, TRAIN_LAYOUT, Layout, varied_naming
 from bat_jax.tasks.brief import VARIED_TEMPLATES
 from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, heldout_suite, manifest, manifest_strings, training_task
+from bat_jax.tasks.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, Layout, varied_naming
 from bat_jax.tasks.registry import TRACKS
 
 

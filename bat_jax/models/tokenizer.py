@@ -188,8 +188,8 @@ def _brief_text(rng: random.Random) -> str:
     """A training-split task brief (training layout and templates only, never the held-out ones) followed by
     stage skills, as the agent's first user turn shows them."""
     from bat_jax.benchmark.stages import STAGES
-    from bat_jax.tasks.base import TRAIN_LAYOUT
     from bat_jax.tasks.brief import HELDOUT_TEMPLATE, N_TEMPLATES, render_brief, stage_skill
+    from bat_jax.tasks.layout import TRAIN_LAYOUT
     from bat_jax.tasks.registry import TRACKS
 
     track = TRACKS[rng.choice(sorted(TRACKS))]

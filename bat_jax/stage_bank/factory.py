@@ -78,8 +78,8 @@ class FactoryConfig:
       tracks: track names (registry order by default: 7 tracks).
       foci: row foci, subset of ('E2E', 'S1'..'S5').
       outcomes: teacher-trajectory outcome buckets, subset of ('success', 'recovery', 'failure').
-      layouts: 'fixed' (every task in `tasks.base.TRAIN_LAYOUT`, 'tr' ids) or 'varied' (paths and id prefix drawn
-        from the task seed, `tasks.base.varied_naming`): a policy must read them from the brief.
+      layouts: 'fixed' (every task in `tasks.layout.TRAIN_LAYOUT`, 'tr' ids) or 'varied' (paths and id prefix drawn
+        from the task seed, `tasks.layout.varied_naming`): a policy must read them from the brief.
       cases_per_task: cases per generated task; 0 keeps each track's default (4 or 6).
       e2e_cases, e2e_input_fraction, e2e_validation_passes: the E2E reduction λ (Eq. 12).
       horizon: rollout limit H in assistant turns (REFERENCE.md: 24); also the teacher's turn cap.

@@ -1,4 +1,4 @@
-"""Common task framework: workspace layout, task instances, outcome variants and the Track base class.
+"""Common task framework: task instances, input encoding, outcome variants and the Track base class.
 
 A *track* (one of seven families) procedurally writes a fictional multi-case task as files the agent must
 open: inputs under the layout's images directory, a `cases.csv` manifest, a small provided method
@@ -9,6 +9,9 @@ Outcome variants (issue 5): 'success' (clean data), 'recovery' (one injected, re
 input or a corrupted input, each with an intact gzip copy in the archive directory, or — NIfTI tracks only —
 a wrong voxel spacing in the header, fixed by rewriting the header from the manifest's `spacing_mm`) and
 'failure' (one corrupted input with no archive copy: the case cannot be done and must be reported as failed).
+
+The workspace paths live in `tasks.layout`, the public text (brief, stage skills) in `tasks.brief`; both are
+imported here and neither imports this module.
 """
 
 from __future__ import annotations
@@ -18,111 +21,18 @@ import dataclasses
 import gzip
 import io
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from bat_jax.sandbox.types import SandboxState
+from bat_jax.tasks.brief import HELDOUT_TEMPLATE, render_brief
+from bat_jax.tasks.layout import TRAIN_LAYOUT, Layout
 
 VARIANTS = ("success", "recovery", "failure")
 #: Fault kinds the agent must name in its validation report ('spacing' only on tracks with `spacing`).
 FAULT_KINDS = ("missing", "unreadable", "spacing")
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Workspace-relative paths of one task. Held-out tasks use a different layout than training tasks."""
-
-    images_dir: str = "data/images"
-    archive_dir: str = "data/archive"
-    cases_csv: str = "data/cases.csv"
-    method_dir: str = "method"
-    outputs_dir: str = "outputs"
-    plan_path: str = "plan.md"
-
-    @property
-    def pred_dir(self) -> str:
-        return f"{self.outputs_dir}/pred"
-
-    @property
-    def validation_dir(self) -> str:
-        return f"{self.outputs_dir}/validation"
-
-    @property
-    def validation_json(self) -> str:
-        return f"{self.outputs_dir}/validation.json"
-
-    @property
-    def env_json(self) -> str:
-        return f"{self.outputs_dir}/env.json"
-
-    @property
-    def submission(self) -> str:
-        return f"{self.outputs_dir}/submission.json"
-
-    def render(self) -> str:
-        """The '## Paths' lines of a brief (`key: value`), parsed back by `Layout.parse`."""
-        return "\n".join(f"- {f.name}: `{getattr(self, f.name)}`" for f in dataclasses.fields(self))
-
-    @classmethod
-    def parse(cls, brief: str) -> "Layout":
-        """Reads the layout from a brief's path lines. Raises ValueError naming a missing key."""
-        values = {}
-        for f in dataclasses.fields(cls):
-            m = re.search(rf"^- {f.name}: `([^`]+)`", brief, flags=re.MULTILINE)
-            if not m:
-                raise ValueError(f"brief has no path line for {f.name!r}")
-            values[f.name] = m.group(1)
-        return cls(**values)
-
-
-TRAIN_LAYOUT = Layout()
-HELDOUT_LAYOUT = Layout(images_dir="study/scans", archive_dir="study/backup", cases_csv="study/manifest.csv",
-                        method_dir="tools/method", outputs_dir="results", plan_path="notes/plan.md")
-
-# Name pools of seed-drawn training layouts (`varied_naming`). None holds a component of HELDOUT_LAYOUT, so no
-# training path can spell a held-out one.
-_ROOTS = ("data", "input", "raw", "cohort", "project", "work", "batch", "exam", "series", "site", "trial",
-          "collection", "dataset", "intake", "share", "lab", "clinic", "ward", "source", "inbox")
-_IMAGES = ("images", "imgs", "volumes", "slices", "frames", "cases", "files", "pixels", "acq", "img", "inputs",
-           "raw_px", "pictures", "stack")
-_ARCHIVES = ("archive", "bak", "orig", "originals", "mirror", "spare", "copies", "vault", "safe", "snapshots",
-             "restore", "cold")
-_TABLES = ("cases", "index", "list", "catalog", "table", "cohort", "registry", "inventory", "roster", "sheet",
-           "worklist", "census")
-_METHODS = ("method", "algo", "pipeline", "solver", "engine", "baseline", "code", "pkg", "lib", "src", "model_dir",
-            "predictor")
-_SUBDIRS = ("", "", "v1", "core", "impl", "current")
-_OUTPUTS = ("outputs", "out", "output", "artifacts", "deliver", "export", "answers", "products", "final", "runs",
-            "made", "yield")
-_PLAN_DIRS = ("", "", "docs/", "doc/", "meta/", "admin/")
-_PLANS = ("plan", "PLAN", "planning", "todo", "roadmap", "steps", "approach")
-#: Two-letter id prefixes of seed-drawn training tasks: any but the held-out suite's 'hx'.
-_LETTERS = "abcdefgijklmnopqrstuvwyz"
-
-
-def varied_naming(seed: int) -> tuple[Layout, str]:
-    """(layout, id prefix) of a training task drawn from its seed (issue 15): every path of the workspace
-    (image, archive and method directories, the cases table, outputs and plan) and the two-letter prefix of its
-    task and case ids come from name pools with numbered roots, so paths and ids differ from task to task and
-    only reading the brief gives them. Pure function of `seed`; never a held-out component or the 'hx' prefix.
-    """
-    rng = np.random.default_rng([int(seed), 15])
-
-    def pick(pool):
-        return pool[int(rng.integers(len(pool)))]
-
-    root = f"{pick(_ROOTS)}{pick(('', '_', '-'))}{int(rng.integers(1, 100))}"
-    sub = pick(_SUBDIRS)
-    method = pick(_METHODS) + (f"/{sub}" if sub else "")
-    outputs = pick(_OUTPUTS) + pick(("", f"_{int(rng.integers(1, 100))}"))
-    layout = Layout(images_dir=f"{root}/{pick(_IMAGES)}", archive_dir=f"{root}/{pick(_ARCHIVES)}",
-                    cases_csv=f"{root}/{pick(_TABLES)}.csv", method_dir=method, outputs_dir=outputs,
-                    plan_path=f"{pick(_PLAN_DIRS)}{pick(_PLANS)}.md")
-    prefix = pick(_LETTERS) + pick(_LETTERS)
-    return layout, prefix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,8 +221,6 @@ class Track:
         Raises:
           ValueError: unknown variant.
         """
-        from bat_jax.tasks.brief import HELDOUT_TEMPLATE, render_brief
-
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         rng = np.random.default_rng(seed)

@@ -3,7 +3,7 @@
 Both are public: they describe goals, checks and recovery steps, never answers. Templates 0–1 are used for
 training tasks, template 2 only for the held-out suite (issue 5: disjoint templates). Templates
 `VARIED_TEMPLATE_BASE` + w (w = 0, 1) are training templates with wording w whose workspace paths and ids are
-drawn from the task seed (`tasks.base.varied_naming`), so that no path or id can be memorised.
+drawn from the task seed (`tasks.layout.varied_naming`), so that no path or id can be memorised.
 
 `compact_user_message` rewrites a full first user turn (brief + stage skills, as `render_brief` and
 `stage_skill` write them) into the terse form small policies are prompted with (issue 15): task id, track,
@@ -12,12 +12,21 @@ case count, every path, the submission schema, the stage to start at and one lin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from typing import Protocol
 
 from bat_jax.benchmark.stages import Stage
+from bat_jax.tasks.layout import Layout
 
-if TYPE_CHECKING:
-    from bat_jax.tasks.base import Layout, Track
+
+class TrackText(Protocol):
+    """What a brief says about a track (every `tasks.base.Track` has these; this module never imports it)."""
+
+    name: str
+    title: str
+    output_summary: str
+    metric_name: str
+    method_summary: str
 
 _OPENINGS = (
     "You are an imaging research assistant. Complete the {title} task below end to end.",
@@ -44,7 +53,7 @@ def wording(template: int) -> int:
     raise ValueError(f"template must be in 0..{N_TEMPLATES - 1} or one of {VARIED_TEMPLATES}, got {template}")
 
 
-def render_brief(track: "Track", task_id: str, layout: "Layout", n_cases: int, template: int) -> str:
+def render_brief(track: TrackText, task_id: str, layout: Layout, n_cases: int, template: int) -> str:
     """The `task.md` text of one task.
 
     Raises:
@@ -157,10 +166,6 @@ def compact_user_message(text: str) -> str:
     Text that is not such a turn (no `Task id:` / `Track:` lines or path lines) is returned unchanged, so an
     external benchmark's brief is never mangled.
     """
-    import re
-
-    from bat_jax.tasks.base import Layout
-
     head, _, skills = text.partition(SKILL_HEADING)
     task_id = re.search(r"^Task id: (\S+)", head, flags=re.MULTILINE)
     track = re.search(r"^Track: (\S+)", head, flags=re.MULTILINE)

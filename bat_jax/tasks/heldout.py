@@ -6,7 +6,7 @@ Disjoint from training tasks by construction (issue 5 item 4):
   * identifiers: task and case ids start with HELDOUT_PREFIX ('hx'); training uses TRAIN_PREFIX ('tr'), or for
     the varied templates a seed-drawn two-letter prefix that is never 'hx';
   * paths: HELDOUT_LAYOUT (study/, tools/method/, results/) differs from TRAIN_LAYOUT (data/, method/, outputs/)
-    and from every seed-drawn training layout (`base.varied_naming`: name pools without a held-out component).
+    and from every seed-drawn training layout (`layout.varied_naming`: name pools without a held-out component).
 
 The manifest lists task ids, case ids, file paths, questions, answers and report texts — everything the
 leakage preflight must keep out of Stage Bank rows. It never enters a training row itself.
@@ -19,8 +19,9 @@ import os
 import tempfile
 from collections.abc import Iterable, Sequence
 
-from bat_jax.tasks.base import HELDOUT_LAYOUT, TRAIN_LAYOUT, TaskInstance, Track, varied_naming
+from bat_jax.tasks.base import TaskInstance, Track
 from bat_jax.tasks.brief import HELDOUT_TEMPLATE, VARIED_TEMPLATES
+from bat_jax.tasks.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, varied_naming
 from bat_jax.tasks.registry import TRACKS
 
 HELDOUT_SEED_BASE = 1_000_000_000
@@ -57,7 +58,7 @@ def heldout_suite(n_per_track: int = 2, variants: Sequence[str] = ("success", "r
 def training_task(track: Track, seed: int, variant: str = "success", template: int = 0) -> TaskInstance:
     """A training (Stage Bank) task: TRAIN_LAYOUT and TRAIN_PREFIX with template 0 or 1; with one of
     `brief.VARIED_TEMPLATES` (10, 11: wording 0, 1) the layout and id prefix drawn from the seed
-    (`base.varied_naming`), so that paths and ids vary from task to task.
+    (`layout.varied_naming`), so that paths and ids vary from task to task.
 
     Raises:
       ValueError: a held-out seed, the held-out template or an unknown template.

@@ -28,7 +28,7 @@ from bat_jax.tasks.chat_client import ChatClient, ChatEndpointConfig, ChatError
 from bat_jax.verify.rubric import REWARD_VERSION, Evidence, InfraError, Rubric, RubricItem
 
 if TYPE_CHECKING:
-    from bat_jax.tasks.base import Layout
+    from bat_jax.tasks.layout import Layout
 
 #: Characters of rendered evidence sent to the judge.
 MAX_EVIDENCE_CHARS = 6000
@@ -154,7 +154,7 @@ def judged_item(item_id: str, stage: Stage, description: str, evidence: tuple[st
 #: Items resting on the hidden answer key or on exact artefact formats stay programmatic.
 DEFAULT_ITEMS = ("plan.written",)
 
-#: Evidence key → the `tasks.base.Layout` attribute of the workspace file it names (shown to the judge).
+#: Evidence key → the `tasks.layout.Layout` attribute of the workspace file it names (shown to the judge).
 EVIDENCE_FILES = {"file.plan": "plan_path", "file.env": "env_json", "file.validation": "validation_json",
                   "file.submission": "submission"}
 
