@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bat_jax.benchmark.stages import STAGES, Stage
-from bat_jax.stage_bank.leakage import check_prescription
+from bat_jax.stage_bank.prescription import check_prescription
 
 RULE_WEAKEST = "weakest"
 RULE_REGRESSION = "largest_regression"

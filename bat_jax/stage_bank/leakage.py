@@ -1,8 +1,8 @@
-"""The held-out firewall: leakage preflight over training/validation data, and the prescription filter.
+"""The held-out firewall: leakage preflight over training/validation data (files, rows, state files).
 
 Source: paper Section 3 ("A hard preflight covers every training and validation file"; "Generation-time rules
-... block known task and path markers"), Eq. 15 (Leak(z) = 0 for acceptance) and Section 2.2 ("Only five stage
-scores and one Overall score leave the controller evaluation").
+... block known task and path markers") and Eq. 15 (Leak(z) = 0 for acceptance). The other side of the
+firewall, what the router may tell the data side, is `stage_bank.prescription`.
 
 Markers taken from the held-out manifest:
   * identifiers (task ids, case ids): matched case-insensitively as whole id tokens, or as a run of
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import tarfile
@@ -30,7 +29,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bat_jax.benchmark.stages import Stage
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.sandbox import snapshot
 from bat_jax.stage_bank.row import RLRow, SFTRow, StateRef
@@ -45,10 +43,6 @@ _SLASH_TOKEN = re.compile(r"(?<![a-z0-9_.\-~])[a-z0-9_.\-~]*+(?:[/\\][a-z0-9_.\-
 
 class LeakageError(RuntimeError):
     """The preflight found held-out content; the launch must not start."""
-
-
-class PrescriptionError(ValueError):
-    """A router prescription carries a field or value that may not cross the firewall."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,98 +397,3 @@ def preflight(
         if load_state is not None and isinstance(row, RLRow):
             scanner.scan_state(load_state(row.state), file=source, row=i, field="state", report=report)
     return report
-
-
-# ------------------------------------------------------------------------------ prescription firewall
-
-_TRACK_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-def _number(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise PrescriptionError(f"prescription field {field!r} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _stage_map(value: Any, field: str) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        raise PrescriptionError(f"prescription field {field!r} must map stages to numbers")
-    out = {}
-    for k, v in value.items():
-        try:
-            stage = Stage.parse(k)
-        except ValueError as e:
-            raise PrescriptionError(f"prescription field {field!r}: {e}") from None
-        out[stage.value] = _number(v, f"{field}.{k}")
-    return out
-
-
-def _track_map(value: Any, field: str, *, integer: bool = False) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        raise PrescriptionError(f"prescription field {field!r} must map names to numbers")
-    out = {}
-    for k, v in value.items():
-        if not isinstance(k, str) or not _TRACK_KEY.match(k):
-            raise PrescriptionError(f"prescription field {field!r} has key {k!r}; only aggregate names "
-                                    "(lowercase identifiers such as track names) may cross the firewall")
-        if integer and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise PrescriptionError(f"prescription field {field}.{k} must be a count (int >= 0), got {v!r}")
-        out[k] = v if integer else _number(v, f"{field}.{k}")
-    return out
-
-
-def _round_index(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PrescriptionError(f"prescription field {field!r} must be a round index (int >= 0), got {value!r}")
-    return value
-
-
-def _stage_name(value: Any, field: str) -> str:
-    try:
-        return Stage.parse(value).value
-    except ValueError as e:
-        raise PrescriptionError(f"prescription field {field!r}: {e}") from None
-
-
-def _counts(value: Any, field: str) -> dict[str, float]:
-    return _track_map(value, field, integer=True)
-
-
-#: Router → data-side prescription fields and their checkers (aggregates only).
-PRESCRIPTION_FIELDS: Mapping[str, Callable[[Any, str], Any]] = {
-    "round": _round_index,
-    "target_stage": _stage_name,
-    "overall": _number,
-    "task_mean": _number,
-    "stage_scores": _stage_map,
-    "stage_changes": _stage_map,
-    "track_task_means": _track_map,
-    "track_changes": _track_map,
-    "counts": _counts,
-}
-
-
-def check_prescription(payload: Mapping[str, Any], *, tracks: Iterable[str] | None = None) -> dict[str, Any]:
-    """Returns a clean copy of a router prescription, or raises if anything but aggregates would cross.
-
-    Allowed fields: PRESCRIPTION_FIELDS (round, target_stage, overall, task_mean, stage_scores, stage_changes,
-    track_task_means, track_changes, counts); values are numbers or maps of stage/track names to numbers.
-    When `tracks` is given, the keys of track_task_means / track_changes must be among them.
-
-    Raises:
-      PrescriptionError: naming the offending field (unknown field, free text, nested data, ids, paths).
-    """
-    if not isinstance(payload, Mapping):
-        raise PrescriptionError(f"a prescription must be a mapping, got {type(payload).__name__}")
-    out = {}
-    for key, value in payload.items():
-        check = PRESCRIPTION_FIELDS.get(key)
-        if check is None:
-            raise PrescriptionError(f"prescription field {key!r} is not an allowed aggregate field; "
-                                    f"allowed {sorted(PRESCRIPTION_FIELDS)}")
-        out[key] = check(value, key)
-        if tracks is not None and key in ("track_task_means", "track_changes"):
-            unknown = sorted(set(out[key]) - set(tracks))
-            if unknown:
-                raise PrescriptionError(f"prescription field {key!r} names unknown tracks {unknown}")
-    return out
