@@ -7,9 +7,10 @@ import pytest
 
 from bat_jax.benchmark.stages import Stage
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RLRow, RowValidationError,
-                                    RubricItem, SFTRow, StateRef, Transformation, canonical_json, rl_row_from_dict,
-                                    sft_row_from_dict)
+from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
+                                    StateRef, Transformation, canonical_json)
+from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
+from bat_jax.stage_bank.row_validation import RowValidationError
 
 H = "ab" * 32
 STATE = SandboxState(files={"task.md": b"Segment the fictional liver.", "data/x.txt": b"1"}, env={"SEED": "1"})

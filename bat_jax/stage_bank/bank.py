@@ -32,8 +32,9 @@ from pathlib import Path
 
 from bat_jax.sandbox import snapshot
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.stage_bank.row import (RLRow, RowValidationError, SFTRow, StateRef, rl_row_from_dict,
-                                    sft_row_from_dict)
+from bat_jax.stage_bank.row import RLRow, SFTRow, StateRef
+from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
+from bat_jax.stage_bank.row_validation import RowValidationError
 
 FORMAT = 1
 #: Index dimensions (paper: task type, stage, outcome label, reward source).

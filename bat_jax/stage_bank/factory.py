@@ -47,8 +47,8 @@ from bat_jax.stage_bank import e2e_surrogate as e2e
 from bat_jax.stage_bank import slicing
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageReport, LeakageScanner, preflight
-from bat_jax.stage_bank.row import (OUTCOMES, Provenance, RLRow, SFTRow, StateRef, content_digest,
-                                    rl_row_from_dict, sft_row_from_dict)
+from bat_jax.stage_bank.row import OUTCOMES, Provenance, RLRow, SFTRow, StateRef, content_digest
+from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
 from bat_jax.tasks import heldout
 from bat_jax.tasks.brief import VARIED_TEMPLATE_BASE
 from bat_jax.tasks.chat_client import ChatEndpointConfig
