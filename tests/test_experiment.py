@@ -1,4 +1,5 @@
-"""The BiCuRL experiment end to end on a micro configuration (local sandbox backend), and its resume."""
+"""The BiCuRL experiment end to end on the micro configuration (tests/micro_config.py, local sandbox backend),
+and its resume."""
 
 import json
 
@@ -6,33 +7,10 @@ import pytest
 
 from bat_jax import experiment as ex
 from bat_jax.benchmark.evaluator import EvalConfig
-from bat_jax.learn import grpo, kl, sft
-from bat_jax.learn.optim import OptimizerConfig
 from bat_jax.ledger import Ledger
 from bat_jax.policy import PolicyConfig
-from bat_jax.rollout.agent_loop import AgentLoopConfig
-from bat_jax.stage_bank.factory import FactoryConfig
-from bat_jax.stage_bank.pools import PoolConfig
 
-MICRO_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-               "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-               "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
-
-
-def _components(tmp_path):
-    return ex.Components(
-        policy=PolicyConfig(tiny=MICRO_MODEL),
-        bank=FactoryConfig(bank_dir=str(tmp_path / "bank"), tracks=("segmentation", "vqa"), outcomes=("success",),
-                           backend="local"),
-        sft=sft.SFTConfig(optimizer=OptimizerConfig(learning_rate=1e-3), global_batch_size=2, total_steps=2,
-                          max_seq_len=4096),
-        grpo=grpo.GRPOConfig(temperature=0.7, group_size=2),
-        pools=PoolConfig(batch_size=4),
-        agent=AgentLoopConfig(episodes_per_state=2, max_assistant_turns=2, max_tool_calls=2, max_response_tokens=64,
-                              max_tokens_per_turn=32, max_context_tokens=8192, progress=False),
-        evaluation=EvalConfig(repeats=1, tracks=("segmentation",), max_turns=2),
-        policy_shift=kl.PolicyShiftConfig(num_prompts=4, batch_size=2),
-    )
+import micro_config
 
 
 def test_config_errors_name_the_field():
@@ -53,8 +31,8 @@ def test_bicurl_runs_with_vllm_rollouts(tmp_path):
     # vLLM's CPU build loads Qwen3 dense (not the hybrid) and needs a head size of at least 32
     qwen3 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 8192}
-    comps = dataclasses.replace(_components(tmp_path), policy=PolicyConfig(family="qwen3", tiny=qwen3),
-                                engine="vllm")
+    comps = dataclasses.replace(micro_config.components(tmp_path / "bank"),
+                                policy=PolicyConfig(family="qwen3", tiny=qwen3), engine="vllm")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     out = ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1, backend="local"), comps)
@@ -67,7 +45,7 @@ def test_bicurl_runs_with_vllm_rollouts(tmp_path):
 
 @pytest.mark.slow
 def test_bicurl_runs_end_to_end_and_resumes(tmp_path):
-    comps = _components(tmp_path)
+    comps = micro_config.components(tmp_path / "bank")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     out = ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1, backend="local"), comps)

@@ -1,5 +1,5 @@
-"""The micro BiCuRL run with an unreachable LLM judge: judged rollouts and cells are unscored, the run goes on,
-and the counts reach the ledger and report.md (issue 9)."""
+"""The micro BiCuRL run (tests/micro_config.py) with an unreachable LLM judge: judged rollouts and cells are
+unscored, the run goes on, and the counts reach the ledger and report.md (issue 9)."""
 
 import dataclasses
 
@@ -11,11 +11,11 @@ from bat_jax.stage_bank.bank import StageBank
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
 from bat_jax.verify.rubric import REWARD_VERSION
 
+import micro_config
+
 
 @pytest.mark.slow
 def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, monkeypatch):
-    from test_experiment import _components
-
     # A random micro policy never writes plan.md, so the judge would never be asked (no evidence → no call).
     # Confirm the plan-file evidence on judged rubrics so every rollout whose stages include S1 reaches the judge.
     apply = RubricJudge.apply
@@ -28,7 +28,7 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
 
     monkeypatch.setattr(RubricJudge, "apply", apply_with_plan_evidence)
     judge = JudgeConfig(base_url="http://127.0.0.1:9/v1", model="judge-m", timeout_s=0.5, max_retries=0)
-    comps = dataclasses.replace(_components(tmp_path), judge=judge)
+    comps = dataclasses.replace(micro_config.components(tmp_path / "bank"), judge=judge)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     out = ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1, backend="local"), comps)

@@ -1,6 +1,6 @@
 """Issue 9: a killed BiCuRL run resumes to the same result, and a held-out leak in the Stage Bank stops the launch.
 
-All runs use the micro configuration of tests/test_experiment.py (local sandbox backend) through the command a
+All runs use the micro configuration of tests/micro_config.py (local sandbox backend) through the command a
 user reruns, `python -m bat_jax.launch --gin_file=<micro gin> --run_dir=<dir>`, in subprocesses:
 
 * SIGKILL while round 2 runs, then the same command again: the ledger is byte-for-byte the uninterrupted run's
@@ -30,84 +30,14 @@ import pytest
 
 from bat_jax.ledger import Ledger
 
-MICRO_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-               "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-               "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
-TRACKS = ("segmentation", "vqa")
-EVAL_TRACKS = ("segmentation",)
+import micro_config
+
 RUN_TIMEOUT_S = 1800  # one micro run takes 2-5 minutes on a loaded 2-core machine
-
-# The micro configuration of tests/test_experiment.py::_components as a run file (2 rounds of 1 GRPO step).
-MICRO_GIN = """\
-from __gin__ import dynamic_registration
-import bat_jax.launch as launch
-import bat_jax.experiment as experiment
-import bat_jax.policy as policy
-import bat_jax.stage_bank.factory as factory
-import bat_jax.stage_bank.pools as pools
-import bat_jax.learn.grpo as grpo
-import bat_jax.learn.sft as sft
-import bat_jax.learn.optim as optim
-import bat_jax.learn.kl as kl
-import bat_jax.rollout.agent_loop as agent_loop
-import bat_jax.benchmark.evaluator as evaluator
-
-launch.run:
-  job = @experiment.run
-  run_name = 'micro'
-experiment.run:
-  config = @experiment.BiCuRLConfig()
-  components = @experiment.Components()
-experiment.BiCuRLConfig:
-  rounds = 2
-  grpo_steps_per_round = 1
-  backend = 'local'
-  seed = 42
-experiment.Components:
-  policy = @policy.PolicyConfig()
-  bank = @factory.FactoryConfig()
-  sft = @sft.SFTConfig()
-  grpo = @grpo.GRPOConfig()
-  pools = @pools.PoolConfig()
-  agent = @agent_loop.AgentLoopConfig()
-  evaluation = @evaluator.EvalConfig()
-  policy_shift = @kl.PolicyShiftConfig()
-policy.PolicyConfig.tiny = {model}
-factory.FactoryConfig:
-  bank_dir = '{bank_dir}'
-  tracks = {tracks}
-  outcomes = ('success',)
-  backend = 'local'
-sft.SFTConfig:
-  optimizer = @sft/optim.OptimizerConfig()
-  global_batch_size = 2
-  total_steps = 2
-  max_seq_len = 4096
-sft/optim.OptimizerConfig.learning_rate = 1e-3
-grpo.GRPOConfig:
-  temperature = 0.7
-  group_size = 2
-pools.PoolConfig.batch_size = 4
-agent_loop.AgentLoopConfig:
-  episodes_per_state = 2
-  max_assistant_turns = 2
-  max_tool_calls = 2
-  max_response_tokens = 64
-  max_tokens_per_turn = 32
-  max_context_tokens = 8192
-  progress = False
-evaluator.EvalConfig:
-  repeats = 1
-  tracks = {eval_tracks}
-  max_turns = 2
-kl.PolicyShiftConfig:
-  num_prompts = 4
-  batch_size = 2
-"""
 
 
 def _write_gin(path, bank_dir):
-    path.write_text(MICRO_GIN.format(model=MICRO_MODEL, bank_dir=bank_dir, tracks=TRACKS, eval_tracks=EVAL_TRACKS))
+    """The micro run file (2 rounds of 1 GRPO step) with the Stage Bank at `bank_dir`."""
+    path.write_text(micro_config.gin_text(bank_dir))
     return path
 
 
@@ -116,7 +46,7 @@ def _heldout_manifest():
     from bat_jax.benchmark import evaluator as ev
     from bat_jax.tasks.heldout import manifest
 
-    config = ev.EvalConfig(repeats=1, tracks=EVAL_TRACKS, max_turns=2)
+    config = micro_config.components(bank_dir="bank").evaluation  # the bank is not read here
     return manifest([job.task for purpose in ev.PURPOSES
                      for job in ev.suite_jobs(dataclasses.replace(config, purpose=purpose))])
 
@@ -167,14 +97,14 @@ def _assert_same_run(run_dir, reference):
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
     """(root, bank_dir, gin_file): a micro Stage Bank (12 RL / 192 SFT rows over two tracks) built once."""
-    from bat_jax.stage_bank.factory import FactoryConfig, build_bank
+    from bat_jax.stage_bank.factory import build_bank
 
     root = tmp_path_factory.mktemp("recovery")
     manifest_path = root / "heldout_manifest.json"
     manifest_path.write_text(json.dumps(_heldout_manifest()))
     bank_dir = root / "bank"
-    build_bank(FactoryConfig(bank_dir=str(bank_dir), tracks=TRACKS, outcomes=("success",), backend="local",
-                             heldout_manifest=str(manifest_path)))
+    bank = dataclasses.replace(micro_config.components(bank_dir).bank, heldout_manifest=str(manifest_path))
+    build_bank(bank)
     return root, bank_dir, _write_gin(root / "micro.gin", bank_dir)
 
 

@@ -1,0 +1,104 @@
+"""The micro BiCuRL configuration the experiment tests share; one source, the gin text below.
+
+A tiny Qwen3.5 (2 layers, hidden size 32), a Stage Bank over two tracks (success outcomes, local sandbox
+backend), 2 SFT steps of 2 rows (sequences up to 4096 tokens), GRPO groups of 2 on batches of 4 rows, 2
+episodes per state of at most 2 assistant turns / 64 response tokens, a held-out evaluation of 1 repeat on one
+track, KL over 4 prompts.
+
+* `gin_text(bank_dir)`: the run file the recovery tests launch with `python -m bat_jax.launch` (2 rounds of 1
+  GRPO step, seed 42);
+* `components(bank_dir)`: the `experiment.Components` that run file binds, parsed from the same text, for the
+  in-process runs (which pass their own `BiCuRLConfig`).
+"""
+
+MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+         "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
+TRACKS = ("segmentation", "vqa")
+EVAL_TRACKS = ("segmentation",)
+
+_GIN = """\
+from __gin__ import dynamic_registration
+import bat_jax.launch as launch
+import bat_jax.experiment as experiment
+import bat_jax.policy as policy
+import bat_jax.stage_bank.factory as factory
+import bat_jax.stage_bank.pools as pools
+import bat_jax.learn.grpo as grpo
+import bat_jax.learn.sft as sft
+import bat_jax.learn.optim as optim
+import bat_jax.learn.kl as kl
+import bat_jax.rollout.agent_loop as agent_loop
+import bat_jax.benchmark.evaluator as evaluator
+
+launch.run:
+  job = @experiment.run
+  run_name = 'micro'
+experiment.run:
+  config = @experiment.BiCuRLConfig()
+  components = @experiment.Components()
+experiment.BiCuRLConfig:
+  rounds = 2
+  grpo_steps_per_round = 1
+  backend = 'local'
+  seed = 42
+experiment.Components:
+  policy = @policy.PolicyConfig()
+  bank = @factory.FactoryConfig()
+  sft = @sft.SFTConfig()
+  grpo = @grpo.GRPOConfig()
+  pools = @pools.PoolConfig()
+  agent = @agent_loop.AgentLoopConfig()
+  evaluation = @evaluator.EvalConfig()
+  policy_shift = @kl.PolicyShiftConfig()
+policy.PolicyConfig.tiny = {model}
+factory.FactoryConfig:
+  bank_dir = '{bank_dir}'
+  tracks = {tracks}
+  outcomes = ('success',)
+  backend = 'local'
+sft.SFTConfig:
+  optimizer = @sft/optim.OptimizerConfig()
+  global_batch_size = 2
+  total_steps = 2
+  max_seq_len = 4096
+sft/optim.OptimizerConfig.learning_rate = 1e-3
+grpo.GRPOConfig:
+  temperature = 0.7
+  group_size = 2
+pools.PoolConfig.batch_size = 4
+agent_loop.AgentLoopConfig:
+  episodes_per_state = 2
+  max_assistant_turns = 2
+  max_tool_calls = 2
+  max_response_tokens = 64
+  max_tokens_per_turn = 32
+  max_context_tokens = 8192
+  progress = False
+evaluator.EvalConfig:
+  repeats = 1
+  tracks = {eval_tracks}
+  max_turns = 2
+kl.PolicyShiftConfig:
+  num_prompts = 4
+  batch_size = 2
+"""
+
+
+def gin_text(bank_dir) -> str:
+    """The micro run file, with the Stage Bank at `bank_dir`."""
+    return _GIN.format(model=MODEL, bank_dir=bank_dir, tracks=TRACKS, eval_tracks=EVAL_TRACKS)
+
+
+def components(bank_dir):
+    """The `experiment.Components` of `gin_text(bank_dir)` (gin is cleared before and after)."""
+    import gin
+
+    from bat_jax import experiment
+
+    gin.clear_config()
+    try:
+        gin.parse_config(gin_text(bank_dir))
+        return gin.get_configurable(experiment.Components)()
+    finally:
+        gin.clear_config()
