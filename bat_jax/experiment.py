@@ -372,14 +372,14 @@ def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: 
 def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Components, seed: int,
                 judge: RubricJudge | None = None) -> dict:
     """One round's GRPO block: per pool batch, K rollouts per row → rubric rewards (judged items by `judge`)
-    → one optimizer step. Unscored rollouts (reward None) leave the loss; their count is returned, and apart
-    from it the count of scored rollouts the agent's own code failed (`rollout_counts`).
+    → `GRPOConfig.epochs` optimizer steps on it. Unscored rollouts (reward None) leave the loss; their count is
+    returned, and apart from it the count of scored rollouts the agent's own code failed (`rollout_counts`).
 
     Signal diagnostics (issue 15): `pool_reward_before` is the mean scored reward of the first batch's rollouts
     (round-start policy), `pool_reward_after` that of the same rows rolled out again with the same seed after
     the block's last step (NaN when none was scored); `groups_with_variance` / `groups_scored` count the
     block's groups (K rollouts of one row) whose scored rewards differ / that have ≥ 2 scored rewards."""
-    step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches),
+    step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
                                         num_micro_batches=c.grpo_micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
     rewards_seen, unscored, agent_failed, total, version, varied, grouped = [], 0, 0, 0, "", 0, 0
@@ -406,7 +406,8 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         host["ref_logprobs"] = learner.logprobs(ref_params, host, c.grpo)
         groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rows))]
         host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rows)), groups, c.grpo)
-        state, _ = step_fn(state, host)
+        for _ in range(c.grpo.epochs):
+            state, _ = step_fn(state, host)
     learner.adopt(state)
     loop.engine.update_weights(learner.sync_model(learner.params))
     _, probe = _rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge)  # same rows, same seed

@@ -162,3 +162,64 @@ def test_sft_targets_must_be_row_or_trajectory():
     assert ex.BiCuRLConfig().sft_targets == "row"  # the paper's rows: loss on one target each
     with pytest.raises(ValueError, match="sft_targets"):
         ex.BiCuRLConfig(sft_targets="all")
+
+
+def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_signal(monkeypatch):
+    """`GRPOConfig.epochs` optimizer steps per pool batch, each on the same host batch (same advantages);
+    the signal diagnostics come from the first batch before and the re-rollout after."""
+    import types
+
+    import numpy as np
+
+    from bat_jax.learn import grpo
+
+    class FakeLearner:
+        mesh = types.SimpleNamespace(devices=np.zeros((1,)))
+        params = "p0"
+
+        def grpo_block(self, config, optimizer, total_steps, num_micro_batches):
+            self.total_steps = total_steps
+            return self.step, types.SimpleNamespace(params=0)
+
+        def step(self, state, host):
+            seen.append((state.params, host["advantages"].tolist()))
+            return types.SimpleNamespace(params=state.params + 1), {}
+
+        def sync_model(self, params):
+            return params
+
+        def logprobs(self, params, host, config):
+            return np.zeros(host["input_ids"].shape, np.float32)
+
+        def adopt(self, state):
+            self.params = state.params
+
+    rewards = iter([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5,  # batch 0: one group with variance, one without
+                    0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0,  # batch 1
+                    1.0, 1.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])  # batch 0 again, after the block
+
+    def run(requests, seed):
+        return [types.SimpleNamespace(state_id=r, ids=np.arange(6, dtype=np.int32), agent_error=None,
+                                      loss_mask=np.array([0, 0, 1, 1, 1, 0], np.int32),
+                                      logprobs=np.zeros(6, np.float32)) for r in requests for _ in range(4)]
+
+    monkeypatch.setattr(ex, "rl_request", lambda row, start, state_id, style: state_id)
+    monkeypatch.setattr(ex, "rollout_reward",
+                        lambda row, t, start, judge: types.SimpleNamespace(reward=next(rewards), version="v"))
+    loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
+    item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", row=types.SimpleNamespace(state=None))
+    view = types.SimpleNamespace(batches=[[item(0), item(1)], [item(2), item(3)]])
+    bank = types.SimpleNamespace(load_state=lambda state: None)
+    comps = ex.Components(grpo=grpo.GRPOConfig(epochs=3), grpo_micro_batches=1)
+    learner, seen = FakeLearner(), []
+    metrics = ex._grpo_block(learner, loop, bank, view, comps, seed=7)
+
+    assert learner.total_steps == 6 and learner.params == 6  # 2 batches x 3 epochs, state threaded through
+    assert [s for s, _ in seen] == [0, 1, 2, 3, 4, 5]
+    first = seen[0][1]  # group s0 = (1, 0, 0, 0): mean 0.25, sample std 0.5 -> (1.5, -0.5, -0.5, -0.5); s1 all 0
+    np.testing.assert_allclose(first[:8], [1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0], atol=1e-5)
+    assert seen[1][1] == seen[2][1] == first  # the same host batch every epoch
+    assert metrics["pool_reward_before"] == 0.375 and metrics["pool_reward_after"] == 0.5
+    assert (metrics["groups_with_variance"], metrics["groups_scored"]) == (2.0, 4.0)
+    with pytest.raises(ValueError, match="epochs"):
+        grpo.GRPOConfig(epochs=0)

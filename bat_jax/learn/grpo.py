@@ -59,6 +59,9 @@ class GRPOConfig:
       temperature, top_p, top_k: the sampling transform the rollouts were drawn with (paper: T = 0.7); the
         learner recomputes logprobs under the same transform, so ratios start at exactly 1.
       adv_std_ddof: 1 = sample std (as ``torch.std`` in verl/TRL), 0 = population std.
+      epochs: optimizer steps taken on each rollout batch (verl's ``ppo_epochs``) [1]. Steps after the first
+        are off-policy by the earlier ones; the clipped ratio (Eq. 18) against the batch's sampled logprobs
+        bounds them.
     """
 
     group_size: int = 4
@@ -74,6 +77,7 @@ class GRPOConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    epochs: int = 1
 
     @property
     def sampling(self) -> tuple[float, float, int]:
@@ -85,6 +89,8 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
         if self.loss_agg not in LOSS_AGGREGATIONS:
             raise ValueError(f"GRPOConfig.loss_agg must be one of {LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
+        if self.epochs < 1:
+            raise ValueError(f"GRPOConfig.epochs must be >= 1, got {self.epochs}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"GRPOConfig.dual_clip must be > 1 or None, got {self.dual_clip}")
 
