@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from bat_jax.learn import grpo, sft
+from bat_jax.learn import distributed, grpo, sft
 from bat_jax.learn import mesh as mesh_lib
 from bat_jax.learn import train_state as ts
 from bat_jax.learn.optim import OptimizerConfig, make_optimizer
@@ -149,7 +149,8 @@ class Learner:
 
         Rows go `rows_per_call` at a time (default `MemoryConfig.logprob_rows_per_device` per batch device;
         rounded up to a multiple of the batch devices), sharded over the mesh's batch axes; the last call is
-        padded with empty rows, which are dropped."""
+        padded with empty rows, which are dropped. With several processes (`learn/distributed.py`) every process
+        passes the same batch and gets every row back."""
         key = config.sampling
         if key not in self._logprob_fns:
             self._logprob_fns[key] = make_ref_logprob_fn(self.apply_fn, config, self.mesh)
@@ -164,14 +165,16 @@ class Learner:
             ids = np.concatenate([ids, np.zeros((pad,) + ids.shape[1:], ids.dtype)])
             mask = np.concatenate([mask, np.zeros((pad,) + mask.shape[1:], mask.dtype)])
         sh = mesh_lib.batch_sharding(self.mesh, 2)
-        out = [np.asarray(fn(params, jax.device_put(ids[lo:lo + per], sh), jax.device_put(mask[lo:lo + per], sh)))
+        out = [distributed.host_gather(fn(params, jax.device_put(ids[lo:lo + per], sh),
+                                          jax.device_put(mask[lo:lo + per], sh)))
                for lo in range(0, len(ids), per)]
         return np.concatenate(out, axis=0)[:rows]
 
     def host_copy(self, params: Any) -> Any:
         """A host (numpy) copy of a parameter tree: the untrained / SFT / best copies a run keeps need no device
-        memory (`on_mesh` puts one back, sharded, when it is used)."""
-        return jax.tree.map(np.asarray, jax.device_get(params))
+        memory (`on_mesh` puts one back, sharded, when it is used). With several processes every process gets the
+        whole tree (a collective: all of them call it)."""
+        return distributed.host_gather(params)
 
     def on_mesh(self, params: Any) -> Any:
         """``params`` (host or device arrays) placed with the learner's parameter shardings (no-op where they are)."""
