@@ -92,3 +92,18 @@ def test_two_ray_workers_match_the_in_process_loop():
     for a, b in zip(got, whole):
         np.testing.assert_array_equal(a.ids, b.ids)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_gin_include_selects_ray_rollouts_and_the_default_stays_in_process():
+    import gin
+
+    from bat_jax import launch
+    from bat_jax.experiment import Components
+
+    launch.parse_gin(["bicurl_tiny.gin"], [])
+    assert "ray" not in gin.get_bindings("experiment.Components") and Components().ray is None
+    launch.parse_gin(["bicurl_tiny.gin", "rollout/ray_local2.gin"], [])
+    assert gin.get_bindings("experiment.Components")["ray"] == RayRolloutConfig(num_workers=2, cpus_per_worker=1.0)
+    with pytest.raises(ValueError, match="needs engine 'jax'"):
+        Components(engine="vllm", ray=RayRolloutConfig())
+    gin.clear_config()
