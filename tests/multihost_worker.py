@@ -1,12 +1,12 @@
-"""One process of the multi-host GRPO test (tests/test_multihost.py); also the single-process reference.
+"""One process of the multi-host GRPO test (tests/test_distributed.py); also the single-process reference.
 
     python tests/multihost_worker.py OUT_PREFIX MESH[,MESH]   (MESH: 'fsdp' = MeshConfig(fsdp=-1),
                                                                'fsdp_tensor' = MeshConfig(fsdp=-1, tensor=2))
 
 Reads JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID (bat_jax.learn.distributed), builds a
 Learner on the global mesh, runs two GRPO steps (2 micro-batches each) on the global batch of `make_batch`
-fed as per-process rows, and writes the whole updated parameters, the loss and the rows it fed to
-OUT_PREFIX<MESH>.npz, one file per mesh.
+(step 1 fed as per-process rows, step 2 as the whole host batch on every process) and writes the initial and
+updated parameters (whole), the loss, the logprobs and the rows it fed to OUT_PREFIX<MESH>.npz, one per mesh.
 """
 
 import sys
@@ -60,8 +60,8 @@ def run(out: str, mesh_name: str) -> None:
     mine = distributed.local_rows(batch, learner.mesh)  # this process's rows only
     rows = distributed.process_rows(batch_sharding(learner.mesh, 2), len(batch["input_ids"]))
     gbatch = distributed.global_batch({k: mine[k] for k in BATCH_FIELDS_GRPO}, learner.mesh, len(batch["input_ids"]))
-    for _ in range(2):
-        state, metrics = step(state, gbatch)
+    state, _ = step(state, gbatch)  # step 1: each process feeds its own rows
+    state, metrics = step(state, {k: batch[k] for k in BATCH_FIELDS_GRPO})  # step 2: every process, the host batch
     params = distributed.host_gather(state.params)
     learner.adopt(state)
     logprobs = learner.logprobs(learner.params, batch, grpo.GRPOConfig(temperature=0.7))

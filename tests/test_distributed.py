@@ -101,8 +101,9 @@ def _wait_all(procs: dict[str, subprocess.Popen], prefixes: dict[str, pathlib.Pa
 @pytest.mark.slow
 def test_two_processes_over_jax_distributed_match_one_process(tmp_path):
     """2 processes × 2 CPU devices (gloo collectives) vs 1 process × 4 devices: same global batch, same mesh
-    shape; each process feeds only its half of the rows. Two GRPO steps (2 micro-batches each) give the same
-    parameters, loss and (every-process) logprobs; the global batch really spans both processes."""
+    shape. Two GRPO steps (2 micro-batches each; step 1 with each process feeding only its half of the rows,
+    step 2 with the Learner placing the whole host batch) give the same parameters, loss and (every-process)
+    logprobs; the global batch really spans both processes."""
     address = f"127.0.0.1:{_free_port()}"
     prefixes = {name: tmp_path / f"{name}." for name in ("p0", "p1", "ref")}
     procs = {"p0": _spawn(prefixes["p0"], 2, (address, 2, 0)), "p1": _spawn(prefixes["p1"], 2, (address, 2, 1)),

@@ -126,7 +126,18 @@ class Learner:
                                               num_micro_batches, self.params, self.param_shardings, self.mesh)
         # a fresh optimizer state for every block (paper: optimizer reset between rounds)
         params = jax.tree.map(lambda x: x.copy(), self.params)
-        return step, ts.create_train_state(params, tx, shardings)
+        state = ts.create_train_state(params, tx, shardings)
+        if jax.process_count() == 1:
+            return step, state
+        placed = batch_shardings(self.mesh, fields)
+
+        def multi_process_step(state, batch):
+            # jit refuses host arrays for shardings that span processes: every process holds the whole batch
+            # and places it (a global batch from per-process rows, `distributed.global_batch`, passes as is)
+            return step(state, {k: v if isinstance(v, jax.Array) else jax.device_put(np.asarray(v), placed[k])
+                                for k, v in batch.items()})
+
+        return multi_process_step, state
 
     def sft_block(self, config: sft.SFTConfig, total_steps: int) -> tuple[Callable, ts.TrainState]:
         """(jitted step, fresh TrainState) for the SFT cold start (loss on the target response only)."""
