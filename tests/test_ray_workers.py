@@ -63,7 +63,8 @@ def test_two_ray_workers_match_the_in_process_loop():
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=2, cpus_per_worker=1, start_timeout_s=300))
+        rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=2, cpus_per_worker=1, start_timeout_s=300,
+                                                                worker_env={"JAX_PLATFORMS": "cpu"}))
         assert rollouts.engine.update_weights(learner.model) == 1
         got = rollouts.run(requests, seed=7)
         rollouts.close()

@@ -42,7 +42,8 @@ class RayRolloutConfig:
       cpus_per_worker, gpus_per_worker: Ray resources each actor reserves.
       address: Ray cluster address for `ray.init` ('auto' = a running cluster); None = start a local one when
         none is running in this process.
-      worker_env: environment variables of the worker processes (e.g. `JAX_PLATFORMS`, `XLA_FLAGS`).
+      worker_env: environment variables of the worker processes, set by Ray before they start (e.g.
+        `JAX_PLATFORMS`, `XLA_FLAGS`).
       start_timeout_s: seconds to wait for every worker to build its policy and engine.
     Raises:
       ValueError: fewer than one worker or negative resources.
@@ -129,13 +130,9 @@ class RolloutWorker:
 
     Args:
       spec: what to build (policy, engine, sandbox backend, agent-loop config).
-      env: environment variables set before anything is built.
     """
 
-    def __init__(self, spec: WorkerSpec, env: Mapping[str, str] | None = None):
-        import os
-
-        os.environ.update(dict(env or {}))
+    def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.policy = spec.build_policy()
         self.loop = spec.build_loop(self.policy)
@@ -207,8 +204,11 @@ class RayRollouts:
 
         if not ray.is_initialized():
             ray.init(address=config.address, include_dashboard=False, log_to_driver=True)
-        actor = ray.remote(RolloutWorker).options(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker)
-        workers = [actor.remote(spec, dict(config.worker_env)) for _ in range(config.num_workers)]
+        options: dict[str, Any] = {"num_cpus": config.cpus_per_worker, "num_gpus": config.gpus_per_worker}
+        if config.worker_env:
+            options["runtime_env"] = {"env_vars": dict(config.worker_env)}
+        actor = ray.remote(RolloutWorker).options(**options)
+        workers = [actor.remote(spec) for _ in range(config.num_workers)]
         ray.get([w.ready.remote() for w in workers], timeout=config.start_timeout_s)
         return cls(workers, spec.agent)
 
