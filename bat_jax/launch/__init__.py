@@ -187,8 +187,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 def _maybe_initialize_distributed() -> None:
-    """Multi-host start: jax.distributed.initialize when the environment names a coordinator."""
-    if os.environ.get("JAX_COORDINATOR_ADDRESS") and int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1:
-        import jax
+    """Multi-host start: jax.distributed.initialize when the environment names a coordinator (variables in
+    `bat_jax/learn/distributed.py`), before anything else touches JAX."""
+    from bat_jax.learn.mesh import maybe_initialize_distributed
 
-        jax.distributed.initialize()
+    maybe_initialize_distributed()

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from bat_jax.learn import grpo, sft
+from bat_jax.learn import distributed, grpo, sft
 from bat_jax.learn import mesh as mesh_lib
 from bat_jax.learn import train_state as ts
 from bat_jax.learn.optim import OptimizerConfig, make_optimizer
@@ -126,7 +126,18 @@ class Learner:
                                               num_micro_batches, self.params, self.param_shardings, self.mesh)
         # a fresh optimizer state for every block (paper: optimizer reset between rounds)
         params = jax.tree.map(lambda x: x.copy(), self.params)
-        return step, ts.create_train_state(params, tx, shardings)
+        state = ts.create_train_state(params, tx, shardings)
+        if jax.process_count() == 1:
+            return step, state
+        placed = batch_shardings(self.mesh, fields)
+
+        def multi_process_step(state, batch):
+            # jit refuses host arrays for shardings that span processes: every process holds the whole batch
+            # and places it (a global batch from per-process rows, `distributed.global_batch`, passes as is)
+            return step(state, {k: v if isinstance(v, jax.Array) else jax.device_put(np.asarray(v), placed[k])
+                                for k, v in batch.items()})
+
+        return multi_process_step, state
 
     def sft_block(self, config: sft.SFTConfig, total_steps: int) -> tuple[Callable, ts.TrainState]:
         """(jitted step, fresh TrainState) for the SFT cold start (loss on the target response only)."""
@@ -149,7 +160,8 @@ class Learner:
 
         Rows go `rows_per_call` at a time (default `MemoryConfig.logprob_rows_per_device` per batch device;
         rounded up to a multiple of the batch devices), sharded over the mesh's batch axes; the last call is
-        padded with empty rows, which are dropped."""
+        padded with empty rows, which are dropped. With several processes (`learn/distributed.py`) every process
+        passes the same batch and gets every row back."""
         key = config.sampling
         if key not in self._logprob_fns:
             self._logprob_fns[key] = make_ref_logprob_fn(self.apply_fn, config, self.mesh)
@@ -164,14 +176,16 @@ class Learner:
             ids = np.concatenate([ids, np.zeros((pad,) + ids.shape[1:], ids.dtype)])
             mask = np.concatenate([mask, np.zeros((pad,) + mask.shape[1:], mask.dtype)])
         sh = mesh_lib.batch_sharding(self.mesh, 2)
-        out = [np.asarray(fn(params, jax.device_put(ids[lo:lo + per], sh), jax.device_put(mask[lo:lo + per], sh)))
+        out = [distributed.host_gather(fn(params, jax.device_put(ids[lo:lo + per], sh),
+                                          jax.device_put(mask[lo:lo + per], sh)))
                for lo in range(0, len(ids), per)]
         return np.concatenate(out, axis=0)[:rows]
 
     def host_copy(self, params: Any) -> Any:
         """A host (numpy) copy of a parameter tree: the untrained / SFT / best copies a run keeps need no device
-        memory (`on_mesh` puts one back, sharded, when it is used)."""
-        return jax.tree.map(np.asarray, jax.device_get(params))
+        memory (`on_mesh` puts one back, sharded, when it is used). With several processes every process gets the
+        whole tree (a collective: all of them call it)."""
+        return distributed.host_gather(params)
 
     def on_mesh(self, params: Any) -> Any:
         """``params`` (host or device arrays) placed with the learner's parameter shardings (no-op where they are)."""

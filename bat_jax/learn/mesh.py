@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -207,35 +206,17 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-_COORDINATOR_VARS = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
-
-
 def maybe_initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
     """Start JAX multi-controller mode when the environment asks for it; otherwise do nothing.
 
-    Reads ``JAX_COORDINATOR_ADDRESS`` (host:port), ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``. When the
-    address is set and the process count is > 1, calls ``jax.distributed.initialize`` with them (on
-    Cloud TPU / SLURM, setting ``JAX_AUTO_DISTRIBUTED=1`` lets JAX detect all three itself). Must run
-    before any other JAX call. Returns True when it initialised.
+    ``distributed.initialize(distributed.DistributedConfig.from_env(env))``: reads ``JAX_COORDINATOR_ADDRESS``
+    (host:port), ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (and the optional variables named in
+    ``bat_jax/learn/distributed.py``); on Cloud TPU / SLURM, ``JAX_AUTO_DISTRIBUTED=1`` lets JAX detect all
+    three itself. Must run before any other JAX call. Returns True when it initialised.
 
     Raises:
       ValueError: the address is set but the process count or id is missing or not an integer.
     """
-    env = os.environ if env is None else env
-    if env.get("JAX_AUTO_DISTRIBUTED") == "1":
-        jax.distributed.initialize()
-        return True
-    address = next((env[v] for v in _COORDINATOR_VARS if env.get(v)), None)
-    if not address:
-        return False
-    try:
-        num = int(env["JAX_NUM_PROCESSES"])
-        pid = int(env["JAX_PROCESS_ID"])
-    except (KeyError, ValueError) as e:
-        raise ValueError(
-            "JAX_COORDINATOR_ADDRESS is set, so JAX_NUM_PROCESSES and JAX_PROCESS_ID must be integers"
-        ) from e
-    if num <= 1:
-        return False
-    jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
-    return True
+    from bat_jax.learn import distributed
+
+    return distributed.initialize(distributed.DistributedConfig.from_env(env))

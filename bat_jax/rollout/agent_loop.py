@@ -164,12 +164,18 @@ class AgentLoop:
           seed: the round's seed; episode (i, k) turn t samples with a seed derived from (seed, i, k, t).
         Returns: trajectories ordered by request, then k.
         """
+        return self.run_episodes([(req, i, k) for i, req in enumerate(requests)
+                                  for k in range(self.config.episodes_per_state)], seed=seed)
+
+    def run_episodes(self, episodes: Sequence[tuple[RolloutRequest, int, int]], *, seed: int = 42
+                     ) -> list[tj.Trajectory]:
+        """Rolls out the given episodes: `(request, i, k)` is episode k of the request at index i of the round's
+        batch, sampled with the same seeds as in `run(requests, seed=seed)` (so a subset of a batch's episodes,
+        e.g. one rollout worker's share, gives those episodes' trajectories). Returns them in the given order."""
         cfg = self.config
-        episodes = []
-        for i, req in enumerate(requests):
-            for k in range(cfg.episodes_per_state):
-                ep_seed = int(np.random.SeedSequence([seed, i, k]).generate_state(1)[0])
-                episodes.append(_Episode(req, k, self.builder_factory(), ep_seed))
+        episodes = [_Episode(req, k, self.builder_factory(),
+                             int(np.random.SeedSequence([seed, i, k]).generate_state(1)[0]))
+                    for req, i, k in episodes]
         if not episodes:
             return []
         first = episodes[0].builder

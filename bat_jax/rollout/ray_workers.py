@@ -1,0 +1,250 @@
+"""Rollouts on Ray workers: the K episodes of a batch's RL rows spread over actor processes.
+
+The single-process default is one `AgentLoop` (engine + sandboxes) in the learner's process. With Ray, each
+`RolloutWorker` actor holds its own policy copy, rollout engine (the embedded JAX sampler) and sandbox backend,
+and runs `AgentLoop.run_episodes` on its share of a batch's episodes. `RayRollouts` is the learner-side
+dispatcher; it stands in for an `AgentLoop` where the experiment uses one:
+
+* `rollouts.run(requests, seed=s)` — episode (i, k) (request i of the batch, rollout k of K) goes to worker
+  `(i·K + k) mod W`, so the K rollouts of one state run on different workers; every worker derives the
+  episode's sampling seed from (s, i, k) exactly as the in-process loop does. Trajectories come back ordered by
+  request, then k — the same records, in the same order, as `AgentLoop.run`.
+* `rollouts.engine.update_weights(model_or_params)` — the learner pushes its parameters to every worker: one
+  numpy pure-dict copy (`nnx.to_pure_dict` layout, gathered from any sharding, also across processes) put
+  once into Ray's object store, installed by each worker; returns the new weight version, the same on all
+  workers (a worker that disagrees raises).
+
+Equality with the in-process loop: a worker's engine samples each row from (prompt, per-episode seed,
+weights) alone, but the JAX sampler pads each call's batch (rows and prompt length to powers of two), so a
+token's logits can differ by float round-off between batch compositions. Given the same episodes per call —
+the in-process `AgentLoop.run_episodes` over one worker's share — the trajectories are identical
+(`tests/test_ray_workers.py`).
+
+Ray is an optional dependency (`pip install -e ".[ray]"`); this module imports it only when used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bat_jax.rollout import trajectory as tj
+from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
+
+
+@dataclasses.dataclass(frozen=True)
+class RayRolloutConfig:
+    """Where and how many rollout workers run (bound in gin as `experiment.Components.ray`).
+
+    Attributes:
+      num_workers: rollout worker actors (>= 1).
+      cpus_per_worker, gpus_per_worker: Ray resources each actor reserves.
+      address: Ray cluster address for `ray.init` ('auto' = a running cluster); None = start a local one when
+        none is running in this process.
+      worker_env: environment variables of the worker processes, set by Ray before they start (e.g.
+        `JAX_PLATFORMS`, `XLA_FLAGS`).
+      start_timeout_s: seconds to wait for every worker to build its policy and engine.
+    Raises:
+      ValueError: fewer than one worker or negative resources.
+    """
+
+    num_workers: int = 2
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    address: str | None = None
+    worker_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    start_timeout_s: float = 600.0
+
+    def __post_init__(self):
+        if self.num_workers < 1 or self.cpus_per_worker < 0 or self.gpus_per_worker < 0:
+            raise ValueError(f"RayRolloutConfig: need num_workers >= 1 and resources >= 0, got {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker builds (pickled to each actor): the policy, the agent loop and its sandbox backend.
+
+    Attributes:
+      policy: `bat_jax.policy.PolicyConfig` (the tiny default or a local checkpoint every worker can read).
+      agent: the agent loop's limits and sampling.
+      sandbox_backend: 'local' (tests only) or 'docker' (`bat_jax.tasks.harness.backend_factory`).
+      sampler_max_batch: rows per compiled sampling call of the JAX sampler.
+    """
+
+    policy: Any
+    agent: AgentLoopConfig = AgentLoopConfig()
+    sandbox_backend: str = "local"
+    sampler_max_batch: int = 8
+
+    def build_policy(self) -> Any:
+        """The worker's `bat_jax.policy.Policy` (its weights are replaced by the first weight push)."""
+        from bat_jax.policy import build_policy
+
+        return build_policy(self.policy)
+
+    def build_loop(self, policy: Any) -> AgentLoop:
+        """An `AgentLoop` over the JAX sampler of `policy` and this spec's sandbox backend (the same loop an
+        in-process reference builds)."""
+        from bat_jax.policy import make_agent_loop
+        from bat_jax.rollout.jax_sampler import JaxSampler
+        from bat_jax.tasks.harness import backend_factory
+
+        engine = JaxSampler(policy.model, max_context=self.agent.max_context_tokens, max_batch=self.sampler_max_batch)
+        return make_agent_loop(policy, engine, backend_factory(self.sandbox_backend), self.agent)
+
+
+def host_params(params: Any) -> dict:
+    """A numpy pure dict (`nnx.to_pure_dict` layout) of a model's parameters: `params` is an nnx module, an
+    `nnx.State` of parameters or already a pure dict, with arrays of any sharding (gathered to the host, across
+    processes too: with several JAX processes every process must call it)."""
+    from flax import nnx
+
+    from bat_jax.learn.distributed import host_gather
+
+    if isinstance(params, nnx.Module):
+        params = nnx.state(params, nnx.Param)
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    return host_gather(params)
+
+
+def install_params(policy: Any, engine: Any, params: Mapping) -> int:
+    """Writes a pure dict of parameters into `policy.model` and installs the model in `engine`; returns the
+    engine's new weight version. Raises ValueError (from nnx) when the structure does not match the model's."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    state = nnx.state(policy.model, nnx.Param)
+    current = nnx.to_pure_dict(state)
+    # device arrays in the model's own dtype and placement (the engine's state may share the model's variables)
+    nnx.replace_by_pure_dict(state, jax.tree.map(lambda old, new: jax.device_put(jnp.asarray(new, old.dtype),
+                                                                                 old.sharding), current, dict(params)))
+    nnx.update(policy.model, state)
+    return int(engine.update_weights(policy.model))
+
+
+class RolloutWorker:
+    """One rollout worker (a Ray actor via `RayRollouts.start`; a plain object in-process).
+
+    Args:
+      spec: what to build (policy, engine, sandbox backend, agent-loop config).
+    """
+
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.policy = spec.build_policy()
+        self.loop = spec.build_loop(self.policy)
+
+    def ready(self) -> int:
+        """The engine's weight version (0 before the first push): a start-up probe."""
+        return int(self.loop.engine.weight_version)
+
+    def set_weights(self, params: Mapping) -> int:
+        """Installs a numpy pure dict of parameters (`host_params`); returns the new weight version."""
+        return install_params(self.policy, self.loop.engine, params)
+
+    def run(self, episodes: Sequence[tuple[RolloutRequest, int, int]], seed: int) -> list[tj.Trajectory]:
+        """`AgentLoop.run_episodes(episodes, seed=seed)` in this worker."""
+        return self.loop.run_episodes(episodes, seed=seed)
+
+
+def assign_episodes(num_requests: int, episodes_per_state: int, num_workers: int) -> list[list[tuple[int, int]]]:
+    """Per worker, the (request index i, rollout k) pairs it runs: episode (i, k) goes to worker
+    `(i·K + k) mod num_workers` (the K rollouts of a state spread over the workers, loads differ by <= 1)."""
+    out: list[list[tuple[int, int]]] = [[] for _ in range(num_workers)]
+    for i in range(num_requests):
+        for k in range(episodes_per_state):
+            out[(i * episodes_per_state + k) % num_workers].append((i, k))
+    return out
+
+
+class _WeightPush:
+    """The `engine` face of `RayRollouts`: what the experiment calls to sync weights."""
+
+    def __init__(self, rollouts: "RayRollouts"):
+        self._rollouts = rollouts
+
+    @property
+    def weight_version(self) -> int:
+        return self._rollouts.weight_version
+
+    def update_weights(self, params: Any) -> int:
+        return self._rollouts.push_weights(params)
+
+
+class RayRollouts:
+    """The dispatcher: `run` and `engine.update_weights` as on an `AgentLoop`, executed by Ray actors.
+
+    Args:
+      workers: `RolloutWorker` actor handles.
+      config: the agent loop's config (`episodes_per_state` K is read here).
+    Use `RayRollouts.start` to create the actors; `close` ends them.
+    """
+
+    def __init__(self, workers: Sequence[Any], config: AgentLoopConfig):
+        if not workers:
+            raise ValueError("RayRollouts needs at least one worker")
+        self.workers = list(workers)
+        self.config = config
+        self.weight_version = 0
+        self.engine = _WeightPush(self)
+
+    @classmethod
+    def start(cls, spec: WorkerSpec, config: RayRolloutConfig = RayRolloutConfig()) -> "RayRollouts":
+        """Starts Ray (unless already running in this process) and `config.num_workers` workers, and waits until
+        each has built its policy and engine.
+
+        Raises:
+          ImportError: Ray is not installed (`pip install -e ".[ray]"`).
+          ray.exceptions.GetTimeoutError: a worker did not come up within `config.start_timeout_s`.
+        """
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=config.address, include_dashboard=False, log_to_driver=True)
+        options: dict[str, Any] = {"num_cpus": config.cpus_per_worker, "num_gpus": config.gpus_per_worker}
+        if config.worker_env:
+            options["runtime_env"] = {"env_vars": dict(config.worker_env)}
+        actor = ray.remote(RolloutWorker).options(**options)
+        workers = [actor.remote(spec) for _ in range(config.num_workers)]
+        ray.get([w.ready.remote() for w in workers], timeout=config.start_timeout_s)
+        return cls(workers, spec.agent)
+
+    def push_weights(self, params: Any) -> int:
+        """Sends `params` (module, parameter state or pure dict; any sharding) to every worker through one
+        object-store copy; returns the new weight version.
+
+        Raises:
+          RuntimeError: the workers report different weight versions.
+        """
+        import ray
+
+        ref = ray.put(host_params(params))
+        versions = ray.get([w.set_weights.remote(ref) for w in self.workers])
+        if len(set(versions)) != 1:
+            raise RuntimeError(f"rollout workers disagree on the weight version after a push: {versions}")
+        self.weight_version = int(versions[0])
+        return self.weight_version
+
+    def run(self, requests: Sequence[RolloutRequest], *, seed: int = 42) -> list[tj.Trajectory]:
+        """K episodes per request over the workers (module docstring); trajectories ordered by request, then k,
+        as `AgentLoop.run(requests, seed=seed)` returns them."""
+        import ray
+
+        shares = assign_episodes(len(requests), self.config.episodes_per_state, len(self.workers))
+        calls = [(share, w.run.remote([(requests[i], i, k) for i, k in share], seed))
+                 for w, share in zip(self.workers, shares) if share]
+        by_episode: dict[tuple[int, int], tj.Trajectory] = {}
+        for share, result in zip([s for s, _ in calls], ray.get([c for _, c in calls])):
+            by_episode.update(zip(share, result))
+        return [by_episode[(i, k)] for i in range(len(requests)) for k in range(self.config.episodes_per_state)]
+
+    def close(self) -> None:
+        """Ends the worker actors (their sandboxes are closed by each `run`); Ray itself keeps running."""
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []
