@@ -1,10 +1,10 @@
-"""Hugging Face safetensors I/O for the Qwen3 / Qwen3.5 NNX models.
+"""Hugging Face safetensors I/O for the Qwen3 / Qwen3.5 / Llama NNX models.
 
 * ``load_pretrained(path, ...)`` reads ``config.json`` and the ``*.safetensors`` shards of a local
   checkpoint directory and builds the model tensor by tensor: each parameter is created with
   ``jax.make_array_from_callback``, so every device (and host) reads only its own slice from the
   memory-mapped file; the whole model is never materialised on one host. Supported layouts:
-  ``Qwen3ForCausalLM`` and ``Qwen3_5ForCausalLM`` (text weights under ``model.``), and
+  ``Qwen3ForCausalLM``, ``Qwen3_5ForCausalLM`` and ``LlamaForCausalLM`` (text weights under ``model.``), and
   ``Qwen3_5ForConditionalGeneration`` (released Qwen3.5 checkpoints: text weights under
   ``model.language_model.``; the vision tower ``model.visual.*`` and the MTP head ``mtp.*`` are
   skipped with a logged note).
@@ -14,7 +14,9 @@
   writes into a temporary sibling directory and renames it into place (atomic).
 
 Parameter paths of the NNX models equal the HF keys (see ``causal_lm.py``), so no tensor is
-transposed or renamed apart from the language-model prefix.
+transposed or renamed apart from the language-model prefix (the Llama mapping is the identity as well:
+``model.layers.N.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``, the two layer norms, ``model.norm``,
+``lm_head``; legacy ``rotary_emb.inv_freq`` buffers are ignored).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from bat_jax.models.configs import Qwen3_5Config, Qwen3Config, config_from_hf
+from bat_jax.models.configs import LlamaConfig, Qwen3_5Config, Qwen3Config, config_from_hf
+from bat_jax.models.llama import LlamaForCausalLM
 from bat_jax.models.qwen3 import Qwen3ForCausalLM
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 
@@ -56,6 +59,8 @@ def model_class(config):
         return Qwen3_5ForCausalLM
     if isinstance(config, Qwen3Config):
         return Qwen3ForCausalLM
+    if isinstance(config, LlamaConfig):
+        return LlamaForCausalLM
     raise TypeError(f"no model class for config type {type(config).__name__}")
 
 
