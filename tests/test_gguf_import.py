@@ -101,3 +101,21 @@ def test_real_greedy_32_tokens_match_transformers_generate(real):
     print(f"greedy: {tokenizer.decode(ref)!r}")
     assert len(ref) == 32
     assert got.token_ids.tolist() == ref
+
+
+@pytest.mark.slow
+def test_real_export_reloads_in_transformers_with_equal_logits(real, tmp_path):
+    """What a run's HF export writes for the 135M Llama (hf_io.save_pretrained with the policy's tokenizer): the
+    directory loads in transformers as it is, with the same chat template and logits equal to JAX's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, _, tokenizer, ids = real
+    out = hf_io.save_pretrained(model, tmp_path / "export", tokenizer=tokenizer)
+    reloaded = AutoTokenizer.from_pretrained(out)
+    assert reloaded.chat_template == tokenizer.chat_template
+    assert reloaded.apply_chat_template(REAL_PROMPT, add_generation_prompt=True, tokenize=True)["input_ids"] == ids
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()(torch.tensor([ids])).logits
+    graphdef, state = nnx.split(model)
+    got = np.asarray(jax.jit(lambda s, i: nnx.merge(graphdef, s)(i))(state, jnp.asarray([ids], jnp.int32)))
+    assert np.abs(got - ref.numpy()).max() <= 1e-3

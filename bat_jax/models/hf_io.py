@@ -185,12 +185,14 @@ def _plan_shards(items: Sequence[tuple[str, jax.Array]], max_shard_bytes: int) -
 
 
 def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None,
-                    max_shard_bytes: int = 4 << 30, overwrite: bool = False) -> Path:
+                    tokenizer=None, max_shard_bytes: int = 4 << 30, overwrite: bool = False) -> Path:
     """Writes ``model`` in the HF layout to ``out_dir`` (tensors in their parameter dtype).
 
     Gathers one tensor at a time to the host; with several processes only process 0 writes.
-    Tokenizer files found in ``tokenizer_dir`` are copied. Raises FileExistsError if ``out_dir``
-    exists and ``overwrite`` is false. Returns ``out_dir``.
+    Tokenizer files found in ``tokenizer_dir`` are copied; a ``tokenizer`` object (transformers) is written with
+    its own ``save_pretrained`` (tokenizer.json, tokenizer_config.json, chat_template.jinja), so the directory
+    loads in transformers and vLLM as it is. Raises FileExistsError if ``out_dir`` exists and ``overwrite`` is
+    false. Returns ``out_dir``.
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
@@ -200,6 +202,8 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
     shards = _plan_shards(items, max_shard_bytes)
     writer = jax.process_index() == 0
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent)) if writer else None
+    if tmp is not None:
+        tmp.chmod(0o755)
     weight_map = {}
     for n, shard in enumerate(shards):
         tensors = {items[i][0]: _host_array(items[i][1]) for i in shard}  # all processes join gathers
@@ -216,6 +220,8 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
             json.dump({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, f, indent=2)
     with open(tmp / "config.json", "w") as f:
         json.dump(model.config.to_hf_config(), f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
     if tokenizer_dir is not None:
         for fname in TOKENIZER_FILES:
             src = Path(tokenizer_dir) / fname
