@@ -199,7 +199,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     engine = build_engine(policy, c, run_dir)
     from bat_jax.tasks.harness import backend_factory
 
-    make_sandbox = backend_factory(config.backend)
+    make_sandbox = backend_factory(config.backend, c.agent.max_workers)
     loop = make_agent_loop(policy, engine, make_sandbox, c.agent)
     eval_loop = make_agent_loop(policy, engine, make_sandbox, dataclasses.replace(
         c.agent, episodes_per_state=1, max_assistant_turns=c.evaluation.max_turns))
