@@ -11,10 +11,10 @@ turn wrapped in `<tool_response>\\n ... \\n</tool_response>`:
   `{"name": ..., "arguments": {...}}` inside `<tool_call>\\n ... \\n</tool_call>`; the generation prompt is
   `<|im_start|>assistant\\n` and the model writes its own `<think>` block.
 - ``chatml`` (a model's own plain ChatML template without a tools block or tool role, e.g. SmolLM2's): the
-  tool-call convention is ours and lives in the messages (`chatml_tools.inline_tools`): the tool schemas and the call format
-  are appended to the system turn, a call is plain text `THOUGHT\\n<tool_call>\\n{JSON}\\n</tool_call>` (no thinking
-  block; the tags are ordinary text), a tool result is a user turn `<tool_response>\\n ... \\n</tool_response>`.
-  Only `<|im_start|>`, `<|im_end|>` and `<|endoftext|>` are control tokens.
+  tool-call convention is ours and lives in the messages (`chatml_tools.inline_tools`): the tool schemas and the
+  call format are appended to the system turn, a call is plain text `THOUGHT\\n<tool_call>\\n{JSON}\\n</tool_call>`
+  (no thinking block; the tags are ordinary text), a tool result is a user turn
+  `<tool_response>\\n ... \\n</tool_response>`. Only `<|im_start|>`, `<|im_end|>` and `<|endoftext|>` are control tokens.
 
 Stage Bank rows store model-neutral `ToolAction`s; `render_action` turns one into the text a family's
 template renders after the generation prompt (without the end-of-turn token), and `parse_tool_call` turns
@@ -301,7 +301,8 @@ def render_action(action: ToolAction | Mapping[str, Any], family: str | ChatFami
     Matches `apply_chat_template` of an assistant message {reasoning_content: thought, content: '',
     tool_calls: [call]} (no tool_calls for 'stop') placed after the last user query. The result is a
     `Rendered` string: only the template's tags (`<think>`, `</think>`, `<tool_call>`, `</tool_call>`) are
-    `Control` parts ('chatml': no thinking block, `THOUGHT\\n<tool_call>\\n{JSON}\\n</tool_call>` all text); the thought and the argument values are ordinary text whatever they contain, and
+    `Control` parts ('chatml': no thinking block, `THOUGHT\\n<tool_call>\\n{JSON}\\n</tool_call>` all text); the
+    thought and the argument values are ordinary text whatever they contain, and
     `parse_tool_call` gives the arguments back byte for byte. Raises ValueError for an invalid action.
     """
     fam = get_family(family)
@@ -379,7 +380,8 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseEr
     """Parses one assistant turn's text into a `ToolAction`; a malformed call gives a `ParseError`.
 
     `text` is the decoded sampled turn (a trailing `<|im_end|>` is ignored). The thought is the text before the
-    first `</think>` ('qwen3': only when the turn opens with `<think>`; 'chatml': the text before the call); the call starts at the next
+    first `</think>` ('qwen3': only when the turn opens with `<think>`; 'chatml': the text before the call); the
+    call starts at the next
     `<tool_call>`. Values may hold any text, tags included: the call ends at a `</tool_call>` whose block is a
     valid call (JSON delimits itself; an XML `</parameter>` closes a value only where `<parameter=` or the
     function's end follows, and the tool's parameters decide between readings). Of the valid readings the first

@@ -3,8 +3,9 @@
 Each config is a frozen dataclass that converts to and from the Hugging Face ``config.json`` dict
 (``from_hf_config`` / ``to_hf_config``), following transformers 5.19 ``Qwen3Config``,
 ``Qwen3_5TextConfig`` and ``LlamaConfig`` (with its rotary scaling variants, ``RopeScaling``). ``dtype`` is
-the compute dtype (``"float32"`` on CPU, ``"bfloat16"`` on GPU/TPU); ``param_dtype`` is the storage dtype of the parameters (the Qwen3.5 Gated DeltaNet ``A_log`` and
-output-norm weight are float32 whatever it is, as in the released checkpoints).
+the compute dtype (``"float32"`` on CPU, ``"bfloat16"`` on GPU/TPU); ``param_dtype`` is the storage dtype of
+the parameters (the Qwen3.5 Gated DeltaNet ``A_log`` and output-norm weight are float32 whatever it is, as in
+the released checkpoints).
 """
 
 from __future__ import annotations
