@@ -14,7 +14,7 @@ turn wrapped in `<tool_response>\\n ... \\n</tool_response>`:
   tool-call convention is ours and lives in the messages (`chatml_tools.inline_tools`): the tool schemas and the
   call format are appended to the system turn, a call is plain text `THOUGHT\\n<tool_call>\\n{JSON}\\n</tool_call>`
   (no thinking block; the tags are ordinary text), a tool result is a user turn
-  `<tool_response>\\n ... \\n</tool_response>`. Only `<|im_start|>`, `<|im_end|>` and `<|endoftext|>` are control tokens.
+  `<tool_response>\\n ... \\n</tool_response>`. Only `<|im_start|>`, `<|im_end|>`, `<|endoftext|>` are controls.
 
 Stage Bank rows store model-neutral `ToolAction`s; `render_action` turns one into the text a family's
 template renders after the generation prompt (without the end-of-turn token), and `parse_tool_call` turns
