@@ -4,7 +4,8 @@
   rounds of: route to the weakest stage → round view (S-target / S-mix / E2E) → preflight of the view →
   GRPO block (K rollouts per state in sandboxes, rubric rewards) → weight sync → evaluation →
   KL(candidate ‖ best) → accept or fall back → checkpoint → ledger → report
-  → final evaluation on disjoint runs (untrained, SFT, retained best) → results table + staircase plot.
+  → final evaluation on disjoint runs (untrained, SFT, retained best) → results table + staircase plot
+  → HF export of the retained policy to run_dir/export/ (weights, config, tokenizer, chat template).
 
 Gin binds `run` and the config dataclasses (gin/bicurl_*.gin); this module itself is plain Python. A killed run
 resumes from its ledger and checkpoints: finished rounds are read back, the retained checkpoint restored, and a
@@ -39,6 +40,7 @@ from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
 from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord, atomic_write
+from bat_jax.models.hf_io import save_pretrained
 from bat_jax.policy import (EngineCells, PolicyConfig, build_policy, make_agent_loop, render_sft_row, rl_request,
                             sft_batch, sft_bucket, trajectory_examples)
 from bat_jax.rollout.agent_loop import AgentLoopConfig
@@ -203,7 +205,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     engine = build_engine(policy, c, run_dir)
     from bat_jax.tasks.harness import backend_factory
 
-    make_sandbox = backend_factory(config.backend)
+    make_sandbox = backend_factory(config.backend, c.agent.max_workers)
     loop = make_agent_loop(policy, engine, make_sandbox, c.agent)
     if c.ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
         from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec
@@ -334,6 +336,9 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
           + f" Overall ({time.perf_counter() - t_final:.0f} s)", flush=True)
     if hasattr(engine, "close"):
         engine.close()  # vLLM: free its memory and worker before the reports
+    export_dir = save_pretrained(learner.sync_model(best_params), run_dir / "export", tokenizer=policy.tokenizer,
+                                 overwrite=True)  # the retained policy (SFT when no round ran), HF layout
+    print(f"[bat_jax] retained policy exported to {export_dir} (weights, config, tokenizer, chat template)")
     if hasattr(loop, "close"):
         loop.close()  # Ray rollout workers
     return report.write_run_report(run_dir, final, records, round0, writer)

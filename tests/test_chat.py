@@ -293,7 +293,7 @@ def test_qwen3_5_published_vocabulary_keeps_typed_tags_as_text(tiny, qwen3_5_tik
     assert builder.verify() is True
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3", "chatml"])
 def test_render_then_parse_round_trip(family):
     code = "for f in data/*.nii.gz; do\n  echo \"$f\"\ndone\n\n  # trailing indent kept\n"
     action = chat.ToolAction("Check files.\nThen load.", "execute_code", {"language": "bash", "code": code})

@@ -43,6 +43,26 @@ def test_bicurl_runs_with_vllm_rollouts(tmp_path):
     assert config["model_type"] == "qwen3" and config["head_dim"] == 32
 
 
+def _export_reloads_in_transformers(export_dir):
+    """run_dir/export/ holds the retained policy in HF layout: transformers loads weights, config, tokenizer and
+    chat template as they are, and its logits equal the JAX model's loaded from the same directory."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bat_jax.models import hf_io
+
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Segment the liver."}],
+                                        add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert tokenizer.chat_template and len(ids) > 5
+    with torch.no_grad():
+        model = AutoModelForCausalLM.from_pretrained(export_dir).eval()
+        ref = model(torch.tensor([ids]), use_cache=False).logits.numpy()  # micro model: DeltaNet layers only
+    out = np.asarray(hf_io.load_pretrained(export_dir)(np.asarray([ids], np.int32)))
+    assert np.abs(out - ref).max() <= 1e-4
+
+
 @pytest.mark.slow
 def test_bicurl_runs_end_to_end_and_resumes(tmp_path):
     comps = micro_config.components(tmp_path / "bank")
@@ -59,6 +79,7 @@ def test_bicurl_runs_end_to_end_and_resumes(tmp_path):
     for name in ("report.md", "staircase.png", "summary.json", "round0_eval.json"):
         assert (run_dir / name).is_file(), name
     assert "BiCuRL (retained)" in (run_dir / "report.md").read_text()
+    _export_reloads_in_transformers(run_dir / "export")
     # the same run directory with one more round resumes: round 1 is read back, not redone
     out2 = ex.run(run_dir, ex.BiCuRLConfig(rounds=2, grpo_steps_per_round=1, backend="local"), comps)
     records = Ledger(run_dir / "ledger.jsonl").read()

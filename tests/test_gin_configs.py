@@ -43,10 +43,10 @@ PAPER_NUMBERS = {
 }
 #: The paper's actor learning rate; the tiny default trains a random-init model for a few GRPO steps only and
 #: uses a larger one (stated in bicurl_tiny.gin).
-GRPO_LR = {"bicurl_9b.gin": 1e-6, "bicurl_4b.gin": 1e-6, "bicurl_tiny.gin": 1e-4}
+GRPO_LR = {"bicurl_9b.gin": 1e-6, "bicurl_4b.gin": 1e-6, "bicurl_tiny.gin": 1e-4, "bicurl_small.gin": 1e-5}
 
 
-@pytest.mark.parametrize("name", ["bicurl_9b.gin", "bicurl_4b.gin", "bicurl_tiny.gin"])
+@pytest.mark.parametrize("name", ["bicurl_9b.gin", "bicurl_4b.gin", "bicurl_tiny.gin", "bicurl_small.gin"])
 def test_bicurl_files_carry_the_design_card_numbers(name):
     launch.parse_gin([name], [])
     for binding, expected in PAPER_NUMBERS.items():
@@ -58,7 +58,8 @@ def test_bicurl_files_carry_the_design_card_numbers(name):
 
 
 @pytest.mark.parametrize("name, style, layouts", [("bicurl_9b.gin", None, None), ("bicurl_4b.gin", None, None),
-                                                  ("bicurl_tiny.gin", "compact", "varied")])
+                                                  ("bicurl_tiny.gin", "compact", "varied"),
+                                                  ("bicurl_small.gin", "compact", "varied")])
 def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, style, layouts):
     """Issue 15: small policies get compact prompts, varied training layouts and the portable teacher; paper
     scale keeps the full prompts (PolicyConfig's default 'full') and the factory's default teacher."""
@@ -77,7 +78,7 @@ def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, sty
 
 
 @pytest.mark.parametrize("name, engine", [("bicurl_9b.gin", "vllm"), ("bicurl_4b.gin", "vllm"),
-                                          ("bicurl_tiny.gin", "jax")])
+                                          ("bicurl_tiny.gin", "jax"), ("bicurl_small.gin", "jax")])
 def test_paper_scale_files_roll_out_on_vllm_and_the_tiny_default_on_the_jax_sampler(name, engine):
     launch.parse_gin([name], [])
     try:
@@ -99,3 +100,14 @@ def test_the_readme_judge_bindings_parse_on_the_run_files():
     judge = components["judge"]
     assert isinstance(judge, JudgeConfig)
     assert (judge.base_url, judge.model, judge.items) == ("http://localhost:8000/v1", "my-judge", ("plan.written",))
+
+
+def test_bicurl_small_trains_the_pretrained_smollm2_in_its_own_chatml_template():
+    from bat_jax.policy import PolicyConfig
+
+    launch.parse_gin(["bicurl_small.gin"], [])
+    assert gin.query_parameter("launch.run.run_name") == "bicurl_small"
+    bound = gin.get_bindings("policy.PolicyConfig")
+    config = PolicyConfig(**bound)
+    assert (config.family, config.checkpoint_dir, dict(config.tiny)) == ("chatml", "runs/smollm2-135m-instruct", {})
+    assert gin.query_parameter("sft/optim.OptimizerConfig.learning_rate") == 1e-4

@@ -206,3 +206,24 @@ def test_missing_and_mismatched_tensors_are_named(hf_dir, tmp_path):
     save_file({**tensors, "model.norm.weight": np.zeros(3, np.float32)}, str(bad / "model.safetensors"))
     with pytest.raises(ValueError, match=r"model.norm.weight.*\(3,\)"):
         hf_io.load_pretrained(bad)
+
+
+def test_export_with_tokenizer_reloads_in_transformers(loaded, tmp_path):
+    """A run's export (tiny Qwen3.5 + the shipped tiny tokenizer): weights, config, tokenizer and chat template
+    load in transformers as they are; logits equal the JAX model's."""
+    from transformers import AutoTokenizer
+
+    from bat_jax.models.tokenizer import load_tiny_tokenizer
+
+    tiny = load_tiny_tokenizer()
+    out = hf_io.save_pretrained(loaded, tmp_path / "export", tokenizer=tiny)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template == tiny.chat_template and len(tok) == len(tiny)
+    messages = [{"role": "user", "content": "Segment the liver."}]
+    assert (tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+            == tiny.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+    tm = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        ref = tm(input_ids=torch.tensor(IDS, dtype=torch.long), attention_mask=torch.tensor(MASK),
+                 position_ids=torch.tensor(np.maximum(np.cumsum(MASK, 1) - 1, 0))).logits.numpy()
+    assert np.abs(_forward(loaded) - ref)[MASK.astype(bool)].max() <= 1e-4

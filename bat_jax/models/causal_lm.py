@@ -1,4 +1,4 @@
-"""Decoder-only causal LM shared by the Qwen3 and Qwen3.5 families (one interface for both).
+"""Decoder-only causal LM shared by the Qwen3, Qwen3.5 and Llama families (one interface for all).
 
 Module tree mirrors transformers (``model.embed_tokens``, ``model.layers[i]``, ``model.norm``,
 ``lm_head``) so a parameter's dotted path is its safetensors key.
@@ -134,13 +134,15 @@ def ordered_remat(fn, policy):
 class DecoderLayer(nnx.Module):
     """Pre-norm residual block: token mixer (attention or Gated DeltaNet) then SwiGLU MLP."""
 
-    def __init__(self, cfg, layer_type: str, *, zero_centered: bool, output_gate: bool, rngs: nnx.Rngs):
+    def __init__(self, cfg, layer_type: str, *, zero_centered: bool, output_gate: bool, qk_norm: bool = True,
+                 rngs: nnx.Rngs):
         dt, pdt = cfg.compute_dtype, jnp.dtype(cfg.param_dtype)
         self.is_linear = layer_type == LINEAR_ATTENTION
         if self.is_linear:
             self.linear_attn = GatedDeltaNet(cfg, rngs=rngs)
         else:
-            self.self_attn = Attention(cfg, output_gate=output_gate, zero_centered=zero_centered, rngs=rngs)
+            self.self_attn = Attention(cfg, output_gate=output_gate, zero_centered=zero_centered, qk_norm=qk_norm,
+                                       rngs=rngs)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dtype=dt, param_dtype=pdt, rngs=rngs)
         norm_kw = dict(eps=cfg.rms_norm_eps, zero_centered=zero_centered, param_dtype=pdt, rngs=rngs)
         self.input_layernorm = RMSNorm(cfg.hidden_size, **norm_kw)
@@ -165,26 +167,27 @@ class DecoderLayer(nnx.Module):
 class DecoderModel(nnx.Module):
     """Embedding, decoder layers and final norm (transformers ``*TextModel``)."""
 
-    def __init__(self, cfg, *, zero_centered: bool, output_gate: bool, rngs: nnx.Rngs):
+    def __init__(self, cfg, *, zero_centered: bool, output_gate: bool, qk_norm: bool = True, rngs: nnx.Rngs):
         dt, pdt = cfg.compute_dtype, jnp.dtype(cfg.param_dtype)
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=pdt, rngs=rngs)
         self.layers = nnx.List([
-            DecoderLayer(cfg, lt, zero_centered=zero_centered, output_gate=output_gate, rngs=rngs)
+            DecoderLayer(cfg, lt, zero_centered=zero_centered, output_gate=output_gate, qk_norm=qk_norm, rngs=rngs)
             for lt in cfg.layer_types])
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, zero_centered=zero_centered,
                             param_dtype=pdt, rngs=rngs)
 
 
 class CausalLM(nnx.Module):
-    """Base class; subclasses set ``zero_centered_norm`` and ``output_gate`` and the config type."""
+    """Base class; subclasses set ``zero_centered_norm``, ``output_gate``, ``qk_norm`` and the config type."""
 
     zero_centered_norm = False
     output_gate = False
+    qk_norm = True
 
     def __init__(self, config, *, rngs: nnx.Rngs):
         self.config = config
         self.model = DecoderModel(config, zero_centered=self.zero_centered_norm,
-                                  output_gate=self.output_gate, rngs=rngs)
+                                  output_gate=self.output_gate, qk_norm=self.qk_norm, rngs=rngs)
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, ("vocab", "embed"), dtype=config.compute_dtype,
             param_dtype=jnp.dtype(config.param_dtype), rngs=rngs)

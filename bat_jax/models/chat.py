@@ -10,6 +10,11 @@ turn wrapped in `<tool_response>\\n ... \\n</tool_response>`:
 - ``qwen3`` (Qwen3's published template, shipped with the real Qwen3 tokenizer): tool calls as JSON
   `{"name": ..., "arguments": {...}}` inside `<tool_call>\\n ... \\n</tool_call>`; the generation prompt is
   `<|im_start|>assistant\\n` and the model writes its own `<think>` block.
+- ``chatml`` (a model's own plain ChatML template without a tools block or tool role, e.g. SmolLM2's): the
+  tool-call convention is ours and lives in the messages (`chatml_tools.inline_tools`): the tool schemas and the
+  call format are appended to the system turn, a call is plain text `THOUGHT\\n<tool_call>\\n{JSON}\\n</tool_call>`
+  (no thinking block; the tags are ordinary text), a tool result is a user turn
+  `<tool_response>\\n ... \\n</tool_response>`. Only `<|im_start|>`, `<|im_end|>`, `<|endoftext|>` are controls.
 
 Stage Bank rows store model-neutral `ToolAction`s; `render_action` turns one into the text a family's
 template renders after the generation prompt (without the end-of-turn token), and `parse_tool_call` turns
@@ -54,6 +59,9 @@ QWEN3_5_SPECIAL_START_ID = 248044
 #: Added tokens that the published configs mark `special: false` (kept by `skip_special_tokens` decoding).
 NON_SPECIAL_ADDED_TOKENS = frozenset(QWEN3_SPECIAL_TOKENS[14:26])
 
+#: The control tokens of a plain ChatML template (family 'chatml'; SmolLM2 ids 0, 1, 2).
+CHATML_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+
 TOOL_NAMES = ("execute_code", "submit")
 #: The action that ends the episode without a tool call (a plain final assistant turn).
 STOP = "stop"
@@ -65,11 +73,13 @@ class ChatFamily:
     """What the token-level code needs to know about one template family.
 
     Attributes:
-      name: 'qwen3_5' or 'qwen3'.
+      name: 'qwen3_5', 'qwen3' or 'chatml'.
       special_tokens: added tokens in published id order.
       published_special_start_id: id of `special_tokens[0]` in the published vocabulary.
       generation_prompt: text the template appends for `add_generation_prompt=True` (thinking on).
       strips_content: whether the template strips whitespace around message contents (Qwen3.5 `|trim`).
+      inline_tools: the template has no tools block / tool role: tools and tool results travel in ordinary
+        system / user messages (`chatml_tools.inline_tools`), calls as plain JSON text.
     """
 
     name: str
@@ -77,6 +87,7 @@ class ChatFamily:
     published_special_start_id: int
     generation_prompt: str
     strips_content: bool
+    inline_tools: bool = False
 
     def published_id(self, token: str) -> int:
         """Published vocabulary id of an added token. Raises KeyError for an unknown token."""
@@ -90,7 +101,11 @@ FAMILIES = {
                           f"{IM_START}assistant\n<think>\n", strips_content=True),
     "qwen3": ChatFamily("qwen3", QWEN3_SPECIAL_TOKENS, QWEN3_SPECIAL_START_ID,
                         f"{IM_START}assistant\n", strips_content=False),
+    "chatml": ChatFamily("chatml", CHATML_SPECIAL_TOKENS, 0, f"{IM_START}assistant\n", strips_content=False,
+                         inline_tools=True),
 }  # fmt: skip
+#: The chat family of each model family's own template (`configs.*Config.family` -> `FAMILIES` key).
+MODEL_CHAT_FAMILY = {"qwen3_5": "qwen3_5", "qwen3": "qwen3", "llama": "chatml"}
 
 
 def get_family(family: str | ChatFamily) -> ChatFamily:
@@ -286,12 +301,19 @@ def render_action(action: ToolAction | Mapping[str, Any], family: str | ChatFami
     Matches `apply_chat_template` of an assistant message {reasoning_content: thought, content: '',
     tool_calls: [call]} (no tool_calls for 'stop') placed after the last user query. The result is a
     `Rendered` string: only the template's tags (`<think>`, `</think>`, `<tool_call>`, `</tool_call>`) are
-    `Control` parts; the thought and the argument values are ordinary text whatever they contain, and
+    `Control` parts ('chatml': no thinking block, `THOUGHT\\n<tool_call>\\n{JSON}\\n</tool_call>` all text); the
+    thought and the argument values are ordinary text whatever they contain, and
     `parse_tool_call` gives the arguments back byte for byte. Raises ValueError for an invalid action.
     """
     fam = get_family(family)
     if not isinstance(action, ToolAction):
         action = ToolAction.from_row(action)
+    if fam.inline_tools:  # plain text: THOUGHT, then the JSON call between text tags
+        thought = action.thought.strip()
+        if action.tool == STOP:
+            return Rendered((thought,))
+        call = json.dumps({"name": action.tool, "arguments": dict(action.arguments)}, ensure_ascii=False)
+        return Rendered((f"{thought}\n" if thought else "", f"<tool_call>\n{call}\n</tool_call>"))
     head = (action.thought.strip(),) if fam.name == "qwen3_5" else (*_glue("<think>\n", fam),
                                                                     action.thought.strip("\n"))
     if action.tool == STOP:  # thinking block, empty answer
@@ -358,7 +380,8 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseEr
     """Parses one assistant turn's text into a `ToolAction`; a malformed call gives a `ParseError`.
 
     `text` is the decoded sampled turn (a trailing `<|im_end|>` is ignored). The thought is the text before the
-    first `</think>` ('qwen3': only when the turn opens with `<think>`); the call starts at the next
+    first `</think>` ('qwen3': only when the turn opens with `<think>`; 'chatml': the text before the call); the
+    call starts at the next
     `<tool_call>`. Values may hold any text, tags included: the call ends at a `</tool_call>` whose block is a
     valid call (JSON delimits itself; an XML `</parameter>` closes a value only where `<parameter=` or the
     function's end follows, and the tool's parameters decide between readings). Of the valid readings the first
@@ -373,12 +396,14 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseEr
     fam = get_family(family)
     source, text = text, str(text).removesuffix(IM_END)
     thought, begin = "", 0
-    think = _tags(source, "</think>")
+    think = [] if fam.inline_tools else _tags(source, "</think>")
     if think and (fam.name == "qwen3_5" or text.lstrip().startswith("<think>")):
         thought, begin = text[:think[0]].strip().removeprefix("<think>").strip(), think[0] + len("</think>")
     opens = _tags(source, "<tool_call>", begin)
     if not opens:
         return _error("no_tool_call", "no <tool_call> block found in your reply", fam)
+    if fam.inline_tools:  # 'chatml': the thought is the text before the call
+        thought = text[:opens[0]].strip()
     start = opens[0] + len("<tool_call>")
     ends = [end for end in _tags(source, "</tool_call>", start) if end < len(text)]
     if not ends:

@@ -1,10 +1,11 @@
-"""Model configurations for the Qwen3 (dense) and Qwen3.5 (hybrid) text families.
+"""Model configurations for the Qwen3 (dense), Qwen3.5 (hybrid) and Llama (dense) text families.
 
 Each config is a frozen dataclass that converts to and from the Hugging Face ``config.json`` dict
-(``from_hf_config`` / ``to_hf_config``), following transformers 5.19 ``Qwen3Config`` and
-``Qwen3_5TextConfig``. ``dtype`` is the compute dtype (``"float32"`` on CPU, ``"bfloat16"`` on
-GPU/TPU); ``param_dtype`` is the storage dtype of the parameters (the Qwen3.5 Gated DeltaNet ``A_log`` and
-output-norm weight are float32 whatever it is, as in the released checkpoints).
+(``from_hf_config`` / ``to_hf_config``), following transformers 5.19 ``Qwen3Config``,
+``Qwen3_5TextConfig`` and ``LlamaConfig`` (with its rotary scaling variants, ``RopeScaling``). ``dtype`` is
+the compute dtype (``"float32"`` on CPU, ``"bfloat16"`` on GPU/TPU); ``param_dtype`` is the storage dtype of
+the parameters (the Qwen3.5 Gated DeltaNet ``A_log`` and output-norm weight are float32 whatever it is, as in
+the released checkpoints).
 """
 
 from __future__ import annotations
@@ -220,7 +221,136 @@ class Qwen3_5Config:
         }
 
 
-def _common_to_hf(cfg: Qwen3Config | Qwen3_5Config) -> dict[str, Any]:
+ROPE_SCALING_TYPES = ("linear", "dynamic", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """A rotary scaling variant of transformers' ``rope_parameters`` (``modeling_rope_utils.py``, 5.19).
+
+    Attributes:
+      rope_type: ``"linear"`` (inverse frequencies / ``factor``), ``"dynamic"`` (NTK: the base grows with
+        the longest position of the call beyond ``max_position_embeddings``) or ``"llama3"`` (Llama 3.1:
+        wavelengths above ``original_max_position_embeddings / low_freq_factor`` divided by ``factor``,
+        below ``... / high_freq_factor`` kept, smooth in between).
+      factor: the scaling factor (> 0).
+      low_freq_factor, high_freq_factor: Llama 3 only.
+      original_max_position_embeddings: Llama 3 only (tokens).
+    Raises:
+      ValueError: an unknown ``rope_type`` or a missing / non-positive parameter.
+    """
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+
+    def __post_init__(self):
+        if self.rope_type not in ROPE_SCALING_TYPES:
+            raise ValueError(f"config.json: rope_type {self.rope_type!r} is not supported "
+                             f"(default, {', '.join(ROPE_SCALING_TYPES)})")
+        if not self.factor > 0:
+            raise ValueError(f"config.json: rope scaling factor must be > 0, got {self.factor}")
+        if self.rope_type == "llama3":
+            need = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            missing = [k for k in need if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"config.json: llama3 rope scaling lacks {missing}")
+            if not self.high_freq_factor > self.low_freq_factor:
+                raise ValueError("config.json: llama3 rope scaling needs high_freq_factor > low_freq_factor")
+
+    def to_hf(self) -> dict[str, Any]:
+        """The fields as ``rope_parameters`` entries (without ``rope_theta``)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+def _rope_scaling_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) from ``rope_parameters`` (transformers 5) or legacy ``rope_scaling`` + ``rope_theta``."""
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError("config.json: Llama partial_rotary_factor != 1 is not supported")
+    if rope_type in ("default", None):
+        return theta, None
+    if "factor" not in rope and rope_type in ROPE_SCALING_TYPES:
+        raise ValueError(f"config.json: rope_type {rope_type!r} lacks 'factor'")
+    omp = rope.get("original_max_position_embeddings")
+    return theta, RopeScaling(rope_type=rope_type, factor=float(rope.get("factor", 1.0)),
+                              low_freq_factor=rope.get("low_freq_factor"),
+                              high_freq_factor=rope.get("high_freq_factor"),
+                              original_max_position_embeddings=None if omp is None else int(omp))
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    """Llama dense decoder (transformers ``LlamaForCausalLM``): GQA without q/k norm, full RoPE with an
+    optional ``rope_scaling`` (``RopeScaling``), SwiGLU MLP without bias. Sizes in units (tokens, channels)."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10_000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    family = "llama"
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.head_dim
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        return (FULL_ATTENTION,) * self.num_hidden_layers
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any], **overrides: Any) -> "LlamaConfig":
+        """Builds from a transformers ``LlamaConfig`` dict. Raises ValueError on unsupported fields
+        (activation, ``mlp_bias``, ``pretraining_tp`` > 1, a rope type other than default / linear / dynamic /
+        llama3)."""
+        _check_act(hf)
+        if hf.get("mlp_bias", False):
+            raise ValueError("config.json: Llama mlp_bias=true is not supported")
+        if int(hf.get("pretraining_tp", 1) or 1) != 1:
+            raise ValueError(f"config.json: Llama pretraining_tp={hf['pretraining_tp']} is not supported (only 1)")
+        theta, scaling = _rope_scaling_from_hf(hf)
+        common = _common_from_hf({"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, **hf})
+        return dataclasses.replace(cls(**common, rope_theta=theta, rope_scaling=scaling), **overrides)
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """Returns a ``config.json`` dict readable by transformers ``AutoConfig`` (``LlamaForCausalLM``)."""
+        rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling is not None:
+            rope = {**self.rope_scaling.to_hf(), "rope_theta": self.rope_theta}
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            **_common_to_hf(self),
+            "rope_parameters": rope,
+            "mlp_bias": False,
+            "pretraining_tp": 1,
+        }
+
+
+def _common_to_hf(cfg: Qwen3Config | Qwen3_5Config | LlamaConfig) -> dict[str, Any]:
     return {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
@@ -241,8 +371,8 @@ def _common_to_hf(cfg: Qwen3Config | Qwen3_5Config) -> dict[str, Any]:
     }
 
 
-def config_from_hf(hf: dict[str, Any], **overrides: Any) -> Qwen3Config | Qwen3_5Config:
-    """Picks the family from ``model_type`` (``qwen3`` / ``qwen3_5`` / ``qwen3_5_text``).
+def config_from_hf(hf: dict[str, Any], **overrides: Any) -> Qwen3Config | Qwen3_5Config | LlamaConfig:
+    """Picks the family from ``model_type`` (``qwen3`` / ``qwen3_5`` / ``qwen3_5_text`` / ``llama``).
 
     Raises ValueError naming the model_type when it is not supported."""
     mt = hf.get("model_type")
@@ -250,4 +380,6 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> Qwen3Config | Qwen3_
         return Qwen3Config.from_hf_config(hf, **overrides)
     if mt in ("qwen3_5", "qwen3_5_text"):
         return Qwen3_5Config.from_hf_config(hf, **overrides)
-    raise ValueError(f"config.json: model_type {mt!r} is not supported (qwen3, qwen3_5, qwen3_5_text)")
+    if mt == "llama":
+        return LlamaConfig.from_hf_config(hf, **overrides)
+    raise ValueError(f"config.json: model_type {mt!r} is not supported (qwen3, qwen3_5, qwen3_5_text, llama)")

@@ -23,6 +23,7 @@ from jinja2 import TemplateError
 
 from bat_jax.models.chat import (IM_END, IM_START, ChatTemplate, Control, Rendered, get_family, split_controls,
                                  tool_response_text)
+from bat_jax.models.chatml_tools import inline_tools
 
 #: Unicode normalisers a byte-level BPE can do without: skipped so that decoding gives the exact characters.
 _UNICODE_NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")
@@ -123,6 +124,7 @@ class TextCodec:
         `Control` parts of a `Rendered` content (a decoded sampled turn) stay controls. Raises ValueError when
         no stand-ins are free (inputs using the whole private-use plane), and whatever the template raises.
         """
+        messages, tools = inline_tools(messages, tools, self.family)  # 'chatml': tools in the messages
         strings: list[str] = []
         _collect((messages, tools), strings)
         used = set("".join(strings)) | set(str(getattr(self.tokenizer, "chat_template", "") or ""))
@@ -189,7 +191,7 @@ class Episode:
 class EpisodeBuilder:
     """Builds an `Episode` turn by turn from sampled ids and tool responses.
 
-    `tokenizer` is a `transformers` tokenizer whose chat template is of `family` ('qwen3_5' or 'qwen3'):
+    `tokenizer` is a `transformers` tokenizer whose chat template is of `family` ('qwen3_5', 'qwen3' or 'chatml'):
     `apply_chat_template` renders the prompt and `decode` is used by `verify` and `messages`; all text goes
     through `codec` (a `TextCodec`), so only the template's own control tokens become control ids.
 
@@ -338,8 +340,9 @@ class EpisodeBuilder:
         decoded = self.tokenizer.decode(episode.ids.tolist())
         if decoded != rendered:
             try:  # a tag the model spelled with text tokens: the template reads the plain text alike
+                messages, tools = inline_tools(self.messages(), self._tools, self.family)
                 if decoded == self.tokenizer.apply_chat_template(
-                        self.messages(), tools=self._tools, add_generation_prompt=add_prompt, tokenize=False):
+                        messages, tools=tools, add_generation_prompt=add_prompt, tokenize=False):
                     return False
             except TemplateError:
                 pass

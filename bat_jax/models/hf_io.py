@@ -1,10 +1,10 @@
-"""Hugging Face safetensors I/O for the Qwen3 / Qwen3.5 NNX models.
+"""Hugging Face safetensors I/O for the Qwen3 / Qwen3.5 / Llama NNX models.
 
 * ``load_pretrained(path, ...)`` reads ``config.json`` and the ``*.safetensors`` shards of a local
   checkpoint directory and builds the model tensor by tensor: each parameter is created with
   ``jax.make_array_from_callback``, so every device (and host) reads only its own slice from the
   memory-mapped file; the whole model is never materialised on one host. Supported layouts:
-  ``Qwen3ForCausalLM`` and ``Qwen3_5ForCausalLM`` (text weights under ``model.``), and
+  ``Qwen3ForCausalLM``, ``Qwen3_5ForCausalLM`` and ``LlamaForCausalLM`` (text weights under ``model.``), and
   ``Qwen3_5ForConditionalGeneration`` (released Qwen3.5 checkpoints: text weights under
   ``model.language_model.``; the vision tower ``model.visual.*`` and the MTP head ``mtp.*`` are
   skipped with a logged note).
@@ -14,7 +14,9 @@
   writes into a temporary sibling directory and renames it into place (atomic).
 
 Parameter paths of the NNX models equal the HF keys (see ``causal_lm.py``), so no tensor is
-transposed or renamed apart from the language-model prefix.
+transposed or renamed apart from the language-model prefix (the Llama mapping is the identity as well:
+``model.layers.N.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``, the two layer norms, ``model.norm``,
+``lm_head``; legacy ``rotary_emb.inv_freq`` buffers are ignored).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from bat_jax.models.configs import Qwen3_5Config, Qwen3Config, config_from_hf
+from bat_jax.models.configs import LlamaConfig, Qwen3_5Config, Qwen3Config, config_from_hf
+from bat_jax.models.llama import LlamaForCausalLM
 from bat_jax.models.qwen3 import Qwen3ForCausalLM
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 
@@ -56,6 +59,8 @@ def model_class(config):
         return Qwen3_5ForCausalLM
     if isinstance(config, Qwen3Config):
         return Qwen3ForCausalLM
+    if isinstance(config, LlamaConfig):
+        return LlamaForCausalLM
     raise TypeError(f"no model class for config type {type(config).__name__}")
 
 
@@ -180,12 +185,14 @@ def _plan_shards(items: Sequence[tuple[str, jax.Array]], max_shard_bytes: int) -
 
 
 def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None,
-                    max_shard_bytes: int = 4 << 30, overwrite: bool = False) -> Path:
+                    tokenizer=None, max_shard_bytes: int = 4 << 30, overwrite: bool = False) -> Path:
     """Writes ``model`` in the HF layout to ``out_dir`` (tensors in their parameter dtype).
 
     Gathers one tensor at a time to the host; with several processes only process 0 writes.
-    Tokenizer files found in ``tokenizer_dir`` are copied. Raises FileExistsError if ``out_dir``
-    exists and ``overwrite`` is false. Returns ``out_dir``.
+    Tokenizer files found in ``tokenizer_dir`` are copied; a ``tokenizer`` object (transformers) is written with
+    its own ``save_pretrained`` (tokenizer.json, tokenizer_config.json, chat_template.jinja), so the directory
+    loads in transformers and vLLM as it is. Raises FileExistsError if ``out_dir`` exists and ``overwrite`` is
+    false. Returns ``out_dir``.
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
@@ -195,6 +202,8 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
     shards = _plan_shards(items, max_shard_bytes)
     writer = jax.process_index() == 0
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent)) if writer else None
+    if tmp is not None:
+        tmp.chmod(0o755)
     weight_map = {}
     for n, shard in enumerate(shards):
         tensors = {items[i][0]: _host_array(items[i][1]) for i in shard}  # all processes join gathers
@@ -211,6 +220,8 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
             json.dump({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, f, indent=2)
     with open(tmp / "config.json", "w") as f:
         json.dump(model.config.to_hf_config(), f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
     if tokenizer_dir is not None:
         for fname in TOKENIZER_FILES:
             src = Path(tokenizer_dir) / fname

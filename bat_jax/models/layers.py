@@ -1,4 +1,4 @@
-"""Shared building blocks of the Qwen3 / Qwen3.5 decoders (Flax NNX).
+"""Shared building blocks of the Qwen3 / Qwen3.5 / Llama decoders (Flax NNX).
 
 Parameters are stored in the Hugging Face layout (``Linear.weight`` is ``[out, in]``, names mirror
 the transformers module tree) so that safetensors I/O is a plain rename. Every parameter carries
@@ -12,7 +12,7 @@ norms), ``linear_qkv`` (Gated DeltaNet fused q|k|v channels, also the conv chann
 (Gated DeltaNet value heads: in_proj_a/b, A_log, dt_bias), ``conv`` (conv taps).
 A name of ``None`` means replicated.
 
-Numerics follow transformers 5.19 (``modeling_qwen3.py`` / ``modeling_qwen3_5.py``): RMSNorm in
+Numerics follow transformers 5.19 (``modeling_qwen3.py`` / ``modeling_qwen3_5.py`` / ``modeling_llama.py``): RMSNorm in
 float32, softmax in float32, rotary tables in float32 then cast to the compute dtype.
 """
 
@@ -106,10 +106,45 @@ class MLP(nnx.Module):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def rotary_tables(positions: jax.Array, rotary_dim: int, theta: float, dtype) -> tuple[jax.Array, jax.Array]:
-    """cos/sin tables ``[batch, seq, rotary_dim]`` for int ``positions [batch, seq]`` (default RoPE,
-    halves layout as in transformers ``rotate_half``); computed in float32, returned in ``dtype``."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+def rope_inv_freq(rotary_dim: int, theta: float, scaling=None, max_position_embeddings: int | None = None,
+                  seq_len=None) -> jax.Array:
+    """Inverse frequencies ``[rotary_dim // 2]`` float32 of RoPE, following transformers 5.19
+    ``modeling_rope_utils`` (default, ``linear``, ``dynamic``, ``llama3``).
+
+    ``scaling`` is a ``configs.RopeScaling`` or None (default RoPE). ``dynamic`` needs ``max_position_embeddings``
+    and ``seq_len`` (a traced int: longest position of the call + 1); as in transformers' stateless first call,
+    the base becomes ``theta * (factor * L / max_pos - (factor - 1)) ** (d / (d - 2))`` with
+    ``L = max(seq_len, max_pos)`` (so the default frequencies while ``seq_len <= max_pos``).
+    """
+    exponents = jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim
+    kind = None if scaling is None else scaling.rope_type
+    if kind == "dynamic":
+        length = jnp.maximum(jnp.asarray(seq_len, jnp.float32), float(max_position_embeddings))
+        f = scaling.factor
+        grow = (f * length / max_position_embeddings - (f - 1)) ** (rotary_dim / (rotary_dim - 2))
+        return 1.0 / ((theta * grow) ** exponents)
+    inv_freq = 1.0 / (theta ** exponents)
+    if kind == "linear":
+        return inv_freq / scaling.factor
+    if kind == "llama3":
+        old = scaling.original_max_position_embeddings
+        low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+        wavelen = 2 * jnp.pi / inv_freq
+        scaled = jnp.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return jnp.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotary_tables(positions: jax.Array, rotary_dim: int, theta: float, dtype, scaling=None,
+                  max_position_embeddings: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables ``[batch, seq, rotary_dim]`` for int ``positions [batch, seq]`` (halves layout as in
+    transformers ``rotate_half``); frequencies from :func:`rope_inv_freq` (``dynamic`` takes its length from
+    ``max(positions) + 1``); computed in float32, returned in ``dtype``."""
+    seq_len = jnp.max(positions) + 1 if scaling is not None and scaling.rope_type == "dynamic" else None
+    inv_freq = rope_inv_freq(rotary_dim, theta, scaling, max_position_embeddings, seq_len)
     freqs = positions.astype(jnp.float32)[..., None] * inv_freq
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
@@ -179,28 +214,31 @@ def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
 
 
 class Attention(nnx.Module):
-    """Causal GQA self-attention with per-head q/k RMSNorm and RoPE.
+    """Causal GQA self-attention with per-head q/k RMSNorm (``qk_norm=True``; Llama has none) and RoPE
+    (scaled as ``cfg.rope_scaling`` says, when the config has that field).
 
     ``output_gate=True`` (Qwen3.5 gated attention): q_proj emits ``[q | gate]`` per head and the
     attention output is multiplied by ``sigmoid(gate)`` before o_proj; norms are zero-centred and
     only ``rotary_dim`` channels are rotated. ``output_gate=False`` is Qwen3 attention.
     """
 
-    def __init__(self, cfg, *, output_gate: bool, zero_centered: bool, rngs: nnx.Rngs):
+    def __init__(self, cfg, *, output_gate: bool, zero_centered: bool, qk_norm: bool = True, rngs: nnx.Rngs):
         dt, pdt = cfg.compute_dtype, jnp.dtype(cfg.param_dtype)
         kw = dict(bias=cfg.attention_bias, dtype=dt, param_dtype=pdt, rngs=rngs)
         h, k, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, d
         self.output_gate = output_gate
         self.rotary_dim, self.rope_theta = cfg.rotary_dim, cfg.rope_theta
+        self.rope_scaling = getattr(cfg, "rope_scaling", None)  # only LlamaConfig has the field
+        self.max_position_embeddings = cfg.max_position_embeddings
         self.q_proj = Linear(cfg.hidden_size, h * d * (2 if output_gate else 1), ("heads", "embed"), **kw)
         self.k_proj = Linear(cfg.hidden_size, k * d, ("kv_heads", "embed"), **kw)
         self.v_proj = Linear(cfg.hidden_size, k * d, ("kv_heads", "embed"), **kw)
         self.o_proj = Linear(h * d, cfg.hidden_size, ("embed", "heads"), **kw)
         norm_kw = dict(eps=cfg.rms_norm_eps, zero_centered=zero_centered, names=("head_dim",),
                        param_dtype=pdt, rngs=rngs)
-        self.q_norm = RMSNorm(d, **norm_kw)
-        self.k_norm = RMSNorm(d, **norm_kw)
+        self.q_norm = RMSNorm(d, **norm_kw) if qk_norm else None
+        self.k_norm = RMSNorm(d, **norm_kw) if qk_norm else None
 
     def __call__(self, x, mask, positions, cache: AttentionCache | None = None, write_index=None,
                  slot_mask=None, block: int = 0):
@@ -219,10 +257,12 @@ class Attention(nnx.Module):
             q, gate = q[..., :d], q[..., d:].reshape(b, t, self.num_heads * d)
         else:
             q, gate = q.reshape(b, t, self.num_heads, d), None
-        q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).reshape(b, t, self.num_kv_heads, d))
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, d)
-        cos, sin = rotary_tables(positions, self.rotary_dim, self.rope_theta, x.dtype)
+        cos, sin = rotary_tables(positions, self.rotary_dim, self.rope_theta, x.dtype, self.rope_scaling,
+                                 self.max_position_embeddings)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         q = q * jnp.asarray(d ** -0.5, q.dtype)
         if cache is None:

@@ -89,6 +89,9 @@ class DockerSandboxConfig:
       max_output_chars: characters of stdout/stderr returned per call (REFERENCE.md: 2,048).
       start_timeout_s: limit for a container to start and answer its first ping, seconds.
       engine_timeout_s: timeout of engine API calls and of the connection check at start, seconds.
+      max_pool_size: HTTP connections the docker-py client keeps to the engine; at least the number of threads
+        that call sandboxes at once (rollout concurrency), else urllib3 warns 'connection pool is full' and
+        drops connections.
       grace_s: extra seconds the host waits beyond a call's timeout before declaring the sandbox dead.
       inline_restore_max_bytes: states whose tar is at most this many bytes are restored through the executor;
         larger ones through the engine's `put_archive` (measured crossover ~2-3 MB).
@@ -116,6 +119,7 @@ class DockerSandboxConfig:
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     start_timeout_s: float = 30.0
     engine_timeout_s: float = 10.0
+    max_pool_size: int = 32
     grace_s: float = 10.0
     inline_restore_max_bytes: int = 2_000_000
     labels: tuple[tuple[str, str], ...] = ()
@@ -130,7 +134,7 @@ def connect(config: DockerSandboxConfig | None = None) -> docker.DockerClient:
     """
     config = config or DockerSandboxConfig()
     try:
-        client = docker.from_env(timeout=int(max(1, config.engine_timeout_s)))
+        client = docker.from_env(timeout=int(max(1, config.engine_timeout_s)), max_pool_size=config.max_pool_size)
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as e:
         raise SandboxError(

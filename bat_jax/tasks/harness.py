@@ -117,8 +117,10 @@ class BackendUnavailable(RuntimeError):
     """The requested sandbox backend cannot be used here (module, engine or image missing)."""
 
 
-def backend_factory(name: str) -> SandboxFactory:
-    """A sandbox factory by backend name: 'local' (non-isolated, tests only) or 'docker'.
+def backend_factory(name: str, concurrency: int = 16) -> SandboxFactory:
+    """A sandbox factory by backend name: 'local' (non-isolated, tests only) or 'docker'. `concurrency`: most
+    threads using sandboxes at once (the agent loop's `max_workers`); the Docker client's connection pool is
+    sized to it plus a margin, so no 'connection pool is full' warnings.
 
     Raises:
       BackendUnavailable: Docker backend module, engine or task image missing (the message says which).
@@ -131,7 +133,8 @@ def backend_factory(name: str) -> SandboxFactory:
     try:
         from bat_jax.sandbox import docker as docker_backend
 
-        client = docker_backend.connect()
+        pool = max(docker_backend.DockerSandboxConfig.max_pool_size, int(concurrency) + 4)
+        client = docker_backend.connect(docker_backend.DockerSandboxConfig(max_pool_size=pool))
         probe = docker_backend.DockerSandbox(client, state=SandboxState(files={}))
         probe.close()
     except Exception as exc:  # noqa: BLE001 — any failure here means the backend is not usable
