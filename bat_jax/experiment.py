@@ -314,7 +314,10 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                              pool_reward_before=_finite(metrics["pool_reward_before"]),
                              pool_reward_after=_finite(metrics["pool_reward_after"]),
                              groups_with_variance=int(metrics["groups_with_variance"]),
-                             groups_scored=int(metrics["groups_scored"]))
+                             groups_scored=int(metrics["groups_scored"]),
+                             update_logp_shift_pos=_finite(metrics["update_logp_shift_pos"]),
+                             update_logp_shift_neg=_finite(metrics["update_logp_shift_neg"]),
+                             update_token_kl=_finite(metrics["update_token_kl"]))
         ledger.append(record)
         records.append(record)
         writer.summary("controller_eval", summary, r)
@@ -395,12 +398,14 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
     Signal diagnostics (issue 15): `pool_reward_before` is the mean scored reward of the first batch's rollouts
     (round-start policy), `pool_reward_after` that of the same rows rolled out again with the same seed after
     the block's last step (NaN when none was scored); `groups_with_variance` / `groups_scored` count the
-    block's groups (K rollouts of one row) whose scored rewards differ / that have ≥ 2 scored rewards."""
+    block's groups (K rollouts of one row) whose scored rewards differ / that have ≥ 2 scored rewards;
+    `update_logp_shift_pos` / `_neg` / `update_token_kl` say how the block moved the first batch's own rollouts
+    (`grpo.update_shift`: logprobs at the round start vs its end)."""
     step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
                                         num_micro_batches=c.grpo_micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
     rewards_seen, unscored, agent_failed, total, version, varied, grouped = [], 0, 0, 0, "", 0, 0
-    before = []
+    before, first = [], None
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
@@ -423,9 +428,12 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
         host["ref_logprobs"] = learner.logprobs(ref_params, host, c.grpo)
         groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rows))]
         host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rows)), groups, c.grpo)
+        first = host if b == 0 else first
         for _ in range(c.grpo.epochs):
             state, _ = step_fn(state, host)
     learner.adopt(state)
+    shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, c.grpo),
+                              first["loss_mask"], first["advantages"])  # round start → round end, batch 0
     loop.engine.update_weights(learner.sync_model(learner.params))
     _, probe = _rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge)  # same rows, same seed
     after = [s.reward for s in probe if s.reward is not None]
@@ -435,7 +443,8 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
             "rollouts": float(total), "reward_version": version or "none",
             "pool_reward_before": float(np.mean(before)) if before else float("nan"),
             "pool_reward_after": float(np.mean(after)) if after else float("nan"),
-            "groups_with_variance": float(varied), "groups_scored": float(grouped), **judged}
+            "groups_with_variance": float(varied), "groups_scored": float(grouped),
+            **{f"update_{k}": v for k, v in shift.items()}, **judged}
 
 
 def _rollouts(loop, bank: StageBank, batch, c: Components, seed: int, judge: RubricJudge | None):

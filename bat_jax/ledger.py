@@ -98,6 +98,9 @@ class RoundRecord:
         update (None when nothing was scored, or in ledgers written before these fields existed; issue 15).
       groups_with_variance, groups_scored: the round's GRPO groups (K rollouts of one row) whose scored rewards
         differ, and those with at least two scored rewards — GRPO learns only from the first (None likewise).
+      update_logp_shift_pos, update_logp_shift_neg, update_token_kl: how the round's GRPO update moved the first
+        batch's own rollouts (`grpo.update_shift`: token-mean logprob change, nats, of rollouts with positive /
+        negative advantage, and KL(old ‖ new) per token; None when not recorded).
     """
 
     round: int
@@ -122,6 +125,9 @@ class RoundRecord:
     pool_reward_after: float | None = None
     groups_with_variance: int | None = None
     groups_scored: int | None = None
+    update_logp_shift_pos: float | None = None
+    update_logp_shift_neg: float | None = None
+    update_token_kl: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -104,18 +104,24 @@ class RoundSignal(NamedTuple):
     reward_after: float | None
     groups_with_variance: int | None
     groups_scored: int | None
+    logp_shift_pos: float | None = None
+    logp_shift_neg: float | None = None
+    token_kl: float | None = None
 
 
 def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
     """Per-round GRPO signal: mean reward (0–1, three decimals) of the round's first pool batch before and after
     its update (same rows, same seed), the change, and the groups whose rewards vary out of the scored groups
-    (with their share); None prints '—'."""
-    cols = [("target", 8), ("reward before", 15), ("after", 9), ("change", 9), ("groups with variance", 22)]
+    (with their share), then how the update moved the first batch's own rollouts: token-mean logprob change
+    (nats) of those with positive / negative advantage and KL(old ‖ new) per token (`grpo.update_shift`);
+    None prints '—'."""
+    cols = [("target", 8), ("reward before", 15), ("after", 9), ("change", 9), ("groups with variance", 22),
+            ("Δlogp A>0", 11), ("Δlogp A<0", 11), ("KL/token", 10)]
     lines = [f"{'Round':<12}" + "".join(f"{a:>{w}}" for a, w in cols)]
     lines.append("-" * len(lines[0]))
 
-    def num(x: float | None, sign: str = "") -> str:
-        return "—" if x is None else f"{x:{sign}.3f}"
+    def num(x: float | None, sign: str = "", digits: int = 3) -> str:
+        return "—" if x is None else f"{x:{sign}.{digits}f}"
 
     for row in rounds:
         r = RoundSignal(*row)
@@ -125,7 +131,8 @@ def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
         else:
             share = f" ({100 * r.groups_with_variance / r.groups_scored:.0f}%)" if r.groups_scored else ""
             groups = f"{r.groups_with_variance}/{r.groups_scored}{share}"
-        values = [r.target, num(r.reward_before), num(r.reward_after), num(change, "+"), groups]
+        values = [r.target, num(r.reward_before), num(r.reward_after), num(change, "+"), groups,
+                  num(r.logp_shift_pos, "+", 4), num(r.logp_shift_neg, "+", 4), num(r.token_kl, "", 5)]
         lines.append(f"{r.label:<12}" + "".join(f"{v:>{w}}" for v, (_, w) in zip(values, cols)))
     return "\n".join(lines)
 
@@ -271,9 +278,11 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
     lines += ["", "Controller evaluation per round:", "", "```", stage_table(stage_rows), "```"]
     if records:
         signal = [RoundSignal(f"round {rec.round}", rec.selected_stage, rec.pool_reward_before, rec.pool_reward_after,
-                              rec.groups_with_variance, rec.groups_scored) for rec in records]
+                              rec.groups_with_variance, rec.groups_scored, rec.update_logp_shift_pos,
+                              rec.update_logp_shift_neg, rec.update_token_kl) for rec in records]
         lines += ["", "GRPO signal per round: mean reward of the round's first pool batch before / after its update "
-                  "(same rows, same seed), and groups (K rollouts of one row) whose rewards vary:", "", "```",
+                  "(same rows, same seed), groups (K rollouts of one row) whose rewards vary, and how the update moved that "
+                  "batch's own rollouts (an ascent step: Δlogp A>0 up, A<0 down):", "", "```",
                   signal_table(signal), "```"]
         counts = [RoundCounts(f"round {rec.round}", rec.rollouts, rec.unscored_rollouts, rec.agent_failed_rollouts,
                               rec.eval_cells, rec.eval_unscored, rec.eval_agent_failed) for rec in records]

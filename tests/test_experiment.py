@@ -209,8 +209,10 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
         def sync_model(self, params):
             return params
 
-        def logprobs(self, params, host, config):
-            return np.zeros(host["input_ids"].shape, np.float32)
+        def logprobs(self, params, host, config):  # after the block the sampled tokens of s0's rollout 0 gain
+            out = np.zeros(host["input_ids"].shape, np.float32)
+            out[0, 2:5] = 0.3 if params == 6 else 0.0
+            return out
 
         def adopt(self, state):
             self.params = state.params
@@ -242,5 +244,8 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
     assert seen[1][1] == seen[2][1] == first  # the same host batch every epoch
     assert metrics["pool_reward_before"] == 0.375 and metrics["pool_reward_after"] == 0.5
     assert (metrics["groups_with_variance"], metrics["groups_scored"]) == (2.0, 4.0)
+    # update check on batch 0: rollout 0 (A = 1.5) +0.3 per token, the three A = -0.5 rollouts unchanged
+    assert metrics["update_logp_shift_pos"] == pytest.approx(0.3) and metrics["update_logp_shift_neg"] == 0.0
+    assert metrics["update_token_kl"] == pytest.approx((np.expm1(0.3) - 0.3) * 3 / 24)
     with pytest.raises(ValueError, match="epochs"):
         grpo.GRPOConfig(epochs=0)

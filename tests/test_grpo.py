@@ -291,3 +291,19 @@ def test_learner_logprobs_use_the_rollout_sampling_transform():
     cfg = grpo.GRPOConfig(temperature=0.6, top_p=0.8)
     nucleus = grpo.token_logprobs(logits, ids, *cfg.sampling)
     np.testing.assert_array_equal(nucleus[:, 1:], engine.token_logprobs(logits[:, :-1], ids[:, 1:], 0.6, 0.8, 0))
+
+
+def test_update_shift_hand_values():
+    # row 0 (A = +1): tokens 1, 2 move +0.2 and +0.4 -> +0.3; row 1 (A = -1): one token moves -0.1;
+    # row 2 (A = 0) and the prompt position (mask 0) are ignored except in the KL.
+    old = np.zeros((3, 3))
+    new = np.array([[9.0, 0.2, 0.4], [0.0, -0.1, 5.0], [0.0, 0.3, 0.0]])
+    mask = np.array([[0, 1, 1], [0, 1, 0], [0, 1, 0]])
+    out = grpo.update_shift(old, new, mask, np.array([1.0, -1.0, 0.0]))
+    assert out["logp_shift_pos"] == pytest.approx(0.3) and out["logp_shift_neg"] == pytest.approx(-0.1)
+    k3 = [np.exp(x) - 1 - x for x in (0.2, 0.4, -0.1, 0.3)]  # r - 1 - log r, r = exp(new - old)
+    assert out["token_kl"] == pytest.approx(sum(k3) / 4)
+    none = grpo.update_shift(old, new, mask, np.zeros(3))
+    assert np.isnan(none["logp_shift_pos"]) and np.isnan(none["logp_shift_neg"])
+    with pytest.raises(ValueError, match="update_shift"):
+        grpo.update_shift(old, new, mask, np.zeros(2))

@@ -78,13 +78,14 @@ def test_scoring_table_separates_agent_failed_scored_from_unscored_infra():
 
 
 def test_signal_table_prints_before_after_change_and_group_share():
-    table = report.signal_table([report.RoundSignal("round 1", "S1", 0.125, 0.3125, 5, 8),
+    table = report.signal_table([report.RoundSignal("round 1", "S1", 0.125, 0.3125, 5, 8, 0.00215, -0.0035, 2.3e-4),
                                  ("round 2", "S3", None, None, 0, 0), ("round 3", "S2", 0.5, 0.25, None, None)])
     lines = table.splitlines()
     assert lines[0].split()[:4] == ["Round", "target", "reward", "before"]
-    assert lines[2].split()[2:] == ["S1", "0.125", "0.312", "+0.188", "5/8", "(62%)"]
-    assert lines[3].split()[2:] == ["S3", "—", "—", "—", "0/0"]
-    assert lines[4].split()[2:] == ["S2", "0.500", "0.250", "-0.250", "—"]
+    assert lines[0].split()[-5:] == ["Δlogp", "A>0", "Δlogp", "A<0", "KL/token"]
+    assert lines[2].split()[2:] == ["S1", "0.125", "0.312", "+0.188", "5/8", "(62%)", "+0.0022", "-0.0035", "0.00023"]
+    assert lines[3].split()[2:] == ["S3", "—", "—", "—", "0/0", "—", "—", "—"]
+    assert lines[4].split()[2:] == ["S2", "0.500", "0.250", "-0.250", "—", "—", "—", "—"]
 
 
 def _final():

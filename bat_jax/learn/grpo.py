@@ -165,6 +165,40 @@ def with_advantages(
 # ---------------------------------------------------------------------------------------------------
 
 
+def update_shift(old_logprobs: Any, new_logprobs: Any, loss_mask: Any, advantages: Any) -> dict[str, float]:
+    """How a GRPO update moved the policy on its own batch (host side, float64; a diagnostic, issue 15).
+
+    Args:
+      old_logprobs, new_logprobs: ``[B, T]`` shifted logprobs of the batch's tokens before / after the update
+        (the learner's, under the rollout sampling transform).
+      loss_mask: ``[B, T]`` 1 on sampled (loss) tokens.
+      advantages: ``[B]`` the rows' GRPO advantages.
+    Returns:
+      ``logp_shift_pos`` / ``logp_shift_neg``: mean over rollouts with A > 0 / A < 0 of their token-mean
+      ``new − old`` logprob (nats per token; NaN when no such rollout) — an ascent step raises the first and
+      lowers the second; ``token_kl``: KL(old ‖ new) per loss token, Schulman's k3 estimate
+      ``r − 1 − log r`` with ``r = π_new / π_old`` on the sampled tokens (unbiased: they were drawn from old).
+    Raises:
+      ValueError: shapes that do not match.
+    """
+    old, new = np.asarray(old_logprobs, np.float64), np.asarray(new_logprobs, np.float64)
+    mask, adv = np.asarray(loss_mask, bool), np.asarray(advantages, np.float64)
+    if old.shape != new.shape or old.shape != mask.shape or adv.shape != old.shape[:1]:
+        raise ValueError(f"update_shift: logprobs {old.shape} / {new.shape}, loss_mask {mask.shape} and "
+                         f"advantages {adv.shape} must be [B, T], [B, T], [B, T] and [B]")
+    log_r = np.where(mask, new - old, 0.0)
+    tokens = mask.sum(1)
+    per_row = log_r.sum(1) / np.maximum(tokens, 1)
+
+    def mean(sel: np.ndarray) -> float:
+        sel = sel & (tokens > 0)
+        return float(per_row[sel].mean()) if sel.any() else float("nan")
+
+    k3 = np.where(mask, np.expm1(log_r) - log_r, 0.0)
+    return {"logp_shift_pos": mean(adv > 0), "logp_shift_neg": mean(adv < 0),
+            "token_kl": float(k3.sum() / max(mask.sum(), 1))}
+
+
 def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0, top_p: float = 1.0,
                    top_k: int = 0) -> jax.Array:
     """``[B, T, V]`` logits, ``[B, T] int32`` ids → ``[B, T] float32`` logprobs, shifted.
