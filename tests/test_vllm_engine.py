@@ -140,9 +140,11 @@ def test_logprobs_match_reference_after_sharded_sync(request, which):
     prompts = _prompts(4, seed=1)
     comps = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24, seed=5))
     ref = _reference_logprobs(model_b, prompts, comps, 1.0)
-    for r, c in zip(ref, comps):
+    scored = engine.score(prompts, [c.token_ids for c in comps])  # teacher-forced, raw = sampled at T = 1
+    for r, c, s in zip(ref, comps, scored):
         assert len(c.token_ids) == 24
         np.testing.assert_allclose(c.logprobs, r, atol=1e-3)
+        np.testing.assert_allclose(s, r, atol=1e-3)
 
 
 def test_importance_ratio_at_temperature_and_top_p(setup):
@@ -191,6 +193,12 @@ def test_bad_input_raises(setup):
     with pytest.raises(ValueError, match="prompt 0 has 117 tokens"):
         engine.generate([[1] * 117], GREEDY)  # 117 + 12 > max_model_len 128
     assert engine.generate([], GREEDY) == []
+    with pytest.raises(ValueError, match="row 1 has an empty completion"):
+        engine.score([[1, 2], [3]], [[4], []])
+    with pytest.raises(ValueError, match="row 0 has 100 \\+ 28 tokens"):
+        engine.score([[1] * 100], [[2] * 28])  # 100 + 28 + 1 > max_model_len 128
+    with pytest.raises(ValueError, match="2 prompts but 1 completions"):
+        engine.score([[1], [2]], [[3]])
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.generate([[1, 2]], GREEDY, max_new_tokens=[13])
     state = dict(nnx.to_flat_state(nnx.state(model_b, nnx.Param)))

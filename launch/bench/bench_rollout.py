@@ -23,7 +23,12 @@ on real tasks (one E2E task per `--tracks` entry, the evaluator's E2E prompt) in
   (b) a replay of the scripted expert's E2E actions as token-level turns (real `execute_code` calls through S1-S5
       and a `submit`: sandbox + loop overhead, no model).
 
+Real weights (`--real-weights DIR`, issue 16): the JAX sampler, transformers `generate` and vLLM CPU on a converted
+checkpoint (SmolLM2-135M-Instruct: `python -m bat_jax.models.gguf_import`), same real prompts (the compact agent
+prompt of one task per track, cut to `--real-prompt` tokens), tokens/s and ratios; `--real-only` runs just those.
+
   python launch/bench/bench_rollout.py [--family qwen3] [--batch 8] [--prompt 64] [--new 128] [--backend docker]
+  python launch/bench/bench_rollout.py --real-weights runs/smollm2-135m-instruct --real-only
 """
 
 from __future__ import annotations
@@ -159,21 +164,24 @@ def bench_transformers(path, prompts, new, repeats, threads):
     return throughput(len(prompts) * new, times)
 
 
-def bench_vllm(model, work_dir: str, prompts, new, repeats):
+def bench_vllm(model, work_dir: str | None, prompts, new, repeats, model_dir: str | None = None):
     """vLLM tokens/s on the same model and workload, or None when vllm is not importable.
 
-    Returns ((best, worst) tokens/s, engine start-up s). Runs after transformers on purpose: vLLM's CPU worker
-    replaces `torch.set_num_threads` with a no-op in this process.
+    The engine starts on `model` (written to `work_dir` by `VLLMEngine.from_model`) or, when `model_dir` is
+    given, on that checkpoint directory as it is. Returns ((best, worst) tokens/s, engine start-up s). Runs after
+    transformers on purpose: vLLM's CPU worker replaces `torch.set_num_threads` with a no-op in this process.
     """
     if importlib.util.find_spec("vllm") is None:
         return None
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs its whole config to stdout otherwise
     from bat_jax.rollout.engine import SamplingParams
-    from bat_jax.rollout.vllm_engine import VLLMEngine
+    from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
 
     t0 = time.perf_counter()
-    engine = VLLMEngine.from_model(model, work_dir, dtype="float32", max_model_len=len(prompts[0]) + new,
-                                   enable_prefix_caching=False, kv_cache_memory_bytes=64 << 20)
+    options = dict(dtype="float32", max_model_len=len(prompts[0]) + new, enable_prefix_caching=False,
+                   kv_cache_memory_bytes=64 << 20)
+    engine = (VLLMEngine(VLLMEngineConfig(model_dir=model_dir, **options)) if model_dir is not None
+              else VLLMEngine.from_model(model, work_dir, **options))
     start_s = time.perf_counter() - t0
     try:
         params = SamplingParams(temperature=0.7, max_new_tokens=new)
@@ -187,6 +195,60 @@ def bench_vllm(model, work_dir: str, prompts, new, repeats):
         engine.close()
     assert all(len(c.token_ids) == new for c in out)
     return throughput(len(prompts) * new, times), start_s
+
+
+def real_prompts(tokenizer, batch: int, length: int) -> list[list[int]]:
+    """`batch` prompts of exactly `length` tokens: the compact agent's first prompt (system + user turn +
+    generation prompt, the checkpoint's chat template) on one held-out-style E2E task per track, cycled over the
+    seven tracks with seeds 11, 12, ..., left-cut to its last `length` tokens (so every row ends in the
+    generation prompt). Raises ValueError when a prompt is shorter than `length`."""
+    from bat_jax.policy import first_messages
+    from bat_jax.stage_bank.slicing import row_skill
+    from bat_jax.tasks.registry import TRACKS
+
+    names = list(TRACKS)
+    out = []
+    for i in range(batch):
+        inst = TRACKS[names[i % len(names)]].generate(seed=11 + i // len(names))
+        messages, _ = first_messages(inst.brief, row_skill("E2E"), "compact")
+        ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+        if len(ids) < length:
+            raise ValueError(f"real_prompts: the {names[i % len(names)]} prompt has {len(ids)} < {length} tokens")
+        out.append(ids[-length:])
+    return out
+
+
+def bench_real_weights(model_dir: str, batch: int, prompt: int, new: int, repeats: int, threads: int,
+                       skip_vllm: bool) -> None:
+    """The real-weights column set: the JAX sampler, transformers `generate` and vLLM CPU on one converted
+    checkpoint (e.g. SmolLM2-135M-Instruct from `python -m bat_jax.models.gguf_import`), fp32, the same
+    `real_prompts`, T = 0.7, `new` tokens per row with no stop token, best of `repeats` after a warm-up call.
+    Prints tokens/s and ratios to transformers."""
+    from transformers import AutoTokenizer
+
+    from bat_jax.models.hf_io import load_pretrained
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = real_prompts(tokenizer, batch, prompt)
+    model = load_pretrained(model_dir, dtype="float32")
+    cfg = model.config
+    print(f"real weights: {model_dir} ({type(model).__name__}, {cfg.num_hidden_layers} layers, hidden "
+          f"{cfg.hidden_size}, vocab {cfg.vocab_size}, fp32); workload: {batch} x ({prompt} prompt + {new} new) "
+          f"tokens, compact agent prompts of real tasks, T=0.7, no stop token, best of {repeats}", flush=True)
+    jax_tps, jax_compile = bench_jax(model, prompts, new, repeats)
+    print(line("  jax sampler (while_loop):", jax_tps, f"first call incl. compile {jax_compile:.1f} s"), flush=True)
+    hf_tps = bench_transformers(model_dir, prompts, new, repeats, threads)
+    print(line("  transformers generate (torch):", hf_tps, f"{threads} threads; the baseline"), flush=True)
+    vllm = None if skip_vllm else bench_vllm(None, None, prompts, new, repeats, model_dir=model_dir)
+    if vllm is not None:
+        print(line("  vLLM (CPU, in-process):", vllm[0], f"engine start {vllm[1]:.1f} s"), flush=True)
+    else:
+        print("  vLLM (CPU): skipped (--skip-vllm or not installed)", flush=True)
+    print("  ratios of best runs (real weights):")
+    print(f"    jax sampler / transformers:   {jax_tps[0] / hf_tps[0]:5.2f}x")
+    if vllm is not None:
+        print(f"    vLLM / transformers:          {vllm[0][0] / hf_tps[0]:5.2f}x")
+        print(f"    jax sampler / vLLM:           {jax_tps[0] / vllm[0][0]:5.2f}x", flush=True)
 
 
 def pick_backend(name: str | None):
@@ -308,15 +370,31 @@ def main(argv=None):
     ap.add_argument("--turns", type=int, default=4, help="assistant turns per JAX-sampler episode")
     ap.add_argument("--skip-python-loop", action="store_true")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--real-weights", metavar="DIR", default=None,
+                    help="also time the three engines on this converted checkpoint (e.g. SmolLM2-135M-Instruct from "
+                         "python -m bat_jax.models.gguf_import), on real compact agent prompts")
+    ap.add_argument("--real-only", action="store_true",
+                    help="with --real-weights: only the real-weights columns (no tiny model, no episodes)")
+    ap.add_argument("--real-batch", type=int, default=4)
+    ap.add_argument("--real-prompt", type=int, default=256)
+    ap.add_argument("--real-new", type=int, default=64)
     args = ap.parse_args(argv)
+    if args.real_only and not args.real_weights:
+        ap.error("--real-only needs --real-weights DIR")
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU cores, load average "
+          f"{os.getloadavg()[0]:.1f} at start", flush=True)
+    if args.real_weights:
+        bench_real_weights(args.real_weights, args.real_batch, args.real_prompt, args.real_new, args.repeats,
+                           args.threads, args.skip_vllm)
+        if args.real_only:
+            print(f"load average {os.getloadavg()[0]:.1f} at end", flush=True)
+            return 0
 
     from bat_jax.models.tokenizer import TINY_VOCAB_SIZE
 
     backend, make_sandbox = pick_backend(args.backend)  # fails early when an explicit backend is unusable
     rng = np.random.default_rng(0)
     prompts = rng.integers(0, 3000, size=(args.batch, args.prompt)).tolist()
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU cores, load average "
-          f"{os.getloadavg()[0]:.1f} at start", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         model, path = build_models(args.family, TINY_VOCAB_SIZE, tmp)
         print(f"model: tiny {args.family} (vocab {TINY_VOCAB_SIZE}, hidden 128, 4 layers, fp32), random weights; "

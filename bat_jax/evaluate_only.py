@@ -1,0 +1,76 @@
+"""Evaluate-only launch job: the held-out suite on a policy as it is, with no Stage Bank and no training.
+
+It gives the "pretrained, untrained" row of a real checkpoint (issue 16: SmolLM2-135M-Instruct zero-shot,
+`gin/evaluate_small.gin`) by the same path a BiCuRL run's final evaluation takes (`bat_jax.experiment.run`): the
+policy of `Components.policy`, the rollout engine of `experiment.build_engine`, one E2E episode per held-out
+cell through the agent loop (`policy.EngineCells`, prompts in the policy's prompt style), the rubric verifier and
+the task metric, aggregated by `benchmark.evaluator.evaluate`. Only aggregates are written (the firewall of
+`benchmark/evaluator.py`).
+
+    python -m bat_jax.launch --gin_file=evaluate_small.gin [--gin_bindings="evaluate_only.run.backend = 'local'"]
+
+Written to the run directory: ``evaluation.json`` (system name, purpose, backend, wall time in seconds, the
+`report.summary_dict` of the Summary, agent-failed cells) and ``evaluation.md`` (the Table-2-style row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+
+from bat_jax import report
+from bat_jax.benchmark import evaluator as ev
+from bat_jax.benchmark.scoring import Summary, display
+from bat_jax.experiment import Components, build_engine
+from bat_jax.ledger import atomic_write
+from bat_jax.policy import EngineCells, build_policy, make_agent_loop
+from bat_jax.verify.judge import RubricJudge
+
+
+def run(run_dir: pathlib.Path, components: Components = Components(), backend: str = "docker",
+        purpose: str = "final", system: str = "untrained") -> dict:
+    """Evaluates `components.policy` on the held-out suite and writes ``evaluation.json`` / ``evaluation.md``.
+
+    Args:
+      run_dir: the run directory (`bat_jax.launch.run`).
+      components: the run's components; read: `policy`, `agent` (limits, sampling, workers), `evaluation`
+        (repeats, tracks, max_turns, seed), `engine` / `vllm_options` / `sampler_max_batch`, `judge`. `bank` and
+        the training settings are ignored.
+      backend: sandbox backend, 'docker' (isolated) or 'local' (non-isolated subprocesses).
+      purpose: 'final' (the held-out slice of a run's reported rows, e.g. its "untrained" row) or
+        'controller'.
+      system: the row name in the table.
+    Returns: the written ``evaluation.json`` content.
+    Raises: FileNotFoundError for a missing checkpoint directory; `tasks.harness.BackendUnavailable` when the
+      Docker backend is asked for and not usable; ValueError for an unknown backend or purpose.
+    """
+    run_dir, c = pathlib.Path(run_dir), components
+    evaluation = dataclasses.replace(c.evaluation, purpose=purpose)  # validates purpose
+    t0 = time.perf_counter()
+    policy = build_policy(c.policy)
+    engine = build_engine(policy, c, run_dir)
+    from bat_jax.tasks.harness import backend_factory
+
+    make_sandbox = backend_factory(backend, c.agent.max_workers)
+    loop = make_agent_loop(policy, engine, make_sandbox, dataclasses.replace(
+        c.agent, episodes_per_state=1, max_assistant_turns=evaluation.max_turns))
+    judge = RubricJudge(c.judge) if c.judge is not None else None
+    cells = EngineCells(loop, judge, prompt_style=policy.prompt_style)
+    t1 = time.perf_counter()
+    summary: Summary = ev.evaluate(cells, evaluation)
+    t2 = time.perf_counter()
+    if hasattr(engine, "close"):
+        engine.close()
+    out = {"system": system, "purpose": purpose, "backend": backend, "policy": dataclasses.asdict(c.policy),
+           "engine": c.engine, "setup_s": round(t1 - t0, 1), "eval_s": round(t2 - t1, 1),
+           "summary": report.summary_dict(summary), "agent_failed": cells.agent_failed}
+    table = report.results_table([(system, summary)])
+    atomic_write(run_dir / "evaluation.json", json.dumps(out, indent=2, default=str).encode())
+    atomic_write(run_dir / "evaluation.md", (table + "\n").encode())
+    print(table)
+    print(f"[bat_jax] held-out ({purpose}) evaluation of {system}: Overall {display(summary.overall)}, Agentic "
+          f"{display(summary.agentic)}, Task {display(summary.task)} over {summary.n_cells} cells "
+          f"({summary.n_unscored} unscored); set-up {t1 - t0:.0f} s, evaluation {t2 - t1:.0f} s", flush=True)
+    return out
