@@ -66,14 +66,16 @@ def _stage_action(stage: Stage, summary: str, body: str) -> str:
     return _action(f"# {_name(stage)}: {summary}\nprint({NEXT[stage]!r})\n{body}")
 
 
-_PLAN = _stage_action(Stage.PLAN, "read the brief and the case manifest; write the plan.", """T, M, n = re.search(r"Task id: (\\S+)", B).group(1), P["method_dir"], len(rows)
+_PLAN = _stage_action(Stage.PLAN, "read the brief and the case manifest; write the plan.", """\
+T, M, n = re.search(r"Task id: (\\S+)", B).group(1), P["method_dir"], len(rows)
 print(T, json.dumps([r["case_id"] for r in rows]), n, "cases")
 os.makedirs(os.path.dirname(P["plan_path"]) or ".", exist_ok=True)
 open(P["plan_path"], "w").write(f"# Plan for {T}\\n{n} cases in {P['cases_csv']}; method {M}/model.py; "
                                 f"restore from {P['archive_dir']}; submission {O}/submission.json\\n")
 """)
 
-_SETUP = _stage_action(Stage.SETUP, "import the method, record versions, create the output directories.", """import numpy, model
+_SETUP = _stage_action(Stage.SETUP, "import the method, record versions, create the output directories.", """\
+import numpy, model
 info = {"numpy": numpy.__version__, "method_version": model.load_config()["version"]}
 for d in ("", "/pred", "/validation"):
     os.makedirs(O + d, exist_ok=True)
@@ -81,7 +83,9 @@ json.dump(info, open(O + "/env.json", "w"))
 print(info)
 """)
 
-_VALIDATE = _stage_action(Stage.VALIDATE, "check every input, restore or repair, smoke-run one case, write the report.", """import gzip, model, numpy as np
+_VALIDATE = _stage_action(
+    Stage.VALIDATE, "check every input, restore or repair, smoke-run one case, write the report.", """\
+import gzip, model, numpy as np
 A = P["archive_dir"]
 
 def check(r):
@@ -131,7 +135,8 @@ for r in rows:
 print("predicted", len(rows) - len(skip), "skipped", skip)
 """)
 
-_SUBMIT = _stage_action(Stage.SUBMIT, "assemble the submission and check coverage.", """T, D, S = re.search(r"Task id: (\\S+)", B).group(1), O + "/pred", O + "/submission.json"
+_SUBMIT = _stage_action(Stage.SUBMIT, "assemble the submission and check coverage.", """\
+T, D, S = re.search(r"Task id: (\\S+)", B).group(1), O + "/pred", O + "/submission.json"
 preds = {n[:-5]: json.load(open(D + "/" + n)) for n in os.listdir(D) if n.endswith(".json")}
 issues = json.load(open(O + "/validation.json")).get("issues", [])
 failed = {i["case_id"]: i["kind"] + " input, unrecoverable" for i in issues if i["action"] == "unrecoverable"}
