@@ -60,8 +60,10 @@ def _check_act(hf: dict[str, Any]) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Qwen3Config:
-    """Qwen3 dense decoder (transformers ``Qwen3ForCausalLM``). Sizes in units (tokens, channels)."""
+class DenseDecoderConfig:
+    """The fields a dense decoder shares (every layer full attention, RoPE over the whole head), with Qwen3's
+    defaults; ``Qwen3Config`` and ``LlamaConfig`` add their family, HF conversion and (Llama) defaults and rotary
+    scaling. Sizes in units (tokens, channels)."""
 
     vocab_size: int = 4096
     hidden_size: int = 128
@@ -81,8 +83,6 @@ class Qwen3Config:
     dtype: str = "float32"
     param_dtype: str = "float32"
 
-    family = "qwen3"
-
     @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
@@ -94,6 +94,13 @@ class Qwen3Config:
     @property
     def layer_types(self) -> tuple[str, ...]:
         return (FULL_ATTENTION,) * self.num_hidden_layers
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config(DenseDecoderConfig):
+    """Qwen3 dense decoder (transformers ``Qwen3ForCausalLM``): ``DenseDecoderConfig`` with its defaults."""
+
+    family = "qwen3"
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any], **overrides: Any) -> "Qwen3Config":
@@ -284,42 +291,17 @@ def _rope_scaling_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None
 
 
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(DenseDecoderConfig):
     """Llama dense decoder (transformers ``LlamaForCausalLM``): GQA without q/k norm, full RoPE with an
-    optional ``rope_scaling`` (``RopeScaling``), SwiGLU MLP without bias. Sizes in units (tokens, channels)."""
+    optional ``rope_scaling`` (``RopeScaling``), SwiGLU MLP without bias. ``DenseDecoderConfig`` with Llama's
+    defaults for the norm epsilon, RoPE base and context length."""
 
-    vocab_size: int = 4096
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 32
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10_000.0
-    rope_scaling: RopeScaling | None = None
     max_position_embeddings: int = 8192
-    tie_word_embeddings: bool = True
-    attention_bias: bool = False
-    bos_token_id: int | None = None
-    eos_token_id: int | tuple[int, ...] | None = None
-    pad_token_id: int | None = None
-    dtype: str = "float32"
-    param_dtype: str = "float32"
+    rope_scaling: RopeScaling | None = None
 
     family = "llama"
-
-    @property
-    def compute_dtype(self) -> jnp.dtype:
-        return jnp.dtype(self.dtype)
-
-    @property
-    def rotary_dim(self) -> int:
-        return self.head_dim
-
-    @property
-    def layer_types(self) -> tuple[str, ...]:
-        return (FULL_ATTENTION,) * self.num_hidden_layers
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any], **overrides: Any) -> "LlamaConfig":
@@ -350,7 +332,7 @@ class LlamaConfig:
         }
 
 
-def _common_to_hf(cfg: Qwen3Config | Qwen3_5Config | LlamaConfig) -> dict[str, Any]:
+def _common_to_hf(cfg: DenseDecoderConfig | Qwen3_5Config) -> dict[str, Any]:
     return {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
