@@ -2,8 +2,6 @@
 without rotary scaling (linear, dynamic NTK, Llama 3), left-padded batches, tied and untied heads; cached decode
 equals the full forward; config round trip and errors."""
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -11,10 +9,11 @@ from flax import nnx
 from transformers import LlamaConfig as TorchLlamaConfig
 from transformers import LlamaForCausalLM as TorchLlama
 
-from bat_jax.models import hf_io
 from bat_jax.models.configs import LlamaConfig, RopeScaling, config_from_hf
 from bat_jax.models.layers import rope_inv_freq
 from bat_jax.models.llama import LlamaForCausalLM
+
+import hf_parity
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
@@ -28,37 +27,19 @@ ROPES = {
 }
 
 
-def _jit(fn):
-    return jax.jit(lambda graphdef, state, *args: fn(nnx.merge(graphdef, state), *args), static_argnums=0)
-
-
 def _torch_model(tie: bool, rope: dict):
     torch.manual_seed(0)
     model = TorchLlama(TorchLlamaConfig(**TINY, tie_word_embeddings=tie, rope_parameters=dict(rope))).eval()
+    hf_parity.randomise_norms(model)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.1 * torch.randn_like(p))
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(8.0)  # peaked attention: the rotary frequencies matter well above the tolerance
     return model
 
 
 def _batch(seq, pads, seed):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, TINY["vocab_size"], size=(len(pads), seq)).astype(np.int32)
-    mask = np.ones_like(ids)
-    for row, p in enumerate(pads):
-        mask[row, :p] = 0
-        ids[row, :p] = 0
-    return ids, mask
-
-
-def _reference(tm, ids, mask):
-    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
-    with torch.no_grad():
-        return tm(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
-                  position_ids=torch.tensor(positions, dtype=torch.long)).logits.numpy()
+    return hf_parity.batch(TINY["vocab_size"], seq, pads, seed)
 
 
 @pytest.fixture(scope="module", params=[(True, "default"), (False, "default"), (True, "linear"),
@@ -68,8 +49,7 @@ def pair(request, tmp_path_factory):
     tie, rope = request.param
     tm = _torch_model(tie, ROPES[rope])
     d = tmp_path_factory.mktemp("llama")
-    tm.save_pretrained(d)
-    return tm, hf_io.load_pretrained(d), rope
+    return tm, hf_parity.save_and_load(tm, d), rope
 
 
 def test_logits_match_transformers_left_padded(pair):
@@ -80,8 +60,8 @@ def test_logits_match_transformers_left_padded(pair):
     assert (jm.lm_head is None) == tm.config.tie_word_embeddings
     assert (jm.config.rope_scaling is None) == (rope == "default")
     ids, mask = _batch(24, (0, 3), seed=1)
-    ref = _reference(tm, ids, mask)
-    out = np.asarray(_jit(lambda m, i, a: m(i, a))(*nnx.split(jm), jnp.asarray(ids), jnp.asarray(mask)))
+    ref = hf_parity.torch_logits(tm, ids, mask)
+    out = hf_parity.forward(jm, ids, mask)
     assert np.abs(out - ref)[mask.astype(bool)].max() <= 1e-4
 
 
@@ -92,7 +72,7 @@ def test_scaled_rope_changes_logits(pair):
         pytest.skip("no scaling")
     ids, mask = _batch(24, (0,), seed=3)
     plain = _torch_model(tm.config.tie_word_embeddings, ROPES["default"])
-    assert np.abs(_reference(plain, ids, mask) - _reference(tm, ids, mask)).max() > 1e-2
+    assert np.abs(hf_parity.torch_logits(plain, ids, mask) - hf_parity.torch_logits(tm, ids, mask)).max() > 1e-2
 
 
 def test_decode_steps_equal_full_forward(pair):
@@ -100,17 +80,9 @@ def test_decode_steps_equal_full_forward(pair):
     if rope == "dynamic":
         pytest.skip("dynamic NTK rescales with the call's length: cached keys keep older frequencies")
     ids, mask = _batch(9, (2, 0, 5), seed=2)
-    graphdef, state = nnx.split(jm)
-    full = np.asarray(_jit(lambda m, i, a: m(i, a))(graphdef, state, jnp.asarray(ids), jnp.asarray(mask)))
-    cache = jm.init_cache(batch=3, max_len=12)
-    logits, cache = _jit(lambda m, i, a, c: m.prefill(i, a, c))(
-        graphdef, state, jnp.asarray(ids[:, :6]), jnp.asarray(mask[:, :6]), cache)
-    got = [np.asarray(logits)]
-    step = _jit(lambda m, tok, c: m.decode_step(tok, c))
-    for t in range(6, 9):
-        logits, cache = step(graphdef, state, jnp.asarray(ids[:, t]), cache)
-        got.append(np.asarray(logits)[:, None])
-    assert np.abs(np.concatenate(got, axis=1) - full)[mask.astype(bool)].max() <= 1e-4
+    full = hf_parity.forward(jm, ids, mask)
+    got, _ = hf_parity.decode(jm, ids, mask, prompt=6, max_len=12)
+    assert np.abs(got - full)[mask.astype(bool)].max() <= 1e-4
 
 
 @pytest.mark.parametrize("rope", sorted(ROPES))
