@@ -18,15 +18,13 @@ from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder, TemplateMismatchError
 from bat_jax.models.tokenizer import load_tiny_tokenizer
 
-SYSTEM = {"role": "system", "content": "You are a medical imaging agent."}
-USER = {"role": "user", "content": "Segment the liver in data/ct_001.nii.gz and submit the mask."}
+from chat_episode import ACTION_2, OBSERVATION, USER, four_turn, runs, structured_messages
+
 ACTION_1 = chat.ToolAction(
     "I should look at the data first.",
     "execute_code",
     {"language": "python", "code": "import nibabel as nib\n\nimg = nib.load('data/ct_001.nii.gz')\nprint(img.shape)"},
 )
-OBSERVATION = "(512, 512, 94)\n[exit code 0]\n"  # the Qwen3.5 template strips the trailing newline
-ACTION_2 = chat.ToolAction("The volume loads; submit the mask.", "submit", {"path": "output/liver_mask.nii.gz"})
 
 
 @pytest.fixture(scope="module")
@@ -63,48 +61,29 @@ def _encode(tok, text):
     return tok.encode(text, add_special_tokens=False)
 
 
-def _four_turn(tok, family, logprob=-0.25):
-    """[user, assistant with tool call, tool response, assistant] sampled as canonical ids."""
-    builder = EpisodeBuilder(tok, family)
-    prompt = builder.start([SYSTEM, USER], chat.tool_schemas())
-    texts = [chat.render_action(ACTION_1, family), chat.render_action(ACTION_2, family)]
-    sampled = [_encode(tok, t) + [builder.eot_id] for t in texts]
-    logprobs = [[logprob - 0.01 * i for i in range(len(s))] for s in sampled]
-    builder.add_assistant(sampled[0], logprobs[0])
-    glue = builder.add_tool_response(OBSERVATION)
-    builder.add_assistant(sampled[1], logprobs[1])
-    return builder, prompt, glue, texts, sampled, logprobs
-
-
-def _runs(mask):
-    """[start, end) index pairs of the runs of 1 in a 0/1 vector."""
-    edges = np.diff(np.concatenate([[0], mask, [0]]))
-    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)))
-
-
 def test_loss_mask_covers_exactly_the_sampled_assistant_turns(tiny):
-    builder, prompt, glue, texts, sampled, logprobs = _four_turn(tiny, "qwen3_5")
+    builder, prompt, glue, texts, sampled, logprobs = four_turn(tiny, "qwen3_5", ACTION_1)
     ep = builder.build()
     assert ep.ids.dtype == np.int32 and ep.loss_mask.dtype == np.int32 and ep.logprobs.dtype == np.float32
     assert ep.ids.shape == ep.loss_mask.shape == ep.logprobs.shape
-    runs = _runs(ep.loss_mask)
-    assert len(runs) == 2
-    for (start, end), text, ids, lps in zip(runs, texts, sampled, logprobs):
+    turns = runs(ep.loss_mask)
+    assert len(turns) == 2
+    for (start, end), text, ids, lps in zip(turns, texts, sampled, logprobs):
         assert tiny.decode(ep.ids[start:end].tolist()) == text + chat.IM_END
         assert ep.ids[start:end].tolist() == ids
         np.testing.assert_allclose(ep.logprobs[start:end], lps, rtol=1e-6)
     # The prompt (role headers, tools block, generation prompt `<think>\n`) is 0.
-    assert runs[0][0] == len(prompt)
+    assert turns[0][0] == len(prompt)
     assert tiny.decode(prompt).endswith("<|im_start|>assistant\n<think>\n")
     # Between the turns: newline after <|im_end|>, the tool response user turn, the next header: all 0.
-    between = ep.ids[runs[0][1]:runs[1][0]].tolist()
+    between = ep.ids[turns[0][1]:turns[1][0]].tolist()
     assert between == glue
     assert tiny.decode(between) == (
         f"\n<|im_start|>user\n<tool_response>\n{OBSERVATION.strip()}\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n<think>\n"
     )
     # After the last turn: only the closing newline, masked.
-    assert tiny.decode(ep.ids[runs[1][1]:].tolist()) == "\n"
+    assert tiny.decode(ep.ids[turns[1][1]:].tolist()) == "\n"
     assert np.all(ep.logprobs[ep.loss_mask == 0] == 0.0)
     assert int(ep.loss_mask.sum()) == len(sampled[0]) + len(sampled[1])
 
@@ -112,19 +91,13 @@ def test_loss_mask_covers_exactly_the_sampled_assistant_turns(tiny):
 @pytest.mark.parametrize("tokenizer_name,family", [("tiny", "qwen3_5"), ("qwen3", "qwen3")])
 def test_turn_by_turn_ids_equal_whole_episode_rendering(request, tokenizer_name, family):
     tok = request.getfixturevalue(tokenizer_name)
-    builder, *_ = _four_turn(tok, family)
+    builder, *_ = four_turn(tok, family, ACTION_1)
     ep = builder.build()
     whole = tok.apply_chat_template(builder.messages(), tools=chat.tool_schemas(), tokenize=True)["input_ids"]
     assert ep.ids.tolist() == list(whole)
     assert builder.verify() is True
     # Rows are model-neutral: the structured messages (reasoning_content + tool_calls) render the same ids.
-    structured = [SYSTEM, USER]
-    for action, obs in ((ACTION_1, OBSERVATION), (ACTION_2, None)):
-        call = {"type": "function", "function": {"name": action.tool, "arguments": dict(action.arguments)}}
-        structured.append({"role": "assistant", "content": "", "reasoning_content": action.thought,
-                           "tool_calls": [call]})  # fmt: skip
-        if obs is not None:
-            structured.append({"role": "tool", "content": obs})
+    structured = structured_messages(ACTION_1)
     rendered = tok.apply_chat_template(structured, tools=chat.tool_schemas(), tokenize=True)["input_ids"]
     assert ep.ids.tolist() == list(rendered)
 
@@ -269,7 +242,7 @@ def test_qwen3_5_published_vocabulary(tiny, qwen3_5_tiktoken):
     assert (fam.published_id("<|im_start|>"), fam.published_id("<|im_end|>")) == (248045, 248046)
     assert (fam.published_id("<think>"), fam.published_id("</tool_call>")) == (248068, 248059)
     # Turn-by-turn assembly equals the whole rendering with the real Qwen3.5 vocabulary too.
-    builder, *_ = _four_turn(_TiktokenQwen3_5(qwen3_5_tiktoken, tiny), "qwen3_5")
+    builder, *_ = four_turn(_TiktokenQwen3_5(qwen3_5_tiktoken, tiny), "qwen3_5", ACTION_1)
     whole = tiny.apply_chat_template(builder.messages(), tools=chat.tool_schemas(), tokenize=False)
     assert builder.build().ids.tolist() == qwen3_5_tiktoken.encode(whole)
     assert builder.verify() is True

@@ -11,14 +11,12 @@ import pytest
 
 from bat_jax.models import chat
 from bat_jax.models.chatml_tools import inline_tools, tool_convention
-from bat_jax.models.episode import EpisodeBuilder, TextCodec
+from bat_jax.models.episode import TextCodec
 
-SYSTEM = {"role": "system", "content": "You are a medical imaging agent."}
-USER = {"role": "user", "content": "Segment the liver in data/ct_001.nii.gz and submit the mask."}
+from chat_episode import ACTION_2, OBSERVATION, SYSTEM, USER, four_turn, runs, structured_messages
+
 ACTION_1 = chat.ToolAction("I should look at the data first.", "execute_code",
                            {"language": "python", "code": "import nibabel as nib\nprint(nib.load('a.nii').shape)"})
-OBSERVATION = "(512, 512, 94)\n[exit code 0]\n"
-ACTION_2 = chat.ToolAction("The volume loads; submit the mask.", "submit", {"path": "output/liver_mask.nii.gz"})
 
 
 def test_chatml_render_and_inline_messages():
@@ -53,15 +51,7 @@ def tok(smollm2_dir):
 
 
 def _four_turn(tok, system=SYSTEM, observation=OBSERVATION):
-    builder = EpisodeBuilder(tok, "chatml")
-    prompt = builder.start([system, USER], chat.tool_schemas())
-    texts = [chat.render_action(ACTION_1, "chatml"), chat.render_action(ACTION_2, "chatml")]
-    sampled = [tok.encode(str(t), add_special_tokens=False) + [builder.eot_id] for t in texts]
-    logprobs = [[-0.5 - 0.01 * i for i in range(len(s))] for s in sampled]
-    builder.add_assistant(sampled[0], logprobs[0])
-    glue = builder.add_tool_response(observation)
-    builder.add_assistant(sampled[1], logprobs[1])
-    return builder, prompt, glue, texts, sampled, logprobs
+    return four_turn(tok, "chatml", ACTION_1, system=system, observation=observation, logprob=-0.5)
 
 
 @pytest.mark.slow
@@ -74,27 +64,19 @@ def test_turn_by_turn_ids_equal_whole_episode_rendering(tok):
     assert ep.ids.tolist() == list(whole)
     assert builder.verify() is True
     # structured (model-neutral) rows render the same ids
-    structured = [SYSTEM, USER]
-    for action, obs in ((ACTION_1, OBSERVATION), (ACTION_2, None)):
-        call = {"type": "function", "function": {"name": action.tool, "arguments": dict(action.arguments)}}
-        structured.append({"role": "assistant", "content": "", "reasoning_content": action.thought,
-                           "tool_calls": [call]})
-        if obs is not None:
-            structured.append({"role": "tool", "content": obs})
-    messages, tools = inline_tools(structured, chat.tool_schemas(), "chatml")
+    messages, tools = inline_tools(structured_messages(ACTION_1), chat.tool_schemas(), "chatml")
     assert ep.ids.tolist() == list(tok.apply_chat_template(messages, tools=tools, tokenize=True)["input_ids"])
     # loss mask: exactly the sampled turns, with their logprobs
-    edges = np.diff(np.concatenate([[0], ep.loss_mask, [0]]))
-    runs = list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)))
-    assert len(runs) == 2 and runs[0][0] == len(prompt)
-    for (start, end), ids, lps in zip(runs, sampled, logprobs):
+    turns = runs(ep.loss_mask)
+    assert len(turns) == 2 and turns[0][0] == len(prompt)
+    for (start, end), ids, lps in zip(turns, sampled, logprobs):
         assert ep.ids[start:end].tolist() == ids
         np.testing.assert_allclose(ep.logprobs[start:end], lps, rtol=1e-6)
     assert tok.decode(prompt).endswith("</tool_response>.<|im_end|>\n<|im_start|>user\n" + USER["content"]
                                        + "<|im_end|>\n<|im_start|>assistant\n")
     assert tok.decode(glue) == (f"\n<|im_start|>user\n<tool_response>\n{OBSERVATION}\n</tool_response><|im_end|>\n"
                                 "<|im_start|>assistant\n")
-    assert ep.ids[runs[0][1]:runs[1][0]].tolist() == glue
+    assert ep.ids[turns[0][1]:turns[1][0]].tolist() == glue
     parsed = chat.parse_tool_call(builder.codec.decode(sampled[0]), "chatml")
     assert parsed == ACTION_1
 
