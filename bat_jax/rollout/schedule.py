@@ -8,7 +8,8 @@ owns those steps (`EpisodeSteps`); this module owns only their order (`AgentLoop
 
 * `run_lockstep` — per turn, one engine call over every live episode, then all their tool calls, then the next
   turn. Every episode waits for the slowest sandbox call of its turn, and the engine idles while sandboxes run.
-* `run_continuous` (default) — every episode advances on its own: as soon as its tool call returns it is queued
+* `run_continuous` (default) — after every sandbox is open (as in lockstep, so the first engine call batches all
+  episodes), every episode advances on its own: as soon as its tool call returns it is queued
   for its next generation; the scheduler repeatedly calls the engine on whatever episodes are queued (first come
   first served, at most `max_generate_batch` per call, at most `max_concurrent_generate` calls in flight) while
   other episodes' tool calls run in the pool. Evidence is collected and the sandbox given back as soon as an
@@ -92,7 +93,8 @@ def run_continuous(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurren
     """Each episode on its own: generations of ready episodes, batched, while others' tool calls run (module
     docstring).
 
-    The main thread prepares a generation of up to `max_generate_batch` queued episodes whenever fewer than
+    Every sandbox is opened first (a failure ends its episode), so the first engine call batches every episode.
+    Then the main thread prepares a generation of up to `max_generate_batch` queued episodes whenever fewer than
     `max_concurrent_generate` engine calls are in flight, runs it in a generation thread, and meanwhile takes in
     finished sandbox steps (their episodes join the queue). With one call in flight (the default, an engine
     that runs one call at a time) the next call batches every episode that became ready during the current one.
@@ -120,12 +122,12 @@ def run_continuous(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurren
         else:
             ready.append(ep)
 
+    # all sandboxes first (as in lockstep): the first engine call then batches every episode instead of the few
+    # whose sandbox opened first, and a one-call-at-a-time engine does not start out on fragments
+    list(pool.map(steps.open, [ep for ep in episodes if ep.finish is None]))
     with concurrent.futures.ThreadPoolExecutor(max_concurrent_generate, thread_name_prefix="generate") as engine:
         for ep in episodes:
-            if ep.finish is None:
-                running[pool.submit(steps.open, ep)] = ("open", ep)
-            else:
-                route(ep)
+            route(ep)
         while ready or running:
             while ready and generating < max_concurrent_generate:
                 batch = [ready.popleft() for _ in range(min(max_generate_batch, len(ready)))]
@@ -149,8 +151,6 @@ def run_continuous(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurren
                         route(ep)
                 elif kind == "collect":
                     on_finished(1)
-                elif kind == "act":
+                else:  # a tool call returned
                     steps.observe(item, result)
-                    route(item)
-                else:  # opened (or failed to open: ended)
                     route(item)
