@@ -40,8 +40,11 @@ workers (`RayRollouts`, continuous schedule, JAX sampler) and their ratio.
   python launch/bench/bench_rollout.py --schedules --episodes 32 --tracks classification,segmentation,vqa,detection \
       --turns 3 [--ray]
 
-Measured (`--schedules`, the command above, nice -n 19 on 2 CPU cores shared with other jobs): see README.md,
-"Rollout schedules".
+Measured (`--schedules`, the command above, nice -n 19 on 2 CPU cores shared with other jobs; launch/bench/README.md
+has the full table and why (b) stays far from 3x): (a) JAX sampler 86.1 -> 81.7 episodes/min, 0.95x; (b) simulated
+9B / A100 with expert actions 23.2 -> 25.4, 1.10x (its own decode path, 62.5 s of 82.8 s, bounds it at 1.33x);
+`--synthetic` (heterogeneous turns and tool calls) 11.0 -> 19.4, 1.76x; `--ray` 1 -> 2 workers 78.8 -> 80.6,
+1.02x (meaningless on 2 shared cores).
 """
 
 from __future__ import annotations
@@ -446,6 +449,87 @@ def bench_schedules(model, backend: str, make_sandbox, tracks: list[str], episod
     return rows
 
 
+def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: float, latency) -> dict:
+    """The schedules on a heterogeneous synthetic workload (no Docker, no model): `episodes` episodes of `turns`
+    turns; each turn's length in tokens is drawn (seeded by the turn's sampling seed) from an exponential with mean
+    `mean_tokens` (a valid `execute_code` call whose thought is padded to that length) and timed by
+    `SimulatedLatencyEngine(latency)`; each tool call sleeps an exponential time of mean `mean_tool_s` seconds
+    (seeded by the episode and call). It shows what continuous scheduling gains when episodes differ, which the
+    expert replay's near-identical episodes cannot. Returns {schedule: episodes/min}."""
+    import dataclasses
+    import threading
+
+    from bat_jax.models.chat import ToolAction, render_action
+    from bat_jax.models.episode import EpisodeBuilder
+    from bat_jax.models.tokenizer import load_tiny_tokenizer
+    from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
+    from bat_jax.rollout.engine import Completion
+    from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
+    from bat_jax.sandbox.types import Observation, SandboxState
+
+    tok = load_tiny_tokenizer()
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    call = ToolAction("", "execute_code", {"language": "bash", "code": "true"})
+    base_ids = tok.encode(render_action(call, "qwen3_5"), add_special_tokens=False)
+    filler = tok.encode(" x", add_special_tokens=False)[-1]
+
+    class Lengths:
+        weight_version = 0
+
+        def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+            out = []
+            for seed, budget in zip(seeds, max_new_tokens):
+                n = int(np.random.default_rng(seed).exponential(mean_tokens))
+                ids = ([filler] * n + base_ids + [eot])[-budget:] if n + len(base_ids) + 1 > budget else (
+                    [filler] * n + base_ids + [eot])
+                out.append(Completion(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), "stop"))
+            return out
+
+    class SleepSandbox:
+        count = 0
+        lock = threading.Lock()
+
+        def __init__(self, state):
+            with SleepSandbox.lock:
+                SleepSandbox.count += 1
+                self.rng = np.random.default_rng(SleepSandbox.count)
+
+        def execute_code(self, language, code, timeout_s=None):
+            time.sleep(self.rng.exponential(mean_tool_s))
+            return Observation("ok", "", 0, 0.0)
+
+        def receipts(self):
+            return []
+
+        def submitted(self):
+            return None
+
+        def list_files(self):
+            return []
+
+        def close(self):
+            pass
+
+    requests = [RolloutRequest(state_id="synthetic", state=SandboxState(files={}), system_prompt="s",
+                               user_message="u")]
+    base = AgentLoopConfig(episodes_per_state=episodes, max_assistant_turns=turns, max_tool_calls=turns,
+                           max_tokens_per_turn=4096, max_response_tokens=10 ** 6, max_context_tokens=10 ** 6,
+                           max_workers=episodes, progress=False)
+    out = {}
+    for schedule in ("lockstep", "continuous"):
+        SleepSandbox.count = 0
+        engine = SimulatedLatencyEngine(Lengths(), latency)
+        cfg = dataclasses.replace(base, schedule=schedule,
+                                  max_concurrent_generate=episodes if latency.inflight else 1)
+        loop = AgentLoop(engine, lambda: EpisodeBuilder(tok, "qwen3_5"), SleepSandbox, cfg)
+        t0 = time.perf_counter()
+        loop.run(requests, seed=0)
+        out[schedule] = episodes / (time.perf_counter() - t0) * 60
+        print(f"  synthetic, {schedule:<10} {out[schedule]:7.1f} episodes/min ({engine.calls} engine calls)",
+              flush=True)
+    return out
+
+
 def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int, turn_tokens: int) -> dict:
     """Episodes/min of `RayRollouts` (each worker: the tiny default policy (qwen3, compact prompts), its JAX
     sampler, `backend` sandboxes, the continuous schedule) with 1 and with 2 workers on a local Ray cluster, the
@@ -522,6 +606,11 @@ def main_schedules(args) -> int:
                   f"{extra}; {finish})")
         ratio = rows[engine, "continuous"][0] / rows[engine, "lockstep"][0]
         print(f"{engine:>9} continuous / lockstep: {ratio:5.2f}x  ({note})", flush=True)
+    if args.synthetic:
+        syn = bench_synthetic(n, 12, args.synthetic_tokens, args.synthetic_tool_s, latency)
+        print(f"synthetic continuous / lockstep: {syn['continuous'] / syn['lockstep']:5.2f}x  ({n} episodes x 12 "
+              f"turns, exponential turn lengths of mean {args.synthetic_tokens:g} tokens and tool calls of mean "
+              f"{args.synthetic_tool_s:g} s, the simulated engine above; no Docker, no model)", flush=True)
     if args.ray:
         if importlib.util.find_spec("ray") is None:
             print("ray: not installed (pip install -e '.[ray]')")
@@ -568,6 +657,11 @@ def main(argv=None):
     ap.add_argument("--skip-jax", action="store_true", help="--schedules without the JAX-sampler rows")
     ap.add_argument("--skip-simulated", action="store_true", help="--schedules without the simulated-engine rows")
     ap.add_argument("--ray", action="store_true", help="with --schedules: also 1 vs 2 Ray rollout workers")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="with --schedules: also a heterogeneous synthetic workload (simulated engine, sleeping "
+                         "sandboxes)")
+    ap.add_argument("--synthetic-tokens", type=float, default=200.0, help="mean turn length of --synthetic, tokens")
+    ap.add_argument("--synthetic-tool-s", type=float, default=1.0, help="mean tool-call time of --synthetic, s")
     args = ap.parse_args(argv)
     if args.schedules:
         print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU cores, load average "
