@@ -41,7 +41,8 @@ workers (`RayRollouts`, continuous schedule, JAX sampler) and their ratio.
       --turns 3 [--ray]
 
 Measured (`--schedules`, the command above, nice -n 19 on 2 CPU cores shared with other jobs; launch/bench/README.md
-has the full table and why (b) stays far from 3x): (a) JAX sampler 86.1 -> 81.7 episodes/min, 0.95x; (b) simulated
+has the full table and why (b) stays far from 3x): (a) JAX sampler 86.1 -> 81.7 episodes/min, 0.95x (repeats:
+0.86x; 1.17x with --continuous-first: the run timed second is the slower, an order effect); (b) simulated
 9B / A100 with expert actions 23.2 -> 25.4, 1.10x (its own decode path, 62.5 s of 82.8 s, bounds it at 1.33x);
 `--synthetic` (heterogeneous turns and tool calls) 11.0 -> 19.4, 1.76x; `--ray` 1 -> 2 workers 78.8 -> 80.6,
 1.02x (meaningless on 2 shared cores).
@@ -381,7 +382,8 @@ def bench_episodes(model, make_sandbox, tracks: list[str], episodes: int, turns:
 
 
 def bench_schedules(model, backend: str, make_sandbox, tracks: list[str], episodes: int, turns: int,
-                    turn_tokens: int, latency, skip_jax: bool = False, skip_simulated: bool = False) -> dict:
+                    turn_tokens: int, latency, skip_jax: bool = False, skip_simulated: bool = False,
+                    continuous_first: bool = False) -> dict:
     """Episodes/min of the agent loop, 'lockstep' vs 'continuous' schedule in the same run, `episodes` concurrent
     episodes (split over one real E2E task per track), sandboxes from `make_sandbox`:
 
@@ -431,7 +433,7 @@ def bench_schedules(model, backend: str, make_sandbox, tracks: list[str], episod
         configs = {schedule: dataclasses.replace(config, schedule=schedule) for schedule in ("lockstep", "continuous")}
         for cfg in configs.values():  # warm-up of both, same seed: the timed runs find their buckets compiled
             measure(sampler, cfg, requests, seed=1)
-        for schedule, cfg in configs.items():
+        for schedule, cfg in sorted(configs.items(), reverse=not continuous_first):  # lockstep first by default
             rows["jax", schedule] = measure(sampler, cfg, requests, seed=1)
             print(f"  (a) jax sampler, {schedule:<10} {rows['jax', schedule][0]:7.1f} episodes/min", flush=True)
     if skip_simulated:
@@ -591,7 +593,7 @@ def main_schedules(args) -> int:
     print(f"agent-loop schedules: {n} concurrent episodes on {len(tracks)} real E2E tasks ({','.join(tracks)}), "
           f"{backend} sandboxes; simulated engine {dataclasses.asdict(latency)}", flush=True)
     rows = bench_schedules(model, backend, make_sandbox, tracks, n, args.turns, 32, latency, args.skip_jax,
-                           args.skip_simulated)
+                           args.skip_simulated, args.continuous_first)
     for engine, note in (("jax", f"tiny {args.family}, random weights, {args.turns} turns of <= 32 tokens, "
                                  "one engine call at a time"),
                          ("simulated", f"expert actions, prefill {args.prefill_ms:g} ms + {args.decode_ms:g} ms "
@@ -656,6 +658,8 @@ def main(argv=None):
                     help="simulated engine runs one call at a time (default: in-flight batching, like vLLM)")
     ap.add_argument("--skip-jax", action="store_true", help="--schedules without the JAX-sampler rows")
     ap.add_argument("--skip-simulated", action="store_true", help="--schedules without the simulated-engine rows")
+    ap.add_argument("--continuous-first", action="store_true",
+                    help="--schedules: time the JAX sampler's continuous run before its lockstep run")
     ap.add_argument("--ray", action="store_true", help="with --schedules: also 1 vs 2 Ray rollout workers")
     ap.add_argument("--synthetic", action="store_true",
                     help="with --schedules: also a heterogeneous synthetic workload (simulated engine, sleeping "
