@@ -225,9 +225,11 @@ def test_submit_sandbox_errors_and_infra_failures():
     assert traj.finish_reason == tj.FINISH_INVALID_TURN and traj.response_tokens == 0
 
 
-def test_real_template_local_sandboxes_concurrent():
+@pytest.mark.parametrize("schedule", ["lockstep", "continuous"])
+def test_real_template_local_sandboxes_concurrent(schedule):
     """2 rows x K=2 episodes with the tiny tokenizer's Qwen3.5 template and LocalSandbox: write a file, then
-    submit it. Token in/token out: sampled ids appear verbatim with mask 1 and their logprobs."""
+    submit it. Token in/token out: sampled ids appear verbatim with mask 1 and their logprobs. Lockstep makes
+    one model call per turn over all 4 episodes; continuous calls the model on whatever episodes are ready."""
     from bat_jax.models.episode import EpisodeBuilder
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.sandbox.local import LocalSandbox
@@ -252,9 +254,12 @@ def test_real_template_local_sandboxes_concurrent():
                 for i in range(2)]
     engine = TurnEngine(turns)
     loop = AgentLoop(engine, lambda: EpisodeBuilder(tok, "qwen3_5"), LocalSandbox,
-                     AgentLoopConfig(episodes_per_state=2, progress=False))
+                     AgentLoopConfig(episodes_per_state=2, progress=False, schedule=schedule))
     trajs = loop.run(requests, seed=7)
-    assert len(engine.calls) == 2 and len(engine.calls[0]) == 4  # one batched model call per turn
+    if schedule == "lockstep":
+        assert len(engine.calls) == 2 and len(engine.calls[0]) == 4  # one batched model call per turn
+    else:
+        assert sum(map(len, engine.calls)) == 8  # 4 episodes x 2 turns, in calls of whatever was ready
     assert [(t.state_id, t.episode) for t in trajs] == [("row-0", 0), ("row-0", 1), ("row-1", 0), ("row-1", 1)]
     for traj in trajs:
         assert traj.finish_reason == tj.FINISH_SUBMITTED and traj.submitted == "out.txt"

@@ -55,8 +55,10 @@ def test_two_ray_workers_match_the_in_process_loop():
                           (RubricItem("x", "y"),), (), "skill", provenance))
         starts.append(state)
     requests = [rl_request(row, st, f"st-{i}", "compact") for i, (row, st) in enumerate(zip(rows, starts))]
+    # lockstep: the engine calls of a share are then the same in the worker and the reference, so the logprobs are
+    # equal bit for bit (the continuous schedule batches by timing: the same ids, logprobs up to round-off)
     agent = AgentLoopConfig(episodes_per_state=4, max_assistant_turns=2, max_tokens_per_turn=8, max_context_tokens=2048,
-                            temperature=0.7, progress=False)
+                            temperature=0.7, progress=False, schedule="lockstep")
     spec = WorkerSpec(PolicyConfig(family="qwen3", tiny=TINY, prompt_style="compact"), agent, "local",
                       sampler_max_batch=8)
     learner = build_policy(dataclasses.replace(spec.policy, seed=1))  # the weights the workers must take

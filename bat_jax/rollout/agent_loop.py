@@ -2,10 +2,14 @@
 
 For each RL row, K episodes (default 4, REFERENCE.md) start in fresh sandboxes restored from the row's state.
 The prompt is the row's system prompt (stage skill) with the tool schemas in the template's tools block, then
-the task brief as the user turn. Per turn, every live episode of the batch is sampled in **one** engine call;
-the resulting tool calls then run concurrently in a thread pool (sandbox calls wait on subprocesses / Docker
-and release the GIL). Token in, token out: sampled ids go verbatim into an `EpisodeBuilder`
-(`bat_jax.models.episode`) with loss mask 1; observations are appended as template glue with mask 0.
+the task brief as the user turn. Generations are batched across episodes (one engine call samples the next turn
+of many episodes) and tool calls run concurrently in a thread pool (sandbox calls wait on subprocesses / Docker
+and release the GIL); `AgentLoopConfig.schedule` picks the order (`bat_jax.rollout.schedule`): 'continuous'
+(default: each episode advances on its own, the engine samples whatever episodes are ready while other
+episodes' tool calls run) or 'lockstep' (per turn, one engine call over every live episode, then all their tool
+calls). Both give the same trajectories (per-turn seeds depend on the episode and turn only). Token in, token
+out: sampled ids go verbatim into an `EpisodeBuilder` (`bat_jax.models.episode`) with loss mask 1; observations
+are appended as template glue with mask 0.
 
 Limits (`AgentLoopConfig`, defaults from REFERENCE.md's released-code column): assistant turns, tool calls,
 cumulative sampled (response) tokens, tokens per turn, context tokens and characters per observation. The
@@ -33,6 +37,7 @@ from tqdm.auto import tqdm
 from bat_jax.models.chat import ParseError, parse_tool_call, tool_schemas
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.engine import RolloutEngine, SamplingParams
+from bat_jax.rollout.schedule import SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
 from bat_jax.sandbox.evidence import EvidenceLimits
 from bat_jax.sandbox.types import FileTooLarge, Sandbox, SandboxState, sha256_hex
 
@@ -56,6 +61,15 @@ class AgentLoopConfig:
       max_artefact_bytes: total bytes of changed workspace files kept in `Trajectory.artefacts`.
       evidence: caps on reading the workspace back (files listed, bytes per file, seconds in all).
       progress: show a tqdm progress bar over finished episodes.
+      schedule: 'continuous' (default) or 'lockstep' (`bat_jax.rollout.schedule`); same trajectories.
+      max_generate_batch: most episodes per engine call under the 'continuous' schedule (episodes; 'lockstep'
+        sends every live episode in one call, as before). The engine may split a call further (e.g.
+        `JaxSampler.max_batch`).
+      max_concurrent_generate: engine calls in flight at once under 'continuous' (1: one call at a time, for
+        an engine that runs one call per device, e.g. the embedded JAX sampler; more for a server that batches
+        concurrent requests in flight, e.g. vLLM or `SimulatedLatency(inflight=True)`).
+    Raises:
+      ValueError: naming the field, for a limit below its minimum or an unknown schedule.
     """
 
     episodes_per_state: int = 4
@@ -74,10 +88,16 @@ class AgentLoopConfig:
     max_artefact_bytes: int = 8 << 20
     evidence: EvidenceLimits = EvidenceLimits()
     progress: bool = True
+    schedule: str = "continuous"
+    max_generate_batch: int = 64
+    max_concurrent_generate: int = 1
 
     def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"AgentLoopConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         for name in ("episodes_per_state", "max_assistant_turns", "max_response_tokens", "max_tokens_per_turn",
-                     "max_context_tokens", "max_observation_chars", "max_workers"):
+                     "max_context_tokens", "max_observation_chars", "max_workers", "max_generate_batch",
+                     "max_concurrent_generate"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AgentLoopConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tool_calls < 0:
@@ -127,6 +147,17 @@ class _Episode:
         self.agent_error = ""
         self.weight_version = 0
         self.pending: Any = None  # ToolAction to run, or None
+        self.evidence: tuple = ((), None, {}, [])  # (receipts, submitted, artefacts, skipped), once collected
+
+
+@dataclasses.dataclass
+class _TurnJob:
+    """One engine call's worth of turns: the episodes, their prompts (token ids), budgets and seeds."""
+
+    episodes: list[_Episode]
+    prompts: list[list[int]]
+    budgets: list[int]
+    seeds: list[int]
 
 
 class AgentLoop:
@@ -141,8 +172,9 @@ class AgentLoop:
       config: limits and sampling.
       sandbox_release: gives a finished episode's sandbox back (default: `sandbox.close()`); with a warm
         `bat_jax.sandbox.pool.SandboxPool` pass `pool.release` and `lambda s: pool.acquire(s, timeout_s)` as the
-        factory. Every episode of a `run` holds its sandbox until the batch ends, so the pool needs at least
-        (rows x K) sandboxes, or a finite acquire timeout (a timeout makes the rollout unscored).
+        factory. Every episode of a `run` opens its sandbox at the start and holds it until it ends (under
+        'lockstep': until the batch ends), so the pool needs at least (rows x K) sandboxes, or a finite acquire
+        timeout (a timeout makes the rollout unscored).
       extra_stop_ids: further stop ids (e.g. `<|endoftext|>`, `<|im_start|>`); a turn ending in one is
         appended as a truncated turn (end-of-turn added as glue); `<|im_start|>` itself is dropped because the
         template cannot hold it inside an assistant turn.
@@ -186,19 +218,17 @@ class AgentLoop:
         for ep in episodes:  # tokenizers are not shared across threads: prompts are rendered here
             self._start(ep)
         bar = tqdm(total=len(episodes), desc="rollouts", unit="ep", disable=not cfg.progress, leave=False)
+        steps = EpisodeSteps(prepare=self._prepare_turn, generate=lambda job: self._generate(job, params),
+                             absorb=lambda job, out: self._absorb_turn(job, out, im_start),
+                             open=self._open_sandbox, act=self._act, observe=self._observe, collect=self._collect)
         with concurrent.futures.ThreadPoolExecutor(max_workers=cfg.max_workers) as pool:
             try:
-                list(pool.map(self._open_sandbox, [ep for ep in episodes if ep.finish is None]))
-                bar.update(sum(ep.finish is not None for ep in episodes))
-                while live := [ep for ep in episodes if ep.finish is None]:
-                    self._sample_turn(live, params, im_start)
-                    acting = [ep for ep in live if ep.finish is None and ep.pending is not None]
-                    for ep, obs in zip(acting, pool.map(self._act, acting)):
-                        self._observe(ep, obs)
-                    bar.update(sum(ep.finish is not None for ep in live))
-                evidence = list(pool.map(self._evidence, episodes))
-                list(pool.map(self._close, episodes))
-                return [self._finish(ep, *ev) for ep, ev in zip(episodes, evidence)]
+                if cfg.schedule == "lockstep":
+                    run_lockstep(steps, episodes, pool, bar.update)
+                else:
+                    run_continuous(steps, episodes, pool, bar.update, cfg.max_generate_batch,
+                                   cfg.max_concurrent_generate)
+                return [self._finish(ep, *ep.evidence) for ep in episodes]
             finally:
                 bar.close()
                 for ep in episodes:  # after an error: release whatever is still open (close is idempotent)
@@ -230,10 +260,12 @@ class AgentLoop:
             ep.infra_error = f"sandbox creation failed: {type(exc).__name__}: {exc}"
             ep.finish = tj.FINISH_SANDBOX_ERROR
 
-    def _sample_turn(self, live: list[_Episode], params: SamplingParams, im_start: int | None) -> None:
+    def _prepare_turn(self, batch: list[_Episode]) -> _TurnJob | None:
+        """The engine request for the next turn of `batch` (main thread); episodes out of response tokens or
+        context end here. Returns None when none of them asks for a turn."""
         cfg = self.config
         asking, budgets = [], []
-        for ep in live:
+        for ep in batch:
             left = cfg.max_response_tokens - ep.response_tokens
             room = cfg.max_context_tokens - len(ep.ids)
             if left < 1 or room < 1:
@@ -242,10 +274,18 @@ class AgentLoop:
             asking.append(ep)
             budgets.append(min(cfg.max_tokens_per_turn, left, room))
         if not asking:
-            return
+            return None
         seeds = [int(np.random.SeedSequence([ep.seed, ep.turns]).generate_state(1)[0]) for ep in asking]
-        completions = self.engine.generate([ep.ids for ep in asking], params, max_new_tokens=budgets, seeds=seeds)
-        for ep, budget, comp in zip(asking, budgets, completions):
+        return _TurnJob(asking, [list(ep.ids) for ep in asking], budgets, seeds)
+
+    def _generate(self, job: _TurnJob, params: SamplingParams) -> list:
+        """One engine call for a prepared turn (any thread). Returns the engine's completions."""
+        return self.engine.generate(job.prompts, params, max_new_tokens=job.budgets, seeds=job.seeds)
+
+    def _absorb_turn(self, job: _TurnJob, completions: list, im_start: int | None) -> None:
+        """Appends the sampled turns and parses their tool calls (main thread)."""
+        cfg = self.config
+        for ep, budget, comp in zip(job.episodes, job.budgets, completions):
             ids = [int(t) for t in comp.token_ids]
             logprobs = [float(x) for x in comp.logprobs]
             overshot = len(ids) > budget  # an engine that ignored the budget: cut ids and logprobs together
@@ -317,6 +357,11 @@ class AgentLoop:
         ep.ids = ep.builder.build().ids.tolist()  # the next prompt: everything so far, ending in the generation prompt
         if len(ep.ids) >= self.config.max_context_tokens:
             ep.finish = tj.FINISH_MAX_CONTEXT
+
+    def _collect(self, ep: _Episode) -> None:
+        """Evidence of an ended episode into `ep.evidence`, then its sandbox given back (worker thread)."""
+        ep.evidence = self._evidence(ep)
+        self._close(ep)
 
     def _evidence(self, ep: _Episode) -> tuple:
         """Receipts, submitted path and artefacts from the episode's sandbox (worker thread). A sandbox the

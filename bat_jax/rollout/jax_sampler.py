@@ -16,7 +16,12 @@ Works with any model that has the `bat_jax.models.causal_lm` interface (`init_ca
 
 Randomness: row i's token at step s uses `fold_in(key(seed_i), s)`, so a row's completion depends only on
 its prompt, its seed and the weights — not on the batch it was run in (up to float round-off in the logits
-of differently padded batches).
+of differently padded batches). Measured on CPU (tiny Qwen3 and Qwen3.5, 8 prompts of 9-300 tokens, 32 new
+tokens at T = 0.7, each row alone, in pairs and in triples vs in the batch of 8): the sampled ids are identical
+in all 48 comparisons, the logprobs differ by up to 2e-6 in most of them; padding every call to 8 rows
+(`min_batch_bucket=8`) does not remove it, because the prompt padding P still follows the longest prompt of the
+call. So schedules that batch differently (`bat_jax.rollout.schedule`) give the same ids and logprobs equal to
+round-off; a draw that round-off tips is possible in principle.
 """
 
 from __future__ import annotations

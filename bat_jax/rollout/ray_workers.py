@@ -17,8 +17,8 @@ dispatcher; it stands in for an `AgentLoop` where the experiment uses one:
 Equality with the in-process loop: a worker's engine samples each row from (prompt, per-episode seed,
 weights) alone, but the JAX sampler pads each call's batch (rows and prompt length to powers of two), so a
 token's logits can differ by float round-off between batch compositions. Given the same episodes per call —
-the in-process `AgentLoop.run_episodes` over one worker's share — the trajectories are identical
-(`tests/test_ray_workers.py`).
+the in-process `AgentLoop.run_episodes` over one worker's share, under the 'lockstep' schedule (the
+'continuous' one batches by timing) — the trajectories are identical (`tests/test_ray_workers.py`).
 
 Ray is an optional dependency (`pip install -e ".[ray]"`); this module imports it only when used.
 """
