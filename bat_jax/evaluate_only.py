@@ -2,7 +2,7 @@
 
 It gives the "pretrained, untrained" row of a real checkpoint (issue 16: SmolLM2-135M-Instruct zero-shot,
 `gin/evaluate_small.gin`) by the same path a BiCuRL run's final evaluation takes (`bat_jax.experiment.run`): the
-policy of `Components.policy`, the rollout engine of `experiment.build_engine`, one E2E episode per held-out
+policy of `Components.policy`, the rollout engine of `rollout.run_loops.build_engine`, one E2E episode per held-out
 cell through the agent loop (`policy.EngineCells`, prompts in the policy's prompt style), the rubric verifier and
 the task metric, aggregated by `benchmark.evaluator.evaluate`. Only aggregates are written (the firewall of
 `benchmark/evaluator.py`).
@@ -23,14 +23,15 @@ import time
 from bat_jax import report
 from bat_jax.benchmark import evaluator as ev
 from bat_jax.benchmark.scoring import Summary, display
-from bat_jax.experiment import Components, build_engine
+from bat_jax.experiment import Components
+from bat_jax.rollout.run_loops import build_engine
 from bat_jax.ledger import atomic_write
 from bat_jax.policy import EngineCells, build_policy, make_agent_loop
 from bat_jax.verify.judge import RubricJudge
 
 
 def run(run_dir: pathlib.Path, components: Components = Components(), backend: str = "docker",
-        purpose: str = "final", system: str = "untrained") -> dict:
+        purpose: str = "final", system: str = "untrained", sandbox_pool: bool = True) -> dict:
     """Evaluates `components.policy` on the held-out suite and writes ``evaluation.json`` / ``evaluation.md``.
 
     Args:
@@ -42,6 +43,8 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
       purpose: 'final' (the held-out slice of a run's reported rows, e.g. its "untrained" row) or
         'controller'.
       system: the row name in the table.
+      sandbox_pool: Docker only: the cells' sandboxes come from a warm pool of one container per cell, each reset
+        to a fresh state between episodes (removed at the end, also on errors); False = a new container per cell.
     Returns: the written ``evaluation.json`` content.
     Raises: FileNotFoundError for a missing checkpoint directory; `tasks.harness.BackendUnavailable` when the
       Docker backend is asked for and not usable; ValueError for an unknown backend or purpose.
@@ -51,18 +54,21 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
     t0 = time.perf_counter()
     policy = build_policy(c.policy)
     engine = build_engine(policy, c, run_dir)
-    from bat_jax.tasks.harness import backend_factory
+    from bat_jax.tasks.harness import open_backend
 
-    make_sandbox = backend_factory(backend, c.agent.max_workers)
-    loop = make_agent_loop(policy, engine, make_sandbox, dataclasses.replace(
-        c.agent, episodes_per_state=1, max_assistant_turns=evaluation.max_turns))
-    judge = RubricJudge(c.judge) if c.judge is not None else None
-    cells = EngineCells(loop, judge, prompt_style=policy.prompt_style)
-    t1 = time.perf_counter()
-    summary: Summary = ev.evaluate(cells, evaluation)
-    t2 = time.perf_counter()
-    if hasattr(engine, "close"):
-        engine.close()
+    jobs = len(ev.suite_jobs(evaluation))
+    with open_backend(backend, c.agent.max_workers, warm=jobs if sandbox_pool else 0) as sandboxes:
+        loop = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
+            c.agent, episodes_per_state=1, max_assistant_turns=evaluation.max_turns), sandboxes.release)
+        judge = RubricJudge(c.judge) if c.judge is not None else None
+        cells = EngineCells(loop, judge, prompt_style=policy.prompt_style)
+        t1 = time.perf_counter()
+        try:
+            summary: Summary = ev.evaluate(cells, evaluation)
+        finally:
+            if hasattr(engine, "close"):
+                engine.close()
+        t2 = time.perf_counter()
     out = {"system": system, "purpose": purpose, "backend": backend, "policy": dataclasses.asdict(c.policy),
            "engine": c.engine, "setup_s": round(t1 - t0, 1), "eval_s": round(t2 - t1, 1),
            "summary": report.summary_dict(summary), "agent_failed": cells.agent_failed}

@@ -6,6 +6,9 @@
   KL(candidate ‖ best) → accept or fall back → checkpoint → ledger → report
   → final evaluation on disjoint runs (untrained, SFT, retained best) → results table + staircase plot
   → HF export of the retained policy to run_dir/export/ (weights, config, tokenizer, chat template).
+Sandboxes: by default one warm Docker pool serves every GRPO rollout and evaluation episode, each container
+reset to a fresh state in between (`rollout/run_loops.py`); it and the Ray workers are released when `run`
+returns or raises (also on Ctrl-C).
 
 Gin binds `run` and the config dataclasses (gin/bicurl_*.gin); this module itself is plain Python. A killed run
 resumes from its ledger and checkpoints: finished rounds are read back, the retained checkpoint restored, and a
@@ -16,6 +19,7 @@ terminal task reward, no routing or fallback — the paper's GRPO row).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -40,18 +44,18 @@ from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
 from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord, atomic_write
-from bat_jax.models.hf_io import save_pretrained
-from bat_jax.policy import (EngineCells, PolicyConfig, build_policy, make_agent_loop, render_sft_row, rl_request,
-                            sft_batch, sft_bucket, trajectory_examples)
+from bat_jax.export import export_retained
+from bat_jax.policy import (EngineCells, PolicyConfig, build_policy, render_sft_row, rl_request, sft_batch, sft_bucket,
+                            trajectory_examples)
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.rollout.ray_workers import RayRolloutConfig
-from bat_jax.rollout.jax_sampler import JaxSampler
+from bat_jax.rollout.run_loops import build_engine, jax_memory_fraction, open_run_loops
 from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
-from bat_jax.verify.row_reward import rollout_reward
+from bat_jax.verify.row_reward import RewardConfig, TaskCache, score_rollouts
 
 MODES = ("bicurl", "sft_only", "grpo_e2e")
 ENGINES = ("jax", "vllm")
@@ -79,6 +83,8 @@ class BiCuRLConfig:
         trajectory its longest row that fits, with loss on every action: the same targets and contexts in one
         sequence instead of one per row; `policy.trajectory_examples`).
       backend: sandbox backend, 'docker' (real runs) or 'local' (non-isolated; tests only).
+      sandbox_pool: Docker only: GRPO rollouts and evaluations take their sandboxes from one warm pool, each
+        reset to a fresh state between episodes (`sandbox/pool.py`); False = a new container per episode.
       seed: run seed (paper: 42).
     """
 
@@ -88,6 +94,7 @@ class BiCuRLConfig:
     sft_max_rows: int = 0
     sft_targets: str = "row"
     backend: str = "docker"
+    sandbox_pool: bool = True
     seed: int = 42
 
     def __post_init__(self):
@@ -110,6 +117,7 @@ class Components:
     loads the 'qwen3' family and Llama checkpoints), and `vllm_options` holds extra `VLLMEngineConfig` fields. `ray`
     (optional, `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy,
     JAX sampler and sandboxes (`rollout/ray_workers.py`); unset = in this process. Evaluation stays in-process.
+    `reward` bounds the threads scoring a GRPO batch and the rebuilt tasks a round keeps (`verify.row_reward`).
 
     Raises:
       ValueError: an unknown `engine`, or `ray` with engine 'vllm' (Ray workers run the JAX sampler).
@@ -134,6 +142,7 @@ class Components:
     engine: str = "jax"
     vllm_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     ray: RayRolloutConfig | None = None
+    reward: RewardConfig = RewardConfig()
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -142,41 +151,20 @@ class Components:
             raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine 'jax'")
 
 
-def build_engine(policy, c: Components, run_dir: pathlib.Path):
-    """The rollout engine of a run: the embedded JAX sampler, or vLLM (weights pushed from the learner at every
-    sync). vLLM starts on the policy model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`) —
-    also for a Hugging Face checkpoint policy, whose published files carry tensors the learner does not train
-    (Qwen3.5's vision tower and MTP head, `model.language_model.*` names), so that every sync names exactly
-    the checkpoint's tensors. `vllm_options` are `VLLMEngineConfig` fields (dtype, gpu_memory_utilization,
-    enforce_eager, ...).
-
-    Raises:
-      ImportError: engine 'vllm' without vLLM installed (`bash launch/install_vllm.sh`).
-      ValueError: `vllm_options` names a field `VLLMEngineConfig` does not have, or `model_dir`.
-    """
-    if c.engine == "jax":
-        return JaxSampler(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch)
-    from bat_jax.rollout.vllm_engine import VLLMEngine
-
-    options = {"max_model_len": c.agent.max_context_tokens, **dict(c.vllm_options)}
-    return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer, **options)
-
-
 def _evaluation(s: Summary) -> ctl.Evaluation:
     return ctl.Evaluation(overall=s.overall or 0.0, task=s.task, stage_scores={k.value: v for k, v in s.stages.items()},
                           track_scores={t: row["overall"] for t, row in s.tracks.items()})
 
 
-def jax_memory_fraction(vllm_share: float) -> float:
-    """Fraction of each accelerator's memory JAX may preallocate (`XLA_PYTHON_CLIENT_MEM_FRACTION`) beside a vLLM
-    engine holding `vllm_share` of it (its `gpu_memory_utilization`, 0–1): 0.9 − share (0.1 stays free for the
-    CUDA contexts and NCCL), at least 0.1. With vLLM at 0.3 of an 80 GB A100, JAX gets 0.6 · 80 = 48 GB."""
-    return max(0.1, 0.9 - vllm_share)
-
-
 def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components: Components = Components()) -> dict:
-    """Runs (or resumes) one experiment in `run_dir`; returns the final summary (also written as JSON)."""
-    run_dir, c = pathlib.Path(run_dir), components
+    """Runs (or resumes) one experiment in `run_dir`; returns the final summary (also written as JSON). The
+    sandboxes (warm pool), rollout engine and Ray workers it starts are released when it returns or raises."""
+    with contextlib.ExitStack() as resources:
+        return _run(pathlib.Path(run_dir), config, components, resources)
+
+
+def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: contextlib.ExitStack) -> dict:
+    """The body of `run`; whatever must be released at the end goes on `resources`."""
     if c.bank is None:
         raise ValueError("Components.bank (a FactoryConfig naming the Stage Bank directory) is required")
 
@@ -189,7 +177,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     learner = Learner(policy.model, c.mesh, c.memory)
 
     # ---- Stage Bank: build a version once (resumable), then guard the held-out firewall -----------------
-    manifest_path = _write_heldout_manifest(run_dir, c.evaluation)
+    manifest_path = ev.write_heldout_manifest(run_dir / "heldout_manifest.json", c.evaluation)
     manifest = HeldOutManifest.load(manifest_path)
     bank = StageBank(c.bank.bank_dir)
     check_recipe(bank, c.bank)  # a bank another teacher / layout family wrote is refused, never mixed in
@@ -201,18 +189,13 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
 
-    # ---- rollout engine and sandboxes -------------------------------------------------------------------
+    # ---- rollout engine, sandboxes (warm pool), GRPO and evaluation loops (`rollout/run_loops.py`) --------
     engine = build_engine(policy, c, run_dir)
-    from bat_jax.tasks.harness import backend_factory
-
-    make_sandbox = backend_factory(config.backend, c.agent.max_workers)
-    loop = make_agent_loop(policy, engine, make_sandbox, c.agent)
-    if c.ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
-        from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec
-
-        loop = RayRollouts.start(WorkerSpec(c.policy, c.agent, config.backend, c.sampler_max_batch), c.ray)
-    eval_loop = make_agent_loop(policy, engine, make_sandbox, dataclasses.replace(
-        c.agent, episodes_per_state=1, max_assistant_turns=c.evaluation.max_turns))
+    if hasattr(engine, "close"):
+        resources.callback(engine.close)  # vLLM
+    loops = open_run_loops(policy, engine, c, config.backend, warm_pool=config.sandbox_pool)
+    resources.callback(loops.close)
+    loop, eval_loop = loops.rollouts, loops.evaluation
     checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
     ledger = Ledger(run_dir / "ledger.jsonl")
     writer = report.ScalarWriter(run_dir / "tensorboard")
@@ -339,11 +322,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
           + f" Overall ({time.perf_counter() - t_final:.0f} s)", flush=True)
     if hasattr(engine, "close"):
         engine.close()  # vLLM: free its memory and worker before the reports
-    export_dir = save_pretrained(learner.sync_model(best_params), run_dir / "export", tokenizer=policy.tokenizer,
-                                 overwrite=True)  # the retained policy (SFT when no round ran), HF layout
-    print(f"[bat_jax] retained policy exported to {export_dir} (weights, config, tokenizer, chat template)")
-    if hasattr(loop, "close"):
-        loop.close()  # Ray rollout workers
+    export_retained(learner.sync_model(best_params), run_dir, policy.tokenizer)  # SFT when no round ran
+    loops.close()  # Ray rollout workers, the sandbox pool
     return report.write_run_report(run_dir, final, records, round0, writer)
 
 
@@ -404,12 +384,13 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
     step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
                                         num_micro_batches=c.grpo_micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
+    tasks = TaskCache(c.reward.task_cache_size)  # the round's rebuilt tasks, shared by all its rollouts
     rewards_seen, unscored, agent_failed, total, version, varied, grouped = [], 0, 0, 0, "", 0, 0
     before, first = [], None
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
-        trajectories, scored = _rollouts(loop, bank, batch, c, seed * 100 + b, judge)
+        trajectories, scored = _rollouts(loop, bank, batch, c, seed * 100 + b, judge, tasks)
         version = scored[0].version if scored else version
         rewards = [s.reward for s in scored]
         batch_unscored, batch_agent_failed = rollout_counts(trajectories, rewards)
@@ -435,7 +416,7 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
     shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, c.grpo),
                               first["loss_mask"], first["advantages"])  # round start → round end, batch 0
     loop.engine.update_weights(learner.sync_model(learner.params))
-    _, probe = _rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge)  # same rows, same seed
+    _, probe = _rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge, tasks)  # same rows, same seed
     after = [s.reward for s in probe if s.reward is not None]
     mean = float(np.mean(rewards_seen)) if rewards_seen else float("nan")
     judged = {f"judge_{k}": float(v) for k, v in judge.stats().items()} if judge is not None else {}
@@ -447,14 +428,17 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
             **{f"update_{k}": v for k, v in shift.items()}, **judged}
 
 
-def _rollouts(loop, bank: StageBank, batch, c: Components, seed: int, judge: RubricJudge | None):
-    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`."""
+def _rollouts(loop, bank: StageBank, batch, c: Components, seed: int, judge: RubricJudge | None,
+              tasks: TaskCache):
+    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; scored
+    concurrently (`c.reward`), tasks rebuilt through `tasks`."""
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
     requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.policy.prompt_style)
                 for item in batch]
     trajectories = loop.run(requests, seed=seed)
     by_id = {item.round_state_id: item.row for item in batch}
-    return trajectories, [rollout_reward(by_id[t.state_id], t, starts[t.state_id], judge) for t in trajectories]
+    return trajectories, score_rollouts([by_id[t.state_id] for t in trajectories], trajectories,
+                                        [starts[t.state_id] for t in trajectories], judge, c.reward, tasks)
 
 
 def group_variance(rewards, groups) -> tuple[int, int]:
@@ -503,17 +487,6 @@ def _kl_prompts(rows, policy, config: kl.PolicyShiftConfig) -> tuple[np.ndarray,
     batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}
                        for p in prompts], multiple=1)
     return batch["input_ids"], batch["attention_mask"]
-
-
-def _write_heldout_manifest(run_dir: pathlib.Path, evaluation: ev.EvalConfig) -> pathlib.Path:
-    """The held-out manifest of both evaluation purposes (what the leakage preflight guards)."""
-    from bat_jax.tasks.heldout import write_manifest
-
-    path = run_dir / "heldout_manifest.json"
-    tasks = [job.task for purpose in ev.PURPOSES
-             for job in ev.suite_jobs(dataclasses.replace(evaluation, purpose=purpose))]
-    write_manifest(path, tasks)
-    return path
 
 
 def _round0(run_dir: pathlib.Path, summary: Summary | None = None) -> ctl.Evaluation:

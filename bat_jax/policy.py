@@ -174,13 +174,16 @@ def build_policy(config: PolicyConfig) -> Policy:
     return Policy(model, tokenizer, "qwen3_5", config.prompt_style)  # the shipped tokenizer's chat template
 
 
-def make_agent_loop(policy: Policy, engine: Any, make_sandbox: Any, config: AgentLoopConfig) -> AgentLoop:
-    """An AgentLoop over `engine` with the policy's chat template (token in, token out)."""
+def make_agent_loop(policy: Policy, engine: Any, make_sandbox: Any, config: AgentLoopConfig,
+                    sandbox_release: Any = None) -> AgentLoop:
+    """An AgentLoop over `engine` with the policy's chat template (token in, token out). `make_sandbox` /
+    `sandbox_release`: where episodes get and give back sandboxes (`tasks.harness.SandboxBackend.make` /
+    `.release`; release None = close each one)."""
     from bat_jax.models.episode import EpisodeBuilder
 
     im_start = policy.tokenizer.convert_tokens_to_ids("<|im_start|>")
     return AgentLoop(engine, lambda: EpisodeBuilder(policy.tokenizer, policy.family), make_sandbox, config,
-                     extra_stop_ids=(im_start,))
+                     sandbox_release=sandbox_release, extra_stop_ids=(im_start,))
 
 
 def evidence_of(trajectory: Trajectory, start: SandboxState) -> Evidence:

@@ -9,9 +9,10 @@ import gin
 
 from bat_jax import evaluate_only, launch, report
 from bat_jax.benchmark import evaluator as ev
-from bat_jax.experiment import Components, build_engine
+from bat_jax.experiment import Components
 from bat_jax.policy import EngineCells, PolicyConfig, build_policy, make_agent_loop
 from bat_jax.rollout.agent_loop import AgentLoopConfig
+from bat_jax.rollout.run_loops import build_engine
 from bat_jax.tasks.harness import backend_factory
 
 COMPONENTS = Components(

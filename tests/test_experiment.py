@@ -227,8 +227,8 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
                                       logprobs=np.zeros(6, np.float32)) for r in requests for _ in range(4)]
 
     monkeypatch.setattr(ex, "rl_request", lambda row, start, state_id, style: state_id)
-    monkeypatch.setattr(ex, "rollout_reward",
-                        lambda row, t, start, judge: types.SimpleNamespace(reward=next(rewards), version="v"))
+    monkeypatch.setattr(ex, "score_rollouts", lambda rows, trajectories, starts, judge, config, tasks: [
+        types.SimpleNamespace(reward=next(rewards), version="v") for _ in trajectories])
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
     item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", row=types.SimpleNamespace(state=None))
     view = types.SimpleNamespace(batches=[[item(0), item(1)], [item(2), item(3)]])

@@ -105,6 +105,16 @@ def suite_jobs(config: EvalConfig) -> list[EvalJob]:
     return jobs
 
 
+def write_heldout_manifest(path: pathlib.Path, config: EvalConfig) -> pathlib.Path:
+    """Writes the held-out manifest (`tasks.heldout.write_manifest`) of the tasks both purposes of `config` play —
+    what the Stage Bank's leakage preflight guards against — to `path`; returns `path`."""
+    from bat_jax.tasks.heldout import write_manifest
+
+    tasks = [job.task for purpose in PURPOSES for job in suite_jobs(dataclasses.replace(config, purpose=purpose))]
+    write_manifest(path, tasks)
+    return pathlib.Path(path)
+
+
 def evaluate(run_cells: CellRunner, config: EvalConfig) -> Summary:
     """Plays the held-out suite and returns only its aggregate (two-level means, half-widths)."""
     jobs = suite_jobs(config)

@@ -4,12 +4,14 @@ A stage-focus episode starts from the state at that stage's boundary (the script
 prefix) and is rubric-scored on that stage only; an E2E episode starts from the task's initial state and is
 scored on S1–S5 plus the task metric. A rejected policy call or an infrastructure failure makes the episode
 unscored; a sandbox the agent's own code brought down is the agent's failure and is scored (issue 13).
+Backends: `backend_factory` (a fresh sandbox per call) and `open_backend` (the same, or a warm Docker pool).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.sandbox.types import Sandbox, SandboxState
@@ -140,3 +142,56 @@ def backend_factory(name: str, concurrency: int = 16) -> SandboxFactory:
     except Exception as exc:  # noqa: BLE001 — any failure here means the backend is not usable
         raise BackendUnavailable(f"docker backend unavailable: {type(exc).__name__}: {exc}") from None
     return lambda state: docker_backend.DockerSandbox(client, state=state)
+
+
+@dataclasses.dataclass
+class SandboxBackend:
+    """Where episodes get their sandboxes: `make(state)` gives one restored from `state`, `release(sandbox)`
+    hands it back when the episode ends (None = `sandbox.close()`), `close()` ends whatever the backend keeps
+    (idempotent). With a warm Docker pool (`pool`, a `bat_jax.sandbox.pool.SandboxPool`) `make` is the pool's
+    `acquire` and `release` its `release`: the same containers serve every episode, reset to a fresh state
+    in between. A context manager (closes on exit, also on exceptions and Ctrl-C)."""
+
+    name: str
+    make: SandboxFactory
+    release: Callable[[Sandbox], None] | None = None
+    pool: Any = None
+
+    def close(self) -> None:
+        """Removes the pool's containers, if any (never raises)."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def __enter__(self) -> SandboxBackend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_backend(name: str, concurrency: int = 16, warm: int = 0, acquire_timeout_s: float = 60.0
+                 ) -> SandboxBackend:
+    """A sandbox backend by name, fresh per episode (`backend_factory`) or, for 'docker' with `warm` > 0, a warm
+    pool of `warm` started containers reset between episodes. 'local' sandboxes are host directories and are
+    always made fresh (`warm` is ignored). `concurrency`: threads calling sandboxes at once (sizes the Docker
+    client's connection pool). `acquire_timeout_s`: longest wait, seconds, for an idle pooled sandbox (an
+    episode that gets none is unscored, as for a container that cannot start).
+
+    Raises:
+      BackendUnavailable: Docker backend module, engine or task image missing, or the pool failed to start.
+      ValueError: unknown name, or `warm` < 0.
+    """
+    if warm < 0:
+        raise ValueError(f"open_backend: warm (pool size) must be >= 0, got {warm}")
+    if name != "docker" or warm == 0:
+        return SandboxBackend(name, backend_factory(name, concurrency))
+    try:
+        from bat_jax.sandbox import docker as docker_backend
+        from bat_jax.sandbox.pool import SandboxPool
+
+        config = docker_backend.DockerSandboxConfig(
+            max_pool_size=max(docker_backend.DockerSandboxConfig.max_pool_size, int(concurrency) + 4))
+        pool = SandboxPool(warm, config)
+    except Exception as exc:  # noqa: BLE001 — any failure here means the backend is not usable
+        raise BackendUnavailable(f"docker backend unavailable: {type(exc).__name__}: {exc}") from None
+    return SandboxBackend(name, lambda state: pool.acquire(state, acquire_timeout_s), pool.release, pool)

@@ -7,11 +7,22 @@ regenerated deterministically from the row's provenance (`task_synthesis` seed /
 `reward_source='task_metric'` scores the task metric alone (the paper's GRPO baseline on E2E rows).
 With a `RubricJudge` its items are decided by the LLM judge and the version names the judge model.
 An infrastructure failure (sandbox, or the judge unreachable) gives None (unscored), never 0.
+
+Rebuilding a task regenerates its data (images, volumes), so a round shares the rebuilt tasks: `TaskCache` keeps
+them in a bounded LRU keyed by `task_key` (a digest of the provenance steps the rebuild reads), so the K rollouts
+of a state and all states of one task rebuild it once. `score_rollouts` scores a batch on a bounded thread pool
+(`RewardConfig`), results in the rollouts' order and equal to scoring them one by one.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
+import hashlib
+import json
+import threading
+from collections.abc import Sequence
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.rollout.trajectory import Trajectory
@@ -28,6 +39,72 @@ class RolloutReward:
     reward: float | None
     version: str
     focus: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """How a GRPO batch is scored (gin: `Components.reward`).
+
+    Attributes:
+      max_workers: rollouts scored at once (threads; task metrics run in numpy, judge calls wait on the network).
+      task_cache_size: rebuilt tasks kept per round (LRU entries; one entry holds a task's generated data, a few MB).
+    Raises:
+      ValueError: a field < 1 (named).
+    """
+
+    max_workers: int = 4
+    task_cache_size: int = 32
+
+    def __post_init__(self):
+        for name in ("max_workers", "task_cache_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RewardConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+def task_key(row: RLRow) -> str:
+    """SHA-256 hex digest of what `row_task` rebuilds a row's task from: its track and the params of its
+    `task_synthesis` and `e2e_reduce` provenance steps. Rows of one task (any stage, any outcome slice) share it."""
+    steps = {t.name: dict(t.params) for t in row.provenance.transformations}
+    text = json.dumps([row.provenance.track, steps.get("task_synthesis"), steps.get("e2e_reduce")],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class TaskCache:
+    """Rebuilt tasks of `row_task`, at most `maxsize` (least recently used dropped), keyed by `task_key`.
+    Thread-safe; concurrent requests for one key build it once (the others wait for it). `builds` counts the
+    rebuilds. Raises ValueError for maxsize < 1."""
+
+    def __init__(self, maxsize: int = 32):
+        if maxsize < 1:
+            raise ValueError(f"TaskCache: maxsize must be >= 1, got {maxsize}")
+        self.maxsize = maxsize
+        self.builds = 0
+        self._tasks: collections.OrderedDict[str, tuple] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}
+
+    def get(self, row: RLRow) -> tuple:
+        """(track, TaskInstance) of `row`, as `row_task(row)` returns it. Raises what `row_task` raises."""
+        key = task_key(row)
+        with self._lock:
+            if key in self._tasks:
+                self._tasks.move_to_end(key)
+                return self._tasks[key]
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            with self._lock:
+                if key in self._tasks:
+                    self._tasks.move_to_end(key)
+                    return self._tasks[key]
+            built = row_task(row)
+            with self._lock:
+                self.builds += 1
+                self._tasks[key] = built
+                while len(self._tasks) > self.maxsize:
+                    self._tasks.popitem(last=False)
+                self._key_locks.pop(key, None)
+            return built
 
 
 def row_task(row: RLRow):
@@ -56,10 +133,10 @@ def row_task(row: RLRow):
 
 
 def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
-                   judge: RubricJudge | None = None) -> RolloutReward:
+                   judge: RubricJudge | None = None, tasks: TaskCache | None = None) -> RolloutReward:
     """Scores one rollout of `row` that started from `start` (the row's state p); `judge` (optional) decides
-    its configured rubric items. Reward None = unscored (sandbox failure, or a judged item the judge could
-    not decide)."""
+    its configured rubric items; `tasks` (optional) supplies the rebuilt task (else it is rebuilt here).
+    Reward None = unscored (sandbox failure, or a judged item the judge could not decide)."""
     from bat_jax.policy import evidence_of
     from bat_jax.tasks.rubric_items import build_rubric
 
@@ -69,7 +146,7 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
         version = REWARD_VERSION + "+task"
     if evidence.infra_error:
         return RolloutReward(None, version, row.focus)
-    track, inst = row_task(row)
+    track, inst = tasks.get(row) if tasks is not None else row_task(row)
     if row.reward_source == "task_metric":
         return RolloutReward(track.score_task(inst, evidence.files, evidence.submitted), version, row.focus)
     stages = STAGES if row.focus == E2E else (Stage.parse(row.focus),)
@@ -78,3 +155,21 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
     if judge is not None:
         rubric = judge.apply(rubric, inst.layout)
     return RolloutReward(score(rubric, evidence, task, stages).reward, version, row.focus)
+
+
+def score_rollouts(rows: Sequence[RLRow], trajectories: Sequence[Trajectory], starts: Sequence[SandboxState],
+                   judge: RubricJudge | None = None, config: RewardConfig = RewardConfig(),
+                   tasks: TaskCache | None = None) -> list[RolloutReward]:
+    """`rollout_reward(rows[i], trajectories[i], starts[i], judge, tasks)` for every i, on at most
+    `config.max_workers` threads; returned in the same order. `tasks` default: a new `TaskCache` of
+    `config.task_cache_size` for this call. Raises ValueError when the three sequences differ in length, and
+    what `rollout_reward` raises."""
+    if not len(rows) == len(trajectories) == len(starts):
+        raise ValueError(f"score_rollouts: {len(rows)} rows, {len(trajectories)} trajectories and {len(starts)} "
+                         "start states; expected one of each per rollout")
+    tasks = tasks if tasks is not None else TaskCache(config.task_cache_size)
+    if config.max_workers == 1 or len(rows) <= 1:
+        return [rollout_reward(r, t, s, judge, tasks) for r, t, s in zip(rows, trajectories, starts)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(config.max_workers, len(rows))) as pool:
+        return list(pool.map(lambda i: rollout_reward(rows[i], trajectories[i], starts[i], judge, tasks),
+                             range(len(rows))))

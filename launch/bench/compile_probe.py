@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     print(f"[probe] budget {budget:.0f} GB per device: "
           + ("every step fits" if not over else f"over budget: {', '.join(over)}"))
     if run.vllm_share:  # the fraction experiment.run gives JAX beside vLLM on the same accelerator
-        from bat_jax.experiment import jax_memory_fraction
+        from bat_jax.rollout.run_loops import jax_memory_fraction
 
         frac = jax_memory_fraction(run.vllm_share)
         crowded = [k for k, r in results.items() if r["total"] > frac * budget * GB]

@@ -1,0 +1,24 @@
+"""The end of a run: the retained policy exported as a Hugging Face checkpoint directory, `run_dir/export/`
+(safetensors weights, config.json, tokenizer files, chat template), loadable as it is by transformers and vLLM
+and by `policy.PolicyConfig(checkpoint=...)`. Written all or nothing (`models.hf_io.save_pretrained`); a
+previous export of the same run is replaced.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+from bat_jax.models.hf_io import save_pretrained
+
+EXPORT_DIR = "export"
+
+
+def export_retained(model: Any, run_dir: pathlib.Path, tokenizer: Any) -> pathlib.Path:
+    """Writes `model` (an NNX causal LM holding the retained weights, e.g. `Learner.sync_model(best_params)`)
+    and `tokenizer` (transformers) to `run_dir/export/` in the HF layout, tensors in their parameter dtype;
+    returns that directory. With several processes only process 0 writes (all join the gathers).
+    Raises OSError when the directory cannot be written."""
+    out = save_pretrained(model, pathlib.Path(run_dir) / EXPORT_DIR, tokenizer=tokenizer, overwrite=True)
+    print(f"[bat_jax] retained policy exported to {out} (weights, config, tokenizer, chat template)", flush=True)
+    return out

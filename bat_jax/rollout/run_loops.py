@@ -1,0 +1,107 @@
+"""The rollout side of one run: its engine (`build_engine`: the JAX sampler or vLLM, and `jax_memory_fraction`
+beside vLLM) and its agent loops with what they hold (issue 17): the sandbox backend — by default a warm Docker
+pool whose containers are reset to a fresh state between episodes — the GRPO rollout loop (in this process, or
+on Ray workers with `Components.ray`) and the held-out evaluation loop. `RunLoops.close()` ends the Ray workers and
+removes the pool's containers; `experiment.run` calls it when it returns or raises (also on Ctrl-C).
+
+The pool holds the most sandboxes a run uses at once: `AgentLoop.run` keeps every episode's sandbox until its
+batch ends, so a GRPO batch holds rows × K (`PoolConfig.batch_size` × `AgentLoopConfig.episodes_per_state`; none
+in this process when the rollouts run on Ray workers, which make their own) and an evaluation one per held-out
+cell (its cells are one batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+from bat_jax.rollout.agent_loop import AgentLoop
+from bat_jax.tasks.harness import SandboxBackend, open_backend
+from bat_jax.tasks.registry import TRACKS
+
+
+def build_engine(policy: Any, components: Any, run_dir: pathlib.Path) -> Any:
+    """The rollout engine of a run (`components`: an `experiment.Components`; `policy`: a `bat_jax.policy.Policy`):
+    the embedded JAX sampler, or vLLM (weights pushed from the learner at every sync). vLLM starts on the policy
+    model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`) — also for a Hugging Face checkpoint
+    policy, whose published files carry tensors the learner does not train (Qwen3.5's vision tower and MTP head,
+    `model.language_model.*` names), so that every sync names exactly the checkpoint's tensors. `vllm_options`
+    are `VLLMEngineConfig` fields (dtype, gpu_memory_utilization, enforce_eager, ...).
+
+    Raises:
+      ImportError: engine 'vllm' without vLLM installed (`bash launch/install_vllm.sh`).
+      ValueError: `vllm_options` names a field `VLLMEngineConfig` does not have, or `model_dir`.
+    """
+    c = components
+    if c.engine == "jax":
+        from bat_jax.rollout.jax_sampler import JaxSampler
+
+        return JaxSampler(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch)
+    from bat_jax.rollout.vllm_engine import VLLMEngine
+
+    options = {"max_model_len": c.agent.max_context_tokens, **dict(c.vllm_options)}
+    return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer, **options)
+
+
+def jax_memory_fraction(vllm_share: float) -> float:
+    """Fraction of each accelerator's memory JAX may preallocate (`XLA_PYTHON_CLIENT_MEM_FRACTION`) beside a vLLM
+    engine holding `vllm_share` of it (its `gpu_memory_utilization`, 0–1): 0.9 − share (0.1 stays free for the
+    CUDA contexts and NCCL), at least 0.1. With vLLM at 0.3 of an 80 GB A100, JAX gets 0.6 · 80 = 48 GB."""
+    return max(0.1, 0.9 - vllm_share)
+
+
+def warm_pool_size(components: Any) -> int:
+    """Sandboxes one run holds at once (≥ 1): the larger of a GRPO batch's episodes (rows × K, 0 with
+    `components.ray`) and the held-out evaluation's cells. `components`: an `experiment.Components`."""
+    c = components
+    rollouts = 0 if c.ray is not None else c.pools.batch_size * c.agent.episodes_per_state
+    cells = len(c.evaluation.tracks or TRACKS) * c.evaluation.repeats  # = len(evaluator.suite_jobs(...))
+    return max(1, rollouts, cells)
+
+
+@dataclasses.dataclass
+class RunLoops:
+    """rollouts: the GRPO loop (`AgentLoop`, or `ray_workers.RayRollouts`; both `run` / `engine.update_weights`);
+    evaluation: the held-out loop (one episode per cell, `EvalConfig.max_turns`); sandboxes: their backend."""
+
+    rollouts: Any
+    evaluation: AgentLoop
+    sandboxes: SandboxBackend
+
+    def close(self) -> None:
+        """Ends the Ray workers (if any) and removes the pool's containers (idempotent)."""
+        try:
+            if hasattr(self.rollouts, "close"):
+                self.rollouts.close()
+        finally:
+            self.sandboxes.close()
+
+
+def open_run_loops(policy: Any, engine: Any, components: Any, backend: str, warm_pool: bool = True) -> RunLoops:
+    """The rollout and evaluation loops of a run over `engine` (`policy`: a `bat_jax.policy.Policy`;
+    `components`: an `experiment.Components`), their sandboxes from `backend` ('docker' or 'local'): with
+    `warm_pool`, Docker sandboxes come from one warm pool of `warm_pool_size(components)` containers; else each
+    episode starts a fresh container.
+
+    Raises:
+      tasks.harness.BackendUnavailable: Docker asked for and not usable (engine, image, pool start-up).
+      ValueError: an unknown backend.
+    """
+    from bat_jax.policy import make_agent_loop
+
+    c = components
+    sandboxes = open_backend(backend, c.agent.max_workers, warm=warm_pool_size(c) if warm_pool else 0)
+    try:
+        if c.ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
+            from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec
+
+            rollouts = RayRollouts.start(WorkerSpec(c.policy, c.agent, backend, c.sampler_max_batch), c.ray)
+        else:
+            rollouts = make_agent_loop(policy, engine, sandboxes.make, c.agent, sandboxes.release)
+        evaluation = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
+            c.agent, episodes_per_state=1, max_assistant_turns=c.evaluation.max_turns), sandboxes.release)
+    except BaseException:
+        sandboxes.close()
+        raise
+    return RunLoops(rollouts, evaluation, sandboxes)

@@ -1,0 +1,112 @@
+"""Rollout rewards share rebuilt tasks (issue 17): `TaskCache` rebuilds each distinct provenance once, and
+`score_rollouts` (concurrent, cached) returns exactly the rewards of scoring one by one without a cache."""
+
+import dataclasses
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from bat_jax.rollout.trajectory import Trajectory
+from bat_jax.sandbox.types import Receipt
+from bat_jax.stage_bank.row import Provenance, RLRow, RubricItem, StateRef, Transformation
+from bat_jax.tasks import heldout
+from bat_jax.tasks.registry import get_track
+from bat_jax.verify import row_reward
+from bat_jax.verify.row_reward import RewardConfig, TaskCache, rollout_reward, score_rollouts, task_key
+
+
+def _row(seed, focus, variant="success", track="vqa"):
+    syn = Transformation("task_synthesis", "ab" * 32, {"seed": seed, "variant": variant, "template": 0})
+    state = heldout.training_task(get_track(track), seed, variant, 0).state()
+    return RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), focus, "do the stage",
+                 (RubricItem("x", "y"),), (), "skill", Provenance(f"src-{seed}", "cd" * 32, track, variant, (syn,)))
+
+
+def _trajectory(task, focus, k):
+    """Rollout k: reads the brief (and the manifest when k is odd); writes a plan naming the method when k % 3;
+    rollout 2 submits the answer key's first case (E2E task metric above 0)."""
+    L = task.layout
+    receipts = [Receipt(0, "execute_code", "bash", "cat task.md", 0, "", "", 0.0, 1.0, False, task.brief,
+                        reads=("task.md",), trace_complete=True)]
+    if k % 2:
+        receipts.append(Receipt(1, "execute_code", "bash", f"cat {L.cases_csv}", 0, "", "", 0.0, 1.0, False,
+                                task.case_ids[0], reads=(L.cases_csv,), trace_complete=True))
+    artefacts = {L.plan_path: f"Run {L.method_dir}/model.py over {len(task.cases)} cases.".encode()} if k % 3 else {}
+    submitted = None
+    if k == 2:
+        case = task.cases[0]
+        artefacts[L.submission] = json.dumps({"predictions": {case.case_id: {"answer": case.target}}}).encode()
+        submitted = L.submission
+    ids = np.zeros(4, np.int32)
+    return Trajectory("st-x", k, focus, ids, ids, np.zeros(4, np.float32), 2, "max_turns", False, 1, 2, 0,
+                      receipts=tuple(receipts), artefacts=artefacts, submitted=submitted)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Two tasks (seeds 3 and 4) x stages S1 / E2E / S2 x 4 rollouts each, as a GRPO batch holds them."""
+    rows, trajectories, starts = [], [], []
+    for seed in (3, 4):
+        task = heldout.training_task(get_track("vqa"), seed, "success", 0)
+        for focus in ("S1", "E2E", "S2"):
+            for k in range(4):
+                rows.append(_row(seed, focus))
+                trajectories.append(_trajectory(task, focus, k))
+                starts.append(task.state())
+    return rows, trajectories, starts
+
+
+def test_cached_concurrent_scoring_equals_one_by_one(batch):
+    rows, trajectories, starts = batch
+    plain = [rollout_reward(r, t, s) for r, t, s in zip(rows, trajectories, starts)]
+    cache = TaskCache(8)
+    cached = score_rollouts(rows, trajectories, starts, config=RewardConfig(max_workers=4), tasks=cache)
+    assert cached == plain  # same values, same order (RolloutReward is a frozen dataclass: exact equality)
+    # seed 3: S1 = mean of its 9 items (brief read, manifest read, plan ...); E2E rollout 2 adds the task metric
+    assert [r.reward for r in plain[:8]] == pytest.approx([1 / 9, 6 / 9, 2 / 9, 4 / 9,
+                                                           1 / 90, 6 / 90, 0.10555556, 4 / 90])
+    assert cache.builds == 2  # 24 rollouts of two tasks
+
+
+def test_the_task_is_built_once_per_distinct_provenance(batch, monkeypatch):
+    rows, trajectories, starts = batch
+    calls, real = [], row_reward.row_task
+    lock = threading.Lock()
+
+    def counting(row):
+        with lock:
+            calls.append(task_key(row))
+        return real(row)
+
+    monkeypatch.setattr(row_reward, "row_task", counting)
+    other = _row(3, "S1", variant="recovery")  # same seed, other variant: another task
+    score_rollouts(rows + [other], trajectories + [trajectories[0]], starts + [starts[0]],
+                   config=RewardConfig(max_workers=8))
+    assert sorted(calls) == sorted({task_key(rows[0]), task_key(rows[12]), task_key(other)})
+    assert task_key(rows[0]) == task_key(rows[4]) != task_key(rows[12])  # S1 and E2E rows of seed 3 share it
+
+
+def test_the_cache_is_bounded_lru(batch, monkeypatch):
+    rows = batch[0]
+    cache = TaskCache(maxsize=1)
+    first = cache.get(rows[0])
+    assert cache.get(rows[1]) is first and cache.builds == 1
+    cache.get(rows[12])  # evicts seed 3
+    cache.get(rows[0])
+    assert cache.builds == 3
+    assert first[1].state().digest() == cache.get(rows[0])[1].state().digest()
+
+
+def test_config_errors_name_the_field(batch):
+    with pytest.raises(ValueError, match="RewardConfig.max_workers"):
+        RewardConfig(max_workers=0)
+    with pytest.raises(ValueError, match="RewardConfig.task_cache_size"):
+        RewardConfig(task_cache_size=0)
+    with pytest.raises(ValueError, match="maxsize"):
+        TaskCache(0)
+    rows, trajectories, starts = batch
+    with pytest.raises(ValueError, match="2 rows, 1 trajectories"):
+        score_rollouts(rows[:2], trajectories[:1], starts[:2])
+    assert dataclasses.asdict(RewardConfig()) == {"max_workers": 4, "task_cache_size": 32}
