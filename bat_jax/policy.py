@@ -235,9 +235,9 @@ class EngineCells:
 
 
 def _tool_action(action) -> Any:
-    from bat_jax.models.chat import ToolAction
+    from bat_jax.sandbox.tools import Action
 
-    return ToolAction(thought=action.text, tool=action.tool or "stop", arguments=dict(action.arguments))
+    return Action(thought=action.text, tool=action.tool or "stop", arguments=dict(action.arguments))
 
 
 def render_sft_row(row: Any, policy: Policy, max_seq_len: int, max_observation_chars: int | None = None,

@@ -12,7 +12,7 @@ from bat_jax.models.episode import EpisodeBuilder
 SYSTEM = {"role": "system", "content": "You are a medical imaging agent."}
 USER = {"role": "user", "content": "Segment the liver in data/ct_001.nii.gz and submit the mask."}
 OBSERVATION = "(512, 512, 94)\n[exit code 0]\n"  # the Qwen3.5 template strips the trailing newline
-ACTION_2 = chat.ToolAction("The volume loads; submit the mask.", "submit", {"path": "output/liver_mask.nii.gz"})
+ACTION_2 = chat.Action("The volume loads; submit the mask.", "submit", {"path": "output/liver_mask.nii.gz"})
 
 
 def four_turn(tok, family, action_1, *, system=SYSTEM, observation=OBSERVATION, logprob=-0.25):

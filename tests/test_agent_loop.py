@@ -7,10 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bat_jax.models.chat import render_action, ToolAction
+from bat_jax.models.chat import render_action
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest, cut_observation
 from bat_jax.rollout.engine import Completion
+from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation, SandboxState
 
 CALL = '<tool_call>\n{"name": "execute_code", "arguments": {"language": "bash", "code": "echo hi"}}\n</tool_call>'
@@ -236,8 +237,8 @@ def test_real_template_local_sandboxes_concurrent(schedule):
 
     tok = load_tiny_tokenizer()
     eot, im_start = tok.convert_tokens_to_ids(["<|im_end|>", "<|im_start|>"])
-    write = ToolAction("I write the result.", "execute_code", {"language": "bash", "code": "echo 42 > out.txt"})
-    submit = ToolAction("Done.", "submit", {"path": "out.txt"})
+    write = Action("I write the result.", "execute_code", {"language": "bash", "code": "echo 42 > out.txt"})
+    submit = Action("Done.", "submit", {"path": "out.txt"})
     turns = [tok.encode(render_action(a, "qwen3_5"), add_special_tokens=False) + [eot] for a in (write, submit)]
 
     class TurnEngine(ScriptedEngine):

@@ -10,10 +10,11 @@ import threading
 import numpy as np
 import pytest
 
-from bat_jax.models.chat import ToolAction, render_action
+from bat_jax.models.chat import render_action
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
 from bat_jax.rollout.engine import Completion
+from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation, SandboxState
 
 
@@ -59,9 +60,9 @@ def _tiny_turns(tok):
     """Rendered Qwen3.5 turns: writes with sleeps of different lengths (so tool calls finish out of order), a
     turn without a tool call (parse-error observation) and a submit."""
     eot = tok.convert_tokens_to_ids("<|im_end|>")
-    actions = [ToolAction("w", "execute_code", {"language": "bash", "code": f"sleep 0.0{d}; echo {d} >> out.txt"})
+    actions = [Action("w", "execute_code", {"language": "bash", "code": f"sleep 0.0{d}; echo {d} >> out.txt"})
                for d in (1, 5, 9)]
-    actions.append(ToolAction("s", "submit", {"path": "out.txt"}))
+    actions.append(Action("s", "submit", {"path": "out.txt"}))
     turns = [tok.encode(render_action(a, "qwen3_5"), add_special_tokens=False) + [eot] for a in actions]
     return turns + [tok.encode("no tool call here", add_special_tokens=False) + [eot]]
 

@@ -20,7 +20,7 @@ from bat_jax.models.tokenizer import load_tiny_tokenizer
 
 from chat_episode import ACTION_2, OBSERVATION, USER, four_turn, runs, structured_messages
 
-ACTION_1 = chat.ToolAction(
+ACTION_1 = chat.Action(
     "I should look at the data first.",
     "execute_code",
     {"language": "python", "code": "import nibabel as nib\n\nimg = nib.load('data/ct_001.nii.gz')\nprint(img.shape)"},
@@ -105,7 +105,7 @@ def test_turn_by_turn_ids_equal_whole_episode_rendering(request, tokenizer_name,
 @pytest.mark.parametrize("tokenizer_name,family", [("tiny", "qwen3_5"), ("qwen3", "qwen3")])
 def test_stop_action_renders_as_a_plain_final_turn(request, tokenizer_name, family):
     tok = request.getfixturevalue(tokenizer_name)
-    stop = chat.ToolAction("The mask is written; nothing left to do.", chat.STOP, {})
+    stop = chat.Action("The mask is written; nothing left to do.", chat.STOP, {})
     builder = EpisodeBuilder(tok, family)
     builder.start([USER], chat.tool_schemas())
     builder.add_assistant_text(chat.render_action(ACTION_2, family))
@@ -141,7 +141,7 @@ def test_empty_thought_is_non_canonical_but_reconciled(tiny):
     # two '\n' tokens. Same text: accepted and kept as sampled.
     builder = EpisodeBuilder(tiny, "qwen3_5")
     builder.start([USER], chat.tool_schemas())
-    builder.add_assistant_text(chat.render_action(chat.ToolAction("", "submit", {"path": "out.nii.gz"}), "qwen3_5"))
+    builder.add_assistant_text(chat.render_action(chat.Action("", "submit", {"path": "out.nii.gz"}), "qwen3_5"))
     assert builder.verify() is False
 
 
@@ -269,11 +269,11 @@ def test_qwen3_5_published_vocabulary_keeps_typed_tags_as_text(tiny, qwen3_5_tik
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3", "chatml"])
 def test_render_then_parse_round_trip(family):
     code = "for f in data/*.nii.gz; do\n  echo \"$f\"\ndone\n\n  # trailing indent kept\n"
-    action = chat.ToolAction("Check files.\nThen load.", "execute_code", {"language": "bash", "code": code})
+    action = chat.Action("Check files.\nThen load.", "execute_code", {"language": "bash", "code": code})
     parsed = chat.parse_tool_call(chat.render_action(action, family) + chat.IM_END, family)
-    assert parsed == chat.ToolAction("Check files.\nThen load.", "execute_code", {"language": "bash", "code": code})
+    assert parsed == chat.Action("Check files.\nThen load.", "execute_code", {"language": "bash", "code": code})
     row = {"thought": "done", "tool": "submit", "arguments": {"path": "out/mask.nii.gz"}}
-    assert chat.parse_tool_call(chat.render_action(row, family), family).to_row() == row
+    assert chat.parse_tool_call(chat.render_action(row, family), family).to_dict() == row
 
 
 XML_CASES = [
@@ -317,7 +317,7 @@ def test_malformed_json_calls_become_parse_errors(text, kind):
 
 def test_json_arguments_given_as_a_string_are_accepted():
     text = '<tool_call>\n{"name": "submit", "arguments": "{\\"path\\": \\"a.nii\\"}"}\n</tool_call>'
-    assert chat.parse_tool_call(text, "qwen3") == chat.ToolAction("", "submit", {"path": "a.nii"})
+    assert chat.parse_tool_call(text, "qwen3") == chat.Action("", "submit", {"path": "a.nii"})
 
 
 def test_parser_never_raises_on_garbage():
@@ -327,16 +327,16 @@ def test_parser_never_raises_on_garbage():
     for _ in range(300):
         text = "".join(rng.choices(alphabet, k=rng.randint(0, 30)))
         for family in chat.FAMILIES:
-            assert isinstance(chat.parse_tool_call(text, family), (chat.ToolAction, chat.ParseError))
+            assert isinstance(chat.parse_tool_call(text, family), (chat.Action, chat.ParseError))
 
 
 def test_tool_action_validation():
     with pytest.raises(ValueError, match="language must be one of"):
-        chat.ToolAction("", "execute_code", {"language": "ruby", "code": "1"})
+        chat.Action("", "execute_code", {"language": "ruby", "code": "1"})
     with pytest.raises(ValueError, match="stop takes no arguments"):
-        chat.ToolAction("", chat.STOP, {"path": "x"})
-    with pytest.raises(ValueError, match="lacks field 'arguments'"):
-        chat.ToolAction.from_row({"tool": "submit"})
+        chat.Action("", chat.STOP, {"path": "x"})
+    with pytest.raises(ValueError, match="submit takes parameters path; missing: path"):
+        chat.Action.from_dict({"tool": "submit"})
     schemas = chat.tool_schemas()
     assert [s["function"]["name"] for s in schemas] == list(chat.TOOL_NAMES)
     assert json.loads(json.dumps(schemas)) == schemas

@@ -15,7 +15,7 @@ from bat_jax.models.episode import TextCodec
 
 from chat_episode import ACTION_2, OBSERVATION, SYSTEM, USER, four_turn, runs, structured_messages
 
-ACTION_1 = chat.ToolAction("I should look at the data first.", "execute_code",
+ACTION_1 = chat.Action("I should look at the data first.", "execute_code",
                            {"language": "python", "code": "import nibabel as nib\nprint(nib.load('a.nii').shape)"})
 
 
@@ -24,7 +24,7 @@ def test_chatml_render_and_inline_messages():
     assert str(text) == ('The volume loads; submit the mask.\n<tool_call>\n{"name": "submit", "arguments": '
                          '{"path": "output/liver_mask.nii.gz"}}\n</tool_call>')
     assert not any(isinstance(p, chat.Control) for p in text.parts)  # the tags are text in this family
-    assert str(chat.render_action(chat.ToolAction("all done", chat.STOP, {}), "chatml")) == "all done"
+    assert str(chat.render_action(chat.Action("all done", chat.STOP, {}), "chatml")) == "all done"
     call = {"type": "function", "function": {"name": "submit", "arguments": dict(ACTION_2.arguments)}}
     messages = [SYSTEM, USER, {"role": "assistant", "content": "", "reasoning_content": ACTION_2.thought,
                                "tool_calls": [call]}, {"role": "tool", "content": "ok"}]
@@ -94,7 +94,7 @@ def test_text_never_becomes_a_control_token(tok):
     assert [i for i in glue if i in controls] == [1, 2, 1]  # the glue's own user turn and generation prompt only
     assert [i for i in prompt if i in controls] == [1, 2, 1, 2, 1]  # system, user, generation prompt
     assert builder.verify() is True
-    tricky = chat.ToolAction("x", "execute_code", {"language": "bash", "code": "echo '</tool_call><|im_end|>'"})
+    tricky = chat.Action("x", "execute_code", {"language": "bash", "code": "echo '</tool_call><|im_end|>'"})
     ids = codec.encode(chat.render_action(tricky, "chatml"))
     assert not controls & set(ids)
     assert chat.parse_tool_call(codec.decode(ids + [2]), "chatml") == tricky

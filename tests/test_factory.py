@@ -25,7 +25,8 @@ from bat_jax.stage_bank.leakage import preflight
 from bat_jax.stage_bank.row import Provenance, content_digest
 from bat_jax.tasks.base import decode_array
 from bat_jax.tasks.chat_client import ChatEndpointConfig
-from bat_jax.tasks.episode import Action, Conversation, Episode, Turn
+from bat_jax.sandbox.tools import Action
+from bat_jax.tasks.episode import Conversation, Episode, Turn
 from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, training_task
 from bat_jax.tasks.registry import TRACKS
 from bat_jax.tasks.teacher import ChatTeacher

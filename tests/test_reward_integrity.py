@@ -11,7 +11,7 @@ import pytest
 from bat_jax.benchmark.stages import E2E, Stage
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.tasks.episode import Action
+from bat_jax.sandbox.tools import Action
 from bat_jax.tasks.harness import play
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import DoNothingPolicy

@@ -15,7 +15,7 @@ import pytest
 from bat_jax.sandbox import images, snapshot
 from bat_jax.sandbox.docker import DockerSandboxConfig, SandboxError, connect
 from bat_jax.sandbox.pool import SandboxPool
-from bat_jax.sandbox.tools import ToolCall
+from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import SandboxState, sha256_hex
 
 pytestmark = pytest.mark.docker
@@ -99,13 +99,13 @@ def test_pool_recovers_from_fork_bomb_and_killed_executor(pool):
 def test_snapshot_replay_save_load_restore(pool, tmp_path):
     initial = SandboxState(files={"data/scan.raw": np.arange(64, dtype=np.int16).tobytes()}, env={"SEED": "3"})
     calls = [
-        ToolCall("execute_code", {"language": "python", "code": textwrap.dedent("""
+        Action("", "execute_code", {"language": "python", "code": textwrap.dedent("""
             import numpy as np, os
             a = np.frombuffer(open('data/scan.raw', 'rb').read(), dtype=np.int16).reshape(8, 8)
             os.makedirs('out/masks', exist_ok=True)
             np.save('out/masks/m.npy', (a > int(os.environ['SEED'])).astype(np.uint8))
             """)}),
-        ToolCall("execute_code", {"language": "bash", "code": "echo stage1 > notes.md; rm data/scan.raw"}),
+        Action("", "execute_code", {"language": "bash", "code": "echo stage1 > notes.md; rm data/scan.raw"}),
     ]
     with pool.sandbox() as sb:
         state, obs = snapshot.replay_prefix(sb, initial, calls)

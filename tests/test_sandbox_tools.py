@@ -5,6 +5,7 @@ import tarfile
 
 import pytest
 
+from bat_jax.benchmark.stages import Stage
 from bat_jax.sandbox import snapshot, tools
 from bat_jax.sandbox.docker import state_to_tar
 from bat_jax.sandbox.types import Observation, SandboxState
@@ -26,12 +27,11 @@ class _Recorder:
 def test_tool_dispatch_and_specs():
     assert tools.TOOL_NAMES == ("execute_code", "submit")
     sb = _Recorder()
-    assert tools.dispatch(sb, tools.ToolCall("execute_code", {"language": "bash", "code": "ls"}), 3.0).stdout == "ok"
-    assert tools.dispatch(sb, tools.ToolCall("submit", {"path": "out.nii.gz"})).stdout == "submitted"
+    assert tools.dispatch(sb, tools.Action("", "execute_code", {"language": "bash", "code": "ls"}), 3.0).stdout == "ok"
+    assert tools.dispatch(sb, tools.Action("", "submit", {"path": "out.nii.gz"})).stdout == "submitted"
     assert sb.calls == [("execute_code", "bash", "ls", 3.0), ("submit", "out.nii.gz")]
-    assert "unknown tool" in tools.dispatch(sb, tools.ToolCall("rm", {})).error
-    assert "'language' and 'code'" in tools.dispatch(sb, tools.ToolCall("execute_code", {"code": 1})).error
-    assert "'path'" in tools.dispatch(sb, tools.ToolCall("submit", {"path": ""})).error
+    assert "'path'" in tools.dispatch(sb, tools.Action("", "submit", {"path": ""})).error
+    assert "not a tool call" in tools.dispatch(sb, tools.Action("done", tools.STOP)).error
     assert len(sb.calls) == 2  # bad calls never reach the sandbox
 
 
@@ -70,3 +70,20 @@ def test_snapshot_save_load_and_tampering(tmp_path):
         snapshot.load(tmp_path / "junk.tar")
     with pytest.raises(FileNotFoundError):
         snapshot.load(tmp_path / "absent.tar")
+
+
+def test_action_is_validated_when_built_and_round_trips():
+    with pytest.raises(ValueError, match="unknown tool 'rm'"):
+        tools.Action("", "rm", {})
+    with pytest.raises(ValueError, match="missing: language"):
+        tools.Action("", "execute_code", {"code": "ls"})
+    with pytest.raises(ValueError, match="must be strings: code"):
+        tools.Action("", "execute_code", {"language": "bash", "code": 1})
+    with pytest.raises(ValueError, match="field 'thought'"):
+        tools.Action(None, "submit", {"path": "a"})
+    with pytest.raises(ValueError, match="lacks field 'tool'"):
+        tools.Action.from_dict({"thought": "t"})
+    action = tools.Action.from_dict({"thought": "t", "tool": "submit", "arguments": {"path": "a"}}, Stage.SUBMIT)
+    assert action == tools.Action("t", "submit", {"path": "a"}, Stage.SUBMIT)
+    assert action.to_dict() == {"thought": "t", "tool": "submit", "arguments": {"path": "a"}}
+    assert tools.Action.from_dict({"tool": "stop"}) == tools.Action("", tools.STOP, {})

@@ -7,7 +7,8 @@ import pytest
 from openai_stub import FakeChatServer
 
 from bat_jax.benchmark.stages import E2E, Stage
-from bat_jax.tasks.episode import Action, Conversation, PolicyError, run_episode, stage_start_state
+from bat_jax.sandbox.tools import Action
+from bat_jax.tasks.episode import Conversation, PolicyError, run_episode, stage_start_state
 from bat_jax.tasks.harness import local_sandbox, play, record_teacher_trajectory
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.chat_client import ChatEndpointConfig

@@ -62,7 +62,7 @@ def _controls(ids, codec):
 def test_tool_output_typing_im_end_gives_one_end_of_turn_in_the_glue(tiny):
     builder = EpisodeBuilder(tiny, "qwen3_5")
     builder.start([{"role": "user", "content": "u"}])
-    builder.add_assistant_text(chat.render_action(chat.ToolAction("t", "submit", {"path": "a"}), "qwen3_5"))
+    builder.add_assistant_text(chat.render_action(chat.Action("t", "submit", {"path": "a"}), "qwen3_5"))
     glue = builder.add_tool_response("<|im_end|>")
     # Hand-read from the shipped vocabulary: the observation is spelled '<|' 'im' '_end' '|>\n' (ordinary
     # tokens 353 289 447 449); the template's own <|im_end|> (3553) appears once.
@@ -77,12 +77,12 @@ def test_tool_output_with_every_added_token_stays_text(request, name, family):
     tok = request.getfixturevalue(name)
     builder = EpisodeBuilder(tok, family)
     builder.start([{"role": "user", "content": "u"}])
-    builder.add_assistant_text(chat.render_action(chat.ToolAction("t", "submit", {"path": "a"}), family))
+    builder.add_assistant_text(chat.render_action(chat.Action("t", "submit", {"path": "a"}), family))
     observation = "out: " + " ".join(_all_added(tok)) + " end"
     glue = builder.add_tool_response(observation)
     benign = EpisodeBuilder(tok, family)
     benign.start([{"role": "user", "content": "u"}])
-    benign.add_assistant_text(chat.render_action(chat.ToolAction("t", "submit", {"path": "a"}), family))
+    benign.add_assistant_text(chat.render_action(chat.Action("t", "submit", {"path": "a"}), family))
     # Same control ids, in the same order, as for a tool output without any tag text.
     assert _controls(glue, builder.codec) == _controls(benign.add_tool_response("out: end"), benign.codec)
     assert tok.decode(glue) == str(chat.tool_response_text(observation, family))
@@ -156,7 +156,7 @@ def test_a_brief_that_looks_like_a_tool_response_is_still_the_user_query(tiny):
 def test_assistant_text_keeps_only_the_template_tags_as_controls(request, name, family):
     tok = request.getfixturevalue(name)
     code = 'print("<|im_end|>")\nprint("<|im_start|>assistant")\nprint("</tool_call><think>")'
-    action = chat.ToolAction("Print the tags <tool_call> and <|endoftext|>.", "execute_code",
+    action = chat.Action("Print the tags <tool_call> and <|endoftext|>.", "execute_code",
                              {"language": "python", "code": code})
     builder = EpisodeBuilder(tok, family)
     builder.start([{"role": "user", "content": "u"}], chat.tool_schemas())
@@ -189,7 +189,7 @@ def test_sft_row_rendering_keeps_every_text_as_text(tiny):
     assert _controls(ids, codec) == _controls(benign["input_ids"][benign["attention_mask"] == 1].tolist(), codec)
     target = example["input_ids"][example["loss_mask"] == 1].tolist()
     assert target[-1] == TINY_EOT and target.count(TINY_EOT) == 1
-    expected = chat.ToolAction("Print." + inject.replace("</think>", ""), "execute_code",
+    expected = chat.Action("Print." + inject.replace("</think>", ""), "execute_code",
                                {"language": "python", "code": f"print({inject!r})"})
     assert chat.parse_tool_call(tiny.decode(target), "qwen3_5") == expected
     assert tiny.decode(ids).count(inject) == 5  # brief, prior thought, prior code, observation, target code
@@ -198,7 +198,7 @@ def test_sft_row_rendering_keeps_every_text_as_text(tiny):
 def test_messages_are_plain_strings_and_sampled_controls_survive(tiny):
     builder = EpisodeBuilder(tiny, "qwen3_5")
     builder.start([{"role": "user", "content": "u"}])
-    text = chat.render_action(chat.ToolAction("a </think> b", "submit", {"path": "x"}), "qwen3_5")
+    text = chat.render_action(chat.Action("a </think> b", "submit", {"path": "x"}), "qwen3_5")
     builder.add_assistant_text(text)
     content = builder.messages()[-1]["content"]
     assert type(content) is str and content == text
@@ -226,7 +226,7 @@ NAMED_CODES = [
 
 def _call(code, order):
     args = {"language": "python", "code": code} if order == "language_first" else {"code": code, "language": "bash"}
-    return chat.ToolAction("Run it.", "execute_code", args)
+    return chat.Action("Run it.", "execute_code", args)
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
@@ -244,7 +244,7 @@ def test_reported_case_parses_and_runs_the_exact_code():
     text = ("I will print the tag.\n</think>\n\n<tool_call>\n<function=execute_code>\n<parameter=language>\n"
             "python\n</parameter>\n<parameter=code>\nprint(\"</parameter>\")\n</parameter>\n</function>\n"
             "</tool_call><|im_end|>")
-    assert chat.parse_tool_call(text, "qwen3_5") == chat.ToolAction(
+    assert chat.parse_tool_call(text, "qwen3_5") == chat.Action(
         "I will print the tag.", "execute_code", {"language": "python", "code": 'print("</parameter>")'})
 
 
@@ -252,26 +252,26 @@ def test_sampled_whitespace_conventions():
     # Values without the template's newlines, blank lines between tags, a trailing newline after the call.
     text = ("<tool_call>\n<function=submit>\n\n<parameter=path>out/</parameter>.nii</parameter>\n\n</function>\n"
             "</tool_call>\n")
-    assert chat.parse_tool_call(text, "qwen3_5") == chat.ToolAction("", "submit", {"path": "out/</parameter>.nii"})
+    assert chat.parse_tool_call(text, "qwen3_5") == chat.Action("", "submit", {"path": "out/</parameter>.nii"})
     text = ('<think>\nt\n</think>\n\n<tool_call>\n  {"arguments": {"path": "a</tool_call>b"}, "name": "submit"}  \n'
             '</tool_call>\n')
-    assert chat.parse_tool_call(text, "qwen3") == chat.ToolAction("t", "submit", {"path": "a</tool_call>b"})
+    assert chat.parse_tool_call(text, "qwen3") == chat.Action("t", "submit", {"path": "a</tool_call>b"})
     # Qwen3 without a thinking block: a '</think>' in the code is not the end of a thought.
     text = ('<tool_call>\n{"name": "execute_code", "arguments": {"language": "bash", "code": "echo </think>"}}\n'
             '</tool_call>')
-    assert chat.parse_tool_call(text, "qwen3") == chat.ToolAction(
+    assert chat.parse_tool_call(text, "qwen3") == chat.Action(
         "", "execute_code", {"language": "bash", "code": "echo </think>"})
 
 
 def test_two_calls_are_still_two_calls():
-    one = chat.render_action(chat.ToolAction("", "submit", {"path": "a"}), "qwen3_5")
+    one = chat.render_action(chat.Action("", "submit", {"path": "a"}), "qwen3_5")
     two = one + "\n" + one[one.index("<tool_call>"):]
     assert chat.parse_tool_call(two, "qwen3_5").kind == "multiple_calls"
-    one = chat.render_action(chat.ToolAction("", "submit", {"path": "a"}), "qwen3")
+    one = chat.render_action(chat.Action("", "submit", {"path": "a"}), "qwen3")
     two = one + "\n" + one[one.index("<tool_call>"):]
     assert chat.parse_tool_call(two, "qwen3").kind == "multiple_calls"
     # A complete call followed by stray text (no second call) is still read, as before.
-    assert chat.parse_tool_call(one + "\nthanks", "qwen3") == chat.ToolAction("", "submit", {"path": "a"})
+    assert chat.parse_tool_call(one + "\nthanks", "qwen3") == chat.Action("", "submit", {"path": "a"})
 
 
 ADVERSARIAL = ["</parameter>", "<parameter=", "<parameter=code>", "<parameter=language>", "</function>",
@@ -296,7 +296,7 @@ def test_property_any_code_round_trips_in_every_form():
         thought = _adversarial(rng).replace("</think>", "").replace("<think>", "").strip()
         for family in ("qwen3_5", "qwen3"):
             for order in ("language_first", "code_first"):
-                action = chat.ToolAction(thought, "execute_code", dict(_call(code, order).arguments))
+                action = chat.Action(thought, "execute_code", dict(_call(code, order).arguments))
                 parsed = chat.parse_tool_call(chat.render_action(action, family) + chat.IM_END, family)
                 if family == "qwen3_5" and _TWO_CALLS.search(code):
                     # Never a wrong value: the exact call, or the two-call reading refused as such.
@@ -304,7 +304,7 @@ def test_property_any_code_round_trips_in_every_form():
                     ambiguous += parsed != action
                     continue
                 assert parsed == action, (family, order, code, parsed)
-        submit = chat.ToolAction(thought, "submit", {"path": code})
+        submit = chat.Action(thought, "submit", {"path": code})
         for family in ("qwen3_5", "qwen3"):
             if family == "qwen3_5" and _TWO_CALLS.search(code):
                 continue
@@ -322,7 +322,7 @@ def test_property_code_survives_encoding_sampling_and_parsing(request, name, fam
         code = _adversarial(rng)
         if family == "qwen3_5" and _TWO_CALLS.search(code):
             continue
-        action = chat.ToolAction("Go.", "execute_code", {"language": "python", "code": code})
+        action = chat.Action("Go.", "execute_code", {"language": "python", "code": code})
         ids = codec.encode(chat.render_action(action, family)) + [codec.controls[chat.IM_END]]
         assert ids.count(codec.controls[chat.IM_END]) == 1
         assert chat.parse_tool_call(tok.decode(ids), family) == action, code
@@ -330,7 +330,7 @@ def test_property_code_survives_encoding_sampling_and_parsing(request, name, fam
 
 def test_many_closing_tags_parse_quickly():
     code = "</parameter>\n<parameter=code>\n" * 3000
-    action = chat.ToolAction("", "execute_code", {"code": code, "language": "bash"})
+    action = chat.Action("", "execute_code", {"code": code, "language": "bash"})
     started = time.monotonic()
     assert chat.parse_tool_call(chat.render_action(action, "qwen3_5"), "qwen3_5") == action
     garbage = "<tool_call>\n<function=execute_code>\n" + (
@@ -344,14 +344,14 @@ def test_the_one_ambiguous_xml_value_is_refused_not_misread(tiny):
     # reads it so (never as a shortened value); the JSON form has no such ambiguity. Given the rendered parts
     # (or the ids decoded by TextCodec) only the template's own tags count, and the value comes back whole.
     code = "x\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=submit>\n<parameter=path>\ny"
-    action = chat.ToolAction("a </think> b", "execute_code", {"language": "python", "code": code})
+    action = chat.Action("a </think> b", "execute_code", {"language": "python", "code": code})
     rendered = chat.render_action(action, "qwen3_5")
     assert chat.parse_tool_call(str(rendered), "qwen3_5").kind == "multiple_calls"
     assert chat.parse_tool_call(rendered, "qwen3_5") == action
     codec = TextCodec(tiny, "qwen3_5")
     sampled = codec.encode(rendered) + [TINY_EOT]
     assert chat.parse_tool_call(codec.decode(sampled), "qwen3_5") == action
-    plain = chat.ToolAction("", "execute_code", {"language": "python", "code": code})
+    plain = chat.Action("", "execute_code", {"language": "python", "code": code})
     assert chat.parse_tool_call(str(chat.render_action(plain, "qwen3")), "qwen3") == plain
 
 
@@ -366,6 +366,6 @@ def test_property_decoded_parts_round_trip_everything(request, name, family):
         code, thought = _adversarial(rng), _adversarial(rng).strip()
         if family == "qwen3_5":  # the turn opens inside the thinking block: a leading '<think>' is dropped
             thought = thought.removeprefix("<think>").strip()
-        action = chat.ToolAction(thought, "execute_code", {"code": code, "language": "bash"})
+        action = chat.Action(thought, "execute_code", {"code": code, "language": "bash"})
         sampled = codec.encode(chat.render_action(action, family)) + [codec.controls[chat.IM_END]]
         assert chat.parse_tool_call(codec.decode(sampled), family) == action, (code, thought)

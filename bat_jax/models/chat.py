@@ -16,9 +16,9 @@ turn wrapped in `<tool_response>\\n ... \\n</tool_response>`:
   (no thinking block; the tags are ordinary text), a tool result is a user turn
   `<tool_response>\\n ... \\n</tool_response>`. Only `<|im_start|>`, `<|im_end|>`, `<|endoftext|>` are controls.
 
-Stage Bank rows store model-neutral `ToolAction`s; `render_action` turns one into the text a family's
+Actions are model-neutral (`bat_jax.sandbox.tools.Action`, the one action type); `render_action` turns one into the text a family's
 template renders after the generation prompt (without the end-of-turn token), and `parse_tool_call` turns
-sampled text back into a `ToolAction`, or into a `ParseError` whose `observation` is shown to the agent
+sampled text back into an `Action`, or into a `ParseError` whose `observation` is shown to the agent
 (a malformed call never raises). Token-level episode assembly is `bat_jax.models.episode.EpisodeBuilder`.
 
 Text never becomes a control token: rendered glue is a `Rendered` string whose `parts` mark the template's own
@@ -36,6 +36,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from bat_jax.sandbox.tools import STOP, TOOL_NAMES, TOOL_PARAMETERS, Action, action_error
 from bat_jax.sandbox.types import LANGUAGES
 
 IM_START = "<|im_start|>"
@@ -62,10 +63,6 @@ NON_SPECIAL_ADDED_TOKENS = frozenset(QWEN3_SPECIAL_TOKENS[14:26])
 #: The control tokens of a plain ChatML template (family 'chatml'; SmolLM2 ids 0, 1, 2).
 CHATML_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 
-TOOL_NAMES = ("execute_code", "submit")
-#: The action that ends the episode without a tool call (a plain final assistant turn).
-STOP = "stop"
-_TOOL_ARGS = {"execute_code": ("language", "code"), "submit": ("path",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,43 +216,6 @@ def tool_schemas() -> list[dict]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ToolAction:
-    """A model-neutral agent action, as stored in Stage Bank SFT rows.
-
-    Attributes:
-      thought: the reasoning text (the thinking block's content), may be ''.
-      tool: 'execute_code', 'submit', or 'stop' (no tool call; only `render_action` accepts it, the parser
-        reports such a turn as ParseError kind 'no_tool_call').
-      arguments: tool arguments, all strings ({'language', 'code'} or {'path'}, {} for 'stop').
-    """
-
-    thought: str
-    tool: str
-    arguments: Mapping[str, str]
-
-    def __post_init__(self):
-        error = _validate(self.tool, self.arguments)
-        if error:
-            raise ValueError(f"invalid ToolAction: {error}")
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ToolAction:
-        """From a row dict {'thought', 'tool', 'arguments'}. Raises ValueError naming the bad field."""
-        for key in ("tool", "arguments"):
-            if key not in row:
-                raise ValueError(f"action row lacks field {key!r}: {dict(row)!r:.200}")
-        thought = row.get("thought", "")
-        if not isinstance(thought, str):
-            raise ValueError(f"action field 'thought' must be a string, got {type(thought).__name__}")
-        if not isinstance(row["arguments"], Mapping):
-            raise ValueError("action field 'arguments' must be an object")
-        return cls(thought=thought, tool=row["tool"], arguments=dict(row["arguments"]))
-
-    def to_row(self) -> dict[str, Any]:
-        return {"thought": self.thought, "tool": self.tool, "arguments": dict(self.arguments)}
-
-
-@dataclasses.dataclass(frozen=True)
 class ParseError:
     """A tool call that could not be parsed; the episode goes on with `observation` as the tool response.
 
@@ -270,30 +230,7 @@ class ParseError:
     observation: str
 
 
-def _validate(tool: Any, arguments: Any) -> str:
-    """'' when (tool, arguments) is a valid call of one of `TOOL_NAMES`, else the reason."""
-    if tool == STOP:
-        return "" if not arguments else "stop takes no arguments"
-    if tool not in _TOOL_ARGS:
-        return f"unknown tool {tool!r}; available tools: {', '.join(TOOL_NAMES)}"
-    if not isinstance(arguments, Mapping):
-        return f"arguments of {tool} must be an object"
-    expected = _TOOL_ARGS[tool]
-    missing = [k for k in expected if k not in arguments]
-    extra = [k for k in arguments if k not in expected]
-    if missing or extra:
-        return (f"{tool} takes parameters {', '.join(expected)}"
-                + (f"; missing: {', '.join(missing)}" if missing else "")
-                + (f"; unexpected: {', '.join(map(str, extra))}" if extra else ""))  # fmt: skip
-    bad = [k for k in expected if not isinstance(arguments[k], str)]
-    if bad:
-        return f"parameters of {tool} must be strings: {', '.join(bad)}"
-    if tool == "execute_code" and arguments["language"] not in LANGUAGES:
-        return f"language must be one of {', '.join(LANGUAGES)}, got {arguments['language']!r}"
-    return ""
-
-
-def render_action(action: ToolAction | Mapping[str, Any], family: str | ChatFamily) -> Rendered:
+def render_action(action: Action | Mapping[str, Any], family: str | ChatFamily) -> Rendered:
     """Assistant text for one action: what the family's template renders after the generation prompt.
 
     The end-of-turn token is not included. For 'qwen3_5' the text starts inside the thinking block opened by
@@ -306,8 +243,8 @@ def render_action(action: ToolAction | Mapping[str, Any], family: str | ChatFami
     `parse_tool_call` gives the arguments back byte for byte. Raises ValueError for an invalid action.
     """
     fam = get_family(family)
-    if not isinstance(action, ToolAction):
-        action = ToolAction.from_row(action)
+    if not isinstance(action, Action):
+        action = Action.from_dict(action)
     if fam.inline_tools:  # plain text: THOUGHT, then the JSON call between text tags
         thought = action.thought.strip()
         if action.tool == STOP:
@@ -350,7 +287,7 @@ _CLOSE_PARAM = "</parameter>"
 
 
 def _format_help(fam: ChatFamily) -> str:
-    example = ToolAction("", "execute_code", {"language": "python", "code": "print('hello')"})
+    example = Action("", "execute_code", {"language": "python", "code": "print('hello')"})
     text = render_action(example, fam)
     return text[text.index("<tool_call>"):]
 
@@ -362,7 +299,7 @@ def _error(kind: str, message: str, fam: ChatFamily) -> ParseError:
 
 
 def _is_call(parsed: Any) -> bool:
-    return isinstance(parsed, tuple) and parsed[0] in _TOOL_ARGS and not _validate(*parsed)
+    return isinstance(parsed, tuple) and parsed[0] in TOOL_NAMES and not action_error(*parsed)
 
 
 def _tags(text: str, tag: str, begin: int = 0) -> list[int]:
@@ -376,8 +313,8 @@ def _tags(text: str, tag: str, begin: int = 0) -> list[int]:
     return [m.start() for m in re.finditer(re.escape(tag), text) if m.start() >= begin]
 
 
-def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseError:
-    """Parses one assistant turn's text into a `ToolAction`; a malformed call gives a `ParseError`.
+def parse_tool_call(text: str, family: str | ChatFamily) -> Action | ParseError:
+    """Parses one assistant turn's text into an `Action`; a malformed call gives a `ParseError`.
 
     `text` is the decoded sampled turn (a trailing `<|im_end|>` is ignored). The thought is the text before the
     first `</think>` ('qwen3': only when the turn opens with `<think>`; 'chatml': the text before the call); the
@@ -418,15 +355,15 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> ToolAction | ParseEr
         if parsed is None:
             return _error("malformed", readings[0][1], fam)
         tool = parsed[0]
-        if tool not in _TOOL_ARGS:  # 'stop' included: it is the absence of a call, not a tool
+        if tool not in TOOL_NAMES:  # 'stop' included: it is the absence of a call, not a tool
             return _error("unknown_tool", f"unknown tool {tool!r}; available tools: {', '.join(TOOL_NAMES)}", fam)
-        return _error("bad_arguments", _validate(*parsed), fam)
+        return _error("bad_arguments", action_error(*parsed), fam)
     (end, parsed), (last_end, last) = valid[0], valid[-1]
     if _tags(source, "<tool_call>", end):
         return _error("multiple_calls", "found more than one <tool_call> block; only one is allowed", fam)
     if text[end + len("</tool_call>"):].strip() and not text[last_end + len("</tool_call>"):].strip():
         parsed = last
-    return ToolAction(thought=thought, tool=parsed[0], arguments=parsed[1])
+    return Action(thought=thought, tool=parsed[0], arguments=parsed[1])
 
 
 def _xml_value(raw: str) -> str:
@@ -466,8 +403,8 @@ def _parse_xml_call(call: str) -> tuple[str, dict[str, str]] | str:
     if not match:
         return "expected <function=NAME> ... </function> inside <tool_call>"
     name, inner = match.group(1).strip(), match.group(2)
-    for arguments in _xml_readings(inner, _TOOL_ARGS.get(name, ())):
-        if not _validate(name, arguments):
+    for arguments in _xml_readings(inner, TOOL_PARAMETERS.get(name, ())):
+        if not action_error(name, arguments):
             return name, arguments
     arguments, position = {}, 0
     while inner[position:].strip():

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from bat_jax.models.chat import STOP, ChatFamily, ToolAction, get_family, render_action
+from bat_jax.models.chat import ChatFamily, get_family, render_action
+from bat_jax.sandbox.tools import STOP, Action
 
 
 def tool_convention(tools: list[dict]) -> str:
@@ -47,6 +48,6 @@ def inline_tools(messages: Sequence[dict], tools: list[dict] | None,
         elif m.get("role") == "assistant" and ("tool_calls" in m or "reasoning_content" in m):
             calls = m.get("tool_calls") or []
             fn = calls[0]["function"] if calls else {"name": STOP, "arguments": {}}
-            action = ToolAction(m.get("reasoning_content") or "", fn["name"], dict(fn["arguments"]))
+            action = Action(m.get("reasoning_content") or "", fn["name"], dict(fn["arguments"]))
             out[i] = {"role": "assistant", "content": str(render_action(action, fam)) + str(m.get("content") or "")}
     return out, None

@@ -177,10 +177,10 @@ def _episode_text(rng: random.Random) -> str:
         language = rng.choice(["python", "bash"])
         code = _python_snippet(rng) if language == "python" else _bash_snippet(rng)
         thought = _task_text(rng)
-        action = chat.ToolAction(thought, "execute_code", {"language": language, "code": code.strip()})
+        action = chat.Action(thought, "execute_code", {"language": language, "code": code.strip()})
         text += chat.render_action(action, fam) + chat.IM_END
         text += chat.tool_response_text(f"{rng.randint(0, 100)} files\n[exit code {rng.choice([0, 0, 1, 2])}]", fam)
-    submit = chat.ToolAction(_task_text(rng), "submit", {"path": "output/report.json"})
+    submit = chat.Action(_task_text(rng), "submit", {"path": "output/report.json"})
     return text + chat.render_action(submit, fam) + chat.IM_END + "\n"
 
 

@@ -146,7 +146,7 @@ class _Episode:
         self.infra_error = ""
         self.agent_error = ""
         self.weight_version = 0
-        self.pending: Any = None  # ToolAction to run, or None
+        self.pending: Any = None  # Action to run, or None
         self.evidence: tuple = ((), None, {}, [])  # (receipts, submitted, artefacts, skipped), once collected
 
 

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Protocol
 
-from bat_jax.sandbox.tools import ToolCall, dispatch
+from bat_jax.sandbox.tools import Action, dispatch
 from bat_jax.sandbox.types import Observation, Sandbox, SandboxState
 
 
@@ -37,7 +37,7 @@ _META = "state.json"
 _FILES = "files/"
 
 
-def replay_prefix(sandbox: Restorable, initial: SandboxState, calls: Sequence[ToolCall],
+def replay_prefix(sandbox: Restorable, initial: SandboxState, calls: Sequence[Action],
                   timeout_s: float | None = None) -> tuple[SandboxState, list[Observation]]:
     """Resets `sandbox` to `initial`, replays `calls` in order and returns (state reached, observations)."""
     sandbox.reset(initial)

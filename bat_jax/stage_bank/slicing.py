@@ -10,18 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
-from bat_jax.sandbox.tools import ToolCall, dispatch
+from bat_jax.sandbox import tools
+from bat_jax.sandbox.tools import dispatch
 from bat_jax.sandbox.types import Sandbox, SandboxState
 from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RubricItem, SFTRow,
                                     Transformation, content_digest)
 from bat_jax.tasks.base import TaskInstance
 from bat_jax.tasks.brief import stage_skill
-from bat_jax.tasks.episode import Action as EpisodeAction
 from bat_jax.tasks.episode import Conversation, Episode, snapshot_state
 from bat_jax.verify.rubric import Rubric, StageVerdict
 
 
-def row_action(action: EpisodeAction) -> Action:
+def row_action(action: tools.Action) -> Action:
     """The model-neutral row action of an episode action (thought → text; tool and arguments kept)."""
     return Action(text=action.thought, tool=action.tool, arguments=dict(action.arguments))
 
@@ -123,7 +123,7 @@ def boundary_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: San
         for t in episode.turns:
             if t.stage.index >= stage.index:
                 break
-            obs = dispatch(box, ToolCall(t.action.tool, t.action.arguments))
+            obs = dispatch(box, t.action)
             if obs.exit_code != t.observation.exit_code:
                 raise ReplayMismatch(f"{episode.task_id} turn {t.index}: replay exited {obs.exit_code}, "
                                      f"recorded {t.observation.exit_code}")

@@ -1,7 +1,8 @@
-"""The agent-facing interface: structured actions, conversations, policies and the episode loop.
+"""The agent-facing interface: conversations, policies and the episode loop.
 
-A *policy* maps the conversation so far (task brief + stage skill + previous actions/observations) to the
-next structured action {"thought", "tool": "execute_code" | "submit", "arguments"} or a stop. The scripted
+A *policy* maps the conversation so far (task brief + stage skill + previous actions/observations) to the next
+structured action (`bat_jax.sandbox.tools.Action`, the one action type: {"thought", "tool": "execute_code" |
+"submit" | "stop", "arguments"} and the stage it belongs to) or None. The scripted
 expert and (later) an LLM through a chat template are both policies. `run_episode` records every action,
 observation and the stage each turn belongs to; stage boundaries give stage-start states and SFT slices.
 """
@@ -15,54 +16,14 @@ from typing import Any, Protocol
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
+from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import Observation, Sandbox, SandboxState
 from bat_jax.tasks.brief import stage_skill
 from bat_jax.verify.rubric import Evidence
 
-TOOLS = ("execute_code", "submit")
-STOP = "stop"
-
 
 class PolicyError(RuntimeError):
     """A policy could not produce an action (e.g. the teacher endpoint failed); the episode is rejected."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Action:
-    """One structured assistant action.
-
-    Attributes:
-      thought: free text reasoning shown before the call.
-      tool: 'execute_code', 'submit' or 'stop'.
-      arguments: execute_code → {"language": "python"|"bash", "code": str}; submit → {"path": str}.
-      stage: the stage this action belongs to (S1..S5); None lets the loop carry the previous stage.
-    """
-
-    thought: str
-    tool: str
-    arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
-    stage: Stage | None = None
-
-    def to_dict(self) -> dict:
-        """The model-neutral action record {"thought", "tool", "arguments"}."""
-        return {"thought": self.thought, "tool": self.tool, "arguments": dict(self.arguments)}
-
-    @classmethod
-    def from_dict(cls, data: dict, stage: Stage | None = None) -> "Action":
-        """Parses an action record. Raises ValueError naming the bad field."""
-        if not isinstance(data, dict):
-            raise ValueError(f"action must be an object, got {type(data).__name__}")
-        tool = data.get("tool")
-        if tool not in TOOLS + (STOP,):
-            raise ValueError(f"action.tool must be one of {TOOLS + (STOP,)}, got {tool!r}")
-        args = data.get("arguments", {})
-        if not isinstance(args, dict):
-            raise ValueError("action.arguments must be an object")
-        if tool == "execute_code" and not (isinstance(args.get("code"), str) and args.get("language")):
-            raise ValueError("execute_code needs arguments.language and arguments.code (string)")
-        if tool == "submit" and not isinstance(args.get("path"), str):
-            raise ValueError("submit needs arguments.path (string)")
-        return cls(str(data.get("thought", "")), tool, args, stage)
 
 
 @dataclasses.dataclass(frozen=True)

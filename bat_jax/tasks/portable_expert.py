@@ -19,8 +19,9 @@ from __future__ import annotations
 import textwrap
 
 from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation
-from bat_jax.tasks.episode import Action, Conversation
+from bat_jax.tasks.episode import Conversation
 from bat_jax.tasks.teacher import _last_json
 
 #: Version of the action texts (the Stage Bank recipe names it): v2 = each step prints the next step's name first

@@ -14,9 +14,10 @@ import re
 import time
 
 from bat_jax.benchmark.stages import Stage
+from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation
 from bat_jax.tasks.chat_client import ChatClient, ChatEndpointConfig, ChatError
-from bat_jax.tasks.episode import Action, Conversation, PolicyError
+from bat_jax.tasks.episode import Conversation, PolicyError
 from bat_jax.tasks.layout import Layout
 
 def _last_json(obs: Observation) -> dict:

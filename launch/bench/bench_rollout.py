@@ -286,7 +286,6 @@ def real_tasks(tracks: list[str], style: str = "full"):
     """One E2E task per track (train layout, seed 11) with its agent-loop request (prompt style `style`: 'full'
     or 'compact', `bat_jax.policy.request`) and the scripted expert's actions on it (recorded once with the local
     backend; the replay in another backend runs the same code)."""
-    from bat_jax.models.chat import ToolAction
     from bat_jax.policy import AGENT_SYSTEM_PROMPT, user_message
     from bat_jax.policy import request as policy_request
     from bat_jax.rollout.agent_loop import RolloutRequest
@@ -304,8 +303,7 @@ def real_tasks(tracks: list[str], style: str = "full"):
         else:
             request = policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", style)
         turns = play(get_track(name), inst, ScriptedExpert()).episode.turns
-        actions = [ToolAction(t.action.thought, t.action.tool, dict(t.action.arguments)) for t in turns
-                   if t.action.tool != "stop"]
+        actions = [t.action for t in turns if t.action.tool != "stop"]
         out.append((request, actions))
     return out
 
@@ -461,7 +459,8 @@ def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: 
     import dataclasses
     import threading
 
-    from bat_jax.models.chat import ToolAction, render_action
+    from bat_jax.models.chat import render_action
+    from bat_jax.sandbox.tools import Action
     from bat_jax.models.episode import EpisodeBuilder
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
@@ -471,7 +470,7 @@ def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: 
 
     tok = load_tiny_tokenizer()
     eot = tok.convert_tokens_to_ids("<|im_end|>")
-    call = ToolAction("", "execute_code", {"language": "bash", "code": "true"})
+    call = Action("", "execute_code", {"language": "bash", "code": "true"})
     base_ids = tok.encode(render_action(call, "qwen3_5"), add_special_tokens=False)
     filler = tok.encode(" x", add_special_tokens=False)[-1]
 
