@@ -1,0 +1,179 @@
+"""Action-level policies (scripted experts, teachers) through the agent loop's schedules.
+
+`bat_jax.rollout.agent_loop.AgentLoop` drives token-level policies: its steps (`schedule.EpisodeSteps`) sample
+token ids from an engine and parse them into `Action`s. This module gives the same schedules
+(`schedule.run_lockstep` / `run_continuous`) a second set of steps, for a policy that returns `Action`s directly
+(`bat_jax.tasks.episode.Policy`: `conversation -> Action | None`): the "generation" is the policy call, the tool
+call runs the action in the episode's sandbox, and the episode is recorded as a `bat_jax.tasks.episode.Episode`
+(turns with stages, end reason) — what the Data Factory and the harness consume.
+
+It supports what `bat_jax.tasks.episode.run_episode` supports, with the same semantics, so the two give identical
+episodes on the same policy and sandbox (`tests/test_action_loop.py`): per-turn stage attribution (the action's
+stage, else the previous turn's; the focus's stage in a single-stage focus), `stop_before` (the episode ends at
+the first action of that stage or a later one, end reason 'boundary Sx'), `on_stage_start(stage, sandbox)` before
+the first action of each stage runs, a `PolicyError` → a rejected episode (end reason 'rejected'), None or a
+'stop' action → end reason 'stop', `max_turns` → 'max_turns'. Sandbox exceptions propagate, as in
+`run_episode`. Step 2 of issue #17; `run_episode` is still the path the factory and harness use.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.rollout.schedule import SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
+from bat_jax.sandbox.tools import STOP, Action
+from bat_jax.sandbox.types import Observation, Sandbox
+from bat_jax.tasks.episode import Conversation, Episode, Policy, PolicyError, Turn
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionEpisodeRequest:
+    """One action-level episode: what `run_episode` takes as arguments.
+
+    Attributes:
+      policy: the action-level policy (one per episode: scripted experts keep per-episode state).
+      sandbox: an open sandbox restored to the start state; the caller closes it (evidence is read after).
+      brief: the task brief (`task.md` text) the conversation starts with.
+      task_id: recorded on the episode.
+      focus: 'E2E' or a stage value ('S1'..'S5').
+      max_turns: most policy calls / turns (>= 0).
+      stop_before: end the episode at the first action of this stage or a later one (before it runs).
+      on_stage_start: `(stage, sandbox) -> None`, called before the first action of each stage runs.
+    """
+
+    policy: Policy
+    sandbox: Sandbox
+    brief: str
+    task_id: str
+    focus: str = E2E
+    max_turns: int = 24
+    stop_before: Stage | None = None
+    on_stage_start: Callable[[Stage, Sandbox], None] | None = None
+
+    def __post_init__(self):
+        if self.max_turns < 0:
+            raise ValueError(f"ActionEpisodeRequest.max_turns must be >= 0, got {self.max_turns}")
+
+
+class _ActionEpisode:
+    """Bookkeeping of one live action-level episode (the schedules read `finish` and `pending`)."""
+
+    def __init__(self, request: ActionEpisodeRequest):
+        self.request = request
+        self.sandbox = request.sandbox
+        self.conv = Conversation(request.brief, request.focus)
+        self.current: Stage = self.conv.stages[0]
+        self.finish: str | None = None  # the end reason once ended
+        self.rejected = ""
+        self.pending: Action | None = None
+        self.pending_stage: Stage | None = None
+
+    def episode(self) -> Episode:
+        r = self.request
+        return Episode(r.task_id, r.focus, self.conv.turns, self.finish or "max_turns", rejected=self.rejected)
+
+
+@dataclasses.dataclass
+class _PolicyJob:
+    """One "generation": the episodes whose policies are asked for their next action."""
+
+    episodes: list[_ActionEpisode]
+
+
+def _prepare(batch: list[_ActionEpisode]) -> _PolicyJob | None:
+    """The episodes of `batch` that ask for an action; those at `max_turns` end here."""
+    asking = []
+    for ep in batch:
+        if len(ep.conv.turns) >= ep.request.max_turns:
+            ep.finish = "max_turns"
+        else:
+            asking.append(ep)
+    return _PolicyJob(asking) if asking else None
+
+
+def _generate(job: _PolicyJob) -> list[Action | None | PolicyError]:
+    """Each episode's policy call; a `PolicyError` is returned (not raised) so one rejection ends one episode."""
+    out: list[Action | None | PolicyError] = []
+    for ep in job.episodes:
+        try:
+            out.append(ep.request.policy(ep.conv))
+        except PolicyError as exc:
+            out.append(exc)
+    return out
+
+
+def _absorb(job: _PolicyJob, results: list[Action | None | PolicyError]) -> None:
+    """Ends, or gives a pending action (its stage attributed) to, each episode; calls `on_stage_start`."""
+    for ep, action in zip(job.episodes, results):
+        r = ep.request
+        if isinstance(action, PolicyError):
+            ep.finish, ep.rejected = "rejected", str(action)
+            continue
+        if action is None or action.tool == STOP:
+            ep.finish = "stop"
+            continue
+        stage = ep.conv.stages[0] if r.focus != E2E else (action.stage or ep.current)
+        if r.stop_before is not None and stage.index >= r.stop_before.index:
+            ep.finish = f"boundary {r.stop_before.value}"
+            continue
+        if r.on_stage_start is not None and (not ep.conv.turns or stage != ep.current):
+            r.on_stage_start(stage, ep.sandbox)
+        ep.current, ep.pending, ep.pending_stage = stage, action, stage
+
+
+def _act(ep: _ActionEpisode) -> Observation:
+    """Runs the pending action in the episode's sandbox (worker thread); backend exceptions propagate."""
+    args = ep.pending.arguments
+    if ep.pending.tool == "execute_code":
+        return ep.sandbox.execute_code(args["language"], args["code"])
+    return ep.sandbox.submit(args["path"])
+
+
+def _observe(ep: _ActionEpisode, observation: Observation) -> None:
+    ep.conv.turns.append(Turn(len(ep.conv.turns), ep.pending_stage, ep.pending, observation))
+    ep.pending = ep.pending_stage = None
+
+
+def _nothing(ep: _ActionEpisode) -> None:
+    """Opening and collecting are the caller's: the sandbox is given open and read after the episode."""
+
+
+STEPS = EpisodeSteps(prepare=_prepare, generate=_generate, absorb=_absorb, open=_nothing, act=_act,
+                     observe=_observe, collect=_nothing)
+
+
+def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: str = "continuous",
+                        max_workers: int = 4) -> list[Episode]:
+    """Runs the action-level episodes of `requests` concurrently under `schedule` (`schedule.SCHEDULES`).
+
+    Args:
+      requests: one per episode; each with its own policy and open sandbox.
+      schedule: 'continuous' or 'lockstep' (same episodes: a policy sees only its own conversation).
+      max_workers: threads running tool calls (>= 1).
+    Returns: the episodes, in the order of `requests`.
+    Raises: ValueError for an unknown schedule or `max_workers` < 1; a sandbox exception or a policy exception
+      other than `PolicyError` propagates (as in `run_episode`).
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"run_action_episodes: schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if max_workers < 1:
+        raise ValueError(f"run_action_episodes: max_workers must be >= 1, got {max_workers}")
+    episodes = [_ActionEpisode(r) for r in requests]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
+        if schedule == "lockstep":
+            run_lockstep(STEPS, episodes, pool, lambda n: None)
+        else:
+            run_continuous(STEPS, episodes, pool, lambda n: None, max_generate_batch=len(episodes) or 1)
+    return [ep.episode() for ep in episodes]
+
+
+def run_action_episode(policy: Policy, sandbox: Sandbox, brief: str, task_id: str, focus: str = E2E,
+                       max_turns: int = 24, stop_before: Stage | None = None,
+                       on_stage_start: Callable[[Stage, Sandbox], None] | None = None) -> Episode:
+    """One episode through `run_action_episodes` (the arguments of `ActionEpisodeRequest`; run_episode's
+    signature). Returns the `Episode`."""
+    request = ActionEpisodeRequest(policy, sandbox, brief, task_id, focus, max_turns, stop_before, on_stage_start)
+    return run_action_episodes([request], schedule="lockstep", max_workers=1)[0]
