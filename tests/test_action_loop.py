@@ -112,3 +112,36 @@ def test_bad_arguments_name_the_field():
         run_action_episodes([], schedule="async")
     with pytest.raises(ValueError, match="max_turns"):
         ActionEpisodeRequest(ScriptedExpert(), None, "", "t", max_turns=-1)
+
+
+def test_factory_bank_digest_is_the_same_through_the_action_loop(tmp_path, monkeypatch):
+    from bat_jax.stage_bank import factory
+
+    tiny = dict(tracks=("classification",), foci=("E2E", "S3"), outcomes=("recovery",), workers=2)
+    old = factory.build_bank(factory.FactoryConfig(bank_dir=str(tmp_path / "old"), **tiny), progress=False)
+    monkeypatch.setattr(factory, "run_episode", run_action_episode)
+    new = factory.build_bank(factory.FactoryConfig(bank_dir=str(tmp_path / "new"), **tiny), progress=False)
+    assert old.rejected == {} and old.version == 1 and old.sft_rows > 0
+    assert (new.digest, new.sft_rows, new.rl_by_focus) == (old.digest, old.sft_rows, old.rl_by_focus)
+
+
+@pytest.mark.docker
+def test_portable_expert_in_docker_gives_the_same_episode_and_score():
+    from bat_jax.tasks.harness import BackendUnavailable, backend_factory
+
+    try:
+        make = backend_factory("docker")
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    inst = get_track("vqa").generate(3, "success")
+    got = []
+    for run in (run_episode, run_action_episode):
+        box = make(inst.state())
+        try:
+            episode = run(PortableExpert(), box, inst.brief, inst.task_id)
+            evidence = collect_evidence(box, start=inst.state())
+        finally:
+            box.close()
+        task = get_track("vqa").score_task(inst, evidence.files, evidence.submitted)
+        got.append((episode.to_dict(), score(build_rubric(get_track("vqa"), inst), evidence, task, STAGES)))
+    assert got[1] == got[0] and got[1][0]["end_reason"] == "stop" and got[1][1].to_cell("vqa", 0).agentic() >= 0.9
