@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
