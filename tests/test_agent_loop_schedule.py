@@ -18,6 +18,29 @@ from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation, SandboxState
 
 
+class QuietSandbox:
+    """A sandbox double whose every call answers at once: `execute_code` returns exit 0 and no output; no
+    receipts, files or submission."""
+
+    def __init__(self, state=None):
+        pass
+
+    def execute_code(self, language, code, timeout_s=None):
+        return Observation("ok", "", 0, 0.0)
+
+    def receipts(self):
+        return []
+
+    def submitted(self):
+        return None
+
+    def list_files(self):
+        return []
+
+    def close(self):
+        pass
+
+
 def _same(a: tj.Trajectory, b: tj.Trajectory, logprob_atol: float = 0.0) -> None:
     """Two trajectories are the same record (receipt timestamps aside); logprobs within `logprob_atol`."""
     for field in dataclasses.fields(a):
@@ -179,7 +202,7 @@ def test_tool_call_of_one_episode_overlaps_generation_of_another():
                 return [Completion(np.asarray([10, 1], np.int32), np.zeros(2, np.float32), "stop")
                         for _ in prompts]
 
-        class Sandbox:
+        class Sandbox(QuietSandbox):
             def __init__(self, state):
                 self.calls = 0
 
@@ -188,18 +211,6 @@ def test_tool_call_of_one_episode_overlaps_generation_of_another():
                 if self.is_zero and self.calls == 1:
                     events.append(f"episode 0 call waits; overlapped={second_turn_of_1.wait(timeout=0.5)}")
                 return Observation("ok", "", 0, 0.0)
-
-            def receipts(self):
-                return []
-
-            def submitted(self):
-                return None
-
-            def list_files(self):
-                return []
-
-            def close(self):
-                pass
 
         def factory(state):
             sb = Sandbox(state)
@@ -277,28 +288,9 @@ def test_max_concurrent_generate_calls_in_flight(concurrent):
                 met.append(False)
             return [Completion(np.asarray([10, 1], np.int32), np.zeros(2, np.float32), "stop") for _ in prompts]
 
-    class Sandbox:
-        def __init__(self, state):
-            pass
-
-        def execute_code(self, language, code, timeout_s=None):
-            return Observation("ok", "", 0, 0.0)
-
-        def receipts(self):
-            return []
-
-        def submitted(self):
-            return None
-
-        def list_files(self):
-            return []
-
-        def close(self):
-            pass
-
     tok = EventTokenizer()
     config = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=1, progress=False, max_generate_batch=1,
                              max_concurrent_generate=concurrent)
-    trajs = AgentLoop(Engine(), lambda: EventBuilder(tok), Sandbox, config).run(_requests(1), seed=0)
+    trajs = AgentLoop(Engine(), lambda: EventBuilder(tok), QuietSandbox, config).run(_requests(1), seed=0)
     assert [t.finish_reason for t in trajs] == [tj.FINISH_MAX_TURNS] * 2
     assert met == ([True, True] if concurrent == 2 else [False, False])
