@@ -7,9 +7,10 @@ import pytest
 from openai_stub import FakeChatServer
 
 from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.rollout.action_loop import run_action_episode
 from bat_jax.sandbox.tools import Action
-from bat_jax.tasks.episode import Conversation, PolicyError, run_episode, stage_start_state
-from bat_jax.tasks.harness import local_sandbox, play, record_teacher_trajectory
+from bat_jax.tasks.episode import Conversation, PolicyError
+from bat_jax.tasks.harness import local_sandbox, play, record_teacher_trajectory, stage_start_state
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.chat_client import ChatEndpointConfig
 from bat_jax.tasks.teacher import OpenAITeacher, RandomCommandPolicy, ScriptedExpert
@@ -121,7 +122,7 @@ def test_openai_teacher_failures_are_counted_rejections(recovery_task):
             teacher(Conversation("b", E2E))
         box = local_sandbox(recovery_task.state())
         try:
-            ep = run_episode(teacher, box, recovery_task.brief, recovery_task.task_id)
+            ep = run_action_episode(teacher, box, recovery_task.brief, recovery_task.task_id)
         finally:
             box.close()
         result = play(SEG, recovery_task, teacher)  # the server now answers 500: rejected → unscored

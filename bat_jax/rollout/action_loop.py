@@ -7,13 +7,15 @@ token ids from an engine and parse them into `Action`s. This module gives the sa
 call runs the action in the episode's sandbox, and the episode is recorded as a `bat_jax.tasks.episode.Episode`
 (turns with stages, end reason) — what the Data Factory and the harness consume.
 
-It supports what `bat_jax.tasks.episode.run_episode` supports, with the same semantics, so the two give identical
-episodes on the same policy and sandbox (`tests/test_action_loop.py`): per-turn stage attribution (the action's
-stage, else the previous turn's; the focus's stage in a single-stage focus), `stop_before` (the episode ends at
-the first action of that stage or a later one, end reason 'boundary Sx'), `on_stage_start(stage, sandbox)` before
-the first action of each stage runs, a `PolicyError` → a rejected episode (end reason 'rejected'), None or a
-'stop' action → end reason 'stop', `max_turns` → 'max_turns'. Sandbox exceptions propagate, as in
-`run_episode`. Step 2 of issue #17; `run_episode` is still the path the factory and harness use.
+This is the one episode loop for action-level policies: the Data Factory (`stage_bank/factory.py`), the harness
+(`tasks/harness.play`, `record_teacher_trajectory`, `stage_start_state`) and the tests run episodes here. Semantics:
+per-turn stage attribution (the action's stage, else the previous turn's; the focus's stage in a single-stage
+focus), `stop_before` (the episode ends at the first action of that stage or a later one, end reason
+'boundary Sx'), `on_stage_start(stage, sandbox)` before the first action of each stage runs, a `PolicyError` →
+a rejected episode (end reason 'rejected'), None or a 'stop' action → end reason 'stop', `max_turns` →
+'max_turns'. Sandbox exceptions propagate. The earlier turn-by-turn loop (`tasks/episode.run_episode`) was
+deleted after this one gave identical episodes, scores and bank digests on fixed seeds; those values are recorded
+in `tests/test_action_loop.py` (issue #17).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from bat_jax.tasks.episode import Conversation, Episode, Policy, PolicyError, Tu
 
 @dataclasses.dataclass(frozen=True)
 class ActionEpisodeRequest:
-    """One action-level episode: what `run_episode` takes as arguments.
+    """One action-level episode: the arguments of `run_action_episode`.
 
     Attributes:
       policy: the action-level policy (one per episode: scripted experts keep per-episode state).
@@ -155,7 +157,7 @@ def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: s
       max_workers: threads running tool calls (>= 1).
     Returns: the episodes, in the order of `requests`.
     Raises: ValueError for an unknown schedule or `max_workers` < 1; a sandbox exception or a policy exception
-      other than `PolicyError` propagates (as in `run_episode`).
+      other than `PolicyError` propagates.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"run_action_episodes: schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -173,7 +175,7 @@ def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: s
 def run_action_episode(policy: Policy, sandbox: Sandbox, brief: str, task_id: str, focus: str = E2E,
                        max_turns: int = 24, stop_before: Stage | None = None,
                        on_stage_start: Callable[[Stage, Sandbox], None] | None = None) -> Episode:
-    """One episode through `run_action_episodes` (the arguments of `ActionEpisodeRequest`; run_episode's
-    signature). Returns the `Episode`."""
+    """One episode through `run_action_episodes` (the arguments of `ActionEpisodeRequest`), in the calling
+    thread's schedule with one tool worker. Returns the `Episode`; raises as `run_action_episodes` does."""
     request = ActionEpisodeRequest(policy, sandbox, brief, task_id, focus, max_turns, stop_before, on_stage_start)
     return run_action_episodes([request], schedule="lockstep", max_workers=1)[0]

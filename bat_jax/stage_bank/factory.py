@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bat_jax.benchmark.stages import E2E, FOCI, STAGES, Stage
+from bat_jax.rollout.action_loop import run_action_episode
 from bat_jax.sandbox.types import Sandbox, SandboxState
 from bat_jax.stage_bank import e2e_surrogate as e2e
 from bat_jax.stage_bank import slicing
@@ -52,7 +53,7 @@ from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
 from bat_jax.tasks import heldout
 from bat_jax.tasks.brief import VARIED_TEMPLATE_BASE
 from bat_jax.tasks.chat_client import ChatEndpointConfig
-from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence, run_episode
+from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence
 from bat_jax.tasks.registry import TRACKS, get_track
 from bat_jax.tasks.rubric_items import build_rubric
 from bat_jax.tasks.portable_expert import VERSION as PORTABLE_VERSION, PortableExpert
@@ -244,7 +245,7 @@ def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: s
     except Exception as exc:  # noqa: BLE001 — a sandbox that does not start is Boot(p) = 0
         raise _Rejected("boot_failed") from exc
     try:
-        ep = run_episode(ctx.policy(), box, brief, task_id, focus, ctx.config.horizon + 1)
+        ep = run_action_episode(ctx.policy(), box, brief, task_id, focus, ctx.config.horizon + 1)
         if _died(box, ep):
             raise _Rejected("sandbox_failure")
         evidence = collect_evidence(box)

@@ -3,20 +3,21 @@
 A *policy* maps the conversation so far (task brief + stage skill + previous actions/observations) to the next
 structured action (`bat_jax.sandbox.tools.Action`, the one action type: {"thought", "tool": "execute_code" |
 "submit" | "stop", "arguments"} and the stage it belongs to) or None. The scripted
-expert and (later) an LLM through a chat template are both policies. `run_episode` records every action,
-observation and the stage each turn belongs to; stage boundaries give stage-start states and SFT slices.
+expert and an OpenAI-compatible teacher are both policies. They run through the one episode loop
+(`bat_jax.rollout.action_loop.run_action_episodes`, the agent loop's schedules), which records every action,
+observation and the stage each turn belongs to as an `Episode`; stage boundaries give stage-start states and
+SFT slices.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from typing import Protocol
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
-from bat_jax.sandbox.tools import STOP, Action
+from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation, Sandbox, SandboxState
 from bat_jax.tasks.brief import stage_skill
 from bat_jax.verify.rubric import Evidence
@@ -97,40 +98,6 @@ class Episode:
                 "turns": [t.to_dict() for t in self.turns]}
 
 
-def run_episode(policy: Policy, sandbox: Sandbox, brief: str, task_id: str, focus: str = E2E,
-                max_turns: int = 24, stop_before: Stage | None = None,
-                on_stage_start: Callable[[Stage, Sandbox], None] | None = None) -> Episode:
-    """Runs policy ⇄ sandbox until stop, `max_turns`, or the first action of stage `stop_before`.
-
-    The stage of a turn is the action's stage; if None, the previous turn's stage (the first stage of the
-    focus at the start); in a single-stage focus every turn belongs to that stage. A `PolicyError` ends the
-    episode with `rejected` set (a counted rejection, never a crash). `on_stage_start(stage, sandbox)` is
-    called before the first action of each stage is executed (e.g. to snapshot boundary states).
-    """
-    conv = Conversation(brief, focus)
-    current = conv.stages[0]
-    single = focus != E2E
-    for _ in range(max_turns):
-        try:
-            action = policy(conv)
-        except PolicyError as exc:
-            return Episode(task_id, focus, conv.turns, "rejected", rejected=str(exc))
-        if action is None or action.tool == STOP:
-            return Episode(task_id, focus, conv.turns, "stop")
-        stage = conv.stages[0] if single else (action.stage or current)
-        if stop_before is not None and stage.index >= stop_before.index:
-            return Episode(task_id, focus, conv.turns, f"boundary {stop_before.value}")
-        if on_stage_start is not None and (not conv.turns or stage != current):
-            on_stage_start(stage, sandbox)
-        current = stage
-        if action.tool == "execute_code":
-            obs = sandbox.execute_code(str(action.arguments.get("language")), str(action.arguments.get("code")))
-        else:
-            obs = sandbox.submit(str(action.arguments.get("path")))
-        conv.turns.append(Turn(len(conv.turns), stage, action, obs))
-    return Episode(task_id, focus, conv.turns, "max_turns")
-
-
 def sandbox_fault(sandbox: Sandbox) -> tuple[str, str]:
     """(fault, text) of a sandbox: ('', '') when healthy; 'agent' when it died, hung or stopped answering after
     the agent's code ran (scored, the agent's failure); 'infra' otherwise (unscored). Backends without fault
@@ -161,23 +128,3 @@ def snapshot_state(sandbox: Sandbox, env: dict[str, str] | None = None,
     """The sandbox's current workspace as an executable state p (works on any backend), read within `limits`."""
     files, _ = gather_files(sandbox, limits)
     return SandboxState(files=files, env=dict(env or {}))
-
-
-def stage_start_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: SandboxState, brief: str,
-                      task_id: str, expert: Policy, stage: Stage | str, max_turns: int = 24) -> SandboxState:
-    """State at the boundary before `stage`, produced by replaying the expert's prefix (stages < stage).
-
-    Raises:
-      RuntimeError: the expert's prefix was rejected or ended before reaching the boundary.
-    """
-    stage = Stage.parse(stage)
-    if stage == STAGES[0]:
-        return initial
-    box = make_sandbox(initial)
-    try:
-        ep = run_episode(expert, box, brief, task_id, E2E, max_turns, stop_before=stage)
-        if ep.end_reason != f"boundary {stage.value}":
-            raise RuntimeError(f"expert prefix for {task_id} ended with {ep.end_reason!r} before {stage.value}")
-        return snapshot_state(box, dict(initial.env))
-    finally:
-        box.close()

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.rollout.action_loop import run_action_episode
 from bat_jax.sandbox.types import Sandbox, SandboxState
 from bat_jax.tasks.base import TaskInstance, Track
-from bat_jax.tasks.episode import (
-    Episode, Policy, collect_evidence, run_episode, sandbox_fault, snapshot_state, stage_start_state)
+from bat_jax.tasks.episode import Episode, Policy, collect_evidence, sandbox_fault, snapshot_state
 from bat_jax.tasks.rubric_items import build_rubric
 from bat_jax.tasks.teacher import ScriptedExpert
 from bat_jax.verify.rubric import REWARD_VERSION, EpisodeScore, Evidence, score
@@ -30,6 +30,27 @@ def local_sandbox(state: SandboxState) -> Sandbox:
     from bat_jax.sandbox.local import LocalSandbox
 
     return LocalSandbox(state, timeout_s=60.0)
+
+
+def stage_start_state(make_sandbox: SandboxFactory, initial: SandboxState, brief: str, task_id: str,
+                      expert: Policy, stage: Stage | str, max_turns: int = 24) -> SandboxState:
+    """State at the boundary before `stage`: the expert's prefix (stages < stage) replayed in a sandbox made
+    from `initial`, its workspace snapshotted (env kept from `initial`).
+
+    Raises:
+      RuntimeError: the expert's prefix was rejected or ended before reaching the boundary.
+    """
+    stage = Stage.parse(stage)
+    if stage == STAGES[0]:
+        return initial
+    box = make_sandbox(initial)
+    try:
+        ep = run_action_episode(expert, box, brief, task_id, E2E, max_turns, stop_before=stage)
+        if ep.end_reason != f"boundary {stage.value}":
+            raise RuntimeError(f"expert prefix for {task_id} ended with {ep.end_reason!r} before {stage.value}")
+        return snapshot_state(box, dict(initial.env))
+    finally:
+        box.close()
 
 
 @dataclasses.dataclass
@@ -59,7 +80,7 @@ def play(track: Track, inst: TaskInstance, policy: Policy, focus: str = E2E,
         evidence = Evidence((), {}, None, infra_error=f"sandbox creation failed: {type(exc).__name__}: {exc}")
         return PlayResult(None, evidence, score(build_rubric(track, inst), evidence, None, stages), start_state)
     try:
-        episode = run_episode(policy, box, inst.brief, inst.task_id, focus, max_turns)
+        episode = run_action_episode(policy, box, inst.brief, inst.task_id, focus, max_turns)
         infra = f"policy rejected: {episode.rejected}" if episode.rejected else ""
         evidence = collect_evidence(box, infra_error=infra, start=start_state)
     except Exception as exc:  # noqa: BLE001 — a host-side failure the agent did not cause: unscored, never 0
@@ -102,8 +123,8 @@ def record_teacher_trajectory(track: Track, inst: TaskInstance, teacher: Policy,
     states: dict[Stage, SandboxState] = {}
     box = make_sandbox(inst.state())
     try:
-        episode = run_episode(teacher, box, inst.brief, inst.task_id, E2E, max_turns,
-                              on_stage_start=lambda st, sb: states.setdefault(st, snapshot_state(sb)))
+        episode = run_action_episode(teacher, box, inst.brief, inst.task_id, E2E, max_turns,
+                                     on_stage_start=lambda st, sb: states.setdefault(st, snapshot_state(sb)))
         evidence = collect_evidence(box, f"policy rejected: {episode.rejected}" if episode.rejected else "")
     finally:
         box.close()

@@ -250,7 +250,8 @@ class OpenAITeacher:
     """An LLM teacher policy over an OpenAI-compatible endpoint (stdlib urllib only).
 
     Errors (network, HTTP, unparsable replies) become counted rejections: the call raises `PolicyError`,
-    which `run_episode` turns into a rejected episode. `rejections` counts them by cause.
+    which the episode loop (`rollout/action_loop.py`) turns into a rejected episode. `rejections` counts them
+    by cause.
     """
 
     def __init__(self, config: ChatEndpointConfig, sleep=time.sleep):
