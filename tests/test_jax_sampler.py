@@ -226,3 +226,32 @@ def test_max_batch_chunks_give_the_same_completions_as_one_call():
     assert [c.finish_reason for c in whole] == [c.finish_reason for c in chunked]
     for a, b in zip(whole, chunked):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_prompt_bucket_rounds_to_powers_of_two_then_to_multiples_of_the_step():
+    from bat_jax.rollout.jax_sampler import prompt_bucket
+
+    lengths = (1, 10, 300, 512, 513, 1000, 1025, 2500, 3072)
+    assert [prompt_bucket(n, 16, 512) for n in lengths] == [16, 16, 512, 512, 1024, 1024, 1536, 2560, 3072]
+    assert [prompt_bucket(n, 16, 0) for n in lengths] == [16, 16, 512, 512, 1024, 1024, 2048, 4096, 4096]
+    assert prompt_bucket(9, 4, 4) == 12 and prompt_bucket(3, 4, 4) == 4
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_step_buckets_and_last_only_prefill_give_the_same_completions(family):
+    """A 9-token prompt padded to 12 (step 4) instead of 16 (powers of two) samples the same ids, logprobs equal
+    to round-off; the sampler's last-position-only prefill gives the last row of the full prefill's logits."""
+    model = model_and_sampler(family)[0]
+    prompts = [list(range(40, 49)), [50, 51, 52]]
+    params = SamplingParams(temperature=0.7, max_new_tokens=8, seed=9)
+    pow2 = JaxSampler(model, min_prompt_bucket=4, prompt_bucket_step=0).generate(prompts, params)
+    step = JaxSampler(model, min_prompt_bucket=4, prompt_bucket_step=4).generate(prompts, params)
+    assert [c.token_ids.tolist() for c in step] == [c.token_ids.tolist() for c in pow2]
+    for a, b in zip(step, pow2):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    ids = jnp.asarray([prompts[0]], jnp.int32)
+    mask = jnp.ones_like(ids)
+    full, _ = model.prefill(ids, mask, model.init_cache(1, 16))
+    last, _ = model.prefill(ids, mask, model.init_cache(1, 16), last_only=True)
+    assert last.shape == (1, 1, full.shape[-1])
+    np.testing.assert_allclose(np.asarray(last[:, 0]), np.asarray(full[:, -1]), atol=1e-5)

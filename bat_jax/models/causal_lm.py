@@ -238,17 +238,19 @@ class CausalLM(nnx.Module):
         return empty_cache(layers, batch, max_len)
 
     def prefill(self, input_ids, attention_mask, cache: DecodeCache, positions=None,
-                *, deltanet_mode: str = "auto", attention_block: int = DEFAULT_OPTIONS.attention_block):
+                *, deltanet_mode: str = "auto", attention_block: int = DEFAULT_OPTIONS.attention_block,
+                last_only: bool = False):
         """Feeds ``input_ids [b, t]`` (left padded, mask ``[b, t]``) after the cache's tokens.
-        Returns ``(logits [b, t, vocab] float32, cache)``."""
-        return self._run(input_ids, attention_mask, positions, cache, deltanet_mode, attention_block)
+        Returns ``(logits [b, t, vocab] float32, cache)``; with ``last_only`` the logits of the last position
+        only, ``[b, 1, vocab]`` (a sampler needs no more; the output head then costs 1/t of the full one)."""
+        return self._run(input_ids, attention_mask, positions, cache, deltanet_mode, attention_block, last_only)
 
     def decode_step(self, tokens, cache: DecodeCache):
         """Feeds one real token per row, ``tokens [b]`` int32. Returns ``(logits [b, vocab], cache)``."""
         logits, cache = self._run(tokens[:, None], None, None, cache, "recurrent")
         return logits[:, 0], cache
 
-    def _run(self, input_ids, attention_mask, positions, cache, deltanet_mode, attention_block=0):
+    def _run(self, input_ids, attention_mask, positions, cache, deltanet_mode, attention_block=0, last_only=False):
         """The cached path (prefill / decode): one pass over the layers, updating ``cache``."""
         b, t = input_ids.shape
         mask = (jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool))
@@ -263,7 +265,7 @@ class CausalLM(nnx.Module):
             x, layer_cache = layer(x, mask, positions, cache.layers[i], write_index, slot_mask, deltanet_mode,
                                    attention_block)
             new_layers.append(layer_cache)
-        logits = self.logits_from_hidden(self.model.norm(x))
+        logits = self.logits_from_hidden(self.model.norm(x[:, -1:] if last_only else x))
         cache = DecodeCache(layers=tuple(new_layers), length=cache.length + t, slot_mask=slot_mask,
                             next_position=cache.next_position + mask.sum(axis=1).astype(jnp.int32))
         return logits, cache
