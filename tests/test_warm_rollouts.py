@@ -157,3 +157,36 @@ def test_run_removes_the_pool_when_it_raises(tmp_path, monkeypatch):
     (loops,) = opened
     assert loops.sandboxes.pool.size == 8 and loops.sandboxes.pool._closed
     assert _docker_count(loops.sandboxes.pool.owner) == 0
+
+
+def test_a_rollout_worker_keeps_its_own_warm_pool_and_removes_it_on_close():
+    """A Ray rollout worker (here the same class in-process) serves its episodes from a warm pool of its share
+    (2 concurrent episodes): two calls of 2 episodes on the same 2 containers, none replaced; `close` removes
+    the containers."""
+    from bat_jax.policy import PolicyConfig
+    from bat_jax.rollout.ray_workers import RolloutWorker, WorkerSpec
+
+    agent = AgentLoopConfig(episodes_per_state=4, max_assistant_turns=2, max_tokens_per_turn=8,
+                            max_context_tokens=1024, progress=False)
+    tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "max_position_embeddings": 1024}
+    worker = RolloutWorker(WorkerSpec(PolicyConfig(family="qwen3", tiny=tiny, prompt_style="compact"), agent,
+                                      "docker", sampler_max_batch=4, warm_pool=2))
+    pool = worker.sandboxes.pool
+    try:
+        assert pool.size == 2 and _docker_count(pool.owner) == 2
+        used = []
+        real_acquire = pool.acquire
+
+        def recording(*args, **kwargs):
+            sandbox = real_acquire(*args, **kwargs)
+            used.append(sandbox.container_id)
+            return sandbox
+
+        pool.acquire = recording  # the worker's sandbox factory calls `pool.acquire`
+        request = _request("probe", SandboxState(files={"b.txt": b"B"}))
+        got = worker.run([(request, 0, k) for k in range(2)], 7) + worker.run([(request, 0, k) for k in (2, 3)], 7)
+        assert [t.episode for t in got] == [0, 1, 2, 3] and [t.infra_error for t in got] == [""] * 4
+        assert len(used) == 4 and len(set(used[:2])) == 2 and set(used[2:]) == set(used[:2]) and pool.replaced == 0
+    finally:
+        assert worker.close() == 2
+    assert _docker_count(pool.owner) == 0 and pool._closed

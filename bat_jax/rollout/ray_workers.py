@@ -70,12 +70,15 @@ class WorkerSpec:
       agent: the agent loop's limits and sampling.
       sandbox_backend: 'local' (tests only) or 'docker' (`bat_jax.tasks.harness.backend_factory`).
       sampler_max_batch: rows per compiled sampling call of the JAX sampler.
+      warm_pool: Docker containers the worker keeps started and resets between its episodes (its share of a
+        GRPO batch, `rollout/run_loops.py`); 0 = a fresh container per episode. Ignored for 'local'.
     """
 
     policy: Any
     agent: AgentLoopConfig = AgentLoopConfig()
     sandbox_backend: str = "local"
     sampler_max_batch: int = 8
+    warm_pool: int = 0
 
     def build_policy(self) -> Any:
         """The worker's `bat_jax.policy.Policy` (its weights are replaced by the first weight push)."""
@@ -83,15 +86,24 @@ class WorkerSpec:
 
         return build_policy(self.policy)
 
-    def build_loop(self, policy: Any) -> AgentLoop:
-        """An `AgentLoop` over the JAX sampler of `policy` and this spec's sandbox backend (the same loop an
-        in-process reference builds)."""
+    def open_sandboxes(self) -> Any:
+        """This worker's sandbox backend (`bat_jax.tasks.harness.SandboxBackend`; a warm Docker pool of
+        `warm_pool` containers, or fresh sandboxes). The caller closes it. Raises `BackendUnavailable`."""
+        from bat_jax.tasks.harness import open_backend
+
+        return open_backend(self.sandbox_backend, self.agent.max_workers, warm=self.warm_pool)
+
+    def build_loop(self, policy: Any, sandboxes: Any = None) -> AgentLoop:
+        """An `AgentLoop` over the JAX sampler of `policy` and `sandboxes` (a `SandboxBackend`; default fresh
+        sandboxes of this spec's backend) — the same loop an in-process reference builds."""
         from bat_jax.policy import make_agent_loop
         from bat_jax.rollout.jax_sampler import JaxSampler
-        from bat_jax.tasks.harness import backend_factory
+        from bat_jax.tasks.harness import SandboxBackend, backend_factory
 
+        if sandboxes is None:
+            sandboxes = SandboxBackend(self.sandbox_backend, backend_factory(self.sandbox_backend))
         engine = JaxSampler(policy.model, max_context=self.agent.max_context_tokens, max_batch=self.sampler_max_batch)
-        return make_agent_loop(policy, engine, backend_factory(self.sandbox_backend), self.agent)
+        return make_agent_loop(policy, engine, sandboxes.make, self.agent, sandboxes.release)
 
 
 def host_params(params: Any) -> dict:
@@ -135,7 +147,19 @@ class RolloutWorker:
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.policy = spec.build_policy()
-        self.loop = spec.build_loop(self.policy)
+        self.sandboxes = spec.open_sandboxes()
+        try:
+            self.loop = spec.build_loop(self.policy, self.sandboxes)
+        except BaseException:
+            self.sandboxes.close()
+            raise
+
+    def close(self) -> int:
+        """Removes this worker's warm containers (idempotent); returns how many the pool held."""
+        pool = self.sandboxes.pool
+        held = pool.size if pool is not None else 0
+        self.sandboxes.close()
+        return held
 
     def ready(self) -> int:
         """The engine's weight version (0 before the first push): a start-up probe."""
@@ -241,10 +265,16 @@ class RayRollouts:
             by_episode.update(zip(share, result))
         return [by_episode[(i, k)] for i in range(len(requests)) for k in range(self.config.episodes_per_state)]
 
-    def close(self) -> None:
-        """Ends the worker actors (their sandboxes are closed by each `run`); Ray itself keeps running."""
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Removes the workers' warm containers, then ends the worker actors; Ray itself keeps running. A worker
+        that does not answer within `timeout_s` seconds is killed all the same (its containers' executors see
+        the connection close and the engine removes them)."""
         import ray
 
+        try:
+            ray.get([w.close.remote() for w in self.workers], timeout=timeout_s)
+        except Exception:  # noqa: BLE001 — best effort: the actors are killed below either way
+            pass
         for w in self.workers:
             ray.kill(w)
         self.workers = []

@@ -7,7 +7,8 @@ removes the pool's containers; `experiment.run` calls it when it returns or rais
 The pool holds the most sandboxes a run uses at once: `AgentLoop.run` opens every episode's sandbox before its first
 engine call (both schedules; the continuous one gives each back as its episode ends), so a GRPO batch holds rows × K
 (`PoolConfig.batch_size` × `AgentLoopConfig.episodes_per_state`; none in this process when the rollouts run on Ray
-workers, which make their own) and an evaluation one per held-out cell (its cells are one batch).
+workers: each worker keeps its own warm pool of its share, rows × K / workers rounded up) and an evaluation one
+per held-out cell (its cells are one batch).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ class RunLoops:
 def open_run_loops(policy: Any, engine: Any, components: Any, backend: str, warm_pool: bool = True) -> RunLoops:
     """The rollout and evaluation loops of a run over `engine` (`policy`: a `bat_jax.policy.Policy`;
     `components`: an `experiment.Components`), their sandboxes from `backend` ('docker' or 'local'): with
-    `warm_pool`, Docker sandboxes come from one warm pool of `warm_pool_size(components)` containers; else each
-    episode starts a fresh container.
+    `warm_pool`, Docker sandboxes come from one warm pool of `warm_pool_size(components)` containers (and each Ray
+    worker keeps one of its share of a GRPO batch); else each episode starts a fresh container.
 
     Raises:
       tasks.harness.BackendUnavailable: Docker asked for and not usable (engine, image, pool start-up).
@@ -96,7 +97,8 @@ def open_run_loops(policy: Any, engine: Any, components: Any, backend: str, warm
         if c.ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
             from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec
 
-            rollouts = RayRollouts.start(WorkerSpec(c.policy, c.agent, backend, c.sampler_max_batch), c.ray)
+            share = -(-c.pools.batch_size * c.agent.episodes_per_state // c.ray.num_workers) if warm_pool else 0
+            rollouts = RayRollouts.start(WorkerSpec(c.policy, c.agent, backend, c.sampler_max_batch, share), c.ray)
         else:
             rollouts = make_agent_loop(policy, engine, sandboxes.make, c.agent, sandboxes.release)
         evaluation = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
