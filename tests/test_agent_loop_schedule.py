@@ -14,31 +14,9 @@ from bat_jax.models.chat import render_action
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
 from bat_jax.rollout.engine import Completion
+from bat_jax.sandbox.local import NullSandbox
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation, SandboxState
-
-
-class QuietSandbox:
-    """A sandbox double whose every call answers at once: `execute_code` returns exit 0 and no output; no
-    receipts, files or submission."""
-
-    def __init__(self, state=None):
-        pass
-
-    def execute_code(self, language, code, timeout_s=None):
-        return Observation("ok", "", 0, 0.0)
-
-    def receipts(self):
-        return []
-
-    def submitted(self):
-        return None
-
-    def list_files(self):
-        return []
-
-    def close(self):
-        pass
 
 
 def _same(a: tj.Trajectory, b: tj.Trajectory, logprob_atol: float = 0.0) -> None:
@@ -202,7 +180,7 @@ def test_tool_call_of_one_episode_overlaps_generation_of_another():
                 return [Completion(np.asarray([10, 1], np.int32), np.zeros(2, np.float32), "stop")
                         for _ in prompts]
 
-        class Sandbox(QuietSandbox):
+        class Sandbox(NullSandbox):
             def __init__(self, state):
                 self.calls = 0
 
@@ -291,6 +269,6 @@ def test_max_concurrent_generate_calls_in_flight(concurrent):
     tok = EventTokenizer()
     config = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=1, progress=False, max_generate_batch=1,
                              max_concurrent_generate=concurrent)
-    trajs = AgentLoop(Engine(), lambda: EventBuilder(tok), QuietSandbox, config).run(_requests(1), seed=0)
+    trajs = AgentLoop(Engine(), lambda: EventBuilder(tok), NullSandbox, config).run(_requests(1), seed=0)
     assert [t.finish_reason for t in trajs] == [tj.FINISH_MAX_TURNS] * 2
     assert met == ([True, True] if concurrent == 2 else [False, False])

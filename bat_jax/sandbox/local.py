@@ -453,3 +453,32 @@ class LocalSandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class NullSandbox:
+    """A sandbox that runs nothing — FOR TESTS AND BENCHMARKS of the episode loop's scheduling only.
+
+    Every `execute_code` returns exit code 0 with no output, after `delay_s()` seconds when a `delay_s`
+    callable is given (e.g. a random tool time). It has no receipts, files or submission, so a rollout in it
+    earns nothing. Accepts (and ignores) the start state, like a sandbox factory's product.
+    """
+
+    def __init__(self, state: SandboxState | None = None, delay_s=None):
+        self.delay_s = delay_s
+
+    def execute_code(self, language: str, code: str, timeout_s: float | None = None) -> Observation:
+        if self.delay_s is not None:
+            time.sleep(self.delay_s())
+        return Observation("ok", "", 0, 0.0)
+
+    def receipts(self) -> list:
+        return []
+
+    def submitted(self) -> None:
+        return None
+
+    def list_files(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass

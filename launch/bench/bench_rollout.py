@@ -457,16 +457,17 @@ def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: 
     (seeded by the episode and call). It shows what continuous scheduling gains when episodes differ, which the
     expert replay's near-identical episodes cannot. Returns {schedule: episodes/min}."""
     import dataclasses
-    import threading
+    import itertools
 
     from bat_jax.models.chat import render_action
+    from bat_jax.sandbox.local import NullSandbox
     from bat_jax.sandbox.tools import Action
     from bat_jax.models.episode import EpisodeBuilder
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
     from bat_jax.rollout.engine import Completion
     from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
-    from bat_jax.sandbox.types import Observation, SandboxState
+    from bat_jax.sandbox.types import SandboxState
 
     tok = load_tiny_tokenizer()
     eot = tok.convert_tokens_to_ids("<|im_end|>")
@@ -486,30 +487,15 @@ def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: 
                 out.append(Completion(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), "stop"))
             return out
 
-    class SleepSandbox:
-        count = 0
-        lock = threading.Lock()
+    def sleeping_sandbox_factory():
+        """Sandboxes whose tool calls take exponential times (mean `mean_tool_s`), seeded per sandbox."""
+        count = itertools.count(1)
 
-        def __init__(self, state):
-            with SleepSandbox.lock:
-                SleepSandbox.count += 1
-                self.rng = np.random.default_rng(SleepSandbox.count)
+        def make(state):
+            rng = np.random.default_rng(next(count))
+            return NullSandbox(state, delay_s=lambda: rng.exponential(mean_tool_s))
 
-        def execute_code(self, language, code, timeout_s=None):
-            time.sleep(self.rng.exponential(mean_tool_s))
-            return Observation("ok", "", 0, 0.0)
-
-        def receipts(self):
-            return []
-
-        def submitted(self):
-            return None
-
-        def list_files(self):
-            return []
-
-        def close(self):
-            pass
+        return make
 
     requests = [RolloutRequest(state_id="synthetic", state=SandboxState(files={}), system_prompt="s",
                                user_message="u")]
@@ -518,11 +504,10 @@ def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: 
                            max_workers=episodes, progress=False)
     out = {}
     for schedule in ("lockstep", "continuous"):
-        SleepSandbox.count = 0
         engine = SimulatedLatencyEngine(Lengths(), latency)
         cfg = dataclasses.replace(base, schedule=schedule,
                                   max_concurrent_generate=episodes if latency.inflight else 1)
-        loop = AgentLoop(engine, lambda: EpisodeBuilder(tok, "qwen3_5"), SleepSandbox, cfg)
+        loop = AgentLoop(engine, lambda: EpisodeBuilder(tok, "qwen3_5"), sleeping_sandbox_factory(), cfg)
         t0 = time.perf_counter()
         loop.run(requests, seed=0)
         out[schedule] = episodes / (time.perf_counter() - t0) * 60
