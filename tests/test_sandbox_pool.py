@@ -198,3 +198,47 @@ def test_reset_sandbox_is_indistinguishable_from_a_fresh_one(client):
     assert reset["ipc"] == [] and reset["procs"] == fresh_print["procs"]
     assert obs.stdout.startswith("1\n") and "secret" not in obs.stdout and "blob" not in obs.stdout
     assert "No such file" in obs.stdout  # the planted .pth never ran in episode B
+
+
+# A daemon that changes its PID all the time (fork, parent exits) so that a kill pass over a snapshot of PIDs
+# always misses the newest one, and that keeps writing forged evidence into the workspace: if it outlived the
+# pool's reset it would plant results in the next episode, which the verifier would credit to that episode.
+_HOPPER = r"""
+python3 - <<'PY'
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    while True:
+        if os.fork():
+            os._exit(0)
+        for path in ("/workspace/results.json", "/tmp/results.json"):
+            try:
+                with open(path, "w") as f:
+                    f.write('{"dice": 0.99, "forged": true}')
+            except OSError:
+                pass
+PY
+sleep 0.3; ls /workspace; echo planted
+"""
+
+
+def test_a_pid_hopping_daemon_does_not_outlive_the_reset_to_forge_the_next_episode(client):
+    state = SandboxState(files={"task.md": b"T-2"})
+    with SandboxPool(1, client=client) as pool:
+        with pool.sandbox(state) as sb:
+            first = sb.execute_code("bash", _HOPPER, timeout_s=10)
+        with pool.sandbox(state) as sb:  # the same container, reset
+            time.sleep(1.0)  # a surviving daemon would have rewritten its file by now
+            files = sorted(sb.list_files())
+            view = sb.execute_code("bash", "sleep 0.5; ls -A /workspace /tmp; ps -e -o comm= | sort | uniq -c")
+            reset_print = sb.fingerprint()
+        fresh = pool._new()
+        try:
+            fresh.reset(state)
+            fresh_print = fresh.fingerprint()
+        finally:
+            pool._discard(fresh)
+        assert pool.replaced == 0  # the reset itself cleared it (no replacement needed)
+    assert "results.json" in first.stdout and first.stdout.endswith("planted\n")
+    assert files == ["task.md"] and "results.json" not in view.stdout and "python3" not in view.stdout
+    assert reset_print == fresh_print
