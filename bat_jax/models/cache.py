@@ -2,7 +2,7 @@
 
 Layout (``b`` = batch, ``L`` = max_len slots, one slot per token fed, padding included):
 
-* ``AttentionCache`` (full-attention layers): ``k``, ``v`` ``[b, L, kv_heads, head_dim]`` in the
+* ``AttentionCache`` (full-attention layers): ``k``, ``v`` ``[b, kv_heads, L, head_dim]`` in the
   cache dtype; slot ``i`` holds the i-th token fed to the model (post-RoPE keys).
 * ``DeltaNetCache`` (Gated DeltaNet layers): ``conv [b, kernel-1, conv_dim]`` (the last kernel-1
   inputs of the causal depthwise conv, zeros for padding/empty history) and ``state

@@ -151,7 +151,7 @@ class DecoderLayer(nnx.Module):
     def empty_cache(self, cfg, batch: int, max_len: int, dtype):
         if self.is_linear:
             return self.linear_attn.empty_cache(batch, dtype)
-        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
         return AttentionCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
     def __call__(self, x, mask, positions, cache, write_index, slot_mask, deltanet_mode, attention_block=0):
