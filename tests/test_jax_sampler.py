@@ -235,6 +235,7 @@ def test_prompt_bucket_rounds_to_powers_of_two_then_to_multiples_of_the_step():
     assert [prompt_bucket(n, 16, 512) for n in lengths] == [16, 16, 512, 512, 1024, 1024, 1536, 2560, 3072]
     assert [prompt_bucket(n, 16, 0) for n in lengths] == [16, 16, 512, 512, 1024, 1024, 2048, 4096, 4096]
     assert prompt_bucket(9, 4, 4) == 12 and prompt_bucket(3, 4, 4) == 4
+    assert prompt_bucket(10, 1024, 512) == 1024 and prompt_bucket(1100, 1024, 512) == 1536  # minimum holds
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])

@@ -48,10 +48,10 @@ def _bucket(n: int, minimum: int) -> int:
 
 def prompt_bucket(n: int, minimum: int, step: int) -> int:
     """Padded prompt length (tokens) for a longest prompt of `n` tokens: `_bucket(n, minimum)` up to `step`,
-    above it the smallest multiple of `step` >= n (`step` = 0: powers of two throughout)."""
+    above it the smallest multiple of `step` >= n, never below `minimum` (`step` = 0: powers of two throughout)."""
     p = _bucket(n, minimum)
     if step and p > step:
-        p = max(-(-int(n) // step) * step, step)
+        p = max(-(-int(n) // step) * step, int(minimum))
     return p
 
 
