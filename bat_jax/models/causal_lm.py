@@ -245,9 +245,13 @@ class CausalLM(nnx.Module):
         only, ``[b, 1, vocab]`` (a sampler needs no more; the output head then costs 1/t of the full one)."""
         return self._run(input_ids, attention_mask, positions, cache, deltanet_mode, attention_block, last_only)
 
-    def decode_step(self, tokens, cache: DecodeCache):
-        """Feeds one real token per row, ``tokens [b]`` int32. Returns ``(logits [b, vocab], cache)``."""
-        logits, cache = self._run(tokens[:, None], None, None, cache, "recurrent")
+    def decode_step(self, tokens, cache: DecodeCache, live=None):
+        """Feeds one token per row, ``tokens [b]`` int32; ``live [b]`` bool (default all): rows where it is
+        False feed nothing (their slot is masked, their DeltaNet state and conv history and their next
+        position stay as they were), so a finished row's cache stays that of its real tokens.
+        Returns ``(logits [b, vocab], cache)``."""
+        mask = None if live is None else live[:, None]
+        logits, cache = self._run(tokens[:, None], mask, None, cache, "recurrent")
         return logits[:, 0], cache
 
     def _run(self, input_ids, attention_mask, positions, cache, deltanet_mode, attention_block=0, last_only=False):

@@ -16,8 +16,12 @@ Per value head, with l2-normalised ``q, k`` (``q`` also scaled by ``key_head_dim
 Padding: transformers zeroes the layer input at padded positions. With left padding and an empty
 state this makes padded positions exact no-ops. Here, in addition, ``beta`` and ``g`` are set to 0
 at masked positions, so a masked position never changes ``S`` (no write, no decay) wherever it
-sits. The causal conv still sees a zero input at a masked position, so padding *between* real
-tokens (not produced by left-padded batches) shifts the conv window like a zero token would.
+sits. Without a cache the causal conv sees a zero input at a masked position, so padding *between*
+real tokens (not produced by left-padded batches) shifts the conv window like a zero token would. With a
+cache (prefill after cached tokens, decode steps) the new segment is left padded and its leading padding
+is skipped: the conv history sits right before the segment's first real token (`causal_conv`'s
+``lead``), so a continued prompt or a masked decode step (a finished row) sees the same windows as one
+unpadded sequence, and a fully masked segment leaves the history unchanged.
 """
 
 from __future__ import annotations
@@ -127,13 +131,21 @@ def chunk_gated_delta_rule(q, k, v, g, beta, state, chunk_size: int = 64):
     return jnp.moveaxis(out, 1, 2), state
 
 
-def causal_conv(x, conv_state, weight):
+def causal_conv(x, conv_state, weight, lead=None):
     """Causal depthwise conv + SiLU. x ``[b, t, C]``; conv_state ``[b, K-1, C]`` (previous inputs);
-    weight ``[C, 1, K]`` (torch ``Conv1d`` layout). Returns ``(y [b, t, C], new conv_state)``;
-    computed in float32, returned in x's dtype."""
+    weight ``[C, 1, K]`` (torch ``Conv1d`` layout); lead ``[b] int32`` or None: leading padded positions of
+    each row's segment (zero inputs), moved before the history so that the history is adjacent to the
+    first real input (module docstring). Returns ``(y [b, t, C], new conv_state)``; computed in float32,
+    returned in x's dtype."""
     kernel = weight.shape[-1]
     t = x.shape[1]
     full = jnp.concatenate([conv_state.astype(x.dtype), x], axis=1)
+    if lead is not None:  # row r: [pad x lead_r, history, real inputs] (a per-row rotation of the first part)
+        j = jnp.arange(full.shape[1])[None, :]
+        lead = lead[:, None]
+        src = jnp.where(j < lead, 0, jnp.where(j < lead + kernel - 1, j - lead, j))
+        full = jnp.where((j < lead)[..., None], jnp.zeros((), full.dtype),
+                         jnp.take_along_axis(full, src[..., None], axis=1))
     w = weight[:, 0, :].astype(jnp.float32)
     fullf = full.astype(jnp.float32)
     y = sum(fullf[:, j:j + t, :] * w[:, j] for j in range(kernel))
@@ -213,7 +225,8 @@ class GatedDeltaNet(nnx.Module):
         g = jnp.where(mask[..., None], g, 0.0)
 
         prev = cache if cache is not None else self.empty_cache(b, x.dtype)
-        mixed, conv_state = causal_conv(mixed, prev.conv, self.conv1d["weight"][...])
+        lead = None if cache is None else t - mask.sum(axis=1).astype(jnp.int32)  # left-padded segment
+        mixed, conv_state = causal_conv(mixed, prev.conv, self.conv1d["weight"][...], lead)
         kd = self.nk * self.dk
         q = mixed[..., :kd].reshape(b, t, self.nk, self.dk).astype(jnp.float32)
         k = mixed[..., kd:2 * kd].reshape(b, t, self.nk, self.dk).astype(jnp.float32)

@@ -16,6 +16,12 @@ Works with any model that has the `bat_jax.models.causal_lm` interface (`init_ca
    semantics: the same `processed_logprobs` function makes the distribution that is sampled from) and the
    finish reason.
 
+With `prefix_cache_rows` > 0 (prefix reuse, `bat_jax.rollout.prefix_cache`) a prompt that extends the tokens of
+a row of an earlier call (its prompt and completion: the next turn of the same episode) starts from that row's
+stored decode state; only the new tokens are left padded to P and prefilled, after the stored ones, in a cache
+of (stored + P + N) slots rounded up to `prompt_bucket_step`. Finished rows feed nothing during the rest of a
+call's decode loop, so the state a row leaves is that of its own tokens.
+
 Randomness: row i's token at step s uses `fold_in(key(seed_i), s)`, so a row's completion depends only on
 its prompt, its seed and the weights — not on the batch it was run in (up to float round-off in the logits
 of differently padded batches). Measured on CPU (tiny Qwen3 and Qwen3.5, 8 prompts of 9-300 tokens, 32 new
@@ -38,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, processed_logprobs
+from bat_jax.rollout.prefix_cache import PrefixCache, assemble, extract_rows
 
 
 def _bucket(n: int, minimum: int) -> int:
@@ -56,24 +63,33 @@ def prompt_bucket(n: int, minimum: int, step: int) -> int:
 
 
 def _sample(logits, keys, step, temperature, top_p, top_k):
-    """One token per row from the processed distribution. logits `[B, V]`, keys `[B]` typed PRNG keys.
-    Returns (ids `[B] int32`, logprobs `[B] float32`)."""
+    """One token per row from the processed distribution, by inverting its CDF at one uniform draw per row
+    (u in (0, 1]; the first id whose cumulative mass reaches u · total mass, so an id of probability 0 is never
+    drawn). One random number per row instead of one per vocabulary entry (Gumbel-max): on 2 CPU cores, 8 rows
+    of a 3,584-token vocabulary, 0.28 instead of 0.66 ms per decode step. logits `[B, V]`, keys `[B]` typed PRNG
+    keys. Returns (ids `[B] int32`, logprobs `[B] float32`)."""
     logp = processed_logprobs(logits, temperature, top_p, top_k)
-    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
-    ids = jax.vmap(jax.random.categorical)(step_keys, logp).astype(jnp.int32)
+    u = 1.0 - jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step)))(keys)
+    cdf = jnp.cumsum(jnp.exp(logp), axis=-1)
+    ids = jnp.sum(cdf < (u * cdf[:, -1])[:, None], axis=-1)
+    ids = jnp.minimum(ids, logp.shape[-1] - 1).astype(jnp.int32)
     return ids, jnp.take_along_axis(logp, ids[:, None], axis=-1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "cache_dtype"))
-def _generate(state, prompt_ids, prompt_mask, budgets, seeds, temperature, top_p, top_k, stop, *, graphdef,
-              max_new, cache_dtype):
-    """Prefill + while-loop decode. prompt_ids/prompt_mask `[B, P]` int32 (left padded), budgets `[B]` int32
-    (1..max_new), seeds `[B]` uint32, temperature/top_p float32 and top_k int32 scalars, stop `[S]` int32
-    (-1 = unused slot). Returns (ids `[B, N]`, logprobs `[B, N]`, lengths `[B]`, stopped `[B]`)."""
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "max_len", "cache_dtype", "return_cache"))
+def _generate(state, cache, prompt_ids, prompt_mask, budgets, seeds, temperature, top_p, top_k, stop, *, graphdef,
+              max_new, max_len, cache_dtype, return_cache):
+    """Prefill + while-loop decode. cache: None (an empty cache of `max_len` slots is made) or a `DecodeCache`
+    holding earlier tokens (prefix reuse); prompt_ids/prompt_mask `[B, P]` int32 (left padded; with a cache, the
+    tokens after the cached ones), budgets `[B]` int32 (1..max_new), seeds `[B]` uint32, temperature/top_p
+    float32 and top_k int32 scalars, stop `[S]` int32 (-1 = unused slot). Finished rows feed nothing more
+    (`decode_step(live=...)`), so the final cache holds each row's prompt and completion without its last token.
+    Returns ((ids `[B, N]`, logprobs `[B, N]`, lengths `[B]`, stopped `[B]`), final cache or None)."""
     model = nnx.merge(graphdef, state)
     b, p = prompt_ids.shape
     keys = jax.vmap(jax.random.key)(seeds)
-    cache = model.init_cache(b, p + max_new, cache_dtype)
+    if cache is None:
+        cache = model.init_cache(b, max_len, cache_dtype)
     logits, cache = model.prefill(prompt_ids, prompt_mask, cache, last_only=True)
 
     def record(carry_bufs, step, logits_t, done):
@@ -98,12 +114,12 @@ def _generate(state, prompt_ids, prompt_mask, budgets, seeds, temperature, top_p
 
     def body(carry):
         step, bufs, tok, done, cache = carry
-        logits_t, cache = model.decode_step(tok, cache)
+        logits_t, cache = model.decode_step(tok, cache, live=~done)
         bufs, tok, done = record(bufs, step, logits_t, done)
         return step + 1, bufs, tok, done, cache
 
-    _, bufs, _, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), bufs, tok, done, cache))
-    return bufs
+    _, bufs, _, _, cache = jax.lax.while_loop(cond, body, (jnp.int32(1), bufs, tok, done, cache))
+    return bufs, (cache if return_cache else None)
 
 
 class JaxSampler:
@@ -123,11 +139,14 @@ class JaxSampler:
         size (bounds peak memory: prefill attention scores grow as rows × prompt²). 0 = no limit.
       cache_dtype: dtype of attention K/V and conv history (default: the model's compute dtype).
       pad_id: id written into left padding (never attended to).
+      prefix_cache_rows: keep the decode state of up to this many finished rows (host memory) and continue a
+        prompt that extends one of them instead of prefilling it again (`bat_jax.rollout.prefix_cache`: the
+        turns of a multi-turn episode). 0 = off. Cleared by `update_weights`.
     """
 
     def __init__(self, model: nnx.Module, *, max_context: int | None = None, min_prompt_bucket: int = 16,
                  prompt_bucket_step: int = 512, min_batch_bucket: int = 1, max_batch: int = 0,
-                 cache_dtype: Any = None, pad_id: int = 0):
+                 cache_dtype: Any = None, pad_id: int = 0, prefix_cache_rows: int = 0):
         self._graphdef, self._state = nnx.split(model)
         cfg = getattr(model, "config", None)
         self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 32768))
@@ -138,6 +157,7 @@ class JaxSampler:
         self.cache_dtype = jnp.dtype(cache_dtype or getattr(cfg, "dtype", "float32")).name
         self.pad_id = int(pad_id)
         self._version = 0
+        self.prefix_cache = PrefixCache(prefix_cache_rows) if prefix_cache_rows else None
 
     @property
     def weight_version(self) -> int:
@@ -156,6 +176,8 @@ class JaxSampler:
         # same dtype and placement as the weights compiled against: no recompile, no cross-mesh arrays
         self._state = jax.tree.map(lambda old, new: jax.device_put(jnp.asarray(new, old.dtype), old.sharding),
                                    self._state, new_state)
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # decode states of the old weights
         self._version += 1
         return self._version
 
@@ -188,14 +210,21 @@ class JaxSampler:
             if len(prompt) + budget > self.max_context:
                 raise ValueError(f"generate: row {i} prompt {len(prompt)} + budget {budget} tokens exceeds "
                                  f"max_context {self.max_context}")
-        p = prompt_bucket(max(len(x) for x in prompts), self.min_prompt_bucket, self.prompt_bucket_step)
+        reused = [None] * n if self.prefix_cache is None else [self.prefix_cache.pop_longest(x) for x in prompts]
+        feeds = [np.asarray(x, np.int32)[0 if r is None else len(r.tokens):] for x, r in zip(prompts, reused)]
+        p = prompt_bucket(max(len(x) for x in feeds), self.min_prompt_bucket, self.prompt_bucket_step)
         new = min(_bucket(max(budgets), 1), params.max_new_tokens)
         b = _bucket(n, self.min_batch_bucket)
+        held = max((len(r.tokens) for r in reused if r is not None), default=0)
+        max_len = p + new
+        if held:  # slots: the held tokens, then the new ones; sized in steps so few programs compile
+            step = self.prompt_bucket_step or 512
+            max_len = -(-(held + p + new) // step) * step
         ids = np.full((b, p), self.pad_id, np.int32)
         mask = np.zeros((b, p), np.int32)
-        for i, prompt in enumerate(prompts):
-            ids[i, p - len(prompt):] = np.asarray(prompt, np.int32)
-            mask[i, p - len(prompt):] = 1
+        for i, feed in enumerate(feeds):
+            ids[i, p - len(feed):] = feed
+            mask[i, p - len(feed):] = 1
         mask[n:, -1] = 1  # filler rows: one real token, budget 1
         budget_arr = np.ones((b,), np.int32)
         budget_arr[:n] = budgets
@@ -204,11 +233,22 @@ class JaxSampler:
         stops = params.stop_token_ids
         stop_arr = np.full((_bucket(len(stops), 8),), -1, np.int32)
         stop_arr[:len(stops)] = stops
-        out_ids, out_lp, lengths, stopped = _generate(
-            self._state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(budget_arr), jnp.asarray(seed_arr),
-            jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.int32(params.top_k),
-            jnp.asarray(stop_arr), graphdef=self._graphdef, max_new=new, cache_dtype=self.cache_dtype)
+        cache = None
+        if held:
+            template = jax.eval_shape(lambda: nnx.merge(self._graphdef, self._state).init_cache(
+                b, max_len, self.cache_dtype))
+            cache = assemble(reused, template)
+        (out_ids, out_lp, lengths, stopped), final = _generate(
+            self._state, cache, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(budget_arr),
+            jnp.asarray(seed_arr), jnp.float32(params.temperature), jnp.float32(params.top_p),
+            jnp.int32(params.top_k), jnp.asarray(stop_arr), graphdef=self._graphdef, max_new=new, max_len=max_len,
+            cache_dtype=self.cache_dtype, return_cache=self.prefix_cache is not None)
         out_ids, out_lp, lengths, stopped = jax.device_get((out_ids, out_lp, lengths, stopped))
+        if self.prefix_cache is not None:
+            fed = [np.concatenate([np.asarray(x, np.int32), out_ids[i, :lengths[i] - 1]]) for i, x in enumerate(prompts)]
+            for row in extract_rows(jax.device_get(final), fed):
+                if row is not None:
+                    self.prefix_cache.put(row)
         return [Completion(token_ids=out_ids[i, :lengths[i]].copy(), logprobs=out_lp[i, :lengths[i]].copy(),
                            finish_reason=FINISH_STOP if stopped[i] else FINISH_LENGTH,
                            weight_version=self._version)

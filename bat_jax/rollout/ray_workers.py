@@ -72,6 +72,7 @@ class WorkerSpec:
       sampler_max_batch: rows per compiled sampling call of the JAX sampler.
       warm_pool: Docker containers the worker keeps started and resets between its episodes (its share of a
         GRPO batch, `rollout/run_loops.py`); 0 = a fresh container per episode. Ignored for 'local'.
+      prefix_cache_rows: the JAX sampler's stored decode states (`JaxSampler(prefix_cache_rows=...)`); 0 = off.
     """
 
     policy: Any
@@ -79,6 +80,7 @@ class WorkerSpec:
     sandbox_backend: str = "local"
     sampler_max_batch: int = 8
     warm_pool: int = 0
+    prefix_cache_rows: int = 0
 
     def build_policy(self) -> Any:
         """The worker's `bat_jax.policy.Policy` (its weights are replaced by the first weight push)."""
@@ -102,7 +104,8 @@ class WorkerSpec:
 
         if sandboxes is None:
             sandboxes = SandboxBackend(self.sandbox_backend, backend_factory(self.sandbox_backend))
-        engine = JaxSampler(policy.model, max_context=self.agent.max_context_tokens, max_batch=self.sampler_max_batch)
+        engine = JaxSampler(policy.model, max_context=self.agent.max_context_tokens, max_batch=self.sampler_max_batch,
+                            prefix_cache_rows=self.prefix_cache_rows)
         return make_agent_loop(policy, engine, sandboxes.make, self.agent, sandboxes.release)
 
 

@@ -38,7 +38,8 @@ def build_engine(policy: Any, components: Any, run_dir: pathlib.Path) -> Any:
     if c.engine == "jax":
         from bat_jax.rollout.jax_sampler import JaxSampler
 
-        return JaxSampler(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch)
+        return JaxSampler(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch,
+                          prefix_cache_rows=c.sampler_prefix_cache_rows)
     from bat_jax.rollout.vllm_engine import VLLMEngine
 
     options = {"max_model_len": c.agent.max_context_tokens, **dict(c.vllm_options)}
@@ -98,7 +99,8 @@ def open_run_loops(policy: Any, engine: Any, components: Any, backend: str, warm
             from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec
 
             share = -(-c.pools.batch_size * c.agent.episodes_per_state // c.ray.num_workers) if warm_pool else 0
-            rollouts = RayRollouts.start(WorkerSpec(c.policy, c.agent, backend, c.sampler_max_batch, share), c.ray)
+            rollouts = RayRollouts.start(WorkerSpec(c.policy, c.agent, backend, c.sampler_max_batch, share,
+                                                    c.sampler_prefix_cache_rows), c.ray)
         else:
             rollouts = make_agent_loop(policy, engine, sandboxes.make, c.agent, sandboxes.release)
         evaluation = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
