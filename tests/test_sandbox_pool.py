@@ -242,3 +242,32 @@ def test_a_pid_hopping_daemon_does_not_outlive_the_reset_to_forge_the_next_episo
     assert "results.json" in first.stdout and first.stdout.endswith("planted\n")
     assert files == ["task.md"] and "results.json" not in view.stdout and "python3" not in view.stdout
     assert reset_print == fresh_print
+
+
+def test_executor_reset_fails_closed_when_processes_survive(monkeypatch):
+    """The in-container executor's reset raises (its reply is an error, so the pool replaces the container)
+    when its kill passes leave a process alive, before it wipes or loads anything. Run on the host with every
+    destructive step replaced by a recorder (no container needed)."""
+    import importlib.util
+
+    from bat_jax.sandbox import file_trace
+
+    monkeypatch.setitem(sys.modules, "file_trace", file_trace)
+    spec = importlib.util.spec_from_file_location("bat_executor", os.path.join(ROOT, "sandboxes", "task", "executor.py"))
+    executor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(executor)
+    calls = []
+    for name in ("_remove_ipc", "_wipe", "_load"):
+        monkeypatch.setattr(executor, name, lambda *a, name=name: calls.append(name) or 0)
+    monkeypatch.setattr(executor, "_other_pids", lambda keep: [4242])
+    monkeypatch.setattr(executor.Executor, "new_trace", lambda self: calls.append("new_trace"))
+    monkeypatch.setattr(executor.Executor, "spawn", lambda self: calls.append("spawn"))
+    monkeypatch.setattr(executor, "_sweep", lambda keep=(), limit_s=5.0: False)
+    ex = executor.Executor()
+    calls.clear()
+    with pytest.raises(RuntimeError, match=r"survived .*\[4242\]"):
+        ex.reset()
+    assert calls == []
+    monkeypatch.setattr(executor, "_sweep", lambda keep=(), limit_s=5.0: True)
+    assert ex.reset() == {"removed": 0, "written": 0}
+    assert calls == ["_remove_ipc", "_wipe", "new_trace", "spawn"]

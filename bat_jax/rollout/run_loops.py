@@ -53,11 +53,16 @@ def jax_memory_fraction(vllm_share: float) -> float:
     return max(0.1, 0.9 - vllm_share)
 
 
+def batch_episodes(components: Any) -> int:
+    """Episodes of one GRPO batch: rows × K (`PoolConfig.batch_size` × `AgentLoopConfig.episodes_per_state`)."""
+    return components.pools.batch_size * components.agent.episodes_per_state
+
+
 def warm_pool_size(components: Any) -> int:
     """Sandboxes one run holds at once (≥ 1): the larger of a GRPO batch's episodes (rows × K, 0 with
     `components.ray`) and the held-out evaluation's cells. `components`: an `experiment.Components`."""
     c = components
-    rollouts = 0 if c.ray is not None else c.pools.batch_size * c.agent.episodes_per_state
+    rollouts = 0 if c.ray is not None else batch_episodes(c)
     cells = len(c.evaluation.tracks or TRACKS) * c.evaluation.repeats  # = len(evaluator.suite_jobs(...))
     return max(1, rollouts, cells)
 
@@ -98,7 +103,7 @@ def open_run_loops(policy: Any, engine: Any, components: Any, backend: str, warm
         if c.ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
             from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec
 
-            share = -(-c.pools.batch_size * c.agent.episodes_per_state // c.ray.num_workers) if warm_pool else 0
+            share = -(-batch_episodes(c) // c.ray.num_workers) if warm_pool else 0  # each worker's share
             rollouts = RayRollouts.start(WorkerSpec(c.policy, c.agent, backend, c.sampler_max_batch, share,
                                                     c.sampler_prefix_cache_rows), c.ray)
         else:

@@ -464,9 +464,12 @@ class Executor:
         }, pid
 
     def reset(self, tar_b64=None):
-        """Kills every process, empties every writable mount, removes SysV IPC objects, then loads the tar."""
+        """Kills every process, empties every writable mount, removes SysV IPC objects, then loads the tar.
+        Fails closed: processes that survive the kill passes make it raise (the reply is an error and the host
+        pool replaces the container) instead of handing them to the next episode."""
         self.drop_zygote()
-        _sweep()
+        if not _sweep():
+            raise RuntimeError("reset: processes survived 5 s of SIGKILL passes: %r" % _other_pids({1, os.getpid()}))
         _remove_ipc()
         removed = _wipe()
         written = _load(tar_b64) if tar_b64 else 0
