@@ -302,29 +302,34 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
     return out
 
 
-def sweep_report(runs: Sequence[tuple[str, Mapping]], confidence: float = 0.95) -> str:
+def sweep_report(runs: Sequence[tuple[str, Mapping]], confidence: float = 0.95,
+                 groups: Mapping[str, str] | None = None) -> str:
     """One Table-2-style table over the runs of a sweep, then the paired differences.
 
     Args:
       runs: (entry name, that run's summary.json dict) in sweep order.
+      confidence: of the Student-t half-widths.
+      groups: entry name -> group (e.g. the seeds of one method); None or an entry left out = the group ''.
     Returns the text: every system of every run as one row 'entry: system'; per run, the paired track-level
-    difference of its trained system (its last one) − its SFT; and over all runs with a trained system, the
-    pooled difference (mean over every (run, track) pair, Student-t half-width over those pairs).
+    difference of its trained system (its last one) − its SFT; per group (in order of first appearance), the
+    pooled difference over its runs with a trained system (mean over every (run, track) pair, Student-t
+    half-width over those pairs) — with no groups, one pooled line over all runs.
     """
-    rows, lines, pooled = [], [], []
+    groups = dict(groups or {})
+    rows, lines, pooled = [], [], {}
     for name, summary in runs:
         final = {k: summary_from_dict(v) for k, v in summary.get("final", {}).items()}
         rows += [(f"{name}: {system}", s) for system, s in final.items()]
         trained = [k for k in final if k not in ("untrained", "SFT")]
         if trained and "SFT" in final:
             cmp = paired_comparison(final[trained[-1]], final["SFT"], "overall")
-            pooled += list(cmp.per_track.values())
+            pooled.setdefault(groups.get(name, ""), []).extend(cmp.per_track.values())
             lines.append(f"  {name}: {trained[-1]} − SFT = {display(cmp.mean_diff)} ± {100 * cmp.half_width:.1f} "
                          f"({len(cmp.per_track)} tracks)")
     text = ["```", results_table(rows), "```", "", "Trained system − SFT, paired over tracks (Overall, 0–100):",
             *lines]
-    if pooled:
-        mean = sum(pooled) / len(pooled)
-        text.append(f"  pooled over {len(pooled)} (run, track) pairs: {display(mean)} ± "
-                    f"{100 * half_width(pooled, confidence):.1f}")
+    for group, pairs in pooled.items():
+        label = f"group {group!r}, pooled" if group else "pooled"
+        text.append(f"  {label} over {len(pairs)} (run, track) pairs: {display(sum(pairs) / len(pairs))} ± "
+                    f"{100 * half_width(pairs, confidence):.1f}")
     return "\n".join(text) + "\n"

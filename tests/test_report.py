@@ -124,3 +124,14 @@ def test_sweep_report_puts_every_run_in_one_table_and_pools_the_paired_differenc
     assert "seed1: BiCuRL (retained) − SFT = 6.7 ± 14.3 (3 tracks)" in text
     # six (run, track) differences 0.1, 0, 0.1, 0.1, 0, 0.1: mean 6.7, half-width 2.571 * 5.16 / sqrt(6) = 5.4
     assert "pooled over 6 (run, track) pairs: 6.7 ± 5.4" in text
+
+
+def test_sweep_report_pools_each_group_apart():
+    """Two seeds of one method and one ablation: the seeds' six (run, track) pairs pool together, the
+    ablation's three alone (same numbers as the ungrouped test: 6.7 ± 5.4 over six; 6.7 ± 14.3 over three)."""
+    runs = [(name, {"final": {k: report.summary_dict(v) for k, v in _final().items()}})
+            for name in ("seed1", "seed2", "no_s_mix")]
+    text = report.sweep_report(runs, groups={"seed1": "BiCuRL", "seed2": "BiCuRL", "no_s_mix": "no S-mix"})
+    assert "group 'BiCuRL', pooled over 6 (run, track) pairs: 6.7 ± 5.4" in text
+    assert "group 'no S-mix', pooled over 3 (run, track) pairs: 6.7 ± 14.3" in text
+    assert "  pooled over" not in text

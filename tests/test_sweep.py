@@ -32,6 +32,9 @@ def test_bad_sweep_file_names_entry_and_field(tmp_path):
     path.write_text(json.dumps([{"name": "a", "bindings": "x = 1"}]))
     with pytest.raises(ValueError, match=r"entry 0 \(a\) field 'bindings'"):
         sweep.load_sweep(path)
+    path.write_text(json.dumps([{"name": "a", "group": ""}]))
+    with pytest.raises(ValueError, match=r"entry 0 \(a\) field 'group'"):
+        sweep.load_sweep(path)
 
 
 def test_sweep_runs_entries_in_separate_dirs(tmp_path):
@@ -93,3 +96,23 @@ def test_report_only_writes_one_table_over_finished_entries(tmp_path, capsys):
     assert "seed2: BiCuRL (retained)" in text and "unfinished" not in text
     assert "pooled over 4 (run, track) pairs: 7.5 ±" in text
     assert sweep.main([f"--sweep={path}", f"--runs_root={tmp_path / 'none'}", "--report_only"]) == 1
+
+
+@pytest.mark.parametrize("sweep_file", sorted(p.name for p in (REPO / "launch" / "sweeps").glob("*.json")))
+def test_bundled_sweep_bindings_configure_the_tiny_default(sweep_file):
+    """Every entry's bindings parse on bicurl_tiny.gin and give valid run and pool configs (their checks run)."""
+    import gin
+
+    from bat_jax import launch
+    from bat_jax.experiment import BiCuRLConfig
+    from bat_jax.stage_bank.pools import PoolConfig
+
+    for entry in sweep.load_sweep(REPO / "launch" / "sweeps" / sweep_file):
+        launch.parse_gin(["bicurl_tiny.gin"] + entry.get("gin_files", []), entry.get("bindings", []))
+        run = BiCuRLConfig(**gin.get_bindings("bat_jax.experiment.BiCuRLConfig"))
+        pools = PoolConfig(**gin.get_bindings("bat_jax.stage_bank.pools.PoolConfig"))
+        for binding in entry.get("bindings", []):
+            key, value = (x.strip() for x in binding.split("=", 1))
+            owner = {"experiment.BiCuRLConfig": run, "pools.PoolConfig": pools}.get(key.rsplit(".", 1)[0])
+            if owner is not None:
+                assert getattr(owner, key.rsplit(".", 1)[1]) == eval(value), (sweep_file, entry["name"], binding)
