@@ -135,3 +135,22 @@ def test_same_view_in_fresh_processes_with_different_hash_seeds():
                            capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
             for seed in ("1", "2")]
     assert outs[0] == outs[1] == ",".join(build_round_view(BANK, "S2", round_index=1, n_batches=5).state_ids()) + "\n"
+
+
+def test_refill_draws_further_passes_when_a_round_needs_more_rows_than_a_pool_holds():
+    """GRPO-E2E on the tiny bank: one pool of 21 E2E rows, 3 batches of 8. Without refill the round is an error
+    that names the option; with it the first 21 draws are every row once (a pass), the last 3 come back from a
+    second pass, every draw has its own round_state_id, and a round that fits draws exactly as without refill."""
+    small = [r for r in make_bank(per_focus=21)]
+    config = PoolConfig(omit=("target", "mix"), seed=3)
+    with pytest.raises(ValueError, match=r"pool 'e2e' .* has 21 rows but 3 batches need 24 .*refill"):
+        build_round_view(small, "S3", round_index=1, n_batches=3, config=config)
+    view = build_round_view(small, "S3", round_index=1, n_batches=3, config=PoolConfig(omit=("target", "mix"), seed=3,
+                                                                                       refill=True))
+    ids = [item.row.state.digest for item in view.items]
+    assert len(ids) == 24 and len(set(ids[:21])) == 21 and set(ids[21:]) <= set(ids[:21])
+    assert len({item.round_state_id for item in view.items}) == 24  # the GRPO groups stay apart
+    assert [len(b) for b in view.batches] == [8, 8, 8]
+    fits = dict(round_index=1, n_batches=2)
+    assert (build_round_view(small, "S3", config=PoolConfig(omit=("target", "mix"), seed=3, refill=True), **fits)
+            .state_ids() == build_round_view(small, "S3", config=config, **fits).state_ids())

@@ -100,12 +100,14 @@ def test_report_only_writes_one_table_over_finished_entries(tmp_path, capsys):
 
 @pytest.mark.parametrize("sweep_file", sorted(p.name for p in (REPO / "launch" / "sweeps").glob("*.json")))
 def test_bundled_sweep_bindings_configure_the_tiny_default(sweep_file):
-    """Every entry's bindings parse on bicurl_tiny.gin and give valid run and pool configs (their checks run)."""
+    """Every entry's bindings parse on bicurl_tiny.gin and give valid run and pool configs (their checks run), and
+    every round the entry could route draws its batches from the tiny bank's pools."""
     import gin
 
     from bat_jax import launch
     from bat_jax.experiment import BiCuRLConfig
     from bat_jax.stage_bank.pools import PoolConfig
+    from test_gin_configs import assert_rounds_fit_the_tiny_bank
 
     for entry in sweep.load_sweep(REPO / "launch" / "sweeps" / sweep_file):
         launch.parse_gin(["bicurl_tiny.gin"] + entry.get("gin_files", []), entry.get("bindings", []))
@@ -116,3 +118,4 @@ def test_bundled_sweep_bindings_configure_the_tiny_default(sweep_file):
             owner = {"experiment.BiCuRLConfig": run, "pools.PoolConfig": pools}.get(key.rsplit(".", 1)[0])
             if owner is not None:
                 assert getattr(owner, key.rsplit(".", 1)[1]) == eval(value), (sweep_file, entry["name"], binding)
+        assert_rounds_fit_the_tiny_bank(f"{sweep_file} entry {entry['name']}")

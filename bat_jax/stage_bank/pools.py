@@ -8,7 +8,9 @@ A round view is a sequence of batches drawn from these pools:
     largest cumulative deficit against its quota (ties → pool order), so round totals track ρ;
   * omitted pools (ablations) are dropped and the remaining proportions renormalised;
   * inside a round rows are drawn without replacement (a round needing more rows than a pool holds is an
-    error, see `max_batches`); every round starts from the full pools again;
+    error, see `max_batches`, unless `PoolConfig.refill`: then a pool that runs out starts a new pass, a fresh
+    stratified order drawn after the first passes, so a row may come back in a later draw of the round under
+    its own round_state_id); every round starts from the full pools again;
   * draws are balanced: each pool is consumed in a nested round-robin over shuffled tracks, then outcome
     buckets, then stages, so per-track counts differ by at most one while every track still has rows (and
     likewise outcome buckets inside a track);
@@ -41,6 +43,8 @@ class PoolConfig:
       batch_size: rows per batch (paper: train minibatch 8).
       omit: pool names left out of training (ablations), subset of POOLS.
       seed: base seed; round r uses SeedSequence([seed, r]).
+      refill: a round that needs more rows of a pool than it holds draws further passes over it (module
+        docstring) instead of raising; e.g. GRPO-E2E on a small bank, whose one pool must fill every batch.
     """
 
     target: float = 0.5
@@ -49,6 +53,7 @@ class PoolConfig:
     batch_size: int = 8
     omit: tuple[str, ...] = ()
     seed: int = 42
+    refill: bool = False
 
     def proportions(self) -> dict[str, Fraction]:
         """Renormalised proportions of the included pools, as exact fractions.
@@ -227,14 +232,17 @@ def build_round_view(
     props = config.proportions()
     pools = {k: v for k, v in partition_pools(rows, s_star).items() if k in props}
     counts = batch_counts(props, config.batch_size, n_batches)
+    need = {k: sum(c[k] for c in counts) for k in pools}
     for k, pool in pools.items():
-        need = sum(c[k] for c in counts)
-        if need > len(pool):
+        if need[k] > len(pool) and not (config.refill and pool):
             raise ValueError(f"round {round_index}: pool {k!r} (target {s_star.value}) has {len(pool)} rows but "
-                             f"{n_batches} batches need {need} without replacement; use fewer batches "
-                             f"(max_batches) or a larger bank")
+                             f"{n_batches} batches need {need[k]} without replacement; use fewer batches "
+                             f"(max_batches), a larger bank, or PoolConfig.refill = True (further passes)")
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, round_index]))
     orders = {k: _stratified_order(pools[k], rng) for k in POOLS if k in pools}
+    for k in POOLS:  # refill: further passes, drawn after the first ones (a round that fits draws as before)
+        while k in pools and len(orders[k]) < need[k]:
+            orders[k] = orders[k] + _stratified_order(pools[k], rng)
     cursor = {k: 0 for k in pools}
     batches = []
     view_index = 0
