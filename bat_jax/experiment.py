@@ -261,10 +261,7 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
         t_round = time.perf_counter()
         held = bool(records) and records[-1].decision != "accept"
         decision = _route(stage_scores, round_index=r, held=held, config=c.router)
-        rows = [row for row in view.rl_rows if config.mode != "grpo_e2e" or row.focus == "E2E"]
-        pool_cfg = c.pools if config.mode != "grpo_e2e" else dataclasses.replace(c.pools, omit=("target", "mix"))
-        if config.mode == "grpo_e2e":
-            rows = [dataclasses.replace(row, reward_source="task_metric") for row in rows]
+        rows, pool_cfg = mode_pools(view.rl_rows, config.mode, c.pools)
         round_view = pools.build_round_view(rows, decision.target, round_index=r,
                                             n_batches=config.grpo_steps_per_round, config=pool_cfg)
         preflight(manifest, rows=[item.row for item in round_view.items], load_state=bank.load_state,
@@ -345,6 +342,15 @@ def _needed_steps(state: ctl.ControllerState) -> set[int]:
 def _step(checkpoint: str) -> int:
     """Orbax step of a controller checkpoint name 'ckpt-<round>'."""
     return int(checkpoint.removeprefix("ckpt-"))
+
+
+def mode_pools(rl_rows, mode: str, pool_config: pools.PoolConfig) -> tuple[list, pools.PoolConfig]:
+    """The RL rows and pool config a round of `mode` draws from: all rows and `pool_config` for BiCuRL; for the
+    GRPO-E2E baseline only the E2E rows, rewarded by their task metric, in the E2E pool alone."""
+    if mode != "grpo_e2e":
+        return list(rl_rows), pool_config
+    rows = [dataclasses.replace(row, reward_source="task_metric") for row in rl_rows if row.focus == "E2E"]
+    return rows, dataclasses.replace(pool_config, omit=("target", "mix"))
 
 
 def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: BiCuRLConfig,

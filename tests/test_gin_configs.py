@@ -119,20 +119,16 @@ TINY_BANK_ROWS_PER_FOCUS = 21
 
 def assert_rounds_fit_the_tiny_bank(context: str) -> None:
     """With the parsed gin config, every round the run could route (any target stage) draws its
-    `grpo_steps_per_round` batches from pools of the tiny bank's sizes (as `experiment.run` builds them:
-    GRPO-E2E keeps the E2E pool only) without an error."""
-    import dataclasses
-
+    `grpo_steps_per_round` batches from pools of the tiny bank's sizes (as `experiment.run` builds them,
+    `experiment.mode_pools`: GRPO-E2E keeps the E2E pool only) without an error."""
     from bat_jax.benchmark.stages import STAGES
-    from bat_jax.experiment import BiCuRLConfig
+    from bat_jax.experiment import BiCuRLConfig, mode_pools
     from bat_jax.stage_bank.pools import PoolConfig, build_round_view
     from test_pools import make_bank
 
     run = BiCuRLConfig(**gin.get_bindings("bat_jax.experiment.BiCuRLConfig"))
-    pools = PoolConfig(**gin.get_bindings("bat_jax.stage_bank.pools.PoolConfig"))
-    if run.mode == "grpo_e2e":
-        pools = dataclasses.replace(pools, omit=("target", "mix"))
-    rows = make_bank(per_focus=TINY_BANK_ROWS_PER_FOCUS)
+    rows, pools = mode_pools(make_bank(per_focus=TINY_BANK_ROWS_PER_FOCUS), run.mode,
+                             PoolConfig(**gin.get_bindings("bat_jax.stage_bank.pools.PoolConfig")))
     for stage in STAGES:
         try:
             build_round_view(rows, stage, round_index=1, n_batches=run.grpo_steps_per_round, config=pools)
