@@ -19,8 +19,10 @@ of differently padded batches, so a rare draw can tip).
 
   python launch/bench/bench_continuous_batching.py [--bank runs/stage_bank_tiny] [--policy runs/bicurl_tiny/export]
 
-Measured (2 CPU cores, idle; 8 rows × K = 4, policy and bank of a tiny-default run): plain 158.2 s first run,
-96.7 s warm; continuous (16 slots) 162.8 s first run, 47.2 s warm: 2.05× warm, 66,971 vs 66,856 sampled tokens.
+Measured before this script existed, by a scratch script with the same two engines and agent limits on 8 rows
+taken by focus instead (4 S3, 2 S2, 2 E2E; 2 CPU cores, idle; the exported policy and bank of a tiny-default run):
+plain 158.2 s first run, 96.7 s warm; continuous (16 slots) 162.8 s first run, 47.2 s warm: 2.05× warm, 66,971 vs
+66,856 sampled tokens. This script's own output is not recorded yet.
 """
 
 from __future__ import annotations
