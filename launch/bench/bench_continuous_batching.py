@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     finally:
         sandboxes.close()
     same = sum(a == b for a, b in zip(ids["plain"], ids["continuous"]))
-    print(f"warm plain / continuous: {warm['plain'] / warm['continuous']:5.2f}x; token-identical trajectories "
+    which = "warm" if args.repeats > 1 else "first runs (compiles included)"
+    print(f"{which} plain / continuous: {warm['plain'] / warm['continuous']:5.2f}x; token-identical trajectories "
           f"{same}/{len(ids['plain'])}", flush=True)
     return 0
 
