@@ -71,3 +71,23 @@ def test_host_copy_needs_no_device_and_comes_back_sharded():
     w = model.model.embed_tokens.weight.get_value()
     assert len(w.sharding.device_set) == 8
     assert mesh_lib.BATCH_AXES == ("data", "fsdp")
+
+
+def test_grpo_blocks_share_one_jitted_step_and_start_from_a_fresh_optimizer_state():
+    learner = _learner()
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 64, (4, 12)).astype(np.int32)
+    batch = {"input_ids": ids, "attention_mask": np.ones_like(ids), "loss_mask": np.tile((np.arange(12) >= 6), (4, 1)),
+             "old_logprobs": np.full((4, 12), -4.0, np.float32), "ref_logprobs": np.full((4, 12), -4.0, np.float32),
+             "advantages": np.array([1.0, -1.0, 0.5, -0.5], np.float32)}
+    cfg, opt = grpo.GRPOConfig(kl_coef=0.01), OptimizerConfig(learning_rate=1e-2)
+    step1, state = learner.grpo_block(cfg, opt, total_steps=2)
+    state, _ = step1(state, batch)
+    learner.adopt(state)
+    step2, state2 = learner.grpo_block(cfg, opt, total_steps=2)
+    assert step2 is step1  # the second round's block compiles nothing new
+    assert int(state2.step) == 0
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), state2.params, learner.params)
+    assert all(float(np.abs(np.asarray(x)).max()) == 0.0  # Adam moments start at zero again
+               for x in jax.tree.leaves(state2.opt_state) if np.asarray(x).ndim > 0)
+    assert learner.grpo_block(cfg, OptimizerConfig(learning_rate=1e-3), total_steps=2)[0] is not step1

@@ -14,6 +14,7 @@ from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import OptimizerConfig
 from bat_jax.models.causal_lm import REMAT_POLICIES, ForwardOptions, ordered_remat
 from bat_jax.models.configs import Qwen3_5Config, Qwen3Config
+from bat_jax.models import layers
 from bat_jax.models.layers import attend, attend_causal, causal_valid
 from bat_jax.models.qwen3 import Qwen3ForCausalLM
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
@@ -109,19 +110,27 @@ def test_policy_shift_kl_equal_chunked():
     assert float(part[1]) == float(full[1]) == b["attention_mask"].sum()
 
 
-def test_blockwise_attention_equals_dense_with_padding_and_offset():
+def test_blockwise_attention_equals_dense_with_padding_and_offset(monkeypatch):
     rng = np.random.default_rng(3)
     q = jnp.asarray(rng.normal(size=(2, 13, 4, 8)), jnp.float32)
     k = jnp.asarray(rng.normal(size=(2, 20, 2, 8)), jnp.float32)
     v = jnp.asarray(rng.normal(size=(2, 20, 2, 8)), jnp.float32)
     key_mask = jnp.asarray(np.arange(20)[None] >= np.array([[0], [3]]))  # row 1 left-padded by 3
     dense = attend(q, k, v, causal_valid(key_mask, 7, 13))
+    traced = jax.jit(attend_causal, static_argnums=5)  # a traced q_offset: blocks over every key (lax.map)
     for block in (4, 5, 13):
-        np.testing.assert_allclose(np.asarray(attend_causal(q, k, v, key_mask, 7, block)), np.asarray(dense),
-                                   atol=1e-6)
-    g_dense = jax.grad(lambda q: jnp.sum(jnp.sin(attend(q, k, v, causal_valid(key_mask, 7, 13)))))(q)
-    g_block = jax.grad(lambda q: jnp.sum(jnp.sin(attend_causal(q, k, v, key_mask, 7, 4))))(q)
-    np.testing.assert_allclose(np.asarray(g_block), np.asarray(g_dense), rtol=1e-5, atol=1e-6)
+        for out in (attend_causal(q, k, v, key_mask, 7, block), traced(q, k, v, key_mask, 7, block)):
+            np.testing.assert_allclose(np.asarray(out), np.asarray(dense), atol=1e-6)
+    # more blocks than layers.MAX_UNROLLED_BLOCKS: longer blocks (13 queries, at most 2 blocks), same values
+    monkeypatch.setattr(layers, "MAX_UNROLLED_BLOCKS", 2)
+    np.testing.assert_allclose(np.asarray(attend_causal(q, k, v, key_mask, 7, 1)), np.asarray(dense), atol=1e-6)
+    g_dense = jax.grad(lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, causal_valid(key_mask, 7, 13)))),
+                       argnums=(0, 1, 2))(q, k, v)
+    for offset_kind in (int, jnp.int32):  # static (keys cut per block) and traced offsets
+        g_block = jax.grad(lambda q, k, v: jnp.sum(jnp.sin(attend_causal(q, k, v, key_mask, offset_kind(7), 4))),
+                           argnums=(0, 1, 2))(q, k, v)
+        for got, want in zip(g_block, g_dense, strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
 def test_ordered_remat_gives_checkpoint_values_and_pins_the_backward_order():

@@ -203,20 +203,38 @@ def causal_valid(key_mask: jax.Array, q_offset, t: int) -> jax.Array:
     return causal[None] & key_mask[:, None, :]
 
 
+MAX_UNROLLED_BLOCKS = 32
+
+
 def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, q_offset=0,
                   block: int = 0) -> jax.Array:
     """Causal GQA attention, ``attend(q, k, v, causal_valid(key_mask, q_offset, t))``, computed ``block`` queries
     at a time when ``0 < block < t``.
 
     q ``[b, t, H, d]`` (scaled), k/v ``[b, s, K, d]``, key_mask ``[b, s]`` bool, q_offset int (slot of query 0).
-    Blockwise, the float32 scores of one query block, ``[b, H, block, s]``, are the largest buffer (never
-    ``[b, H, t, s]``); each block is rematerialised in the backward pass (``jax.checkpoint``). Every query row
-    is the same softmax over the same keys as the dense form, so the two agree to float round-off.
+    Blockwise, the float32 scores of one query block, ``[b, H, block, s]`` at most, are the largest buffer (never
+    ``[b, H, t, s]``); each block is rematerialised in the backward pass (``jax.checkpoint``). With a static
+    (Python int) ``q_offset`` (training, fresh prompts) query block ``[lo, hi)`` reads only keys
+    ``[0, q_offset + hi)``, the ones it may see: about half of the dense work at ``t = s`` (a tiny Qwen3.5 on CPU,
+    ``[1, 3072]``, block 128: forward 319 → 114 ms, gradient 956 → 291 ms against one ``jax.lax.map`` over
+    1,024-query blocks); the blocks are unrolled, at most ``MAX_UNROLLED_BLOCKS`` of them (longer sequences get
+    longer blocks). A traced ``q_offset`` (a prompt continuing a cache) maps over blocks that read every key.
+    Every query row is the same softmax over the same keys as the dense form, so they agree to float round-off.
     Returns ``[b, t, H, d]`` in q's dtype.
     """
     b, t, h, d = q.shape
     if not block or t <= block:
         return attend(q, k, v, causal_valid(key_mask, q_offset, t))
+    if isinstance(q_offset, int):
+        block = max(block, -(-t // MAX_UNROLLED_BLOCKS))
+        outs = []
+        for lo in range(0, t, block):
+            hi = min(t, lo + block)
+            keys = min(k.shape[1], q_offset + hi)
+            outs.append(jax.checkpoint(lambda q_i, k_i, v_i, m_i, start=q_offset + lo: attend(
+                q_i, k_i, v_i, causal_valid(m_i, start, q_i.shape[1])))(
+                q[:, lo:hi], k[:, :keys], v[:, :keys], key_mask[:, :keys]))
+        return jnp.concatenate(outs, axis=1)
     pad = (-t) % block
     n = (t + pad) // block
     qb = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, block, h, d)
