@@ -44,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
-from bat_jax.rollout.jax_sampler import JaxSampler, _bucket, _sample
+from bat_jax.rollout.jax_sampler import JaxSampler, draw, stop_array
 from bat_jax.rollout.prefix_cache import RowState, assemble, extract_rows
 
 
@@ -68,10 +68,8 @@ def _decode_chunk(state, cache, tok, live, steps, budgets, seeds, temperature, t
     def body(carry):
         i, cache, tok, live, steps, out_ids, out_lp, stopped = carry
         logits, cache = model.decode_step(tok, cache, live=live)
-        new, lp = _sample(logits, keys, steps, temperature, top_p, top_k)
-        out_ids = out_ids.at[:, i].set(jnp.where(live, new, 0))
-        out_lp = out_lp.at[:, i].set(jnp.where(live, lp, 0.0))
-        hit = live & jnp.any(new[:, None] == stop[None, :], axis=-1)
+        new, out_ids, out_lp, hit = draw(logits, keys, steps, i, live, out_ids, out_lp, stop, temperature, top_p,
+                                         top_k)
         steps = steps + live.astype(jnp.int32)
         tok = jnp.where(live, new, tok)
         return i + 1, cache, tok, live & ~hit & (steps < budgets), steps, out_ids, out_lp, stopped | hit
@@ -139,6 +137,7 @@ class ContinuousBatchingSampler:
         self._progress = threading.Condition()
         self._rows: list[_Row | None] = [None] * self.slots
         self._cache = None  # the batch's device DecodeCache (None: no row decoding)
+        self._host_cache = None  # its numpy copy, once read back after a chunk (`_cache_on_host`)
         self._length = 0  # the device cache's write index (host copy)
         self.chunks = 0  # compiled decode chunks run (diagnostics)
         self.rebuilds = 0  # cache rebuilds (admissions and compactions)
@@ -194,7 +193,7 @@ class ContinuousBatchingSampler:
         admitted = self._admit()
         live = [i for i, r in enumerate(self._rows) if r is not None]
         if not live:
-            self._cache = None
+            self._cache = self._host_cache = None
             return
         if admitted or self._cache is None or self._length + self.chunk_steps > self._cache.max_len:
             self._rebuild(admitted)
@@ -210,13 +209,12 @@ class ContinuousBatchingSampler:
                 tok[i], alive[i], steps[i], budgets[i] = r.ids[-1], True, len(r.ids), r.budget
                 seeds[i] = r.seed % (1 << 32)
         params = next(r.params for r in rows if r is not None)
-        stops = params.stop_token_ids
-        stop_arr = np.full((_bucket(len(stops), 8),), -1, np.int32)
-        stop_arr[:len(stops)] = stops
+        stop_arr = stop_array(params.stop_token_ids)
         self._cache, _, live_after, steps_after, out_ids, out_lp, stopped, n = _decode_chunk(
             s._state, self._cache, jnp.asarray(tok), jnp.asarray(alive), jnp.asarray(steps), jnp.asarray(budgets),
             jnp.asarray(seeds), jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.int32(params.top_k),
             jnp.asarray(stop_arr), graphdef=s._graphdef, chunk=self.chunk_steps)
+        self._host_cache = None
         live_after, steps_after, out_ids, out_lp, stopped, n = jax.device_get(
             (live_after, steps_after, out_ids, out_lp, stopped, n))
         self.chunks += 1
@@ -282,7 +280,7 @@ class ContinuousBatchingSampler:
         new = {slot: state for slot, _, state in admitted}
         if self._cache is not None:
             fed = [r.fed() if r is not None and i not in new else None for i, r in enumerate(self._rows)]
-            for i, state in enumerate(extract_rows(jax.device_get(self._cache), fed)):
+            for i, state in enumerate(extract_rows(self._cache_on_host(), fed)):
                 if fed[i] is not None:
                     if state is None:
                         raise RuntimeError(f"ContinuousBatchingSampler: slot {i}'s decode state could not be read")
@@ -292,9 +290,16 @@ class ContinuousBatchingSampler:
         longest = max(len(st.tokens) for st in states if st is not None)
         max_len = self.sampler.slots_for(longest + self.headroom_chunks * self.chunk_steps, self.slot_step)
         host = assemble(states, self.sampler.cache_template(self.slots, max_len))
-        self._cache = jax.tree.map(jnp.asarray, host)
+        self._cache, self._host_cache = jax.tree.map(jnp.asarray, host), host
         self._length = longest
         self.rebuilds += 1
+
+    def _cache_on_host(self):
+        """The batch cache as numpy arrays, copied from the device at most once per decode chunk (finished rows'
+        states are stored and the next step's rebuild reads the running rows from the same copy)."""
+        if self._host_cache is None:
+            self._host_cache = jax.device_get(self._cache)
+        return self._host_cache
 
     def _store_states(self, slots: list[int]) -> None:
         """Puts the finished rows' decode states into the sampler's prefix store (if it has one)."""
@@ -302,7 +307,7 @@ class ContinuousBatchingSampler:
         if store is None:
             return
         fed = [self._rows[i].fed() if i in slots else None for i in range(self.slots)]
-        for state in extract_rows(jax.device_get(self._cache), fed):
+        for state in extract_rows(self._cache_on_host(), fed):
             if state is not None:
                 store.put(state)
 
@@ -315,7 +320,7 @@ class ContinuousBatchingSampler:
             r.error = exc
             r.done.set()
         self._rows = [None] * self.slots
-        self._cache = None
+        self._cache = self._host_cache = None
 
 
 def jax_engine(model: Any, *, max_context: int, max_batch: int, prefix_cache_rows: int = 0,

@@ -53,6 +53,14 @@ def _bucket(n: int, minimum: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def stop_array(stop_token_ids: Sequence[int]) -> np.ndarray:
+    """The stop ids as the compiled programs take them: ``[n] int32``, ``n`` a power of two ≥ 8, padded with -1
+    (never a token id), so a few stop-list lengths share one program."""
+    out = np.full((_bucket(len(stop_token_ids), 8),), -1, np.int32)
+    out[:len(stop_token_ids)] = stop_token_ids
+    return out
+
+
 def prompt_bucket(n: int, minimum: int, step: int) -> int:
     """Padded prompt length (tokens) for a longest prompt of `n` tokens: `_bucket(n, minimum)` up to `step`,
     above it the smallest multiple of `step` >= n, never below `minimum` (`step` = 0: powers of two throughout)."""
@@ -78,6 +86,17 @@ def _sample(logits, keys, step, temperature, top_p, top_k):
     return ids, jnp.take_along_axis(logp, ids[:, None], axis=-1)[:, 0]
 
 
+def draw(logits, keys, step, column, live, out_ids, out_lp, stop, temperature, top_p, top_k):
+    """One sampling step of a batch, shared by `_generate` and the continuous batcher's decode chunk: each row's
+    token drawn at completion index `step` (scalar or `[B]` int32; `_sample`), written with its logprob into
+    column `column` of `out_ids` `[B, N] int32` / `out_lp` `[B, N] float32` (0 for rows not `live`, `[B]` bool).
+    Returns (tokens `[B] int32`, out_ids, out_lp, hit_stop `[B]` bool: a live row drew one of `stop`)."""
+    tok, lp = _sample(logits, keys, step, temperature, top_p, top_k)
+    out_ids = out_ids.at[:, column].set(jnp.where(live, tok, 0))
+    out_lp = out_lp.at[:, column].set(jnp.where(live, lp, 0.0))
+    return tok, out_ids, out_lp, live & jnp.any(tok[:, None] == stop[None, :], axis=-1)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "max_len", "cache_dtype", "return_cache"))
 def _generate(state, cache, prompt_ids, prompt_mask, budgets, seeds, temperature, top_p, top_k, stop, *, graphdef,
               max_new, max_len, cache_dtype, return_cache):
@@ -96,12 +115,10 @@ def _generate(state, cache, prompt_ids, prompt_mask, budgets, seeds, temperature
 
     def record(carry_bufs, step, logits_t, done):
         out_ids, out_lp, lengths, stopped = carry_bufs
-        tok, lp = _sample(logits_t, keys, step, temperature, top_p, top_k)
         live = ~done
-        out_ids = out_ids.at[:, step].set(jnp.where(live, tok, 0))
-        out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+        tok, out_ids, out_lp, hit_stop = draw(logits_t, keys, step, step, live, out_ids, out_lp, stop,
+                                              temperature, top_p, top_k)
         lengths = lengths + live.astype(jnp.int32)
-        hit_stop = live & jnp.any(tok[:, None] == stop[None, :], axis=-1)
         stopped = stopped | hit_stop
         done = done | hit_stop | (lengths >= budgets)
         return (out_ids, out_lp, lengths, stopped), tok, done
@@ -276,9 +293,7 @@ class JaxSampler:
         budget_arr[:n] = budgets
         seed_arr = np.zeros((b,), np.uint32)
         seed_arr[:n] = np.asarray(seeds, np.int64) % (1 << 32)
-        stops = params.stop_token_ids
-        stop_arr = np.full((_bucket(len(stops), 8),), -1, np.int32)
-        stop_arr[:len(stops)] = stops
+        stop_arr = stop_array(params.stop_token_ids)
         cache = assemble(reused, self.cache_template(b, max_len)) if held else None
         (out_ids, out_lp, lengths, stopped), final = _generate(
             self._state, cache, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(budget_arr),
