@@ -234,12 +234,6 @@ class EngineCells:
         return cells
 
 
-def _tool_action(action) -> Any:
-    from bat_jax.sandbox.tools import Action
-
-    return Action(thought=action.text, tool=action.tool or "stop", arguments=dict(action.arguments))
-
-
 def render_sft_row(row: Any, policy: Policy, max_seq_len: int, max_observation_chars: int | None = None,
                    all_turns: bool = False) -> dict[str, np.ndarray] | None:
     """Tokenised SFT example of a Stage Bank SFT row in the policy's chat template (DESIGN: rows are
@@ -274,13 +268,13 @@ def render_sft_row(row: Any, policy: Policy, max_seq_len: int, max_observation_c
     rest = row.context[start:]
     for message in rest:
         if message.role == "assistant":
-            builder.add_assistant_text(render_action(_tool_action(message.action), policy.family))
+            builder.add_assistant_text(render_action(message.action, policy.family))
         else:
             builder.add_tool_response(message.content if max_observation_chars is None
                                       else cut_observation(message.content, max_observation_chars))
     context = builder.build()
     prompt = context.ids.tolist()
-    response = builder.encode(render_action(_tool_action(row.target), policy.family))
+    response = builder.encode(render_action(row.target, policy.family))
     if len(prompt) + len(response) + 1 > max_seq_len:
         return None
     example = build_sft_example(prompt, response, builder.eot_id, max_seq_len)

@@ -13,7 +13,8 @@ import pytest
 
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.bank import BankError, StageBank
-from bat_jax.stage_bank.row import (Action, Message, Provenance, RLRow, RubricItem, SFTRow, StateRef)
+from bat_jax.sandbox.tools import STOP, Action
+from bat_jax.stage_bank.row import (Message, Provenance, RLRow, RubricItem, SFTRow, StateRef)
 
 REPO = Path(__file__).resolve().parents[1]
 H = "ab" * 32
@@ -32,7 +33,7 @@ def make_rows(bank, n, *, start=0, tracks=("vqa", "segmentation"), foci=("S1", "
 
 
 def sft(i):
-    return SFTRow((Message("user", f"task {i}"),), Action(f"answer {i}"), "S1", Provenance(f"src-{i}", H, "vqa",
+    return SFTRow((Message("user", f"task {i}"),), Action(f"answer {i}", STOP), "S1", Provenance(f"src-{i}", H, "vqa",
                                                                                          "success"))
 
 

@@ -248,10 +248,10 @@ def test_checkpointer_delete_removes_one_step(tmp_path):
 
 def _plant_sft_row(bank, leaked):
     """A hand-curated bank version: an admitted SFT row whose target copies a held-out scan into the workspace."""
-    from bat_jax.stage_bank.row import Action
+    from bat_jax.sandbox.tools import Action
 
     row = bank.read().sft_rows[0]
-    planted = dataclasses.replace(row, target=Action(text="Fetch the reference scan first.", tool="execute_code",
+    planted = dataclasses.replace(row, target=Action(thought="Fetch the reference scan first.", tool="execute_code",
                                                      arguments={"language": "bash",
                                                                 "code": f"cp /mnt/eval/{leaked} data/images/"}))
     version = bank.admit(sft_rows=[planted], note="hand-curated recovery example")

@@ -131,7 +131,7 @@ def test_sft_slices_one_row_per_response_with_prior_turns():
     assert "# Task tr-x" in rows[0].context[1].content and "Stage S5 Submit" in rows[0].context[1].content
     assert rows[1].context[2].action.arguments["code"] == "cat task.md"
     assert rows[2].context[5].content == "out1\n[exit code 0]"
-    assert rows[2].target.tool == "submit" and rows[1].target.text == "env"
+    assert rows[2].target.tool == "submit" and rows[1].target.thought == "env" and rows[1].target.stage is None
     assert [r.provenance.transformations[-1].params["turn"] for r in rows] == [0, 1, 2]
     surrogate = Provenance("tr-x", "a" * 64, "vqa", "success",
                            (slicing.transformation("e2e_reduce", cases=2),))

@@ -11,7 +11,8 @@ from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.leakage import (HeldOutManifest, LeakageConfig, LeakageError, LeakageHit, LeakageReport,
                                         LeakageScanner, preflight)
-from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow)
+from bat_jax.sandbox.tools import STOP, Action
+from bat_jax.stage_bank.row import (EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow)
 
 H = "ab" * 32
 ANSWER = ("the right lower lobe shows a small apical pneumothorax without mediastinal shift "
@@ -50,7 +51,7 @@ def make_row(bank, i, rng, **kw):
 
 def sft_row(i, rng, target_text=None):
     return SFTRow((Message("user", clean_text(rng)), Message("tool", clean_text(rng, 40))),
-                  Action(target_text or clean_text(rng)), "S4", Provenance(f"fict-{i}", H, "report", "recovery"))
+                  Action(target_text or clean_text(rng), STOP), "S4", Provenance(f"fict-{i}", H, "report", "recovery"))
 
 
 def test_marker_matching_rules():

@@ -6,7 +6,8 @@ import pytest
 
 from bat_jax.policy import AGENT_SYSTEM_PROMPT, PolicyConfig, build_policy, render_sft_row
 from bat_jax.rollout.agent_loop import cut_observation
-from bat_jax.stage_bank.row import Action, Message, Provenance, SFTRow
+from bat_jax.sandbox.tools import Action
+from bat_jax.stage_bank.row import Message, Provenance, SFTRow
 
 MICRO = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
          "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,

@@ -6,13 +6,17 @@ import json
 import pytest
 
 from bat_jax.benchmark.stages import Stage
+from bat_jax.sandbox import tools
+from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
+from bat_jax.stage_bank.row import (EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
                                     StateRef, Transformation, canonical_json)
 from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
 from bat_jax.stage_bank.row_validation import RowValidationError
 
 H = "ab" * 32
+#: digest of `sft_row()` as the code before the one action type computed it (commit d41b7f7)
+SFT_ROW_DIGEST = "e8a41190dbf36a242af9cf86a664f96d4076e74359c41625706680488b54e16a"
 STATE = SandboxState(files={"task.md": b"Segment the fictional liver.", "data/x.txt": b"1"}, env={"SEED": "1"})
 
 
@@ -35,7 +39,7 @@ def sft_row(**kw):
     args = dict(context=(Message("system", "You are an agent."), Message("user", "Plan the task."),
                          Message("assistant", action=Action("", "execute_code", {"language": "bash", "code": "ls"})),
                          Message("tool", "task.md\n[exit code 0]")),
-                target=Action("Plan: 1) load 2) train", "", {}), focus="S1", provenance=provenance())
+                target=Action("Plan: 1) load 2) train", STOP), focus="S1", provenance=provenance())
     args.update(kw)
     return SFTRow(**args)
 
@@ -119,17 +123,43 @@ def test_sft_row_roundtrip_and_digest():
 
 @pytest.mark.parametrize("kw, field", [
     (dict(context=()), "context"),
-    (dict(context=(Message("user", "x"), Message("assistant", action=Action("ok")))), "context[1].role"),
-    (dict(target=Action("", "execute_code", {"language": "python"})), "target.arguments.code"),
-    (dict(target=Action("", "")), "target"),
-    (dict(target=Action("x", "rm_rf", {})), "target.tool"),
+    (dict(context=(Message("user", "x"), Message("assistant", action=Action("ok", STOP)))), "context[1].role"),
+    (dict(target=Action("", STOP)), "target"),
+    (dict(target=Action("Plan.", STOP, stage=Stage.PLAN)), "target.stage"),
+    (dict(target={"text": "x", "tool": "", "arguments": {}}), "target"),
     (dict(context=(Message("robot", "x"),)), "context[0].role"),
-    (dict(context=(Message("user", "x", action=Action("y")),)), "context[0].action"),
+    (dict(context=(Message("user", "x", action=Action("y", STOP)),)), "context[0].action"),
 ])
 def test_sft_row_validation_names_field(kw, field):
     with pytest.raises(RowValidationError) as e:
         sft_row(**kw)
     assert e.value.field == field
+
+
+@pytest.mark.parametrize("target, field", [
+    ({"text": "", "tool": "execute_code", "arguments": {"language": "python"}}, "target.arguments"),
+    ({"text": "x", "tool": "rm_rf", "arguments": {}}, "target.tool"),
+    ({"text": "x", "tool": "", "arguments": {"path": "a"}}, "target.arguments"),
+    ({"text": 3, "tool": "", "arguments": {}}, "target.text"),
+    ({"text": "", "tool": "", "arguments": {}}, "target"),
+])
+def test_stored_action_records_are_checked_and_name_the_field(target, field):
+    record = sft_row().to_dict()
+    record["target"] = target
+    with pytest.raises(RowValidationError) as e:
+        sft_row_from_dict(record)
+    assert e.value.field == field
+
+
+def test_rows_hold_the_one_agent_action_and_keep_their_stored_form_and_digest():
+    # the same record and digest as when rows had their own action type (text / tool '' / arguments), so banks
+    # built before stay valid; the digest was computed by that code (commit d41b7f7)
+    row = sft_row()
+    assert isinstance(row.target, tools.Action) and row.target.tool == STOP
+    assert row.to_dict()["target"] == {"text": "Plan: 1) load 2) train", "tool": "", "arguments": {}}
+    assert row.to_dict()["context"][2]["action"] == {"text": "", "tool": "execute_code",
+                                                     "arguments": {"language": "bash", "code": "ls"}}
+    assert row.digest == SFT_ROW_DIGEST
 
 
 def test_sft_parse_rejects_rl_kind():

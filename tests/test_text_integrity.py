@@ -22,7 +22,8 @@ from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder, TextCodec
 from bat_jax.models.tokenizer import load_tiny_tokenizer
 from bat_jax.policy import Policy, render_sft_row, user_message
-from bat_jax.stage_bank.row import Action, Message, Provenance, SFTRow
+from bat_jax.sandbox.tools import Action
+from bat_jax.stage_bank.row import Message, Provenance, SFTRow
 
 #: The tiny tokenizer's ids of the glue tokens used below (its added tokens follow 3,551 learned tokens).
 TINY_EOT, TINY_IM_START, TINY_TOOL_RESPONSE, TINY_TOOL_RESPONSE_END, TINY_THINK = 3553, 3552, 3573, 3574, 3575

@@ -1,7 +1,9 @@
 """Stage Bank rows: the RL row z = (p, s, c, G, κ, m) and the SFT slice (h, a), their validation and digests.
 
 Source: paper Eq. 2 / Eq. 7 (row tuple), Eq. 9 (SFT slices), Appendix A.1. Rows are model-neutral: actions are
-stored as structured records (`Action`), never as one model's chat-template text. Rows do not depend on Docker:
+the one structured agent action (`sandbox.tools.Action`, without a stage: the row's focus names it), stored as
+the record {"text", "tool", "arguments"} (tool '' for a text-only action, `tools.STOP` in memory), never as one
+model's chat-template text. Rows do not depend on Docker:
 the sandbox state p is a `StateRef` (content digest of a `SandboxState` + path of its stored archive).
 
 Every row has a SHA-256 `digest` over its canonical JSON (sorted keys, no whitespace, UTF-8) and a stable
@@ -33,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.row_validation import check_focus, check_hex, check_ident, check_text, fail
 
@@ -130,21 +133,6 @@ class Provenance:
 
 
 @dataclasses.dataclass(frozen=True)
-class Action:
-    """A model-neutral assistant action: free text plus at most one tool call.
-
-    Attributes:
-      text: the visible response text (may be '' when the action is only a tool call).
-      tool: '' (no tool call), 'execute_code' or 'submit'.
-      arguments: tool arguments, e.g. {'language': 'python', 'code': '...'} or {'path': 'out.csv'}.
-    """
-
-    text: str = ""
-    tool: str = ""
-    arguments: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
 class Message:
     """One context message of an SFT slice: `role` in ROLES; assistant messages carry an `action`,
     other roles carry `content` (tool messages: the observation text the agent saw)."""
@@ -154,23 +142,20 @@ class Message:
     action: Action | None = None
 
 
+def action_record(action: Action) -> dict[str, Any]:
+    """The stored form of a row action: {"text": thought, "tool": tool ('' for `STOP`), "arguments"}."""
+    return {"text": action.thought, "tool": "" if action.tool == STOP else action.tool,
+            "arguments": dict(action.arguments)}
+
+
 def _validate_action(action: Any, field: str) -> None:
+    # tools.Action checked its tool and arguments on construction
     if not isinstance(action, Action):
         fail(f"must be an Action, got {type(action).__name__}", field)
-    check_text(action.text, f"{field}.text", allow_empty=True)
-    if action.tool not in ACTION_TOOLS:
-        fail(f"must be one of {ACTION_TOOLS}, got {action.tool!r}", f"{field}.tool")
-    if not isinstance(action.arguments, Mapping):
-        fail("must be a mapping", f"{field}.arguments")
-    if action.tool == "" and action.arguments:
-        fail("a text-only action has no arguments", f"{field}.arguments")
-    if action.tool == "execute_code":
-        for key in ("language", "code"):
-            if not isinstance(action.arguments.get(key), str):
-                fail(f"execute_code needs a string {key!r}", f"{field}.arguments.{key}")
-    if action.tool == "submit" and not isinstance(action.arguments.get("path"), str):
-        fail("submit needs a string 'path'", f"{field}.arguments.path")
-    if action.tool == "" and not action.text.strip():
+    check_text(action.thought, f"{field}.text", allow_empty=True)
+    if action.stage is not None:
+        fail("a row action names no stage (the row's focus does)", f"{field}.stage")
+    if action.tool == STOP and not action.thought.strip():
         fail("an action needs text or a tool call", field)
 
 
@@ -352,6 +337,8 @@ class SFTRow:
 
 
 def _asdict(obj: Any) -> Any:
+    if isinstance(obj, Action):
+        return action_record(obj)
     if dataclasses.is_dataclass(obj):
         return {f.name: _asdict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, Mapping):

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
+from bat_jax.sandbox.tools import STOP, Action, action_error
+from bat_jax.stage_bank.row import (ACTION_TOOLS, EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
                                     StateRef, Transformation)
 from bat_jax.stage_bank.row_validation import RowValidationError, fail
 
@@ -48,8 +49,14 @@ def _parse_provenance(d: Any, field: str = "provenance") -> Provenance:
 def _parse_action(d: Any, field: str) -> Action:
     if not isinstance(d, Mapping):
         fail("must be an object", field)
-    return Action(_get(d, "text", f"{field}.text"), _get(d, "tool", f"{field}.tool"),
-                  _get(d, "arguments", f"{field}.arguments", dict))
+    text, tool = _get(d, "text", f"{field}.text"), _get(d, "tool", f"{field}.tool")
+    arguments = _get(d, "arguments", f"{field}.arguments", dict)
+    if tool not in ACTION_TOOLS:
+        fail(f"must be one of {ACTION_TOOLS}, got {tool!r}", f"{field}.tool")
+    error = action_error(tool or STOP, arguments)
+    if error:
+        fail(error, f"{field}.arguments")
+    return Action(text, tool or STOP, arguments)
 
 
 def _check_digest(d: Mapping, row: RLRow | SFTRow) -> None:

@@ -7,13 +7,14 @@ union of the stage contracts). Everything but `boundary_state` (which replays a 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.sandbox import tools
 from bat_jax.sandbox.tools import dispatch
 from bat_jax.sandbox.types import Sandbox, SandboxState
-from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RubricItem, SFTRow,
+from bat_jax.stage_bank.row import (EvidenceRequirement, Message, Provenance, RubricItem, SFTRow,
                                     Transformation, content_digest)
 from bat_jax.tasks.base import TaskInstance
 from bat_jax.tasks.brief import stage_skill
@@ -21,9 +22,9 @@ from bat_jax.tasks.episode import Conversation, Episode, snapshot_state
 from bat_jax.verify.rubric import Rubric, StageVerdict
 
 
-def row_action(action: tools.Action) -> Action:
-    """The model-neutral row action of an episode action (thought → text; tool and arguments kept)."""
-    return Action(text=action.thought, tool=action.tool, arguments=dict(action.arguments))
+def row_action(action: tools.Action) -> tools.Action:
+    """The row form of an episode action: the same action without its stage (the row's focus names it)."""
+    return dataclasses.replace(action, stage=None, arguments=dict(action.arguments))
 
 
 def transformation(name: str, **params) -> Transformation:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageConfig, preflight
-from bat_jax.stage_bank.row import (Action, EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
+from bat_jax.stage_bank.row import (EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
                                     StateRef)
 
 H = "ab" * 32
@@ -55,7 +56,7 @@ def build(n_rows: int, seed: int) -> tuple[list, HeldOutManifest]:
                 ctx.append(Message("assistant", action=Action(words(rng, vocab, 30), "execute_code",
                                                               {"language": "python", "code": words(rng, vocab, 30)})))
                 ctx.append(Message("tool", words(rng, vocab, 40)))
-            rows.append(SFTRow(tuple(ctx), Action(words(rng, vocab, 60)), "S4", prov))
+            rows.append(SFTRow(tuple(ctx), Action(words(rng, vocab, 60), STOP), "S4", prov))
     return rows, manifest
 
 
