@@ -55,7 +55,7 @@ from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
-from bat_jax.verify.row_reward import RewardConfig, TaskCache, score_rollouts
+from bat_jax.verify.row_reward import RewardConfig, RolloutScorer, TaskCache
 
 MODES = ("bicurl", "sft_only", "grpo_e2e")
 ENGINES = ("jax", "vllm")
@@ -441,15 +441,18 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
 
 def _rollouts(loop, bank: StageBank, batch, c: Components, seed: int, judge: RubricJudge | None,
               tasks: TaskCache):
-    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; scored
-    concurrently (`c.reward`), tasks rebuilt through `tasks`."""
+    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; each
+    scored as soon as its episode ends, concurrently with the others' generation (`c.reward` threads), tasks
+    rebuilt through `tasks`."""
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
     requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.policy.prompt_style)
                 for item in batch]
-    trajectories = loop.run(requests, seed=seed)
-    by_id = {item.round_state_id: item.row for item in batch}
-    return trajectories, score_rollouts([by_id[t.state_id] for t in trajectories], trajectories,
-                                        [starts[t.state_id] for t in trajectories], judge, c.reward, tasks)
+    k = c.agent.episodes_per_state  # the loop returns K rollouts per request, in request order
+    rows = [item.row for item in batch for _ in range(k)]
+    with RolloutScorer(rows, [starts[item.round_state_id] for item in batch for _ in range(k)], judge, c.reward,
+                       tasks) as scorer:
+        trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)  # scored as they finish
+        return trajectories, scorer.results()
 
 
 def group_variance(rewards, groups) -> tuple[int, int]:

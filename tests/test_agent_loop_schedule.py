@@ -207,6 +207,52 @@ def test_tool_call_of_one_episode_overlaps_generation_of_another():
             assert events[0] == "generate [(0, 0), (1, 0)]" and "generate [(0, 1), (1, 1)]" in events
 
 
+def test_an_ended_episode_is_handed_on_while_others_run():
+    """`on_trajectory` (the hook reward scoring uses) gets an episode's trajectory as soon as it ends: episode 0's
+    first tool call blocks until episode 1's trajectory has been handed over. Under 'continuous' episode 1 ends
+    (two turns) during that call; under 'lockstep' every hand-over comes after the batch, so the wait times out
+    (0.5 s; the outcome is recorded, not the time). The positions index the returned list, and the objects
+    handed over are the ones returned."""
+    tok = EventTokenizer()
+    requests = [dataclasses.replace(r, user_message=f"brief{i}", state=SandboxState(files={"who": str(i).encode()}))
+                for i, r in enumerate(_requests(2))]
+
+    class Engine:
+        weight_version = 0
+
+        def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+            return [Completion(np.asarray([10, 1], np.int32), np.zeros(2, np.float32), "stop") for _ in prompts]
+
+    for schedule, overlapped in (("continuous", True), ("lockstep", False)):
+        one_handed_on = threading.Event()
+        handed: dict[int, tj.Trajectory] = {}
+        waited: list[bool] = []
+
+        class Sandbox(NullSandbox):
+            def __init__(self, state):
+                self.who, self.calls = state.files["who"], 0
+
+            def execute_code(self, language, code, timeout_s=None):
+                self.calls += 1
+                if self.who == b"0" and self.calls == 1:
+                    waited.append(one_handed_on.wait(timeout=0.5))
+                return Observation("ok", "", 0, 0.0)
+
+        def on_trajectory(position, trajectory):
+            assert threading.current_thread() is threading.main_thread()  # the loop's own thread
+            handed[position] = trajectory
+            if position == 1:
+                one_handed_on.set()
+
+        config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=2, max_workers=2, progress=False,
+                                 schedule=schedule)
+        trajs = AgentLoop(Engine(), lambda: EventBuilder(tok), Sandbox, config).run(requests, seed=0,
+                                                                                   on_trajectory=on_trajectory)
+        assert waited == [overlapped], schedule
+        assert sorted(handed) == [0, 1] and all(handed[i] is trajs[i] for i in range(2))
+        assert [t.state_id for t in trajs] == ["row-0", "row-1"]
+
+
 def test_schedule_config_errors_name_the_field():
     with pytest.raises(ValueError, match="AgentLoopConfig.schedule"):
         AgentLoopConfig(schedule="async")

@@ -221,14 +221,34 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
                     0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0,  # batch 1
                     1.0, 1.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])  # batch 0 again, after the block
 
-    def run(requests, seed):
-        return [types.SimpleNamespace(state_id=r, ids=np.arange(6, dtype=np.int32), agent_error=None,
-                                      loss_mask=np.array([0, 0, 1, 1, 1, 0], np.int32),
-                                      logprobs=np.zeros(6, np.float32)) for r in requests for _ in range(4)]
+    def run(requests, seed, on_trajectory):
+        out = [types.SimpleNamespace(state_id=r, ids=np.arange(6, dtype=np.int32), agent_error=None,
+                                     loss_mask=np.array([0, 0, 1, 1, 1, 0], np.int32),
+                                     logprobs=np.zeros(6, np.float32)) for r in requests for _ in range(4)]
+        for position in reversed(range(len(out))):  # handed over out of order, as episodes end
+            on_trajectory(position, out[position])
+        return out
+
+    class Scorer:  # RolloutScorer stand-in: the next rewards, in position order
+        def __init__(self, rows, starts, judge, config, tasks):
+            assert len(rows) == len(starts)
+            self.n, self.got = len(rows), {}
+
+        def submit(self, position, trajectory):
+            self.got[position] = trajectory
+
+        def results(self):
+            assert sorted(self.got) == list(range(self.n))
+            return [types.SimpleNamespace(reward=next(rewards), version="v") for _ in range(self.n)]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
 
     monkeypatch.setattr(ex, "rl_request", lambda row, start, state_id, style: state_id)
-    monkeypatch.setattr(ex, "score_rollouts", lambda rows, trajectories, starts, judge, config, tasks: [
-        types.SimpleNamespace(reward=next(rewards), version="v") for _ in trajectories])
+    monkeypatch.setattr(ex, "RolloutScorer", Scorer)
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
     item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", row=types.SimpleNamespace(state=None))
     view = types.SimpleNamespace(batches=[[item(0), item(1)], [item(2), item(3)]])

@@ -68,7 +68,8 @@ def test_two_ray_workers_match_the_in_process_loop():
         rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=2, cpus_per_worker=1, start_timeout_s=300,
                                                                 worker_env={"JAX_PLATFORMS": "cpu"}))
         assert rollouts.engine.update_weights(learner.model) == 1
-        got = rollouts.run(requests, seed=7)
+        handed = {}
+        got = rollouts.run(requests, seed=7, on_trajectory=handed.__setitem__)  # as each worker's share is back
         rollouts.close()
     finally:
         ray.shutdown()
@@ -82,6 +83,7 @@ def test_two_ray_workers_match_the_in_process_loop():
     want = [per_call[(i, k)] for i in range(len(requests)) for k in range(agent.episodes_per_state)]
 
     assert [(t.state_id, t.episode) for t in got] == [(f"st-{i}", k) for i in range(2) for k in range(4)]
+    assert sorted(handed) == list(range(8)) and all(handed[p] is t for p, t in enumerate(got))
     assert all(t.weight_version == 1 and t.response_tokens >= 1 and not t.infra_error for t in got)
     assert len({t.ids.tobytes() for t in got}) == len(got)  # the 8 episodes sampled differently
     for a, b in zip(got, want):

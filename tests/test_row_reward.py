@@ -14,7 +14,8 @@ from bat_jax.stage_bank.row import Provenance, RLRow, RubricItem, StateRef, Tran
 from bat_jax.tasks import heldout
 from bat_jax.tasks.registry import get_track
 from bat_jax.verify import row_reward
-from bat_jax.verify.row_reward import RewardConfig, TaskCache, rollout_reward, score_rollouts, task_key
+from bat_jax.verify.row_reward import (RewardConfig, RolloutScorer, TaskCache, rollout_reward, score_rollouts,
+                                      task_key)
 
 
 def _row(seed, focus, variant="success", track="vqa"):
@@ -68,6 +69,28 @@ def test_cached_concurrent_scoring_equals_one_by_one(batch):
     assert [r.reward for r in plain[:8]] == pytest.approx([1 / 9, 6 / 9, 2 / 9, 4 / 9,
                                                            1 / 90, 6 / 90, 0.10555556, 4 / 90])
     assert cache.builds == 2  # 24 rollouts of two tasks
+
+
+def test_scorer_takes_rollouts_out_of_order(batch):
+    """`RolloutScorer` as the agent loop feeds it (positions in the order episodes end): the rewards of scoring
+    one by one, in position order; a position given twice, out of range or never given is an error."""
+    rows, trajectories, starts = batch
+    plain = [rollout_reward(r, t, s) for r, t, s in zip(rows, trajectories, starts)]
+    order = list(np.random.default_rng(0).permutation(len(rows)))
+    with RolloutScorer(rows, starts, config=RewardConfig(max_workers=3)) as scorer:
+        for i in order:
+            scorer.submit(int(i), trajectories[i])
+        assert scorer.results() == plain
+        with pytest.raises(ValueError, match="position 5 .* submitted before"):
+            scorer.submit(5, trajectories[5])
+        with pytest.raises(ValueError, match="position 24 is out of range"):
+            scorer.submit(24, trajectories[0])
+    with RolloutScorer(rows[:3], starts[:3]) as scorer:
+        scorer.submit(1, trajectories[1])
+        with pytest.raises(ValueError, match=r"positions \[0, 2\] were never submitted"):
+            scorer.results()
+    with pytest.raises(ValueError, match="2 rows and 1 start states"):
+        RolloutScorer(rows[:2], starts[:1])
 
 
 def test_the_task_is_built_once_per_distinct_provenance(batch, monkeypatch):

@@ -144,7 +144,7 @@ def _nothing(ep: _ActionEpisode) -> None:
 
 
 STEPS = EpisodeSteps(prepare=_prepare, generate=_generate, absorb=_absorb, open=_nothing, act=_act,
-                     observe=_observe, collect=_nothing)
+                     observe=_observe, collect=_nothing, done=_nothing)
 
 
 def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: str = "continuous",

@@ -135,8 +135,9 @@ def cut_observation(text: str, max_chars: int) -> str:
 class _Episode:
     """Mutable bookkeeping of one live episode (main thread only, except `sandbox` calls)."""
 
-    def __init__(self, request: RolloutRequest, k: int, builder: Any, seed: int):
-        self.request, self.k, self.builder, self.seed = request, k, builder, seed
+    def __init__(self, position: int, request: RolloutRequest, k: int, builder: Any, seed: int):
+        self.position, self.request, self.k, self.builder, self.seed = position, request, k, builder, seed
+        self.trajectory: tj.Trajectory | None = None  # once done
         self.sandbox: Sandbox | None = None
         self.ids: list[int] = []
         self.prompt_len = 0
@@ -188,26 +189,33 @@ class AgentLoop:
         self.config = config
         self.extra_stop_ids = tuple(int(i) for i in extra_stop_ids)
 
-    def run(self, requests: Sequence[RolloutRequest], *, seed: int = 42) -> list[tj.Trajectory]:
+    def run(self, requests: Sequence[RolloutRequest], *, seed: int = 42,
+            on_trajectory: Callable[[int, tj.Trajectory], None] | None = None) -> list[tj.Trajectory]:
         """Rolls out `config.episodes_per_state` episodes per request.
 
         Args:
           requests: the batch's RL rows.
           seed: the round's seed; episode (i, k) turn t samples with a seed derived from (seed, i, k, t).
+          on_trajectory: `(position, trajectory) -> None`, called in the calling thread as soon as an episode's
+            evidence is in (position = i * K + k, its index in the returned list), while other episodes may still
+            run — e.g. to score it concurrently with generation (`verify.row_reward.RolloutScorer`). Under
+            'lockstep' every call comes at the end. An exception from it propagates (sandboxes are released).
         Returns: trajectories ordered by request, then k.
         """
         return self.run_episodes([(req, i, k) for i, req in enumerate(requests)
-                                  for k in range(self.config.episodes_per_state)], seed=seed)
+                                  for k in range(self.config.episodes_per_state)], seed=seed,
+                                 on_trajectory=on_trajectory)
 
-    def run_episodes(self, episodes: Sequence[tuple[RolloutRequest, int, int]], *, seed: int = 42
-                     ) -> list[tj.Trajectory]:
+    def run_episodes(self, episodes: Sequence[tuple[RolloutRequest, int, int]], *, seed: int = 42,
+                     on_trajectory: Callable[[int, tj.Trajectory], None] | None = None) -> list[tj.Trajectory]:
         """Rolls out the given episodes: `(request, i, k)` is episode k of the request at index i of the round's
         batch, sampled with the same seeds as in `run(requests, seed=seed)` (so a subset of a batch's episodes,
-        e.g. one rollout worker's share, gives those episodes' trajectories). Returns them in the given order."""
+        e.g. one rollout worker's share, gives those episodes' trajectories). Returns them in the given order;
+        `on_trajectory` as in `run`, with positions into `episodes`."""
         cfg = self.config
-        episodes = [_Episode(req, k, self.builder_factory(),
+        episodes = [_Episode(position, req, k, self.builder_factory(),
                              int(np.random.SeedSequence([seed, i, k]).generate_state(1)[0]))
-                    for req, i, k in episodes]
+                    for position, (req, i, k) in enumerate(episodes)]
         if not episodes:
             return []
         first = episodes[0].builder
@@ -220,7 +228,8 @@ class AgentLoop:
         bar = tqdm(total=len(episodes), desc="rollouts", unit="ep", disable=not cfg.progress, leave=False)
         steps = EpisodeSteps(prepare=self._prepare_turn, generate=lambda job: self._generate(job, params),
                              absorb=lambda job, out: self._absorb_turn(job, out, im_start),
-                             open=self._open_sandbox, act=self._act, observe=self._observe, collect=self._collect)
+                             open=self._open_sandbox, act=self._act, observe=self._observe, collect=self._collect,
+                             done=lambda ep: self._done(ep, on_trajectory))
         with concurrent.futures.ThreadPoolExecutor(max_workers=cfg.max_workers) as pool:
             try:
                 if cfg.schedule == "lockstep":
@@ -228,7 +237,7 @@ class AgentLoop:
                 else:
                     run_continuous(steps, episodes, pool, bar.update, cfg.max_generate_batch,
                                    cfg.max_concurrent_generate)
-                return [self._finish(ep, *ep.evidence) for ep in episodes]
+                return [ep.trajectory for ep in episodes]
             finally:
                 bar.close()
                 for ep in episodes:  # after an error: release whatever is still open (close is idempotent)
@@ -362,6 +371,12 @@ class AgentLoop:
         """Evidence of an ended episode into `ep.evidence`, then its sandbox given back (worker thread)."""
         ep.evidence = self._evidence(ep)
         self._close(ep)
+
+    def _done(self, ep: _Episode, on_trajectory: Callable[[int, tj.Trajectory], None] | None) -> None:
+        """The ended episode's trajectory (main thread: the builder's tokenizer), handed to `on_trajectory`."""
+        ep.trajectory = self._finish(ep, *ep.evidence)
+        if on_trajectory is not None:
+            on_trajectory(ep.position, ep.trajectory)
 
     def _evidence(self, ep: _Episode) -> tuple:
         """Receipts, submitted path and artefacts from the episode's sandbox (worker thread). A sandbox the

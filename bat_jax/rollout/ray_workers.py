@@ -26,7 +26,7 @@ Ray is an optional dependency (`pip install -e ".[ray]"`); this module imports i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bat_jax.rollout import trajectory as tj
@@ -258,18 +258,27 @@ class RayRollouts:
         self.weight_version = int(versions[0])
         return self.weight_version
 
-    def run(self, requests: Sequence[RolloutRequest], *, seed: int = 42) -> list[tj.Trajectory]:
+    def run(self, requests: Sequence[RolloutRequest], *, seed: int = 42,
+            on_trajectory: Callable[[int, tj.Trajectory], None] | None = None) -> list[tj.Trajectory]:
         """K episodes per request over the workers (module docstring); trajectories ordered by request, then k,
-        as `AgentLoop.run(requests, seed=seed)` returns them."""
+        as `AgentLoop.run(requests, seed=seed)` returns them. `on_trajectory(position, trajectory)` as in
+        `AgentLoop.run`, called in this thread for each episode of a worker's share as soon as that share is back
+        (so the first shares are scored while other workers still roll out)."""
         import ray
 
-        shares = assign_episodes(len(requests), self.config.episodes_per_state, len(self.workers))
-        calls = [(share, w.run.remote([(requests[i], i, k) for i, k in share], seed))
-                 for w, share in zip(self.workers, shares) if share]
+        k_per = self.config.episodes_per_state
+        shares = assign_episodes(len(requests), k_per, len(self.workers))
+        pending = {w.run.remote([(requests[i], i, k) for i, k in share], seed): share
+                   for w, share in zip(self.workers, shares) if share}
         by_episode: dict[tuple[int, int], tj.Trajectory] = {}
-        for share, result in zip([s for s, _ in calls], ray.get([c for _, c in calls])):
-            by_episode.update(zip(share, result))
-        return [by_episode[(i, k)] for i in range(len(requests)) for k in range(self.config.episodes_per_state)]
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            share = pending.pop(ready[0])
+            for (i, k), trajectory in zip(share, ray.get(ready[0])):
+                by_episode[(i, k)] = trajectory
+                if on_trajectory is not None:
+                    on_trajectory(i * k_per + k, trajectory)
+        return [by_episode[(i, k)] for i in range(len(requests)) for k in range(k_per)]
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Removes the workers' warm containers, then ends the worker actors; Ray itself keeps running. A worker

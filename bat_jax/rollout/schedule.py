@@ -13,7 +13,7 @@ owns those steps (`EpisodeSteps`); this module owns only their order (`AgentLoop
   for its next generation; the scheduler repeatedly calls the engine on whatever episodes are queued (first come
   first served, at most `max_generate_batch` per call, at most `max_concurrent_generate` calls in flight) while
   other episodes' tool calls run in the pool. Evidence is collected and the sandbox given back as soon as an
-  episode ends.
+  episode ends, and the episode is handed on (`EpisodeSteps.done`: e.g. to reward scoring) while others still run.
 
 Both schedules give the same trajectories when the engine's rows are independent of their batch (the
 `RolloutEngine.generate` contract: a row depends on its prompt, its seed and the weights): per-turn sampling
@@ -52,6 +52,8 @@ class EpisodeSteps(NamedTuple):
       observe: `(episode, result) -> None`, main thread: appends the tool call's observation, or ends the episode.
       collect: `(episode) -> None`, worker thread: reads the evidence of an ended episode and gives its sandbox
         back.
+      done: `(episode) -> None`, main thread: an ended episode whose evidence is in (e.g. its trajectory is
+        built and handed on for scoring while other episodes still run).
     """
 
     prepare: Callable[[list[Any]], Any]
@@ -61,6 +63,7 @@ class EpisodeSteps(NamedTuple):
     act: Callable[[Any], Any]
     observe: Callable[[Any, Any], None]
     collect: Callable[[Any], None]
+    done: Callable[[Any], None]
 
 
 def run_lockstep(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurrent.futures.Executor,
@@ -85,6 +88,8 @@ def run_lockstep(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurrent.
             steps.observe(ep, result)
         on_finished(sum(ep.finish is not None for ep in live))
     list(pool.map(steps.collect, episodes))
+    for ep in episodes:
+        steps.done(ep)
 
 
 def run_continuous(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurrent.futures.Executor,
@@ -140,8 +145,8 @@ def run_continuous(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurren
                         route(ep)
             if not running:
                 continue
-            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
-            for future in [f for f in running if f in done]:  # in submission order
+            completed, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in [f for f in running if f in completed]:  # in submission order
                 kind, item = running.pop(future)
                 result = future.result()  # a step's unexpected exception propagates
                 if kind == "generate":
@@ -150,6 +155,7 @@ def run_continuous(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurren
                     for ep in item.episodes:
                         route(ep)
                 elif kind == "collect":
+                    steps.done(item)
                     on_finished(1)
                 else:  # a tool call returned
                     steps.observe(item, result)

@@ -10,8 +10,9 @@ An infrastructure failure (sandbox, or the judge unreachable) gives None (unscor
 
 Rebuilding a task regenerates its data (images, volumes), so a round shares the rebuilt tasks: `TaskCache` keeps
 them in a bounded LRU keyed by `task_key` (a digest of the provenance steps the rebuild reads), so the K rollouts
-of a state and all states of one task rebuild it once. `score_rollouts` scores a batch on a bounded thread pool
-(`RewardConfig`), results in the rollouts' order and equal to scoring them one by one.
+of a state and all states of one task rebuild it once. `RolloutScorer` scores rollouts on a bounded thread pool
+(`RewardConfig`) as the agent loop hands them over (while other episodes still run); `score_rollouts` scores a
+finished batch through it. Results come in the rollouts' order and equal scoring them one by one.
 """
 
 from __future__ import annotations
@@ -157,19 +158,62 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
     return RolloutReward(score(rubric, evidence, task, stages).reward, version, row.focus)
 
 
+class RolloutScorer:
+    """Scores rollouts as they arrive, on at most `config.max_workers` threads (issue 17: reward scoring runs
+    concurrently with generation — pass `submit` as the agent loop's `on_trajectory`). A context manager: leaving
+    it waits for and shuts down the threads.
+
+    Args:
+      rows, starts: per position (the rollouts' order): the RL row and start state each rollout is scored against.
+      judge, config, tasks: as in `rollout_reward`; `tasks` default: a new `TaskCache(config.task_cache_size)`.
+    """
+
+    def __init__(self, rows: Sequence[RLRow], starts: Sequence[SandboxState], judge: RubricJudge | None = None,
+                 config: RewardConfig = RewardConfig(), tasks: TaskCache | None = None):
+        if len(rows) != len(starts):
+            raise ValueError(f"RolloutScorer: {len(rows)} rows and {len(starts)} start states; expected one of each "
+                             "per rollout")
+        self.rows, self.starts, self.judge = rows, starts, judge
+        self.tasks = tasks if tasks is not None else TaskCache(config.task_cache_size)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=config.max_workers,
+                                                           thread_name_prefix="reward")
+        self._futures: dict[int, concurrent.futures.Future] = {}
+
+    def submit(self, position: int, trajectory: Trajectory) -> None:
+        """Queues the rollout at `position` for scoring (returns at once). Raises ValueError for a position out of
+        range or already submitted."""
+        if not 0 <= position < len(self.rows) or position in self._futures:
+            raise ValueError(f"RolloutScorer.submit: position {position} is out of range (0..{len(self.rows) - 1}) "
+                             "or was submitted before")
+        self._futures[position] = self._pool.submit(rollout_reward, self.rows[position], trajectory,
+                                                    self.starts[position], self.judge, self.tasks)
+
+    def results(self) -> list[RolloutReward]:
+        """Every position's reward, in position order (waits for them). Raises ValueError if a position was never
+        submitted, and what `rollout_reward` raised."""
+        missing = [i for i in range(len(self.rows)) if i not in self._futures]
+        if missing:
+            raise ValueError(f"RolloutScorer.results: positions {missing[:8]} were never submitted")
+        return [self._futures[i].result() for i in range(len(self.rows))]
+
+    def __enter__(self) -> "RolloutScorer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def score_rollouts(rows: Sequence[RLRow], trajectories: Sequence[Trajectory], starts: Sequence[SandboxState],
                    judge: RubricJudge | None = None, config: RewardConfig = RewardConfig(),
                    tasks: TaskCache | None = None) -> list[RolloutReward]:
     """`rollout_reward(rows[i], trajectories[i], starts[i], judge, tasks)` for every i, on at most
-    `config.max_workers` threads; returned in the same order. `tasks` default: a new `TaskCache` of
-    `config.task_cache_size` for this call. Raises ValueError when the three sequences differ in length, and
-    what `rollout_reward` raises."""
+    `config.max_workers` threads (`RolloutScorer`); returned in the same order. `tasks` default: a new
+    `TaskCache` of `config.task_cache_size` for this call. Raises ValueError when the three sequences differ in
+    length, and what `rollout_reward` raises."""
     if not len(rows) == len(trajectories) == len(starts):
         raise ValueError(f"score_rollouts: {len(rows)} rows, {len(trajectories)} trajectories and {len(starts)} "
                          "start states; expected one of each per rollout")
-    tasks = tasks if tasks is not None else TaskCache(config.task_cache_size)
-    if config.max_workers == 1 or len(rows) <= 1:
-        return [rollout_reward(r, t, s, judge, tasks) for r, t, s in zip(rows, trajectories, starts)]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(config.max_workers, len(rows))) as pool:
-        return list(pool.map(lambda i: rollout_reward(rows[i], trajectories[i], starts[i], judge, tasks),
-                             range(len(rows))))
+    with RolloutScorer(rows, starts, judge, config, tasks) as scorer:
+        for i, trajectory in enumerate(trajectories):
+            scorer.submit(i, trajectory)
+        return scorer.results()
