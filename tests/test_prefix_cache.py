@@ -92,3 +92,30 @@ def test_new_weights_forget_the_stored_states():
     assert len(sampler.prefix_cache) == 1
     sampler.update_weights(model)
     assert len(sampler.prefix_cache) == 0
+
+
+def test_a_failed_call_gives_the_stored_prefixes_back(monkeypatch):
+    """A second turn whose sampling call raises (here: the compiled program) leaves the stored state in the store:
+    the retried turn continues it (the first turn's tokens reused) and samples what it would have."""
+    from bat_jax.rollout import jax_sampler
+
+    model = tiny_model("qwen3")
+    sampler = JaxSampler(model, **SAMPLER_KW, prefix_cache_rows=4)
+    params = SamplingParams(temperature=0.7, max_new_tokens=4, seed=3)
+    first = sampler.generate([[1, 2, 3]], params)[0]
+    second = [[1, 2, 3] + first.token_ids.tolist() + [7, 8]]
+    want = JaxSampler(model, **SAMPLER_KW).generate(second, params)[0]
+    real = jax_sampler._generate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(jax_sampler, "_generate", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        sampler.generate(second, params)
+    assert len(sampler.prefix_cache) == 1
+    monkeypatch.setattr(jax_sampler, "_generate", real)
+    got = sampler.generate(second, params)[0]
+    np.testing.assert_array_equal(got.token_ids, want.token_ids)
+    held = 3 + len(first.token_ids) - 1  # the first turn's tokens whose state is stored
+    assert (sampler.prefix_cache.hits, sampler.prefix_cache.reused_tokens) == (2, 2 * held)  # failed call + retry

@@ -121,11 +121,11 @@ class Learner:
         return int(np.prod([self.mesh.shape[a] for a in mesh_lib.BATCH_AXES]))
 
     # ----------------------------------------------------------------------------------------------------
-    def _step(self, key: tuple, loss_fn, normalizer_fn, optimizer: OptimizerConfig, total_steps: int, fields,
+    def _step(self, objective: tuple, loss_fn, normalizer_fn, optimizer: OptimizerConfig, total_steps: int, fields,
               num_micro_batches: int) -> tuple[Callable, ts.TrainState]:
         # one jitted step per (objective, configs, sizes): every round's GRPO block reuses the first one's
         # compiled programs instead of compiling its own (~22 s a round for the tiny default on 2 cores)
-        key = (key, optimizer, total_steps, tuple(fields), num_micro_batches)
+        key = (objective, optimizer, total_steps, tuple(fields), num_micro_batches)
         if key not in self._steps:
             self._steps[key] = make_block_step(loss_fn, normalizer_fn, optimizer, total_steps, fields,
                                                num_micro_batches, self.params, self.param_shardings, self.mesh)

@@ -225,27 +225,24 @@ def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
     b, t, h, d = q.shape
     if not block or t <= block:
         return attend(q, k, v, causal_valid(key_mask, q_offset, t))
+
+    @jax.checkpoint
+    def one_block(q_i, k_i, v_i, m_i, start):  # queries from slot `start` on, over the given keys
+        return attend(q_i, k_i, v_i, causal_valid(m_i, start, q_i.shape[1]))
+
     if isinstance(q_offset, int):
         block = max(block, -(-t // MAX_UNROLLED_BLOCKS))
         outs = []
         for lo in range(0, t, block):
-            hi = min(t, lo + block)
-            keys = min(k.shape[1], q_offset + hi)
-            outs.append(jax.checkpoint(lambda q_i, k_i, v_i, m_i, start=q_offset + lo: attend(
-                q_i, k_i, v_i, causal_valid(m_i, start, q_i.shape[1])))(
-                q[:, lo:hi], k[:, :keys], v[:, :keys], key_mask[:, :keys]))
+            keys = min(k.shape[1], q_offset + min(t, lo + block))
+            outs.append(one_block(q[:, lo:lo + block], k[:, :keys], v[:, :keys], key_mask[:, :keys], q_offset + lo))
         return jnp.concatenate(outs, axis=1)
     pad = (-t) % block
     n = (t + pad) // block
     qb = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, block, h, d)
     starts = q_offset + block * jnp.arange(n)
-
-    @jax.checkpoint
-    def one(args):
-        q_i, start = args
-        return attend(q_i, k, v, causal_valid(key_mask, start, block))
-
-    out = jax.lax.map(one, (jnp.moveaxis(qb, 1, 0), starts))  # [n, b, block, H, d]
+    out = jax.lax.map(lambda args: one_block(args[0], k, v, key_mask, args[1]),
+                      (jnp.moveaxis(qb, 1, 0), starts))  # [n, b, block, H, d]
     return jnp.moveaxis(out, 0, 1).reshape(b, n * block, h, d)[:, :t]
 
 

@@ -271,9 +271,22 @@ class JaxSampler:
     def _call(self, prompts, params, budgets, seeds, *, keep_states, min_rows=1, min_prompt=0, slot_step=0):
         """One compiled sampling call over at most a batch of rows (checked by the caller). Returns the completions
         and, with `keep_states`, the rows' final decode states (else they go to the prefix store, if any);
-        `min_rows` / `min_prompt` / `slot_step` as in `prefill_rows`."""
+        `min_rows` / `min_prompt` / `slot_step` as in `prefill_rows`. If the call raises, the stored prefixes it
+        took go back to the store (the next turn still continues them)."""
+        reused = [None] * len(prompts) if self.prefix_cache is None else [self.prefix_cache.pop_longest(x)
+                                                                          for x in prompts]
+        try:
+            return self._sample(prompts, reused, params, budgets, seeds, keep_states=keep_states, min_rows=min_rows,
+                                min_prompt=min_prompt, slot_step=slot_step)
+        except BaseException:
+            for row in reused:
+                if row is not None:
+                    self.prefix_cache.put(row)
+            raise
+
+    def _sample(self, prompts, reused, params, budgets, seeds, *, keep_states, min_rows, min_prompt, slot_step):
+        """`_call` after the stored prefixes `reused` (one per prompt, or None) were taken from the store."""
         n = len(prompts)
-        reused = [None] * n if self.prefix_cache is None else [self.prefix_cache.pop_longest(x) for x in prompts]
         feeds = [np.asarray(x, np.int32)[0 if r is None else len(r.tokens):] for x, r in zip(prompts, reused)]
         p = prompt_bucket(max(len(x) for x in feeds), max(self.min_prompt_bucket, min_prompt),
                           self.prompt_bucket_step)
