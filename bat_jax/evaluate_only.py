@@ -57,7 +57,7 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
     from bat_jax.tasks.harness import open_backend
 
     jobs = len(ev.suite_jobs(evaluation))
-    with open_backend(backend, c.agent.max_workers, warm=jobs if sandbox_pool else 0) as sandboxes:
+    with open_backend(backend, c.agent.workers(jobs), warm=jobs if sandbox_pool else 0) as sandboxes:
         loop = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
             c.agent, episodes_per_state=1, max_assistant_turns=evaluation.max_turns), sandboxes.release)
         judge = RubricJudge(c.judge) if c.judge is not None else None

@@ -258,6 +258,36 @@ def test_schedule_config_errors_name_the_field():
         AgentLoopConfig(schedule="async")
     with pytest.raises(ValueError, match="AgentLoopConfig.max_generate_batch"):
         AgentLoopConfig(max_generate_batch=0)
+    with pytest.raises(ValueError, match="AgentLoopConfig.max_workers must be >= 0, got -1"):
+        AgentLoopConfig(max_workers=-1)
+
+
+@pytest.mark.parametrize("schedule", ["continuous", "lockstep"])
+def test_every_episode_gets_its_own_sandbox_thread_by_default(schedule):
+    """Default `max_workers` (0): one thread per episode, so 8 sandboxes open at once — each creation waits (up
+    to 5 s) for all 8 to be in progress. With 4 threads the other 4 creations never start in time, the first 4
+    give up (0.5 s) and break the barrier for the rest: every rollout is unscored (`infra_error`)."""
+    assert (AgentLoopConfig().workers(32), AgentLoopConfig(max_workers=4).workers(32)) == (32, 4)
+    tok = EventTokenizer()
+    requests = [dataclasses.replace(r, user_message=f"brief{i}") for i, r in enumerate(_requests(8))]
+
+    class Engine:
+        weight_version = 0
+
+        def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+            return [Completion(np.asarray([1], np.int32), np.zeros(1, np.float32), "stop") for _ in prompts]
+
+    for workers, unscored in ((0, 0), (4, 8)):
+        all_in = threading.Barrier(8, timeout=5 if workers == 0 else 0.5)
+
+        def factory(state):
+            all_in.wait()  # raises BrokenBarrierError when not all 8 are being created together
+            return NullSandbox(state)
+
+        config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=1, max_workers=workers, progress=False,
+                                 schedule=schedule)
+        trajs = AgentLoop(Engine(), lambda: EventBuilder(tok), factory, config).run(requests, seed=0)
+        assert sum(bool(t.infra_error) for t in trajs) == unscored, (workers, [t.infra_error for t in trajs])
 
 
 @pytest.mark.slow

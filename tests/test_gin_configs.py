@@ -88,6 +88,10 @@ def test_paper_scale_files_roll_out_on_vllm_and_the_tiny_default_on_the_jax_samp
     assert value == engine
     if engine == "vllm":
         assert gin.query_parameter("experiment.Components.vllm_options")["dtype"] == "bfloat16"
+        # turns served in flight: one call per ready turn, at least a GRPO batch's episodes (rows x K) at once
+        episodes = gin.query_parameter("pools.PoolConfig.batch_size") * gin.query_parameter("%K")
+        assert gin.query_parameter("agent_loop.AgentLoopConfig.max_generate_batch") == 1
+        assert gin.query_parameter("agent_loop.AgentLoopConfig.max_concurrent_generate") >= episodes
 
 
 def test_the_readme_judge_bindings_parse_on_the_run_files():

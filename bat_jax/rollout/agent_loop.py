@@ -56,7 +56,9 @@ class AgentLoopConfig:
       max_observation_chars: characters of one observation shown to the agent (released code: 2,048).
       temperature, top_p, top_k: sampling (paper: temperature 0.7).
       tool_timeout_s: hard limit of one execute_code call (released code: 120 s).
-      max_workers: threads for sandbox creation and tool calls.
+      max_workers: threads for sandbox creation, tool calls and evidence (0, the default: one per episode of a
+        call, so no episode's sandbox work queues behind another's — the calls wait on Docker / subprocesses,
+        not on this process's CPU); `workers(episodes)` gives the number a call uses.
       end_on_no_tool_call: end an episode at a turn without any tool call (else it is an observation).
       max_artefact_bytes: total bytes of changed workspace files kept in `Trajectory.artefacts`.
       evidence: caps on reading the workspace back (files listed, bytes per file, seconds in all).
@@ -83,7 +85,7 @@ class AgentLoopConfig:
     top_p: float = 1.0
     top_k: int = 0
     tool_timeout_s: float = 120.0
-    max_workers: int = 16
+    max_workers: int = 0
     end_on_no_tool_call: bool = False
     max_artefact_bytes: int = 8 << 20
     evidence: EvidenceLimits = EvidenceLimits()
@@ -96,12 +98,17 @@ class AgentLoopConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"AgentLoopConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         for name in ("episodes_per_state", "max_assistant_turns", "max_response_tokens", "max_tokens_per_turn",
-                     "max_context_tokens", "max_observation_chars", "max_workers", "max_generate_batch",
+                     "max_context_tokens", "max_observation_chars", "max_generate_batch",
                      "max_concurrent_generate"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AgentLoopConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_tool_calls < 0:
-            raise ValueError(f"AgentLoopConfig.max_tool_calls must be >= 0, got {self.max_tool_calls}")
+        for name in ("max_tool_calls", "max_workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"AgentLoopConfig.{name} must be >= 0, got {getattr(self, name)}")
+
+    def workers(self, episodes: int) -> int:
+        """Threads a call over `episodes` episodes uses for sandbox work: `max_workers`, or one per episode (>= 1)."""
+        return self.max_workers or max(1, int(episodes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +237,7 @@ class AgentLoop:
                              absorb=lambda job, out: self._absorb_turn(job, out, im_start),
                              open=self._open_sandbox, act=self._act, observe=self._observe, collect=self._collect,
                              done=lambda ep: self._done(ep, on_trajectory))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=cfg.max_workers) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=cfg.workers(len(episodes))) as pool:
             try:
                 if cfg.schedule == "lockstep":
                     run_lockstep(steps, episodes, pool, bar.update)

@@ -96,7 +96,7 @@ class WorkerSpec:
         `warm_pool` containers, or fresh sandboxes). The caller closes it. Raises `BackendUnavailable`."""
         from bat_jax.tasks.harness import open_backend
 
-        return open_backend(self.sandbox_backend, self.agent.max_workers, warm=self.warm_pool)
+        return open_backend(self.sandbox_backend, self.agent.workers(self.warm_pool), warm=self.warm_pool)
 
     def build_loop(self, policy: Any, sandboxes: Any = None) -> AgentLoop:
         """An `AgentLoop` over the JAX sampler of `policy` and `sandboxes` (a `SandboxBackend`; default fresh

@@ -38,6 +38,12 @@ imports torchvision).
 
 `VLLMEngine.score` gives the raw logprobs of given completions (vLLM's prompt logprobs), the check that a synced
 engine scores tokens as the learner does.
+
+In flight: `generate` may be called from many threads at once. One driver thread (`bat_jax.rollout.inflight`)
+adds every call's requests to vLLM's `LLMEngine` as they come and steps it; a call returns when its own rows are
+done while other calls' rows keep running, so vLLM's scheduler batches whatever episode turns are ready (the
+agent loop's continuous schedule with `max_generate_batch = 1` and `max_concurrent_generate` = episodes).
+`update_weights` refuses (RuntimeError) while requests are in flight.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
+from bat_jax.rollout.inflight import InflightDriver
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -268,6 +275,12 @@ class VLLMEngine:
             enable_prefix_caching=config.enable_prefix_caching, logprobs_mode="processed_logprobs",
             seed=config.seed, **kwargs)
         self._version = 0
+        engine = self._llm.llm_engine
+        # one driver thread steps the engine: concurrent `generate` calls share its running batch (in flight)
+        self._driver = InflightDriver(
+            add=lambda request_id, item: engine.add_request(request_id, item[0], item[1]),
+            step=lambda: [(out.request_id, out) for out in engine.step() if out.finished],
+            abort=engine.abort_request, name="vllm")
 
     @classmethod
     def from_model(cls, model: Any, work_dir: str | os.PathLike, *, tokenizer: Any = None,
@@ -342,6 +355,7 @@ class VLLMEngine:
         """
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         n = len(prompts)
         if n == 0:
@@ -365,8 +379,9 @@ class VLLMEngine:
             sampling.append(VSamplingParams(
                 temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                 max_tokens=budget, seed=seed % (1 << 32), logprobs=0,
-                stop_token_ids=list(params.stop_token_ids), ignore_eos=True, detokenize=False))
-        outputs = self._llm.generate(requests, sampling, use_tqdm=False)
+                stop_token_ids=list(params.stop_token_ids), ignore_eos=True, detokenize=False,
+                output_kind=RequestOutputKind.FINAL_ONLY))
+        outputs = self._driver.run(list(zip(requests, sampling)))  # joins the running batch (module docstring)
         return [self._completion(i, out, params) for i, out in enumerate(outputs)]
 
     def _completion(self, row: int, request_output, params: SamplingParams) -> Completion:
@@ -400,6 +415,7 @@ class VLLMEngine:
         """
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
@@ -415,8 +431,8 @@ class VLLMEngine:
         if not requests:
             return []
         sampling = VSamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
-                                   ignore_eos=True)
-        outputs = self._llm.generate(requests, sampling, use_tqdm=False)
+                                   ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+        outputs = self._driver.run([(request, sampling.clone()) for request in requests])
         result = []
         for prompt, completion, out in zip(prompts, completions, outputs):
             steps = out.prompt_logprobs[len(prompt):]
@@ -450,16 +466,20 @@ class VLLMEngine:
                 raise ValueError(f"update_weights: tensor {name!r} has shape {tuple(t.shape)}, "
                                  f"{self.config.model_dir} has {self._shapes[name]}")
         weights = stream_torch_weights(named, self.config.dtype)  # buckets of <= 1 GB (module docstring)
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
-                                                           "is_checkpoint_format": True})
-        self._llm.collective_rpc(_refresh_tied_output_head)
-        if not self._llm.reset_prefix_cache():
-            raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running)")
+        with self._driver.exclusive("update_weights"):  # never under a running request
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                               "is_checkpoint_format": True})
+            self._llm.collective_rpc(_refresh_tied_output_head)
+            if not self._llm.reset_prefix_cache():
+                raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running)")
         self._version += 1
         return self._version
 
     def close(self) -> None:
         """Shuts the engine down (frees its KV cache and weights)."""
+        driver = getattr(self, "_driver", None)
+        if driver is not None:
+            driver.close()
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()

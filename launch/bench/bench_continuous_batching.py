@@ -67,7 +67,7 @@ def main(argv=None) -> int:
              "continuous": (args.slots, dataclasses.replace(base, max_generate_batch=1, max_concurrent_generate=64))}
     print(f"{len(rows)} rows ({', '.join(r.focus for r in rows)}) x K={args.k}, policy {args.policy}, "
           f"{args.backend} sandboxes", flush=True)
-    sandboxes = open_backend(args.backend, base.max_workers, warm=len(rows) * args.k if args.backend == "docker" else 0)
+    sandboxes = open_backend(args.backend, base.workers(len(rows) * args.k), warm=len(rows) * args.k if args.backend == "docker" else 0)
     warm, ids = {}, {}
     try:
         for name, (slots, config) in modes.items():
