@@ -27,25 +27,21 @@ Real weights (`--real-weights DIR`, issue 16): the JAX sampler, transformers `ge
 checkpoint (SmolLM2-135M-Instruct: `python -m bat_jax.models.gguf_import`), same real prompts (the compact agent
 prompt of one task per track, cut to `--real-prompt` tokens), tokens/s and ratios; `--real-only` runs just those.
 
-Agent-loop schedules (`--schedules`, issue 17): episodes/min of `--episodes` concurrent episodes on real E2E tasks
-(one per `--tracks` entry) in Docker sandboxes, the 'lockstep' and the 'continuous' schedule
-(`bat_jax.rollout.schedule`) in the same run, with (a) the JAX sampler (tiny random model, compact prompts) and
-(b) `bat_jax.rollout.simulated_engine.SimulatedLatencyEngine` over the expert-action replay (default constants: a
-~9B model on one A100, 50 ms prefill per call + 30 ms per decode step, batching requests in flight like vLLM;
-`--serial-engine`: one call at a time); prints each ratio continuous / lockstep. `--ray` adds 1 vs 2 Ray rollout
-workers (`RayRollouts`, continuous schedule, JAX sampler) and their ratio.
+Agent loops (`--loops`, issue 17; `rollout_loops.py` beside this file): episodes/min of `--episodes` concurrent
+episodes on real E2E tasks (one per `--tracks` entry) in Docker sandboxes, the loop issue 17 found ('lockstep',
+16 sandbox threads, fresh containers, one engine call at a time) against the loop now ('continuous', a thread per
+episode, a warm pool, engine calls in flight) in the same run, with (a) the JAX sampler (tiny random model,
+compact prompts) and (b) `bat_jax.rollout.simulated_engine.SimulatedLatencyEngine` over the expert-action replay
+(default constants: a ~9B model on one A100, 50 ms prefill per call + 30 ms per decode step); prints each ratio
+new / old. `--synthetic` adds a heterogeneous workload without Docker; `--ray` adds 1 vs 2 Ray rollout workers
+(`RayRollouts`, the JAX sampler) and their ratio.
 
   python launch/bench/bench_rollout.py [--family qwen3] [--batch 8] [--prompt 64] [--new 128] [--backend docker]
   python launch/bench/bench_rollout.py --real-weights runs/smollm2-135m-instruct --real-only
-  python launch/bench/bench_rollout.py --schedules --episodes 32 --tracks classification,segmentation,vqa,detection \
-      --turns 3 [--ray]
+  python launch/bench/bench_rollout.py --loops --episodes 32 --tracks classification,segmentation,vqa,detection \
+      --turns 3 [--synthetic] [--ray]
 
-Measured (`--schedules`, the command above, nice -n 19 on 2 CPU cores shared with other jobs; launch/bench/README.md
-has the full table and why (b) stays far from 3x): (a) JAX sampler 86.1 -> 81.7 episodes/min, 0.95x (repeats:
-0.86x; 1.17x with --continuous-first: the run timed second is the slower, an order effect); (b) simulated
-9B / A100 with expert actions 23.2 -> 25.4, 1.10x (its own decode path, 62.5 s of 82.8 s, bounds it at 1.33x);
-`--synthetic` (heterogeneous turns and tool calls) 11.0 -> 19.4, 1.76x; `--ray` 1 -> 2 workers 78.8 -> 80.6,
-1.02x (meaningless on 2 shared cores).
+Measured: launch/bench/README.md.
 """
 
 from __future__ import annotations
@@ -53,12 +49,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+from rollout_loops import ExpertReplay, docker_answers, main_loops, real_tasks  # beside this file (sys.path[0] of a script)
 
 
 def throughput(tokens: int, times: list[float]) -> tuple[float, float]:
@@ -274,72 +271,8 @@ def pick_backend(name: str | None, concurrency: int = 16):
     from bat_jax.tasks.harness import backend_factory
 
     if name is None:
-        try:
-            ok = subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        name = "docker" if ok else "local"
+        name = "docker" if docker_answers() else "local"
     return name, backend_factory(name, concurrency)  # BackendUnavailable says what is missing (engine, image)
-
-
-def real_tasks(tracks: list[str], style: str = "full"):
-    """One E2E task per track (train layout, seed 11) with its agent-loop request (prompt style `style`: 'full'
-    or 'compact', `bat_jax.policy.request`) and the scripted expert's actions on it (recorded once with the local
-    backend; the replay in another backend runs the same code)."""
-    from bat_jax.policy import AGENT_SYSTEM_PROMPT, user_message
-    from bat_jax.policy import request as policy_request
-    from bat_jax.rollout.agent_loop import RolloutRequest
-    from bat_jax.stage_bank.slicing import row_skill
-    from bat_jax.tasks.harness import play
-    from bat_jax.tasks.registry import get_track
-    from bat_jax.tasks.teacher import ScriptedExpert
-
-    out = []
-    for name in tracks:
-        inst = get_track(name).generate(seed=11)
-        if style == "full":
-            request = RolloutRequest(state_id=inst.task_id, state=inst.state(), system_prompt=AGENT_SYSTEM_PROMPT,
-                                     user_message=user_message(inst.brief, row_skill("E2E")), stage="E2E")
-        else:
-            request = policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", style)
-        turns = play(get_track(name), inst, ScriptedExpert()).episode.turns
-        actions = [t.action for t in turns if t.action.tool != "stop"]
-        out.append((request, actions))
-    return out
-
-
-class ExpertReplay:
-    """A token-level 'engine' that answers turn t of a task's episode with the expert's action t.
-
-    The task is found by its id in the decoded prompt; the turn by the number of `<|im_start|>` tokens (system,
-    user and the generation prompt, then two more per finished turn: the assistant's and the tool response's).
-    """
-
-    weight_version = 0
-
-    def __init__(self, tokenizer, family: str, tasks):
-        from bat_jax.models.chat import render_action
-
-        import threading
-
-        eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.tokenizer, self.im_start = tokenizer, tokenizer.convert_tokens_to_ids("<|im_start|>")
-        self.lock = threading.Lock()  # one tokenizer, calls from several generation threads
-        self.turn_ids = {request.state_id: [tokenizer.encode(render_action(a, family), add_special_tokens=False)
-                                            + [eot] for a in actions] for request, actions in tasks}
-
-    def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
-        from bat_jax.rollout.engine import Completion
-
-        out = []
-        for prompt in prompts:
-            with self.lock:
-                text = self.tokenizer.decode(prompt)
-            turns = next(ids for task_id, ids in self.turn_ids.items() if task_id in text)
-            t = (list(prompt).count(self.im_start) - 3) // 2
-            ids = turns[min(t, len(turns) - 1)]
-            out.append(Completion(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), "stop"))
-        return out
 
 
 def bench_episodes(model, make_sandbox, tracks: list[str], episodes: int, turns: int, turn_tokens: int):
@@ -379,236 +312,6 @@ def bench_episodes(model, make_sandbox, tracks: list[str], episodes: int, turns:
     return rows
 
 
-def bench_schedules(model, backend: str, make_sandbox, tracks: list[str], episodes: int, turns: int,
-                    turn_tokens: int, latency, skip_jax: bool = False, skip_simulated: bool = False,
-                    continuous_first: bool = False) -> dict:
-    """Episodes/min of the agent loop, 'lockstep' vs 'continuous' schedule in the same run, `episodes` concurrent
-    episodes (split over one real E2E task per track), sandboxes from `make_sandbox`:
-
-      (a) the JAX sampler (tiny random model, compact prompts as the tiny default; turns of <= `turn_tokens`
-          tokens, `turns` turns; random weights rarely make a valid tool call, so this is engine-bound): one
-          engine call at a time (`max_concurrent_generate=1`);
-      (b) `SimulatedLatencyEngine(ExpertReplay, latency)`: the scripted expert's real actions (real tool calls
-          through S1-S5 and a submit) at a large model's latency; continuous runs one engine call per ready batch
-          with up to `episodes` calls in flight when `latency.inflight` (a server batching in flight, like vLLM),
-          else one at a time.
-
-    The JAX rows are timed after a warm-up run of both schedules with the same seed (so neither timed run
-    compiles); the simulated rows need no warm-up. Returns
-    {(engine, schedule): (episodes/min, mean turns, mean tool calls, finish reasons, engine calls)}."""
-    import collections
-    import dataclasses
-
-    from bat_jax.models.tokenizer import load_tiny_tokenizer
-    from bat_jax.policy import Policy, make_agent_loop
-    from bat_jax.policy import request as policy_request
-    from bat_jax.rollout.agent_loop import AgentLoopConfig
-    from bat_jax.rollout.jax_sampler import JaxSampler
-    from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
-    from bat_jax.stage_bank.slicing import row_skill
-    from bat_jax.tasks.registry import get_track
-
-    policy = Policy(model, load_tiny_tokenizer(), "qwen3_5")
-    per_task = max(1, episodes // len(tracks))
-    rows: dict = {}
-
-    def measure(engine, config, requests, seed, calls=lambda: None):
-        before = calls()
-        t0 = time.perf_counter()
-        trajs = make_agent_loop(policy, engine, make_sandbox, config).run(requests, seed=seed)
-        epm = len(trajs) / (time.perf_counter() - t0) * 60
-        n_calls = None if before is None else calls() - before
-        return (epm, np.mean([t.num_turns for t in trajs]), np.mean([t.num_tool_calls for t in trajs]),
-                dict(collections.Counter(t.finish_reason for t in trajs)), n_calls)
-
-    base = AgentLoopConfig(episodes_per_state=per_task, max_workers=per_task * len(tracks), progress=False)
-    if not skip_jax:
-        insts = [get_track(name).generate(seed=11) for name in tracks]
-        requests = [policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", "compact")
-                    for inst in insts]
-        sampler = JaxSampler(model, max_context=4096)
-        config = dataclasses.replace(base, max_assistant_turns=turns, max_tokens_per_turn=turn_tokens)
-        configs = {schedule: dataclasses.replace(config, schedule=schedule) for schedule in ("lockstep", "continuous")}
-        for cfg in configs.values():  # warm-up of both, same seed: the timed runs find their buckets compiled
-            measure(sampler, cfg, requests, seed=1)
-        for schedule, cfg in sorted(configs.items(), reverse=not continuous_first):  # lockstep first by default
-            rows["jax", schedule] = measure(sampler, cfg, requests, seed=1)
-            print(f"  (a) jax sampler, {schedule:<10} {rows['jax', schedule][0]:7.1f} episodes/min", flush=True)
-    if skip_simulated:
-        return rows
-    tasks = real_tasks(tracks)
-    requests = [request for request, _ in tasks]
-    engine = SimulatedLatencyEngine(ExpertReplay(policy.tokenizer, policy.family, tasks), latency)
-    max_actions = max(len(actions) for _, actions in tasks)
-    config = dataclasses.replace(base, max_assistant_turns=max_actions + 1, max_response_tokens=10 ** 6)
-    for schedule in ("lockstep", "continuous"):
-        cfg = dataclasses.replace(config, schedule=schedule,
-                                  max_concurrent_generate=per_task * len(tracks) if latency.inflight else 1)
-        rows["simulated", schedule] = measure(engine, cfg, requests, seed=0, calls=lambda: engine.calls)
-        print(f"  (b) simulated,      {schedule:<10} {rows['simulated', schedule][0]:7.1f} episodes/min", flush=True)
-    return rows
-
-
-def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: float, latency) -> dict:
-    """The schedules on a heterogeneous synthetic workload (no Docker, no model): `episodes` episodes of `turns`
-    turns; each turn's length in tokens is drawn (seeded by the turn's sampling seed) from an exponential with mean
-    `mean_tokens` (a valid `execute_code` call whose thought is padded to that length) and timed by
-    `SimulatedLatencyEngine(latency)`; each tool call sleeps an exponential time of mean `mean_tool_s` seconds
-    (seeded by the episode and call). It shows what continuous scheduling gains when episodes differ, which the
-    expert replay's near-identical episodes cannot. Returns {schedule: episodes/min}."""
-    import dataclasses
-    import itertools
-
-    from bat_jax.models.chat import render_action
-    from bat_jax.sandbox.local import NullSandbox
-    from bat_jax.sandbox.tools import Action
-    from bat_jax.models.episode import EpisodeBuilder
-    from bat_jax.models.tokenizer import load_tiny_tokenizer
-    from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
-    from bat_jax.rollout.engine import Completion
-    from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
-    from bat_jax.sandbox.types import SandboxState
-
-    tok = load_tiny_tokenizer()
-    eot = tok.convert_tokens_to_ids("<|im_end|>")
-    call = Action("", "execute_code", {"language": "bash", "code": "true"})
-    base_ids = tok.encode(render_action(call, "qwen3_5"), add_special_tokens=False)
-    filler = tok.encode(" x", add_special_tokens=False)[-1]
-
-    class Lengths:
-        weight_version = 0
-
-        def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
-            out = []
-            for seed, budget in zip(seeds, max_new_tokens):
-                n = int(np.random.default_rng(seed).exponential(mean_tokens))
-                ids = ([filler] * n + base_ids + [eot])[-budget:] if n + len(base_ids) + 1 > budget else (
-                    [filler] * n + base_ids + [eot])
-                out.append(Completion(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), "stop"))
-            return out
-
-    def sleeping_sandbox_factory():
-        """Sandboxes whose tool calls take exponential times (mean `mean_tool_s`), seeded per sandbox."""
-        count = itertools.count(1)
-
-        def make(state):
-            rng = np.random.default_rng(next(count))
-            return NullSandbox(state, delay_s=lambda: rng.exponential(mean_tool_s))
-
-        return make
-
-    requests = [RolloutRequest(state_id="synthetic", state=SandboxState(files={}), system_prompt="s",
-                               user_message="u")]
-    base = AgentLoopConfig(episodes_per_state=episodes, max_assistant_turns=turns, max_tool_calls=turns,
-                           max_tokens_per_turn=4096, max_response_tokens=10 ** 6, max_context_tokens=10 ** 6,
-                           max_workers=episodes, progress=False)
-    out = {}
-    for schedule in ("lockstep", "continuous"):
-        engine = SimulatedLatencyEngine(Lengths(), latency)
-        cfg = dataclasses.replace(base, schedule=schedule,
-                                  max_concurrent_generate=episodes if latency.inflight else 1)
-        loop = AgentLoop(engine, lambda: EpisodeBuilder(tok, "qwen3_5"), sleeping_sandbox_factory(), cfg)
-        t0 = time.perf_counter()
-        loop.run(requests, seed=0)
-        out[schedule] = episodes / (time.perf_counter() - t0) * 60
-        print(f"  synthetic, {schedule:<10} {out[schedule]:7.1f} episodes/min ({engine.calls} engine calls)",
-              flush=True)
-    return out
-
-
-def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int, turn_tokens: int) -> dict:
-    """Episodes/min of `RayRollouts` (each worker: the tiny default policy (qwen3, compact prompts), its JAX
-    sampler, `backend` sandboxes, the continuous schedule) with 1 and with 2 workers on a local Ray cluster, the
-    same `episodes` episodes over one real E2E task per track; each timed run follows a warm-up run. Returns
-    {workers: (episodes/min, finish reasons)}."""
-    import collections
-
-    import ray
-
-    from bat_jax.policy import PolicyConfig
-    from bat_jax.policy import request as policy_request
-    from bat_jax.rollout.agent_loop import AgentLoopConfig
-    from bat_jax.rollout.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec
-    from bat_jax.stage_bank.slicing import row_skill
-    from bat_jax.tasks.registry import get_track
-
-    per_task = max(1, episodes // len(tracks))
-    requests = [policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", "compact")
-                for inst in (get_track(name).generate(seed=11) for name in tracks)]
-    agent = AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=turns, max_tokens_per_turn=turn_tokens,
-                            max_context_tokens=4096, max_workers=per_task * len(tracks), progress=False)
-    spec = WorkerSpec(PolicyConfig(family="qwen3", prompt_style="compact"), agent, backend,
-                      sampler_max_batch=per_task * len(tracks))
-    out = {}
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    try:
-        for workers in (1, 2):
-            rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=workers, cpus_per_worker=0.5,
-                                                                start_timeout_s=900,
-                                                                worker_env={"JAX_PLATFORMS": "cpu"}))
-            try:
-                rollouts.run(requests, seed=0)  # warm-up: compiles
-                t0 = time.perf_counter()
-                trajs = rollouts.run(requests, seed=1)
-                out[workers] = (len(trajs) / (time.perf_counter() - t0) * 60,
-                                dict(collections.Counter(t.finish_reason for t in trajs)))
-            finally:
-                rollouts.close()
-            print(f"  ray, {workers} worker(s): {out[workers][0]:7.1f} episodes/min", flush=True)
-    finally:
-        ray.shutdown()
-    return out
-
-
-def main_schedules(args) -> int:
-    """`--schedules`: lockstep vs continuous (JAX sampler, simulated large model), and `--ray`: 1 vs 2 workers."""
-    import dataclasses
-
-    from bat_jax.models.tokenizer import TINY_VOCAB_SIZE
-    from bat_jax.rollout.simulated_engine import SimulatedLatency
-
-    tracks = [t for t in args.tracks.split(",") if t]
-    n = max(1, args.episodes // len(tracks)) * len(tracks)
-    backend, make_sandbox = pick_backend(args.backend, concurrency=n)
-    latency = SimulatedLatency(prefill_s=args.prefill_ms / 1000, decode_s_per_step=args.decode_ms / 1000,
-                               max_batch=n, inflight=not args.serial_engine)
-    with tempfile.TemporaryDirectory() as tmp:
-        model, _ = build_models(args.family, TINY_VOCAB_SIZE, tmp)
-    print(f"agent-loop schedules: {n} concurrent episodes on {len(tracks)} real E2E tasks ({','.join(tracks)}), "
-          f"{backend} sandboxes; simulated engine {dataclasses.asdict(latency)}", flush=True)
-    rows = bench_schedules(model, backend, make_sandbox, tracks, n, args.turns, 32, latency, args.skip_jax,
-                           args.skip_simulated, args.continuous_first)
-    for engine, note in (("jax", f"tiny {args.family}, random weights, {args.turns} turns of <= 32 tokens, "
-                                 "one engine call at a time"),
-                         ("simulated", f"expert actions, prefill {args.prefill_ms:g} ms + {args.decode_ms:g} ms "
-                                       "per decode step, "
-                                       + ("in-flight batching" if latency.inflight else "one call at a time"))):
-        if (engine, "lockstep") not in rows:
-            continue
-        for schedule in ("lockstep", "continuous"):
-            epm, turns, calls, finish, n_calls = rows[engine, schedule]
-            extra = "" if n_calls is None else f", {n_calls} engine calls"
-            print(f"{engine:>9} {schedule:<10} {epm:7.1f} episodes/min  ({turns:.1f} turns, {calls:.1f} tool calls"
-                  f"{extra}; {finish})")
-        ratio = rows[engine, "continuous"][0] / rows[engine, "lockstep"][0]
-        print(f"{engine:>9} continuous / lockstep: {ratio:5.2f}x  ({note})", flush=True)
-    if args.synthetic:
-        syn = bench_synthetic(n, 12, args.synthetic_tokens, args.synthetic_tool_s, latency)
-        print(f"synthetic continuous / lockstep: {syn['continuous'] / syn['lockstep']:5.2f}x  ({n} episodes x 12 "
-              f"turns, exponential turn lengths of mean {args.synthetic_tokens:g} tokens and tool calls of mean "
-              f"{args.synthetic_tool_s:g} s, the simulated engine above; no Docker, no model)", flush=True)
-    if args.ray:
-        if importlib.util.find_spec("ray") is None:
-            print("ray: not installed (pip install -e '.[ray]')")
-        else:
-            ray_rows = bench_ray_scaling(backend, tracks, n, args.turns, 32)
-            print(f"ray 2 workers / 1 worker: {ray_rows[2][0] / ray_rows[1][0]:5.2f}x  ({ray_rows[1][0]:.1f} -> "
-                  f"{ray_rows[2][0]:.1f} episodes/min; {os.cpu_count()} CPU cores shared by both workers' JAX "
-                  f"samplers and the sandboxes)", flush=True)
-    print(f"load average {os.getloadavg()[0]:.1f} at end", flush=True)
-    return 0
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["qwen3", "qwen3_5"], default="qwen3",
@@ -633,28 +336,25 @@ def main(argv=None):
     ap.add_argument("--real-batch", type=int, default=4)
     ap.add_argument("--real-prompt", type=int, default=256)
     ap.add_argument("--real-new", type=int, default=64)
-    ap.add_argument("--schedules", action="store_true",
-                    help="only the agent-loop schedule comparison: lockstep vs continuous, JAX sampler and simulated "
-                         "large model (use --episodes 32)")
+    ap.add_argument("--loops", action="store_true",
+                    help="only the agent-loop comparison: the old loop vs the new one, JAX sampler and simulated "
+                         "large model (use --episodes 32; rollout_loops.py)")
     ap.add_argument("--prefill-ms", type=float, default=50.0, help="simulated engine: prefill cost per call, ms")
     ap.add_argument("--decode-ms", type=float, default=30.0, help="simulated engine: cost per decode step, ms")
-    ap.add_argument("--serial-engine", action="store_true",
-                    help="simulated engine runs one call at a time (default: in-flight batching, like vLLM)")
-    ap.add_argument("--skip-jax", action="store_true", help="--schedules without the JAX-sampler rows")
-    ap.add_argument("--skip-simulated", action="store_true", help="--schedules without the simulated-engine rows")
-    ap.add_argument("--continuous-first", action="store_true",
-                    help="--schedules: time the JAX sampler's continuous run before its lockstep run")
-    ap.add_argument("--ray", action="store_true", help="with --schedules: also 1 vs 2 Ray rollout workers")
+    ap.add_argument("--skip-jax", action="store_true", help="--loops without the JAX-sampler rows")
+    ap.add_argument("--skip-simulated", action="store_true", help="--loops without the simulated-engine rows")
+    ap.add_argument("--new-first", action="store_true", help="--loops: time the new loop before the old one")
+    ap.add_argument("--ray", action="store_true", help="with --loops: also 1 vs 2 Ray rollout workers")
     ap.add_argument("--synthetic", action="store_true",
-                    help="with --schedules: also a heterogeneous synthetic workload (simulated engine, sleeping "
+                    help="with --loops: also a heterogeneous synthetic workload (simulated engine, sleeping "
                          "sandboxes)")
     ap.add_argument("--synthetic-tokens", type=float, default=200.0, help="mean turn length of --synthetic, tokens")
     ap.add_argument("--synthetic-tool-s", type=float, default=1.0, help="mean tool-call time of --synthetic, s")
     args = ap.parse_args(argv)
-    if args.schedules:
+    if args.loops:
         print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU cores, load average "
               f"{os.getloadavg()[0]:.1f} at start", flush=True)
-        return main_schedules(args)
+        return main_loops(args, build_models)
     if args.real_only and not args.real_weights:
         ap.error("--real-only needs --real-weights DIR")
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU cores, load average "

@@ -1,0 +1,372 @@
+"""Agent-loop episodes per minute, the loop issue 17 found against the loop now (`bench_rollout.py --loops`).
+
+The two loops differ in everything issue 17 changed about running a batch of episodes; the engine's cost, the
+tasks, the actions and the tool calls stay the same:
+
+  old  'lockstep' schedule (per turn, one engine call over every live episode, then all tool calls), 16 threads
+       for sandbox work, a fresh Docker container per episode, one engine call at a time (the plain JAX sampler;
+       for a large model, vLLM's offline `LLM.generate`, which returns a call only with its slowest row);
+  new  'continuous' schedule (each episode queued for its next turn as soon as its tool call returns), one
+       thread per episode, a warm pool of containers reset between episodes, and engine calls in flight: one
+       call per ready turn (`max_generate_batch = 1`), served by the JAX sampler's continuous batcher with the
+       tiny default's settings (gin/bicurl_tiny.gin: 16 slots, 8-row prefill, 64 stored prefixes) or, for a
+       large model, a server batching in flight (vLLM through `bat_jax.rollout.inflight`).
+
+Workloads (32 concurrent episodes over one real E2E task per track, Docker sandboxes): (a) the JAX sampler on a
+tiny random Qwen3 (compact prompts, `--turns` turns of <= 32 tokens; random weights make no valid tool call, so
+every turn ends in a parse-error observation: engine-bound); (b) `SimulatedLatencyEngine` over the scripted
+expert's real actions (12 tool calls through S1-S5 and a `submit`) with a large model's latency (default: ~9B on
+one A100, 50 ms prefill per call + 30 ms per decode step, `bat_jax.rollout.simulated_engine`): old = one call at a
+time, new = calls overlapping in flight. `--synthetic` adds heterogeneous turns and tool calls without Docker or
+model; `--ray` times 1 vs 2 Ray rollout workers. Warm pools are started before the timed runs (their start-up is
+printed apart: a run pays it once).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import time
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """One way of running a batch of episodes (module docstring): schedule, sandbox threads (0 = one per episode),
+    warm pool or fresh containers, engine calls in flight (one call per ready turn) or one at a time."""
+
+    name: str
+    schedule: str
+    max_workers: int
+    warm: bool
+    inflight: bool
+
+
+OLD = Loop("old", "lockstep", 16, warm=False, inflight=False)
+NEW = Loop("new", "continuous", 0, warm=True, inflight=True)
+
+
+def agent_config(loop: Loop, base, episodes: int):
+    """`base` (an `AgentLoopConfig`) run as `loop` over `episodes` concurrent episodes."""
+    extra = dict(max_generate_batch=1, max_concurrent_generate=episodes) if loop.inflight else {}
+    return dataclasses.replace(base, schedule=loop.schedule, max_workers=loop.max_workers, **extra)
+
+
+def jax_engine_for(loop: Loop, model, episodes: int):
+    """The JAX sampler of `loop`: plain (one call at a time, every episode in one call) or the tiny default's
+    continuous batcher (gin/bicurl_tiny.gin: `sampler_slots` 16, `sampler_max_batch` 8, 64 stored prefixes)."""
+    from bat_jax.rollout.continuous_batching import jax_engine
+
+    if loop.inflight:
+        return jax_engine(model, max_context=4096, max_batch=8, prefix_cache_rows=64, slots=16)
+    return jax_engine(model, max_context=4096, max_batch=episodes)
+
+
+def real_tasks(tracks: list[str], style: str = "full"):
+    """One E2E task per track (train layout, seed 11) with its agent-loop request (prompt style `style`: 'full'
+    or 'compact', `bat_jax.policy.request`) and the scripted expert's actions on it (recorded once with the local
+    backend; the replay in another backend runs the same code)."""
+    from bat_jax.policy import AGENT_SYSTEM_PROMPT, user_message
+    from bat_jax.policy import request as policy_request
+    from bat_jax.rollout.agent_loop import RolloutRequest
+    from bat_jax.stage_bank.slicing import row_skill
+    from bat_jax.tasks.harness import play
+    from bat_jax.tasks.registry import get_track
+    from bat_jax.tasks.teacher import ScriptedExpert
+
+    out = []
+    for name in tracks:
+        inst = get_track(name).generate(seed=11)
+        if style == "full":
+            request = RolloutRequest(state_id=inst.task_id, state=inst.state(), system_prompt=AGENT_SYSTEM_PROMPT,
+                                     user_message=user_message(inst.brief, row_skill("E2E")), stage="E2E")
+        else:
+            request = policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", style)
+        turns = play(get_track(name), inst, ScriptedExpert()).episode.turns
+        actions = [t.action for t in turns if t.action.tool != "stop"]
+        out.append((request, actions))
+    return out
+
+
+class ExpertReplay:
+    """A token-level 'engine' that answers turn t of a task's episode with the expert's action t.
+
+    The task is found by its id in the decoded prompt; the turn by the number of `<|im_start|>` tokens (system,
+    user and the generation prompt, then two more per finished turn: the assistant's and the tool response's).
+    """
+
+    weight_version = 0
+
+    def __init__(self, tokenizer, family: str, tasks):
+        from bat_jax.models.chat import render_action
+
+        import threading
+
+        eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.tokenizer, self.im_start = tokenizer, tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self.lock = threading.Lock()  # one tokenizer, calls from several generation threads
+        self.turn_ids = {request.state_id: [tokenizer.encode(render_action(a, family), add_special_tokens=False)
+                                            + [eot] for a in actions] for request, actions in tasks}
+
+    def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+        from bat_jax.rollout.engine import Completion
+
+        out = []
+        for prompt in prompts:
+            with self.lock:
+                text = self.tokenizer.decode(prompt)
+            turns = next(ids for task_id, ids in self.turn_ids.items() if task_id in text)
+            t = (list(prompt).count(self.im_start) - 3) // 2
+            ids = turns[min(t, len(turns) - 1)]
+            out.append(Completion(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), "stop"))
+        return out
+
+
+def _clear_prefixes(engine) -> None:
+    """Forgets the stored prefixes of a JAX engine (so a timed run does not continue its warm-up's turns)."""
+    sampler = getattr(engine, "sampler", engine)
+    if getattr(sampler, "prefix_cache", None) is not None:
+        sampler.prefix_cache.clear()
+
+
+def bench_loops(model, backend: str, tracks: list[str], episodes: int, turns: int, turn_tokens: int, latency,
+                skip_jax: bool = False, skip_simulated: bool = False, new_first: bool = False) -> dict:
+    """Episodes/min of the old and the new loop (module docstring) on `episodes` concurrent episodes, split over
+    one real E2E task per track, sandboxes of `backend` ('docker' or 'local'; the old loop's fresh, the new loop's
+    from a warm pool started first): (a) the JAX sampler on `model` (`turns` turns of <= `turn_tokens` tokens),
+    timed after an untimed run of each loop with the same seed (nothing compiles in the timed runs); (b)
+    `SimulatedLatencyEngine(ExpertReplay, latency)`, old one call at a time, new in flight. `new_first` times the
+    new loop first. Returns {(workload, loop name): (episodes/min, mean turns, mean tool calls, finish reasons,
+    engine calls or None)}."""
+    from bat_jax.models.tokenizer import load_tiny_tokenizer
+    from bat_jax.policy import Policy, make_agent_loop
+    from bat_jax.policy import request as policy_request
+    from bat_jax.rollout.agent_loop import AgentLoopConfig
+    from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
+    from bat_jax.stage_bank.slicing import row_skill
+    from bat_jax.tasks.harness import open_backend
+    from bat_jax.tasks.registry import get_track
+
+    policy = Policy(model, load_tiny_tokenizer(), "qwen3_5")
+    per_task = max(1, episodes // len(tracks))
+    n = per_task * len(tracks)
+    order = (NEW, OLD) if new_first else (OLD, NEW)
+    base = AgentLoopConfig(episodes_per_state=per_task, progress=False)
+    rows: dict = {}
+    backends = {OLD.name: open_backend(backend, n)}
+    try:
+        t0 = time.perf_counter()
+        backends[NEW.name] = open_backend(backend, n, warm=n)
+        print(f"  warm pool of {n} {backend} sandboxes started in {time.perf_counter() - t0:.1f} s (once per run; "
+              "not in the timed runs)", flush=True)
+
+        def measure(loop, engine, config, requests, seed, calls=lambda: None):
+            sandboxes = backends[loop.name]
+            before = calls()
+            t0 = time.perf_counter()
+            trajs = make_agent_loop(policy, engine, sandboxes.make, config, sandboxes.release).run(requests,
+                                                                                                   seed=seed)
+            epm = len(trajs) / (time.perf_counter() - t0) * 60
+            return (epm, np.mean([t.num_turns for t in trajs]), np.mean([t.num_tool_calls for t in trajs]),
+                    dict(collections.Counter(t.finish_reason for t in trajs)),
+                    None if before is None else calls() - before)
+
+        if not skip_jax:
+            insts = [get_track(name).generate(seed=11) for name in tracks]
+            requests = [policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", "compact")
+                        for inst in insts]
+            config = dataclasses.replace(base, max_assistant_turns=turns, max_tokens_per_turn=turn_tokens,
+                                         max_context_tokens=4096)
+            engines = {loop.name: jax_engine_for(loop, model, n) for loop in order}
+            for loop in order:  # untimed, same seed: the timed runs find every program compiled
+                measure(loop, engines[loop.name], agent_config(loop, config, n), requests, seed=1)
+            for loop in order:
+                _clear_prefixes(engines[loop.name])
+                rows["jax", loop.name] = measure(loop, engines[loop.name], agent_config(loop, config, n), requests,
+                                                 seed=1)
+                print(f"  (a) jax sampler, {loop.name} loop: {rows['jax', loop.name][0]:7.1f} episodes/min",
+                      flush=True)
+        if not skip_simulated:
+            tasks = real_tasks(tracks)
+            requests = [request for request, _ in tasks]
+            config = dataclasses.replace(base, max_assistant_turns=max(len(a) for _, a in tasks) + 1,
+                                         max_response_tokens=10 ** 6)
+            for loop in order:
+                engine = SimulatedLatencyEngine(ExpertReplay(policy.tokenizer, policy.family, tasks),
+                                                dataclasses.replace(latency, inflight=loop.inflight))
+                rows["simulated", loop.name] = measure(loop, engine, agent_config(loop, config, n), requests, seed=0,
+                                                       calls=lambda: engine.calls)
+                print(f"  (b) simulated, {loop.name} loop: {rows['simulated', loop.name][0]:7.1f} episodes/min",
+                      flush=True)
+    finally:
+        for sandboxes in backends.values():
+            sandboxes.close()
+    return rows
+
+
+def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: float, latency) -> dict:
+    """The old and the new loop on a heterogeneous synthetic workload (no Docker, no model): `episodes` episodes of
+    `turns` turns; each turn's length in tokens is drawn (seeded by the turn's sampling seed) from an exponential
+    with mean `mean_tokens` (a valid `execute_code` call whose thought is padded to that length) and timed by
+    `SimulatedLatencyEngine(latency)` (old: one call at a time, new: in flight); each tool call sleeps an
+    exponential time of mean `mean_tool_s` seconds (seeded by the episode and call). It shows what the new loop
+    gains when episodes differ, which the expert replay's near-identical episodes cannot. Returns
+    {loop name: episodes/min}."""
+    import itertools
+
+    from bat_jax.models.chat import render_action
+    from bat_jax.models.episode import EpisodeBuilder
+    from bat_jax.models.tokenizer import load_tiny_tokenizer
+    from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
+    from bat_jax.rollout.engine import Completion
+    from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
+    from bat_jax.sandbox.local import NullSandbox
+    from bat_jax.sandbox.tools import Action
+    from bat_jax.sandbox.types import SandboxState
+
+    tok = load_tiny_tokenizer()
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    call = Action("", "execute_code", {"language": "bash", "code": "true"})
+    base_ids = tok.encode(render_action(call, "qwen3_5"), add_special_tokens=False)
+    filler = tok.encode(" x", add_special_tokens=False)[-1]
+
+    class Lengths:
+        weight_version = 0
+
+        def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+            out = []
+            for seed, budget in zip(seeds, max_new_tokens):
+                n = int(np.random.default_rng(seed).exponential(mean_tokens))
+                ids = ([filler] * n + base_ids + [eot])[-budget:]
+                out.append(Completion(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), "stop"))
+            return out
+
+    def sleeping_sandbox_factory():
+        """Sandboxes whose tool calls take exponential times (mean `mean_tool_s`), seeded per sandbox."""
+        count = itertools.count(1)
+
+        def make(state):
+            rng = np.random.default_rng(next(count))
+            return NullSandbox(state, delay_s=lambda: rng.exponential(mean_tool_s))
+
+        return make
+
+    requests = [RolloutRequest(state_id="synthetic", state=SandboxState(files={}), system_prompt="s",
+                               user_message="u")]
+    base = AgentLoopConfig(episodes_per_state=episodes, max_assistant_turns=turns, max_tool_calls=turns,
+                           max_tokens_per_turn=4096, max_response_tokens=10 ** 6, max_context_tokens=10 ** 6,
+                           progress=False)
+    out = {}
+    for loop in (OLD, NEW):
+        engine = SimulatedLatencyEngine(Lengths(), dataclasses.replace(latency, inflight=loop.inflight))
+        agent = AgentLoop(engine, lambda: EpisodeBuilder(tok, "qwen3_5"), sleeping_sandbox_factory(),
+                          agent_config(loop, base, episodes))
+        t0 = time.perf_counter()
+        agent.run(requests, seed=0)
+        out[loop.name] = episodes / (time.perf_counter() - t0) * 60
+        print(f"  synthetic, {loop.name} loop: {out[loop.name]:7.1f} episodes/min ({engine.calls} engine calls)",
+              flush=True)
+    return out
+
+
+def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int, turn_tokens: int) -> dict:
+    """Episodes/min of `RayRollouts` (each worker: the tiny default policy (qwen3, compact prompts), its JAX
+    sampler, `backend` sandboxes, the continuous schedule) with 1 and with 2 workers on a local Ray cluster, the
+    same `episodes` episodes over one real E2E task per track; each timed run follows a warm-up run. Returns
+    {workers: (episodes/min, finish reasons)}."""
+    import ray
+
+    from bat_jax.policy import PolicyConfig
+    from bat_jax.policy import request as policy_request
+    from bat_jax.rollout.agent_loop import AgentLoopConfig
+    from bat_jax.rollout.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec
+    from bat_jax.stage_bank.slicing import row_skill
+    from bat_jax.tasks.registry import get_track
+
+    per_task = max(1, episodes // len(tracks))
+    requests = [policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", "compact")
+                for inst in (get_track(name).generate(seed=11) for name in tracks)]
+    agent = AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=turns, max_tokens_per_turn=turn_tokens,
+                            max_context_tokens=4096, max_workers=per_task * len(tracks), progress=False)
+    spec = WorkerSpec(PolicyConfig(family="qwen3", prompt_style="compact"), agent, backend,
+                      sampler_max_batch=per_task * len(tracks))
+    out = {}
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    try:
+        for workers in (1, 2):
+            rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=workers, cpus_per_worker=0.5,
+                                                                start_timeout_s=900,
+                                                                worker_env={"JAX_PLATFORMS": "cpu"}))
+            try:
+                rollouts.run(requests, seed=0)  # warm-up: compiles
+                t0 = time.perf_counter()
+                trajs = rollouts.run(requests, seed=1)
+                out[workers] = (len(trajs) / (time.perf_counter() - t0) * 60,
+                                dict(collections.Counter(t.finish_reason for t in trajs)))
+            finally:
+                rollouts.close()
+            print(f"  ray, {workers} worker(s): {out[workers][0]:7.1f} episodes/min", flush=True)
+    finally:
+        ray.shutdown()
+    return out
+
+
+def main_loops(args, build_models) -> int:
+    """`bench_rollout.py --loops`: old vs new loop (JAX sampler, simulated large model), `--synthetic`, `--ray`.
+    `build_models(family, vocab, tmp)` makes the tiny random model (bench_rollout.py's)."""
+    import importlib.util
+    import tempfile
+
+    from bat_jax.models.tokenizer import TINY_VOCAB_SIZE
+    from bat_jax.rollout.simulated_engine import SimulatedLatency
+
+    tracks = [t for t in args.tracks.split(",") if t]
+    n = max(1, args.episodes // len(tracks)) * len(tracks)
+    backend = args.backend or ("docker" if docker_answers() else "local")
+    latency = SimulatedLatency(prefill_s=args.prefill_ms / 1000, decode_s_per_step=args.decode_ms / 1000, max_batch=n)
+    with tempfile.TemporaryDirectory() as tmp:
+        model, _ = build_models(args.family, TINY_VOCAB_SIZE, tmp)
+    print(f"agent loops: {n} concurrent episodes on {len(tracks)} real E2E tasks ({','.join(tracks)}), {backend} "
+          f"sandboxes; old = {dataclasses.asdict(OLD)}, new = {dataclasses.asdict(NEW)}; simulated engine "
+          f"{dataclasses.asdict(latency)} (inflight per loop)", flush=True)
+    rows = bench_loops(model, backend, tracks, n, args.turns, 32, latency, args.skip_jax, args.skip_simulated,
+                       args.new_first)
+    notes = {"jax": f"tiny {args.family}, random weights, {args.turns} turns of <= 32 tokens",
+             "simulated": f"expert actions, prefill {args.prefill_ms:g} ms + {args.decode_ms:g} ms per decode step"}
+    for workload, note in notes.items():
+        if (workload, OLD.name) not in rows:
+            continue
+        for loop in (OLD, NEW):
+            epm, turns, calls, finish, n_calls = rows[workload, loop.name]
+            extra = "" if n_calls is None else f", {n_calls} engine calls"
+            print(f"{workload:>9} {loop.name} loop {epm:7.1f} episodes/min  ({turns:.1f} turns, {calls:.1f} tool "
+                  f"calls{extra}; {finish})")
+        ratio = rows[workload, NEW.name][0] / rows[workload, OLD.name][0]
+        print(f"{workload:>9} new / old loop: {ratio:5.2f}x  ({note})", flush=True)
+    if args.synthetic:
+        syn = bench_synthetic(n, 12, args.synthetic_tokens, args.synthetic_tool_s, latency)
+        print(f"synthetic new / old loop: {syn[NEW.name] / syn[OLD.name]:5.2f}x  ({n} episodes x 12 turns, "
+              f"exponential turn lengths of mean {args.synthetic_tokens:g} tokens and tool calls of mean "
+              f"{args.synthetic_tool_s:g} s, the simulated engine above; no Docker, no model)", flush=True)
+    if args.ray:
+        if importlib.util.find_spec("ray") is None:
+            print("ray: not installed (pip install -e '.[ray]')")
+        else:
+            ray_rows = bench_ray_scaling(backend, tracks, n, args.turns, 32)
+            print(f"ray 2 workers / 1 worker: {ray_rows[2][0] / ray_rows[1][0]:5.2f}x  ({ray_rows[1][0]:.1f} -> "
+                  f"{ray_rows[2][0]:.1f} episodes/min; {os.cpu_count()} CPU cores shared by both workers' JAX "
+                  f"samplers and the sandboxes)", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at end", flush=True)
+    return 0
+
+
+def docker_answers() -> bool:
+    """True when `docker info` answers within 30 s."""
+    import subprocess
+
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
