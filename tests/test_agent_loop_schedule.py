@@ -2,7 +2,7 @@
 fixed seeds (a seeded fake engine with real local sandboxes and the real chat template; slow: the JAX sampler),
 a sandbox call of one episode overlaps the generation of another only under 'continuous', and the engine is
 never asked for more than `max_generate_batch` rows. No wall-clock speed is asserted here (see
-launch/bench/bench_rollout.py --schedules)."""
+launch/bench/bench_rollout.py --loops)."""
 
 import dataclasses
 import threading

@@ -272,10 +272,10 @@ def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: 
 
 
 def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int, turn_tokens: int) -> dict:
-    """Episodes/min of `RayRollouts` (each worker: the tiny default policy (qwen3, compact prompts), its JAX
-    sampler, `backend` sandboxes, the continuous schedule) with 1 and with 2 workers on a local Ray cluster, the
-    same `episodes` episodes over one real E2E task per track; each timed run follows a warm-up run. Returns
-    {workers: (episodes/min, finish reasons)}."""
+    """Episodes/min of `RayRollouts` running the new loop (each worker: the tiny default policy (qwen3, compact
+    prompts), its continuous JAX batcher with the tiny default's settings, a warm pool of its share of `backend`
+    sandboxes) with 1 and with 2 workers on a local Ray cluster, the same `episodes` episodes over one real E2E task
+    per track; each timed run follows a warm-up run. Returns {workers: (episodes/min, finish reasons)}."""
     import ray
 
     from bat_jax.policy import PolicyConfig
@@ -288,14 +288,17 @@ def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int
     per_task = max(1, episodes // len(tracks))
     requests = [policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", "compact")
                 for inst in (get_track(name).generate(seed=11) for name in tracks)]
-    agent = AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=turns, max_tokens_per_turn=turn_tokens,
-                            max_context_tokens=4096, max_workers=per_task * len(tracks), progress=False)
-    spec = WorkerSpec(PolicyConfig(family="qwen3", prompt_style="compact"), agent, backend,
-                      sampler_max_batch=per_task * len(tracks))
+    agent = agent_config(NEW, AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=turns,
+                                              max_tokens_per_turn=turn_tokens, max_context_tokens=4096,
+                                              progress=False), episodes)
     out = {}
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     try:
         for workers in (1, 2):
+            share = -(-per_task * len(tracks) // workers)  # each worker's warm pool: its share of the episodes
+            spec = WorkerSpec(PolicyConfig(family="qwen3", prompt_style="compact"), agent, backend,
+                              sampler_max_batch=8, warm_pool=share if backend == "docker" else 0,
+                              prefix_cache_rows=64, sampler_slots=16)
             rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=workers, cpus_per_worker=0.5,
                                                                 start_timeout_s=900,
                                                                 worker_env={"JAX_PLATFORMS": "cpu"}))
