@@ -141,9 +141,74 @@ def test_exclusive_refuses_while_requests_run():
             pass
     gate.set()
     t.join(10)
-    with driver.exclusive("update_weights"):  # idle: the engine is the caller's
-        assert driver.in_flight() == 0
     assert driver.run([]) == [] and driver.run([1]) == [(1, 4)]
+    driver.close()
+
+
+def test_calls_wait_while_a_caller_holds_the_engine():
+    """Inside `exclusive` the driver takes no request: a call made meanwhile waits and runs after it; a second
+    `exclusive` is refused (not waited for); `in_flight` answers inside it (no lock held across the body)."""
+    engine = StepEngine()
+    driver = _driver(engine)
+    out = []
+    with driver.exclusive("update_weights"):
+        t = threading.Thread(target=lambda: out.append(driver.run([2])))
+        t.start()
+        while driver.in_flight() == 0:
+            pass
+        t.join(0.2)
+        assert t.is_alive() and engine.batches == []  # queued, not stepped
+        with pytest.raises(RuntimeError, match="fake: score while another caller holds the engine"):
+            with driver.exclusive("score"):
+                pass
+    t.join(10)
+    assert out == [[(2, 2)]]
+    driver.close()
+
+
+def test_the_engine_stays_refused_until_failed_requests_are_aborted():
+    """After a failed step the driver aborts the requests before it lets them go: an `exclusive` tried from the
+    abort itself (the moment another thread could ask) is refused; outputs the engine still returns for aborted
+    requests later are dropped, not blamed on the next call."""
+    gate = threading.Event()
+    engine = StepEngine(fail_at=1, gate=gate)
+    seen = []
+
+    def abort(ids):  # an engine whose abort does nothing: the requests stay in it
+        try:
+            with driver.exclusive("update_weights"):
+                seen.append("granted")
+        except RuntimeError as exc:
+            seen.append(str(exc))
+
+    driver = InflightDriver(engine.add, engine.step, abort, name="fake")
+    gate.set()
+    with pytest.raises(RuntimeError, match="device lost"):
+        driver.run([3])
+    assert seen == ["fake: update_weights while 1 requests are in flight; wait for the running calls to return first"]
+    assert driver.run([5]) == [(5, 7)]  # the stale 3-step row finished meanwhile (step 4): dropped, not an error
+    driver.close()
+
+
+@pytest.mark.parametrize("bad", ["malformed output", "abort raises too"])
+def test_a_broken_driver_thread_leaves_no_caller_waiting(bad):
+    """A step output that is not (id, output) pairs breaks `_deliver`; an abort that raises `KeyboardInterrupt`
+    would end the thread: either way every caller gets an error and a later call is served."""
+    engine = StepEngine()
+    broken = {"on": True}
+
+    def step():
+        out = engine.step()
+        return [("x",)] if broken["on"] else out
+
+    def abort(ids):
+        if bad == "abort raises too":
+            raise KeyboardInterrupt
+    driver = InflightDriver(engine.add, step, abort, name="fake")
+    with pytest.raises(RuntimeError, match="fake: engine step failed"):
+        driver.run([2])
+    broken["on"] = False
+    assert [n for n, _ in driver.run([1])] == [1]
     driver.close()
 
 

@@ -11,8 +11,10 @@ and the engine's own scheduler batches whatever is running — the vLLM counterp
 `bat_jax.rollout.continuous_batching` for the JAX sampler.
 
 Only the driver thread touches the engine while requests are in flight; `exclusive()` gives another thread the
-engine when none are (weight sync, scoring). An engine error fails every call in flight and every queued call
-(each raises RuntimeError from it); the driver then serves new calls again.
+engine when none are (weight sync): new calls wait until it is given back. An engine error (an `add` or a `step`
+that raises, or outputs of requests the driver did not add) fails every call in flight and every queued call
+(each raises RuntimeError from it), their requests are aborted, and the driver then serves new calls again.
+The driver thread holds the engine's callbacks until `close()`: owners close it (`VLLMEngine.close`).
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ class InflightDriver:
                  abort: Callable[[list[str]], None] = lambda ids: None, name: str = "engine"):
         self._add, self._step, self._abort, self.name = add, step, abort, name
         self._cond = threading.Condition()
-        self._engine = threading.Lock()  # held by the driver while it adds / steps, and by `exclusive`
         self._queue: list[tuple[str, Any, _Call]] = []
         self._running: dict[str, _Call] = {}
+        self._exclusive = False  # a caller holds the engine (`exclusive`): nothing runs, queued calls wait
+        self._aborted: set[str] = set()  # ids aborted after an error: their late outputs are dropped
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -97,14 +100,17 @@ class InflightDriver:
         rollouts first: e.g. weights are never swapped under a running request).
         """
         with self._cond:
-            if self._queue or self._running:
-                raise RuntimeError(f"{self.name}: {what} while {len(self._queue) + len(self._running)} requests are "
-                                   "in flight; wait for the running calls to return first")
-            self._engine.acquire()  # the driver is idle (no requests), so this does not wait on a step
+            if self._queue or self._running or self._exclusive:
+                busy = "another caller holds the engine" if self._exclusive else (
+                    f"{len(self._queue) + len(self._running)} requests are in flight")
+                raise RuntimeError(f"{self.name}: {what} while {busy}; wait for the running calls to return first")
+            self._exclusive = True  # the driver takes no request while set, and none is running
         try:
             yield
         finally:
-            self._engine.release()
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
 
     def close(self) -> None:
         """Stops the driver thread once the requests in flight are done; later `run` calls raise."""
@@ -116,50 +122,62 @@ class InflightDriver:
             thread.join()
 
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not (self._queue or self._running or self._closed):
-                    self._cond.wait()
-                if self._closed and not (self._queue or self._running):
-                    self._thread = None
-                    return
-                new, self._queue = self._queue, []
-                for request_id, _, call in new:
-                    self._running[request_id] = call
-            try:
-                with self._engine:
+        try:
+            while True:
+                with self._cond:
+                    while not ((self._queue and not self._exclusive) or self._running or self._closed):
+                        self._cond.wait()
+                    if self._closed and not (self._queue or self._running):
+                        return
+                    new = [] if self._exclusive else self._queue
+                    if not self._exclusive:
+                        self._queue = []
+                    for request_id, _, call in new:
+                        self._running[request_id] = call
+                try:
                     for request_id, item, _ in new:
                         self._add(request_id, item)
                     finished = list(self._step())
                     self.steps += 1
-            except BaseException as exc:  # noqa: BLE001 — every call in flight gets the error
-                self._fail(exc)
-                continue
-            self._deliver(finished)
+                    self._deliver(finished)
+                except BaseException as exc:  # noqa: BLE001 — every call in flight gets the error
+                    self._fail(exc)
+        finally:  # also if the loop itself broke: no caller is left waiting, the next `run` starts a driver
+            with self._cond:
+                self._thread = None
+            self._fail(RuntimeError(f"{self.name}: the driver thread stopped"))
 
     def _deliver(self, finished: Sequence[tuple[str, Any]]) -> None:
+        """Hands finished outputs to their calls (driver thread). Raises RuntimeError for outputs of requests this
+        driver never added (those it aborted are dropped)."""
+        unknown = []
         with self._cond:
-            unknown = [request_id for request_id, _ in finished if request_id not in self._running]
             for request_id, output in finished:
                 call = self._running.pop(request_id, None)
                 if call is None:
+                    if request_id not in self._aborted:
+                        unknown.append(request_id)
                     continue
                 call.outputs[request_id] = output
                 if len(call.outputs) == len(call.ids):
                     call.done.set()
         if unknown:
-            self._fail(RuntimeError(f"engine returned outputs of requests it was not given: {unknown[:4]}"))
+            raise RuntimeError(f"engine returned outputs of requests it was not given: {unknown[:4]}")
 
     def _fail(self, exc: BaseException) -> None:
+        """Aborts the running requests, then fails every running and queued call with `exc` (driver thread). The
+        requests stay `running` until aborted, so `exclusive` cannot take the engine before that."""
         with self._cond:
-            calls = {id(c): c for c in self._running.values()} | {id(c): c for _, _, c in self._queue}
             ids = list(self._running)
-            self._running, self._queue = {}, []
         try:
-            with self._engine:
-                self._abort(ids)
-        except Exception:  # noqa: BLE001 — best effort; the calls get the original error
+            self._abort(ids)
+        except BaseException:  # noqa: BLE001 — best effort; the calls get the original error
             pass
+        with self._cond:
+            self._aborted.update(ids)
+            calls = {id(c): c for c in self._running.values()} | {id(c): c for _, _, c in self._queue}
+            self._running, self._queue = {}, []
+            self._cond.notify_all()
         for call in calls.values():
             call.error = exc
             call.done.set()

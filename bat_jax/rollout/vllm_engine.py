@@ -449,8 +449,8 @@ class VLLMEngine:
             `config.dtype`.
         Returns: the new `weight_version`.
         Raises: ValueError naming missing or unknown tensor names or a shape mismatch (nothing is installed
-        then); TypeError for another params type; RuntimeError if the prefix cache cannot be reset (requests
-        still running).
+        then); TypeError for another params type; RuntimeError while `generate` / `score` requests are in flight
+        or another update holds the engine (`InflightDriver.exclusive`), or if the prefix cache cannot be reset.
         Source: vLLM ``Worker.reload_weights(weights_iterator=...)`` + ``LLM.reset_prefix_cache`` (module
         docstring).
         """
@@ -472,7 +472,7 @@ class VLLMEngine:
             self._llm.collective_rpc(_refresh_tied_output_head)
             if not self._llm.reset_prefix_cache():
                 raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running)")
-        self._version += 1
+            self._version += 1  # before any queued call runs on the new weights
         return self._version
 
     def close(self) -> None:
