@@ -447,10 +447,9 @@ def _rollouts(loop, bank: StageBank, batch, c: Components, seed: int, judge: Rub
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
     requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.policy.prompt_style)
                 for item in batch]
-    k = c.agent.episodes_per_state  # the loop returns K rollouts per request, in request order
-    rows = [item.row for item in batch for _ in range(k)]
-    with RolloutScorer(rows, [starts[item.round_state_id] for item in batch for _ in range(k)], judge, c.reward,
-                       tasks) as scorer:
+    per_rollout = [item for item in batch for _ in range(c.agent.episodes_per_state)]  # the loop's order: K a row
+    with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
+                       judge, c.reward, tasks) as scorer:
         trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)  # scored as they finish
         return trajectories, scorer.results()
 

@@ -168,6 +168,8 @@ class InflightDriver:
         """Aborts the running requests, then fails every running and queued call with `exc` (driver thread). The
         requests stay `running` until aborted, so `exclusive` cannot take the engine before that."""
         with self._cond:
+            if not (self._running or self._queue):  # e.g. the driver stopping after `close`: nothing to fail
+                return
             ids = list(self._running)
         try:
             self._abort(ids)

@@ -98,8 +98,8 @@ def open_run_loops(policy: Any, engine: Any, components: Any, backend: str, warm
     from bat_jax.policy import make_agent_loop
 
     c = components
-    sandboxes = open_backend(backend, c.agent.workers(max(warm_pool_size(c), batch_episodes(c))),
-                             warm=warm_pool_size(c) if warm_pool else 0)
+    concurrent = warm_pool_size(c)  # episodes this process runs at once (rollouts here, or evaluation cells)
+    sandboxes = open_backend(backend, c.agent.workers(concurrent), warm=concurrent if warm_pool else 0)
     try:
         if c.ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
             from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec

@@ -64,10 +64,10 @@ def jax_engine_for(loop: Loop, model, episodes: int):
     return jax_engine(model, max_context=4096, max_batch=episodes)
 
 
-def real_tasks(tracks: list[str], style: str = "full"):
+def real_tasks(tracks: list[str], style: str = "full", expert: bool = True):
     """One E2E task per track (train layout, seed 11) with its agent-loop request (prompt style `style`: 'full'
-    or 'compact', `bat_jax.policy.request`) and the scripted expert's actions on it (recorded once with the local
-    backend; the replay in another backend runs the same code)."""
+    or 'compact', `bat_jax.policy.request`) and, with `expert`, the scripted expert's actions on it (recorded once
+    with the local backend; the replay in another backend runs the same code; else an empty list)."""
     from bat_jax.policy import AGENT_SYSTEM_PROMPT, user_message
     from bat_jax.policy import request as policy_request
     from bat_jax.rollout.agent_loop import RolloutRequest
@@ -84,7 +84,7 @@ def real_tasks(tracks: list[str], style: str = "full"):
                                      user_message=user_message(inst.brief, row_skill("E2E")), stage="E2E")
         else:
             request = policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", style)
-        turns = play(get_track(name), inst, ScriptedExpert()).episode.turns
+        turns = play(get_track(name), inst, ScriptedExpert()).episode.turns if expert else []
         actions = [t.action for t in turns if t.action.tool != "stop"]
         out.append((request, actions))
     return out
@@ -142,12 +142,9 @@ def bench_loops(model, backend: str, tracks: list[str], episodes: int, turns: in
     engine calls or None)}."""
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.policy import Policy, make_agent_loop
-    from bat_jax.policy import request as policy_request
     from bat_jax.rollout.agent_loop import AgentLoopConfig
     from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
-    from bat_jax.stage_bank.slicing import row_skill
     from bat_jax.tasks.harness import open_backend
-    from bat_jax.tasks.registry import get_track
 
     policy = Policy(model, load_tiny_tokenizer(), "qwen3_5")
     per_task = max(1, episodes // len(tracks))
@@ -174,9 +171,7 @@ def bench_loops(model, backend: str, tracks: list[str], episodes: int, turns: in
                     None if before is None else calls() - before)
 
         if not skip_jax:
-            insts = [get_track(name).generate(seed=11) for name in tracks]
-            requests = [policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", "compact")
-                        for inst in insts]
+            requests = [request for request, _ in real_tasks(tracks, "compact", expert=False)]
             config = dataclasses.replace(base, max_assistant_turns=turns, max_tokens_per_turn=turn_tokens,
                                          max_context_tokens=4096)
             engines = {loop.name: jax_engine_for(loop, model, n) for loop in order}
@@ -279,15 +274,11 @@ def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int
     import ray
 
     from bat_jax.policy import PolicyConfig
-    from bat_jax.policy import request as policy_request
     from bat_jax.rollout.agent_loop import AgentLoopConfig
     from bat_jax.rollout.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec
-    from bat_jax.stage_bank.slicing import row_skill
-    from bat_jax.tasks.registry import get_track
 
     per_task = max(1, episodes // len(tracks))
-    requests = [policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", "compact")
-                for inst in (get_track(name).generate(seed=11) for name in tracks)]
+    requests = [request for request, _ in real_tasks(tracks, "compact", expert=False)]
     agent = agent_config(NEW, AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=turns,
                                               max_tokens_per_turn=turn_tokens, max_context_tokens=4096,
                                               progress=False), episodes)
