@@ -394,7 +394,7 @@ def main(argv=None):
         else:
             vllm = bench_vllm(model, os.path.join(tmp, "vllm"), prompts, args.new, args.repeats)
             if vllm is None:
-                print("vLLM: not installed (bash launch/install_vllm.sh)", flush=True)
+                print("vLLM: not installed (bash launch/setup.sh --with-vllm)", flush=True)
             else:
                 print(line("vLLM (CPU, in-process):", vllm[0], f"engine start {vllm[1]:.1f} s"), flush=True)
         print("ratios of best runs:")

