@@ -31,7 +31,7 @@ def build_engine(policy: Any, components: Any, run_dir: pathlib.Path) -> Any:
     are `VLLMEngineConfig` fields (dtype, gpu_memory_utilization, enforce_eager, ...).
 
     Raises:
-      ImportError: engine 'vllm' without vLLM installed (`bash launch/install_vllm.sh`).
+      ImportError: engine 'vllm' without vLLM installed (`bash launch/setup.sh --with-vllm` on CPU, `bash launch/install_gpu.sh` on GPUs).
       ValueError: `vllm_options` names a field `VLLMEngineConfig` does not have, or `model_dir`.
     """
     c = components
@@ -43,7 +43,29 @@ def build_engine(policy: Any, components: Any, run_dir: pathlib.Path) -> Any:
     from bat_jax.rollout.vllm_engine import VLLMEngine
 
     options = {"max_model_len": c.agent.max_context_tokens, **dict(c.vllm_options)}
+    print(f"[bat_jax] vLLM memory: {check_vllm_memory(policy.model.config, options).describe()}", flush=True)
     return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer, **options)
+
+
+def check_vllm_memory(model_config: Any, options: dict[str, Any]):
+    """Before vLLM starts beside JAX: the device split and how many full-length rollouts its cache holds
+    (`rollout/vllm_memory.py`), from `options` (`VLLMEngineConfig` fields; ``max_model_len`` required) and JAX's
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset). Returns the `VLLMMemoryPlan`.
+
+    Raises: ValueError naming both fractions and the numbers when not one rollout fits or vLLM could not start.
+    """
+    import os
+
+    from bat_jax.rollout import vllm_memory
+    from bat_jax.rollout.vllm_engine import VLLMEngineConfig, kv_cache_bytes
+
+    config = VLLMEngineConfig(model_dir="", **options)
+    total, free = vllm_memory.device_memory()
+    return vllm_memory.check(
+        vllm_memory.rollout_cache(model_config, config.dtype), max_model_len=config.max_model_len,
+        device_total=total, device_free=free,
+        jax_fraction=float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")),
+        vllm_fraction=config.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes(config))
 
 
 def jax_memory_fraction(vllm_share: float) -> float:

