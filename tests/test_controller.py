@@ -57,21 +57,122 @@ def test_state_roundtrip_resumes_identically():
     assert a == b and a.drops == 2
 
 
-def ev(overall, task=0.5, stages=(0.5,) * 5, tracks=None):
-    return Evaluation(overall, task, dict(zip(("S1", "S2", "S3", "S4", "S5"), stages)), tracks or {"vqa": 0.5})
+def ev(overall, task=0.5, stages=(0.5,) * 5, tracks=None, cells=None):
+    return Evaluation(overall, task, dict(zip(("S1", "S2", "S3", "S4", "S5"), stages)), tracks or {"vqa": 0.5}, cells)
+
+
+def released_gate(candidate, incumbent):
+    """The released gate's checks (scripts/check_bat_core_gate.py: evaluate_gate, training healthy), in plain
+    Python: promote iff every check passes."""
+    t = {"maximum_overall_drop": 0.01, "maximum_task_drop": 0.03, "maximum_per_track_drop": 0.05,
+         "maximum_late_stage_drop": 0.03, "catastrophic_overall_drop": 0.20}
+    od, td = incumbent.overall - candidate.overall, incumbent.task - candidate.task
+    tracks = [incumbent.track_scores[k] - candidate.track_scores[k] for k in incumbent.track_scores]
+    late = [incumbent.stage_scores[s] - candidate.stage_scores[s] for s in ("S3", "S4", "S5")]
+    return (od <= t["maximum_overall_drop"] and td <= t["maximum_task_drop"]
+            and max(tracks, default=0.0) <= t["maximum_per_track_drop"]
+            and max(late) <= t["maximum_late_stage_drop"] and od < t["catastrophic_overall_drop"])
 
 
 def test_noninferiority_gate_margins():
     m = NonInferiorityMargins()
+    assert (m.overall, m.task, m.track, m.late_stage, m.catastrophic_overall, m.late_stages) == (
+        0.01, 0.03, 0.05, 0.03, 0.20, ("S3", "S4", "S5"))  # REFERENCE.md / released THRESHOLDS
     base = ev(0.50)
     assert gate_failures(ev(0.491), base, m) == []
     assert gate_failures(ev(0.485), base, m) == ["overall fell 0.0150 > 0.01"]
     assert gate_failures(ev(0.50, task=0.46), base, m) == ["task fell 0.0400 > 0.03"]
     assert gate_failures(ev(0.50, tracks={"vqa": 0.44}), base, m) == ["track vqa fell 0.0600 > 0.05"]
     assert gate_failures(ev(0.50, stages=(0.5, 0.5, 0.46, 0.5, 0.5)), base, m) == ["stage S3 fell 0.0400 > 0.03"]
-    assert gate_failures(ev(0.50, stages=(0.35, 0.5, 0.5, 0.5, 0.5)), base, m) == []  # S1/S2: only catastrophic
-    assert gate_failures(ev(0.50, stages=(0.29, 0.5, 0.5, 0.5, 0.5)), base, m) == [
-        "catastrophic: stage S1 fell 0.2100 > 0.2"]
+    # S1 / S2 have no margin and no per-stage catastrophic limit (released: the 0.20 drop is Overall's)
+    assert gate_failures(ev(0.50, stages=(0.29, 0.5, 0.5, 0.5, 0.5)), base, m) == []
+    assert gate_failures(ev(0.29), base, m) == ["catastrophic: overall fell 0.2100 >= 0.2"]
+    assert gate_failures(ev(0.30), base, m) == ["catastrophic: overall fell 0.2000 >= 0.2"]  # released: drop < 0.20
+
+
+def test_gate_applies_the_catastrophic_drop_to_overall_only_as_released():
+    """The issue's case: S2 falls 0.235, all else equal: the released gate promotes."""
+    base = ev(0.50)
+    cand = ev(0.50, stages=(0.5, 0.265, 0.5, 0.5, 0.5))
+    assert gate_failures(cand, base, NonInferiorityMargins()) == [] and released_gate(cand, base)
+    c = Controller(ControllerConfig(policy=POLICY_GATE))
+    c.observe(1, "a", base)
+    d = c.observe(2, "b", cand)
+    assert d.decision == ACCEPT and d.best_checkpoint == "b"
+
+
+def test_gate_agrees_with_the_released_checks_on_random_pairs():
+    import random
+
+    rng = random.Random(0)
+    m = NonInferiorityMargins()
+    agree = promoted = 0
+    for _ in range(300):
+        base = ev(rng.uniform(0.3, 0.7), rng.uniform(0.3, 0.7), [rng.uniform(0.3, 0.7) for _ in range(5)],
+                  {"vqa": rng.uniform(0.3, 0.7), "seg": rng.uniform(0.3, 0.7)})
+        jitter = lambda x: x + rng.choice([0.0, rng.uniform(-0.25, 0.05), rng.uniform(-0.04, 0.04)])  # noqa: E731
+        cand = ev(jitter(base.overall), jitter(base.task), [jitter(v) for v in base.stage_scores.values()],
+                  {k: jitter(v) for k, v in base.track_scores.items()})
+        ours = not gate_failures(cand, base, m)
+        agree += ours == released_gate(cand, base)
+        promoted += ours
+    assert agree == 300 and 20 < promoted < 280
+
+
+def test_gate_round_off_never_decides():
+    base = ev(0.50, task=0.50, stages=(0.5, 0.5, 0.50, 0.5, 0.5), tracks={"vqa": 0.50})
+    # drops of exactly the margins, as float arithmetic gives them: 0.010000000000000009, 0.030000000000000027, ...
+    cand = ev(0.49, task=0.47, stages=(0.5, 0.5, 0.47, 0.47, 0.47), tracks={"vqa": 0.45})
+    assert 0.50 - 0.49 > 0.01 and 0.50 - 0.47 > 0.03
+    assert gate_failures(cand, base, NonInferiorityMargins()) == []
+    assert gate_failures(ev(0.49 - 1e-9), base, NonInferiorityMargins()) != []
+
+
+def test_gate_refuses_evaluations_of_different_cells():
+    cells = {("vqa", r) for r in range(3)}
+    base = ev(0.5, cells=cells)
+    m = NonInferiorityMargins()
+    assert gate_failures(ev(0.5, cells=list(cells)), base, m) == []
+    with pytest.raises(ValueError, match=r"not evaluated on the same cells.*only the incumbent has cells \[\('vqa', 2\)\]"):
+        gate_failures(ev(0.5, cells={("vqa", 0), ("vqa", 1)}), base, m)
+    with pytest.raises(ValueError, match=r"only the candidate has cells \[\('seg', 0\)\]"):
+        gate_failures(ev(0.5, cells=cells | {("seg", 0)}), base, m)
+    with pytest.raises(ValueError, match="the candidate's evaluation records no cells"):
+        gate_failures(ev(0.5), base, m)
+    with pytest.raises(ValueError, match=r"only the candidate has tracks \['seg'\]"):
+        gate_failures(ev(0.5, tracks={"vqa": 0.5, "seg": 0.5}), ev(0.5), m)
+    with pytest.raises(ValueError, match=r"only the incumbent has scored stages \['S4'\]"):
+        gate_failures(Evaluation(0.5, 0.5, {"S1": 0.5, "S2": 0.5, "S3": 0.5, "S4": None, "S5": 0.5}, {"vqa": 0.5}),
+                      ev(0.5), m)
+    c = Controller(ControllerConfig(policy=POLICY_GATE))
+    c.observe(1, "a", base)
+    with pytest.raises(ValueError, match="same cells"):
+        c.observe(2, "b", ev(0.6, cells={("vqa", 0)}))
+    # the paper's fallback policy compares Overall only: no pairing needed
+    f = Controller(ControllerConfig())
+    f.observe(1, "a", base)
+    assert f.observe(2, "b", ev(0.6, cells={("vqa", 0)})).decision == ACCEPT
+
+
+def test_evaluation_cells_roundtrip_and_scored_cell_keys():
+    from bat_jax.benchmark.scoring import Cell
+    from bat_jax.curriculum.controller import scored_cell_keys
+
+    stages = dict.fromkeys(("S1", "S2", "S3", "S4", "S5"), 0.5)
+    cells = [Cell("vqa", 0, stages, 0.5), Cell("vqa", 1, stages, None), Cell("seg", 0, stages, 0.2)]
+    keys = scored_cell_keys(cells)
+    assert keys == {("vqa", 0), ("seg", 0)}
+    e = ev(0.5, cells=keys)
+    assert Evaluation.from_dict(e.to_dict()) == e and e.to_dict()["cells"] == [["seg", 0], ["vqa", 0]]
+    assert "cells" not in ev(0.5).to_dict()  # ledger lines without cells stay as they were
+    with pytest.raises(ValueError, match="cell key"):
+        ev(0.5, cells=[("vqa", 0.5)])
+
+
+def test_fallback_counts_no_drop_for_round_off():
+    _, ds = run([0.30, 0.35, (0.1 + 0.2) / 2 + 0.2, 0.35 - 1e-13, 0.34])
+    assert [d.drops for d in ds] == [0, 0, 0, 0, 1]
+    assert ds[2].best_checkpoint == "ckpt-2"  # 0.35000000000000003 does not beat 0.35
 
 
 def test_gate_policy_holds_and_keeps_incumbent():

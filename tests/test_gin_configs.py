@@ -144,3 +144,37 @@ def assert_rounds_fit_the_tiny_bank(context: str) -> None:
 def test_tiny_run_files_can_draw_every_round_from_the_tiny_bank(name):
     launch.parse_gin([name], [])
     assert_rounds_fit_the_tiny_bank(name)
+
+
+def test_released_preset_over_the_tiny_default_binds_the_released_objective():
+    """`presets/released_bat.gin` after a run file: the released run's objective (REFERENCE.md, released code's
+    launch on verl defaults); everything else stays the run file's."""
+    from bat_jax.curriculum.controller import POLICY_GATE, ControllerConfig, NonInferiorityMargins
+    from bat_jax.curriculum.router import RouterConfig
+    from bat_jax.learn.grpo import GRPOConfig
+    from bat_jax.learn.optim import OptimizerConfig
+
+    assert "presets/released_bat.gin" in ALL and "presets/released_bat.gin" not in RUN_FILES
+    launch.parse_gin(["bicurl_tiny.gin", "presets/released_bat.gin"], [])
+    grpo = GRPOConfig(**{k: gin.query_parameter(v[1:]) if isinstance(v, str) and v.startswith("%") else v
+                         for k, v in gin.get_bindings("grpo.GRPOConfig").items()})
+    assert (grpo.kl_coef, grpo.kl_estimator, grpo.kl_value_clamp, grpo.log_ratio_clamp) == (0.006, "k3", 10.0, 20.0)
+    assert (grpo.eps_low, grpo.eps_high, grpo.dual_clip) == (0.2, 0.2, 3.0)
+    assert (grpo.loss_agg, grpo.adv_std_normalize, grpo.entropy_coef, grpo.epochs) == (
+        "seq-mean-token-mean", False, 0.0, 1)
+    assert (grpo.group_size, grpo.temperature) == (4, 0.7)  # the run file's, as released
+    opt = OptimizerConfig(**gin.get_bindings("grpo/optim.OptimizerConfig"))
+    assert (opt.learning_rate, opt.schedule, opt.warmup_ratio, opt.weight_decay, opt.grad_clip_norm) == (
+        2.5e-7, "constant", 0.0, 0.01, 1.0)
+    ctl = ControllerConfig(**gin.get_bindings("controller.ControllerConfig"))
+    assert (ctl.policy, ctl.kl_threshold, ctl.margins) == (POLICY_GATE, None, NonInferiorityMargins())
+    assert RouterConfig(**gin.get_bindings("router.RouterConfig")).corrective is True
+    assert gin.query_parameter("launch.run.run_name") == "bicurl_tiny"  # the run file still names the job
+    launch.parse_gin(["bicurl_9b.gin", "presets/released_bat.gin"], [])  # paper scale, as the released run
+    assert gin.get_bindings("grpo.GRPOConfig")["dual_clip"] == 3.0
+    assert gin.query_parameter("grpo/optim.OptimizerConfig.learning_rate") == 2.5e-7
+    # the run file alone keeps the paper's objective
+    launch.parse_gin(["bicurl_tiny.gin"], [])
+    assert gin.get_bindings("grpo.GRPOConfig")["kl_coef"] == 1e-3
+    assert "dual_clip" not in gin.get_bindings("grpo.GRPOConfig")
+    assert gin.get_bindings("controller.ControllerConfig")["policy"] == "fallback"

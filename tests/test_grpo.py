@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from bat_jax.learn import grpo, optim, train_state
+from bat_jax.learn import grpo, objective, optim, train_state
 from bat_jax.learn.grpo import GRPOConfig
 
 # ------------------------------------------------------------------------------------------- advantages
@@ -69,7 +69,7 @@ def test_unscored_rows_keep_shape_but_leave_the_loss():
     assert out["loss_mask"].tolist() == [[1] * 4, [0] * 4, [1] * 4]
     s = math.sqrt(0.5) + 1e-6
     np.testing.assert_allclose(out["advantages"], [0.5 / s, 0.0, -0.5 / s], rtol=1e-6)
-    norms = grpo.loss_normalizers(jnp.asarray(out["loss_mask"]))
+    norms = objective.loss_normalizers(jnp.asarray(out["loss_mask"]))
     assert float(norms["num_tokens"]) == 6.0 and float(norms["num_seqs"]) == 2.0
     with pytest.raises(ValueError, match="2 rewards for a batch of 3 rows"):
         grpo.with_advantages(batch, [1.0, 0.0], [0, 0])
@@ -90,32 +90,38 @@ def test_token_mean_exact_under_micro_batching():
     mask[1, 1:9] = 1
     values = np.zeros((2, 9), np.float32)
     values[0, 1:3] = 1.0
-    norms = grpo.loss_normalizers(jnp.asarray(mask))
+    norms = objective.loss_normalizers(jnp.asarray(mask))
     assert float(norms["num_tokens"]) == 10.0
-    whole = grpo.aggregate(jnp.asarray(values), jnp.asarray(mask), "token-mean", norms)
-    part_a = grpo.aggregate(jnp.asarray(values[:1]), jnp.asarray(mask[:1]), "token-mean", norms)
-    part_b = grpo.aggregate(jnp.asarray(values[1:]), jnp.asarray(mask[1:]), "token-mean", norms)
+    whole = objective.aggregate(jnp.asarray(values), jnp.asarray(mask), "token-mean", norms)
+    part_a = objective.aggregate(jnp.asarray(values[:1]), jnp.asarray(mask[:1]), "token-mean", norms)
+    part_b = objective.aggregate(jnp.asarray(values[1:]), jnp.asarray(mask[1:]), "token-mean", norms)
     assert float(whole) == pytest.approx(0.2, abs=1e-7)
     assert float(part_a + part_b) == pytest.approx(0.2, abs=1e-7)
     # seq-mean-token-mean: (1 + 0) / 2 sequences, also exact when split
-    whole_s = grpo.aggregate(jnp.asarray(values), jnp.asarray(mask), "seq-mean-token-mean", norms)
-    a = grpo.aggregate(jnp.asarray(values[:1]), jnp.asarray(mask[:1]), "seq-mean-token-mean", norms)
-    b = grpo.aggregate(jnp.asarray(values[1:]), jnp.asarray(mask[1:]), "seq-mean-token-mean", norms)
+    whole_s = objective.aggregate(jnp.asarray(values), jnp.asarray(mask), "seq-mean-token-mean", norms)
+    a = objective.aggregate(jnp.asarray(values[:1]), jnp.asarray(mask[:1]), "seq-mean-token-mean", norms)
+    b = objective.aggregate(jnp.asarray(values[1:]), jnp.asarray(mask[1:]), "seq-mean-token-mean", norms)
     assert float(whole_s) == pytest.approx(0.5) and float(a + b) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("mode", grpo.LOSS_AGGREGATIONS)
-def test_padding_does_not_change_the_mean(mode):
+# per-token loss 1 on 2 + 4 tokens: means 1; token sums 2 and 4 -> 3 per rollout; Dr.GRPO over C = T = 5 -> 3 / 5
+PADDED_VALUE = {"token-mean": 1.0, "seq-mean-token-mean": 1.0, "seq-mean-token-sum": 3.0,
+                "seq-mean-token-sum-norm": 0.6}
+
+
+@pytest.mark.parametrize("mode", objective.LOSS_AGGREGATIONS)
+def test_padding_garbage_does_not_leak(mode):
     # lengths 2 and 4 padded to 4 (plus the unpredicted position 0); per-token loss 1 everywhere
     mask = np.array([[0, 1, 1, 0, 0], [0, 1, 1, 1, 1]], np.float32)
     values = np.ones((2, 5), np.float32)
     values[0, 3:] = np.nan  # garbage on padding must not leak
-    norms = grpo.loss_normalizers(jnp.asarray(mask))
-    assert float(grpo.aggregate(jnp.asarray(values), jnp.asarray(mask), mode, norms)) == 1.0
+    norms = objective.loss_normalizers(jnp.asarray(mask))
+    got = float(objective.aggregate(jnp.asarray(values), jnp.asarray(mask), mode, norms))
+    assert got == pytest.approx(PADDED_VALUE[mode], rel=1e-6)
 
 
 def test_position_zero_never_carries_loss():
-    m = grpo.effective_loss_mask(jnp.ones((1, 3), jnp.int32))
+    m = objective.effective_loss_mask(jnp.ones((1, 3), jnp.int32))
     assert m.tolist() == [[0.0, 1.0, 1.0]]
 
 
@@ -125,10 +131,10 @@ def test_position_zero_never_carries_loss():
 def test_kl_estimators_hand_values():
     lp = jnp.array([-1.0, -2.0])
     ref = jnp.array([-1.5, -1.0])  # d = logp - ref = [0.5, -1.0]
-    np.testing.assert_allclose(grpo.kl_penalty(lp, ref, "k1", 20.0), [0.5, -1.0], rtol=1e-6)
-    np.testing.assert_allclose(grpo.kl_penalty(lp, ref, "k2", 20.0), [0.125, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(objective.kl_penalty(lp, ref, "k1", 20.0), [0.5, -1.0], rtol=1e-6)
+    np.testing.assert_allclose(objective.kl_penalty(lp, ref, "k2", 20.0), [0.125, 0.5], rtol=1e-6)
     np.testing.assert_allclose(
-        grpo.kl_penalty(lp, ref, "k3", 20.0),
+        objective.kl_penalty(lp, ref, "k3", 20.0),
         [math.exp(-0.5) - 1 + 0.5, math.exp(1.0) - 1 - 1.0],
         rtol=1e-6,
     )
@@ -136,12 +142,15 @@ def test_kl_estimators_hand_values():
 
 @pytest.mark.parametrize("d", [100.0, -100.0])
 def test_k3_at_log_ratio_100_is_finite_with_finite_gradient(d):
-    f = lambda lp: grpo.kl_penalty(lp, jnp.float32(0.0), "k3", 20.0)  # noqa: E731
+    f = lambda lp: objective.kl_penalty(lp, jnp.float32(0.0), "k3", 20.0, value_clamp=None)  # noqa: E731
     val = f(jnp.float32(d))
     grad = jax.grad(f)(jnp.float32(d))
     assert val.dtype == jnp.float32 and np.isfinite(val) and np.isfinite(grad)
     c = math.copysign(20.0, d)  # clamped before exp
     assert float(val) == pytest.approx(math.expm1(-c) + c, rel=1e-6)
+    # with verl's value clamp (the default) both ends give 10 and no gradient
+    g = lambda lp: objective.kl_penalty(lp, jnp.float32(0.0), "k3")  # noqa: E731
+    assert float(g(jnp.float32(d))) == 10.0 and float(jax.grad(g)(jnp.float32(d))) == 0.0
     # inside the clamp the gradient is 1 - exp(-d)
     assert float(jax.grad(f)(jnp.float32(1.0))) == pytest.approx(1 - math.exp(-1.0), rel=1e-6)
 
@@ -154,11 +163,12 @@ def test_clipped_policy_loss_hand_values():
     old = jnp.zeros((2, 3))
     lp = jnp.log(jnp.array([[1.0, 1.5, 0.5], [1.0, 1.5, 0.5]]))  # ratios 1, 1.5, 0.5
     adv = jnp.array([1.0, -1.0])
-    loss, clipped = grpo.policy_token_loss(lp, old, adv, cfg)
+    loss, clipped = objective.clipped_policy_loss(lp, old, adv, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+                                                  dual_clip=cfg.dual_clip)
     # A=+1: max(-w, -clip(w)) = [-1, -1.2, -0.5]; A=-1: max(w, clip(w)) = [1, 1.5, 0.8]
     np.testing.assert_allclose(loss, [[-1.0, -1.2, -0.5], [1.0, 1.5, 0.8]], rtol=1e-6)
     assert clipped.tolist() == [[0, 1, 0], [0, 0, 1]]
-    dual, _ = grpo.policy_token_loss(lp + jnp.log(3.0), old, adv, GRPOConfig(dual_clip=3.0))
+    dual, _ = objective.clipped_policy_loss(lp + jnp.log(3.0), old, adv, eps_low=0.2, eps_high=0.2, dual_clip=3.0)
     # ratios 3, 4.5, 1.5 with A=-1: max(w, clip) = [3, 4.5, 1.5], dual cap at 3 → [3, 3, 1.5]
     np.testing.assert_allclose(dual[1], [3.0, 3.0, 1.5], rtol=1e-6)
 
@@ -180,7 +190,8 @@ def test_tool_positions_contribute_exactly_zero():
 
     def loss(lp):
         t = grpo.grpo_token_terms(lp, batch, cfg)
-        return grpo.aggregate(t["total"], t["mask"], "seq-mean-token-mean", grpo.loss_normalizers(batch["loss_mask"]))
+        return objective.aggregate(t["total"], t["mask"], "seq-mean-token-mean",
+                                   objective.loss_normalizers(batch["loss_mask"]))
 
     g = jax.jit(jax.grad(loss))(lp)
     assert g[0, 2] == 0.0 and g[0, 3] == 0.0 and g[0, 0] == 0.0
@@ -237,12 +248,13 @@ def _grpo_batch(rng, b=4, t=6, v=5):
     }
 
 
-@pytest.mark.parametrize("mode", grpo.LOSS_AGGREGATIONS)
+@pytest.mark.parametrize("mode", objective.LOSS_AGGREGATIONS)
 def test_micro_batched_gradient_equals_full_batch(mode):
     rng = np.random.default_rng(0)
     params = {"emb": jnp.asarray(rng.normal(size=(5, 3)), jnp.float32), "out": jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)}
     batch = _grpo_batch(rng)
-    loss_fn = grpo.make_grpo_loss(_linear_lm, GRPOConfig(loss_agg=mode, kl_coef=0.1))
+    loss_fn = grpo.make_grpo_loss(_linear_lm, GRPOConfig(loss_agg=mode, kl_coef=0.1, entropy_coef=0.05,
+                                                         clip_eps_high=0.28, dual_clip=3.0))
     norms = grpo.grpo_normalizers(batch)
     acc = jax.jit(train_state.accumulate_gradients, static_argnums=(0, 4))
     l1, m1, g1 = acc(loss_fn, params, batch, norms, 1)
@@ -251,6 +263,8 @@ def test_micro_batched_gradient_equals_full_batch(mode):
     np.testing.assert_allclose(l2, l1, rtol=1e-6)
     np.testing.assert_allclose(l4, l1, rtol=1e-6)
     np.testing.assert_allclose(m2["kl"], m1["kl"], rtol=1e-5)
+    np.testing.assert_allclose(m2["entropy"], m1["entropy"], rtol=1e-5)
+    assert 0.0 < float(m1["entropy"]) and set(m1) == {"pg_loss", "kl", "clip_frac", "entropy"}
     for a, b_, c in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), jax.tree.leaves(g4)):
         np.testing.assert_allclose(b_, a, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(c, a, rtol=1e-5, atol=1e-7)

@@ -4,8 +4,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from bat_jax.learn import grpo, sft
-from bat_jax.learn.learner import Learner, pad_batch
+import pytest
+
+from bat_jax.learn import grpo, sft, train_state
+from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
 from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import OptimizerConfig
 from bat_jax.models.configs import Qwen3Config
@@ -91,3 +93,42 @@ def test_grpo_blocks_share_one_jitted_step_and_start_from_a_fresh_optimizer_stat
     assert all(float(np.abs(np.asarray(x)).max()) == 0.0  # Adam moments start at zero again
                for x in jax.tree.leaves(state2.opt_state) if np.asarray(x).ndim > 0)
     assert learner.grpo_block(cfg, OptimizerConfig(learning_rate=1e-3), total_steps=2)[0] is not step1
+
+
+# every aggregation is checked on full logits in test_objective.py / test_grpo.py; here the default and Dr.GRPO's
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_chunked_head_entropy_and_micro_batched_gradients_are_exact(mode):
+    """The learner's output head in chunks of 4 positions gives the full-logits logprobs and entropy, and the GRPO
+    gradient (entropy bonus, clip-higher, dual clip, KL) summed over 4 micro-batches equals the whole batch's."""
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16)
+    learner = Learner(Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)), MeshConfig(data=1, fsdp=1, tensor=1),
+                      MemoryConfig(logit_chunk=4))
+    assert learner.apply_fn.logit_chunk == 4
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 64, (4, 10)).astype(np.int32)
+    loss_mask = np.zeros((4, 10), np.int32)
+    loss_mask[0, 3:6], loss_mask[1, 1:10], loss_mask[2, 5:7], loss_mask[3, 8:10] = 1, 1, 1, 1
+    batch = {"input_ids": ids, "attention_mask": np.ones_like(ids), "loss_mask": loss_mask,
+             "old_logprobs": rng.normal(-4.2, 0.3, (4, 10)).astype(np.float32),
+             "ref_logprobs": rng.normal(-4.2, 0.3, (4, 10)).astype(np.float32),
+             "advantages": np.array([1.0, -1.0, 0.5, -0.5], np.float32)}
+    batch = jax.tree.map(jax.numpy.asarray, batch)
+    gcfg = grpo.GRPOConfig(kl_coef=0.05, entropy_coef=0.01, clip_eps_high=0.28, dual_clip=3.0, temperature=0.7,
+                           loss_agg=mode)
+    lp, ent = grpo.sequence_logprobs(learner.apply_fn, learner.params, batch["input_ids"], batch["attention_mask"],
+                                     *gcfg.sampling, with_entropy=True)
+    logits = learner.apply_fn(learner.params, batch["input_ids"], batch["attention_mask"])
+    lp_full, ent_full = grpo.token_logprobs_and_entropy(logits, batch["input_ids"], *gcfg.sampling)
+    np.testing.assert_allclose(lp, lp_full, atol=1e-5)
+    np.testing.assert_allclose(ent, ent_full, atol=1e-5)
+    assert float(ent[:, 1:].min()) > 3.0  # near-uniform over 64 tokens at init: ln 64 = 4.16
+    loss_fn = grpo.make_grpo_loss(learner.apply_fn, gcfg)
+    norms = grpo.grpo_normalizers(batch)
+    acc = jax.jit(train_state.accumulate_gradients, static_argnums=(0, 4))
+    l1, m1, g1 = acc(loss_fn, learner.params, batch, norms, 1)
+    lm, mm, gm = acc(loss_fn, learner.params, batch, norms, 4)  # one row per micro-batch
+    np.testing.assert_allclose(lm, l1, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(mm["entropy"], m1["entropy"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(gm)):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-7)

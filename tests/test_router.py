@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bat_jax.benchmark.stages import Stage
-from bat_jax.curriculum.router import RULE_REGRESSION, RULE_WEAKEST, RouterConfig, route
+from bat_jax.curriculum.router import RULE_REGRESSION, RULE_WEAKEST, SCORE_TOL, RouterConfig, route
 
 STAGE_KEYS = ("S1", "S2", "S3", "S4", "S5")
 
@@ -23,6 +23,31 @@ def test_tie_goes_to_earliest_stage():
     d = route(scores(0.40, 0.40, 0.65, 0.70, 0.75))
     assert d.target is Stage.PLAN
     assert route(scores(0.9, 0.3, 0.8, 0.3, 0.3)).target is Stage.SETUP
+
+
+def test_round_off_ties_go_to_the_earliest_stage_as_released():
+    """Released router: values equal within 1e-12 tie (math.isclose, abs_tol=1e-12) and go to the earliest stage."""
+    s1 = (0.1 + 0.2) / 2  # mean(0.1, 0.2) = 0.15000000000000002
+    assert s1 != 0.15 and s1 - 0.15 < SCORE_TOL == 1e-12
+    d = route(scores(s1, 0.15, 0.7, 0.8, 0.9))
+    assert d.target is Stage.PLAN and d.rule == RULE_WEAKEST
+    assert route(scores(0.9, 0.15 + 2e-12, 0.7, 0.15, 0.9)).target is Stage.INFERENCE  # 2e-12 apart: no tie
+    assert route(scores(0.9, 0.3, 0.9, 0.3 - 1e-13, 0.9)).target is Stage.SETUP
+
+
+def test_round_off_ties_after_a_held_gate_go_to_the_earliest_largest_regression():
+    # regressions 0.3 - 0.1 = 0.19999999999999998 and 0.8 - 0.6 = 0.20000000000000007: a tie -> S1 (released)
+    reference = scores(0.3, 0.8, 0.5, 0.5, 0.5)
+    candidate = scores(0.1, 0.6, 0.5, 0.5, 0.5)
+    assert (0.3 - 0.1) < (0.8 - 0.6)
+    d = route(candidate, held=True, reference_scores=reference, config=RouterConfig(corrective=True))
+    assert d.target is Stage.PLAN and d.rule == RULE_REGRESSION
+    # a "regression" of float round-off alone (S1: 0.15000000000000002 -> 0.15) is no regression: the weakest
+    # rule applies and picks S2 (the released router, testing > 0, would route to S1)
+    d = route(scores(0.15, 0.1, 0.5, 0.5, 0.5), held=True, reference_scores=scores((0.1 + 0.2) / 2, 0.1, 0.5, 0.5, 0.5),
+              config=RouterConfig(corrective=True))
+    assert 0 < d.regressions["S1"] < SCORE_TOL
+    assert d.rule == RULE_WEAKEST and d.target is Stage.SETUP
 
 
 def test_held_candidate_routes_to_largest_regression():

@@ -65,9 +65,10 @@ def test_cached_concurrent_scoring_equals_one_by_one(batch):
     cache = TaskCache(8)
     cached = score_rollouts(rows, trajectories, starts, config=RewardConfig(max_workers=4), tasks=cache)
     assert cached == plain  # same values, same order (RolloutReward is a frozen dataclass: exact equality)
-    # seed 3: S1 = mean of its 9 items (brief read, manifest read, plan ...); E2E rollout 2 adds the task metric
+    # seed 3: S1 = mean of its 9 items (brief read, manifest read, plan ...); E2E = 0.5 x (Agentic-weighted stage
+    # rewards: only S1 > 0, weight .25) + 0.5 x task, and rollout 2 adds the task metric 1/6
     assert [r.reward for r in plain[:8]] == pytest.approx([1 / 9, 6 / 9, 2 / 9, 4 / 9,
-                                                           1 / 90, 6 / 90, 0.10555556, 4 / 90])
+                                                           1 / 72, 6 / 72, 2 / 72 + 1 / 12, 4 / 72])
     assert cache.builds == 2  # 24 rollouts of two tasks
 
 

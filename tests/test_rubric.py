@@ -1,10 +1,11 @@
 """Rubric verifier: binary items, evidence completeness η, r = η · mean(items) (Eq. 4), E2E, unscored."""
 
 import dataclasses
+import random
 
 import pytest
 
-from bat_jax.benchmark.scoring import Cell
+from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell
 from bat_jax.benchmark.stages import STAGES, Stage
 from bat_jax.sandbox.types import Receipt
 from bat_jax.verify.rubric import (
@@ -77,19 +78,50 @@ def test_unknown_evidence_key_and_stage_without_items_raise():
 
 def test_e2e_reward_released_code_formula_and_cell():
     rewards = {Stage.PLAN: 1.0, Stage.SETUP: 0.5, Stage.VALIDATE: 0.0, Stage.INFERENCE: 1.0, Stage.SUBMIT: 1.0}
-    assert e2e_reward(rewards, 0.6) == pytest.approx(0.5 * 0.7 + 0.5 * 0.6)
+    # released code: 0.5 * (.25 * 1 + .15 * .5 + .35 * 0 + .15 * 1 + .10 * 1) + 0.5 * task
+    assert e2e_reward(rewards, 0.6) == pytest.approx(0.5 * 0.575 + 0.5 * 0.6)
     assert e2e_reward({**rewards, Stage.SETUP: None}, 0.6) is None
     assert e2e_reward(rewards, None) is None
     items = tuple(RubricItem(f"i{s.value}", s, "ok", ("f.out",), lambda ev: True) for s in STAGES)
     rub = Rubric(items, {"f.out": EvidenceRequirement("f.out", "", lambda ev: "out.json" in ev.files)})
     sc = score(rub, Evidence((), {"out.json": b"{}"}), task=0.4)
-    assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4)
+    assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4) and sc.version == "bat_rubric/v4"
     cell = sc.to_cell("segmentation", 2)
     assert isinstance(cell, Cell) and cell.task == 0.4 and cell.agentic() == pytest.approx(1.0)
     single = score(rub, Evidence((), {}), task=0.4, stages=("S2",))
     assert single.reward == 0.0 and list(single.verdicts) == [Stage.SETUP]
     with pytest.raises(ValueError, match="missing"):
         single.to_cell("segmentation", 0)
+
+
+def test_e2e_reward_weights_stages_by_the_agentic_weights_as_released():
+    """All S1 items pass, every other item fails, task 0: released 0.5 * 0.25 = 0.125 (an unweighted stage mean
+    would give 0.100)."""
+    items = tuple(RubricItem(f"i{s.value}", s, "ok", (), (lambda ev, s=s: s is Stage.PLAN)) for s in STAGES)
+    sc = score(Rubric(items, {}), Evidence((), {}), task=0.0)
+    assert sc.stage_rewards() == {Stage.PLAN: 1.0, Stage.SETUP: 0.0, Stage.VALIDATE: 0.0, Stage.INFERENCE: 0.0,
+                                  Stage.SUBMIT: 0.0}
+    assert sc.reward == pytest.approx(0.125, abs=1e-15)
+    # each stage alone passing: its weight / 2; random stage scores: the released weighted sum
+    for stage, w in zip(STAGES, (0.25, 0.15, 0.35, 0.15, 0.10)):
+        assert e2e_reward({s: float(s is stage) for s in STAGES}, 0.0) == pytest.approx(w / 2)
+    rng = random.Random(0)
+    for _ in range(20):
+        r, task = {s: rng.random() for s in STAGES}, rng.random()
+        released = 0.5 * sum(w * r[s] for s, w in zip(STAGES, (0.25, 0.15, 0.35, 0.15, 0.10))) + 0.5 * task
+        assert e2e_reward(r, task) == pytest.approx(released, abs=1e-12)
+
+
+def test_e2e_reward_renormalises_over_applicable_stages_and_refuses_bad_scores():
+    # S5 not applicable: S1's weight .25 over .90; only S1 and S3 given: .25 over .60
+    r = {Stage.PLAN: 1.0, Stage.SETUP: 0.0, Stage.VALIDATE: 0.0, Stage.INFERENCE: 0.0, Stage.SUBMIT: NOT_APPLICABLE}
+    assert e2e_reward(r, 0.0) == pytest.approx(0.5 * 0.25 / 0.90)
+    assert e2e_reward({Stage.PLAN: 1.0, "S3": 0.0}, 1.0) == pytest.approx(0.5 * 0.25 / 0.60 + 0.5)
+    assert e2e_reward({}, 1.0) is None and e2e_reward(dict.fromkeys(STAGES, NOT_APPLICABLE), 1.0) is None
+    with pytest.raises(ValueError, match="task metric must be in"):
+        e2e_reward({Stage.PLAN: 1.0}, float("nan"))
+    with pytest.raises(ValueError, match="S2"):
+        e2e_reward({Stage.SETUP: 1.5}, 0.0)
 
 
 class _StubClient:

@@ -1,6 +1,6 @@
 """The BiCuRL checkpoint controller: accept a candidate, or fall back to the best retained checkpoint θ*.
 
-Two acceptance policies (ControllerConfig.policy, selectable in gin):
+Two acceptance policies (ControllerConfig.policy, selectable in gin; REFERENCE.md "Acceptance"):
 
 'fallback' — paper Eq. 6 (default). A counter of consecutive Overall drops,
     c_{r+1} = c_r + 1 if M_{r+1} < M_r else 0,
@@ -9,23 +9,28 @@ Two acceptance policies (ControllerConfig.policy, selectable in gin):
   After a fallback the counter restarts at 0 and M_r becomes θ*'s Overall (the policy that is now running).
   This policy only compares scores, so any scale (0–1 or 0–100) works.
 
-'noninferiority' — the released code's paired non-inferiority gate against the incumbent θ* (REFERENCE.md):
-  the candidate is accepted only if Overall ≥ θ* − 0.01, Task ≥ θ* − 0.03, every track ≥ θ* − 0.05, each of
-  S3–S5 ≥ θ* − 0.03, and no Overall/Task/track/stage score falls by more than 0.20 (catastrophic). Otherwise it is
-  held and θ* stays. Margins are absolute on the 0–1 scale. The KL rule applies to both policies (disable
-  with kl_threshold=None).
+'noninferiority' — the released code's paired non-inferiority gate against the incumbent θ*
+  (`scripts/check_bat_core_gate.py`): it refuses (ValueError) unless both evaluations cover the same cells and
+  tracks, and accepts the candidate only if Overall ≥ θ* − 0.01, Task ≥ θ* − 0.03, every track ≥ θ* − 0.05, each
+  of S3–S5 ≥ θ* − 0.03, and Overall fell by less than 0.20 (the catastrophic drop applies to Overall only; S1 and
+  S2 have no limit). Otherwise it is held and θ* stays. Margins are absolute on the 0–1 scale. The KL rule
+  applies to both policies (disable with kl_threshold=None).
 
-The first evaluation (no θ* yet) is always accepted.
+Every comparison of two scores treats values within `router.SCORE_TOL` (1e-12) as equal, so float round-off
+never decides: 0.50 → 0.49 is a drop of 0.010000000000000009, within the 0.01 margin. The first evaluation (no
+θ* yet) is always accepted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bat_jax.benchmark.scoring import DEFAULT_STAGE_WEIGHTS, Cell
 from bat_jax.benchmark.stages import Stage
+from bat_jax.curriculum.router import SCORE_TOL
 
 POLICY_FALLBACK = "fallback"
 POLICY_GATE = "noninferiority"
@@ -34,13 +39,23 @@ ACCEPT, FALLBACK, HOLD = "accept", "fallback", "hold"
 
 @dataclasses.dataclass(frozen=True)
 class NonInferiorityMargins:
-    """Allowed drops of the paired gate (0–1 scale, released code)."""
+    """Allowed drops of the paired gate, 0–1 scale, exactly the released code's thresholds.
+
+    Attributes:
+      overall: ``maximum_overall_drop`` 0.01.
+      task: ``maximum_task_drop`` 0.03.
+      track: ``maximum_per_track_drop`` 0.05 (each track's Overall).
+      late_stage: ``maximum_late_stage_drop`` 0.03, for each stage of ``late_stages`` (S3–S5).
+      catastrophic_overall: ``catastrophic_overall_drop`` 0.20: the candidate is held when Overall fell by this
+        much or more (the released check is ``drop < 0.20``).
+      late_stages: the stages held to ``late_stage``.
+    """
 
     overall: float = 0.01
     task: float = 0.03
     track: float = 0.05
     late_stage: float = 0.03
-    catastrophic: float = 0.20
+    catastrophic_overall: float = 0.20
     late_stages: tuple[str, ...] = ("S3", "S4", "S5")
 
 
@@ -77,6 +92,24 @@ def _finite(v: Any, what: str) -> float:
     return v
 
 
+CellKey = tuple[Any, ...]
+
+
+def _cell_key(key: Any) -> CellKey:
+    """A cell key as a tuple of str / int (a JSON list comes back as a tuple)."""
+    parts = tuple(key) if isinstance(key, (list, tuple)) else (key,)
+    if not parts or not all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in parts):
+        raise ValueError(f"Evaluation.cells: a cell key is a tuple of str / int (e.g. (track, repeat)), got {key!r}")
+    return parts
+
+
+def scored_cell_keys(cells: Iterable[Cell], weights: Mapping[Stage | str, float] = DEFAULT_STAGE_WEIGHTS
+                     ) -> frozenset[CellKey]:
+    """``(track, repeat)`` of every scored cell — the cells an evaluation's aggregates rest on (unscored cells
+    leave the aggregates), for :attr:`Evaluation.cells`."""
+    return frozenset((c.track, c.repeat) for c in cells if c.scored(weights))
+
+
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
     """Controller-evaluation aggregates of one checkpoint.
@@ -86,12 +119,17 @@ class Evaluation:
       task: Task score, or None.
       stage_scores: 'S1'..'S5' → score (None / missing = unscored).
       track_scores: track → per-track Overall.
+      cells: the keys of the cells the aggregates rest on (e.g. :func:`scored_cell_keys`: ``(track, repeat)``),
+        or None when not recorded. The non-inferiority gate pairs two evaluations only over identical cells.
+    Raises:
+      ValueError: a non-finite score or a malformed cell key (the message names the field).
     """
 
     overall: float
     task: float | None = None
     stage_scores: Mapping[str, float | None] = dataclasses.field(default_factory=dict)
     track_scores: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    cells: frozenset[CellKey] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "overall", _finite(self.overall, "Evaluation.overall"))
@@ -102,14 +140,19 @@ class Evaluation:
         object.__setattr__(self, "stage_scores", stages)
         object.__setattr__(self, "track_scores",
                            {str(k): _finite(v, f"track score {k}") for k, v in self.track_scores.items()})
+        if self.cells is not None:
+            object.__setattr__(self, "cells", frozenset(_cell_key(k) for k in self.cells))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"overall": self.overall, "task": self.task, "stage_scores": dict(self.stage_scores),
-                "track_scores": dict(self.track_scores)}
+        out = {"overall": self.overall, "task": self.task, "stage_scores": dict(self.stage_scores),
+               "track_scores": dict(self.track_scores)}
+        if self.cells is not None:
+            out["cells"] = [list(k) for k in sorted(self.cells, key=repr)]
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Evaluation":
-        return cls(d["overall"], d.get("task"), d.get("stage_scores", {}), d.get("track_scores", {}))
+        return cls(d["overall"], d.get("task"), d.get("stage_scores", {}), d.get("track_scores", {}), d.get("cells"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,24 +217,73 @@ class ControllerDecision:
         return dataclasses.asdict(self) | {"reasons": list(self.reasons)}
 
 
+def _difference(what: str, candidate: Iterable, incumbent: Iterable, shown: int = 5) -> str:
+    """'only the candidate has [...]; only the incumbent has [...]' (at most `shown` of each)."""
+    cand, inc = set(candidate), set(incumbent)
+    parts = []
+    for side, extra in (("candidate", cand - inc), ("incumbent", inc - cand)):
+        if extra:
+            listed = sorted(extra, key=repr)
+            more = f" and {len(listed) - shown} more" if len(listed) > shown else ""
+            parts.append(f"only the {side} has {what} {listed[:shown]}{more}")
+    return "; ".join(parts)
+
+
+def check_paired(candidate: Evaluation, incumbent: Evaluation) -> None:
+    """The released gate's pairing check: both evaluations cover the same cells, tracks and scored stages.
+
+    Raises:
+      ValueError: naming what only one side has (cells when both record them; a side that records cells
+        against one that does not; tracks; a Task score; scored stages).
+    """
+    problems = []
+    if (candidate.cells is None) != (incumbent.cells is None):
+        side = "candidate" if candidate.cells is None else "incumbent"
+        problems.append(f"the {side}'s evaluation records no cells")
+    elif candidate.cells is not None and candidate.cells != incumbent.cells:
+        problems.append(_difference("cells", candidate.cells, incumbent.cells))
+    if set(candidate.track_scores) != set(incumbent.track_scores):
+        problems.append(_difference("tracks", candidate.track_scores, incumbent.track_scores))
+    if (candidate.task is None) != (incumbent.task is None):
+        problems.append(f"only the {'incumbent' if candidate.task is None else 'candidate'} has a Task score")
+    scored = lambda ev: {k for k, v in ev.stage_scores.items() if v is not None}  # noqa: E731
+    if scored(candidate) != scored(incumbent):
+        problems.append(_difference("scored stages", scored(candidate), scored(incumbent)))
+    if problems:
+        raise ValueError("non-inferiority gate: the candidate and the incumbent were not evaluated on the same "
+                         "cells (a paired comparison needs identical cells): " + "; ".join(problems))
+
+
 def gate_failures(candidate: Evaluation, incumbent: Evaluation, margins: NonInferiorityMargins) -> list[str]:
-    """Reasons the candidate fails the paired non-inferiority gate against the incumbent ([] = passes)."""
+    """Reasons the candidate fails the released paired non-inferiority gate against the incumbent ([] = passes).
+
+    A drop is incumbent − candidate; it fails when it exceeds its margin by more than `SCORE_TOL` (released:
+    ``drop <= margin`` passes), and Overall fails the catastrophic check when it fell by 0.20 or more (within
+    `SCORE_TOL`). Stages outside ``margins.late_stages`` are not checked.
+
+    Raises:
+      ValueError: the two evaluations are not paired (:func:`check_paired`).
+    """
+    check_paired(candidate, incumbent)
     reasons = []
-    pairs: list[tuple[str, float, float, float | None]] = [("overall", candidate.overall, incumbent.overall,
-                                                             margins.overall)]
+    overall_drop = incumbent.overall - candidate.overall
+    catastrophic = overall_drop >= margins.catastrophic_overall - SCORE_TOL
+    if catastrophic:
+        reasons.append(f"catastrophic: overall fell {overall_drop:.4f} >= {margins.catastrophic_overall}")
+    pairs: list[tuple[str, float, float, float]] = []
+    if not catastrophic:  # one reason for Overall
+        pairs.append(("overall", candidate.overall, incumbent.overall, margins.overall))
     if candidate.task is not None and incumbent.task is not None:
         pairs.append(("task", candidate.task, incumbent.task, margins.task))
-    for track in sorted(set(candidate.track_scores) & set(incumbent.track_scores)):
+    for track in sorted(candidate.track_scores):
         pairs.append((f"track {track}", candidate.track_scores[track], incumbent.track_scores[track], margins.track))
-    for stage in sorted(set(candidate.stage_scores) & set(incumbent.stage_scores)):
-        c, b = candidate.stage_scores[stage], incumbent.stage_scores[stage]
+    for stage in sorted(margins.late_stages):
+        c, b = candidate.stage_scores.get(stage), incumbent.stage_scores.get(stage)
         if c is not None and b is not None:
-            pairs.append((f"stage {stage}", c, b, margins.late_stage if stage in margins.late_stages else None))
+            pairs.append((f"stage {stage}", c, b, margins.late_stage))
     for name, c, b, margin in pairs:
         drop = b - c
-        if drop > margins.catastrophic:
-            reasons.append(f"catastrophic: {name} fell {drop:.4f} > {margins.catastrophic}")
-        elif margin is not None and drop > margin:
+        if drop > margin + SCORE_TOL:
             reasons.append(f"{name} fell {drop:.4f} > {margin}")
     return reasons
 
@@ -219,7 +311,8 @@ def step(
       (new state, decision).
 
     Raises:
-      ValueError: a non-finite score or negative KL.
+      ValueError: a non-finite score or negative KL; with the gate policy, a candidate not evaluated on the
+        incumbent's cells (:func:`check_paired`).
     """
     ev = evaluation if isinstance(evaluation, Evaluation) else Evaluation(overall=evaluation)
     if kl is not None:
@@ -230,7 +323,7 @@ def step(
         new = ControllerState(checkpoint, ev, ev.overall, 0, checkpoint)
         return new, ControllerDecision(round_index, checkpoint, ACCEPT, (), checkpoint, checkpoint, ev.overall, 0, kl)
 
-    drops = state.drops + 1 if ev.overall < state.previous_overall else 0
+    drops = state.drops + 1 if ev.overall < state.previous_overall - SCORE_TOL else 0
     reasons = []
     if config.kl_threshold is not None and kl is not None and kl > config.kl_threshold:
         reasons.append(f"kl {kl:.4g} > tau {config.kl_threshold}")
@@ -247,7 +340,7 @@ def step(
         decision = rejected
     else:
         decision = ACCEPT
-        if config.policy == POLICY_GATE or ev.overall > state.best.overall:
+        if config.policy == POLICY_GATE or ev.overall > state.best.overall + SCORE_TOL:
             best_ckpt, best = checkpoint, ev  # gate: an accepted candidate becomes the incumbent
         else:
             best_ckpt, best = state.best_checkpoint, state.best

@@ -7,8 +7,12 @@ the stage with the largest positive regression.
 Rules:
   * 'weakest': s* = argmin_s e_s over scored stages; ties go to the earliest stage in workflow order.
   * 'largest_regression' (only when `RouterConfig.corrective` and the last candidate was held / fell back):
-    s* = argmax_s (reference_s − candidate_s) over stages whose score fell (> 0); ties → earliest. When no
-    stage fell, the weakest rule applies.
+    s* = argmax_s (reference_s − candidate_s) over stages whose score fell (by more than `SCORE_TOL`); ties →
+    earliest. When no stage fell, the weakest rule applies.
+Ties: two scores (or regressions) within `SCORE_TOL` = 1e-12 of each other are equal, as in the released router
+(`math.isclose(..., abs_tol=1e-12)`): S1 = mean(0.1, 0.2) = 0.15000000000000002 and S2 = 0.15 tie and route to
+S1; so do regressions 0.3 − 0.1 and 0.8 − 0.6. Float round-off never decides a route (nor a gate:
+`curriculum/controller.py` compares with the same tolerance).
 Unscored stages (None) are left out (null is not zero). Scores are 0–1; only aggregates enter the report.
 """
 
@@ -24,6 +28,9 @@ from bat_jax.stage_bank.prescription import check_prescription
 
 RULE_WEAKEST = "weakest"
 RULE_REGRESSION = "largest_regression"
+
+#: Scores (0–1) within this of each other are equal in every comparison the router and the controller make.
+SCORE_TOL = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +104,16 @@ class RoutingDecision:
         return check_prescription(payload)
 
 
-def _earliest_min(values: Mapping[Stage, float]) -> Stage:
-    return min(values, key=lambda s: (values[s], s.index))
+def earliest_min(values: Mapping[Stage, float]) -> Stage:
+    """The earliest stage (workflow order) whose value is within `SCORE_TOL` of the minimum."""
+    low = min(values.values())
+    return next(s for s in STAGES if s in values and values[s] <= low + SCORE_TOL)
+
+
+def earliest_max(values: Mapping[Stage, float]) -> Stage:
+    """The earliest stage (workflow order) whose value is within `SCORE_TOL` of the maximum."""
+    high = max(values.values())
+    return next(s for s in STAGES if s in values and values[s] >= high - SCORE_TOL)
 
 
 def route(
@@ -132,17 +147,17 @@ def route(
         raise ValueError("every stage is unscored; the router has nothing to compare")
     reference = None
     regressions: dict[str, float] = {}
-    rule, target = RULE_WEAKEST, _earliest_min(scored)
+    rule, target = RULE_WEAKEST, earliest_min(scored)
     if held and config.corrective:
         if reference_scores is None:
             raise ValueError("the corrective rule needs reference_scores (the retained checkpoint's stage scores)")
         reference = _parse_scores(reference_scores, "reference stage scores")
         deltas = {s: reference[s] - scored[s] for s in scored if reference[s] is not None}
         regressions = {s.value: d for s, d in deltas.items()}
-        fell = {s: d for s, d in deltas.items() if d > 0}
+        fell = {s: d for s, d in deltas.items() if d > SCORE_TOL}
         if fell:
             rule = RULE_REGRESSION
-            target = min(fell, key=lambda s: (-fell[s], s.index))
+            target = earliest_max(fell)
     return RoutingDecision(
         round_index=round_index,
         target=target,

@@ -1,7 +1,9 @@
-"""Multi-turn GRPO: group advantages, clipped token-level policy loss, KL penalty, loss aggregation.
+"""Multi-turn GRPO: group advantages, the policy's logprobs (and entropy), the loss over a batch.
 
 Paper: Eq. 4 (reward), Eqs. 17–19 (ratio, clipped term, objective with −β·KL toward the round-start
-policy π_θ̄r). Defaults follow the paper; the released code's choices are options (REFERENCE.md).
+policy π_θ̄r). Defaults follow the paper; the released code's choices, verl's, DAPO's and Dr.GRPO's are options
+of :class:`GRPOConfig` (REFERENCE.md; README "Objective options"; ``gin/presets/released_bat.gin``). The
+per-token terms and aggregations live in :mod:`bat_jax.learn.objective`.
 
 **Batch record** (what rollouts hand to the learner; every per-token array is aligned with
 ``input_ids``):
@@ -10,7 +12,7 @@ policy π_θ̄r). Defaults follow the paper; the released code's choices are opt
 * ``attention_mask`` ``[B, T]`` 0/1 — 0 on right padding.
 * ``loss_mask`` ``[B, T]`` 0/1 — 1 only on tokens the policy sampled (assistant tokens incl. end-of-turn);
   0 on prompt, tool responses, template glue and padding. Observation tokens thus never enter the policy
-  loss nor the KL.
+  loss, the KL nor the entropy.
 * ``old_logprobs`` ``[B, T] float32`` — the rollout policy's logprob of token ``t`` as sampled.
 * ``ref_logprobs`` ``[B, T] float32`` — the reference policy's logprob of token ``t``. The reference is the
   round-start policy π_θ̄r (Eq. 19: "a KL penalty toward the current policy"); the learner computes it
@@ -19,58 +21,80 @@ policy π_θ̄r). Defaults follow the paper; the released code's choices are opt
 
 **Shift convention.** ``logprobs[b, t] = log π(input_ids[b, t] | input_ids[b, :t])``, read from the logits
 at position ``t − 1``; ``logprobs[:, 0]`` is 0 and position 0 never carries loss (the first token has no
-prediction). Rollout and reference logprobs use the same alignment.
+prediction). Rollout and reference logprobs, and the entropy, use the same alignment.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bat_jax.learn import objective
 from bat_jax.rollout import engine
-
-KL_ESTIMATORS = ("k1", "k2", "k3")
-LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
 
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO hyper-parameters (paper defaults; released-code values in brackets).
+    """GRPO hyper-parameters. Each option names its source; the paper's value is the default, the released BaT
+    run's value (verl defaults it inherits included; ``gin/presets/released_bat.gin``) is in brackets.
 
     Attributes:
       group_size: rollouts per state, K = 4 [4].
-      kl_coef: β on the KL penalty, 1e-3 [0.006]. 0 disables the KL term (ref_logprobs not read).
-      kl_estimator: ``'k1'`` (log r), ``'k2'`` (½ (log r)²) or ``'k3'`` (r⁻¹ − 1 + log r, Schulman's
-        unbiased low-variance estimator) of KL(π_θ ‖ π_ref), with r = π_θ/π_ref per sampled token.
-      log_ratio_clamp: |log ratio| is clamped to this before any ``exp`` (ratio and KL), so fp32 stays
-        finite; 20 as in verl.
-      clip_eps: PPO clip ε = 0.2 (Eq. 18).
-      dual_clip: None, or c > 1 for dual-clip PPO: for negative advantages the token loss is capped at
-        −c·A.
-      loss_agg: ``'seq-mean-token-mean'`` (paper Eq. 19: each rollout's token mean, then the mean over
-        rollouts [released code too]; equal to Eq. 19's mean over groups of group means whenever every
-        group keeps all K rollouts) or ``'token-mean'`` (all loss tokens of the batch weighted equally).
-      adv_eps: ε in (r − mean) / (std + ε), 1e-6.
-      adv_std_normalize: divide by the group std (paper) or not (released code, Dr.GRPO style).
-      temperature, top_p, top_k: the sampling transform the rollouts were drawn with (paper: T = 0.7); the
-        learner recomputes logprobs under the same transform, so ratios start at exactly 1.
+      kl_coef: β on the KL penalty (Eq. 19), 1e-3 [0.006, verl ``kl_loss_coef``]. 0 disables the KL term
+        (ref_logprobs not read).
+      kl_estimator: ``'k1'`` (log r), ``'k2'`` (½ (log r)²) or ``'k3'`` (r⁻¹ − 1 + log r, Schulman's unbiased
+        low-variance estimator) of KL(π_θ ‖ π_ref), with r = π_θ/π_ref per sampled token: ``'k3'``
+        [``'k3'``, verl ``kl_loss_type='low_var_kl'``].
+      kl_value_clamp: the per-token KL value is clamped to ±this; clamped tokens pass no gradient. 10 [10: verl
+        clamps k3 to [−10, 10]]; verl leaves k1 / k2 unclamped (None here reproduces that). None disables it.
+      log_ratio_clamp: |log ratio| is clamped to this before any ``exp`` (the policy ratio and k3), so float32
+        stays finite, 20 [20, verl]. Half of verl's KL guard; the other half is ``kl_value_clamp``.
+      clip_eps: PPO clip ε of Eq. 18, 0.2 [0.2, verl ``clip_ratio``]; the ratio is clipped to
+        [1 − ε_low, 1 + ε_high] with both ε = ``clip_eps`` unless set below.
+      clip_eps_low, clip_eps_high: asymmetric clip (DAPO "clip-higher": ε_low = 0.2, ε_high = 0.28; verl
+        ``clip_ratio_low`` / ``clip_ratio_high``). None = ``clip_eps`` [None, None].
+      dual_clip: None, or c > 1 for dual-clip PPO: for negative advantages the token loss is capped at −c·A.
+        None (paper) [3.0: verl's ``clip_ratio_c``, always on in its vanilla policy loss].
+      loss_agg: how per-token terms become the batch loss (:func:`objective.aggregate`, verl ``loss_agg_mode``):
+        ``'seq-mean-token-mean'`` (paper Eq. 19: each rollout's token mean, then the mean over rollouts; equal
+        to Eq. 19's mean over groups of group means whenever every group keeps all K rollouts)
+        [``'seq-mean-token-mean'``], ``'token-mean'`` (all loss tokens of the batch weighted equally; DAPO),
+        ``'seq-mean-token-sum'`` or ``'seq-mean-token-sum-norm'`` (Dr.GRPO: token sums over a constant).
+      loss_scale_factor: the constant C of ``'seq-mean-token-sum-norm'`` (tokens; Dr.GRPO: the generation
+        budget). None = the batch's padded length T (verl's default) [not used].
+      entropy_coef: entropy bonus: the loss subtracts this × the aggregated per-token entropy of the sampling
+        distribution (verl ``entropy_coeff``), 0 [0]. Non-zero makes the learner compute the entropy, chunk by
+        chunk like the logprobs.
+      adv_eps: ε in (r − mean) / (std + ε), 1e-6 [1e-6, verl].
+      adv_std_normalize: divide by the group std (paper) or not [False: ``norm_adv_by_std_in_grpo=false``,
+        Dr.GRPO style].
       adv_std_ddof: 1 = sample std (as ``torch.std`` in verl/TRL), 0 = population std.
+      temperature, top_p, top_k: the sampling transform the rollouts were drawn with (paper: T = 0.7 [0.7]); the
+        learner recomputes logprobs under the same transform, so ratios start at exactly 1.
       epochs: optimizer steps taken on each rollout batch (verl's ``ppo_epochs``) [1]. Steps after the first
         are off-policy by the earlier ones; the clipped ratio (Eq. 18) against the batch's sampled logprobs
         bounds them.
+    Raises:
+      ValueError: an unknown estimator or aggregation, or a value out of range (the message names the field).
     """
 
     group_size: int = 4
     kl_coef: float = 1e-3
     kl_estimator: str = "k3"
+    kl_value_clamp: float | None = 10.0
     log_ratio_clamp: float = 20.0
     clip_eps: float = 0.2
+    clip_eps_low: float | None = None
+    clip_eps_high: float | None = None
     dual_clip: float | None = None
     loss_agg: str = "seq-mean-token-mean"
+    loss_scale_factor: float | None = None
+    entropy_coef: float = 0.0
     adv_eps: float = 1e-6
     adv_std_normalize: bool = True
     adv_std_ddof: int = 1
@@ -84,15 +108,38 @@ class GRPOConfig:
         """(temperature, top_p, top_k) of the rollouts: the learner's logprobs use the same transform."""
         return (self.temperature, self.top_p, self.top_k)
 
+    @property
+    def eps_low(self) -> float:
+        """ε_low: the ratio's lower clip is 1 − ε_low."""
+        return self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
+
+    @property
+    def eps_high(self) -> float:
+        """ε_high: the ratio's upper clip is 1 + ε_high."""
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
     def __post_init__(self):
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"GRPOConfig.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
-        if self.loss_agg not in LOSS_AGGREGATIONS:
-            raise ValueError(f"GRPOConfig.loss_agg must be one of {LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
+        if self.kl_estimator not in objective.KL_ESTIMATORS:
+            raise ValueError(f"GRPOConfig.kl_estimator must be one of {objective.KL_ESTIMATORS}, "
+                             f"got {self.kl_estimator!r}")
+        if self.loss_agg not in objective.LOSS_AGGREGATIONS:
+            raise ValueError(f"GRPOConfig.loss_agg must be one of {objective.LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
         if self.epochs < 1:
             raise ValueError(f"GRPOConfig.epochs must be >= 1, got {self.epochs}")
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(f"GRPOConfig.dual_clip must be > 1 or None, got {self.dual_clip}")
+        for name in ("clip_eps", "clip_eps_low", "clip_eps_high"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 < value < (1.0 if name != "clip_eps_high" else math.inf):
+                raise ValueError(f"GRPOConfig.{name} must be in (0, 1) (clip_eps_high > 0) or None, got {value}")
+        for name in ("kl_value_clamp", "loss_scale_factor"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 < value < math.inf:
+                raise ValueError(f"GRPOConfig.{name} must be a positive number or None, got {value}")
+        if not 0.0 < self.log_ratio_clamp < math.inf:
+            raise ValueError(f"GRPOConfig.log_ratio_clamp must be a positive number, got {self.log_ratio_clamp}")
+        if not math.isfinite(self.entropy_coef):
+            raise ValueError(f"GRPOConfig.entropy_coef must be finite, got {self.entropy_coef}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -213,13 +260,32 @@ def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float =
     return jnp.pad(lp, ((0, 0), (1, 0)))
 
 
-def map_sequence_chunks(fn: Callable[..., jax.Array], xs: tuple[jax.Array, ...], chunk: int) -> jax.Array:
-    """``fn(*xs)`` for per-position ``fn`` (``[B, c, ...]`` slices → ``[B, c]``), ``chunk`` positions at a time.
+def token_logprobs_and_entropy(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0,
+                               top_p: float = 1.0, top_k: int = 0) -> tuple[jax.Array, jax.Array]:
+    """:func:`token_logprobs` and the entropy of the same distribution, ``[B, T] float32`` each, shifted alike.
+
+    ``entropy[:, t]`` = H(π(· | input_ids[:, :t])) in nats, π the sampling distribution (tempered, truncated,
+    renormalised; verl: the entropy of ``logits / temperature``, which is the same without top-k / top-p);
+    ``entropy[:, 0] = 0``.
+    """
+    lp, ent = _logprobs_and_entropy(logits[:, :-1], input_ids[:, 1:], temperature, top_p, top_k)
+    return jnp.pad(lp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
+
+
+def _logprobs_and_entropy(logits, ids, temperature, top_p, top_k):
+    logp = engine.processed_logprobs(logits, temperature, top_p, top_k)
+    lp = jnp.take_along_axis(logp, ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return lp, objective.entropy_from_logprobs(logp)
+
+
+def map_sequence_chunks(fn: Callable[..., Any], xs: tuple[jax.Array, ...], chunk: int) -> Any:
+    """``fn(*xs)`` for per-position ``fn`` (``[B, c, ...]`` slices → ``[B, c]`` or a tuple of them), ``chunk``
+    positions at a time.
 
     ``xs`` are ``[B, T, ...]`` arrays; the sequence is padded to a multiple of ``chunk`` (pad results dropped).
     Each chunk runs under ``jax.checkpoint`` inside a ``lax.map``: the forward keeps one chunk's intermediates
     (e.g. ``[B, chunk, V]`` float32 logits) at a time, and the backward recomputes them chunk by chunk instead
-    of storing them. ``chunk`` 0 or ≥ T calls ``fn`` once. Returns ``[B, T]``.
+    of storing them. ``chunk`` 0 or ≥ T calls ``fn`` once. Returns ``[B, T]`` (each output of ``fn``).
     """
     b, t = xs[0].shape[:2]
     if not chunk or t <= chunk:
@@ -232,136 +298,76 @@ def map_sequence_chunks(fn: Callable[..., jax.Array], xs: tuple[jax.Array, ...],
         return jnp.moveaxis(x.reshape((b, n, chunk) + x.shape[2:]), 1, 0)
 
     out = jax.lax.map(jax.checkpoint(lambda args: fn(*args)), tuple(split(x) for x in xs))  # [n, B, chunk]
-    return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk)[:, :t]
+    return jax.tree.map(lambda o: jnp.moveaxis(o, 0, 1).reshape(b, n * chunk)[:, :t], out)
 
 
 def sequence_logprobs(apply_fn: Callable, params: Any, input_ids: jax.Array, attention_mask: jax.Array,
-                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> jax.Array:
+                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                      with_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Shifted logprobs ``[B, T] float32`` of ``input_ids [B, T] int32`` under the model (same values as
-    :func:`token_logprobs` of the model's logits).
+    :func:`token_logprobs` of the model's logits); with ``with_entropy`` also the shifted entropy ``[B, T]
+    float32`` of the sampling distribution (:func:`token_logprobs_and_entropy`), from the same logits.
 
     With an ``apply_fn`` that has ``hidden`` / ``head`` / ``logit_chunk``
     (:class:`bat_jax.learn.train_state.ModelApply`) the output head runs ``logit_chunk`` positions at a time
     (:func:`map_sequence_chunks`), so the ``[B, T, V]`` float32 logits never exist; any other ``apply_fn`` is
     called for the full logits.
     """
+    sampling = (temperature, top_p, top_k)
     if not hasattr(apply_fn, "hidden"):
-        return token_logprobs(apply_fn(params, input_ids, attention_mask), input_ids, temperature, top_p, top_k)
+        logits = apply_fn(params, input_ids, attention_mask)
+        if with_entropy:
+            return token_logprobs_and_entropy(logits, input_ids, *sampling)
+        return token_logprobs(logits, input_ids, *sampling)
     h = apply_fn.hidden(params, input_ids, attention_mask)
     targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1)))  # position t predicts id t + 1
 
     def per_chunk(h_c, ids_c):
-        return engine.token_logprobs(apply_fn.head(params, h_c), ids_c, temperature, top_p, top_k)
+        logits = apply_fn.head(params, h_c)
+        if with_entropy:
+            return _logprobs_and_entropy(logits, ids_c, *sampling)
+        return engine.token_logprobs(logits, ids_c, *sampling)
 
     nxt = map_sequence_chunks(per_chunk, (h, targets), apply_fn.logit_chunk)
-    return jnp.pad(nxt[:, :-1], ((0, 0), (1, 0)))
+    return jax.tree.map(lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0))), nxt)
 
 
-def effective_loss_mask(loss_mask: jax.Array) -> jax.Array:
-    """``[B, T]`` loss mask as float32 with position 0 forced to 0 (it has no prediction)."""
-    m = loss_mask.astype(jnp.float32)
-    return m.at[:, 0].set(0.0)
-
-
-def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str, clamp: float) -> jax.Array:
-    """Per-token estimate of KL(π_θ ‖ π_ref) on tokens sampled from the rollout policy.
-
-    With ``d = clip(logprobs − ref_logprobs, −clamp, clamp)`` (clamped before any exp):
-    k1 = d, k2 = ½ d², k3 = exp(−d) − 1 + d (≥ 0). Same shape as the inputs, float32.
-    Outside the clamp the gradient with respect to ``logprobs`` is 0 (it stays finite).
-    """
-    d = jnp.clip(logprobs.astype(jnp.float32) - ref_logprobs.astype(jnp.float32), -clamp, clamp)
-    if estimator == "k1":
-        return d
-    if estimator == "k2":
-        return 0.5 * d * d
-    if estimator == "k3":
-        return jnp.expm1(-d) + d
-    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
-
-
-def policy_token_loss(
-    logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array, config: GRPOConfig
-) -> tuple[jax.Array, jax.Array]:
-    """Per-token clipped surrogate loss (negated Eq. 18), ``[B, T]`` each.
-
-    ``w = exp(clip(logprobs − old_logprobs, ±log_ratio_clamp))`` (Eq. 17), ``A`` broadcast from ``[B]``;
-    loss = max(−w·A, −clip(w, 1 − ε, 1 + ε)·A), with the dual clip min(loss, −c·A) for A < 0.
-    Returns ``(loss, clipped)`` where ``clipped`` is 1.0 where the clipped branch was active.
-    """
-    log_w = jnp.clip(logprobs - old_logprobs, -config.log_ratio_clamp, config.log_ratio_clamp)
-    w = jnp.exp(log_w)
-    a = advantages.astype(jnp.float32)[:, None]
-    unclipped = -w * a
-    clipped = -jnp.clip(w, 1.0 - config.clip_eps, 1.0 + config.clip_eps) * a
-    loss = jnp.maximum(unclipped, clipped)
-    if config.dual_clip is not None:
-        loss = jnp.where(a < 0, jnp.minimum(loss, -config.dual_clip * a), loss)
-    return loss, (clipped > unclipped).astype(jnp.float32)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Aggregation (exact under micro-batching)
-# ---------------------------------------------------------------------------------------------------
-
-
-def loss_normalizers(loss_mask: jax.Array) -> dict[str, jax.Array]:
-    """Whole-batch denominators, computed before any micro-batch split.
-
-    Returns ``{'num_tokens': Σ mask, 'num_seqs': #rows with ≥ 1 loss token}`` (float32 scalars, each at
-    least 1 so an empty batch gives loss 0, not NaN), using :func:`effective_loss_mask`.
-    """
-    m = effective_loss_mask(loss_mask)
-    return {
-        "num_tokens": jnp.maximum(m.sum(), 1.0),
-        "num_seqs": jnp.maximum((m.sum(axis=1) > 0).sum().astype(jnp.float32), 1.0),
-    }
-
-
-def aggregate(values: jax.Array, mask: jax.Array, mode: str, normalizers: Mapping[str, jax.Array]) -> jax.Array:
-    """Reduce ``[B, T]`` per-token values to this (micro-)batch's share of the whole-batch loss.
-
-    * ``token-mean``: Σ_{b,t} v·m / N_tokens(whole batch).
-    * ``seq-mean-token-mean``: Σ_b (Σ_t v·m / Σ_t m) / N_seqs(whole batch); rows with no loss token add 0.
-
-    Masked positions are selected away with ``where`` (a NaN or inf there contributes exactly 0). Summing the
-    results over micro-batches gives the unsplit value, because rows are never split and the denominators
-    are global.
-    """
-    m = mask.astype(jnp.float32)
-    vm = jnp.where(m > 0, values, 0.0) * m
-    if mode == "token-mean":
-        return vm.sum() / normalizers["num_tokens"]
-    if mode == "seq-mean-token-mean":
-        per_seq = vm.sum(axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
-        return per_seq.sum() / normalizers["num_seqs"]
-    raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGGREGATIONS}")
-
-
-def grpo_token_terms(
-    logprobs: jax.Array, batch: Mapping[str, jax.Array], config: GRPOConfig
-) -> dict[str, jax.Array]:
+def grpo_token_terms(logprobs: jax.Array, batch: Mapping[str, jax.Array], config: GRPOConfig,
+                     entropy: jax.Array | None = None) -> dict[str, jax.Array]:
     """Per-token pieces, ``[B, T] float32`` each, already zero where ``loss_mask`` is 0.
 
-    Keys: ``mask`` (effective loss mask), ``pg`` (clipped policy loss), ``kl`` (KL estimate, zeros when
-    ``kl_coef`` is 0), ``clipped``, ``total`` = pg + β·kl.
+    Args:
+      logprobs: ``[B, T]`` the learner's shifted logprobs of the batch's ids.
+      batch: the batch record (module docstring); ``ref_logprobs`` is read only when ``kl_coef`` ≠ 0.
+      config: the objective's options.
+      entropy: ``[B, T]`` shifted per-token entropy, required when ``entropy_coef`` ≠ 0.
+    Returns:
+      ``mask`` (effective loss mask), ``pg`` (clipped policy loss), ``kl`` (KL estimate, zeros when
+      ``kl_coef`` is 0), ``clipped``, ``entropy`` (zeros when not given) and ``total`` =
+      pg + β·kl − entropy_coef·entropy.
+    Raises:
+      ValueError: ``entropy_coef`` ≠ 0 without ``entropy``.
     """
-    mask = effective_loss_mask(batch["loss_mask"])
+    mask = objective.effective_loss_mask(batch["loss_mask"])
     on = mask > 0
-    pg, clipped = policy_token_loss(logprobs, batch["old_logprobs"], batch["advantages"], config)
+    pg, clipped = objective.clipped_policy_loss(
+        logprobs, batch["old_logprobs"], batch["advantages"], eps_low=config.eps_low, eps_high=config.eps_high,
+        dual_clip=config.dual_clip, log_ratio_clamp=config.log_ratio_clamp)
     if config.kl_coef:
-        kl = kl_penalty(logprobs, batch["ref_logprobs"], config.kl_estimator, config.log_ratio_clamp)
+        kl = objective.kl_penalty(logprobs, batch["ref_logprobs"], config.kl_estimator, config.log_ratio_clamp,
+                                  config.kl_value_clamp)
     else:
         kl = jnp.zeros_like(pg)
+    if config.entropy_coef and entropy is None:
+        raise ValueError("grpo_token_terms: GRPOConfig.entropy_coef is set but no per-token entropy was given")
+    ent = jnp.zeros_like(pg) if entropy is None else jnp.where(on, entropy.astype(jnp.float32), 0.0)
     pg = jnp.where(on, pg, 0.0)
     kl = jnp.where(on, kl, 0.0)
-    return {
-        "mask": mask,
-        "pg": pg,
-        "kl": kl,
-        "clipped": jnp.where(on, clipped, 0.0),
-        "total": pg + config.kl_coef * kl,
-    }
+    total = pg + config.kl_coef * kl
+    if config.entropy_coef:
+        total = total - config.entropy_coef * ent
+    return {"mask": mask, "pg": pg, "kl": kl, "clipped": jnp.where(on, clipped, 0.0), "entropy": ent,
+            "total": total}
 
 
 def make_grpo_loss(
@@ -369,24 +375,32 @@ def make_grpo_loss(
 ) -> Callable[[Any, Mapping[str, jax.Array], Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]:
     """The GRPO loss for :func:`bat_jax.learn.train_state.make_train_step` (minimise = maximise Eq. 19).
 
-    ``loss(params, batch, normalizers) -> (loss, metrics)``; ``normalizers`` from :func:`loss_normalizers`
+    ``loss(params, batch, normalizers) -> (loss, metrics)``; ``normalizers`` from :func:`grpo_normalizers`
     on the whole batch. Metrics (each aggregated like the loss, so they add over micro-batches):
-    ``pg_loss``, ``kl``, ``clip_frac``.
+    ``pg_loss``, ``kl``, ``clip_frac``, and ``entropy`` when ``entropy_coef`` ≠ 0 (then the learner computes
+    the per-token entropy alongside the logprobs, from the same chunked logits).
     """
 
     def loss_fn(params, batch, normalizers):
-        lp = sequence_logprobs(apply_fn, params, batch["input_ids"], batch["attention_mask"], *config.sampling)
-        t = grpo_token_terms(lp, batch, config)
-        agg = lambda v: aggregate(v, t["mask"], config.loss_agg, normalizers)  # noqa: E731
-        loss = agg(t["total"])
-        return loss, {"pg_loss": agg(t["pg"]), "kl": agg(t["kl"]), "clip_frac": agg(t["clipped"])}
+        out = sequence_logprobs(apply_fn, params, batch["input_ids"], batch["attention_mask"], *config.sampling,
+                                with_entropy=bool(config.entropy_coef))
+        lp, ent = out if config.entropy_coef else (out, None)
+        t = grpo_token_terms(lp, batch, config, ent)
+        agg = lambda v: objective.aggregate(v, t["mask"], config.loss_agg, normalizers,  # noqa: E731
+                                            config.loss_scale_factor)
+        metrics = {"pg_loss": agg(t["pg"]), "kl": agg(t["kl"]), "clip_frac": agg(t["clipped"])}
+        if config.entropy_coef:
+            metrics["entropy"] = agg(t["entropy"])
+        return agg(t["total"]), metrics
 
     return loss_fn
 
 
 def grpo_normalizers(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """:func:`loss_normalizers` of ``batch['loss_mask']`` (the ``normalizer_fn`` of the train step)."""
-    return loss_normalizers(batch["loss_mask"])
+    """:func:`objective.loss_normalizers` of ``batch['loss_mask']`` (the ``normalizer_fn`` of the train step):
+    whole-batch token and sequence counts and the padded length, so every aggregation is exact under
+    micro-batching."""
+    return objective.loss_normalizers(batch["loss_mask"])
 
 
 def make_logprob_fn(apply_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],

@@ -6,7 +6,7 @@ donated step per objective (SFT cold start, GRPO block). It hands parameters bac
 rollout engine can take them (`engine.update_weights(learner.sync_model())`).
 
 Memory (`MemoryConfig`, bound in gin): per-layer remat, the attention query block, the sequence chunk of the
-output head (log-probs and KL never build `[B, T, V]` float32 logits) and a batch-axis sharding constraint on
+output head (log-probs, entropy and KL never build `[B, T, V]` float32 logits) and a batch-axis sharding constraint on
 the activations. The step builders are module functions (`make_block_step`, `make_ref_logprob_fn`) so that
 `launch/bench/compile_probe.py` lowers exactly the functions a run calls, with abstract inputs.
 """
@@ -40,7 +40,7 @@ class MemoryConfig:
         (``'none'``, ``'full'``, ``'dots'``, ``'dots_no_batch'``). ``'full'`` keeps one ``[b, t, embed]``
         input per layer for the backward pass and recomputes the rest.
       attention_block: attention queries per block (float32 scores ``[b, heads, block, t]``); 0 = dense.
-      logit_chunk: sequence positions per output-head chunk for log-probs and KL (``[b, chunk, vocab]``
+      logit_chunk: sequence positions per output-head chunk for log-probs, entropy and KL (``[b, chunk, vocab]``
         float32 at a time); 0 = whole sequence.
       shard_activations: constrain the residual stream's batch axis to the mesh's batch axes (data, fsdp).
       logprob_rows_per_device: rows per device in one reference-logprob call.

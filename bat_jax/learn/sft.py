@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bat_jax.learn import grpo
+from bat_jax.learn import grpo, objective
 from bat_jax.learn.optim import OptimizerConfig
 
 
@@ -95,7 +95,7 @@ def stack_examples(examples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np
 def sft_token_nll(logits: jax.Array, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """Per-token negative log-likelihood ``[B, T] float32`` (0 off the loss mask) and the effective mask."""
     lp = grpo.token_logprobs(logits, batch["input_ids"])
-    mask = grpo.effective_loss_mask(batch["loss_mask"])
+    mask = objective.effective_loss_mask(batch["loss_mask"])
     return jnp.where(mask > 0, -lp, 0.0), mask
 
 
@@ -113,9 +113,9 @@ def make_sft_loss(
 
     def loss_fn(params, batch, normalizers):
         lp = grpo.sequence_logprobs(apply_fn, params, batch["input_ids"], batch["attention_mask"])
-        mask = grpo.effective_loss_mask(batch["loss_mask"])
+        mask = objective.effective_loss_mask(batch["loss_mask"])
         nll = jnp.where(mask > 0, -lp, 0.0)
-        loss = grpo.aggregate(nll, mask, "token-mean", normalizers)
+        loss = objective.aggregate(nll, mask, "token-mean", normalizers)
         return loss, {"nll": loss, "num_tokens": mask.sum()}
 
     return loss_fn
@@ -123,4 +123,4 @@ def make_sft_loss(
 
 def sft_normalizers(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     """Whole-batch loss-token count (and sequence count) from ``batch['loss_mask']``."""
-    return grpo.loss_normalizers(batch["loss_mask"])
+    return objective.loss_normalizers(batch["loss_mask"])

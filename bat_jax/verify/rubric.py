@@ -4,9 +4,10 @@ Paper Eq. 4: v_ℓ = Verify(ℓ; p, y, x) ∈ {0, 1};  r = η · (1/|c|) Σ_ℓ 
 required evidence G confirmed by the rollout's receipts and artefacts. An item can only pass when all of its
 own evidence is confirmed (a claim in text earns nothing). Receipt evidence is what a call actually did — the
 workspace files the kernel saw it read and write (`Receipt.reads` / `writes`) and the output it printed —
-never the text of its code: comment-only, string-only and dead code earn nothing (issue 13). E2E rows (released code) use
-0.5 · mean(stage rewards) + 0.5 · task metric. An infrastructure failure makes a score `None` (unscored),
-never 0. Every score records `REWARD_VERSION`.
+never the text of its code: comment-only, string-only and dead code earn nothing. E2E rows follow the released
+code's reward (`rl/grpo/core_reward.py`): 0.5 · (stage rewards weighted by the Agentic weights .25/.15/.35/.15/.10)
++ 0.5 · task metric (:func:`e2e_reward`). An infrastructure failure makes a score `None` (unscored), never 0. Every
+score records `REWARD_VERSION`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import json
 import statistics
 from collections.abc import Callable, Iterable, Mapping
 
-from bat_jax.benchmark.scoring import Cell
-from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell, agentic_score
+from bat_jax.benchmark.stages import DEFAULT_STAGE_WEIGHTS, STAGES, Stage, validate_stage_weights
 from bat_jax.sandbox.types import Receipt
 
 #: Version of the reward contract; bump when items, evidence or the formula change. v2: receipt evidence from
-#: kernel file traces; v3: "the method ran" = an entry equal to the host's replay of the method (issue 13).
-REWARD_VERSION = "bat_rubric/v3"
+#: kernel file traces; v3: "the method ran" = an entry equal to the host's replay of the method; v4: the E2E
+#: reward weights its stage part by the Agentic weights (released code).
+REWARD_VERSION = "bat_rubric/v4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,16 +196,35 @@ def verify_episode(
     return {Stage.parse(s): verify_stage(rubric, s, evidence) for s in stages}
 
 
-def e2e_reward(stage_rewards: Mapping[Stage, float | None], task: float | None,
-               stage_weight: float = 0.5) -> float | None:
-    """E2E row reward (released code): stage_weight · mean(stage rewards) + (1 − stage_weight) · task.
+def e2e_reward(stage_rewards: Mapping[Stage, object], task: float | None, stage_weight: float = 0.5,
+               weights: Mapping[Stage | str, float] = DEFAULT_STAGE_WEIGHTS) -> float | None:
+    """E2E row reward, as the released code computes it (`rl/grpo/core_reward.py`, mode `bat_e2e_rubric`):
+    stage_weight · Σ_s w_s · r_s + (1 − stage_weight) · task, with w the Agentic weights (.25/.15/.35/.15/.10)
+    renormalised over the stages given (`benchmark.scoring.agentic_score`: a stage absent from `stage_rewards`
+    or marked `NOT_APPLICABLE` drops its weight). With all five stages this is exactly the released formula;
+    e.g. every S1 item passes, the rest fail, task 0: 0.5 · 0.25 · 1 = 0.125.
 
-    Returns None if any stage reward or the task metric is unscored.
+    Args:
+      stage_rewards: stage → reward in [0, 1], None (unscored) or `NOT_APPLICABLE`.
+      task: the task metric in [0, 1], or None (unscored).
+      stage_weight: weight of the stage part (released code: 0.5, `stage_mean_weight`).
+      weights: stage weights summing to 1 (default: the paper's Agentic weights).
+    Returns:
+      The reward in [0, 1], or None when the task metric or any given stage is unscored, or no stage is given.
+    Raises:
+      ValueError: a stage reward or the task metric outside [0, 1] (NaN included), or bad weights.
     """
-    values = list(stage_rewards.values())
-    if task is None or not values or any(v is None for v in values):
+    w = validate_stage_weights(weights)
+    given = {Stage.parse(k): v for k, v in stage_rewards.items()}
+    if task is None or not given or any(v is None for v in given.values()):
         return None
-    return stage_weight * statistics.fmean(values) + (1.0 - stage_weight) * float(task)
+    scores = {s: given.get(s, NOT_APPLICABLE) for s in STAGES}
+    if all(v is NOT_APPLICABLE for v in scores.values()):
+        return None
+    task = float(task)
+    if not 0.0 <= task <= 1.0:  # NaN fails too
+        raise ValueError(f"e2e_reward: task metric must be in [0, 1], got {task!r}")
+    return stage_weight * agentic_score(scores, w) + (1.0 - stage_weight) * task
 
 
 @dataclasses.dataclass(frozen=True)
