@@ -38,7 +38,8 @@ fi
 missing=()
 while read -r module requirement; do
   case "$module" in ''|'#'*) continue ;; esac
-  if ! PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c "import $module" >/dev/null 2>&1; then
+  # from / and with -P: the repository's gin/ folder of run files must not pass for the gin package
+  if ! (cd / && PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -P -c "import $module" >/dev/null 2>&1); then
     missing+=("$requirement")
   fi
 done < "$REPO/launch/constraints/box-wheels.txt"

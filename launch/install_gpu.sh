@@ -35,7 +35,7 @@ if [ "$WITH_VLLM" = "1" ]; then
   "$PY" -m pip install --disable-pip-version-check -q -e "$REPO[gpu]" "${TOOLS[@]}"
 else
   echo "[install_gpu] pip install -e . jax[cuda13] (no vLLM) + test tools"
-  "$PY" -m pip install --disable-pip-version-check -q -e "$REPO" "jax[cuda13]>=0.10.2,<0.12" "${TOOLS[@]}"
+  "$PY" -m pip install --disable-pip-version-check -q -e "$REPO" "jax[cuda13]>=0.10.2,<0.13" "${TOOLS[@]}"
 fi
 
 echo "[install_gpu] pip check:"

@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -68,16 +69,40 @@ def conflicts(pip_output: str) -> list[str]:
     return out
 
 
-def pinned_names(conflict_lines: list[str]) -> list[str]:
-    """Distribution names appearing in pip's conflict lines (lower case, sorted, unique)."""
-    names = set()
+def our_pins(conflict_lines: list[str]) -> dict[str, str]:
+    """{distribution: specifier} of what bat_jax itself requires among pip's conflict lines
+    ("bat-jax[gpu] 0.1.0 depends on numpy==2.4.6" -> {"numpy": "==2.4.6"})."""
+    pins = {}
     for line in conflict_lines:
-        names.update(m.group(1).lower() for m in re.finditer(r"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?(?:==|>=|<=|<|>|~=|!=)",
-                                                             line))
-        m = re.match(r"(?:The user requested\s+)?([A-Za-z0-9_.\-]+)", line)
+        m = re.match(r"bat[-_]jax(?:\[[^\]]*\])? \S+ depends on ([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?([<>=!~][^;]*)", line)
         if m:
-            names.add(m.group(1).lower())
-    return sorted(names)
+            pins[canonical(m.group(1))] = m.group(2).strip()
+    return pins
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def who_caps(report: dict, name: str, pinned: str, python: str) -> list[str]:
+    """Requirements in a resolved install (pip's JSON report) on distribution `name` that exclude the version
+    `pinned` (its ``==`` pin), markers evaluated for Python `python` (any extra counts as requested)."""
+    from packaging.requirements import Requirement
+
+    version = pinned.lstrip("=")
+    found = []
+    for item in report["install"]:
+        meta = item["metadata"]
+        for line in meta.get("requires_dist") or []:
+            req = Requirement(line)
+            if canonical(req.name) != name or req.specifier.contains(version, prereleases=True):
+                continue
+            if req.marker is not None and not any(req.marker.evaluate({"python_version": python, "extra": extra})
+                                                  for extra in ("", *(item.get("requested_extras") or ()),
+                                                                *meta.get("provides_extra", []))):
+                continue
+            found.append(f"{meta['name']} {meta['version']} requires {line}")
+    return sorted(set(found))
 
 
 def _interpreter(version: str) -> list[str] | None:
@@ -92,38 +117,77 @@ def _interpreter(version: str) -> list[str] | None:
     return None
 
 
-def resolve(install: Install, wheel: pathlib.Path, report: pathlib.Path) -> subprocess.CompletedProcess:
-    """Runs pip's resolver for one install (nothing is installed); writes pip's JSON report to `report`."""
+def requirements(install: Install, without: str) -> list[str]:
+    """What `install` asks for, as requirement strings from pyproject.toml, leaving out those on `without`."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in install.extras.split(","):
+        wanted += project["optional-dependencies"][extra]
+    return [r for r in [*wanted, *install.more] if canonical(Requirement(r).name) != without]
+
+
+def resolve(install: Install, wheel: pathlib.Path | list[str], report: pathlib.Path) -> subprocess.CompletedProcess:
+    """Runs pip's resolver for one install (nothing is installed); writes pip's JSON report to `report`. `wheel`:
+    the project's wheel (resolved with `install`'s extras), or a list of requirement strings standing for it."""
     pip = _interpreter(install.python)
     cross = []
     if pip is None:
         pip = [sys.executable, "-m", "pip"]
         cross = ["--python-version", install.python, "--platform", "manylinux_2_28_x86_64", "--only-binary=:all:",
                  "--target", str(report.with_suffix(".target"))]
-    cmd = [*pip, "install", "--disable-pip-version-check", "--dry-run", "--ignore-installed", "--quiet",
-           "--report", str(report), *cross, f"{wheel}[{install.extras}]", *install.more]
+    cmd = [*pip, "install", "--disable-pip-version-check", "--dry-run", "--ignore-installed", "--progress-bar=off",
+           "--report", str(report), *cross,
+           *(wheel if isinstance(wheel, list) else [f"{wheel}[{install.extras}]", *install.more])]
     if install.constraints:
         cmd += ["-c", str(REPO / install.constraints)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
 
 
 def test_conflicts_are_named_from_pip_output():
-    """The message of the old pins (numpy==2.4.6 beside vllm 0.33's mistral_common), as pip printed it."""
-    out = """ERROR: Cannot install -r req.txt (line 2) and numpy==2.4.6 because these package versions have conflicting dependencies.
+    """pip's message for the old pins (numpy==2.4.6 beside vllm 0.33), as it printed it: bat_jax's own pin is found;
+    the package that caps it is not in pip's lines (its backtracking ended on contourpy), so `who_caps` reads it from
+    a resolve without the pin (a report entry as pip writes it)."""
+    out = """ERROR: Cannot install bat-jax[gpu]==0.1.0 because these package versions have conflicting dependencies.
 
 The conflict is caused by:
-    The user requested numpy==2.4.6
+    bat-jax[gpu] 0.1.0 depends on numpy==2.4.6
     numba 0.65.0 depends on numpy<2.5 and >=1.22
-    jaxlib 0.10.2 depends on numpy>=2.0
-    mistral-common[image] 1.11.6 depends on numpy<2.4 and >=1.25; python_version <= "3.12"
+    contourpy 1.1.1 depends on numpy<2.0 and >=1.16; python_version <= "3.11"
 
 To fix this you could try to:
 1. loosen the range of package versions you've specified
 """
     lines = conflicts(out)
-    assert lines[0] == "The user requested numpy==2.4.6" and len(lines) == 4
-    assert pinned_names(lines) == ["jaxlib", "mistral-common", "numba", "numpy"]
+    assert lines[0] == "bat-jax[gpu] 0.1.0 depends on numpy==2.4.6" and len(lines) == 3
+    assert our_pins(lines) == {"numpy": "==2.4.6"}
     assert conflicts("Would install numpy-2.3.5") == []
+    report = {"install": [
+        {"metadata": {"name": "mistral_common", "version": "1.13.1", "provides_extra": ["image"],
+                      "requires_dist": ['numpy<2.4,>=1.25; python_version <= "3.12" and extra == "image"',
+                                        "pydantic>=2"]}},
+        {"metadata": {"name": "numba", "version": "0.65.0", "requires_dist": ["numpy<2.5,>=1.22"]}},
+        {"metadata": {"name": "jax", "version": "0.10.2", "requires_dist": ["numpy>=2.0"]}}]}
+    assert who_caps(report, "numpy", "==2.4.6", "3.11") == [
+        'mistral_common 1.13.1 requires numpy<2.4,>=1.25; python_version <= "3.12" and extra == "image"']
+    assert who_caps(report, "numpy", "==2.4.6", "3.13") == []  # the marker leaves Python 3.13 alone
+
+
+def diagnose(install: Install, failed: subprocess.CompletedProcess, report: pathlib.Path) -> str:
+    """Names the conflict of a failed resolve: bat_jax's own pin that pip names, and the requirements that exclude it
+    in a resolve of the same install with that pin left out. pip's own explanation follows the last branch its
+    backtracking tried, which need not be the package that caps the pin."""
+    said = failed.stdout + failed.stderr
+    pins = our_pins(conflicts(said))
+    if not pins:
+        return "\n".join([ln for ln in said.splitlines() if not ln.startswith("WARNING: Location")][-20:])
+    found = []
+    for name, spec in pins.items():
+        relaxed = resolve(install, requirements(install, without=name), report)
+        caps = who_caps(json.loads(report.read_text()), name, spec, install.python) if relaxed.returncode == 0 else []
+        found.append(f"bat_jax pins {name}{spec}, excluded by: {caps or 'no single requirement (see pip)'}")
+    return "; ".join(found)
 
 
 @pytest.mark.slow
@@ -143,9 +207,7 @@ def test_every_readme_install_resolves(tmp_path):
     failed = {}
     for i, (name, proc) in enumerate(results.items()):
         if proc.returncode != 0:
-            lines = conflicts(proc.stdout + proc.stderr)
-            failed[name] = (f"conflicting pins {pinned_names(lines)}: {lines}" if lines
-                            else (proc.stdout + proc.stderr)[-2000:])
+            failed[name] = diagnose(INSTALLS[name], proc, tmp_path / f"{i}-relaxed.json")
             continue
         versions = {re.sub(r"[-_.]+", "-", p["metadata"]["name"]).lower(): p["metadata"]["version"]
                     for p in json.loads((tmp_path / f"{i}.json").read_text())["install"]}
