@@ -2,15 +2,17 @@
 on fixed seeds, stage attribution, `stop_before`, `on_stage_start`, rejections, 'stop' and `max_turns`, and the
 Data Factory's bank digest.
 
-The recorded fingerprints (sha256 of the episode record's sorted JSON, first 16 hex digits) and bank digest were
-printed by the turn-by-turn loop this one replaced (`tasks/episode.run_episode`, deleted in issue #17 after both
-gave identical episodes, scores and digests on these seeds in the same test). A change to a fingerprint means an
-episode changed: a teacher, task or observation format change must update them on purpose.
+The recorded fingerprints (sha256 of the episode record's sorted JSON with the host's numpy / Python versions masked,
+first 16 hex digits) and bank digest are those of the turn-by-turn loop this one replaced, which gave identical
+episodes, scores and digests on these seeds. A change to a fingerprint means an episode changed: a teacher, task or
+observation format change must update them on purpose.
 """
 
 import hashlib
 import json
+import platform
 
+import numpy
 import pytest
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
@@ -25,8 +27,18 @@ from bat_jax.tasks.teacher import ScriptedExpert
 from bat_jax.verify.rubric import score
 
 
-def _fingerprint(record: dict) -> str:
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+# The local backend runs the experts' code on the host's Python; the episodes print the numpy and Python versions
+# they observe (S2 records them), so a local episode's fingerprint masks the host's versions: it names the episode,
+# not the machine. Docker episodes see the image's versions, which are part of the episode.
+HOST_VERSIONS = ((numpy.__version__, "<host numpy>"), (platform.python_version(), "<host python>"))
+
+
+def _fingerprint(record: dict, host_masked: bool = True) -> str:
+    text = json.dumps(record, sort_keys=True)
+    for version, mask in HOST_VERSIONS if host_masked else ():
+        text = text.replace(f'"{version}"', f'"{mask}"').replace(f"'{version}'", f"'{mask}'").replace(
+            f'\\"{version}\\"', f'\\"{mask}\\"')
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _played(track_name, seed, variant, make_policy, **kwargs):
@@ -46,10 +58,10 @@ def _played(track_name, seed, variant, make_policy, **kwargs):
 
 
 # (track, seed, variant, policy, recorded fingerprint, turns, task metric)
-CASES = [("segmentation", 21, "recovery", ScriptedExpert, "a619aa194a18326e", 13, 1.0),
-         ("classification", 5, "success", ScriptedExpert, "01757b0ca470bb14", 12, 1.0),
-         ("vqa", 3, "success", PortableExpert, "e9c8cdd1494b4456", 6, 1.0),
-         ("segmentation", 8, "success", PortableExpert, "33cfb83b09de9c00", 6, 0.999408)]
+CASES = [("segmentation", 21, "recovery", ScriptedExpert, "b48750dd4ca5aaed", 13, 1.0),
+         ("classification", 5, "success", ScriptedExpert, "328c04ace42106db", 12, 1.0),
+         ("vqa", 3, "success", PortableExpert, "5319461679e55884", 6, 1.0),
+         ("segmentation", 8, "success", PortableExpert, "691b86761705b6ba", 6, 0.999408)]
 
 
 @pytest.mark.parametrize("track_name,seed,variant,policy,fingerprint,turns,task", CASES)
@@ -67,7 +79,7 @@ def test_stop_before_ends_at_the_boundary_and_calls_on_stage_start():
     calls = []
     record, _ = _played("segmentation", 21, "recovery", ScriptedExpert, stop_before=Stage.INFERENCE,
                         on_stage_start=lambda stage, box: calls.append((stage.value, sorted(box.list_files()))))
-    assert (_fingerprint(record), len(record["turns"])) == ("f0e3de66cce90558", 9)
+    assert (_fingerprint(record), len(record["turns"])) == ("d43cc007ba2cfcb5", 9)
     assert record["end_reason"] == "boundary S4" and list(record["boundaries"]) == ["S1", "S2", "S3"]
     assert [stage for stage, _ in calls] == ["S1", "S2", "S3"]
     assert all("task.md" in files for _, files in calls)  # called on the live sandbox, before the stage ran
@@ -127,13 +139,21 @@ def test_bad_arguments_name_the_field():
         ActionEpisodeRequest(ScriptedExpert(), None, "", "t", max_turns=-1)
 
 
+# The factory's episodes run in the local backend on the host's Python: its rows carry the numpy version the teacher
+# observed, so the digest is recorded per host numpy (2.3.5: launch/constraints/cpu.txt; 2.4.6: the pin before it;
+# the two banks differ only in that string).
+RECORDED_BANK_DIGEST = {"2.3.5": "50f08c1bdb2e95e1", "2.4.6": "955c6e67ac188572"}
+
+
 def test_factory_bank_digest_is_the_recorded_one(tmp_path):
     from bat_jax.stage_bank import factory
 
+    assert numpy.__version__ in RECORDED_BANK_DIGEST, f"no digest recorded for host numpy {numpy.__version__}"
     tiny = dict(tracks=("classification",), foci=("E2E", "S3"), outcomes=("recovery",), workers=2)
     built = factory.build_bank(factory.FactoryConfig(bank_dir=str(tmp_path / "bank"), **tiny), progress=False)
     assert built.rejected == {} and built.version == 1
-    assert (built.digest[:16], built.sft_rows, built.rl_by_focus) == ("955c6e67ac188572", 43, {"E2E": 1, "S3": 1})
+    assert (built.digest[:16], built.sft_rows, built.rl_by_focus) == (
+        RECORDED_BANK_DIGEST[numpy.__version__], 43, {"E2E": 1, "S3": 1})
 
 
 @pytest.mark.docker
@@ -153,5 +173,5 @@ def test_portable_expert_in_docker_gives_the_recorded_episode_and_score():
         box.close()
     task = get_track("vqa").score_task(inst, evidence.files, evidence.submitted)
     cell = score(build_rubric(get_track("vqa"), inst), evidence, task, STAGES).to_cell("vqa", 0)
-    assert _fingerprint(episode.to_dict()) == "217f63c53567a802" and episode.end_reason == "stop"
+    assert _fingerprint(episode.to_dict(), host_masked=False) == "217f63c53567a802" and episode.end_reason == "stop"
     assert cell.agentic() == 1.0 and cell.task == 1.0
