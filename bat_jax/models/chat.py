@@ -328,9 +328,21 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> Action | ParseError:
     thought holding `</think>` — unless `text` is a `Rendered` string with `Control` tags (`render_action`
     output, `TextCodec.decode` of sampled ids): then only those tags count (a tag never sampled as a control is
     looked for in the text) and nothing is ambiguous.
-    XML values lose the one newline the template puts on each side. Never raises for model output.
+    XML values lose the one newline the template puts on each side. Never raises for model output: whatever
+    breaks the reading (JSON nested past the recursion limit, a number too long to convert) is a 'malformed'
+    `ParseError`.
+
+    Raises:
+      ValueError: an unknown `family` (the caller's error, not the model's).
     """
     fam = get_family(family)
+    try:
+        return _parse_tool_call(text, fam)
+    except Exception as exc:  # noqa: BLE001 - model output is arbitrary; a reading that breaks is malformed
+        return _error("malformed", f"the tool call could not be read ({type(exc).__name__})", fam)
+
+
+def _parse_tool_call(text: str, fam: ChatFamily) -> Action | ParseError:
     source, text = text, str(text).removesuffix(IM_END)
     thought, begin = "", 0
     think = [] if fam.inline_tools else _tags(source, "</think>")
@@ -423,13 +435,15 @@ def _parse_json_call(call: str) -> tuple[str, dict[str, Any]] | str:
         obj = json.loads(call)
     except json.JSONDecodeError as e:
         return f"the tool call is not valid JSON ({e.msg} at char {e.pos})"
+    except (ValueError, RecursionError) as e:  # e.g. nested past the recursion limit, a 5,000-digit number
+        return f"the tool call is not valid JSON ({type(e).__name__})"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'expected a JSON object {"name": ..., "arguments": {...}}'
     arguments = obj.get("arguments", {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return "'arguments' is a string that is not a JSON object"
     if not isinstance(arguments, dict):
         return "'arguments' must be a JSON object"
