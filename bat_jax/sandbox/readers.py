@@ -190,25 +190,31 @@ def _npy(data: bytes, path: str, limits: DecodeLimits):
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-def _gunzip(data: bytes, cap: int, path: str) -> bytes:
-    """The inflated bytes of a gzip stream, reading at most `cap` + 1 bytes of output (a bomb stops there)."""
-    with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
-        raw = f.read(cap + 1)
-    if len(raw) > cap:
-        raise ArtefactError(f"{path}: gzip stream inflates past the {cap}-byte decoded cap")
-    return raw
+#: Bytes of a NIfTI-1 header; header extensions after it are allowed up to `_NIFTI_EXTENSION_BYTES`.
+_NIFTI_HEADER_BYTES = 348
+_NIFTI_EXTENSION_BYTES = 1 << 16
 
 
 def _nifti(data: bytes, path: str, limits: DecodeLimits):
+    """A gzip'd NIfTI-1 volume: its header is inflated and checked first; the stream is then inflated only up to
+    the bytes that header's shape and data type need (a bomb stops there, whatever it would inflate to)."""
     import nibabel as nib
     import numpy as np
 
-    raw = _gunzip(data, limits.max_array_bytes + 4096, path)  # header + extensions + data as stored
-    img = nib.Nifti1Image.from_bytes(raw)
-    header = img.header
-    _numeric(header.get_data_dtype(), path)
-    _check_shape(header.get_data_shape(), 8, path, limits)
-    return np.asarray(img.get_fdata())
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+        head = stream.read(_NIFTI_HEADER_BYTES)
+        header = nib.Nifti1Header.from_fileobj(io.BytesIO(head), check=True)
+        dtype, shape = header.get_data_dtype(), header.get_data_shape()
+        _numeric(dtype, path)
+        _check_shape(shape, 8, path, limits)
+        offset = int(header.get_data_offset())
+        if not _NIFTI_HEADER_BYTES <= offset <= _NIFTI_HEADER_BYTES + _NIFTI_EXTENSION_BYTES:
+            raise ArtefactError(f"{path}: NIfTI data offset {offset} is outside the header and its extensions")
+        need = offset + math.prod(shape) * dtype.itemsize
+        raw = head + stream.read(need - len(head))
+    if len(raw) < need:
+        raise ArtefactError(f"{path}: NIfTI data shorter than its header's shape {tuple(shape)}")
+    return np.asarray(nib.Nifti1Image.from_bytes(raw).get_fdata())
 
 
 def _png(data: bytes, path: str, limits: DecodeLimits):
