@@ -57,6 +57,7 @@ def _nifti_header(shape, dtype) -> bytes:
     header = nib.Nifti1Header()
     header.set_data_dtype(dtype)
     header.set_data_shape(shape)
+    header.set_data_offset(352)
     return header.binaryblock + b"\0" * 4
 
 

@@ -70,7 +70,8 @@ def nifti_bomb(shape=(400, 400, 400)) -> bytes:
     header = nib.Nifti1Header()
     header.set_data_dtype(np.float32)
     header.set_data_shape(shape)
-    head = header.binaryblock + b"\0" * 4  # vox_offset 352
+    header.set_data_offset(352)  # a single-file .nii: data after the header and 4 extension bytes
+    head = header.binaryblock + b"\0" * 4
     return _gzip_of(head, int(np.prod(shape)) * 4)
 
 
@@ -482,3 +483,30 @@ def test_idle_policy_is_scored_zero_not_unscored(factory):
     inst = SEG.generate(5, "success")
     result = play(SEG, inst, DoNothingPolicy(), make_sandbox=factory)
     assert result.score.reward == 0.0
+
+
+# ---- a stall found while trying to break the above: a turn full of closing tags -----------------------------------
+STALL_TURN = ("<tool_call>\n<function=execute_code>\n<parameter=language>\n" + "</parameter>\n<parameter=code>\n" * 1500
+              + "</parameter>\n</function>\n</tool_call>" * 600)
+
+
+def test_a_turn_full_of_closing_tags_cannot_stall_the_parser():
+    """The XML reading of a call tries every (</tool_call>, </parameter>) pair: 67 kB of such tags took the
+    parser 78 s of the agent loop's main thread (every episode waits). Past `MAX_XML_READINGS` pairs the turn is
+    a malformed call at once; a call with a few tags inside its code still reads byte for byte."""
+    import time
+
+    from bat_jax.models.chat import MAX_XML_READINGS, ParseError, parse_tool_call, render_action
+
+    t0 = time.monotonic()
+    got = parse_tool_call(STALL_TURN, "qwen3_5")
+    assert time.monotonic() - t0 < 1.0
+    assert isinstance(got, ParseError) and got.kind == "malformed" and str(MAX_XML_READINGS) in got.message
+    code = "print('</parameter>\\n<parameter=language>\\n</tool_call>') # " + "</parameter>" * 20
+    action = Action("t", "execute_code", {"language": "python", "code": code})
+    assert parse_tool_call(render_action(action, "qwen3_5"), "qwen3_5") == action
+    t0 = time.monotonic()
+    for a in range(0, 1100, 100):  # under the bound, the worst reading costs a fraction of a second
+        text = STALL_TURN[:60] + "</parameter>\n<parameter=code>\n" * a + "</parameter>\n</function>\n</tool_call>"
+        assert isinstance(parse_tool_call(text, "qwen3_5"), ParseError)
+    assert time.monotonic() - t0 < 2.0

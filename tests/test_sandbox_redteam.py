@@ -1149,7 +1149,7 @@ def test_odd_names_are_read_back_and_scored_like_an_idle_episode(make, name):
 _BOMB_PY = {
     "nifti-400cubed": ("segmentation", "mask", ".nii.gz", """
 import zlib, nibabel as nib, numpy as np
-h = nib.Nifti1Header(); h.set_data_dtype(np.float32); h.set_data_shape((400, 400, 400))
+h = nib.Nifti1Header(); h.set_data_dtype(np.float32); h.set_data_shape((400, 400, 400)); h.set_data_offset(352)
 z = zlib.compressobj(9, zlib.DEFLATED, 31); out = [z.compress(h.binaryblock + bytes(4))]
 zero = bytes(1 << 20)
 for _ in range(256):
@@ -1158,7 +1158,7 @@ data = b''.join(out) + z.flush()
 """),
     "nifti-small-header-huge-stream": ("segmentation", "mask", ".nii.gz", """
 import zlib, nibabel as nib, numpy as np
-h = nib.Nifti1Header(); h.set_data_dtype(np.int16); h.set_data_shape((16, 16, 8))
+h = nib.Nifti1Header(); h.set_data_dtype(np.int16); h.set_data_shape((16, 16, 8)); h.set_data_offset(352)
 z = zlib.compressobj(9, zlib.DEFLATED, 31); out = [z.compress(h.binaryblock + bytes(4))]
 for _ in range(256):
     out.append(z.compress(bytes(1 << 20)))

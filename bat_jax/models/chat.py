@@ -284,6 +284,11 @@ _NEXT_PARAM_RE = re.compile(r"\s*<parameter=")
 #: A parameter whose `</parameter>` is followed by the next `<parameter=` or the end of the function.
 _PARAM_RE = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)</parameter>(?=\s*<parameter=|\s*\Z)", re.DOTALL)
 _CLOSE_PARAM = "</parameter>"
+_BLANK_TO_END_RE = re.compile(r"\s*\Z")
+#: Most (`</tool_call>` × `</parameter>`) tag pairs an XML call may hold: the readings tried grow with their
+#: product and each costs a pass over the text, so a turn full of closing tags would stall the host (a call
+#: with a few tags inside its values reads as before; past the bound the turn is a 'malformed' call).
+MAX_XML_READINGS = 1024
 
 
 def _format_help(fam: ChatFamily) -> str:
@@ -330,7 +335,8 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> Action | ParseError:
     looked for in the text) and nothing is ambiguous.
     XML values lose the one newline the template puts on each side. Never raises for model output: whatever
     breaks the reading (JSON nested past the recursion limit, a number too long to convert) is a 'malformed'
-    `ParseError`.
+    `ParseError`, and so is an XML call with more than `MAX_XML_READINGS` closing-tag pairs (reading it would
+    cost time growing with their product).
 
     Raises:
       ValueError: an unknown `family` (the caller's error, not the model's).
@@ -357,6 +363,11 @@ def _parse_tool_call(text: str, fam: ChatFamily) -> Action | ParseError:
     ends = [end for end in _tags(source, "</tool_call>", start) if end < len(text)]
     if not ends:
         return _error("malformed", "the <tool_call> block is not closed with </tool_call>", fam)
+    if fam.name == "qwen3_5":  # each reading tries each closing tag: bound the work a turn can cause
+        closes = text.count(_CLOSE_PARAM, start)
+        if len(ends) * (closes + 1) > MAX_XML_READINGS:
+            return _error("malformed", f"the call has {len(ends)} </tool_call> and {closes} </parameter> tags: too "
+                          f"many ways to read it (at most {MAX_XML_READINGS} tag pairs)", fam)
     parse = _parse_xml_call if fam.name == "qwen3_5" else _parse_json_call
     readings = [(end, parse(text[start:end])) for end in ends]
     valid = [(end, parsed) for end, parsed in readings if _is_call(parsed)]
@@ -388,7 +399,7 @@ def _xml_readings(inner: str, expected: tuple[str, ...], position: int = 0, seen
     """Yields the argument dicts `inner` reads as with each of `expected` once, shortest values first; a
     `</parameter>` closes a value where the next `<parameter=` (or, for the last parameter, only whitespace)
     follows, so there are at most (closing tags)^(len(expected)-1) readings."""
-    if not inner[position:].strip():
+    if _BLANK_TO_END_RE.match(inner, position):
         yield {}
         return
     opening = _PARAM_OPEN_RE.match(inner, position)
@@ -397,7 +408,7 @@ def _xml_readings(inner: str, expected: tuple[str, ...], position: int = 0, seen
         return
     if len(seen) + 1 == len(expected):  # the last parameter: its value ends at the last closing tag
         close = inner.rfind(_CLOSE_PARAM)
-        if close >= opening.end() and not inner[close + len(_CLOSE_PARAM):].strip():
+        if close >= opening.end() and _BLANK_TO_END_RE.match(inner, close + len(_CLOSE_PARAM)):
             yield {key: _xml_value(inner[opening.end():close])}
         return
     close = inner.find(_CLOSE_PARAM, opening.end())

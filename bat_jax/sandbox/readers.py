@@ -207,10 +207,10 @@ def _nifti(data: bytes, path: str, limits: DecodeLimits):
         dtype, shape = header.get_data_dtype(), header.get_data_shape()
         _numeric(dtype, path)
         _check_shape(shape, 8, path, limits)
-        offset = int(header.get_data_offset())
-        if not _NIFTI_HEADER_BYTES <= offset <= _NIFTI_HEADER_BYTES + _NIFTI_EXTENSION_BYTES:
-            raise ArtefactError(f"{path}: NIfTI data offset {offset} is outside the header and its extensions")
-        need = offset + math.prod(shape) * dtype.itemsize
+        offset = int(header.get_data_offset())  # nibabel reads the data from there, 0 included
+        if not 0 <= offset <= _NIFTI_HEADER_BYTES + _NIFTI_EXTENSION_BYTES:
+            raise ArtefactError(f"{path}: NIfTI data offset {offset} is past the header and its extensions")
+        need = max(offset + math.prod(shape) * dtype.itemsize, _NIFTI_HEADER_BYTES + 4)
         raw = head + stream.read(need - len(head))
     if len(raw) < need:
         raise ArtefactError(f"{path}: NIfTI data shorter than its header's shape {tuple(shape)}")
