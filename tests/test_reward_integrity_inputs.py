@@ -510,3 +510,41 @@ def test_a_turn_full_of_closing_tags_cannot_stall_the_parser():
         text = STALL_TURN[:60] + "</parameter>\n<parameter=code>\n" * a + "</parameter>\n</function>\n</tool_call>"
         assert isinstance(parse_tool_call(text, "qwen3_5"), ParseError)
     assert time.monotonic() - t0 < 2.0
+
+
+def test_a_scorer_exception_is_the_agents_failure_and_a_rebuild_failure_is_unscored(monkeypatch):
+    """One rule for blame in the GRPO scorer: an exception while reading or scoring the rollout's artefacts gives
+    reward 0 (with the error), one before them (the row's task cannot be rebuilt) leaves it unscored; the
+    batch's other rollouts are scored either way."""
+    from test_row_reward import _row, _trajectory
+
+    from bat_jax.tasks import heldout
+    from bat_jax.verify import row_reward
+    from bat_jax.verify.row_reward import RolloutScorer
+
+    task = heldout.training_task(VQA, 3, "success", 0)
+    rows, trajs = [_row(3, "E2E")] * 3, [_trajectory(task, "E2E", k) for k in (1, 2, 3)]
+    with RolloutScorer(rows, [task.state()] * 3) as scorer:
+        for i, t in enumerate(trajs):
+            scorer.submit(i, t)
+        plain = scorer.results()
+    broken = type(VQA).score_task
+
+    def flaky(self, inst, files, submitted, limits=None):
+        if submitted is not None:
+            raise MemoryError("a reader that was not total")
+        return broken(self, inst, files, submitted, limits)
+
+    monkeypatch.setattr(type(VQA), "score_task", flaky)
+    with RolloutScorer(rows, [task.state()] * 3) as scorer:
+        for i, t in enumerate(trajs):
+            scorer.submit(i, t)
+        got = scorer.results()
+    assert got[1].reward == 0.0 and "MemoryError" in got[1].error  # trajectory 2 submitted
+    assert [g.reward for g in (got[0], got[2])] == [plain[0].reward, plain[2].reward]
+    monkeypatch.setattr(row_reward, "row_task", lambda row: (_ for _ in ()).throw(KeyError("no such track")))
+    with RolloutScorer(rows, [task.state()] * 3) as scorer:
+        for i, t in enumerate(trajs):
+            scorer.submit(i, t)
+        got = scorer.results()
+    assert all(g.reward is None and "KeyError" in g.error for g in got)

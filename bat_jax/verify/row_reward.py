@@ -40,7 +40,8 @@ from bat_jax.verify.rubric import REWARD_VERSION, Evidence, ScorerError, score
 @dataclasses.dataclass(frozen=True)
 class RolloutReward:
     """reward: 0–1 or None (unscored); version: the reward contract; focus: the row's stage or 'E2E'; error:
-    why scoring failed when it did ('' otherwise; the reward is then None: the failure was not the agent's)."""
+    why scoring failed when it did ('' otherwise): with reward None the failure was not the agent's (e.g. the
+    row's task could not be rebuilt), with reward 0 scoring the agent's artefacts raised (its failure)."""
 
     reward: float | None
     version: str
@@ -147,7 +148,9 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
     """Scores one rollout of `row` that started from `start` (the row's state p); `judge` (optional) decides
     its configured rubric items; `tasks` (optional) supplies the rebuilt task (else it is rebuilt here); the
     agent's files are decoded within `decode`.
-    Reward None = unscored (sandbox failure, or a judged item the judge could not decide).
+    Reward None = unscored (sandbox failure, or a judged item the judge could not decide). An exception while
+    scoring the agent's artefacts (never expected: the readers are total) is the agent's failure: reward 0 with
+    `RolloutReward.error` set.
 
     Raises:
       ScorerError: the reward is not a finite number in [0, 1] (an error of the scorer, never "unscored").
@@ -163,24 +166,31 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
     if evidence.infra_error:
         return RolloutReward(None, version, row.focus)
     track, inst = tasks.get(row) if tasks is not None else row_task(row)
-    if row.reward_source == "task_metric":
-        reward = track.score_task(inst, evidence.files, evidence.submitted, decode)
-    else:
-        stages = STAGES if row.focus == E2E else (Stage.parse(row.focus),)
-        task = track.score_task(inst, evidence.files, evidence.submitted, decode) if row.focus == E2E else None
-        rubric = build_rubric(track, inst)
-        if judge is not None:
-            rubric = judge.apply(rubric, inst.layout)
-        reward = score(rubric, evidence, task, stages).reward
+    rubric = build_rubric(track, inst)
+    if judge is not None:
+        rubric = judge.apply(rubric, inst.layout)
+    error = ""
+    try:  # reading and scoring what the agent wrote: whatever goes wrong here is the agent's failure
+        if row.reward_source == "task_metric":
+            reward = track.score_task(inst, evidence.files, evidence.submitted, decode)
+        else:
+            stages = STAGES if row.focus == E2E else (Stage.parse(row.focus),)
+            task = track.score_task(inst, evidence.files, evidence.submitted, decode) if row.focus == E2E else None
+            reward = score(rubric, evidence, task, stages).reward
+    except ScorerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the readers are total; this is a last guard, scored 0
+        reward, error = 0.0, f"scoring the rollout's artefacts raised: {type(exc).__name__}: {exc}"
     if reward is not None and not (isinstance(reward, (int, float)) and 0.0 <= reward <= 1.0):
         raise ScorerError(f"RL row {row.state_id} rollout {trajectory.episode}: reward {reward!r} is not a number "
                           "in [0, 1]")
-    return RolloutReward(reward, version, row.focus)
+    return RolloutReward(reward, version, row.focus, error)
 
 
 def _contained(row: RLRow, trajectory: Trajectory, start: SandboxState, judge: RubricJudge | None,
                tasks: TaskCache | None, decode: DecodeLimits) -> RolloutReward:
-    """`rollout_reward`, with an exception other than `ScorerError` turned into an unscored reward naming it."""
+    """`rollout_reward`, with an exception other than `ScorerError` (raised before the agent's artefacts are
+    read: rebuilding the row's task) turned into an unscored reward naming it."""
     try:
         return rollout_reward(row, trajectory, start, judge, tasks, decode)
     except ScorerError:
