@@ -491,25 +491,29 @@ STALL_TURN = ("<tool_call>\n<function=execute_code>\n<parameter=language>\n" + "
 
 
 def test_a_turn_full_of_closing_tags_cannot_stall_the_parser():
-    """The XML reading of a call tries every (</tool_call>, </parameter>) pair: 67 kB of such tags took the
-    parser 78 s of the agent loop's main thread (every episode waits). Past `MAX_XML_READINGS` pairs the turn is
-    a malformed call at once; a call with a few tags inside its code still reads byte for byte."""
+    """The XML reading of a call tries, for every </tool_call>, every </parameter> before it, each a pass over
+    the text: 67 kB of such tags took the parser 78 s of the agent loop's main thread (every episode waits).
+    Past `MAX_XML_WORK` the turn is a malformed call at once; a call with tags inside its code still reads byte
+    for byte, and the costliest turn under the bound reads in about a second."""
     import time
 
-    from bat_jax.models.chat import MAX_XML_READINGS, ParseError, parse_tool_call, render_action
+    from bat_jax.models.chat import MAX_XML_WORK, ParseError, _xml_work, parse_tool_call, render_action
 
     t0 = time.monotonic()
     got = parse_tool_call(STALL_TURN, "qwen3_5")
     assert time.monotonic() - t0 < 1.0
-    assert isinstance(got, ParseError) and got.kind == "malformed" and str(MAX_XML_READINGS) in got.message
+    assert isinstance(got, ParseError) and got.kind == "malformed" and "too many ways" in got.message
     code = "print('</parameter>\\n<parameter=language>\\n</tool_call>') # " + "</parameter>" * 20
     action = Action("t", "execute_code", {"language": "python", "code": code})
     assert parse_tool_call(render_action(action, "qwen3_5"), "qwen3_5") == action
-    t0 = time.monotonic()
-    for a in range(0, 1100, 100):  # under the bound, the worst reading costs a fraction of a second
-        text = STALL_TURN[:60] + "</parameter>\n<parameter=code>\n" * a + "</parameter>\n</function>\n</tool_call>"
+    head = "<tool_call>\n<function=execute_code>\n<parameter=language>\n"
+    for a, b in [(2500, 2), (700, 8), (200, 30)]:  # just under the bound: the worst readings that are tried
+        text = head + "</parameter>\n<parameter=code>\n" * a + "</parameter>\n</function>\n</tool_call>" * b
+        ends = [i for i in range(len(text)) if text.startswith("</tool_call>", i)]
+        assert _xml_work(text, len("<tool_call>"), ends) <= MAX_XML_WORK
+        t0 = time.monotonic()
         assert isinstance(parse_tool_call(text, "qwen3_5"), ParseError)
-    assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 3.0
 
 
 def test_a_scorer_exception_is_the_agents_failure_and_a_rebuild_failure_is_unscored(monkeypatch):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import bisect
 import json
 import pathlib
 import re
@@ -285,10 +286,11 @@ _NEXT_PARAM_RE = re.compile(r"\s*<parameter=")
 _PARAM_RE = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)</parameter>(?=\s*<parameter=|\s*\Z)", re.DOTALL)
 _CLOSE_PARAM = "</parameter>"
 _BLANK_TO_END_RE = re.compile(r"\s*\Z")
-#: Most (`</tool_call>` × `</parameter>`) tag pairs an XML call may hold: the readings tried grow with their
-#: product and each costs a pass over the text, so a turn full of closing tags would stall the host (a call
-#: with a few tags inside its values reads as before; past the bound the turn is a 'malformed' call).
-MAX_XML_READINGS = 1024
+#: Most characters the readings of one XML call may pass over (`_xml_work`): each `</tool_call>` gives a reading
+#: per `</parameter>` before it and each costs a pass over the text up to it, so a turn full of closing tags
+#: would stall the host (67 kB of them took 78 s); past the bound the turn is a 'malformed' call. A call with
+#: thousands of tags inside one value still reads byte for byte (about 0.3 s at the bound).
+MAX_XML_WORK = 500_000_000
 
 
 def _format_help(fam: ChatFamily) -> str:
@@ -335,8 +337,8 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> Action | ParseError:
     looked for in the text) and nothing is ambiguous.
     XML values lose the one newline the template puts on each side. Never raises for model output: whatever
     breaks the reading (JSON nested past the recursion limit, a number too long to convert) is a 'malformed'
-    `ParseError`, and so is an XML call with more than `MAX_XML_READINGS` closing-tag pairs (reading it would
-    cost time growing with their product).
+    `ParseError`, and so is an XML call whose readings would pass over more than `MAX_XML_WORK` characters
+    (thousands of closing tags: reading them would take minutes).
 
     Raises:
       ValueError: an unknown `family` (the caller's error, not the model's).
@@ -363,11 +365,9 @@ def _parse_tool_call(text: str, fam: ChatFamily) -> Action | ParseError:
     ends = [end for end in _tags(source, "</tool_call>", start) if end < len(text)]
     if not ends:
         return _error("malformed", "the <tool_call> block is not closed with </tool_call>", fam)
-    if fam.name == "qwen3_5":  # each reading tries each closing tag: bound the work a turn can cause
-        closes = text.count(_CLOSE_PARAM, start)
-        if len(ends) * (closes + 1) > MAX_XML_READINGS:
-            return _error("malformed", f"the call has {len(ends)} </tool_call> and {closes} </parameter> tags: too "
-                          f"many ways to read it (at most {MAX_XML_READINGS} tag pairs)", fam)
+    if fam.name == "qwen3_5" and _xml_work(text, start, ends) > MAX_XML_WORK:
+        return _error("malformed", f"the call has {len(ends)} </tool_call> and {text.count(_CLOSE_PARAM, start)} "
+                      "</parameter> tags: too many ways to read it", fam)
     parse = _parse_xml_call if fam.name == "qwen3_5" else _parse_json_call
     readings = [(end, parse(text[start:end])) for end in ends]
     valid = [(end, parsed) for end, parsed in readings if _is_call(parsed)]
@@ -387,6 +387,16 @@ def _parse_tool_call(text: str, fam: ChatFamily) -> Action | ParseError:
     if text[end + len("</tool_call>"):].strip() and not text[last_end + len("</tool_call>"):].strip():
         parsed = last
     return Action(thought=thought, tool=parsed[0], arguments=parsed[1])
+
+
+def _xml_work(text: str, start: int, ends: list[int]) -> int:
+    """Characters the XML readings of a call from `start` to each of `ends` pass over: for each end, the
+    `</parameter>` tags before it (one reading each) times the length of its block."""
+    closes, at = [], text.find(_CLOSE_PARAM, start)
+    while at >= 0:
+        closes.append(at)
+        at = text.find(_CLOSE_PARAM, at + 1)
+    return sum((bisect.bisect_left(closes, end) + 1) * (end - start) for end in ends)
 
 
 def _xml_value(raw: str) -> str:
