@@ -361,7 +361,7 @@ def test_constant_answers_are_not_a_smoke_run(seed):
 def test_the_right_answer_alone_is_not_the_methods_output():
     """Even the correct answer (taken here from the hidden key: the luckiest guess) is not the method's output:
     the method's entry also holds the measurements it answered from, which only running it gives."""
-    from bat_jax.tasks.method_replay import _informative, case_matches, guessable, method_output
+    from bat_jax.tasks.method_replay import GUESS_BITS, case_matches, guessable, information_bits, method_output
 
     inst = VQA.generate(3, "success")
     for case in inst.cases:
@@ -369,7 +369,15 @@ def test_the_right_answer_alone_is_not_the_methods_output():
         assert values["answer"] == case.target and not arrays and not guessable(inst, case.case_id)
         assert case_matches(inst, case.case_id, {"answer": case.target}, inst.files) is False
         assert case_matches(inst, case.case_id, values, inst.files) is True
-    assert not _informative({"answer": "two", "n": 3, "x": 0.25, "ok": True}) and _informative([0.1234])
+    # an answer with a count and a round number: 4 + log2(5) + log2(27) + 1 bits, far too few to prove anything
+    assert information_bits({"answer": "two", "n": 3, "x": 0.25, "ok": True}) == pytest.approx(
+        4 + math.log2(5) + math.log2(27) + 1)
+    assert information_bits({"answer": "two", "n": 3, "x": 0.25, "ok": True}) < GUESS_BITS
+    assert information_bits([0.1234, 0.5678]) > GUESS_BITS  # two values pinned to ±1e-4
+    assert information_bits(np.zeros((16, 16, 8))) == 1.0 and information_bits(np.eye(3)) == math.inf
+    det = get_track("detection")
+    inst = det.generate(2, "success")
+    assert not any(guessable(inst, c) for c in inst.case_ids)  # integer boxes and their scores: ~30+ bits each
 
 
 # ---- 7. "all cases predicted" needs every case's content ------------------------------------------------------

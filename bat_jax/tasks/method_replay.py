@@ -32,6 +32,7 @@ import functools
 import gzip
 import io
 import json
+import math
 import os
 import tempfile
 import types
@@ -47,10 +48,14 @@ from bat_jax.tasks.base import TaskInstance, artefact_array, decode_array
 #: Absolute tolerance on array and float values when comparing an artefact with the replay (float32 outputs,
 #: the same numpy / scipy code on both sides).
 ATOL = 1e-4
-#: Grid of "round" numbers: a float within `ATOL` of a multiple of it has few plausible values (guessable).
+#: Grid of "round" numbers: a float within `ATOL` of a multiple of it has few plausible values.
 ROUND_STEP = 0.01
+#: An output carrying fewer bits than this (`information_bits`; a chance above ~1e-6 of writing it without the
+#: method) is guessable: it does not count alone as evidence that the method ran.
+GUESS_BITS = 20.0
 
 
+@functools.lru_cache(maxsize=64)
 def _respaced(data: bytes, spacing_mm: str) -> bytes:
     """A NIfTI input (task data, gzip) with its header's voxel size rewritten from the manifest's `spacing_mm`,
     as the brief tells the agent to repair it (same voxel data, diagonal affine)."""
@@ -207,27 +212,47 @@ def entry_files(entry) -> list[str]:
     return [v for v in entry.values() if isinstance(v, str) and _ext(v)]
 
 
-def _informative(value) -> bool:
-    """True when a replayed value has many possible values: a float off the `ROUND_STEP` grid, or (nested) a
-    container holding one."""
+def information_bits(value) -> float:
+    """A rough count of the bits an agent must get right to write `value` without running the method:
+    None / bool 1; a string 4 (an answer from a small vocabulary, or text written from a few decisions); an
+    integer log2(2 + |v|); a float on the `ROUND_STEP` grid log2(2 + |v| / ROUND_STEP); any other float
+    log2(1 / (2 · ATOL)) (pinned to ±`ATOL`); an array its value's bits when constant, else unbounded (inf);
+    a dict or list the sum over its values (keys are fixed by the output format)."""
+    if value is None or isinstance(value, bool):
+        return 1.0
+    if isinstance(value, str):
+        return 4.0
+    if isinstance(value, int):
+        return math.log2(2 + abs(value))
     if isinstance(value, float):
-        return abs(value - ROUND_STEP * round(value / ROUND_STEP)) > ATOL
+        if not math.isfinite(value):
+            return 0.0
+        if value == round(value):
+            return math.log2(2 + abs(value))
+        if abs(value - ROUND_STEP * round(value / ROUND_STEP)) <= ATOL:
+            return math.log2(2 + abs(value) / ROUND_STEP)
+        return math.log2(1 / (2 * ATOL))
+    if isinstance(value, np.ndarray):
+        if value.size and np.ptp(value) > 0:
+            return math.inf
+        return information_bits(float(value.flat[0])) if value.size else 0.0
     if isinstance(value, dict):
-        return any(_informative(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_informative(v) for v in value)
-    return False
+        return sum(information_bits(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(information_bits(v) for v in value)
+    return 0.0
 
 
 def guessable(inst: TaskInstance, case_id: str) -> bool:
-    """True when the method's correct output for the case has few possible values, so an agent could write it
-    without running the method: only strings, booleans, integers and round floats, and constant arrays. Such
-    an output equal to the replay proves nothing alone. True when the case has no replay."""
+    """True when the method's correct output for the case carries fewer than `GUESS_BITS` bits
+    (`information_bits`): an agent could write it without running the method often enough (a short answer,
+    a few decisions, round numbers, a constant array), so such an output equal to the replay proves nothing
+    alone. True when the case has no replay."""
     out = method_output(inst, case_id)
     if out is None:
         return True
     values, arrays = out
-    return not (_informative(values) or any(a.size > 1 and np.ptp(a) > 0 for a in arrays.values()))
+    return information_bits(values) + sum(information_bits(a) for a in arrays.values()) < GUESS_BITS
 
 
 # ---- which calls ran the method ----------------------------------------------------------------------------
