@@ -30,7 +30,7 @@ def workspace_relpath(path: str) -> str:
         raise ValueError(f"path {path!r} must be a string")
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if path.startswith("/") or "\0" in path or ".." in parts or not parts:
-        raise ValueError(f"path {path!r} must be a relative path inside the workspace (no '..' part)")
+        raise ValueError(f"path {path!r} must be relative and inside the workspace (no '..' part)")
     return "/".join(parts)
 
 
