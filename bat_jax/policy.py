@@ -193,7 +193,8 @@ def evidence_of(trajectory: Trajectory, start: SandboxState) -> Evidence:
     for path in trajectory.skipped_artefacts:  # over a cap: absent, never the stale start version
         files.pop(path, None)
     return Evidence(tuple(trajectory.receipts), files, trajectory.submitted, infra_error=trajectory.infra_error,
-                    agent_error=trajectory.agent_error, skipped=tuple(trajectory.skipped_artefacts))
+                    agent_error=trajectory.agent_error, skipped=tuple(trajectory.skipped_artefacts),
+                    start_files=dict(start.files))
 
 
 @dataclasses.dataclass

@@ -53,14 +53,21 @@ def test_hand_computed_group_of_four_and_no_std_option():
 
 
 def test_unscored_rollouts_leave_their_group():
-    # group x: one unscored (NaN) → statistics over the remaining three
-    adv, keep = grpo.group_advantages([1.0, float("nan"), 0.0, None, 1.0, 0.0], ["x", "x", "x", "y", "x", "y"])
+    # group x: one unscored (None) → statistics over the remaining three
+    adv, keep = grpo.group_advantages([1.0, None, 0.0, None, 1.0, 0.0], ["x", "x", "x", "y", "x", "y"])
     assert keep.tolist() == [True, False, True, False, True, True]
     # x scored: [1, 0, 1]: mean 2/3, sample std sqrt(1/3)
     s = math.sqrt(1 / 3) + 1e-6
     np.testing.assert_allclose(adv[[0, 2, 4]], [(1 / 3) / s, (-2 / 3) / s, (1 / 3) / s], rtol=1e-6)
     # unscored get 0; group y has a single scored rollout → 0
     assert adv[1] == 0.0 and adv[3] == 0.0 and adv[5] == 0.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_reward_is_a_scorer_error_not_unscored(bad):
+    # a rollout whose reward became NaN must not leave its group as if unscored (its weak result unseen)
+    with pytest.raises(ValueError, match=r"non-finite rewards at \[1\]"):
+        grpo.group_advantages([1.0, bad, 0.0, 0.5], ["x"] * 4)
 
 
 def test_unscored_rows_keep_shape_but_leave_the_loss():

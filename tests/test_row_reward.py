@@ -133,4 +133,7 @@ def test_config_errors_name_the_field(batch):
     rows, trajectories, starts = batch
     with pytest.raises(ValueError, match="2 rows, 1 trajectories"):
         score_rollouts(rows[:2], trajectories[:1], starts[:2])
-    assert dataclasses.asdict(RewardConfig()) == {"max_workers": 4, "task_cache_size": 32}
+    assert dataclasses.asdict(RewardConfig()) == {
+        "max_workers": 4, "task_cache_size": 32,
+        "decode": {"max_json_bytes": 1 << 20, "max_json_depth": 32, "max_text_bytes": 1 << 20,
+                   "max_array_bytes": 64 << 20, "max_array_dims": 8}}

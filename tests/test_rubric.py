@@ -9,7 +9,7 @@ from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell
 from bat_jax.benchmark.stages import STAGES, Stage
 from bat_jax.sandbox.types import Receipt
 from bat_jax.verify.rubric import (
-    REWARD_VERSION, Evidence, EvidenceRequirement, Rubric, RubricItem, e2e_reward, score, verify_stage)
+    REWARD_VERSION, Evidence, EvidenceRequirement, Rubric, RubricItem, ScorerError, e2e_reward, score, verify_stage)
 
 
 def _receipt(i, code, exit_code=0, stdout="", reads=(), writes=()):
@@ -85,7 +85,7 @@ def test_e2e_reward_released_code_formula_and_cell():
     items = tuple(RubricItem(f"i{s.value}", s, "ok", ("f.out",), lambda ev: True) for s in STAGES)
     rub = Rubric(items, {"f.out": EvidenceRequirement("f.out", "", lambda ev: "out.json" in ev.files)})
     sc = score(rub, Evidence((), {"out.json": b"{}"}), task=0.4)
-    assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4) and sc.version == "bat_rubric/v4"
+    assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4) and sc.version == "bat_rubric/v5"
     cell = sc.to_cell("segmentation", 2)
     assert isinstance(cell, Cell) and cell.task == 0.4 and cell.agentic() == pytest.approx(1.0)
     single = score(rub, Evidence((), {}), task=0.4, stages=("S2",))
@@ -118,7 +118,7 @@ def test_e2e_reward_renormalises_over_applicable_stages_and_refuses_bad_scores()
     assert e2e_reward(r, 0.0) == pytest.approx(0.5 * 0.25 / 0.90)
     assert e2e_reward({Stage.PLAN: 1.0, "S3": 0.0}, 1.0) == pytest.approx(0.5 * 0.25 / 0.60 + 0.5)
     assert e2e_reward({}, 1.0) is None and e2e_reward(dict.fromkeys(STAGES, NOT_APPLICABLE), 1.0) is None
-    with pytest.raises(ValueError, match="task metric must be in"):
+    with pytest.raises(ScorerError, match="task metric must be in"):
         e2e_reward({Stage.PLAN: 1.0}, float("nan"))
     with pytest.raises(ValueError, match="S2"):
         e2e_reward({Stage.SETUP: 1.5}, 0.0)

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import resource
 import socket
@@ -1067,3 +1068,247 @@ def test_dead_sandbox_keeps_receipts_and_answers_with_errors(client):
         assert len(s.receipts()) == 3
     finally:
         s.close()
+
+
+# ==================================================================================================================
+# Reward integrity: names, artefact bombs, crashes and copies an agent can write (scored through `harness.play`)
+# ==================================================================================================================
+# Every attempt runs as agent code in a Docker sandbox and is then scored by the host exactly as an evaluation
+# episode is. Contained means: the episode is scored (never "unscored" for what the agent wrote), the reward is
+# finite and earns nothing for the trick, and reading and scoring cost the host bounded memory and time.
+
+from bat_jax.benchmark.stages import Stage  # noqa: E402
+from bat_jax.sandbox.tools import Action  # noqa: E402
+from bat_jax.tasks.harness import play, stage_start_state  # noqa: E402
+from bat_jax.tasks.registry import get_track  # noqa: E402
+from bat_jax.tasks.teacher import ScriptedExpert  # noqa: E402
+
+SEG_TRACK = get_track("segmentation")
+SEG_TASK = SEG_TRACK.generate(8, "success")
+ONE_READ = 1 / 72  # E2E reward of an episode that only read the brief: S1 = 1/3 · 1/3, weighted .25 (Agentic), / 2
+
+
+class _Script:
+    def __init__(self, actions):
+        self.actions = list(actions)
+
+    def __call__(self, conv):
+        return self.actions[len(conv.turns)] if len(conv.turns) < len(self.actions) else None
+
+
+def _act(language, code):
+    return Action("", "execute_code", {"language": language, "code": code})
+
+
+@pytest.fixture(scope="module")
+def make(client):
+    return lambda state: DockerSandbox(client, CFG, state=state, owner=OWNER)
+
+
+@pytest.fixture(scope="module")
+def seg_s4_start(make):
+    """The segmentation task's S4 start state (the expert's prefix: it holds the smoke run's output)."""
+    return stage_start_state(make, SEG_TASK.state(), SEG_TASK.brief, SEG_TASK.task_id, ScriptedExpert(), "S4")
+
+
+def _played(track, inst, actions, make, **kw):
+    with host_cost() as cost:
+        result = play(track, inst, _Script(actions), make_sandbox=make, **kw)
+    assert not result.evidence.infra_error, result.evidence.infra_error
+    assert result.score.reward is not None and math.isfinite(result.score.reward)
+    assert cost.growth < HOST_RSS_LIMIT and cost.seconds < 4 * EVIDENCE_SECONDS, vars(cost)
+    return result
+
+
+_NAMES = {
+    "dots-nested": "mkdir -p ..d/...; echo 1 > ..d/.../..f",
+    "newline": "touch $'a\\nb' $'\\n'",
+    "not-utf8": "touch $'\\xff\\xfe' $'ok\\x80'",
+    "name-255-bytes": "touch $(printf 'x%.0s' $(seq 255))",
+    "quotes-backslash": "touch -- 'a\\b' '\"q\"' \"it's\" '-rf' ' '",
+    "fifo-as-submission": "mkdir -p outputs; mkfifo outputs/submission.json",
+    "unreadable-file-and-dir": "mkdir -p outputs/pred; echo 1 > outputs/pred/x.json; chmod 000 outputs/pred/x.json "
+                               "outputs/pred",
+    "symlinks-out-and-loop": "mkdir -p outputs; ln -s /etc/passwd outputs/submission.json; ln -s loop loop",
+}
+
+
+@pytest.mark.parametrize("name", list(_NAMES))
+def test_odd_names_are_read_back_and_scored_like_an_idle_episode(make, name):
+    code = f"cat task.md; {_NAMES[name]}"
+    actions = [_act("bash", code)]
+    if name in ("fifo-as-submission", "symlinks-out-and-loop"):
+        actions.append(Action("", "submit", {"path": "outputs/submission.json"}))
+    result = _played(SEG_TRACK, SEG_TASK, actions, make)
+    assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
+    assert result.score.reward == pytest.approx(ONE_READ)
+    if len(actions) > 1:  # a FIFO or a symlink is not a regular file: the submit is refused, nothing hangs
+        assert result.evidence.receipts[1].exit_code is None and result.evidence.submitted is None
+
+
+_BOMB_PY = {
+    "nifti-400cubed": ("segmentation", "mask", ".nii.gz", """
+import zlib, nibabel as nib, numpy as np
+h = nib.Nifti1Header(); h.set_data_dtype(np.float32); h.set_data_shape((400, 400, 400)); h.set_data_offset(352)
+z = zlib.compressobj(9, zlib.DEFLATED, 31); out = [z.compress(h.binaryblock + bytes(4))]
+zero = bytes(1 << 20)
+for _ in range(256):
+    out.append(z.compress(zero))
+data = b''.join(out) + z.flush()
+"""),
+    "nifti-small-header-huge-stream": ("segmentation", "mask", ".nii.gz", """
+import zlib, nibabel as nib, numpy as np
+h = nib.Nifti1Header(); h.set_data_dtype(np.int16); h.set_data_shape((16, 16, 8)); h.set_data_offset(352)
+z = zlib.compressobj(9, zlib.DEFLATED, 31); out = [z.compress(h.binaryblock + bytes(4))]
+for _ in range(256):
+    out.append(z.compress(bytes(1 << 20)))
+data = b''.join(out) + z.flush()
+"""),
+    "npy-header-claims-1e12": ("enhancement", "image", ".npy", """
+import io, numpy as np
+buf = io.BytesIO()
+np.lib.format.write_array_header_1_0(buf, {'descr': '<f8', 'fortran_order': False, 'shape': (1000000, 1000000)})
+data = buf.getvalue() + bytes(64)
+"""),
+    "npy-1e308-values": ("enhancement", "image", ".npy", """
+import io, numpy as np
+buf = io.BytesIO(); np.save(buf, np.full((32, 32), 1.7e308) * np.sign(np.random.default_rng(0).normal(size=(32, 32))))
+data = buf.getvalue()
+"""),
+    "png-10000-squared-as-mask": ("segmentation", "mask", ".png", """
+import struct, zlib
+def chunk(k, d):
+    return struct.pack('>I', len(d)) + k + d + struct.pack('>I', zlib.crc32(k + d))
+z = zlib.compressobj(9); row = bytes(10001)
+idat = b''.join(z.compress(row) for _ in range(10000)) + z.flush()
+data = (b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 10000, 10000, 8, 0, 0, 0, 0))
+        + chunk(b'IDAT', idat) + chunk(b'IEND', b''))
+"""),
+}
+
+
+@pytest.mark.parametrize("bomb", list(_BOMB_PY))
+def test_array_bombs_named_by_every_entry_cost_the_host_nothing(make, bomb):
+    """The agent reads the method and an input (so its call is a 'method run' candidate), writes a bomb and
+    names it in every prediction entry and the submission, and submits: every reader stops at its cap."""
+    name, key, ext, make_data = _BOMB_PY[bomb]
+    track = get_track(name)
+    inst = track.generate(8, "success")
+    L = inst.layout
+    code = (f"import json, os\n{make_data}\nopen('{L.method_dir}/model.py').read(); open('{inst.cases[0].file}', "
+            f"'rb').read()\nos.makedirs('{L.pred_dir}', exist_ok=True)\nopen('{L.pred_dir}/bomb{ext}', 'wb')"
+            f".write(data)\npreds = {{}}\nfor cid in {inst.case_ids!r}:\n    preds[cid] = {{'{key}': "
+            f"'{L.pred_dir}/bomb{ext}'}}\n    json.dump(preds[cid], open('{L.pred_dir}/' + cid + '.json', 'w'))\n"
+            f"json.dump({{'task_id': '{inst.task_id}', 'predictions': preds}}, open('{L.submission}', 'w'))\n"
+            f"print(len(data))")
+    result = _played(track, inst, [_act("python", code), Action("", "submit", {"path": L.submission})], make)
+    assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
+    assert 0 < int(result.evidence.receipts[0].stdout) < 2 << 20  # a small file on the wire
+    assert 0.0 <= result.score.task < 1e-6  # unreadable (0), or 1e308 noise: no structure in common
+    assert result.score.verdicts[Stage.INFERENCE].evidence["receipt.inference"] is False
+
+
+_JSON_BOMBS = {
+    "submission-nested-200k": ("segmentation", "open(S, 'w').write('{\"task_id\": ' + '[' * 200000 + ']' * 200000 + '}')"),
+    "boxes-5000-digit-ints": ("detection", "open(S, 'w').write(('{\"task_id\": \"%s\", \"predictions\": {\"%s\": "
+                                           "{\"boxes\": [[0, 0, ' % (T, C)) + '9' * 5000 + ', 5, 0.9]]}}}')"),
+    "nan-and-infinity-literals": ("classification", "open(S, 'w').write('{\"task_id\": \"%s\", \"predictions\": "
+                                                    "{\"%s\": {\"label\": \"nevus\", \"scores\": {\"nevus\": NaN, "
+                                                    "\"melanoma\": Infinity}}}}' % (T, C))"),
+    "two-megabytes-of-objects": ("vqa", "open(S, 'w').write('{\"task_id\": \"%s\", \"predictions\": [' % T + "
+                                        "'{},' * 700000 + '{}]}')"),
+    "report-of-900-kilobytes": ("report", "open(S, 'w').write(json.dumps({'task_id': T, 'predictions': {C: "
+                                          "{'report': 'No effusion; there is nodule without ' * 25000}}}))"),
+}
+
+
+@pytest.mark.parametrize("bomb", list(_JSON_BOMBS))
+def test_json_bombs_in_the_submission_are_scored_not_crashed(make, bomb):
+    name, write = _JSON_BOMBS[bomb]
+    track = get_track(name)
+    inst = track.generate(8, "success")
+    L = inst.layout
+    code = (f"import json, os\nS, T, C = '{L.submission}', '{inst.task_id}', '{inst.case_ids[0]}'\n"
+            f"os.makedirs('{L.outputs_dir}', exist_ok=True)\n{write}")
+    result = _played(track, inst, [_act("python", code), Action("", "submit", {"path": L.submission})], make)
+    assert result.evidence.receipts[0].exit_code == 0 and result.evidence.submitted == L.submission
+    assert 0.0 <= result.score.task <= 1.0 / len(inst.cases)  # at most the one case a report may hit
+    assert result.score.verdicts[Stage.SUBMIT].items["submit.schema"] is (bomb == "report-of-900-kilobytes")
+
+
+def _copy_attempts(inst):
+    L, cid = inst.layout, inst.case_ids[0]
+    v, p = f"{L.validation_dir}/{cid}", f"{L.pred_dir}/{cid}"
+    head = f"cat {L.method_dir}/model.py {inst.case(cid).file} > /dev/null; mkdir -p {L.pred_dir}; "
+    entry = f"; echo '{{\"mask\": \"{p}.nii.gz\"}}' > {p}.json"
+    return {
+        "hard-link": head + f"ln {v}.nii.gz {p}.nii.gz" + entry,
+        "move": head + f"mv {v}.nii.gz {p}.nii.gz" + entry,
+        "symlink": head + f"ln -s ../validation/{cid}.nii.gz {p}.nii.gz" + entry,
+        "cat-redirect": head + f"cat {v}.nii.gz > {p}.nii.gz" + entry,
+        "gzip-recompressed": head + f"zcat {v}.nii.gz | gzip -1 > {p}.nii.gz" + entry,
+        "through-dev-shm": head + f"cp {v}.nii.gz /dev/shm/m; rm {v}.nii.gz; python3 -c \"import shutil; "
+                                  f"shutil.copyfileobj(open('/dev/shm/m', 'rb'), open('{p}.nii.gz', 'wb'))\"" + entry,
+    }
+
+
+@pytest.mark.parametrize("kind", ["hard-link", "move", "symlink", "cat-redirect", "gzip-recompressed",
+                                  "through-dev-shm"])
+def test_copies_of_the_smoke_output_are_not_inference(make, seg_s4_start, kind):
+    result = _played(SEG_TRACK, SEG_TASK, [_act("bash", _copy_attempts(SEG_TASK)[kind])], make, focus="S4",
+                     start_state=seg_s4_start)
+    assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
+    verdict = result.score.verdicts[Stage.INFERENCE]
+    assert verdict.evidence["receipt.inference"] is False and verdict.reward == 0.0
+
+
+def test_another_cases_output_next_to_a_real_one_disqualifies_the_call(make, seg_s4_start):
+    L, (_, c1, c2, _) = SEG_TASK.layout, SEG_TASK.case_ids
+    code = (f"import csv, sys\nsys.path.insert(0, '{L.method_dir}')\nimport model\n"
+            f"rows = {{r['case_id']: r for r in csv.DictReader(open('{L.cases_csv}'))}}\n"
+            f"pred = model.predict(model.load_input(rows['{c1}']['file']), rows['{c1}'], model.load_config())\n"
+            f"model.save_prediction(pred, '{L.pred_dir}', '{c1}')\nmodel.save_prediction(pred, '{L.pred_dir}', '{c2}')")
+    result = _played(SEG_TRACK, SEG_TASK, [_act("python", code)], make, focus="S4", start_state=seg_s4_start)
+    assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
+    assert result.score.verdicts[Stage.INFERENCE].evidence["receipt.inference"] is False
+
+
+def test_guessed_vqa_answer_with_typical_measurements_is_not_a_smoke_run(make):
+    vqa = get_track("vqa")
+    inst = vqa.generate(4, "success")
+    L, case = inst.layout, inst.cases[0]
+    guess = {"answer": case.target, "lesions": [[16.0, 4.5, 4.5]], "background": [0.1, 0.03]}  # the luckiest guess
+    code = (f"import json, os\nopen('{L.method_dir}/model.py').read(); open('{case.file}', 'rb').read()\n"
+            f"os.makedirs('{L.validation_dir}', exist_ok=True)\n"
+            f"json.dump({guess!r}, open('{L.validation_dir}/{case.case_id}.json', 'w'))")
+    result = _played(vqa, inst, [_act("python", code)], make, focus="S3")
+    assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
+    assert result.score.verdicts[Stage.VALIDATE].evidence["receipt.smoke_run"] is False
+
+
+def test_a_writer_racing_the_write_digest_neither_stalls_nor_forges(sb):
+    """A background writer keeps growing a file while the executor digests what the call wrote: the digest is
+    bounded (it reads at most the size it saw) and the writer is gone before the next call; a receipt's
+    `write_digests` list only files the call really wrote, whatever it prints."""
+    code = ("import os, subprocess, json\nopen('grow.bin', 'wb').write(b'x' * (32 << 20))\n"
+            "subprocess.Popen(['bash', '-c', 'while :; do head -c 1048576 /dev/zero >> grow.bin; done'],"
+            " start_new_session=True)\n"
+            "print(json.dumps({'write_digests': [['outputs/pred/c.json', '0' * 64]], 'writes': ['x']}))")
+    t0 = time.monotonic()
+    obs = _py(sb, code)
+    assert obs.exit_code == 0 and time.monotonic() - t0 < 8.0, obs
+    receipt = sb.receipts()[-1]
+    assert [p for p, _ in receipt.write_digests] in ([], ["grow.bin"]) and "x" not in receipt.writes
+    assert "outputs/pred/c.json" not in dict(receipt.write_digests)
+    sizes = _bash(sb, "stat -c %s grow.bin; sleep 0.5; stat -c %s grow.bin; rm grow.bin").stdout.split()
+    assert len(sizes) == 2 and sizes[0] == sizes[1] and int(sizes[0]) >= 32 << 20  # the writer died with the call
+    _works(sb)
+
+
+def test_write_digests_are_the_bytes_left_by_the_call(sb):
+    obs = _py(sb, "open('a.txt', 'w').write('alpha'); open('b.txt', 'w').write('x'); import os; os.remove('b.txt')")
+    assert obs.exit_code == 0
+    receipt = sb.receipts()[-1]
+    assert dict(receipt.write_digests) == {"a.txt": hashlib.sha256(b"alpha").hexdigest()}
+    assert set(receipt.writes) >= {"a.txt", "b.txt"}
+    _bash(sb, "rm -f a.txt")

@@ -153,8 +153,8 @@ def group_advantages(
     """Group-relative advantages, Eq. 4 / GRPO: A = (r − mean_g) / (std_g + ε) within each state_id group.
 
     Args:
-      rewards: ``[N]`` rewards on the 0–1 scale; NaN (or None) marks an *unscored* rollout (infrastructure
-        failure), which leaves its group: it is ignored in the mean / std and gets ``keep = False``.
+      rewards: ``[N]`` rewards on the 0–1 scale; None marks an *unscored* rollout (infrastructure failure),
+        which leaves its group: it is ignored in the mean / std and gets ``keep = False``.
       group_ids: ``[N]`` hashable group keys (state_id of the row, or an int per group).
       config: ``adv_eps``, ``adv_std_normalize``, ``adv_std_ddof``.
     Returns:
@@ -163,13 +163,18 @@ def group_advantages(
       rewards are all equal, gets advantage 0 everywhere (nothing to compare). No variance floor is
       applied beyond ``adv_eps``. Computed in float64, so nearly-equal rewards are not lost to rounding.
     Raises:
-      ValueError: ``rewards`` and ``group_ids`` differ in length.
+      ValueError: ``rewards`` and ``group_ids`` differ in length, or a reward is NaN / inf (an error of the
+        scorer, never "unscored": a rollout must not leave its group by making its reward NaN).
     """
-    r = np.asarray([np.nan if x is None else x for x in np.asarray(rewards, dtype=object)], dtype=np.float64)
+    unscored = np.asarray([x is None for x in np.asarray(rewards, dtype=object)], dtype=bool)
+    r = np.asarray([0.0 if x is None else x for x in np.asarray(rewards, dtype=object)], dtype=np.float64)
     gids = list(group_ids)
     if len(gids) != r.shape[0]:
         raise ValueError(f"group_advantages: {r.shape[0]} rewards but {len(gids)} group ids")
-    keep = ~np.isnan(r)
+    if not np.all(np.isfinite(r)):
+        raise ValueError(f"group_advantages: non-finite rewards at {np.flatnonzero(~np.isfinite(r))[:8].tolist()}"
+                         " (a scorer error; None marks an unscored rollout)")
+    keep = ~unscored
     adv = np.zeros_like(r)
     groups: dict[Any, list[int]] = {}
     for i, g in enumerate(gids):

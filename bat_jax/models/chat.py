@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import bisect
 import json
 import pathlib
 import re
@@ -284,6 +285,12 @@ _NEXT_PARAM_RE = re.compile(r"\s*<parameter=")
 #: A parameter whose `</parameter>` is followed by the next `<parameter=` or the end of the function.
 _PARAM_RE = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)</parameter>(?=\s*<parameter=|\s*\Z)", re.DOTALL)
 _CLOSE_PARAM = "</parameter>"
+_BLANK_TO_END_RE = re.compile(r"\s*\Z")
+#: Most characters the readings of one XML call may pass over (`_xml_work`): each `</tool_call>` gives a reading
+#: per `</parameter>` before it and each costs a pass over the text up to it, so a turn full of closing tags
+#: would stall the host (67 kB of them took 78 s); past the bound the turn is a 'malformed' call. A call with
+#: thousands of tags inside one value still reads byte for byte (about 0.3 s at the bound).
+MAX_XML_WORK = 500_000_000
 
 
 def _format_help(fam: ChatFamily) -> str:
@@ -328,9 +335,22 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> Action | ParseError:
     thought holding `</think>` — unless `text` is a `Rendered` string with `Control` tags (`render_action`
     output, `TextCodec.decode` of sampled ids): then only those tags count (a tag never sampled as a control is
     looked for in the text) and nothing is ambiguous.
-    XML values lose the one newline the template puts on each side. Never raises for model output.
+    XML values lose the one newline the template puts on each side. Never raises for model output: whatever
+    breaks the reading (JSON nested past the recursion limit, a number too long to convert) is a 'malformed'
+    `ParseError`, and so is an XML call whose readings would pass over more than `MAX_XML_WORK` characters
+    (thousands of closing tags: reading them would take minutes).
+
+    Raises:
+      ValueError: an unknown `family` (the caller's error, not the model's).
     """
     fam = get_family(family)
+    try:
+        return _parse_tool_call(text, fam)
+    except Exception as exc:  # noqa: BLE001 - model output is arbitrary; a reading that breaks is malformed
+        return _error("malformed", f"the tool call could not be read ({type(exc).__name__})", fam)
+
+
+def _parse_tool_call(text: str, fam: ChatFamily) -> Action | ParseError:
     source, text = text, str(text).removesuffix(IM_END)
     thought, begin = "", 0
     think = [] if fam.inline_tools else _tags(source, "</think>")
@@ -345,6 +365,9 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> Action | ParseError:
     ends = [end for end in _tags(source, "</tool_call>", start) if end < len(text)]
     if not ends:
         return _error("malformed", "the <tool_call> block is not closed with </tool_call>", fam)
+    if fam.name == "qwen3_5" and _xml_work(text, start, ends) > MAX_XML_WORK:
+        return _error("malformed", f"the call has {len(ends)} </tool_call> and {text.count(_CLOSE_PARAM, start)} "
+                      "</parameter> tags: too many ways to read it", fam)
     parse = _parse_xml_call if fam.name == "qwen3_5" else _parse_json_call
     readings = [(end, parse(text[start:end])) for end in ends]
     valid = [(end, parsed) for end, parsed in readings if _is_call(parsed)]
@@ -366,6 +389,16 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> Action | ParseError:
     return Action(thought=thought, tool=parsed[0], arguments=parsed[1])
 
 
+def _xml_work(text: str, start: int, ends: list[int]) -> int:
+    """Characters the XML readings of a call from `start` to each of `ends` pass over: for each end, the
+    `</parameter>` tags before it (one reading each) times the length of its block."""
+    closes, at = [], text.find(_CLOSE_PARAM, start)
+    while at >= 0:
+        closes.append(at)
+        at = text.find(_CLOSE_PARAM, at + 1)
+    return sum((bisect.bisect_left(closes, end) + 1) * (end - start) for end in ends)
+
+
 def _xml_value(raw: str) -> str:
     """A parameter value without the one newline the template writes on each side."""
     raw = raw[1:] if raw.startswith("\n") else raw
@@ -376,7 +409,7 @@ def _xml_readings(inner: str, expected: tuple[str, ...], position: int = 0, seen
     """Yields the argument dicts `inner` reads as with each of `expected` once, shortest values first; a
     `</parameter>` closes a value where the next `<parameter=` (or, for the last parameter, only whitespace)
     follows, so there are at most (closing tags)^(len(expected)-1) readings."""
-    if not inner[position:].strip():
+    if _BLANK_TO_END_RE.match(inner, position):
         yield {}
         return
     opening = _PARAM_OPEN_RE.match(inner, position)
@@ -385,7 +418,7 @@ def _xml_readings(inner: str, expected: tuple[str, ...], position: int = 0, seen
         return
     if len(seen) + 1 == len(expected):  # the last parameter: its value ends at the last closing tag
         close = inner.rfind(_CLOSE_PARAM)
-        if close >= opening.end() and not inner[close + len(_CLOSE_PARAM):].strip():
+        if close >= opening.end() and _BLANK_TO_END_RE.match(inner, close + len(_CLOSE_PARAM)):
             yield {key: _xml_value(inner[opening.end():close])}
         return
     close = inner.find(_CLOSE_PARAM, opening.end())
@@ -423,13 +456,15 @@ def _parse_json_call(call: str) -> tuple[str, dict[str, Any]] | str:
         obj = json.loads(call)
     except json.JSONDecodeError as e:
         return f"the tool call is not valid JSON ({e.msg} at char {e.pos})"
+    except (ValueError, RecursionError) as e:  # e.g. nested past the recursion limit, a 5,000-digit number
+        return f"the tool call is not valid JSON ({type(e).__name__})"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'expected a JSON object {"name": ..., "arguments": {...}}'
     arguments = obj.get("arguments", {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return "'arguments' is a string that is not a JSON object"
     if not isinstance(arguments, dict):
         return "'arguments' must be a JSON object"

@@ -11,9 +11,11 @@ This is the one episode loop for action-level policies: the Data Factory (`stage
 (`tasks/harness.play`, `record_teacher_trajectory`, `stage_start_state`) and the tests run episodes here. Semantics:
 per-turn stage attribution (the action's stage, else the previous turn's; the focus's stage in a single-stage
 focus), `stop_before` (the episode ends at the first action of that stage or a later one, end reason
-'boundary Sx'), `on_stage_start(stage, sandbox)` before the first action of each stage runs, a `PolicyError` →
-a rejected episode (end reason 'rejected'), None or a 'stop' action → end reason 'stop', `max_turns` →
-'max_turns'. Sandbox exceptions propagate. The earlier turn-by-turn loop (`tasks/episode.run_episode`) was
+'boundary Sx'), `on_stage_start(stage, sandbox)` before the first action of each stage runs, a `PolicyError` (or
+any other exception of the policy) → a rejected episode (end reason 'rejected'), None or a 'stop' action → end
+reason 'stop', `max_turns` → 'max_turns', an exception of the sandbox or of `on_stage_start` → end reason
+'sandbox_error' with `Episode.error` (the sandbox's `fault` says whose failure it is). One episode's exception
+ends that episode only, never the others of the call. The earlier turn-by-turn loop (`tasks/episode.run_episode`) was
 deleted after this one gave identical episodes, scores and bank digests on fixed seeds; those values are recorded
 in `tests/test_action_loop.py` (issue #17).
 """
@@ -72,10 +74,17 @@ class _ActionEpisode:
         self.rejected = ""
         self.pending: Action | None = None
         self.pending_stage: Stage | None = None
+        self.error = ""
 
     def episode(self) -> Episode:
         r = self.request
-        return Episode(r.task_id, r.focus, self.conv.turns, self.finish or "max_turns", rejected=self.rejected)
+        return Episode(r.task_id, r.focus, self.conv.turns, self.finish or "max_turns", rejected=self.rejected,
+                       error=self.error)
+
+    def fail(self, exc: BaseException) -> None:
+        """Ends the episode on a sandbox (or `on_stage_start`) exception."""
+        self.pending = self.pending_stage = None
+        self.finish, self.error = "sandbox_error", f"{type(exc).__name__}: {exc}"
 
 
 @dataclasses.dataclass
@@ -97,13 +106,16 @@ def _prepare(batch: list[_ActionEpisode]) -> _PolicyJob | None:
 
 
 def _generate(job: _PolicyJob) -> list[Action | None | PolicyError]:
-    """Each episode's policy call; a `PolicyError` is returned (not raised) so one rejection ends one episode."""
+    """Each episode's policy call; a `PolicyError` (any exception of the policy becomes one) is returned, not
+    raised, so one rejection ends one episode."""
     out: list[Action | None | PolicyError] = []
     for ep in job.episodes:
         try:
             out.append(ep.request.policy(ep.conv))
         except PolicyError as exc:
             out.append(exc)
+        except Exception as exc:  # noqa: BLE001 - a broken policy rejects its own episode only
+            out.append(PolicyError(f"policy error: {type(exc).__name__}: {exc}"))
     return out
 
 
@@ -122,19 +134,29 @@ def _absorb(job: _PolicyJob, results: list[Action | None | PolicyError]) -> None
             ep.finish = f"boundary {r.stop_before.value}"
             continue
         if r.on_stage_start is not None and (not ep.conv.turns or stage != ep.current):
-            r.on_stage_start(stage, ep.sandbox)
+            try:
+                r.on_stage_start(stage, ep.sandbox)
+            except Exception as exc:  # noqa: BLE001 - e.g. the snapshot of a dead sandbox: this episode ends
+                ep.fail(exc)
+                continue
         ep.current, ep.pending, ep.pending_stage = stage, action, stage
 
 
-def _act(ep: _ActionEpisode) -> Observation:
-    """Runs the pending action in the episode's sandbox (worker thread); backend exceptions propagate."""
+def _act(ep: _ActionEpisode) -> Observation | Exception:
+    """Runs the pending action in the episode's sandbox (worker thread); a backend exception is returned."""
     args = ep.pending.arguments
-    if ep.pending.tool == "execute_code":
-        return ep.sandbox.execute_code(args["language"], args["code"])
-    return ep.sandbox.submit(args["path"])
+    try:
+        if ep.pending.tool == "execute_code":
+            return ep.sandbox.execute_code(args["language"], args["code"])
+        return ep.sandbox.submit(args["path"])
+    except Exception as exc:  # noqa: BLE001 - ends this episode only (`_observe`)
+        return exc
 
 
-def _observe(ep: _ActionEpisode, observation: Observation) -> None:
+def _observe(ep: _ActionEpisode, observation: Observation | Exception) -> None:
+    if isinstance(observation, Exception):
+        ep.fail(observation)
+        return
     ep.conv.turns.append(Turn(len(ep.conv.turns), ep.pending_stage, ep.pending, observation))
     ep.pending = ep.pending_stage = None
 
@@ -156,8 +178,8 @@ def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: s
       schedule: 'continuous' or 'lockstep' (same episodes: a policy sees only its own conversation).
       max_workers: threads running tool calls (>= 1).
     Returns: the episodes, in the order of `requests`.
-    Raises: ValueError for an unknown schedule or `max_workers` < 1; a sandbox exception or a policy exception
-      other than `PolicyError` propagates.
+    Raises: ValueError for an unknown schedule or `max_workers` < 1 (an episode's own exceptions end it; see
+      the module docstring).
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"run_action_episodes: schedule must be one of {SCHEDULES}, got {schedule!r}")

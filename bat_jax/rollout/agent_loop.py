@@ -294,31 +294,54 @@ class AgentLoop:
         seeds = [int(np.random.SeedSequence([ep.seed, ep.turns]).generate_state(1)[0]) for ep in asking]
         return _TurnJob(asking, [list(ep.ids) for ep in asking], budgets, seeds)
 
-    def _generate(self, job: _TurnJob, params: SamplingParams) -> list:
-        """One engine call for a prepared turn (any thread). Returns the engine's completions."""
-        return self.engine.generate(job.prompts, params, max_new_tokens=job.budgets, seeds=job.seeds)
+    def _generate(self, job: _TurnJob, params: SamplingParams) -> list | Exception:
+        """One engine call for a prepared turn (any thread). Returns the engine's completions, or the exception
+        the call raised (it ends the job's episodes in `_absorb_turn`, never the batch)."""
+        try:
+            completions = self.engine.generate(job.prompts, params, max_new_tokens=job.budgets, seeds=job.seeds)
+        except Exception as exc:  # noqa: BLE001 - the engine's failure, not the agent's
+            return exc
+        if len(completions) != len(job.episodes):
+            return RuntimeError(f"the engine returned {len(completions)} completions for {len(job.episodes)} prompts")
+        return completions
 
-    def _absorb_turn(self, job: _TurnJob, completions: list, im_start: int | None) -> None:
-        """Appends the sampled turns and parses their tool calls (main thread)."""
-        cfg = self.config
+    def _absorb_turn(self, job: _TurnJob, completions: list | Exception, im_start: int | None) -> None:
+        """Appends the sampled turns and parses their tool calls (main thread). A failed engine call ends its
+        episodes unscored (`FINISH_ENGINE_ERROR`); a turn that cannot be processed ends its own episode, scored
+        as the agent's failure (`FINISH_INVALID_TURN`); other episodes go on."""
+        if isinstance(completions, Exception):
+            for ep in job.episodes:
+                ep.finish = tj.FINISH_ENGINE_ERROR
+                ep.infra_error = f"generation failed: {type(completions).__name__}: {completions}"
+            return
         for ep, budget, comp in zip(job.episodes, job.budgets, completions):
-            ids = [int(t) for t in comp.token_ids]
-            logprobs = [float(x) for x in comp.logprobs]
-            overshot = len(ids) > budget  # an engine that ignored the budget: cut ids and logprobs together
-            ids, logprobs = ids[:budget], logprobs[:budget]
-            ended = bool(ids) and ids[-1] == ep.builder.eot_id and not overshot
-            if im_start is not None and ids and ids[-1] == im_start:
-                ids, logprobs = ids[:-1], logprobs[:-1]
-            ep.weight_version = comp.weight_version
-            ep.turns += 1
-            if not ids:
+            try:
+                self._absorb_one(ep, budget, comp, im_start)
+            except Exception as exc:  # noqa: BLE001 - the model's output broke the turn: this episode ends
+                ep.pending = None
                 ep.finish = tj.FINISH_INVALID_TURN
-                continue
-            cut = not ended and len(ids) == budget  # stopped by a token limit, not by a stop token
-            ep.truncated = ep.truncated or cut
-            ep.builder.add_assistant(ids, logprobs, truncated=not ended)
-            ep.response_tokens += len(ids)
-            self._after_turn(ep, ids, cut and ep.response_tokens >= cfg.max_response_tokens)
+                ep.agent_error = ep.agent_error or f"the turn could not be processed: {type(exc).__name__}: {exc}"
+
+    def _absorb_one(self, ep: _Episode, budget: int, comp: Any, im_start: int | None) -> None:
+        """Appends one episode's sampled turn and parses its tool call (main thread)."""
+        cfg = self.config
+        ids = [int(t) for t in comp.token_ids]
+        logprobs = [float(x) for x in comp.logprobs]
+        overshot = len(ids) > budget  # an engine that ignored the budget: cut ids and logprobs together
+        ids, logprobs = ids[:budget], logprobs[:budget]
+        ended = bool(ids) and ids[-1] == ep.builder.eot_id and not overshot
+        if im_start is not None and ids and ids[-1] == im_start:
+            ids, logprobs = ids[:-1], logprobs[:-1]
+        ep.weight_version = comp.weight_version
+        ep.turns += 1
+        if not ids:
+            ep.finish = tj.FINISH_INVALID_TURN
+            return
+        cut = not ended and len(ids) == budget  # stopped by a token limit, not by a stop token
+        ep.truncated = ep.truncated or cut
+        ep.builder.add_assistant(ids, logprobs, truncated=not ended)
+        ep.response_tokens += len(ids)
+        self._after_turn(ep, ids, cut and ep.response_tokens >= cfg.max_response_tokens)
 
     def _after_turn(self, ep: _Episode, ids: list[int], out_of_budget: bool) -> None:
         cfg = self.config
@@ -366,7 +389,11 @@ class AgentLoop:
         elif ep.turns >= self.config.max_assistant_turns:
             ep.finish = tj.FINISH_MAX_TURNS
         else:
-            self._append_observation(ep, observation)
+            try:
+                self._append_observation(ep, observation)
+            except Exception as exc:  # noqa: BLE001 - the agent's own output could not be appended
+                ep.finish = tj.FINISH_INVALID_TURN
+                ep.agent_error = ep.agent_error or f"the observation could not be appended: {type(exc).__name__}: {exc}"
 
     def _append_observation(self, ep: _Episode, text: str) -> None:
         ep.builder.add_tool_response(cut_observation(text, self.config.max_observation_chars))
@@ -380,15 +407,26 @@ class AgentLoop:
         self._close(ep)
 
     def _done(self, ep: _Episode, on_trajectory: Callable[[int, tj.Trajectory], None] | None) -> None:
-        """The ended episode's trajectory (main thread: the builder's tokenizer), handed to `on_trajectory`."""
-        ep.trajectory = self._finish(ep, *ep.evidence)
+        """The ended episode's trajectory (main thread: the builder's tokenizer), handed to `on_trajectory`. A
+        trajectory that cannot be built is replaced by an empty one that is unscored (`infra_error`)."""
+        try:
+            ep.trajectory = self._finish(ep, *ep.evidence)
+        except Exception as exc:  # noqa: BLE001 - one episode's failure never ends the batch
+            ep.infra_error = ep.infra_error or f"building the trajectory failed: {type(exc).__name__}: {exc}"
+            empty = np.zeros(0, np.int32)
+            ep.trajectory = tj.Trajectory(
+                state_id=ep.request.state_id, episode=ep.k, stage=ep.request.stage, ids=empty, loss_mask=empty,
+                logprobs=np.zeros(0, np.float32), prompt_len=0, finish_reason=tj.FINISH_SANDBOX_ERROR,
+                truncated=ep.truncated, num_turns=ep.turns, num_tool_calls=ep.tool_calls, response_tokens=0,
+                infra_error=ep.infra_error, agent_error=ep.agent_error, sandbox_errors=ep.sandbox_errors)
         if on_trajectory is not None:
             on_trajectory(ep.position, ep.trajectory)
 
     def _evidence(self, ep: _Episode) -> tuple:
         """Receipts, submitted path and artefacts from the episode's sandbox (worker thread). A sandbox the
-        agent brought down gives its receipts and no artefacts (scored); an infrastructure failure, nothing
-        (unscored)."""
+        agent brought down, or a workspace that cannot be read back (what the agent wrote: names, sizes), gives
+        its receipts and no artefacts (scored, the agent's failure); a sandbox failure the agent cannot cause
+        (`fault == 'infra'`), nothing (unscored)."""
         if ep.sandbox is None:
             return (), None, {}, []
         if self._agent_fault(ep):
@@ -399,8 +437,12 @@ class AgentLoop:
         except Exception as exc:  # noqa: BLE001 - evidence lost
             if self._agent_fault(ep):
                 return tuple(ep.sandbox.receipts()), ep.sandbox.submitted(), {}, []
-            ep.infra_error = ep.infra_error or f"collecting evidence failed: {type(exc).__name__}: {exc}"
-            return (), None, {}, []
+            text = f"collecting evidence failed: {type(exc).__name__}: {exc}"
+            if getattr(ep.sandbox, "fault", "") == "infra":
+                ep.infra_error = ep.infra_error or text
+                return (), None, {}, []
+            ep.agent_error = ep.agent_error or text
+            return tuple(ep.sandbox.receipts()), ep.sandbox.submitted(), {}, []
 
     @staticmethod
     def _agent_fault(ep: _Episode) -> bool:
@@ -444,6 +486,9 @@ class AgentLoop:
                 skipped.append(path)
                 continue
             except FileNotFoundError:
+                continue
+            except (OSError, ValueError):  # unreadable (permissions, an odd name): the agent's failure
+                skipped.append(path)
                 continue
             if path in initial and sha256_hex(data) == sha256_hex(bytes(initial[path])):
                 continue

@@ -24,11 +24,13 @@ FINISH_MAX_TURNS = "max_turns"  # assistant-turn limit reached
 FINISH_MAX_TOOL_CALLS = "max_tool_calls"  # a tool call beyond the limit was requested (not run)
 FINISH_MAX_RESPONSE_TOKENS = "max_response_tokens"  # cumulative sampled-token budget spent; ids cut there
 FINISH_MAX_CONTEXT = "max_context"  # the context window is full
-FINISH_INVALID_TURN = "invalid_turn"  # the model opened a new turn (`<|im_start|>`) before writing anything
+FINISH_INVALID_TURN = "invalid_turn"  # the model's turn is unusable: empty, or it could not be processed
 FINISH_SANDBOX_ERROR = "sandbox_error"  # infrastructure failure: the rollout is unscored (null, not zero)
+FINISH_ENGINE_ERROR = "engine_error"  # the engine call for the turn failed (infrastructure: unscored)
 
 FINISH_REASONS = (FINISH_SUBMITTED, FINISH_NO_TOOL_CALL, FINISH_MAX_TURNS, FINISH_MAX_TOOL_CALLS,
-                  FINISH_MAX_RESPONSE_TOKENS, FINISH_MAX_CONTEXT, FINISH_INVALID_TURN, FINISH_SANDBOX_ERROR)
+                  FINISH_MAX_RESPONSE_TOKENS, FINISH_MAX_CONTEXT, FINISH_INVALID_TURN, FINISH_SANDBOX_ERROR,
+                  FINISH_ENGINE_ERROR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +59,10 @@ class Trajectory:
       infra_error: text of an infrastructure failure ('' when none); when set the rollout is unscored.
         Only what the agent cannot cause counts here (engine down, image missing, a host-side error before the
         agent's first action ran).
-      agent_error: text of a sandbox failure the agent's own code caused ('' when none): the sandbox died, hung
-        or stopped answering after the agent's code ran. The rollout is still scored (from the receipts and
-        files gathered up to then) — a failure the agent causes is its own failure, never "unscored".
+      agent_error: text of a failure the agent caused ('' when none): the sandbox died, hung or stopped
+        answering after the agent's code ran, the workspace it left could not be read back, or its turn could
+        not be processed. The rollout is still scored (from the receipts and files gathered up to then) — a
+        failure the agent causes is its own failure, never "unscored".
       sandbox_errors: tool calls that raised inside the sandbox backend (shown to the agent as observations).
       weight_version: policy weight version of the engine at the last turn.
       template: identity of the chat template of the glue (`ChatTemplate.to_dict()`), {} if unknown.

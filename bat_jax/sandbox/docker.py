@@ -49,7 +49,7 @@ import requests
 
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
 from bat_jax.sandbox.types import (DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, LANGUAGES, FileTooLarge, Observation,
-                                   Receipt, SandboxState, sha256_hex)
+                                   Receipt, SandboxState, sha256_hex, workspace_relpath)
 
 LABEL = "bat_jax"
 WORKSPACE = "/workspace"
@@ -169,9 +169,10 @@ def state_to_tar(state: SandboxState) -> bytes:
     dirs: set[str] = set()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(state.files):
-            norm = posixpath.normpath(path)
-            if path.startswith("/") or norm.startswith("..") or norm in (".", ""):
-                raise ValueError(f"SandboxState.files: path {path!r} must be relative and inside the workspace")
+            try:
+                norm = workspace_relpath(path)
+            except ValueError as exc:
+                raise ValueError(f"SandboxState.files: {exc}") from None
             parent = posixpath.dirname(norm)
             chain = []
             while parent and parent not in dirs:
@@ -412,7 +413,8 @@ class DockerSandbox:
                          "exit_code": None}
             else:
                 req = {"op": "exec", "language": language, "code": code, "timeout_s": timeout,
-                       "max_chars": self.config.max_output_chars, "env": self._env}
+                       "max_chars": self.config.max_output_chars, "env": self._env,
+                       "digest_max_bytes": self.config.evidence.max_file_bytes}
                 try:
                     reply = self._request(req, timeout + self.config.grace_s)
                 except SandboxError as e:
@@ -424,7 +426,8 @@ class DockerSandbox:
             self._record("execute_code", language, code, obs, started,
                          reply.get("stdout_sha256", _EMPTY_SHA), reply.get("stderr_sha256", _EMPTY_SHA),
                          tuple(reply.get("reads", ())), tuple(reply.get("writes", ())),
-                         bool(reply.get("trace_complete", False)))
+                         bool(reply.get("trace_complete", False)),
+                         tuple((str(p), str(d)) for p, d in reply.get("write_digests", ())))
             return obs
 
     def submit(self, path: str) -> Observation:
@@ -432,8 +435,8 @@ class DockerSandbox:
         with self._lock:
             started = time.time()
             t0 = time.monotonic()
-            rel = posixpath.normpath(path.removeprefix(WORKSPACE + "/")) if path else ""
             try:
+                rel = workspace_relpath(path.removeprefix(WORKSPACE + "/"))
                 self._stat_file(rel)
                 self._submitted = rel
                 obs = Observation(stdout=f"submitted {rel}", stderr="", exit_code=0,
@@ -445,12 +448,12 @@ class DockerSandbox:
             return obs
 
     def _record(self, tool, language, code, obs, started, out_sha, err_sha, reads=(), writes=(),
-                trace_complete=False) -> None:
+                trace_complete=False, write_digests=()) -> None:
         self._receipts.append(Receipt(
             index=len(self._receipts), tool=tool, language=language, code=code, exit_code=obs.exit_code,
             stdout_sha256=out_sha, stderr_sha256=err_sha, started_at=started, finished_at=time.time(),
             timed_out=obs.timed_out, stdout=obs.stdout, reads=reads, writes=writes,
-            trace_complete=trace_complete))
+            trace_complete=trace_complete, write_digests=write_digests))
 
     def receipts(self) -> list[Receipt]:
         """Host-side copies of every call's receipt, in order."""
@@ -472,6 +475,7 @@ class DockerSandbox:
           SandboxError: the sandbox is dead.
         """
         limit = self.config.evidence.max_file_bytes if max_bytes is None else int(max_bytes)
+        workspace_relpath(path)
         files, too_large = self.read_files([path], limit, limit)
         if path in too_large:
             raise FileTooLarge(f"{path}: {too_large[path]} bytes, over the {limit}-byte evidence cap")
@@ -484,17 +488,14 @@ class DockerSandbox:
         """Several workspace files in few round trips (batches of at most `_READ_BATCH_BYTES`).
 
         Returns:
-          (files: path → bytes, too_large: path → size in bytes); missing paths are in neither.
+          (files: path → bytes, too_large: path → size in bytes); paths that are missing, not regular files, or
+          not workspace-relative (`types.workspace_relpath`) are in neither.
         Raises:
-          ValueError: a path outside the workspace. SandboxError: the sandbox is dead.
+          SandboxError: the sandbox is dead.
         """
-        for path in paths:
-            rel = posixpath.normpath(path)
-            if rel.startswith("/") or rel.startswith("..") or rel == ".":
-                raise ValueError(f"path {path!r} is outside the workspace")
         files: dict[str, bytes] = {}
         too_large: dict[str, int] = {}
-        pending, left, retried = list(paths), int(max_total_bytes), set()
+        pending, left, retried = [p for p in paths if _inside(p)], int(max_total_bytes), set()
         with self._lock:
             while pending:
                 batch, pending = pending[:_READ_BATCH_FILES], pending[_READ_BATCH_FILES:]
@@ -588,6 +589,14 @@ class DockerSandbox:
             self._submitted = None
             self._agent_ran = False
             self.load_state(state or SandboxState(files={}))
+
+
+def _inside(path) -> bool:
+    try:
+        workspace_relpath(path)
+        return True
+    except ValueError:
+        return False
 
 
 #: Files and bytes of one `read` request to the executor (bounded reply lines on the channel).

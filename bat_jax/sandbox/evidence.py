@@ -1,9 +1,10 @@
 """Bounded evidence collection: workspace files read host-side under caps in files, bytes and seconds.
 
 Whatever an episode leaves in its workspace (a sparse 768 MB file costs the sandbox nothing, a million empty
-files cost it little), the host reading it back must spend bounded memory and time (issue 13 item 5). Files
-over a cap are left out and named in `skipped`; an item that needed them fails (the agent's failure), the
-collection neither crashes nor stalls. The caps are bound in gin (`EvidenceLimits`).
+files cost it little), the host reading it back must spend bounded memory and time. Files over a cap, or that
+cannot be read (permissions, odd names), are left out and named in `skipped`; an item that needed them fails
+(the agent's failure), the collection neither crashes nor stalls. The caps are bound in gin (`EvidenceLimits`);
+decoding what was read is capped by `readers.DecodeLimits`.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def gather_files(sandbox: Sandbox, limits: EvidenceLimits = EvidenceLimits(),
       limits: the caps.
       keep: optional filter `(path, data) -> bool`; files it rejects are neither kept nor counted.
     Returns:
-      (files: path → bytes, skipped: sorted paths left out for a cap).
+      (files: path → bytes, skipped: sorted paths left out for a cap or because they could not be read).
     Raises:
-      whatever the backend raises for an infrastructure failure (e.g. `SandboxError`).
+      whatever the backend raises for a dead sandbox (e.g. `SandboxError`); never an error about one file.
     """
     end = time.monotonic() + limits.max_seconds
     paths = sandbox.list_files()
@@ -68,6 +69,9 @@ def gather_files(sandbox: Sandbox, limits: EvidenceLimits = EvidenceLimits(),
             skipped.append(path)
             continue
         except FileNotFoundError:
+            continue
+        except (OSError, ValueError):  # unreadable (permissions, an odd name): left out, the agent's failure
+            skipped.append(path)
             continue
         if keep is not None and not keep(path, data):
             continue

@@ -23,7 +23,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import hashlib
 import os
+import stat
 import struct
 
 IN_ACCESS = 0x00000001
@@ -202,3 +204,49 @@ class FileTrace:
 
     def __del__(self):
         self.close()
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def digest_files(root: str, paths, max_bytes: int) -> list[list[str]]:
+    """[[path, sha256 hex]] of the regular files `paths` (relative to `root`) as they are now, each opened
+    component by component with O_NOFOLLOW (no symlink anywhere in a path is followed; a FIFO is never waited
+    on). A path that is gone, not a regular file, over `max_bytes` bytes or not readable is left out, so a
+    digest is only ever given for the bytes that were there. Sorted by path."""
+    out = []
+    for rel in sorted(set(paths)):
+        parts = [p for p in rel.split("/") if p not in ("", ".")]
+        if not parts or ".." in parts:
+            continue
+        fd = -1
+        try:
+            fd = os.open(root, _DIR_FLAGS)
+            for part in parts[:-1]:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            continue
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        try:
+            st = os.fstat(f)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+                continue
+            h, left = hashlib.sha256(), st.st_size + 1
+            while left > 0:
+                chunk = os.read(f, min(1 << 20, left))
+                if not chunk:
+                    break
+                h.update(chunk)
+                left -= len(chunk)
+            if left > 0:  # not grown while read: the digest is of the file's whole content
+                out.append([rel, h.hexdigest()])
+        except OSError:
+            continue
+        finally:
+            os.close(f)
+    return out

@@ -43,7 +43,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from bat_jax.sandbox.file_trace import FileTrace
+from bat_jax.sandbox.file_trace import FileTrace, digest_files
 from bat_jax.sandbox.types import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_TIMEOUT_S,
@@ -53,15 +53,17 @@ from bat_jax.sandbox.types import (
     Receipt,
     SandboxState,
     sha256_hex,
+    workspace_relpath,
 )
+
+#: Bytes of a written file hashed into its receipt's `write_digests` at most (the evidence cap's default).
+DIGEST_MAX_BYTES = 64 << 20
 
 
 def _safe_relpath(path: str) -> PurePosixPath:
-    """Validates a workspace-relative POSIX path; raises ValueError on absolute paths or '..'."""
-    rel = PurePosixPath(path)
-    if rel.is_absolute() or ".." in rel.parts or not rel.parts or str(rel) == ".":
-        raise ValueError(f"path {path!r} must be a relative path inside the workspace (no '..')")
-    return rel
+    """A workspace-relative POSIX path (`types.workspace_relpath`); raises ValueError on absolute paths, '..'
+    parts, NUL bytes or non-strings."""
+    return PurePosixPath(workspace_relpath(path))
 
 
 #: The supervisor of one call (argv: status fd, then the command). It writes its host PID (read from the host's
@@ -365,6 +367,8 @@ class LocalSandbox:
                 reads=tuple(trace[0]),
                 writes=tuple(trace[1]),
                 trace_complete=bool(trace[2]),
+                write_digests=tuple(tuple(pair) for pair in digest_files(str(self._root), trace[1],
+                                                                         DIGEST_MAX_BYTES)),
             )
         )
 
@@ -384,7 +388,10 @@ class LocalSandbox:
                "PYTHONDONTWRITEBYTECODE": "1", **self._env}
         limit = self._timeout_s if timeout_s is None else float(timeout_s)
         self._trace.begin()
-        done = run_with_deadline(argv, cwd=self._root, env=env, timeout_s=limit)
+        try:
+            done = run_with_deadline(argv, cwd=self._root, env=env, timeout_s=limit)
+        except (ValueError, OSError) as exc:  # the code cannot be an argument (NUL byte, lone surrogate, E2BIG)
+            done = Completed(None, b"", b"", False, f"cannot run the code: {type(exc).__name__}: {exc}")
         t1 = time.time()
         trace = self._trace.end()
         out = done.stdout.decode("utf-8", errors="replace")

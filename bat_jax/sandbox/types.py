@@ -19,6 +19,21 @@ DEFAULT_MAX_OUTPUT_CHARS = 2048
 DEFAULT_TIMEOUT_S = 120.0
 
 
+def workspace_relpath(path: str) -> str:
+    """`path` as a normalised workspace-relative POSIX path ('a/./b/' -> 'a/b'), checked part by part: any name
+    is legal ('..x', '...', ' '), only a '..' part leaves the workspace.
+
+    Raises:
+      ValueError: not a string, empty, absolute, holding a NUL byte, or with a '..' part.
+    """
+    if not isinstance(path, str):
+        raise ValueError(f"path {path!r} must be a string")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if path.startswith("/") or "\0" in path or ".." in parts or not parts:
+        raise ValueError(f"path {path!r} must be relative and inside the workspace (no '..' part)")
+    return "/".join(parts)
+
+
 def sha256_hex(data: bytes | str) -> str:
     """SHA-256 hex digest of bytes (str is UTF-8 encoded)."""
     if isinstance(data, str):
@@ -80,6 +95,9 @@ class Receipt:
         (`bat_jax.sandbox.file_trace`), sorted. Evidence predicates rest on these, never on `code`.
       trace_complete: False when the backend could not observe every file event of the call (no tracing, a
         kernel queue overflow, a directory tree past the watch cap): reads / writes may then miss paths.
+      write_digests: sorted (path, SHA-256 hex) of the written regular files as they were when the call ended
+        (`file_trace.digest_files`); a written path without one was gone, not a regular file or over the size
+        cap then. Evidence uses them to tell what this call wrote from what was there before it.
     """
 
     index: int
@@ -96,6 +114,11 @@ class Receipt:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     trace_complete: bool = False
+    write_digests: tuple[tuple[str, str], ...] = ()
+
+    def written_digest(self, path: str) -> str | None:
+        """SHA-256 hex of `path` as this call left it, or None when the call did not record one."""
+        return dict(self.write_digests).get(path)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -264,9 +264,10 @@ def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: s
 
 
 def _died(box: Sandbox, ep: Episode) -> bool:
-    """True when the sandbox died during the episode: Docker's `alive` turned False, or a call came back with
-    the backends' dead/closed-sandbox error (both backends return it as an observation instead of raising)."""
-    if getattr(box, "alive", True) is False:
+    """True when the sandbox died during the episode: Docker's `alive` turned False, a call raised (the episode
+    loop ends such an episode with 'sandbox_error'), or a call came back with the backends' dead/closed-sandbox
+    error (both backends return it as an observation instead of raising)."""
+    if getattr(box, "alive", True) is False or ep.end_reason == "sandbox_error":
         return True
     return any(t.observation.exit_code is None and t.observation.error.startswith(_DEAD) for t in ep.turns)
 

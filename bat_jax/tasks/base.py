@@ -21,11 +21,13 @@ import dataclasses
 import gzip
 import io
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from bat_jax.sandbox.readers import DecodeLimits, json_or_none, limits_of, load_array, load_json, workspace
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.tasks.brief import HELDOUT_TEMPLATE, render_brief
 from bat_jax.tasks.layout import TRAIN_LAYOUT, Layout
@@ -203,12 +205,28 @@ class Track:
     def task_metric(self, instance: TaskInstance, predictions: Mapping[str, Any],
                     files: Mapping[str, bytes]) -> float:
         """Metric over all cases (missing/invalid predictions score 0), 0–1. Override for set metrics."""
-        scores = []
-        for case in instance.cases:
-            entry = predictions.get(case.case_id)
-            ok = entry is not None and not self.check_entry(entry, files)
-            scores.append(self.case_score(entry, files, case) if ok else 0.0)
-        return float(np.mean(scores))
+        return float(np.mean([self.valid_case_score(predictions.get(case.case_id), files, case)
+                              for case in instance.cases]))
+
+    def valid_case_score(self, entry: Any, files: Mapping[str, bytes], case: Case) -> float:
+        """`case_score` of a valid entry; 0.0 for a missing or invalid one, or one whose scoring raises (what the
+        agent wrote is then unreadable: its failure). Never raises.
+
+        Raises:
+          ScorerError (`verify.rubric`): the metric returned a non-finite value for a valid entry (a bug in the
+            metric, never the agent's doing: entries with non-finite values are invalid).
+        """
+        try:
+            if entry is None or self.check_entry(entry, files):
+                return 0.0
+            value = float(self.case_score(entry, files, case))
+        except Exception:  # noqa: BLE001 - agent-written content the metric cannot read scores 0
+            return 0.0
+        if not math.isfinite(value):
+            from bat_jax.verify.rubric import ScorerError
+
+            raise ScorerError(f"{self.name} metric gave {value} for case {case.case_id}")
+        return value
 
     # ---- generation --------------------------------------------------------------------------------
     def method_version(self, seed: int) -> str:
@@ -273,18 +291,20 @@ class Track:
     # ---- submission --------------------------------------------------------------------------------
     def check_submission(self, instance: TaskInstance, data: bytes | None,
                          files: Mapping[str, bytes]) -> list[str]:
-        """Deterministic format checker of `submission.json` (errors name the field / case)."""
+        """Deterministic format checker of `submission.json` (errors name the field / case). Total: any bytes
+        give a list of errors (the JSON is read within `limits_of(files)`), never an exception."""
+        path = instance.layout.submission
         if data is None:
-            return [f"{instance.layout.submission}: missing"]
+            return [f"{path}: missing"]
         try:
-            sub = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return [f"{instance.layout.submission}: invalid JSON ({exc})"]
+            sub = load_json(data, path, limits_of(files))
+        except ValueError as exc:
+            return [str(exc)]
         if not isinstance(sub, dict):
             return ["submission: top level must be an object"]
         errors = []
         if sub.get("task_id") != instance.task_id:
-            errors.append(f"submission.task_id: expected {instance.task_id!r}, got {sub.get('task_id')!r}")
+            errors.append(f"submission.task_id: expected {instance.task_id!r}, got {_short(sub.get('task_id'))}")
         preds, failed = sub.get("predictions"), sub.get("failed", {})
         if not isinstance(preds, dict):
             return errors + ["submission.predictions: must be an object case_id -> entry"]
@@ -294,65 +314,93 @@ class Track:
         known = set(instance.case_ids)
         for cid, entry in preds.items():
             if cid not in known:
-                errors.append(f"submission.predictions[{cid!r}]: unknown case id")
+                errors.append(f"submission.predictions[{_short(cid)}]: unknown case id")
                 continue
-            errors.extend(f"submission.predictions[{cid!r}]: {e}" for e in self.check_entry(entry, files))
+            errors.extend(f"submission.predictions[{cid!r}]: {e}" for e in self._entry_errors(entry, files))
         for cid in failed:
             if cid not in known:
-                errors.append(f"submission.failed[{cid!r}]: unknown case id")
+                errors.append(f"submission.failed[{_short(cid)}]: unknown case id")
         return errors
 
-    def submission_predictions(self, instance: TaskInstance, files: Mapping[str, bytes]) -> dict:
-        """The predictions object of a parseable submission, else {}."""
+    def _entry_errors(self, entry: Any, files: Mapping[str, bytes]) -> list[str]:
+        """`check_entry`, with an exception turned into an error (never raises)."""
         try:
-            sub = json.loads(files.get(instance.layout.submission, b""))
-            preds = sub.get("predictions", {})
-            return preds if isinstance(preds, dict) else {}
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            return {}
+            return list(self.check_entry(entry, files))
+        except Exception as exc:  # noqa: BLE001 - an entry the checker cannot read is invalid
+            return [f"unreadable entry ({type(exc).__name__})"]
 
-    def score_task(self, instance: TaskInstance, files: Mapping[str, bytes], submitted: str | None) -> float:
+    def submission_predictions(self, instance: TaskInstance, files: Mapping[str, bytes]) -> dict:
+        """The predictions object of a parseable submission (read within `limits_of(files)`), else {}."""
+        sub = json_or_none(files.get(instance.layout.submission), instance.layout.submission, limits_of(files))
+        preds = sub.get("predictions", {}) if isinstance(sub, dict) else {}
+        return preds if isinstance(preds, dict) else {}
+
+    def score_task(self, instance: TaskInstance, files: Mapping[str, bytes], submitted: str | None,
+                   limits: DecodeLimits | None = None) -> float:
         """Task metric of an episode's final workspace, 0–1: 0 unless the submission was submitted and the
-        file has a valid top-level structure; invalid entries score 0 individually."""
+        file has a valid top-level structure; invalid entries score 0 individually.
+
+        Total over agent-written bytes: `files` are read within `limits` (default: `limits_of(files)`); an entry
+        that cannot be read scores 0 and a metric that raises on what the agent wrote gives 0, never an
+        exception. Always a finite number in [0, 1].
+        Raises:
+          ScorerError (`verify.rubric`): the metric returned a non-finite value (a bug in the metric).
+        """
+        from bat_jax.verify.rubric import ScorerError
+
         if submitted != instance.layout.submission:
             return 0.0
-        return self.task_metric(instance, self.submission_predictions(instance, files), files)
+        files = workspace(files, limits)
+        try:
+            value = float(self.task_metric(instance, self.submission_predictions(instance, files), files))
+        except ScorerError:
+            raise
+        except Exception:  # noqa: BLE001 - what the agent wrote broke a set metric: its failure, scored 0
+            return 0.0
+        if not math.isfinite(value):
+            raise ScorerError(f"{self.name} task metric gave {value} for {instance.task_id}")
+        return value
 
 
-def decode_array(data: bytes, path: str) -> np.ndarray:
-    """Host-side load of an artefact by extension ('.nii.gz', '.png', '.npy'); raises ValueError if bad."""
-    try:
-        if path.endswith(".nii.gz"):
-            import nibabel as nib
+def _short(value: Any, chars: int = 80) -> str:
+    """`repr(value)` cut to `chars` characters (agent-written values in error messages)."""
+    text = repr(value)
+    return text if len(text) <= chars else text[:chars] + "..."
 
-            return np.asarray(nib.Nifti1Image.from_bytes(gzip.decompress(data)).get_fdata())
-        if path.endswith(".png"):
-            from PIL import Image
 
-            with Image.open(io.BytesIO(data)) as im:
-                return np.asarray(im, dtype=np.float64) / 255.0
-        if path.endswith(".npy"):
-            return np.load(io.BytesIO(data), allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001 — any decoder error means an unreadable artefact
-        raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
-    raise ValueError(f"{path}: unsupported extension")
+def decode_array(data: bytes, path: str, limits: DecodeLimits | None = None) -> np.ndarray:
+    """Host-side load of an artefact by extension ('.nii.gz', '.png', '.npy'), within `limits`
+    (`readers.load_array`). Raises ValueError (`readers.ArtefactError`) if unreadable, and nothing else."""
+    return load_array(data, path, limits or DecodeLimits())
+
+
+def artefact_array(files: Mapping[str, bytes], path: str) -> np.ndarray:
+    """The decoded array of workspace file `path`, within `limits_of(files)`.
+
+    Raises:
+      ValueError: missing, unreadable or over a cap (the message names the path).
+    """
+    if not isinstance(path, str) or path not in files:
+        raise ValueError(f"{_short(path)} does not exist in the workspace")
+    return decode_array(files[path], path, limits_of(files))
 
 
 def array_entry_errors(entry, key: str, ext: str, files: Mapping[str, bytes]) -> list[str]:
-    """Format errors of an entry {key: workspace path of an array artefact with extension `ext`}."""
+    """Format errors of an entry {key: workspace path of an array artefact with extension `ext`}: the file
+    exists, decodes within `limits_of(files)` and holds only finite values."""
     if not isinstance(entry, dict) or not isinstance(entry.get(key), str):
         return [f"entry must be an object with a string {key!r}"]
     path = entry[key]
     if not path.endswith("." + ext):
-        return [f"{key}: {path!r} must end with .{ext}"]
+        return [f"{key}: {_short(path)} must end with .{ext}"]
     if path not in files:
-        return [f"{key}: {path!r} does not exist in the workspace"]
+        return [f"{key}: {_short(path)} does not exist in the workspace"]
     try:
-        arr = decode_array(files[path], path)
+        arr = artefact_array(files, path)
     except ValueError as exc:
-        return [str(exc)]
+        return [str(exc)[:300]]
     if not np.all(np.isfinite(arr)):
-        return [f"{key}: {path!r} has non-finite values"]
+        return [f"{key}: {_short(path)} has non-finite values"]
     return []
 
 
@@ -367,7 +415,7 @@ class ImageToImageTrack(Track):
     def case_score(self, entry, files, case: Case) -> float:
         from bat_jax.tasks.metrics import ssim
 
-        img = decode_array(files[entry["image"]], entry["image"])
+        img = artefact_array(files, entry["image"])
         if img.shape != case.target.shape:
             return 0.0
         return ssim(case.target, img, data_range=1.0)
@@ -376,4 +424,6 @@ class ImageToImageTrack(Track):
         return list(case.target.shape)
 
     def nondegenerate(self, entry, files):
-        return float(np.std(decode_array(files[entry["image"]], entry["image"]))) > 1e-3
+        img = artefact_array(files, entry["image"])
+        scale = float(np.max(np.abs(img), initial=0.0))  # std of the image scaled into [-1, 1]: no overflow
+        return bool(math.isfinite(scale) and scale > 0.0 and float(np.std(img / scale)) * scale > 1e-3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from bat_jax.tasks.base import Case, TaskInstance, Track
@@ -32,6 +34,16 @@ def summarize(pred):
 '''
 
 
+def _finite_number(value) -> bool:
+    """An int or float (not a bool) with a finite float64 value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int past float64's range
+        return False
+
+
 class DetectionTrack(Track):
     name = "detection"
     title = "wrist radiograph fracture detection"
@@ -59,9 +71,9 @@ class DetectionTrack(Track):
         if not isinstance(entry, dict) or not isinstance(entry.get("boxes"), list):
             return ["entry must be an object with a list 'boxes'"]
         for i, b in enumerate(entry["boxes"]):
-            if (not isinstance(b, list) or len(b) != 5 or not all(isinstance(v, (int, float)) for v in b)
-                    or b[2] <= b[0] or b[3] <= b[1]):
-                return [f"boxes[{i}] must be [x0, y0, x1, y1, score] with x1 > x0 and y1 > y0"]
+            if (not isinstance(b, list) or len(b) != 5 or not all(_finite_number(v) for v in b)
+                    or float(b[2]) <= float(b[0]) or float(b[3]) <= float(b[1])):
+                return [f"boxes[{i}] must be [x0, y0, x1, y1, score] of finite numbers with x1 > x0 and y1 > y0"]
         return []
 
     def task_metric(self, instance: TaskInstance, predictions, files) -> float:

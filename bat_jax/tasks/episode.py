@@ -17,6 +17,7 @@ from typing import Protocol
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
+from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation, Sandbox, SandboxState
 from bat_jax.tasks.brief import stage_skill
@@ -77,13 +78,18 @@ class Policy(Protocol):
 
 @dataclasses.dataclass
 class Episode:
-    """A finished episode: the turns (with stages), boundaries and why it ended."""
+    """A finished episode: the turns (with stages), boundaries and why it ended.
+
+    `rejected`: why the policy could not act (the episode is unscored); `error`: text of a sandbox exception
+    that ended it (end reason 'sandbox_error'; who is to blame is the sandbox's `fault`). Neither is part of
+    `to_dict`'s record unless set (`rejected` always is)."""
 
     task_id: str
     focus: str
     turns: list[Turn]
     end_reason: str
     rejected: str = ""
+    error: str = ""
 
     def boundaries(self) -> dict[str, int]:
         """Stage value → index of the first turn of that stage (stages without turns are absent)."""
@@ -106,21 +112,24 @@ def sandbox_fault(sandbox: Sandbox) -> tuple[str, str]:
 
 
 def collect_evidence(sandbox: Sandbox, infra_error: str = "", limits: EvidenceLimits = EvidenceLimits(),
-                     start: SandboxState | None = None) -> Evidence:
-    """Host-side evidence of a finished episode (call before `close`), read within `limits`.
+                     start: SandboxState | None = None, decode: DecodeLimits = DecodeLimits()) -> Evidence:
+    """Host-side evidence of a finished episode (call before `close`), read within `limits` and later decoded
+    within `decode`; `start` (the state the episode started from) becomes `Evidence.start_files`.
 
     A sandbox that died through the agent's own doing is scored from what the host kept: the receipts and, for
     files, the episode's start state (`start`; empty when not given), with `Evidence.agent_error` set. A
     sandbox that failed for infrastructure reasons gives unscored evidence (`infra_error`).
     """
     fault, text = sandbox_fault(sandbox)
+    before = dict(start.files) if start is not None else {}
     if fault == "agent":
-        files = dict(start.files) if start is not None else {}
-        return Evidence(tuple(sandbox.receipts()), files, sandbox.submitted(), infra_error, agent_error=text)
+        return Evidence(tuple(sandbox.receipts()), before, sandbox.submitted(), infra_error, agent_error=text,
+                        start_files=before, limits=decode)
     if fault == "infra":
-        return Evidence(tuple(sandbox.receipts()), {}, None, infra_error or text)
+        return Evidence(tuple(sandbox.receipts()), {}, None, infra_error or text, limits=decode)
     files, skipped = gather_files(sandbox, limits)
-    return Evidence(tuple(sandbox.receipts()), files, sandbox.submitted(), infra_error, skipped=tuple(skipped))
+    return Evidence(tuple(sandbox.receipts()), files, sandbox.submitted(), infra_error, skipped=tuple(skipped),
+                    start_files=before, limits=decode)
 
 
 def snapshot_state(sandbox: Sandbox, env: dict[str, str] | None = None,

@@ -2,8 +2,10 @@
 
 A stage-focus episode starts from the state at that stage's boundary (the scripted expert's replayed
 prefix) and is rubric-scored on that stage only; an E2E episode starts from the task's initial state and is
-scored on S1–S5 plus the task metric. A rejected policy call or an infrastructure failure makes the episode
-unscored; a sandbox the agent's own code brought down is the agent's failure and is scored (issue 13).
+scored on S1–S5 plus the task metric. One rule for blame: a rejected policy call, a sandbox that cannot start
+or one whose failure the agent cannot cause (`fault == 'infra'`) makes the episode unscored; anything that
+goes wrong with what the agent did or wrote — a sandbox its code brought down, a workspace that cannot be read
+back, artefacts that cannot be decoded — is the agent's failure, scored from what is valid.
 Backends: `backend_factory` (a fresh sandbox per call) and `open_backend` (the same, or a warm Docker pool).
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.rollout.action_loop import run_action_episode
+from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.sandbox.types import Sandbox, SandboxState
 from bat_jax.tasks.base import TaskInstance, Track
 from bat_jax.tasks.episode import Episode, Policy, collect_evidence, sandbox_fault, snapshot_state
@@ -63,8 +66,9 @@ class PlayResult:
 
 def play(track: Track, inst: TaskInstance, policy: Policy, focus: str = E2E,
          make_sandbox: SandboxFactory = local_sandbox, max_turns: int = 24,
-         start_state: SandboxState | None = None) -> PlayResult:
-    """Runs and scores one episode. `start_state` overrides the boundary state of a stage focus."""
+         start_state: SandboxState | None = None, decode: DecodeLimits = DecodeLimits()) -> PlayResult:
+    """Runs and scores one episode. `start_state` overrides the boundary state of a stage focus; `decode` caps
+    decoding the agent's artefacts. Never raises for anything the agent did (module docstring)."""
     if focus != E2E:
         focus = Stage.parse(focus).value
     if start_state is None:
@@ -77,21 +81,25 @@ def play(track: Track, inst: TaskInstance, policy: Policy, focus: str = E2E,
     try:
         box = make_sandbox(start_state)
     except Exception as exc:  # noqa: BLE001 — no sandbox, no agent action: infrastructure, unscored
-        evidence = Evidence((), {}, None, infra_error=f"sandbox creation failed: {type(exc).__name__}: {exc}")
+        evidence = Evidence((), {}, None, infra_error=f"sandbox creation failed: {type(exc).__name__}: {exc}",
+                            limits=decode)
         return PlayResult(None, evidence, score(build_rubric(track, inst), evidence, None, stages), start_state)
     try:
         episode = run_action_episode(policy, box, inst.brief, inst.task_id, focus, max_turns)
         infra = f"policy rejected: {episode.rejected}" if episode.rejected else ""
-        evidence = collect_evidence(box, infra_error=infra, start=start_state)
-    except Exception as exc:  # noqa: BLE001 — a host-side failure the agent did not cause: unscored, never 0
+        evidence = collect_evidence(box, infra_error=infra, start=start_state, decode=decode)
+    except Exception as exc:  # noqa: BLE001 — reading the workspace back failed
         fault, text = sandbox_fault(box)
-        if fault == "agent":  # the sandbox died through the agent's code: scored from what the host kept
-            evidence = Evidence(tuple(box.receipts()), dict(start_state.files), box.submitted(), agent_error=text)
-        else:
-            evidence = Evidence((), {}, None, infra_error=f"sandbox failure: {type(exc).__name__}: {exc}")
+        if fault == "infra":  # the engine or the sandbox failed on its own: unscored, never 0
+            evidence = Evidence((), {}, None, infra_error=f"sandbox failure: {type(exc).__name__}: {exc}",
+                                limits=decode)
+        else:  # the agent's code brought the sandbox down, or its workspace cannot be read: its failure
+            evidence = Evidence(tuple(box.receipts()), dict(start_state.files), box.submitted(),
+                                agent_error=text or f"reading the workspace failed: {type(exc).__name__}: {exc}",
+                                start_files=dict(start_state.files), limits=decode)
     finally:
         box.close()
-    task = None if evidence.infra_error else track.score_task(inst, evidence.files, evidence.submitted)
+    task = None if evidence.infra_error else track.score_task(inst, evidence.files, evidence.submitted, decode)
     return PlayResult(episode, evidence, score(build_rubric(track, inst), evidence, task, stages), start_state)
 
 

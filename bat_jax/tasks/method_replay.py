@@ -1,4 +1,4 @@
-"""Host-side replay of a task's provided method: "the method ran" is checked on what it produced (issue 13).
+"""Host-side replay of a task's provided method: "the method ran" is checked on what it produced.
 
 A call's kernel-observed reads and writes show which files it touched, not that it imported and called the
 method: `cat model.py case.npy > outputs/validation/x` touches the same files. What only a real run of the
@@ -8,10 +8,21 @@ tells the agent to (`predict(load_input(file), row, load_config())`, then `save_
 counts as the method's output only when it equals that replay: the same entry values and the same array content
 (within `ATOL`).
 
-Replayable cases are those whose initial input loads: every case except a 'spacing' fault, and the archived
-original of a 'missing' / 'unreadable' one (the input the agent is told to restore). The method code is the
-task's own (never the agent's workspace copy) and runs on the host in a temporary directory; results are cached
-per method and input bytes.
+Replayable cases: every case whose input loads, and the archived original of a 'missing' / 'unreadable' one
+(the input the agent is told to restore). A 'spacing' fault's case has two replays: on its input with the header
+repaired from the manifest (the correct one, `method_output`) and on the input as given (what an agent that
+did not repair it gets; it is still the method's output). The method code is the task's own (never the agent's
+workspace copy) and runs on the host in a temporary directory; results are cached per method and input bytes.
+
+A call *ran the method* into an output directory (`method_run_calls`) when it succeeded, read `model.py` and a
+case input, and wrote case entries there such that
+
+1. every case entry it wrote that still holds what it wrote and has a replay equals that replay (one forged
+   entry next to real ones disqualifies the call), and
+2. at least one of those entries is this call's own evidence: it is not guessable (`guessable`: an output with
+   few possible values, e.g. a short answer, a constant array, round numbers, proves nothing alone), none of its
+   files is byte-identical to a file of the start state or to a file the call read (a copy of earlier output),
+   and the start state does not already hold that case's output in any encoding (`preexisting_cases`).
 """
 
 from __future__ import annotations
@@ -21,36 +32,57 @@ import functools
 import gzip
 import io
 import json
+import math
 import os
 import tempfile
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 
 import numpy as np
 
-from bat_jax.tasks.base import TaskInstance, decode_array
+from bat_jax.sandbox.readers import array_extension, json_or_none, limits_of
+from bat_jax.sandbox.types import Receipt, sha256_hex
+from bat_jax.tasks.base import TaskInstance, artefact_array, decode_array
 
 #: Absolute tolerance on array and float values when comparing an artefact with the replay (float32 outputs,
 #: the same numpy / scipy code on both sides).
 ATOL = 1e-4
+#: Grid of "round" numbers: a float within `ATOL` of a multiple of it has few plausible values.
+ROUND_STEP = 0.01
+#: An output carrying fewer bits than this (`information_bits`; a chance above ~1e-6 of writing it without the
+#: method) is guessable: it does not count alone as evidence that the method ran.
+GUESS_BITS = 20.0
 
 
-def _replay_input(inst: TaskInstance, case_id: str) -> tuple[str, bytes, dict[str, str]] | None:
-    """(input path, input bytes, manifest row) the method should be run on for `case_id`, or None."""
+@functools.lru_cache(maxsize=64)
+def _respaced(data: bytes, spacing_mm: str) -> bytes:
+    """A NIfTI input (task data, gzip) with its header's voxel size rewritten from the manifest's `spacing_mm`,
+    as the brief tells the agent to repair it (same voxel data, diagonal affine)."""
+    import nibabel as nib
+
+    img = nib.Nifti1Image.from_bytes(gzip.decompress(data))
+    zooms = [float(v) for v in spacing_mm.split(",")]
+    fixed = nib.Nifti1Image(np.asarray(img.dataobj), np.diag(zooms + [1.0] * (4 - len(zooms))))
+    return gzip.compress(fixed.to_bytes(), mtime=0)
+
+
+def _replay_inputs(inst: TaskInstance, case_id: str) -> list[tuple[str, bytes, dict[str, str]]]:
+    """(input path, input bytes, manifest row) of each input the method may be run on for `case_id`, the
+    correct one first; [] when there is none."""
     L = inst.layout
     rows = {r["case_id"]: r for r in csv.DictReader(io.StringIO(inst.files[L.cases_csv].decode()))}
     row = rows.get(case_id)
     if row is None:
-        return None
+        return []
     path = row["file"]
+    data = inst.files.get(path)
     if inst.fault is not None and inst.fault.case_id == case_id:
         if inst.fault.kind == "spacing":
-            return None
-        data = inst.files.get(f"{L.archive_dir}/{PurePosixPath(path).name}.gz")
-        return None if data is None else (path, gzip.decompress(data), row)
-    data = inst.files.get(path)
-    return None if data is None else (path, data, row)
+            return [] if data is None else [(path, _respaced(data, row["spacing_mm"]), row), (path, data, row)]
+        archived = inst.files.get(f"{L.archive_dir}/{PurePosixPath(path).name}.gz")
+        return [] if archived is None else [(path, gzip.decompress(archived), row)]
+    return [] if data is None else [(path, data, row)]
 
 
 @functools.lru_cache(maxsize=256)
@@ -93,25 +125,33 @@ def _ext(name: str) -> str:
     return ""
 
 
-def method_output(inst: TaskInstance, case_id: str) -> tuple[dict, dict[str, np.ndarray]] | None:
-    """The provided method's output for one case of `inst`, replayed on the host.
+Output = tuple[dict, dict[str, np.ndarray]]
+
+
+def method_outputs(inst: TaskInstance, case_id: str) -> list[Output]:
+    """Every output the provided method gives for one case of `inst`, replayed on the host (the correct one
+    first; see the module docstring).
 
     Returns:
-      (values, arrays): the entry's non-file values (e.g. {'label': ..., 'scores': {...}}) and, for each entry key
-      that names a written file, its decoded content (`decode_array`, float64 / int arrays, read-only); None when
-      the case has no replayable input (see the module docstring) or the method rejects it.
+      [(values, arrays)]: the entry's non-file values (e.g. {'label': ..., 'scores': {...}}) and, for each entry
+      key that names a written file, its decoded content (float64 / int arrays, read-only); [] when the case
+      has no replayable input or the method rejects it.
     """
-    got = _replay_input(inst, case_id)
-    if got is None:
-        return None
-    path, data, row = got
     L = inst.layout
-    out = _run_method(inst.files[f"{L.method_dir}/model.py"], inst.files[f"{L.method_dir}/config.json"], path, data,
-                      tuple(sorted(row.items())))
-    if out is None:
-        return None
-    values, arrays = out
-    return json.loads(values), dict(arrays)
+    outs = []
+    for path, data, row in _replay_inputs(inst, case_id):
+        out = _run_method(inst.files[f"{L.method_dir}/model.py"], inst.files[f"{L.method_dir}/config.json"], path,
+                          data, tuple(sorted(row.items())))
+        if out is not None:
+            outs.append((json.loads(out[0]), dict(out[1])))
+    return outs
+
+
+def method_output(inst: TaskInstance, case_id: str) -> Output | None:
+    """The correct output of the method for one case (`method_outputs`' first: a 'spacing' case's on its
+    repaired input), or None when it has none."""
+    outs = method_outputs(inst, case_id)
+    return outs[0] if outs else None
 
 
 def _close(a, b) -> bool:
@@ -126,25 +166,15 @@ def _close(a, b) -> bool:
     return False
 
 
-def is_method_output(inst: TaskInstance, case_id: str, entry, files: Mapping[str, bytes]) -> bool:
-    """True when `entry` (a prediction entry as the agent saved it, file paths workspace-relative, contents in
-    `files`) equals the method's replayed output for `case_id`: every non-file value within `ATOL`, every file
-    present with the replay's shape and values within `ATOL`. False for anything else (no replay, other keys,
-    missing or unreadable files)."""
-    expected = method_output(inst, case_id)
-    if expected is None or not isinstance(entry, dict):
-        return False
+def _equals(expected: Output, entry, files: Mapping[str, bytes]) -> bool:
     values, arrays = expected
-    if set(entry) != set(values) | set(arrays):
+    if not isinstance(entry, dict) or set(entry) != set(values) | set(arrays):
         return False
     if not all(_close(values[k], entry[k]) for k in values):
         return False
     for key, want in arrays.items():
-        path = entry[key]
-        if not isinstance(path, str) or path not in files:
-            return False
         try:
-            got = decode_array(files[path], path)
+            got = artefact_array(files, entry[key])
         except ValueError:
             return False
         if got.shape != want.shape or not np.allclose(got, want, rtol=0.0, atol=ATOL):
@@ -152,8 +182,176 @@ def is_method_output(inst: TaskInstance, case_id: str, entry, files: Mapping[str
     return True
 
 
+def case_matches(inst: TaskInstance, case_id: str, entry, files: Mapping[str, bytes],
+                 correct_only: bool = False) -> bool | None:
+    """Whether `entry` (a prediction entry as the agent saved it, file paths workspace-relative, contents in
+    `files`, read within `readers.limits_of(files)`) equals one of the method's replayed outputs for `case_id`
+    (only the correct one with `correct_only`): every non-file value within `ATOL`, every file present with the
+    replay's shape and values within `ATOL`. None when the case has no replay; never raises."""
+    outs = method_outputs(inst, case_id)
+    if correct_only:
+        outs = outs[:1]
+    if not outs:
+        return None
+    try:
+        return any(_equals(out, entry, files) for out in outs)
+    except (RecursionError, TypeError, ValueError, OverflowError):  # an entry no replay can equal
+        return False
+
+
+def is_method_output(inst: TaskInstance, case_id: str, entry, files: Mapping[str, bytes]) -> bool:
+    """True when `entry` equals one of the method's replayed outputs for `case_id` (`case_matches`); False
+    for anything else (no replay, other keys, missing or unreadable files)."""
+    return case_matches(inst, case_id, entry, files) is True
+
+
 def entry_files(entry) -> list[str]:
     """Workspace paths an entry names (its string values that look like files), for write-trace checks."""
     if not isinstance(entry, dict):
         return []
     return [v for v in entry.values() if isinstance(v, str) and _ext(v)]
+
+
+def information_bits(value) -> float:
+    """A rough count of the bits an agent must get right to write `value` without running the method:
+    None / bool 1; a string 4 (an answer from a small vocabulary, or text written from a few decisions); an
+    integer log2(2 + |v|); a float on the `ROUND_STEP` grid log2(2 + |v| / ROUND_STEP); any other float
+    log2(1 / (2 · ATOL)) (pinned to ±`ATOL`); an array its value's bits when constant, else unbounded (inf);
+    a dict or list the sum over its values (keys are fixed by the output format)."""
+    if value is None or isinstance(value, bool):
+        return 1.0
+    if isinstance(value, str):
+        return 4.0
+    if isinstance(value, int):
+        return math.log2(2 + abs(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return 0.0
+        if value == round(value):
+            return math.log2(2 + abs(value))
+        if abs(value - ROUND_STEP * round(value / ROUND_STEP)) <= ATOL:
+            return math.log2(2 + abs(value) / ROUND_STEP)
+        return math.log2(1 / (2 * ATOL))
+    if isinstance(value, np.ndarray):
+        if value.size and np.ptp(value) > 0:
+            return math.inf
+        return information_bits(float(value.flat[0])) if value.size else 0.0
+    if isinstance(value, dict):
+        return sum(information_bits(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(information_bits(v) for v in value)
+    return 0.0
+
+
+def guessable(inst: TaskInstance, case_id: str) -> bool:
+    """True when the method's correct output for the case carries fewer than `GUESS_BITS` bits
+    (`information_bits`): an agent could write it without running the method often enough (a short answer,
+    a few decisions, round numbers, a constant array), so such an output equal to the replay proves nothing
+    alone. True when the case has no replay."""
+    out = method_output(inst, case_id)
+    if out is None:
+        return True
+    values, arrays = out
+    return information_bits(values) + sum(information_bits(a) for a in arrays.values()) < GUESS_BITS
+
+
+# ---- which calls ran the method ----------------------------------------------------------------------------
+def _entry_candidates(value, limit: int = 64) -> Iterable[dict]:
+    """The dicts in a parsed JSON value (itself and nested ones, breadth first, at most `limit`)."""
+    queue, found = [value], 0
+    while queue and found < limit:
+        item = queue.pop(0)
+        if isinstance(item, dict):
+            found += 1
+            yield item
+            queue.extend(item.values())
+        elif isinstance(item, list):
+            queue.extend(item)
+
+
+def preexisting_cases(inst: TaskInstance, start: Mapping[str, bytes]) -> set[str]:
+    """Cases whose method output the start state already holds, in any encoding: an entry in one of its JSON
+    files (a prediction entry, a validation report's 'entry') that equals a replay, or an array file whose
+    content equals one of a replay's arrays. Output copied from there is not evidence of any call."""
+    if not start:
+        return set()
+    limits = limits_of(start)
+    candidates = [c for path, data in start.items() if path.endswith(".json")
+                  for c in _entry_candidates(json_or_none(data, path, limits))]
+    arrays: dict[str, np.ndarray] = {}
+    found = set()
+    for cid in inst.case_ids:
+        outs = method_outputs(inst, cid)
+        if any(_equals(out, c, start) for out in outs for c in candidates):
+            found.add(cid)
+            continue
+        for _, want in ((k, a) for out in outs for k, a in out[1].items()):
+            for path in start:
+                if array_extension(path) and path not in arrays:
+                    try:
+                        arrays[path] = artefact_array(start, path)
+                    except ValueError:
+                        arrays[path] = np.zeros(0)
+                got = arrays.get(path)
+                if got is not None and got.shape == want.shape and np.allclose(got, want, rtol=0.0, atol=ATOL):
+                    found.add(cid)
+    return found
+
+
+def _changed(receipt: Receipt, path: str, data: bytes) -> bool:
+    """True when `path` no longer holds what `receipt`'s call wrote there (per its recorded digest)."""
+    digest = receipt.written_digest(path)
+    return digest is not None and digest != sha256_hex(data)
+
+
+def _call_verdict(inst: TaskInstance, receipt: Receipt, out_dir: str, files: Mapping[str, bytes],
+                  known: set[str], pre: set[str]) -> bool:
+    """Whether one call that read the method and an input ran it into `out_dir` (module docstring, 1 and 2);
+    `known`: digests the call could have copied (start files, files it read); `pre`: `preexisting_cases`."""
+    evidence = False
+    limits = limits_of(files)
+    for cid in inst.case_ids:
+        path = f"{out_dir}/{cid}.json"
+        if path not in receipt.writes or path not in files or _changed(receipt, path, files[path]):
+            continue  # not written by this call, or changed since: not this call's to check
+        entry = json_or_none(files[path], path, limits)
+        named = entry_files(entry)
+        if any(f in files and f in receipt.writes and _changed(receipt, f, files[f]) for f in named):
+            continue
+        match = case_matches(inst, cid, entry, files)
+        if match is False:
+            return False  # a case entry this call wrote that is not the method's output
+        if match is None or cid in pre or not all(f in receipt.writes and f in files for f in named):
+            continue
+        if any(sha256_hex(files[f]) in known for f in [path, *named]) or guessable(inst, cid):
+            continue
+        evidence = True
+    return evidence
+
+
+def method_run_calls(inst: TaskInstance, receipts: Sequence[Receipt], candidates: Sequence[Receipt],
+                     out_dir: str, files: Mapping[str, bytes], start: Mapping[str, bytes]) -> list[Receipt]:
+    """The calls of `candidates` (successful calls that read the method and a case input and wrote under
+    `out_dir`) that ran the method into `out_dir` (module docstring).
+
+    Args:
+      receipts: every receipt of the episode, in call order (their writes tell what each call could read).
+      candidates: a subset of `receipts`.
+      files: the final workspace; start: the workspace the episode started from ({} when unknown).
+    Never raises for agent-written content.
+    """
+    todo = {id(r) for r in candidates}
+    if not todo:
+        return []
+    start_digests = {sha256_hex(data) for data in start.values()}
+    current = {path: sha256_hex(data) for path, data in start.items()}  # path -> digest as of the next call
+    pre = preexisting_cases(inst, start)
+    ran = []
+    for r in receipts:
+        if id(r) in todo:
+            known = start_digests | {current[p] for p in r.reads if current.get(p)}
+            if _call_verdict(inst, r, out_dir, files, known, pre):
+                ran.append(r)
+        for path in r.writes:
+            current[path] = r.written_digest(path) or ""
+    return ran

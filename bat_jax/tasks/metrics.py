@@ -3,10 +3,15 @@
 Host-side only (numpy/scipy). Sources: Dice (Dice 1945), PSNR, SSIM (Wang et al. 2004, Gaussian window
 σ = 1.5, K1 = 0.01, K2 = 0.03, as in scikit-image's `gaussian_weights=True` mode), VOC all-point average
 precision at IoU 0.5, label F1 of report findings (CheXpert-style keyword labels with negation).
+
+Every metric returns a finite number for finite inputs, however large (a prediction full of 1e200 is a valid
+finite input an agent can write): intermediate products that would overflow float64 are avoided by scale
+invariance (IoU, PSNR) or by clipping to a range past which the metric no longer changes (SSIM).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -47,12 +52,17 @@ def psnr(reference: np.ndarray, test: np.ndarray, data_range: float) -> float:
     reference, test = np.asarray(reference, np.float64), np.asarray(test, np.float64)
     if reference.shape != test.shape:
         raise ValueError(f"psnr: shape mismatch {reference.shape} vs {test.shape}")
-    if data_range <= 0:
+    if not data_range > 0:
         raise ValueError(f"psnr: data_range must be > 0, got {data_range}")
-    mse = float(np.mean((reference - test) ** 2))
-    if mse == 0.0:
+    # PSNR is invariant to scaling R, reference and test together: scaled into [-1, 1] no square overflows
+    scale = max(float(np.max(np.abs(reference), initial=0.0)), float(np.max(np.abs(test), initial=0.0)),
+                float(data_range))
+    diff = reference / scale - test / scale
+    peak = float(np.max(np.abs(diff), initial=0.0))
+    if peak == 0.0:
         return float("inf")
-    return 10.0 * np.log10(data_range**2 / mse)
+    mse_rel = float(np.mean((diff / peak) ** 2))  # mse = (peak * scale)^2 * mse_rel, each factor finite
+    return float(20.0 * np.log10(data_range / scale) - 20.0 * np.log10(peak) - 10.0 * np.log10(mse_rel))
 
 
 def ssim(reference: np.ndarray, test: np.ndarray, data_range: float, sigma: float = 1.5) -> float:
@@ -61,14 +71,22 @@ def ssim(reference: np.ndarray, test: np.ndarray, data_range: float, sigma: floa
     Local statistics use `scipy.ndimage.gaussian_filter` (truncate 3.5σ, reflect borders) with the unbiased
     covariance correction N/(N-1), N = (2·⌊3.5σ+0.5⌋+1)^ndim, as scikit-image does.
 
+    Finite for any finite input: values are clipped to ±1e30·data_range (a window holding such a value has a
+    luminance term below 1e-27 either way), local variances to >= 0 and each window's index to [-1, 1] (its
+    mathematical range), so float round-off on huge values cannot add up to a score.
+
     Raises:
-      ValueError: shapes differ or data_range <= 0.
+      ValueError: shapes differ, data_range <= 0, or a non-finite value in either image.
     """
     x, y = np.asarray(reference, np.float64), np.asarray(test, np.float64)
     if x.shape != y.shape:
         raise ValueError(f"ssim: shape mismatch {x.shape} vs {y.shape}")
-    if data_range <= 0:
+    if not data_range > 0:
         raise ValueError(f"ssim: data_range must be > 0, got {data_range}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("ssim: images must be finite")
+    bound = 1e30 * float(data_range)
+    x, y = np.clip(x, -bound, bound), np.clip(y, -bound, bound)
     truncate = 3.5
     radius = int(truncate * sigma + 0.5)
     n = (2 * radius + 1) ** x.ndim
@@ -78,13 +96,13 @@ def ssim(reference: np.ndarray, test: np.ndarray, data_range: float, sigma: floa
         return ndimage.gaussian_filter(a, sigma=sigma, truncate=truncate, mode="reflect")
 
     ux, uy = filt(x), filt(y)
-    vx = cov_norm * (filt(x * x) - ux * ux)
-    vy = cov_norm * (filt(y * y) - uy * uy)
+    vx = np.maximum(cov_norm * (filt(x * x) - ux * ux), 0.0)
+    vy = np.maximum(cov_norm * (filt(y * y) - uy * uy), 0.0)
     vxy = cov_norm * (filt(x * y) - ux * uy)
     c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
     s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux**2 + uy**2 + c1) * (vx + vy + c2))
     crop = tuple(slice(radius, max(radius + 1, d - radius)) for d in x.shape)
-    return float(np.clip(s[crop].mean(), 0.0, 1.0))
+    return float(np.clip(np.clip(s[crop], -1.0, 1.0).mean(), 0.0, 1.0))
 
 
 def accuracy(pred: Sequence, target: Sequence) -> float:
@@ -95,12 +113,19 @@ def accuracy(pred: Sequence, target: Sequence) -> float:
 
 
 def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """IoU of two boxes [x0, y0, x1, y1] (pixel edges, x1 > x0)."""
+    """IoU of two boxes [x0, y0, x1, y1] (pixel edges, x1 > x0), 0–1; 0.0 for a box with a non-finite
+    coordinate. Computed after scaling both boxes into [-1, 1] (IoU is scale invariant), so coordinates up
+    to float64's range cannot overflow the areas."""
+    a, b = [float(v) for v in a[:4]], [float(v) for v in b[:4]]
+    if not all(math.isfinite(v) for v in a + b):
+        return 0.0
+    scale = max(max(abs(v) for v in a + b), 1e-300)
+    a, b = [v / scale for v in a], [v / scale for v in b]
     ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
     iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
     inter = ix * iy
     union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
+    return min(1.0, max(0.0, inter / union)) if union > 0 else 0.0
 
 
 def average_precision(

@@ -13,12 +13,15 @@ FINDINGS = ("effusion", "nodule", "cardiomegaly")
 _METHOD = '''
 
 def predict(x, row, cfg):
-    """Rule-based finding detector; returns {finding: bool} for effusion, nodule, cardiomegaly."""
-    heart = int((x[12:25, 12:21] > cfg["heart_level"]).sum())
-    effusion = int((x[18:24, 3:12] > cfg["fluid_level"]).sum())
-    nodule = int((x[4:13, 21:30] > cfg["nodule_level"]).sum())
-    return {"effusion": effusion >= cfg["min_fluid_pixels"], "nodule": nodule >= cfg["min_nodule_pixels"],
-            "cardiomegaly": heart >= cfg["min_heart_pixels"]}
+    """Rule-based finding detector. Returns {"findings": {finding: bool} for effusion, nodule, cardiomegaly,
+    "levels": {region: mean intensity} of the heart, fluid and nodule regions the findings are read from}."""
+    regions = {"heart": x[12:25, 12:21], "fluid": x[18:24, 3:12], "nodule": x[4:13, 21:30]}
+    heart = int((regions["heart"] > cfg["heart_level"]).sum())
+    effusion = int((regions["fluid"] > cfg["fluid_level"]).sum())
+    nodule = int((regions["nodule"] > cfg["nodule_level"]).sum())
+    findings = {"effusion": effusion >= cfg["min_fluid_pixels"], "nodule": nodule >= cfg["min_nodule_pixels"],
+                "cardiomegaly": heart >= cfg["min_heart_pixels"]}
+    return {"findings": findings, "levels": {k: float(v.astype(np.float64).mean()) for k, v in regions.items()}}
 
 
 def write_report(findings):
@@ -39,15 +42,15 @@ def cfg_sentence(finding, present):
 
 
 def save_prediction(pred, out_dir, case_id):
-    report = write_report(pred)
+    report = write_report(pred["findings"])
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, case_id + ".txt"), "w") as f:
         f.write(report)
-    return _write_entry(out_dir, case_id, {"report": report})
+    return _write_entry(out_dir, case_id, {"report": report, "levels": pred["levels"]})
 
 
 def summarize(pred):
-    return {"shape": [len(pred)], "nondegenerate": bool(len(write_report(pred)) > 20)}
+    return {"shape": [len(pred["findings"])], "nondegenerate": bool(len(write_report(pred["findings"])) > 20)}
 '''
 
 

@@ -1,22 +1,23 @@
-"""Per-stage rubric items and evidence predicates shared by every track (issue 5 item 1, issue 9).
+"""Per-stage rubric items and evidence predicates shared by every track.
 
 Evidence is host-side only: receipts (exit code, stdout the agent saw, and the workspace files the kernel saw
-each call read and write) and the final workspace files. Receipt evidence is what a call executed and produced,
-never the text of its code (issue 13): "the method ran" means a successful call read the method's `model.py`
-(importing it) and a case input, and itself wrote a case entry into the output directory that equals the host's
-replay of the method on that case (`tasks/method_replay.py`: reading the files and writing anything else earns
-nothing); the artefact items then check the written files' shape and content. Items that rest on the hidden
-answer key (the fault set, expected shapes) are checked against the `TaskInstance`, which the policy never sees.
+each call read and write, with the digests of what it wrote) and the final workspace files. Receipt evidence is
+what a call executed and produced, never the text of its code: "the method ran" means a successful call read
+the method's `model.py` (importing it) and a case input, every case entry it wrote into the output directory
+equals the host's replay of the method on that case, and at least one of them is output only this call's run of
+the method could give — not guessable, not a copy of earlier output (`tasks/method_replay.py`). "Every usable
+case predicted" and "the fault handled" compare each entry's content with the replay, not only its format.
+Items that rest on the hidden answer key (the fault set, expected shapes) are checked against the
+`TaskInstance`, which the policy never sees.
 """
 
 from __future__ import annotations
 
-import json
 import re
 
 from bat_jax.benchmark.stages import Stage
 from bat_jax.tasks.base import TaskInstance, Track
-from bat_jax.tasks.method_replay import entry_files, is_method_output
+from bat_jax.tasks.method_replay import case_matches, method_run_calls
 from bat_jax.verify.rubric import Evidence, EvidenceRequirement, Rubric, RubricItem
 
 
@@ -54,16 +55,10 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         return data
 
     def method_ran(ev: Evidence, out_dir: str) -> bool:
-        """A call read model.py and a case input and itself wrote `out_dir/<case>.json` (and the files it names)
-        whose content equals the host's replay of the method on that case (`method_replay`)."""
-        for r in ev.ran((model_py,), inputs, writes_under=out_dir):
-            for cid in inst.case_ids:
-                path = f"{out_dir}/{cid}.json"
-                entry = ev.json(path) if path in r.writes else None
-                if (entry is not None and all(f in r.writes for f in entry_files(entry))
-                        and is_method_output(inst, cid, entry, ev.files)):
-                    return True
-        return False
+        """A call read model.py and a case input and ran the method into `out_dir`: every case entry it wrote
+        equals the host's replay, and one is this call's own, unguessable output (`method_replay`)."""
+        candidates = ev.ran((model_py,), inputs, writes_under=out_dir)
+        return bool(method_run_calls(inst, ev.receipts, candidates, out_dir, ev.files, ev.start_files))
 
     req = [
         # S1
@@ -102,8 +97,9 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
                 and re.search(rf"\b{len(inst.cases)} cases\b", text) is not None)
 
     def env_ok(ev: Evidence) -> bool:
-        data = json.loads(ev.text(L.env_json) or "")
-        return data.get("method_version") == inst.method_version and bool(data.get("numpy"))
+        data = ev.json(L.env_json)
+        return (isinstance(data, dict) and data.get("method_version") == inst.method_version
+                and bool(data.get("numpy")))
 
     def version_printed(ev: Evidence) -> bool:
         return any(inst.method_version in r.stdout for r in ev.ran(reads=(config_json,)))
@@ -124,19 +120,20 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         found = {(i["case_id"], i["kind"]) for i in issues}
         return found == _true_issues(inst)
 
+    def predicted(ev: Evidence, entries: dict, cid: str, correct_only: bool = False) -> bool:
+        """A valid entry for the case whose content is the method's output on it (when it has a replay)."""
+        entry = entries.get(cid)
+        return (entry is not None and not track.check_entry(entry, ev.files)
+                and case_matches(inst, cid, entry, ev.files, correct_only) is not False)
+
     def all_usable_predicted(ev: Evidence) -> bool:
         entries = _pred_entries(ev, inst)
-        return all(cid in entries and not track.check_entry(entries[cid], ev.files)
-                   for cid in inst.recoverable_ids())
+        return all(predicted(ev, entries, cid) for cid in inst.recoverable_ids())
 
     def fault_handled(ev: Evidence) -> bool:
         entries = _pred_entries(ev, inst)
-        if inst.fault.recoverable:
-            e = entries.get(inst.fault.case_id)
-            ok = e is not None and not track.check_entry(e, ev.files)
-            if ok and inst.fault.kind == "spacing":  # a wrong header resamples to the wrong grid
-                ok = track.case_score(e, ev.files, inst.case(inst.fault.case_id)) > 0.0
-            return ok
+        if inst.fault.recoverable:  # restored / repaired: the method's output on the correct input
+            return predicted(ev, entries, inst.fault.case_id, correct_only=True)
         return inst.fault.case_id not in entries
 
     def schema_ok(ev: Evidence) -> bool:

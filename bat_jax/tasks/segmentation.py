@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bat_jax.tasks.base import Case, Track, array_entry_errors, decode_array
+from bat_jax.tasks.base import Case, Track, array_entry_errors, artefact_array
 from bat_jax.tasks.metrics import mean_dice
 
 SHAPE = (16, 16, 8)
@@ -63,7 +63,9 @@ class SegmentationTrack(Track):
         return array_entry_errors(entry, "mask", "nii.gz", files)
 
     def _mask(self, entry, files):
-        return np.rint(decode_array(files[entry["mask"]], entry["mask"])).astype(np.int16)
+        """The entry's label volume as int16 (values rounded, then clipped to the int16 range)."""
+        mask = np.rint(artefact_array(files, entry["mask"]).astype(np.float64))
+        return np.clip(mask, -32768, 32767).astype(np.int16)
 
     def case_score(self, entry, files, case: Case) -> float:
         mask = self._mask(entry, files)

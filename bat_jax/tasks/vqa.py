@@ -21,30 +21,39 @@ _NUMBERS = ("zero", "one", "two", "three", "four", "five")
 _METHOD = '''
 
 def predict(x, row, cfg):
-    """Rule-based visual question answering over bright connected components; returns an answer string."""
+    """Rule-based visual question answering over bright connected components. Returns {"answer": str,
+    "lesions": [[pixels, row, col] of each component], "background": [mean, std] of the other pixels}."""
     from scipy import ndimage
     labels, n = ndimage.label(x > cfg["threshold"])
     sizes = ndimage.sum(np.ones_like(x), labels, index=range(1, n + 1)) if n else []
     centers = ndimage.center_of_mass(np.ones_like(x), labels, range(1, n + 1)) if n else []
+    rest = x[labels == 0].astype(np.float64)
     q = row["question"].lower()
     if "how many" in q:
-        return cfg["numbers"][n] if n < len(cfg["numbers"]) else str(n)
-    if "left or" in q:
+        answer = cfg["numbers"][n] if n < len(cfg["numbers"]) else str(n)
+    elif "left or" in q:
         if not n:
-            return "none"
-        cy, cx = centers[int(np.argmax(sizes))]
-        return "left" if cx < x.shape[1] / 2 else "right"
-    if "upper half" in q:
-        return "yes" if any(cy < x.shape[0] / 2 for cy, cx in centers) else "no"
-    return "unknown"
+            answer = "none"
+        else:
+            cy, cx = centers[int(np.argmax(sizes))]
+            answer = "left" if cx < x.shape[1] / 2 else "right"
+    elif "upper half" in q:
+        answer = "yes" if any(cy < x.shape[0] / 2 for cy, cx in centers) else "no"
+    else:
+        answer = "unknown"
+    lesions = [[float(s), float(c[0]), float(c[1])] for s, c in zip(sizes, centers)]
+    background = [float(rest.mean()), float(rest.std())] if rest.size else [0.0, 0.0]
+    return {"answer": answer, "lesions": lesions, "background": background}
 
 
 def save_prediction(pred, out_dir, case_id):
-    return _write_entry(out_dir, case_id, {"answer": str(pred)})
+    return _write_entry(out_dir, case_id, {"answer": str(pred["answer"]), "lesions": pred["lesions"],
+                                           "background": pred["background"]})
 
 
 def summarize(pred):
-    return {"shape": [1], "nondegenerate": bool(str(pred).strip()) and pred != "unknown"}
+    answer = str(pred["answer"])
+    return {"shape": [1], "nondegenerate": bool(answer.strip()) and answer != "unknown"}
 '''
 
 

@@ -6,7 +6,10 @@ regenerated deterministically from the row's provenance (`task_synthesis` seed /
 (r = η · mean of binary items); E2E rows on S1–S5 plus the task metric (0.5 · stage mean + 0.5 · task).
 `reward_source='task_metric'` scores the task metric alone (the paper's GRPO baseline on E2E rows).
 With a `RubricJudge` its items are decided by the LLM judge and the version names the judge model.
-An infrastructure failure (sandbox, or the judge unreachable) gives None (unscored), never 0.
+An infrastructure failure (sandbox, or the judge unreachable) gives None (unscored), never 0. What the agent
+wrote is read within `RewardConfig.decode` by total readers: an artefact that cannot be read scores 0 (the
+agent's failure), and a reward that is not a finite number is a `ScorerError`, never "unscored". An exception
+while scoring one rollout costs that rollout only (`RolloutReward.error`), never the batch.
 
 Rebuilding a task regenerates its data (images, volumes), so a round shares the rebuilt tasks: `TaskCache` keeps
 them in a bounded LRU keyed by `task_key` (a digest of the provenance steps the rebuild reads), so the K rollouts
@@ -30,16 +33,20 @@ from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.row import RLRow
 from bat_jax.verify.judge import RubricJudge
-from bat_jax.verify.rubric import REWARD_VERSION, Evidence, score
+from bat_jax.sandbox.readers import DecodeLimits
+from bat_jax.verify.rubric import REWARD_VERSION, Evidence, ScorerError, score
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutReward:
-    """reward: 0–1 or None (unscored); version: the reward contract; focus: the row's stage or 'E2E'."""
+    """reward: 0–1 or None (unscored); version: the reward contract; focus: the row's stage or 'E2E'; error:
+    why scoring failed when it did ('' otherwise): with reward None the failure was not the agent's (e.g. the
+    row's task could not be rebuilt), with reward 0 scoring the agent's artefacts raised (its failure)."""
 
     reward: float | None
     version: str
     focus: str
+    error: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +56,14 @@ class RewardConfig:
     Attributes:
       max_workers: rollouts scored at once (threads; task metrics run in numpy, judge calls wait on the network).
       task_cache_size: rebuilt tasks kept per round (LRU entries; one entry holds a task's generated data, a few MB).
+      decode: caps on decoding what the agent wrote (`sandbox.readers.DecodeLimits`).
     Raises:
       ValueError: a field < 1 (named).
     """
 
     max_workers: int = 4
     task_cache_size: int = 32
+    decode: DecodeLimits = DecodeLimits()
 
     def __post_init__(self):
         for name in ("max_workers", "task_cache_size"):
@@ -134,28 +143,61 @@ def row_task(row: RLRow):
 
 
 def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
-                   judge: RubricJudge | None = None, tasks: TaskCache | None = None) -> RolloutReward:
+                   judge: RubricJudge | None = None, tasks: TaskCache | None = None,
+                   decode: DecodeLimits = DecodeLimits()) -> RolloutReward:
     """Scores one rollout of `row` that started from `start` (the row's state p); `judge` (optional) decides
-    its configured rubric items; `tasks` (optional) supplies the rebuilt task (else it is rebuilt here).
-    Reward None = unscored (sandbox failure, or a judged item the judge could not decide)."""
+    its configured rubric items; `tasks` (optional) supplies the rebuilt task (else it is rebuilt here); the
+    agent's files are decoded within `decode`.
+    Reward None = unscored (sandbox failure, or a judged item the judge could not decide). An exception while
+    scoring the agent's artefacts (never expected: the readers are total) is the agent's failure: reward 0 with
+    `RolloutReward.error` set.
+
+    Raises:
+      ScorerError: the reward is not a finite number in [0, 1] (an error of the scorer, never "unscored").
+      whatever rebuilding the row's task raises (`row_task`).
+    """
     from bat_jax.policy import evidence_of
     from bat_jax.tasks.rubric_items import build_rubric
 
     version = judge.version if judge is not None else REWARD_VERSION
-    evidence: Evidence = evidence_of(trajectory, start)
+    evidence: Evidence = dataclasses.replace(evidence_of(trajectory, start), limits=decode)
     if row.reward_source == "task_metric":
         version = REWARD_VERSION + "+task"
     if evidence.infra_error:
         return RolloutReward(None, version, row.focus)
     track, inst = tasks.get(row) if tasks is not None else row_task(row)
-    if row.reward_source == "task_metric":
-        return RolloutReward(track.score_task(inst, evidence.files, evidence.submitted), version, row.focus)
-    stages = STAGES if row.focus == E2E else (Stage.parse(row.focus),)
-    task = track.score_task(inst, evidence.files, evidence.submitted) if row.focus == E2E else None
     rubric = build_rubric(track, inst)
     if judge is not None:
         rubric = judge.apply(rubric, inst.layout)
-    return RolloutReward(score(rubric, evidence, task, stages).reward, version, row.focus)
+    error = ""
+    try:  # reading and scoring what the agent wrote: whatever goes wrong here is the agent's failure
+        if row.reward_source == "task_metric":
+            reward = track.score_task(inst, evidence.files, evidence.submitted, decode)
+        else:
+            stages = STAGES if row.focus == E2E else (Stage.parse(row.focus),)
+            task = track.score_task(inst, evidence.files, evidence.submitted, decode) if row.focus == E2E else None
+            reward = score(rubric, evidence, task, stages).reward
+    except ScorerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the readers are total; this is a last guard, scored 0
+        reward, error = 0.0, f"scoring the rollout's artefacts raised: {type(exc).__name__}: {exc}"
+    if reward is not None and not (isinstance(reward, (int, float)) and 0.0 <= reward <= 1.0):
+        raise ScorerError(f"RL row {row.state_id} rollout {trajectory.episode}: reward {reward!r} is not a number "
+                          "in [0, 1]")
+    return RolloutReward(reward, version, row.focus, error)
+
+
+def _contained(row: RLRow, trajectory: Trajectory, start: SandboxState, judge: RubricJudge | None,
+               tasks: TaskCache | None, decode: DecodeLimits) -> RolloutReward:
+    """`rollout_reward`, with an exception other than `ScorerError` (raised before the agent's artefacts are
+    read: rebuilding the row's task) turned into an unscored reward naming it."""
+    try:
+        return rollout_reward(row, trajectory, start, judge, tasks, decode)
+    except ScorerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. the row's task cannot be rebuilt: not the agent's doing
+        version = judge.version if judge is not None else REWARD_VERSION
+        return RolloutReward(None, version, row.focus, error=f"scoring failed: {type(exc).__name__}: {exc}")
 
 
 class RolloutScorer:
@@ -173,7 +215,7 @@ class RolloutScorer:
         if len(rows) != len(starts):
             raise ValueError(f"RolloutScorer: {len(rows)} rows and {len(starts)} start states; expected one of each "
                              "per rollout")
-        self.rows, self.starts, self.judge = rows, starts, judge
+        self.rows, self.starts, self.judge, self.decode = rows, starts, judge, config.decode
         self.tasks = tasks if tasks is not None else TaskCache(config.task_cache_size)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=config.max_workers,
                                                            thread_name_prefix="reward")
@@ -185,12 +227,14 @@ class RolloutScorer:
         if not 0 <= position < len(self.rows) or position in self._futures:
             raise ValueError(f"RolloutScorer.submit: position {position} is out of range (0..{len(self.rows) - 1}) "
                              "or was submitted before")
-        self._futures[position] = self._pool.submit(rollout_reward, self.rows[position], trajectory,
-                                                    self.starts[position], self.judge, self.tasks)
+        self._futures[position] = self._pool.submit(_contained, self.rows[position], trajectory,
+                                                    self.starts[position], self.judge, self.tasks, self.decode)
 
     def results(self) -> list[RolloutReward]:
-        """Every position's reward, in position order (waits for them). Raises ValueError if a position was never
-        submitted, and what `rollout_reward` raised."""
+        """Every position's reward, in position order (waits for them). A rollout whose scoring raised is
+        unscored with `RolloutReward.error` set (the agent's artefacts cannot make scoring raise: they are read
+        by total readers), never the batch's end — except a `ScorerError` (a non-finite reward: a bug of the
+        scorer), which propagates. Raises ValueError if a position was never submitted."""
         missing = [i for i in range(len(self.rows)) if i not in self._futures]
         if missing:
             raise ValueError(f"RolloutScorer.results: positions {missing[:8]} were never submitted")

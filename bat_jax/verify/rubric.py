@@ -6,25 +6,35 @@ own evidence is confirmed (a claim in text earns nothing). Receipt evidence is w
 workspace files the kernel saw it read and write (`Receipt.reads` / `writes`) and the output it printed —
 never the text of its code: comment-only, string-only and dead code earn nothing. E2E rows follow the released
 code's reward (`rl/grpo/core_reward.py`): 0.5 · (stage rewards weighted by the Agentic weights .25/.15/.35/.15/.10)
-+ 0.5 · task metric (:func:`e2e_reward`). An infrastructure failure makes a score `None` (unscored), never 0. Every
-score records `REWARD_VERSION`.
++ 0.5 · task metric (:func:`e2e_reward`). An infrastructure failure makes a score `None` (unscored), never 0; a
+check that raises on what the agent wrote is a failed check (the agent's failure), and a reward that is not a
+finite number in [0, 1] is an error of the scorer (`ScorerError`), never "unscored". Every score records
+`REWARD_VERSION`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping
 
 from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell, agentic_score
 from bat_jax.benchmark.stages import DEFAULT_STAGE_WEIGHTS, STAGES, Stage, validate_stage_weights
+from bat_jax.sandbox.readers import DEFAULT_LIMITS, DecodeLimits, Workspace, json_or_none, text_or_none
 from bat_jax.sandbox.types import Receipt
 
 #: Version of the reward contract; bump when items, evidence or the formula change. v2: receipt evidence from
 #: kernel file traces; v3: "the method ran" = an entry equal to the host's replay of the method; v4: the E2E
-#: reward weights its stage part by the Agentic weights (released code).
-REWARD_VERSION = "bat_rubric/v4"
+#: reward weights its stage part by the Agentic weights (released code); v5: every case a call wrote checked
+#: against its replay, guessable and earlier outputs are not a call's evidence, "every case predicted" and
+#: "fault handled" compare content with the replay.
+REWARD_VERSION = "bat_rubric/v5"
+
+
+class ScorerError(RuntimeError):
+    """A metric or reward that is not a finite number in its range: an error in the scorer (never "unscored", never
+    the agent's doing: what an agent writes is read by total readers and scored 0 when invalid)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +51,10 @@ class Evidence:
         episode is still scored, from the receipts and files gathered until then (the agent's own failure).
       skipped: workspace files left out of `files` for an evidence cap (`sandbox.evidence.EvidenceLimits`);
         items that needed them fail.
+      start_files: the workspace the episode started from (path → bytes): what existed before its first call
+        ({} when unknown). Output that was already there is not evidence of a call of this episode.
+      limits: caps on decoding the agent's files (`sandbox.readers.DecodeLimits`); `files` and `start_files`
+        become `readers.Workspace`s that carry them to every reader.
     """
 
     receipts: tuple[Receipt, ...]
@@ -49,21 +63,21 @@ class Evidence:
     infra_error: str = ""
     agent_error: str = ""
     skipped: tuple[str, ...] = ()
+    start_files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    limits: DecodeLimits = DEFAULT_LIMITS
+
+    def __post_init__(self):
+        object.__setattr__(self, "files", Workspace(self.files, self.limits))
+        object.__setattr__(self, "start_files", Workspace(self.start_files, self.limits))
 
     def text(self, path: str) -> str | None:
-        """UTF-8 text of a workspace file, or None when absent."""
-        data = self.files.get(path)
-        return None if data is None else data.decode("utf-8", errors="replace")
+        """UTF-8 text of a workspace file, or None when absent or over `limits.max_text_bytes`."""
+        return text_or_none(self.files.get(path), self.limits)
 
     def json(self, path: str):
-        """Parsed JSON of a workspace file, or None when absent or invalid."""
-        text = self.text(path)
-        if text is None:
-            return None
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return None
+        """Parsed JSON of a workspace file (`readers.load_json` within `limits`), or None when absent or
+        invalid."""
+        return json_or_none(self.files.get(path), path, self.limits)
 
     def ok_receipts(self, tool: str = "execute_code") -> list[Receipt]:
         """Receipts of `tool` that exited 0 and did not time out."""
@@ -212,7 +226,8 @@ def e2e_reward(stage_rewards: Mapping[Stage, object], task: float | None, stage_
     Returns:
       The reward in [0, 1], or None when the task metric or any given stage is unscored, or no stage is given.
     Raises:
-      ValueError: a stage reward or the task metric outside [0, 1] (NaN included), or bad weights.
+      ScorerError: the task metric outside [0, 1] (NaN included).
+      ValueError: a stage reward outside [0, 1], or bad weights.
     """
     w = validate_stage_weights(weights)
     given = {Stage.parse(k): v for k, v in stage_rewards.items()}
@@ -223,8 +238,11 @@ def e2e_reward(stage_rewards: Mapping[Stage, object], task: float | None, stage_
         return None
     task = float(task)
     if not 0.0 <= task <= 1.0:  # NaN fails too
-        raise ValueError(f"e2e_reward: task metric must be in [0, 1], got {task!r}")
-    return stage_weight * agentic_score(scores, w) + (1.0 - stage_weight) * task
+        raise ScorerError(f"e2e_reward: task metric must be in [0, 1], got {task!r}")
+    reward = stage_weight * agentic_score(scores, w) + (1.0 - stage_weight) * task
+    if not math.isfinite(reward):
+        raise ScorerError(f"e2e_reward: {reward} from stage rewards {given} and task metric {task}")
+    return reward
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,9 +3,13 @@ snapshot restore, 8-way throughput.
 
 Run (engine up, images built): python launch/bench/bench_sandbox.py [--calls 50] [--concurrency 8]
                                                                    [--baseline_rev 546187d | --baseline_rev none]
+                                                                   [--executor_rev REV]
 Goals: warm `execute_code('python', 'print(1)')` median <= 20 ms and >= 5x faster than a plain
 `docker exec python3 -c 'print(1)'` measured in the same run (issue 4); the privilege-separated sandbox costs at
 most 2x the warm median of the last sandbox before the hardening (issue 13), measured in the same run.
+`--executor_rev REV` runs only an A/B of this tree's executor against revision REV's (same host code and
+settings, calls alternating): warm tool calls within 10 % (the receipts' write digests cost a call what hashing
+the files it wrote costs; the 1 MB write row shows it).
 
 The "before" column: the task image built from `sandboxes/task/` of git revision `--baseline_rev` (tagged
 `bat-sandbox-baseline:<rev>`, reused when present) on the current base image, run with that revision's settings
@@ -47,6 +51,8 @@ BASELINE_REPO = "bat-sandbox-baseline"
 PRINT1 = ("python", "print(1)")
 ECHO1 = ("bash", "echo 1")
 NUMPY = ("python", "import numpy as np; print(np.ones(3).sum())")
+#: A call that writes a 1 MB workspace file: what the receipts' per-written-file digests cost.
+WRITE1MB = ("python", "import numpy as np; np.save('w.npy', np.ones(131072))")
 
 
 def _median_ms(fn, n: int, pause_s: float = 0.0) -> float:
@@ -195,6 +201,7 @@ def before_after(client: docker.DockerClient, image: str, rev: str, calls: int, 
                     raise SandboxError(f"print(1) gave {got} (before, after)")
             for name, call, pause in (("python print(1)", PRINT1, think_s), ("bash echo 1", ECHO1, think_s),
                                       ("python + numpy", NUMPY, think_s),
+                                      ("python writes a 1 MB file", WRITE1MB, think_s),
                                       ("python print(1), back-to-back", PRINT1, 0.0)):
                 b, a = _paired_median_ms(lambda c=call: before.execute_code(*c),
                                          lambda c=call: after.execute_code(*c), calls, pause)
@@ -226,6 +233,31 @@ def before_after(client: docker.DockerClient, image: str, rev: str, calls: int, 
     return ok
 
 
+def executor_ab(client: docker.DockerClient, image: str, rev: str, calls: int, think_s: float) -> bool:
+    """Warm latency of this tree's sandbox with the executor of git revision `rev` (its task image,
+    `baseline_image`) against this tree's executor, both driven by this tree's host code and settings, calls
+    alternating; prints the table and whether every warm tool call stays within 10 % (the 1 MB write row, which
+    pays for the receipts' write digests, is shown, not gated). Returns whether it passed."""
+    tag = baseline_image(client, rev)
+    rows = []
+    with DockerSandbox(client, image=tag) as old, DockerSandbox(client, image=image) as new:
+        for _ in range(5):
+            old.execute_code(*PRINT1)
+            new.execute_code(*PRINT1)
+        for name, call in (("python print(1)", PRINT1), ("bash echo 1", ECHO1), ("python + numpy", NUMPY),
+                           ("python writes a 1 MB file *", WRITE1MB)):
+            rows.append((name, *_paired_median_ms(lambda c=call: old.execute_code(*c),
+                                                  lambda c=call: new.execute_code(*c), calls, think_s)))
+    print(f"\nexecutor A/B: executor of {rev} ({tag}) vs this tree's, same host code; {calls} alternating calls "
+          f"each, think time {think_s * 1e3:.0f} ms")
+    ok = True
+    for name, a, b in rows:
+        ok &= b <= 1.10 * a or name.endswith("*")
+        print(f"{name:<36}{a:7.2f} ms{b:7.2f} ms{100 * (b / a - 1):+9.1f} %")
+    print(f"warm tool calls within 10 % of {rev}'s executor: {'PASS' if ok else 'FAIL'} (* = shown, not gated)")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50, help="calls per latency measurement")
@@ -235,10 +267,14 @@ def main() -> int:
     parser.add_argument("--snapshot_mb", type=float, default=8.0, help="size of the restored workspace, MB")
     parser.add_argument("--baseline_rev", default=BASELINE_REV,
                         help="git revision whose sandboxes/task/ is the 'before' sandbox ('none' skips it)")
+    parser.add_argument("--executor_rev", default=None,
+                        help="only the executor A/B: git revision whose executor this tree's is compared with")
     args = parser.parse_args()
     client = connect()
     image = images.ensure_images(client)
     print(f"image {image}, {os.cpu_count()} CPU cores")
+    if args.executor_rev:
+        return 0 if executor_ab(client, image, args.executor_rev, args.calls, args.think_s) else 1
 
     with DockerSandbox(client, image=image) as sb:
         for _ in range(5):

@@ -7,10 +7,11 @@ container's attached stdin) and reads exactly one response line from its stdout.
   {"op": "ping"}                                   -> {"ok": true, "pid": int, "preloaded": [str],
                                                        "separated": bool, "trace": str}
   {"op": "exec", "language": "python" | "bash", "code": str, "timeout_s": float, "max_chars": int,
-   "env": {str: str}}                              -> {"ok": true, "stdout", "stderr", "stdout_sha256",
+   "env": {str: str}, "digest_max_bytes": int}     -> {"ok": true, "stdout", "stderr", "stdout_sha256",
                                                        "stderr_sha256", "stdout_bytes", "stderr_bytes",
                                                        "exit_code", "timed_out", "truncated", "duration_s",
-                                                       "error", "reads", "writes", "trace_complete"}
+                                                       "error", "reads", "writes", "trace_complete",
+                                                       "write_digests": [[path, sha256]]}
   {"op": "wipe"}                                   -> {"ok": true, "removed": int}
   {"op": "load", "tar_b64": str}                   -> {"ok": true, "removed": int, "written": int}
       reset, then write the regular files of the (host-built) tar into /workspace; names that are absolute or
@@ -34,7 +35,8 @@ process or PID 1. `wipe` / `load` reset every writable mount (/workspace, /tmp, 
 SysV IPC objects and kill every process, so a pooled sandbox after a reset equals a fresh one.
 
 File evidence: `reads` / `writes` are the workspace files the call's processes read / wrote, observed by the
-kernel (inotify, `file_trace.py`), never taken from the code text.
+kernel (inotify, `file_trace.py`), never taken from the code text; `write_digests` are the SHA-256 of the
+written regular files (up to `digest_max_bytes` each) when the call ended.
 
 Every call forks a child from this warm process (numpy, scipy, nibabel and PIL are imported once at start, so a
 Python call pays neither interpreter start nor imports). The child runs in its own process group, with stdin
@@ -448,6 +450,7 @@ class Executor:
             else:
                 exit_code = os.WEXITSTATUS(status)
         reads, writes, complete = trace.end() if trace is not None else ([], [], False)
+        digests = file_trace.digest_files(WORKSPACE, writes, int(req.get("digest_max_bytes", 64 << 20)))
         out, err = streams[z.out_r], streams[z.err_r]
         out_text, out_cut = out.text(max_chars)
         err_text, err_cut = err.text(max_chars)
@@ -461,6 +464,7 @@ class Executor:
             "exit_code": exit_code, "timed_out": timed_out, "truncated": out_cut or err_cut,
             "duration_s": time.monotonic() - start, "error": error,
             "reads": reads, "writes": writes, "trace_complete": complete and trace is not None,
+            "write_digests": digests,
         }, pid
 
     def reset(self, tar_b64=None):
