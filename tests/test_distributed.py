@@ -45,6 +45,15 @@ def test_config_from_env():
     assert distributed.initialize(DistributedConfig()) is False  # one process: nothing to start
 
 
+def test_initialize_from_the_environment_is_a_noop_for_one_process():
+    """What `python -m bat_jax.launch` runs first: nothing without a coordinator or with one process."""
+    assert distributed.initialize(DistributedConfig.from_env({})) is False
+    one = {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "1", "JAX_PROCESS_ID": "0"}
+    assert distributed.initialize(DistributedConfig.from_env(one)) is False
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES"):
+        distributed.initialize(DistributedConfig.from_env({"JAX_COORDINATOR_ADDRESS": "h:1"}))
+
+
 def test_single_process_rows_and_global_batch():
     mesh = mesh_lib.build_mesh(MeshConfig(fsdp=4, tensor=2))
     sharding = mesh_lib.batch_sharding(mesh, 2)

@@ -134,7 +134,6 @@ def test_no_import_climbs_to_a_higher_unit():
     assert climbing == [], "imports that climb the layers:\n" + "\n".join(climbing)
 
 
-@MOVING
 def test_no_file_cycle():
     assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH))
 

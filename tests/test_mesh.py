@@ -105,13 +105,6 @@ def test_logical_to_mesh_spec():
         mesh_lib.logical_to_mesh_spec(("embed",), (3, 3), mesh)
 
 
-def test_maybe_initialize_distributed_is_a_noop_without_env():
-    assert mesh_lib.maybe_initialize_distributed({}) is False
-    assert mesh_lib.maybe_initialize_distributed({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "1", "JAX_PROCESS_ID": "0"}) is False
-    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES"):
-        mesh_lib.maybe_initialize_distributed({"JAX_COORDINATOR_ADDRESS": "h:1"})
-
-
 def test_sharded_grpo_step_same_on_1_and_8_devices():
     ref_state, ref_metrics, init = one_grpo_step(MeshConfig(fsdp=1), jax.devices()[:1])
     ref = jax.device_get(ref_state.params)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import gin
 from absl import flags
 
+from bat_jax.learn import distributed
 from bat_jax.ledger import atomic_write
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -155,10 +156,6 @@ def show_config(run_dir: pathlib.Path) -> str:
 gin.external_configurable(show_config, name="show_config", module="launch")
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    return FLAGS(argv)
-
-
 def launch(files: Sequence[str], bindings: Sequence[str] = (), extra_paths: Sequence[str] = (),
            run_dir: str | None = None, runs_root: str = "runs") -> Launched:
     """Programmatic entry point (what `main` calls): parse gin, then `run` with the directory overrides."""
@@ -178,17 +175,12 @@ def launch(files: Sequence[str], bindings: Sequence[str] = (), extra_paths: Sequ
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise SystemExit(f"unexpected positional arguments: {list(argv[1:])}")
-    _maybe_initialize_distributed()
+    # multi-host: jax.distributed starts from the environment (variables named in learn/distributed.py) before
+    # anything else touches JAX; a single process does nothing here
+    distributed.initialize(distributed.DistributedConfig.from_env())
     try:
         launch(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, FLAGS.run_dir, FLAGS.runs_root)
     except LaunchError as e:
         print(f"[bat_jax] error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
-
-def _maybe_initialize_distributed() -> None:
-    """Multi-host start: jax.distributed.initialize when the environment names a coordinator (variables in
-    `bat_jax/learn/distributed.py`), before anything else touches JAX."""
-    from bat_jax.learn.mesh import maybe_initialize_distributed
-
-    maybe_initialize_distributed()

@@ -186,16 +186,6 @@ def param_shardings(
     )
 
 
-def nnx_param_shardings(
-    param_state: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]] = DEFAULT_LOGICAL_AXIS_RULES
-) -> Any:
-    """Shardings (as a pure dict) for an ``nnx.State`` of parameters with logical-axis metadata."""
-    from flax import nnx
-
-    specs = nnx.to_pure_dict(nnx.get_partition_spec(param_state))
-    return param_shardings(nnx.to_pure_dict(param_state), specs, mesh, rules)
-
-
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Sharding for a batch-leading array: dim 0 split over (data, fsdp), the rest replicated."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
@@ -204,19 +194,3 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
 def replicated(mesh: Mesh) -> NamedSharding:
     """Fully replicated sharding on ``mesh``."""
     return NamedSharding(mesh, PartitionSpec())
-
-
-def maybe_initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
-    """Start JAX multi-controller mode when the environment asks for it; otherwise do nothing.
-
-    ``distributed.initialize(distributed.DistributedConfig.from_env(env))``: reads ``JAX_COORDINATOR_ADDRESS``
-    (host:port), ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (and the optional variables named in
-    ``bat_jax/learn/distributed.py``); on Cloud TPU / SLURM, ``JAX_AUTO_DISTRIBUTED=1`` lets JAX detect all
-    three itself. Must run before any other JAX call. Returns True when it initialised.
-
-    Raises:
-      ValueError: the address is set but the process count or id is missing or not an integer.
-    """
-    from bat_jax.learn import distributed
-
-    return distributed.initialize(distributed.DistributedConfig.from_env(env))
