@@ -25,7 +25,7 @@ from bat_jax.benchmark import evaluator as ev
 from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.experiment import Components
 from bat_jax.rollout.run_loops import build_engine
-from bat_jax.ledger import atomic_write
+from bat_jax.atomic_io import atomic_write
 from bat_jax.policy import EngineCells, build_policy, make_agent_loop
 from bat_jax.verify.judge import RubricJudge
 

@@ -33,6 +33,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from bat_jax import report
+from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark import evaluator as ev
 from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import STAGES
@@ -43,7 +44,7 @@ from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
 from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
-from bat_jax.ledger import Ledger, RoundRecord, atomic_write
+from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.export import export_retained
 from bat_jax.policy import (EngineCells, PolicyConfig, build_policy, render_sft_row, rl_request, sft_batch, sft_bucket,
                             trajectory_examples)

@@ -3,7 +3,7 @@
 Source: paper Section 2.2.2 ("BaT records each round's Stage Bank states, pool mixture, reward version,
 controller scores, and retained checkpoint"); DESIGN.md ("A killed run resumes from the ledger and Orbax").
 
-Each append rewrites the file through a temp file + fsync + rename, so the ledger on disk is always a complete
+Each append rewrites the file all or nothing (`atomic_io.atomic_write`), so the ledger on disk is always a complete
 sequence of rounds (rounds are few; the rewrite cost is negligible). Rounds must strictly increase.
 """
 
@@ -12,35 +12,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bat_jax.atomic_io import atomic_write
 
 FORMAT = 1
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Writes `data` to `path` all or nothing: temp file in the same directory + fsync + os.replace (a kill
-    leaves the old file or the new one, never half of it). Used for the ledger and every run-dir file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _without_torn_line(data: bytes, path: Path) -> bytes:

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from bat_jax.atomic_io import atomic_file, atomic_write
 from bat_jax.benchmark.scoring import Summary, display, half_width, paired_comparison
 from bat_jax.benchmark.stages import STAGES, Stage
 
@@ -189,10 +190,11 @@ def staircase_plot(overall_per_round: Sequence[float | None], path: os.PathLike 
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_file(path) as f:
+            fig.savefig(f, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -262,7 +264,6 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
       final: system name → final Summary, in display order ('untrained', 'SFT', then the trained system).
       records: the ledger's `RoundRecord`s; round0: the SFT policy's controller `Evaluation`.
     """
-    from bat_jax.ledger import atomic_write
 
     run_dir = pathlib.Path(run_dir)
     names = list(final)

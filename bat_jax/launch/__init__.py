@@ -25,7 +25,7 @@ import gin
 from absl import flags
 
 from bat_jax.learn import distributed
-from bat_jax.ledger import atomic_write
+from bat_jax.atomic_io import atomic_write
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_GIN_DIR = REPO_ROOT / "gin"

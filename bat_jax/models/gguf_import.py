@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
+
+from bat_jax.atomic_io import atomic_directory
 
 #: GGUF ``general.architecture`` -> the transformers ``model_type`` it becomes (a family of ``configs.py``).
 SUPPORTED_ARCHITECTURES = {"llama": "llama"}
@@ -99,22 +99,13 @@ def import_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *, ove
     inspect_gguf(path)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     kw = dict(gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kw)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kw)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    tmp.chmod(0o755)
-    try:
+    with atomic_directory(out_dir) as tmp:
         _write_model(model, tmp)
         tokenizer.save_pretrained(tmp)
         config_from_hf(read_hf_config(tmp))  # the family loads it, or a ValueError naming the field
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

@@ -11,7 +11,7 @@
 * ``save_pretrained(model, out_dir, ...)`` writes the HF layout (``model.safetensors`` or
   ``model-XXXXX-of-YYYYY.safetensors`` + ``model.safetensors.index.json``), ``config.json``
   readable by transformers (text-only ``*ForCausalLM``), and copies tokenizer files if given. It
-  writes into a temporary sibling directory and renames it into place (atomic).
+  writes all or nothing (`atomic_io.atomic_directory`).
 
 Parameter paths of the NNX models equal the HF keys (see ``causal_lm.py``), so no tensor is
 transposed or renamed apart from the language-model prefix (the Llama mapping is the identity as well:
@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -37,6 +36,7 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from bat_jax.atomic_io import atomic_directory
 from bat_jax.models.configs import LlamaConfig, Qwen3_5Config, Qwen3Config, config_from_hf
 from bat_jax.models.llama import LlamaForCausalLM
 from bat_jax.models.qwen3 import Qwen3ForCausalLM
@@ -170,18 +170,20 @@ def _host_array(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
-def _plan_shards(items: Sequence[tuple[str, jax.Array]], max_shard_bytes: int) -> list[list[int]]:
-    shards, cur, size = [], [], 0
-    for i, (_, x) in enumerate(items):
-        nbytes = x.size * x.dtype.itemsize
-        if cur and size + nbytes > max_shard_bytes:
-            shards.append(cur)
-            cur, size = [], 0
-        cur.append(i)
-        size += nbytes
-    if cur:
-        shards.append(cur)
-    return shards
+def byte_buckets(sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
+    """Consecutive index groups of items of `sizes` bytes each: greedy, a group closes before the item that would
+    take it past `max_bytes` (an item larger than `max_bytes` gets a group of its own). Checkpoint shards here;
+    weight-sync buckets of `rollout.vllm_engine`. E.g. sizes (3, 3, 5, 1) with max 6 → [[0, 1], [2, 3]]."""
+    groups, current, total = [], [], 0
+    for i, nbytes in enumerate(sizes):
+        if current and total + nbytes > max_bytes:
+            groups.append(current)
+            current, total = [], 0
+        current.append(i)
+        total += int(nbytes)
+    if current:
+        groups.append(current)
+    return groups
 
 
 def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None,
@@ -199,39 +201,29 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True)")
     items = [(".".join(map(str, p)), v.get_value())
              for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
-    shards = _plan_shards(items, max_shard_bytes)
-    writer = jax.process_index() == 0
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent)) if writer else None
-    if tmp is not None:
-        tmp.chmod(0o755)
-    weight_map = {}
-    for n, shard in enumerate(shards):
-        tensors = {items[i][0]: _host_array(items[i][1]) for i in shard}  # all processes join gathers
-        if not writer:
-            continue
-        name = "model.safetensors" if len(shards) == 1 else f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(tensors, str(tmp / name), metadata={"format": "pt"})
-        weight_map.update({k: name for k in tensors})
-    if not writer:
-        return out_dir
-    if len(shards) > 1:
-        total = sum(x.size * x.dtype.itemsize for _, x in items)
-        with open(tmp / "model.safetensors.index.json", "w") as f:
-            json.dump({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, f, indent=2)
-    with open(tmp / "config.json", "w") as f:
-        json.dump(model.config.to_hf_config(), f, indent=2)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(tmp))
-    if tokenizer_dir is not None:
-        for fname in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / fname
-            if src.is_file():
-                shutil.copy2(src, tmp / fname)
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out_dir)
+    shards = byte_buckets([x.size * x.dtype.itemsize for _, x in items], max_shard_bytes)
+    writer = jax.process_index() == 0  # every process joins the gathers; process 0 writes
+    with atomic_directory(out_dir) if writer else contextlib.nullcontext() as tmp:
+        weight_map = {}
+        for n, shard in enumerate(shards):
+            tensors = {items[i][0]: _host_array(items[i][1]) for i in shard}
+            if tmp is None:
+                continue
+            name = "model.safetensors" if len(shards) == 1 else f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+            weight_map.update({k: name for k in tensors})
+        if tmp is not None:
+            if len(shards) > 1:
+                total = sum(x.size * x.dtype.itemsize for _, x in items)
+                with open(tmp / "model.safetensors.index.json", "w") as f:
+                    json.dump({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, f, indent=2)
+            with open(tmp / "config.json", "w") as f:
+                json.dump(model.config.to_hf_config(), f, indent=2)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(tmp))
+            if tokenizer_dir is not None:
+                for fname in TOKENIZER_FILES:
+                    src = Path(tokenizer_dir) / fname
+                    if src.is_file():
+                        shutil.copy2(src, tmp / fname)
     return out_dir

@@ -16,13 +16,12 @@ import hashlib
 import json
 import pathlib
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from bat_jax.atomic_io import atomic_directory
 from bat_jax.models import chat
 
 #: Shipped tokenizer directory.
@@ -266,27 +265,15 @@ def _tokenizer_config(tok: Tokenizer) -> dict[str, Any]:
 
 def save_tiny_tokenizer(tok: Tokenizer, out_dir: str | pathlib.Path) -> pathlib.Path:
     """Writes tokenizer.json, tokenizer_config.json (with the Qwen3.5 chat template) and
-    special_tokens_map.json into `out_dir`, atomically (temp dir, then rename). Returns `out_dir`."""
-    out_dir = pathlib.Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    tmp.chmod(0o755)
-    try:
+    special_tokens_map.json into `out_dir`, all or nothing (`atomic_io.atomic_directory`). Returns `out_dir`."""
+    with atomic_directory(out_dir) as tmp:
         tok.save(str(tmp / "tokenizer.json"))
         (tmp / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(tok), indent=2) + "\n")
         specials = {"eos_token": chat.IM_END, "pad_token": chat.ENDOFTEXT,
                     "additional_special_tokens": [t for t in chat.QWEN3_5_SPECIAL_TOKENS
                                                   if t not in chat.NON_SPECIAL_ADDED_TOKENS]}  # fmt: skip
         (tmp / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        if out_dir.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+    return pathlib.Path(out_dir)
 
 
 def tokenizer_digest(directory: str | pathlib.Path) -> str:

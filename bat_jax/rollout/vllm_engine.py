@@ -194,17 +194,9 @@ def sync_dtype(name: str, dtype: str) -> str:
 def plan_buckets(named: Sequence[tuple[str, Any, str]], max_bytes: int = SYNC_BUCKET_BYTES) -> list[list[int]]:
     """Consecutive index groups of ``(name, array, dtype)`` whose bytes in ``dtype`` stay ≤ ``max_bytes`` (a single
     larger tensor gets a bucket of its own)."""
-    buckets, cur, size = [], [], 0
-    for i, (_, x, dtype) in enumerate(named):
-        nbytes = int(np.prod(x.shape)) * _ITEMSIZE[dtype]
-        if cur and size + nbytes > max_bytes:
-            buckets.append(cur)
-            cur, size = [], 0
-        cur.append(i)
-        size += nbytes
-    if cur:
-        buckets.append(cur)
-    return buckets
+    from bat_jax.models.hf_io import byte_buckets
+
+    return byte_buckets([int(np.prod(x.shape)) * _ITEMSIZE[dtype] for _, x, dtype in named], max_bytes)
 
 
 def gather_bucket_fn(dtypes: Sequence[str], mesh):

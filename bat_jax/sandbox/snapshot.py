@@ -2,8 +2,8 @@
 
 `replay_prefix` starts from an initial state, replays the tool calls of a trajectory prefix and captures the
 workspace reached (the state p of an RL row at that stage boundary). `save` / `load` store a state as one tar
-file: `state.json` (env, digest, file count) followed by the files under `files/`. Writes are atomic (temp file,
-then rename); `load` recomputes the digest and refuses a file whose content does not match it.
+file: `state.json` (env, digest, file count) followed by the files under `files/`. Writes are all or nothing
+(`atomic_io`); `load` recomputes the digest and refuses a file whose content does not match it.
 Restoring into a sandbox is `sandbox.reset(state)` (a wipe plus one `put_archive`).
 
 Only regular files are captured: empty directories, symlinks and file modes are not part of a SandboxState.
@@ -16,10 +16,10 @@ import json
 import os
 import pathlib
 import tarfile
-import tempfile
 from collections.abc import Sequence
 from typing import Protocol
 
+from bat_jax.atomic_io import atomic_file
 from bat_jax.sandbox.tools import Action, dispatch
 from bat_jax.sandbox.types import Observation, Sandbox, SandboxState
 
@@ -46,24 +46,16 @@ def replay_prefix(sandbox: Restorable, initial: SandboxState, calls: Sequence[Ac
 
 
 def save(state: SandboxState, path: str | os.PathLike) -> str:
-    """Writes `state` to the tar file `path` atomically; returns its digest."""
+    """Writes `state` to the tar file `path` all or nothing (`atomic_io.atomic_file`); returns its digest."""
     path = pathlib.Path(path)
     digest = state.digest()
     meta = json.dumps({"digest": digest, "env": dict(state.env), "num_files": len(state.files)},
                       sort_keys=True).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for name, data in [(_META, meta)] + [(_FILES + p, state.files[p]) for p in sorted(state.files)]:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path) as f, tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in [(_META, meta)] + [(_FILES + p, state.files[p]) for p in sorted(state.files)]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     return digest
 
 

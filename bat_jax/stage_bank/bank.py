@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from bat_jax.atomic_io import atomic_write, fsync_dir
 from bat_jax.sandbox import snapshot
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.row import RLRow, SFTRow, StateRef
@@ -43,21 +44,6 @@ INDEX_KEYS: tuple[str, ...] = ("track", "focus", "outcome", "reward_source")
 
 class BankError(RuntimeError):
     """A bank operation failed (corrupt version, duplicate row, unknown version, concurrent writer)."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,11 +261,10 @@ class StageBank:
             for kind, rows in (("rl", rl_rows), ("sft", sft_rows)):
                 data = "".join(json.dumps(r.to_record(), sort_keys=True, ensure_ascii=False) + "\n"
                                for r in rows).encode("utf-8")
-                _write_bytes(staging / f"{kind}.jsonl", data)
+                atomic_write(staging / f"{kind}.jsonl", data)
                 manifest[kind] = {"file": f"{kind}.jsonl", "sha256": hashlib.sha256(data).hexdigest(),
                                   "count": len(rows)}
-            _write_bytes(staging / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
-            _fsync_dir(staging)
+            atomic_write(staging / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
             if on_staged is not None:
                 on_staged(staging)
             self._versions_dir.mkdir(parents=True, exist_ok=True)
@@ -288,7 +273,7 @@ class StageBank:
                 os.rename(staging, target)  # atomic publish; fails if another writer took this number
             except OSError as e:
                 raise BankError(f"{target}: version {version} was published concurrently ({e})") from e
-            _fsync_dir(self._versions_dir)
+            fsync_dir(self._versions_dir)
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)

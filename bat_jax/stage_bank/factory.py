@@ -33,14 +33,13 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
-import os
 import re
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.stages import E2E, FOCI, STAGES, Stage
 from bat_jax.rollout.action_loop import run_action_episode
 from bat_jax.sandbox.types import Sandbox, SandboxState
@@ -387,21 +386,6 @@ def check_recipe(bank: StageBank, config: FactoryConfig) -> None:
                          f"set FactoryConfig.bank_dir to a new directory or remove {config.bank_dir}")
 
 
-def _write_json(path: Path, value) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(value, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _load_cached(path: Path, bank: StageBank) -> dict | None:
     try:
         result = json.loads(path.read_text("utf-8"))
@@ -469,7 +453,8 @@ def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: Sa
         for fut in concurrent.futures.as_completed(futures):
             src, result = futures[fut], fut.result()
             if not result["reason"].startswith(_TRANSIENT):
-                _write_json(work / f"{_cache_key(config, src, salt)}.json", result)
+                atomic_write(work / f"{_cache_key(config, src, salt)}.json",
+                             json.dumps(result, sort_keys=True).encode())
             results[src.index] = {"reason": result["reason"],
                                   "rl": [rl_row_from_dict(d) for d in result.get("rl", ())],
                                   "sft": [sft_row_from_dict(d) for d in result.get("sft", ())]}
@@ -508,6 +493,7 @@ def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: Sa
         report.version = bank.admit(new_rl, new_sft, note=note)
         report.admitted_rl, report.admitted_sft = len(new_rl), len(new_sft)
     report.elapsed_s = round(time.time() - t0, 3)
-    _write_json(Path(config.bank_dir) / "work" / "build_report.json", report.to_dict())
+    atomic_write(Path(config.bank_dir) / "work" / "build_report.json",
+                 json.dumps(report.to_dict(), sort_keys=True).encode())
     return report
 

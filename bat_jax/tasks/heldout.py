@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 
+from bat_jax.atomic_io import atomic_write
 from bat_jax.tasks.base import TaskInstance, Track
 from bat_jax.tasks.brief import HELDOUT_TEMPLATE, VARIED_TEMPLATES
 from bat_jax.tasks.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, varied_naming
@@ -105,16 +105,7 @@ def manifest_strings(man: dict) -> set[str]:
 
 
 def write_manifest(path: str | os.PathLike, instances: Iterable[TaskInstance]) -> dict:
-    """Writes the manifest as JSON atomically (temp file + rename) and returns it."""
+    """Writes the manifest as JSON all or nothing (`atomic_io.atomic_write`) and returns it."""
     man = manifest(instances)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(man, f, indent=1, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write(path, json.dumps(man, indent=1, default=str).encode())
     return man
