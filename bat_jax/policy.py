@@ -228,7 +228,7 @@ class EngineCells:
             task = None if evidence.infra_error else track.score_task(job.task, evidence.files, evidence.submitted)
             rubric = build_rubric(track, job.task)
             if self.judge is not None:
-                rubric = self.judge.apply(rubric, job.task.layout)
+                rubric = self.judge.apply(rubric)
             cells.append(score(rubric, evidence, task, STAGES).to_cell(job.track, job.repeat))
         self.agent_failed = sum(bool(by_request[f"eval-{i}"].agent_error) and cell.scored()
                                 for i, cell in enumerate(cells))

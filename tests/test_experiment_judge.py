@@ -8,6 +8,7 @@ import pytest
 from bat_jax import experiment as ex
 from bat_jax.ledger import Ledger
 from bat_jax.stage_bank.bank import StageBank
+from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
 from bat_jax.verify.rubric import REWARD_VERSION
 
@@ -27,7 +28,7 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
         return dataclasses.replace(out, requirements=reqs)
 
     monkeypatch.setattr(RubricJudge, "apply", apply_with_plan_evidence)
-    judge = JudgeConfig(base_url="http://127.0.0.1:9/v1", model="judge-m", timeout_s=0.5, max_retries=0)
+    judge = JudgeConfig(ChatEndpointConfig("http://127.0.0.1:9/v1", "judge-m", timeout_s=0.5, max_retries=0))
     comps = dataclasses.replace(micro_config.components(tmp_path / "bank"), judge=judge)
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -24,7 +24,7 @@ from bat_jax.stage_bank.factory import FactoryConfig, build_bank, load_manifest,
 from bat_jax.stage_bank.leakage import preflight
 from bat_jax.stage_bank.row import Provenance, content_digest
 from bat_jax.tasks.base import decode_array
-from bat_jax.tasks.chat_client import ChatEndpointConfig
+from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.sandbox.tools import Action
 from bat_jax.tasks.episode import Conversation, Episode, Turn
 from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, training_task
@@ -53,7 +53,7 @@ def test_default_grid_is_126_distinct_training_sources():
 def test_config_validation_names_the_field(field, value, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(FactoryConfig(), **{field: value}).validate()
-    with pytest.raises(ValueError, match="teacher_base_url"):
+    with pytest.raises(ValueError, match="teacher_endpoint"):
         FactoryConfig(teacher="openai").validate()
 
 
@@ -285,9 +285,8 @@ def _free_port():
 
 
 def test_unreachable_teacher_rejects_the_source(tmp_path):
-    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), teacher="openai", teacher_model="m",
-                        teacher_base_url=f"http://127.0.0.1:{_free_port()}/v1", teacher_max_retries=0,
-                        teacher_timeout_s=2.0, **ONE)
+    endpoint = ChatEndpointConfig(f"http://127.0.0.1:{_free_port()}/v1", "m", max_retries=0, timeout_s=2.0)
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), teacher="openai", teacher_endpoint=endpoint, **ONE)
     _assert_rejected(build_bank(cfg, progress=False), cfg.bank_dir, "teacher_unreachable")
 
 
@@ -334,9 +333,8 @@ def test_chat_teacher_parses_the_stage_label():
 def test_malformed_teacher_output_rejects_the_source(tmp_path):
     server = _serve(_Garbage)
     try:
-        cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), teacher="openai", teacher_model="m",
-                            teacher_base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                            teacher_max_retries=0, **ONE)
+        endpoint = ChatEndpointConfig(f"http://127.0.0.1:{server.server_address[1]}/v1", "m", max_retries=0)
+        cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), teacher="openai", teacher_endpoint=endpoint, **ONE)
         _assert_rejected(build_bank(cfg, progress=False), cfg.bank_dir, "teacher_bad_reply")
     finally:
         server.shutdown()

@@ -98,12 +98,14 @@ def test_the_readme_judge_bindings_parse_on_the_run_files():
     from bat_jax.verify.judge import JudgeConfig
 
     launch.parse_gin(["bicurl_tiny.gin"], ["experiment.Components.judge = @judge.JudgeConfig()",
-                                           "judge.JudgeConfig.base_url = 'http://localhost:8000/v1'",
-                                           "judge.JudgeConfig.model = 'my-judge'"])
+                                           "judge/chat_endpoint.ChatEndpointConfig.base_url = 'http://localhost:8000/v1'",
+                                           "judge/chat_endpoint.ChatEndpointConfig.model = 'my-judge'"])
     components = gin.get_bindings("bat_jax.experiment.Components")
     judge = components["judge"]
     assert isinstance(judge, JudgeConfig)
-    assert (judge.base_url, judge.model, judge.items) == ("http://localhost:8000/v1", "my-judge", ("plan.written",))
+    endpoint = judge.endpoint
+    assert (endpoint.base_url, endpoint.model, judge.items) == ("http://localhost:8000/v1", "my-judge", ("plan.written",))
+    assert (endpoint.timeout_s, endpoint.max_retries, endpoint.max_tokens) == (30.0, 2, 256)
 
 
 def test_bicurl_small_trains_the_pretrained_smollm2_in_its_own_chatml_template():

@@ -148,7 +148,7 @@ def _judged_rubric(judge):
 
 
 def test_llm_judge_items_and_unscored_on_judge_failure():
-    from bat_jax.tasks.chat_client import ChatError
+    from bat_jax.clients.chat_endpoint import ChatError
     from bat_jax.verify.judge import LLMJudge
 
     ev = Evidence((_receipt(0, "cat task.md", stdout="# Task"),), {"plan.md": b"restore from archive"})

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bat_jax.atomic_io import atomic_write
+from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.benchmark.stages import E2E, FOCI, STAGES, Stage
 from bat_jax.rollout.action_loop import run_action_episode
 from bat_jax.sandbox.types import Sandbox, SandboxState
@@ -51,7 +52,6 @@ from bat_jax.stage_bank.row import OUTCOMES, Provenance, RLRow, SFTRow, StateRef
 from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
 from bat_jax.tasks import heldout
 from bat_jax.tasks.brief import VARIED_TEMPLATE_BASE
-from bat_jax.tasks.chat_client import ChatEndpointConfig
 from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence
 from bat_jax.tasks.registry import TRACKS, get_track
 from bat_jax.tasks.rubric_items import build_rubric
@@ -86,11 +86,11 @@ class FactoryConfig:
       backend: sandbox backend, 'local' (non-isolated, tests/dev) or 'docker'.
       teacher: 'scripted' (the scripted expert: the brief's paths written into its code), 'portable' (the
         scripted expert whose action texts are the same for every task: its code reads the paths from task.md
-        when it runs, `tasks.portable_expert`; the tiny default's teacher) or 'openai' (an OpenAI-compatible
-        endpoint).
-      teacher_base_url, teacher_model, teacher_api_key_env, teacher_timeout_s, teacher_max_retries,
-        teacher_temperature: the endpoint of the 'openai' teacher (`ChatEndpointConfig`); the key is read from
-        the environment variable, never stored.
+        when it runs, `tasks.portable_expert`; the tiny default's teacher) or 'openai' (an LLM over an
+        OpenAI-compatible endpoint, `tasks.teacher.ChatTeacher`).
+      teacher_endpoint: the chat endpoint of the 'openai' teacher (`clients.chat_endpoint.ChatEndpointConfig`, gin:
+        `teacher/chat_endpoint.ChatEndpointConfig`); its key is read from the environment variable it names,
+        never stored.
       heldout_manifest: held-out manifest JSON for Leak(z) and the preflight; '' = the default held-out suite
         (`bat_jax.tasks.heldout.heldout_suite()`) generated in memory.
       workers: sources processed in parallel (threads; the work is sandbox subprocesses).
@@ -110,12 +110,7 @@ class FactoryConfig:
     horizon: int = 24
     backend: str = "local"
     teacher: str = "scripted"
-    teacher_base_url: str = ""
-    teacher_model: str = ""
-    teacher_api_key_env: str = "OPENAI_API_KEY"
-    teacher_timeout_s: float = 60.0
-    teacher_max_retries: int = 3
-    teacher_temperature: float = 0.7
+    teacher_endpoint: ChatEndpointConfig | None = None
     heldout_manifest: str = ""
     workers: int = 2
     note: str = ""
@@ -137,19 +132,14 @@ class FactoryConfig:
             raise ValueError(f"FactoryConfig.backend must be 'local' or 'docker', got {self.backend!r}")
         if self.teacher not in ("scripted", "portable", "openai"):
             raise ValueError(f"FactoryConfig.teacher must be 'scripted', 'portable' or 'openai', got {self.teacher!r}")
-        if self.teacher == "openai" and not (self.teacher_base_url and self.teacher_model):
-            raise ValueError("FactoryConfig.teacher='openai' needs teacher_base_url and teacher_model")
+        if self.teacher == "openai" and self.teacher_endpoint is None:
+            raise ValueError("FactoryConfig.teacher='openai' needs teacher_endpoint (a ChatEndpointConfig)")
         if self.cases_per_task < 0 or self.cases_per_task == 1:
             raise ValueError(f"FactoryConfig.cases_per_task must be 0 (track default) or >= 2, "
                              f"got {self.cases_per_task}")
         if self.horizon < 1 or self.workers < 1:
             raise ValueError(f"FactoryConfig.horizon and workers must be >= 1, got {self.horizon}, {self.workers}")
         self.reduction.validate()
-
-    def endpoint(self) -> ChatEndpointConfig:
-        return ChatEndpointConfig(self.teacher_base_url, self.teacher_model, self.teacher_api_key_env,
-                                  self.teacher_timeout_s, self.teacher_max_retries,
-                                  temperature=self.teacher_temperature)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +224,7 @@ class _Context:
             return ScriptedExpert()
         if self.config.teacher == "portable":
             return PortableExpert()
-        return ChatTeacher(self.config.endpoint())
+        return ChatTeacher(self.config.teacher_endpoint)
 
 
 def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: str) -> tuple[Episode, Evidence]:
@@ -351,8 +341,9 @@ def code_fingerprint() -> str:
 
 def _cache_key(cfg: FactoryConfig, src: Source, salt: str) -> str:
     fields = {k: v for k, v in dataclasses.asdict(cfg).items()
-              if k not in ("bank_dir", "tracks", "foci", "outcomes", "workers", "note", "heldout_manifest",
-                           "teacher_api_key_env")}
+              if k not in ("bank_dir", "tracks", "foci", "outcomes", "workers", "note", "heldout_manifest")}
+    if fields["teacher_endpoint"] is not None:  # where the key is read from does not change the rows
+        fields["teacher_endpoint"] = {k: v for k, v in fields["teacher_endpoint"].items() if k != "api_key_env"}
     return content_digest({"factory": FACTORY_VERSION, "source": dataclasses.asdict(src), "config": fields,
                            "salt": salt})
 

@@ -66,17 +66,17 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
                             lambda ev: any(inst.task_id in r.stdout for r in ev.ran(reads=("task.md",)))),
         EvidenceRequirement("receipt.inventory", "a successful call that read the case manifest and printed a case id",
                             lambda ev: any(first_case in r.stdout for r in ev.ran(reads=(L.cases_csv,)))),
-        EvidenceRequirement("file.plan", "the plan file exists", lambda ev: L.plan_path in ev.files),
+        EvidenceRequirement("file.plan", "the plan file exists", lambda ev: L.plan_path in ev.files, L.plan_path),
         # S2
         EvidenceRequirement("receipt.env_check", "a successful call that imported the provided method (read its "
                             "model.py) and loaded its config", lambda ev: bool(ev.ran(reads=(model_py, config_json)))),
-        EvidenceRequirement("file.env", "the env file exists", lambda ev: L.env_json in ev.files),
+        EvidenceRequirement("file.env", "the env file exists", lambda ev: L.env_json in ev.files, L.env_json),
         # S3
         EvidenceRequirement("receipt.smoke_run", "a successful call that ran the method (read model.py and a case "
                             "input) and wrote into the validation dir an entry equal to the method's output",
                             lambda ev: method_ran(ev, L.validation_dir)),
         EvidenceRequirement("file.validation", "the validation report exists",
-                            lambda ev: L.validation_json in ev.files),
+                            lambda ev: L.validation_json in ev.files, L.validation_json),
         EvidenceRequirement("receipt.input_check", "a successful call that read the case manifest and loaded case "
                             "inputs", lambda ev: bool(ev.ran((L.cases_csv,), inputs))),
         # S4
@@ -86,7 +86,8 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         EvidenceRequirement("file.predictions", "at least one saved prediction entry",
                             lambda ev: bool(_pred_entries(ev, inst))),
         # S5
-        EvidenceRequirement("file.submission", "the submission file exists", lambda ev: L.submission in ev.files),
+        EvidenceRequirement("file.submission", "the submission file exists", lambda ev: L.submission in ev.files,
+                            L.submission),
         EvidenceRequirement("receipt.submit", "a successful submit call",
                             lambda ev: bool(ev.ok_receipts(tool="submit"))),
     ]

@@ -1,4 +1,4 @@
-"""Teachers: the scripted expert (any track) and an OpenAI-compatible teacher client.
+"""Teachers: the scripted expert (any track), the LLM teacher over a chat endpoint (`ChatTeacher`) and baselines.
 
 The scripted expert acts only through `execute_code` / `submit` and decides from what it observes: paths
 and the task id come from the brief text, case ids from its manifest read, the method version from its
@@ -14,9 +14,9 @@ import re
 import time
 
 from bat_jax.benchmark.stages import Stage
+from bat_jax.clients.chat_endpoint import ChatClient, ChatEndpointConfig, ChatError
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation
-from bat_jax.tasks.chat_client import ChatClient, ChatEndpointConfig, ChatError
 from bat_jax.tasks.episode import Conversation, PolicyError
 from bat_jax.tasks.layout import Layout
 
@@ -246,37 +246,6 @@ print(json.dumps({{"n_pred": len(preds), "n_failed": len(failed), "complete": se
 
 
 # ---------------------------------------------------------------------------------------------------------
-class OpenAITeacher:
-    """An LLM teacher policy over an OpenAI-compatible endpoint (stdlib urllib only).
-
-    Errors (network, HTTP, unparsable replies) become counted rejections: the call raises `PolicyError`,
-    which the episode loop (`rollout/action_loop.py`) turns into a rejected episode. `rejections` counts them
-    by cause.
-    """
-
-    def __init__(self, config: ChatEndpointConfig, sleep=time.sleep):
-        self.config = config
-        self.rejections: dict[str, int] = {}
-        self._client = ChatClient(config, sleep)
-
-    def _reject(self, cause: str, detail: str) -> PolicyError:
-        self.rejections[cause] = self.rejections.get(cause, 0) + 1
-        return PolicyError(f"teacher {cause}: {detail}")
-
-    def __call__(self, conv: Conversation) -> Action | None:
-        try:
-            content = self._client.complete(conv.messages())
-        except ChatError as exc:
-            raise self._reject(exc.cause, str(exc)) from None
-        try:
-            m = re.search(r"\{[\s\S]*\}", content)
-            action = Action.from_dict(json.loads(m.group(0)) if m else None)
-        except (TypeError, ValueError) as exc:
-            raise self._reject("bad_reply", str(exc)) from None
-        return action
-
-
-# ---------------------------------------------------------------------------------------------------------
 class DoNothingPolicy:
     """Baseline: stops immediately."""
 
@@ -303,11 +272,11 @@ class RandomCommandPolicy:
 
 
 class ChatTeacher:
-    """OpenAI-compatible teacher policy whose replies also name the stage of each action.
-
-    Works around `OpenAITeacher`, whose actions carry no stage label (every turn would be S1, so
-    stage boundaries could not be found). Endpoint failures and unparsable replies raise `PolicyError`
-    ('teacher <cause>: ...'), which the episode turns into a rejection.
+    """The LLM teacher: an action-level policy over an OpenAI-compatible chat endpoint (the Data Factory's
+    'openai' teacher). Its system prompt asks for one JSON action per turn that also names the action's stage
+    ('S1'..'S5'), so stage boundaries and stage-start states can be found in its trajectories. Endpoint failures
+    and unparsable replies raise `PolicyError` ('teacher <cause>: ...'), which the episode loop
+    (`rollout/action_loop.py`) turns into a rejected episode.
     """
 
     NOTE = (' Also include "stage": one of "S1".."S5", the workflow stage (Plan, Setup, Validate, Inference, '

@@ -6,7 +6,7 @@ every item). A judge that is unreachable or answers unparsably raises `InfraErro
 unscored (None), never 0. The judge is asked for a binary verdict at temperature 0; its reply may carry
 reasoning, prose or code fences around the verdict object (`parse_verdict` reads the last one).
 
-A run configures its judge with `JudgeConfig` (endpoint, model, which items it decides); `RubricJudge` swaps
+A run configures its judge with `JudgeConfig` (its chat endpoint, which items it decides); `RubricJudge` swaps
 those items' predicates for judge calls, caches verdicts by (item id, evidence digest) and names the judge
 model in the reward version.
 """
@@ -21,14 +21,11 @@ import re
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from bat_jax.benchmark.stages import Stage
-from bat_jax.tasks.chat_client import ChatClient, ChatEndpointConfig, ChatError
+from bat_jax.clients.chat_endpoint import ChatClient, ChatEndpointConfig, ChatError
 from bat_jax.verify.rubric import REWARD_VERSION, Evidence, InfraError, Rubric, RubricItem
-
-if TYPE_CHECKING:
-    from bat_jax.tasks.layout import Layout
 
 #: Characters of rendered evidence sent to the judge.
 MAX_EVIDENCE_CHARS = 6000
@@ -100,7 +97,7 @@ class _Completes(Protocol):
 
 
 class LLMJudge:
-    """Binary decisions from an OpenAI-compatible model (`tasks.chat_client.ChatClient` or a stub).
+    """Binary decisions from an OpenAI-compatible model (`clients.chat_endpoint.ChatClient` or a stub).
 
     Attributes:
       calls: number of judge requests made; reasons: the judge's last reason per item description.
@@ -154,10 +151,6 @@ def judged_item(item_id: str, stage: Stage, description: str, evidence: tuple[st
 #: Items resting on the hidden answer key or on exact artefact formats stay programmatic.
 DEFAULT_ITEMS = ("plan.written",)
 
-#: Evidence key → the `tasks.layout.Layout` attribute of the workspace file it names (shown to the judge).
-EVIDENCE_FILES = {"file.plan": "plan_path", "file.env": "env_json", "file.validation": "validation_json",
-                  "file.submission": "submission"}
-
 _STAGE_PREFIXES = ("plan", "setup", "validate", "inference", "submit")
 
 
@@ -166,52 +159,35 @@ class JudgeConfig:
     """The LLM judge of a run (gin: `experiment.Components.judge = @judge.JudgeConfig()`).
 
     Attributes:
-      base_url: OpenAI-compatible endpoint, e.g. 'http://127.0.0.1:8000/v1' (POSTs to base_url + '/chat/completions').
-      model: model name sent with each request; recorded in the reward version.
+      endpoint: the judge model's OpenAI-compatible chat endpoint (`clients.chat_endpoint.ChatEndpointConfig`; the
+        run files bind it as `judge/chat_endpoint.ChatEndpointConfig`: 30 s per request, 2 retries, 256 reply
+        tokens). Every request asks at temperature 0 (a verdict, not a sample); the model's name is recorded in
+        the reward version.
       items: rubric item ids ('<stage>.<name>', `tasks.rubric_items`) whose predicate the judge replaces; every
         other item stays programmatic. A judged item keeps its evidence gate: without its evidence the judge
         is not asked and the item fails. An id absent from a task's rubric (e.g. 'inference.fault_handled' on a
         task without a fault) is skipped for that task.
-      api_key_env: environment variable holding the key ('' for none); the key is never stored in config.
-      timeout_s: per-request timeout, seconds. max_retries: retries after the first attempt. backoff_s: first
-        retry delay, seconds, doubled each retry.
-      max_tokens: reply budget of one verdict.
       trip_after: consecutive failed decisions (endpoint errors or replies without a verdict) after which the
         judge counts as down for `cooldown_s` seconds: judged items then fail fast (unscored, no request), so
         a dead endpoint cannot stall the run on timeouts; 0 = never.
+    Raises:
+      ValueError: items that are not rubric item ids, or a negative trip_after (named).
     """
 
-    base_url: str
-    model: str
+    endpoint: ChatEndpointConfig
     items: tuple[str, ...] = DEFAULT_ITEMS
-    api_key_env: str = "OPENAI_API_KEY"
-    timeout_s: float = 30.0
-    max_retries: int = 2
-    backoff_s: float = 1.0
-    max_tokens: int = 256
     trip_after: int = 3
     cooldown_s: float = 300.0
 
     def __post_init__(self):
         object.__setattr__(self, "items", tuple(self.items))
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"JudgeConfig.base_url must start with http:// or https://, got {self.base_url!r}")
-        if not self.model:
-            raise ValueError("JudgeConfig.model must name the judge model")
         bad = [i for i in self.items if not isinstance(i, str) or i.split(".")[0] not in _STAGE_PREFIXES
                or "." not in i]
         if not self.items or bad:
             raise ValueError(f"JudgeConfig.items must be non-empty rubric item ids '<stage>.<name>' with stage in "
                              f"{_STAGE_PREFIXES}; got {self.items!r}")
-        if self.timeout_s <= 0 or self.max_retries < 0 or self.backoff_s < 0 or self.trip_after < 0:
-            raise ValueError(f"JudgeConfig needs timeout_s > 0 and max_retries, backoff_s, trip_after >= 0; got "
-                             f"{self.timeout_s}, {self.max_retries}, {self.backoff_s}, {self.trip_after}")
-
-    def endpoint(self) -> ChatEndpointConfig:
-        """The chat-client settings (temperature 0: a verdict, not a sample)."""
-        return ChatEndpointConfig(base_url=self.base_url, model=self.model, api_key_env=self.api_key_env,
-                                  timeout_s=self.timeout_s, max_retries=self.max_retries, backoff_s=self.backoff_s,
-                                  temperature=0.0, max_tokens=self.max_tokens)
+        if self.trip_after < 0:
+            raise ValueError(f"JudgeConfig.trip_after must be >= 0, got {self.trip_after}")
 
 
 def evidence_digest(description: str, evidence_text: str) -> str:
@@ -234,7 +210,7 @@ class RubricJudge:
     def __init__(self, config: JudgeConfig, client: _Completes | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self._client = client if client is not None else ChatClient(config.endpoint())
+        self._client = client if client is not None else ChatClient(config.endpoint)
         self.llm = LLMJudge(self._client)
         self.cache: dict[tuple[str, str], bool] = {}
         self.cache_hits = self.failures = self.skipped = 0
@@ -245,7 +221,7 @@ class RubricJudge:
     @property
     def version(self) -> str:
         """Reward version of rubric scores that use this judge, e.g. 'bat_rubric/v3+judge:m[plan.written]'."""
-        return f"{REWARD_VERSION}+judge:{self.config.model}[{','.join(self.config.items)}]"
+        return f"{REWARD_VERSION}+judge:{self.config.endpoint.model}[{','.join(self.config.items)}]"
 
     def check_endpoint(self) -> bool:
         """One request at run start. A refusal of the request itself (HTTP 4xx: wrong model name, key or path)
@@ -260,9 +236,10 @@ class RubricJudge:
                                       temperature=0.0)
         except ChatError as exc:
             if exc.cause == "http_error":
-                raise ValueError(f"LLM judge {self.config.base_url} (model {self.config.model!r}) rejected a "
-                                 f"request: {exc}; check JudgeConfig.base_url / model / api_key_env") from None
-            warnings.warn(f"LLM judge {self.config.base_url} did not answer ({exc}); judged rubric items stay "
+                raise ValueError(f"LLM judge {self.config.endpoint.base_url} (model {self.config.endpoint.model!r}) "
+                                 f"rejected a request: {exc}; check the judge's ChatEndpointConfig base_url / model / "
+                                 "api_key_env") from None
+            warnings.warn(f"LLM judge {self.config.endpoint.base_url} did not answer ({exc}); judged rubric items stay "
                           f"unscored until it does", RuntimeWarning, stacklevel=2)
             return False
         return True
@@ -285,7 +262,7 @@ class RubricJudge:
         if self._clock() < self._down_until:
             self.failures += 1
             self.skipped += 1
-            raise InfraError(f"judge {self.config.base_url} marked down after {self.config.trip_after} failures")
+            raise InfraError(f"judge {self.config.endpoint.base_url} marked down after {self.config.trip_after} failures")
         try:
             verdict = self.llm.decide(item.description, evidence_text)
         except InfraError:
@@ -299,14 +276,15 @@ class RubricJudge:
         self.cache[key] = verdict
         return verdict
 
-    def apply(self, rubric: Rubric, layout: Layout) -> Rubric:
+    def apply(self, rubric: Rubric) -> Rubric:
         """`rubric` with the configured items decided by the judge on the rendered evidence: the workspace files
-        the item's evidence keys name, the brief `task.md`, then the last receipts."""
+        the item's evidence requirements are (`EvidenceRequirement.path`), the brief `task.md`, then the last
+        receipts."""
         items = []
         for item in rubric.items:
             if item.item_id in self.config.items:
-                paths = tuple(getattr(layout, EVIDENCE_FILES[k]) for k in item.evidence
-                              if k in EVIDENCE_FILES) + ("task.md",)
+                paths = tuple(rubric.requirements[k].path for k in item.evidence
+                              if rubric.requirements[k].path) + ("task.md",)
                 item = dataclasses.replace(item, check=functools.partial(self._check, item, paths))
             items.append(item)
         return dataclasses.replace(rubric, items=tuple(items))

@@ -168,7 +168,7 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
     track, inst = tasks.get(row) if tasks is not None else row_task(row)
     rubric = build_rubric(track, inst)
     if judge is not None:
-        rubric = judge.apply(rubric, inst.layout)
+        rubric = judge.apply(rubric)
     error = ""
     try:  # reading and scoring what the agent wrote: whatever goes wrong here is the agent's failure
         if row.reward_source == "task_metric":

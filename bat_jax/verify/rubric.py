@@ -112,11 +112,14 @@ class InfraError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class EvidenceRequirement:
-    """One piece of required evidence g ∈ G (a receipt or an artefact), with its host-side check."""
+    """One piece of required evidence g ∈ G (a receipt or an artefact), with its host-side check. `path`: the
+    workspace file this evidence is, when it is one file ('' otherwise): what an LLM judge deciding an item that
+    rests on it is shown (`verify.judge.RubricJudge.apply`)."""
 
     key: str
     description: str
     check: Check
+    path: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

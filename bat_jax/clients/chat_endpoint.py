@@ -1,8 +1,10 @@
 """Minimal OpenAI-compatible chat-completions client (stdlib urllib): timeouts, retries with backoff.
 
-Shared by the LLM teacher (`tasks.teacher.OpenAITeacher`) and the LLM judge (`verify.judge`). Failures raise
-`ChatError` with a short cause ('http_error', 'unreachable'); callers turn them into counted rejections
-(teacher) or unscored checks (judge) — never crashes.
+`ChatEndpointConfig` is the one description of such an endpoint: gin nests it into the LLM judge's config
+(`verify.judge.JudgeConfig.endpoint`) and the Data Factory's teacher (`stage_bank.factory.FactoryConfig.
+teacher_endpoint`, played by `tasks.teacher.ChatTeacher`). Failures raise `ChatError` with a short cause
+('http_error', 'unreachable', 'bad_reply'); callers turn them into rejected sources (teacher) or unscored checks
+(judge), never crashes.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ class ChatEndpointConfig:
       timeout_s: per-request timeout, seconds.
       max_retries: retries after the first attempt on network errors, HTTP 408/429 and 5xx.
       backoff_s: first retry delay in seconds, doubled each retry.
-      temperature, max_tokens: sampling settings.
+      temperature, max_tokens: sampling settings (a caller may pass its own temperature per request).
+    Raises:
+      ValueError: naming the field: a base_url that is not http(s), no model, timeout_s <= 0, a negative
+        max_retries or backoff_s, max_tokens < 1.
     """
 
     base_url: str
@@ -39,6 +44,16 @@ class ChatEndpointConfig:
     backoff_s: float = 1.0
     temperature: float = 0.7
     max_tokens: int = 2048
+
+    def __post_init__(self):
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"ChatEndpointConfig.base_url must start with http:// or https://, got {self.base_url!r}")
+        if not self.model:
+            raise ValueError("ChatEndpointConfig.model must name the model")
+        if self.timeout_s <= 0 or self.max_retries < 0 or self.backoff_s < 0 or self.max_tokens < 1:
+            raise ValueError(f"ChatEndpointConfig needs timeout_s > 0, max_retries >= 0, backoff_s >= 0 and "
+                             f"max_tokens >= 1; got {self.timeout_s}, {self.max_retries}, {self.backoff_s}, "
+                             f"{self.max_tokens}")
 
 
 class ChatError(RuntimeError):
