@@ -27,6 +27,7 @@ from bat_jax.experiment import Components
 from bat_jax.rollout.run_loops import build_engine
 from bat_jax.atomic_io import atomic_write
 from bat_jax.policy import EngineCells, build_policy, make_agent_loop
+from bat_jax.sandbox.backends import open_backend
 from bat_jax.verify.judge import RubricJudge
 
 
@@ -46,7 +47,7 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
       sandbox_pool: Docker only: the cells' sandboxes come from a warm pool of one container per cell, each reset
         to a fresh state between episodes (removed at the end, also on errors); False = a new container per cell.
     Returns: the written ``evaluation.json`` content.
-    Raises: FileNotFoundError for a missing checkpoint directory; `tasks.harness.BackendUnavailable` when the
+    Raises: FileNotFoundError for a missing checkpoint directory; `sandbox.backends.BackendUnavailable` when the
       Docker backend is asked for and not usable; ValueError for an unknown backend or purpose.
     """
     run_dir, c = pathlib.Path(run_dir), components
@@ -54,8 +55,6 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
     t0 = time.perf_counter()
     policy = build_policy(c.policy)
     engine = build_engine(policy, c, run_dir)
-    from bat_jax.tasks.harness import open_backend
-
     jobs = len(ev.suite_jobs(evaluation))
     with open_backend(backend, c.agent.workers(jobs), warm=jobs if sandbox_pool else 0) as sandboxes:
         loop = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(

@@ -177,7 +177,7 @@ def build_policy(config: PolicyConfig) -> Policy:
 def make_agent_loop(policy: Policy, engine: Any, make_sandbox: Any, config: AgentLoopConfig,
                     sandbox_release: Any = None) -> AgentLoop:
     """An AgentLoop over `engine` with the policy's chat template (token in, token out). `make_sandbox` /
-    `sandbox_release`: where episodes get and give back sandboxes (`tasks.harness.SandboxBackend.make` /
+    `sandbox_release`: where episodes get and give back sandboxes (`sandbox.backends.SandboxBackend.make` /
     `.release`; release None = close each one)."""
     from bat_jax.models.episode import EpisodeBuilder
 

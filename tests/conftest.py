@@ -20,7 +20,7 @@ import pytest  # noqa: E402  (after XLA_FLAGS: importing pytest fixtures must no
 def factory(request):
     """Sandbox factory per backend: the non-isolated local one, and Docker (docker-marked; skipped, with the
     reason, when the engine or image is unavailable). Shared by the task-track tests."""
-    from bat_jax.tasks.harness import BackendUnavailable, backend_factory
+    from bat_jax.sandbox.backends import BackendUnavailable, backend_factory
 
     try:
         return backend_factory(request.param)

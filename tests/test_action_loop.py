@@ -19,7 +19,7 @@ from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.rollout.action_loop import ActionEpisodeRequest, run_action_episode, run_action_episodes
 from bat_jax.sandbox.tools import Action
 from bat_jax.tasks.episode import PolicyError, collect_evidence
-from bat_jax.tasks.harness import local_sandbox
+from bat_jax.sandbox.backends import local_sandbox
 from bat_jax.tasks.portable_expert import PortableExpert
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.rubric_items import build_rubric
@@ -158,7 +158,7 @@ def test_factory_bank_digest_is_the_recorded_one(tmp_path):
 
 @pytest.mark.docker
 def test_portable_expert_in_docker_gives_the_recorded_episode_and_score():
-    from bat_jax.tasks.harness import BackendUnavailable, backend_factory
+    from bat_jax.sandbox.backends import BackendUnavailable, backend_factory
 
     try:
         make = backend_factory("docker")

@@ -14,7 +14,7 @@ import pytest
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.bank import BankError, StageBank
 from bat_jax.sandbox.tools import STOP, Action
-from bat_jax.stage_bank.row import (Message, Provenance, RLRow, RubricItem, SFTRow, StateRef)
+from bat_jax.stage_bank.row import (Message, Provenance, RLRow, RubricSpec, SFTRow, StateRef)
 
 REPO = Path(__file__).resolve().parents[1]
 H = "ab" * 32
@@ -25,7 +25,7 @@ def make_rows(bank, n, *, start=0, tracks=("vqa", "segmentation"), foci=("S1", "
     for i in range(start, start + n):
         state = SandboxState({"task.md": f"fictional task {i}".encode()})
         ref = bank.put_state(state)
-        rows.append(RLRow(ref, foci[i % len(foci)], f"Do step for task {i}.", (RubricItem("a", "item a"),), (),
+        rows.append(RLRow(ref, foci[i % len(foci)], f"Do step for task {i}.", (RubricSpec("a", "item a"),), (),
                           "skill", Provenance(f"src-{i}", H, tracks[i % len(tracks)],
                                               ("success", "recovery", "failure")[i % 3]),
                           ("rubric", "task_metric")[i % 2]))
@@ -84,7 +84,7 @@ def test_admitted_rows_are_immutable(tmp_path):
         bank.admit([rows[0]])
     with pytest.raises(BankError, match="already admitted"):
         bank.admit([], [sft(1), sft(1)])
-    missing = RLRow(StateRef("cd" * 32, "states/none.tar"), "S1", "p", (RubricItem("a", "b"),), (), "k",
+    missing = RLRow(StateRef("cd" * 32, "states/none.tar"), "S1", "p", (RubricSpec("a", "b"),), (), "k",
                     Provenance("zz", H, "vqa", "success"))
     with pytest.raises(BankError, match="not stored"):
         bank.admit([missing])

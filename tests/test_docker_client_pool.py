@@ -6,7 +6,7 @@ import docker
 import pytest
 
 from bat_jax.sandbox import docker as docker_backend
-from bat_jax.tasks.harness import BackendUnavailable, backend_factory
+from bat_jax.sandbox.backends import BackendUnavailable, backend_factory
 
 
 def _offline_from_env(made):

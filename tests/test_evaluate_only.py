@@ -13,7 +13,7 @@ from bat_jax.experiment import Components
 from bat_jax.policy import EngineCells, PolicyConfig, build_policy, make_agent_loop
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.rollout.run_loops import build_engine
-from bat_jax.tasks.harness import backend_factory
+from bat_jax.sandbox.backends import backend_factory
 
 COMPONENTS = Components(
     policy=PolicyConfig(family="qwen3", tiny={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2},

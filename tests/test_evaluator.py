@@ -8,7 +8,7 @@ import pytest
 from bat_jax.benchmark import evaluator
 from bat_jax.benchmark.scoring import Cell, Summary
 from bat_jax.benchmark.stages import STAGES
-from bat_jax.tasks.harness import local_sandbox
+from bat_jax.sandbox.backends import local_sandbox
 from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert
 
 

@@ -152,7 +152,7 @@ def test_policy_cells_count_scored_agent_failed_cells(monkeypatch):
     from bat_jax.benchmark import evaluator
     from bat_jax.benchmark.scoring import Cell
     from bat_jax.benchmark.stages import STAGES
-    from bat_jax.tasks import harness
+    from bat_jax.rollout import play as harness
     from bat_jax.verify.rubric import Evidence
 
     outcomes = iter([("", 0.5), ("sandbox died after agent code", 0.0), ("sandbox died after agent code", None)])

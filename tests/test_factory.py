@@ -26,7 +26,7 @@ from bat_jax.stage_bank.row import Provenance, content_digest
 from bat_jax.tasks.base import decode_array
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.sandbox.tools import Action
-from bat_jax.tasks.episode import Conversation, Episode, Turn
+from bat_jax.tasks.episode import Conversation, RecordedEpisode, Turn
 from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, training_task
 from bat_jax.tasks.registry import TRACKS
 from bat_jax.tasks.teacher import ChatTeacher
@@ -122,7 +122,7 @@ def test_sft_slices_one_row_per_response_with_prior_turns():
             Action("env", "execute_code", {"language": "python", "code": "import numpy"}, Stage.SETUP),
             Action("", "submit", {"path": "outputs/submission.json"}, Stage.SUBMIT)]
     turns = [Turn(i, a.stage, a, _obs(f"out{i}")) for i, a in enumerate(acts)]
-    ep = Episode("tr-x", E2E, turns, "stop")
+    ep = RecordedEpisode("tr-x", E2E, turns, "stop")
     prov = Provenance("tr-x", "a" * 64, "vqa", "success")
     rows = slicing.sft_slices(ep, "# Task tr-x\nbrief", prov, "b" * 64)
     assert [r.focus for r in rows] == ["S1", "S2", "S5"]
@@ -144,7 +144,7 @@ def test_boundary_state_replays_the_prefix_and_detects_mismatch():
 
     steps = [bash(Stage.PLAN, "echo plan > plan.md"), bash(Stage.SETUP, "mkdir -p out && echo 1 > out/env"),
              bash(Stage.VALIDATE, "echo v > out/val")]
-    ep = Episode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
+    ep = RecordedEpisode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
     make = lambda st: LocalSandbox(st, timeout_s=30.0)  # noqa: E731
     initial = SandboxState({"task.md": b"brief"}, {"SEED": "1"})
     state = slicing.boundary_state(make, initial, ep, Stage.VALIDATE)
@@ -153,7 +153,7 @@ def test_boundary_state_replays_the_prefix_and_detects_mismatch():
     assert dict(slicing.boundary_state(make, initial, ep, Stage.SETUP).files) == {"task.md": b"brief",
                                                                                     "plan.md": b"plan\n"}
     steps[0] = bash(Stage.PLAN, "exit 3")  # recorded exit 0, replays as 3
-    ep = Episode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
+    ep = RecordedEpisode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
     with pytest.raises(slicing.ReplayMismatch, match="turn 0: replay exited 3, recorded 0"):
         slicing.boundary_state(make, initial, ep, Stage.VALIDATE)
 
@@ -353,7 +353,7 @@ def test_leaky_source_is_rejected_and_nothing_is_admitted(tmp_path):
 
 @pytest.mark.docker
 def test_docker_backend_builds_two_sources(tmp_path):
-    from bat_jax.tasks.harness import BackendUnavailable, backend_factory
+    from bat_jax.sandbox.backends import BackendUnavailable, backend_factory
 
     try:
         backend_factory("docker")
@@ -372,7 +372,7 @@ def test_docker_backend_builds_two_sources(tmp_path):
 @pytest.mark.docker
 def test_docker_container_killed_mid_trajectory_rejects_the_source(tmp_path):
     from bat_jax.sandbox import docker as docker_backend
-    from bat_jax.tasks.harness import BackendUnavailable, backend_factory
+    from bat_jax.sandbox.backends import BackendUnavailable, backend_factory
 
     try:
         backend_factory("docker")

@@ -7,7 +7,7 @@ import pytest
 from bat_jax.benchmark.scoring import aggregate, overall_score
 from bat_jax.tasks.heldout import (
     HELDOUT_SEED_BASE, heldout_suite, manifest, manifest_strings, training_task, write_manifest)
-from bat_jax.tasks.harness import play
+from bat_jax.rollout.play import play
 from bat_jax.tasks.registry import TRACKS
 from bat_jax.tasks.teacher import DoNothingPolicy, RandomCommandPolicy, ScriptedExpert
 

@@ -13,7 +13,7 @@ from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.report import scoring_table
 from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.types import Receipt
-from bat_jax.stage_bank.row import Provenance, RLRow, RubricItem, StateRef, Transformation
+from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
 from bat_jax.tasks import heldout
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.rubric_items import build_rubric
@@ -40,7 +40,7 @@ def _row(task, focus):
     syn = Transformation("task_synthesis", "ab" * 32, {"seed": SEED, "variant": VARIANT, "template": TEMPLATE})
     state = task.state()
     return RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), focus, "do the stage",
-                 (RubricItem("x", "y"),), (), "skill", Provenance("src-1", "cd" * 32, "vqa", "success", (syn,)))
+                 (RubricSpec("x", "y"),), (), "skill", Provenance("src-1", "cd" * 32, "vqa", "success", (syn,)))
 
 
 def _receipt(i, code, stdout, reads=()):

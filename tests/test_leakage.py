@@ -12,7 +12,7 @@ from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.leakage import (HeldOutManifest, LeakageConfig, LeakageError, LeakageHit, LeakageReport,
                                         LeakageScanner, preflight)
 from bat_jax.sandbox.tools import STOP, Action
-from bat_jax.stage_bank.row import (EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow)
+from bat_jax.stage_bank.row import (EvidenceSpec, Message, Provenance, RLRow, RubricSpec, SFTRow)
 
 H = "ab" * 32
 ANSWER = ("the right lower lobe shows a small apical pneumothorax without mediastinal shift "
@@ -42,8 +42,8 @@ def make_row(bank, i, rng, **kw):
     state = SandboxState({"task.md": f"fictional task {i % 50}: {STATE_TEXT}".encode(),  # 50 distinct states
                           "scripts/run.sh": f"python infer.py --input data/fictional/case-0170/{i % 50}.png".encode()})
     args = dict(state=bank.put_state(state), focus=("S1", "S2", "S3", "S4", "S5", "E2E")[i % 6],
-                prompt=clean_text(rng), rubric=(RubricItem("a", clean_text(rng, 12)),),
-                evidence=(EvidenceRequirement("e", "artifact", {"path": f"out/ISIC_0024307_{i}.png"}),),
+                prompt=clean_text(rng), rubric=(RubricSpec("a", clean_text(rng, 12)),),
+                evidence=(EvidenceSpec("e", "artifact", {"path": f"out/ISIC_0024307_{i}.png"}),),
                 skill=clean_text(rng, 20), provenance=Provenance(f"fict-{i}", H, "vqa", "success"))
     args.update(kw)
     return RLRow(**args)
@@ -82,7 +82,7 @@ def test_marker_matching_rules():
 def test_planted_markers_are_found_and_named(tmp_path):
     rng = np.random.default_rng(0)
     bank = StageBank(tmp_path / "bank")
-    nested = make_row(bank, 1, rng, evidence=(EvidenceRequirement(
+    nested = make_row(bank, 1, rng, evidence=(EvidenceSpec(
         "e", "artifact", {"check": {"cases": ["fine", "compare with ISIC_0024306.jpg"]}}),))
     leaky_state = SandboxState(
         {"scripts/run.sh": b"python infer.py --input /mnt/benchmarks/heldout/cxr/images/00017.png"})

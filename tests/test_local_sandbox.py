@@ -2,8 +2,8 @@
 
 import pytest
 
-from bat_jax.sandbox.types import SandboxState, sha256_hex
-from bat_jax.tasks.harness import BackendUnavailable, backend_factory
+from bat_jax.sandbox.types import SandboxState, fault_of, sha256_hex
+from bat_jax.sandbox.backends import BackendUnavailable, backend_factory
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -83,3 +83,15 @@ def test_env_is_passed_and_close_is_idempotent(make_box):
     assert box.execute_code("bash", "echo $BAT_FLAG").stdout == "42\n"
     box.close()
     box.close()
+
+
+def test_a_call_after_close_is_the_hosts_failure_on_both_backends(make_box):
+    """`fault_of`, the one rule for blame: a working sandbox is ('', ''); one the host closed and then called is
+    'infra' (unscored), on the local and the Docker backend alike; a double without accounting is ('', '')."""
+    box = make_box()
+    assert box.execute_code("bash", "true").exit_code == 0 and fault_of(box) == ("", "")
+    box.close()
+    assert box.execute_code("bash", "true").error == "sandbox is closed"
+    assert fault_of(box) == ("infra", "sandbox is closed")
+    assert box.submit("x.json").exit_code is None and fault_of(box)[0] == "infra"
+    assert fault_of(object()) == ("", "")

@@ -14,7 +14,7 @@ import pytest
 from bat_jax.benchmark.stages import FOCI, Stage
 from bat_jax.stage_bank.pools import (PoolConfig, batch_counts, build_round_view, max_batches, partition_pools,
                                       round_state_id)
-from bat_jax.stage_bank.row import Provenance, RLRow, RubricItem, StateRef
+from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef
 
 H = "ab" * 32
 TRACKS = ("classification", "detection", "enhancement", "report", "segmentation", "synthesis", "vqa")
@@ -26,7 +26,7 @@ def make_bank(per_focus=400):
     for focus in FOCI:
         for i in range(per_focus):
             digest = hashlib.sha256(f"{focus}-{i}".encode()).hexdigest()
-            rows.append(RLRow(StateRef(digest, f"states/{digest}.tar"), focus, "p", (RubricItem("a", "b"),), (),
+            rows.append(RLRow(StateRef(digest, f"states/{digest}.tar"), focus, "p", (RubricSpec("a", "b"),), (),
                               "k", Provenance(f"{focus}-src-{i}", H, TRACKS[i % 7], OUTCOMES[(i // 7) % 3])))
     return rows
 

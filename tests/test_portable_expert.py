@@ -17,7 +17,7 @@ from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe, recipe
 from bat_jax.tasks.brief import VARIED_TEMPLATES
 from bat_jax.tasks.episode import Conversation, Turn
-from bat_jax.tasks.harness import play
+from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite, training_task
 from bat_jax.tasks.portable_expert import NEXT, SCRIPT, SUBMIT_THOUGHT, THOUGHTS, PortableExpert
 from bat_jax.tasks.registry import TRACKS
@@ -58,7 +58,7 @@ def test_same_actions_full_marks_on_a_varied_training_task_and_the_heldout_layou
 
 @pytest.mark.parametrize("focus", [s.value for s in STAGES[1:]])
 def test_a_stage_from_the_literal_experts_boundary_gets_full_marks(focus):
-    """Stage rows and the evaluator start later stages from the literal expert's prefix (harness.play)."""
+    """Stage rows and the evaluator start later stages from the literal expert's prefix (rollout.play.play)."""
     inst = training_task(TRACKS["segmentation"], 8, "recovery", template=VARIED_TEMPLATES[1])
     result = play(TRACKS["segmentation"], inst, PortableExpert(), focus=focus)
     assert result.score.reward == 1.0

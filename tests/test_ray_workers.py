@@ -40,7 +40,7 @@ def test_two_ray_workers_match_the_in_process_loop():
     ray = pytest.importorskip("ray")
     from bat_jax.policy import PolicyConfig, build_policy, rl_request
     from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec, host_params, install_params
-    from bat_jax.stage_bank.row import Provenance, RLRow, RubricItem, StateRef, Transformation
+    from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
     from bat_jax.tasks import heldout
     from bat_jax.tasks.registry import get_track
     from bat_jax.verify.row_reward import rollout_reward
@@ -52,7 +52,7 @@ def test_two_ray_workers_match_the_in_process_loop():
         syn = Transformation("task_synthesis", "ab" * 32, {"seed": seed, "variant": "success", "template": 0})
         provenance = Provenance("src-1", "cd" * 32, "vqa", "success", (syn,))
         rows.append(RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), focus, "do the stage",
-                          (RubricItem("x", "y"),), (), "skill", provenance))
+                          (RubricSpec("x", "y"),), (), "skill", provenance))
         starts.append(state)
     requests = [rl_request(row, st, f"st-{i}", "compact") for i, (row, st) in enumerate(zip(rows, starts))]
     # lockstep: the engine calls of a share are then the same in the worker and the reference, so the logprobs are

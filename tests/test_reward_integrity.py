@@ -12,7 +12,7 @@ from bat_jax.benchmark.stages import E2E, Stage
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.sandbox.tools import Action
-from bat_jax.tasks.harness import play
+from bat_jax.rollout.play import play
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import DoNothingPolicy
 
@@ -168,7 +168,7 @@ def test_method_replay_equals_the_method_run_in_the_sandbox_on_every_track(facto
 @pytest.mark.docker
 @pytest.mark.parametrize("attack", ["kill -9 $PPID", "kill -TERM 1", "kill -9 -1", "kill -STOP $PPID"])
 def test_killing_the_executor_is_refused_and_scores_like_an_idle_agent(attack):
-    from bat_jax.tasks.harness import backend_factory
+    from bat_jax.sandbox.backends import backend_factory
 
     factory = backend_factory("docker")
     inst = SEG.generate(5, "success")
@@ -259,7 +259,7 @@ def test_gather_files_enforces_count_byte_and_time_caps():
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
 def test_sparse_file_costs_the_host_nothing_at_evidence_time(backend):
-    from bat_jax.tasks.harness import backend_factory
+    from bat_jax.sandbox.backends import backend_factory
 
     box = backend_factory(backend)(SandboxState(files={"task.md": b"T"}))
     try:

@@ -1,5 +1,5 @@
 """Reward integrity: the eight inputs of the second round of reward-hacking attempts, each as a test through the
-real paths (`harness.play`, `AgentLoop`, `RolloutScorer`), and variants of each kind.
+real paths (`rollout.play.play`, `AgentLoop`, `RolloutScorer`), and variants of each kind.
 
 1. a legal file name ('..x') turned an honest failure into "unscored";  2. agent-written JSON crashed the host
 scorer;  3. a finite prediction made a NaN reward;  4. model output crashed the rollout loop;  5. a decompression
@@ -23,7 +23,7 @@ from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.docker import state_to_tar
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.tasks.harness import play
+from bat_jax.rollout.play import play
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert
 
@@ -112,7 +112,7 @@ def test_an_odd_name_reads_back_from_docker_and_through_the_agent_loop():
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
     from bat_jax.rollout.engine import Completion
-    from bat_jax.tasks.harness import backend_factory
+    from bat_jax.sandbox.backends import backend_factory
 
     tok = load_tiny_tokenizer()
     eot = tok.convert_tokens_to_ids("<|im_end|>")

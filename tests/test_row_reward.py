@@ -10,7 +10,7 @@ import pytest
 
 from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.types import Receipt
-from bat_jax.stage_bank.row import Provenance, RLRow, RubricItem, StateRef, Transformation
+from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
 from bat_jax.tasks import heldout
 from bat_jax.tasks.registry import get_track
 from bat_jax.verify import row_reward
@@ -22,7 +22,7 @@ def _row(seed, focus, variant="success", track="vqa"):
     syn = Transformation("task_synthesis", "ab" * 32, {"seed": seed, "variant": variant, "template": 0})
     state = heldout.training_task(get_track(track), seed, variant, 0).state()
     return RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), focus, "do the stage",
-                 (RubricItem("x", "y"),), (), "skill", Provenance(f"src-{seed}", "cd" * 32, track, variant, (syn,)))
+                 (RubricSpec("x", "y"),), (), "skill", Provenance(f"src-{seed}", "cd" * 32, track, variant, (syn,)))
 
 
 def _trajectory(task, focus, k):

@@ -1071,7 +1071,7 @@ def test_dead_sandbox_keeps_receipts_and_answers_with_errors(client):
 
 
 # ==================================================================================================================
-# Reward integrity: names, artefact bombs, crashes and copies an agent can write (scored through `harness.play`)
+# Reward integrity: names, artefact bombs, crashes and copies an agent can write (scored through `rollout.play.play`)
 # ==================================================================================================================
 # Every attempt runs as agent code in a Docker sandbox and is then scored by the host exactly as an evaluation
 # episode is. Contained means: the episode is scored (never "unscored" for what the agent wrote), the reward is
@@ -1079,7 +1079,7 @@ def test_dead_sandbox_keeps_receipts_and_answers_with_errors(client):
 
 from bat_jax.benchmark.stages import Stage  # noqa: E402
 from bat_jax.sandbox.tools import Action  # noqa: E402
-from bat_jax.tasks.harness import play, stage_start_state  # noqa: E402
+from bat_jax.rollout.play import play, stage_start_state  # noqa: E402
 from bat_jax.tasks.registry import get_track  # noqa: E402
 from bat_jax.tasks.teacher import ScriptedExpert  # noqa: E402
 

@@ -9,7 +9,7 @@ from bat_jax.benchmark.stages import Stage
 from bat_jax.sandbox import tools
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.stage_bank.row import (EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
+from bat_jax.stage_bank.row import (EvidenceSpec, Message, Provenance, RLRow, RubricSpec, SFTRow,
                                     StateRef, Transformation, canonical_json)
 from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
 from bat_jax.stage_bank.row_validation import RowValidationError
@@ -27,8 +27,8 @@ def provenance(outcome="success", track="segmentation"):
 def rl_row(**kw):
     args = dict(state=StateRef.from_state(STATE, f"states/{STATE.digest()}.tar"), focus="S3",
                 prompt="Validate the model on the fictional split.",
-                rubric=(RubricItem("s3.dice", "Reports Dice on the validation split"),),
-                evidence=(EvidenceRequirement("s3.receipt", "receipt", {"pattern": "dice"}),),
+                rubric=(RubricSpec("s3.dice", "Reports Dice on the validation split"),),
+                evidence=(EvidenceSpec("s3.receipt", "receipt", {"pattern": "dice"}),),
                 skill="Validate: run the model on held-in cases first.", provenance=provenance(),
                 reward_source="rubric")
     args.update(kw)
@@ -83,7 +83,7 @@ def test_rl_row_roundtrip_and_stage_enum_focus():
     (dict(provenance=provenance(outcome="win")), "provenance.outcome"),
     (dict(provenance=provenance(track="Seg Track")), "provenance.track"),
     (dict(reward_source=""), "reward_source"),
-    (dict(evidence=(EvidenceRequirement("a", "receipt"), EvidenceRequirement("a", "artifact"))),
+    (dict(evidence=(EvidenceSpec("a", "receipt"), EvidenceSpec("a", "artifact"))),
      "evidence[1].item_id"),
     (dict(state=StateRef("nothex", "states/x.tar")), "state.digest"),
 ])

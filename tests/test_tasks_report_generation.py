@@ -3,7 +3,7 @@
 import pytest
 
 from bat_jax.benchmark.scoring import overall_score
-from bat_jax.tasks.harness import play
+from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.layout import HELDOUT_LAYOUT
 from bat_jax.tasks.metrics import report_labels

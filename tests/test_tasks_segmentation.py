@@ -9,7 +9,7 @@ import pytest
 from bat_jax.benchmark.scoring import overall_score
 from bat_jax.benchmark.stages import Stage
 from bat_jax.tasks.base import decode_array, encode_input
-from bat_jax.tasks.harness import play
+from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert

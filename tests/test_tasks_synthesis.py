@@ -5,7 +5,7 @@ import pytest
 
 from bat_jax.benchmark.scoring import overall_score
 from bat_jax.tasks.base import decode_array, encode_input
-from bat_jax.tasks.harness import play
+from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.metrics import ssim
 from bat_jax.tasks.registry import get_track

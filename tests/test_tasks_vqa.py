@@ -6,7 +6,7 @@ import io
 import pytest
 
 from bat_jax.benchmark.scoring import overall_score
-from bat_jax.tasks.harness import play
+from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import ScriptedExpert

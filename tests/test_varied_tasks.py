@@ -87,7 +87,7 @@ def test_factory_sources_use_varied_templates_and_the_reward_rebuilds_the_same_t
 
 def test_the_scripted_expert_solves_a_varied_task():
     from bat_jax.benchmark.scoring import overall_score
-    from bat_jax.tasks.harness import play
+    from bat_jax.rollout.play import play
     from bat_jax.tasks.teacher import ScriptedExpert
 
     for track, seed in (("segmentation", 11), ("vqa", 12)):

@@ -16,7 +16,7 @@ from bat_jax.rollout.engine import Completion
 from bat_jax.rollout.run_loops import open_run_loops, warm_pool_size
 from bat_jax.sandbox.docker import DockerSandbox, connect
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.tasks.harness import open_backend
+from bat_jax.sandbox.backends import open_backend
 
 import micro_config
 from test_agent_loop import EOT, StubBuilder, WordTokenizer

@@ -129,8 +129,8 @@ class PolicyCells:
     """A CellRunner for action-level policies (scripted expert, OpenAI-compatible teacher, baselines).
 
     Attributes:
-      policy_factory: seed → Policy (a callable Conversation → Action | None; see bat_jax.tasks.episode).
-      make_sandbox: SandboxState → Sandbox (Docker in real runs; see bat_jax.tasks.harness.backend_factory).
+      policy_factory: seed → `tasks.episode.ActionPolicy` (a callable Conversation → Action | None).
+      make_sandbox: SandboxState → Sandbox (Docker in real runs; see `sandbox.backends.backend_factory`).
       max_turns: assistant turns per episode.
       max_workers: episodes in flight at once.
       progress: tqdm progress bar.
@@ -148,7 +148,7 @@ class PolicyCells:
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
         from tqdm.auto import tqdm
 
-        from bat_jax.tasks.harness import play
+        from bat_jax.rollout.play import play
         from bat_jax.tasks.registry import TRACKS
 
         def one(job: EvalJob) -> tuple[Cell, bool]:

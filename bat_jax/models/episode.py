@@ -172,7 +172,7 @@ class TemplateMismatchError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Episode:
+class TokenEpisode:
     """A tokenised episode.
 
     Attributes:
@@ -189,7 +189,7 @@ class Episode:
 
 
 class EpisodeBuilder:
-    """Builds an `Episode` turn by turn from sampled ids and tool responses.
+    """Builds a `TokenEpisode` turn by turn from sampled ids and tool responses.
 
     `tokenizer` is a `transformers` tokenizer whose chat template is of `family` ('qwen3_5', 'qwen3' or 'chatml'):
     `apply_chat_template` renders the prompt and `decode` is used by `verify` and `messages`; all text goes
@@ -306,7 +306,7 @@ class EpisodeBuilder:
         """The episode as chat messages (plain `str` contents; assistant contents are the decoded sampled turns)."""
         return [{k: str(v) if isinstance(v, Rendered) else v for k, v in m.items()} for m in self._messages]
 
-    def build(self) -> Episode:
+    def build(self) -> TokenEpisode:
         """The episode so far. After an assistant turn the template's closing newline is appended (mask 0),
         so the ids equal the whole rendered episode's; after a tool response the ids end with the open
         generation prompt."""
@@ -318,7 +318,7 @@ class EpisodeBuilder:
             ids += tail
             mask += [0] * len(tail)
             logprobs += [0.0] * len(tail)
-        return Episode(
+        return TokenEpisode(
             ids=np.asarray(ids, np.int32),
             loss_mask=np.asarray(mask, np.int32),
             logprobs=np.asarray(logprobs, np.float32),

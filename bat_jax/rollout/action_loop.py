@@ -3,21 +3,21 @@
 `bat_jax.rollout.agent_loop.AgentLoop` drives token-level policies: its steps (`schedule.EpisodeSteps`) sample
 token ids from an engine and parse them into `Action`s. This module gives the same schedules
 (`schedule.run_lockstep` / `run_continuous`) a second set of steps, for a policy that returns `Action`s directly
-(`bat_jax.tasks.episode.Policy`: `conversation -> Action | None`): the "generation" is the policy call, the tool
-call runs the action in the episode's sandbox, and the episode is recorded as a `bat_jax.tasks.episode.Episode`
-(turns with stages, end reason) — what the Data Factory and the harness consume.
+(`bat_jax.tasks.episode.ActionPolicy`: `conversation -> Action | None`): the "generation" is the policy call, the
+tool call runs the action in the episode's sandbox, and the episode is recorded as a
+`bat_jax.tasks.episode.RecordedEpisode` (turns with stages, end reason) — what the Data Factory and the harness
+consume.
 
 This is the one episode loop for action-level policies: the Data Factory (`stage_bank/factory.py`), the harness
-(`tasks/harness.play`, `record_teacher_trajectory`, `stage_start_state`) and the tests run episodes here. Semantics:
+(`rollout/play.py`: `play`, `stage_start_state`) and the tests run episodes here. Semantics:
 per-turn stage attribution (the action's stage, else the previous turn's; the focus's stage in a single-stage
 focus), `stop_before` (the episode ends at the first action of that stage or a later one, end reason
 'boundary Sx'), `on_stage_start(stage, sandbox)` before the first action of each stage runs, a `PolicyError` (or
 any other exception of the policy) → a rejected episode (end reason 'rejected'), None or a 'stop' action → end
 reason 'stop', `max_turns` → 'max_turns', an exception of the sandbox or of `on_stage_start` → end reason
-'sandbox_error' with `Episode.error` (the sandbox's `fault` says whose failure it is). One episode's exception
-ends that episode only, never the others of the call. The earlier turn-by-turn loop (`tasks/episode.run_episode`) was
-deleted after this one gave identical episodes, scores and bank digests on fixed seeds; those values are recorded
-in `tests/test_action_loop.py` (issue #17).
+'sandbox_error' with `RecordedEpisode.error` (`sandbox.types.fault_of` says whose failure it is). One
+episode's exception ends that episode only, never the others of the call. Recorded episodes, scores and bank
+digests on fixed seeds are pinned in `tests/test_action_loop.py`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from bat_jax.benchmark.stages import E2E, Stage
 from bat_jax.rollout.schedule import SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import Observation, Sandbox
-from bat_jax.tasks.episode import Conversation, Episode, Policy, PolicyError, Turn
+from bat_jax.tasks.episode import ActionPolicy, Conversation, PolicyError, RecordedEpisode, Turn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ActionEpisodeRequest:
       on_stage_start: `(stage, sandbox) -> None`, called before the first action of each stage runs.
     """
 
-    policy: Policy
+    policy: ActionPolicy
     sandbox: Sandbox
     brief: str
     task_id: str
@@ -76,10 +76,10 @@ class _ActionEpisode:
         self.pending_stage: Stage | None = None
         self.error = ""
 
-    def episode(self) -> Episode:
+    def episode(self) -> RecordedEpisode:
         r = self.request
-        return Episode(r.task_id, r.focus, self.conv.turns, self.finish or "max_turns", rejected=self.rejected,
-                       error=self.error)
+        return RecordedEpisode(r.task_id, r.focus, self.conv.turns, self.finish or "max_turns",
+                               rejected=self.rejected, error=self.error)
 
     def fail(self, exc: BaseException) -> None:
         """Ends the episode on a sandbox (or `on_stage_start`) exception."""
@@ -170,7 +170,7 @@ STEPS = EpisodeSteps(prepare=_prepare, generate=_generate, absorb=_absorb, open=
 
 
 def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: str = "continuous",
-                        max_workers: int = 4) -> list[Episode]:
+                        max_workers: int = 4) -> list[RecordedEpisode]:
     """Runs the action-level episodes of `requests` concurrently under `schedule` (`schedule.SCHEDULES`).
 
     Args:
@@ -194,10 +194,10 @@ def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: s
     return [ep.episode() for ep in episodes]
 
 
-def run_action_episode(policy: Policy, sandbox: Sandbox, brief: str, task_id: str, focus: str = E2E,
+def run_action_episode(policy: ActionPolicy, sandbox: Sandbox, brief: str, task_id: str, focus: str = E2E,
                        max_turns: int = 24, stop_before: Stage | None = None,
-                       on_stage_start: Callable[[Stage, Sandbox], None] | None = None) -> Episode:
+                       on_stage_start: Callable[[Stage, Sandbox], None] | None = None) -> RecordedEpisode:
     """One episode through `run_action_episodes` (the arguments of `ActionEpisodeRequest`), in the calling
-    thread's schedule with one tool worker. Returns the `Episode`; raises as `run_action_episodes` does."""
+    thread's schedule with one tool worker. Returns the `RecordedEpisode`; raises as `run_action_episodes` does."""
     request = ActionEpisodeRequest(policy, sandbox, brief, task_id, focus, max_turns, stop_before, on_stage_start)
     return run_action_episodes([request], schedule="lockstep", max_workers=1)[0]

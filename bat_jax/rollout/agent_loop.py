@@ -39,7 +39,7 @@ from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.engine import RolloutEngine, SamplingParams
 from bat_jax.rollout.schedule import SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
 from bat_jax.sandbox.evidence import EvidenceLimits
-from bat_jax.sandbox.types import FileTooLarge, Sandbox, SandboxState, sha256_hex
+from bat_jax.sandbox.types import FileTooLarge, Sandbox, SandboxState, fault_of, sha256_hex
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,7 +438,7 @@ class AgentLoop:
             if self._agent_fault(ep):
                 return tuple(ep.sandbox.receipts()), ep.sandbox.submitted(), {}, []
             text = f"collecting evidence failed: {type(exc).__name__}: {exc}"
-            if getattr(ep.sandbox, "fault", "") == "infra":
+            if fault_of(ep.sandbox)[0] == "infra":
                 ep.infra_error = ep.infra_error or text
                 return (), None, {}, []
             ep.agent_error = ep.agent_error or text
@@ -447,10 +447,11 @@ class AgentLoop:
     @staticmethod
     def _agent_fault(ep: _Episode) -> bool:
         """True (and `ep.agent_error` set) when the sandbox died, hung or stopped answering after the agent's
-        code ran (`DockerSandbox.fault == 'agent'`)."""
-        if getattr(ep.sandbox, "fault", "") != "agent":
+        code ran (`fault_of(sandbox)` is 'agent')."""
+        fault, text = fault_of(ep.sandbox)
+        if fault != "agent":
             return False
-        ep.agent_error = ep.agent_error or getattr(ep.sandbox, "failure", "") or "sandbox died after agent code"
+        ep.agent_error = ep.agent_error or text or "sandbox died after agent code"
         return True
 
     def _finish(self, ep: _Episode, receipts, submitted, artefacts, skipped) -> tj.Trajectory:

@@ -68,7 +68,7 @@ class WorkerSpec:
     Attributes:
       policy: `bat_jax.policy.PolicyConfig` (the tiny default or a local checkpoint every worker can read).
       agent: the agent loop's limits and sampling.
-      sandbox_backend: 'local' (tests only) or 'docker' (`bat_jax.tasks.harness.backend_factory`).
+      sandbox_backend: 'local' (tests only) or 'docker' (`bat_jax.sandbox.backends.backend_factory`).
       sampler_max_batch: rows per compiled sampling call of the JAX sampler.
       warm_pool: Docker containers the worker keeps started and resets between its episodes (its share of a
         GRPO batch, `rollout/run_loops.py`); 0 = a fresh container per episode. Ignored for 'local'.
@@ -92,9 +92,9 @@ class WorkerSpec:
         return build_policy(self.policy)
 
     def open_sandboxes(self) -> Any:
-        """This worker's sandbox backend (`bat_jax.tasks.harness.SandboxBackend`; a warm Docker pool of
+        """This worker's sandbox backend (`bat_jax.sandbox.backends.SandboxBackend`; a warm Docker pool of
         `warm_pool` containers, or fresh sandboxes). The caller closes it. Raises `BackendUnavailable`."""
-        from bat_jax.tasks.harness import open_backend
+        from bat_jax.sandbox.backends import open_backend
 
         return open_backend(self.sandbox_backend, self.agent.workers(self.warm_pool), warm=self.warm_pool)
 
@@ -103,7 +103,7 @@ class WorkerSpec:
         sandboxes of this spec's backend) — the same loop an in-process reference builds."""
         from bat_jax.policy import make_agent_loop
         from bat_jax.rollout.continuous_batching import jax_engine
-        from bat_jax.tasks.harness import SandboxBackend, backend_factory
+        from bat_jax.sandbox.backends import SandboxBackend, backend_factory
 
         if sandboxes is None:
             sandboxes = SandboxBackend(self.sandbox_backend, backend_factory(self.sandbox_backend))

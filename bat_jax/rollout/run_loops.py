@@ -18,7 +18,7 @@ import pathlib
 from typing import Any
 
 from bat_jax.rollout.agent_loop import AgentLoop
-from bat_jax.tasks.harness import SandboxBackend, open_backend
+from bat_jax.sandbox.backends import SandboxBackend, open_backend
 from bat_jax.tasks.registry import TRACKS
 
 
@@ -114,7 +114,7 @@ def open_run_loops(policy: Any, engine: Any, components: Any, backend: str, warm
     worker keeps one of its share of a GRPO batch); else each episode starts a fresh container.
 
     Raises:
-      tasks.harness.BackendUnavailable: Docker asked for and not usable (engine, image, pool start-up).
+      sandbox.backends.BackendUnavailable: Docker asked for and not usable (engine, image, pool start-up).
       ValueError: an unknown backend.
     """
     from bat_jax.policy import make_agent_loop

@@ -360,7 +360,8 @@ class DockerSandbox:
     def fault(self) -> str:
         """Who a failure of this sandbox is charged to: '' (none), 'agent' (it died, hung or stopped answering
         after the agent's code ran: scored as the agent's failure) or 'infra' (it could not start, the engine
-        is unreachable, or it failed before any agent code ran: unscored)."""
+        is unreachable, it failed before any agent code ran, or it was called after it was closed: unscored).
+        Read it through `types.fault_of`."""
         return self._fault
 
     @property
@@ -382,7 +383,9 @@ class DockerSandbox:
 
     def _request(self, req: dict, timeout_s: float) -> dict:
         if not self.alive:
-            raise SandboxError(self._dead or "sandbox is closed")
+            if not self._dead:  # used after the host closed it: the host's doing, never the agent's
+                self._dead, self._fault = "sandbox is closed", "infra"
+            raise SandboxError(self._dead)
         if req.get("op") == "exec":
             self._agent_ran = True
         try:

@@ -10,8 +10,8 @@ the rubric verifier can be exercised quickly without Docker. Receipts are kept h
 
 The wall-clock limit covers every process a call starts (issue 13), also those that leave the call's process
 group or session (`setsid`, double fork, `nohup … &`, `disown`, `os.setsid()`, `start_new_session=True`):
-`run_with_deadline` runs each call under a small supervisor (`_SUPERVISOR`, a `python -I -S` script, ~20 ms per
-call) that is the parent of the code and, in order of preference:
+`run_with_deadline` runs each call under a small supervisor (`call_supervisor.py`, run as `python -I -S`, ~20 ms
+per call) that is the parent of the code and, in order of preference:
 
 1. "pidns": the init (PID 1) of a fresh PID namespace made by util-linux `unshare --pid --fork --kill-child`
    (as root; otherwise with `--user --map-current-user`, then `--map-root-user`). When the supervisor exits or
@@ -66,88 +66,8 @@ def _safe_relpath(path: str) -> PurePosixPath:
     return PurePosixPath(workspace_relpath(path))
 
 
-#: The supervisor of one call (argv: status fd, then the command). It writes its host PID (read from the host's
-#: /proc, which it sees also inside a PID namespace) and a newline to the status fd, runs the command as its
-#: child, waits for it, kills and reaps every other process of the call, and only then writes the command's
-#: `Popen.returncode`-style status (negative: killed by that signal) and exits. SIGTERM (the host's deadline)
-#: kills and reaps the whole call without a status. As PID 1 of its own namespace it kills with kill(-1) (the
-#: namespace only; every orphan is its child, so "no child left" means "none left"); otherwise it is a child
-#: subreaper and kills the descendants it finds in /proc.
-_SUPERVISOR = r"""
-import os, signal, sys, time
-status_fd, argv = int(sys.argv[1]), sys.argv[2:]
-os.set_inheritable(status_fd, False)
-init = os.getpid() == 1
-if not init:
-    import ctypes
-    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-class Stop(Exception):
-    pass
-def stop(signum, frame):
-    raise Stop
-for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-    signal.signal(sig, stop)
-os.write(status_fd, os.readlink("/proc/self").encode() + b"\n")
-def descendants():
-    kids = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/%s/stat" % name, "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            kids.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(name))
-    found, todo = [], [os.getpid()]
-    while todo:
-        more = kids.get(todo.pop(), [])
-        found += more
-        todo += more
-    return found
-def kill_all():
-    while True:
-        if init:
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except OSError:
-                pass
-        else:
-            pids = descendants()
-            for sig in (signal.SIGSTOP, signal.SIGKILL):
-                for pid in pids:
-                    try:
-                        os.kill(pid, sig)
-                    except OSError:
-                        pass
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            return
-        time.sleep(0.002)
-status = None
-try:
-    child = os.fork()
-    if child == 0:
-        try:
-            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
-                signal.signal(sig, signal.SIG_DFL)
-            os.execvp(argv[0], argv)
-        except BaseException as exc:
-            os.write(2, ("cannot run %s: %s\n" % (argv[0], exc)).encode())
-        os._exit(127)
-    while status is None:
-        pid, st = os.waitpid(-1, 0)
-        if pid == child:
-            status = os.waitstatus_to_exitcode(st)
-except Stop:
-    pass
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
-kill_all()
-if status is not None:
-    os.write(status_fd, str(status).encode() + b"\n")
-os._exit(0)
-"""
+#: The supervisor of one call (`call_supervisor.py` beside this module), run as a script by `run_with_deadline`.
+SUPERVISOR = str(Path(__file__).with_name("call_supervisor.py"))
 
 #: unshare forms tried, in order, for the "pidns" mode (the first is only tried as root).
 _UNSHARE_FORMS = (("--pid",), ("--user", "--map-current-user", "--pid"), ("--user", "--map-root-user", "--pid"))
@@ -242,7 +162,7 @@ def run_with_deadline(argv: list[str], *, cwd: str | os.PathLike, env: dict[str,
         raise ValueError(f"mode {mode!r}: expected 'reaper' or, where unshare works (here: {found!r}), 'pidns'")
     deadline = limit = time.monotonic() + float(timeout_s)
     status_r, status_w = os.pipe()
-    cmd = [sys.executable, "-I", "-S", "-c", _SUPERVISOR, str(status_w), *argv]
+    cmd = [sys.executable, "-I", "-S", SUPERVISOR, str(status_w), *argv]
     if mode == "pidns":
         cmd = [*prefix, *cmd]
     try:
@@ -332,12 +252,24 @@ class LocalSandbox:
         self._receipts: list[Receipt] = []
         self._submitted: str | None = None
         self._closed = False
+        self._failure = ""  # set once a call came after `close` (`fault`)
         for rel, data in state.files.items():
             target = self._root / _safe_relpath(rel)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(bytes(data))
         self._env = dict(state.env)
         self._trace = FileTrace(str(self._root))  # kernel-observed reads/writes per call, as in the Docker backend
+
+    @property
+    def fault(self) -> str:
+        """'infra' once a call came after `close` (the host's doing), else '' (`types.fault_of`). The local
+        backend has no executor the agent's code could bring down."""
+        return "infra" if self._failure else ""
+
+    @property
+    def failure(self) -> str:
+        """Text of the failure ('' when none)."""
+        return self._failure
 
     @property
     def root(self) -> Path:
@@ -378,7 +310,8 @@ class LocalSandbox:
         call started killed either way. Never raises for agent mistakes (bad language → error text)."""
         t0 = time.time()
         if self._closed:
-            return Observation("", "", None, 0.0, error="sandbox is closed")
+            self._failure = "sandbox is closed"
+            return Observation("", "", None, 0.0, error=self._failure)
         if language not in LANGUAGES:
             err = f"unknown language {language!r}; expected one of {LANGUAGES}"
             self._record("execute_code", str(language), str(code), None, "", "", t0, time.time(), False, "")
@@ -407,6 +340,9 @@ class LocalSandbox:
         """Marks a workspace file as the final artefact; a missing/invalid path is an error observation
         (exit_code None, `error` set), as in the Docker backend."""
         t0 = time.time()
+        if self._closed:
+            self._failure = "sandbox is closed"
+            return Observation("", "", None, 0.0, error=self._failure)
         try:
             rel = _safe_relpath(path)
             ok = (self._root / rel).is_file()

@@ -43,7 +43,8 @@ from bat_jax.atomic_io import atomic_write
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.benchmark.stages import E2E, FOCI, STAGES, Stage
 from bat_jax.rollout.action_loop import run_action_episode
-from bat_jax.sandbox.types import Sandbox, SandboxState
+from bat_jax.sandbox.backends import SandboxFactory, backend_factory
+from bat_jax.sandbox.types import Sandbox, SandboxState, fault_of
 from bat_jax.stage_bank import e2e_surrogate as e2e
 from bat_jax.stage_bank import slicing
 from bat_jax.stage_bank.bank import StageBank
@@ -52,7 +53,7 @@ from bat_jax.stage_bank.row import OUTCOMES, Provenance, RLRow, SFTRow, StateRef
 from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
 from bat_jax.tasks import heldout
 from bat_jax.tasks.brief import VARIED_TEMPLATE_BASE
-from bat_jax.tasks.episode import Conversation, Episode, PolicyError, collect_evidence
+from bat_jax.tasks.episode import RecordedEpisode, collect_evidence
 from bat_jax.tasks.registry import TRACKS, get_track
 from bat_jax.tasks.rubric_items import build_rubric
 from bat_jax.tasks.portable_expert import VERSION as PORTABLE_VERSION, PortableExpert
@@ -60,11 +61,8 @@ from bat_jax.tasks.teacher import ChatTeacher, ScriptedExpert
 from bat_jax.verify.rubric import Evidence, verify_episode
 
 FACTORY_VERSION = "bat_stage_bank_factory/v1"
-SandboxFactory = Callable[[SandboxState], Sandbox]
 #: Rejection reasons that depend on infrastructure, never cached (retried by the next build).
 _TRANSIENT = ("teacher_", "sandbox_failure", "boot_failed")
-#: Observation errors of a dead or closed sandbox (local and Docker backends).
-_DEAD = ("sandbox is closed", "sandbox executor died")
 LAYOUTS = ("fixed", "varied")
 
 
@@ -227,7 +225,8 @@ class _Context:
         return ChatTeacher(self.config.teacher_endpoint)
 
 
-def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: str) -> tuple[Episode, Evidence]:
+def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: str
+          ) -> tuple[RecordedEpisode, Evidence]:
     """Runs the teacher in a fresh sandbox. Raises _Rejected (boot, teacher, sandbox failures, too long)."""
     try:
         box = ctx.make_sandbox(state)
@@ -252,13 +251,11 @@ def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: s
     return ep, evidence
 
 
-def _died(box: Sandbox, ep: Episode) -> bool:
-    """True when the sandbox died during the episode: Docker's `alive` turned False, a call raised (the episode
-    loop ends such an episode with 'sandbox_error'), or a call came back with the backends' dead/closed-sandbox
-    error (both backends return it as an observation instead of raising)."""
-    if getattr(box, "alive", True) is False or ep.end_reason == "sandbox_error":
-        return True
-    return any(t.observation.exit_code is None and t.observation.error.startswith(_DEAD) for t in ep.turns)
+def _died(box: Sandbox, ep: RecordedEpisode) -> bool:
+    """True when the sandbox failed during the teacher's episode, whoever's failure it was (`fault_of`: it died,
+    hung, stopped answering or was called after it was closed), or a call raised (the episode loop ends such an
+    episode with 'sandbox_error'): the teacher's trajectory is then no evidence of the task."""
+    return ep.end_reason == "sandbox_error" or bool(fault_of(box)[0])
 
 
 def _task(config: FactoryConfig, src: Source):
@@ -411,13 +408,11 @@ def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: Sa
 
     Raises:
       ValueError: a bad config field.
-      bat_jax.tasks.harness.BackendUnavailable: the Docker backend cannot be used.
+      bat_jax.sandbox.backends.BackendUnavailable: the Docker backend cannot be used.
       bat_jax.stage_bank.leakage.LeakageError: the final preflight found held-out markers (nothing is
         admitted).
     """
     from tqdm import tqdm
-
-    from bat_jax.tasks.harness import backend_factory
 
     t0 = time.time()
     config.validate()

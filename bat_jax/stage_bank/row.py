@@ -17,8 +17,8 @@ Producers (task families, the factory) build rows like this::
         state=StateRef.from_state(sandbox_state, path="states/<digest>.tar"),
         focus="S3",                      # 'S1'..'S5' or 'E2E' (bat_jax.benchmark.stages.FOCI)
         prompt="Validate the model ...",  # brief + stage goal the agent sees first
-        rubric=(RubricItem("s3.metric", "Reports Dice on the validation split"),),
-        evidence=(EvidenceRequirement("s3.receipt", "receipt", {"pattern": "dice"}),),
+        rubric=(RubricSpec("s3.metric", "Reports Dice on the validation split"),),
+        evidence=(EvidenceSpec("s3.receipt", "receipt", {"pattern": "dice"}),),
         skill="<stage skill text>",
         provenance=Provenance(source_id="seg-fict-0007", source_digest=..., track="segmentation",
                               outcome="success", transformations=(Transformation("stage_slice", digest),)),
@@ -81,16 +81,18 @@ class StateRef:
 
 
 @dataclasses.dataclass(frozen=True)
-class RubricItem:
-    """One binary rubric item c_ℓ (paper Eq. 4). `item_id` is unique within a row."""
+class RubricSpec:
+    """One binary rubric item c_ℓ (paper Eq. 4) as a row stores it: its id and public text, no check (the
+    executable item is `verify.rubric.RubricItem`, rebuilt from the row's task). `item_id` is unique within a row."""
 
     item_id: str
     text: str
 
 
 @dataclasses.dataclass(frozen=True)
-class EvidenceRequirement:
-    """One evidence requirement g ∈ G (paper Eq. 2), used for evidence completeness η.
+class EvidenceSpec:
+    """One evidence requirement g ∈ G (paper Eq. 2), used for evidence completeness η, as a row stores it (the
+    executable requirement is `verify.rubric.EvidenceRequirement`).
 
     Attributes:
       item_id: unique within the row.
@@ -193,8 +195,8 @@ class RLRow:
     state: StateRef
     focus: str
     prompt: str
-    rubric: tuple[RubricItem, ...]
-    evidence: tuple[EvidenceRequirement, ...]
+    rubric: tuple[RubricSpec, ...]
+    evidence: tuple[EvidenceSpec, ...]
     skill: str
     provenance: Provenance
     reward_source: str = "rubric"
@@ -218,7 +220,7 @@ class RLRow:
         for name, items in (("rubric", self.rubric), ("evidence", self.evidence)):
             seen = set()
             for i, item in enumerate(items):
-                kind = RubricItem if name == "rubric" else EvidenceRequirement
+                kind = RubricSpec if name == "rubric" else EvidenceSpec
                 if not isinstance(item, kind):
                     fail(f"must be a {kind.__name__}, got {type(item).__name__}", f"{name}[{i}]")
                 check_text(item.item_id, f"{name}[{i}].item_id")

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bat_jax.sandbox.tools import STOP, Action, action_error
-from bat_jax.stage_bank.row import (ACTION_TOOLS, EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
+from bat_jax.stage_bank.row import (ACTION_TOOLS, EvidenceSpec, Message, Provenance, RLRow, RubricSpec, SFTRow,
                                     StateRef, Transformation)
 from bat_jax.stage_bank.row_validation import RowValidationError, fail
 
@@ -89,9 +89,9 @@ def rl_row_from_dict(d: Any) -> RLRow:
     if d.get("kind", "rl") != "rl":
         fail(f"expected an RL row, got kind {d.get('kind')!r}", "kind")
     st = _get(d, "state", "state", dict)
-    rubric = [RubricItem(_get(c, "item_id", f"rubric[{i}].item_id"), _get(c, "text", f"rubric[{i}].text"))
+    rubric = [RubricSpec(_get(c, "item_id", f"rubric[{i}].item_id"), _get(c, "text", f"rubric[{i}].text"))
               for i, c in enumerate(_items(d, "rubric", "rubric"))]
-    evidence = [EvidenceRequirement(_get(g, "item_id", f"evidence[{i}].item_id"),
+    evidence = [EvidenceSpec(_get(g, "item_id", f"evidence[{i}].item_id"),
                                     _get(g, "kind", f"evidence[{i}].kind"),
                                     _get(g, "params", f"evidence[{i}].params", dict))
                 for i, g in enumerate(_items(d, "evidence", "evidence"))]

@@ -14,11 +14,11 @@ from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.sandbox import tools
 from bat_jax.sandbox.tools import dispatch
 from bat_jax.sandbox.types import Sandbox, SandboxState
-from bat_jax.stage_bank.row import (EvidenceRequirement, Message, Provenance, RubricItem, SFTRow,
+from bat_jax.stage_bank.row import (EvidenceSpec, Message, Provenance, RubricSpec, SFTRow,
                                     Transformation, content_digest)
 from bat_jax.tasks.base import TaskInstance
 from bat_jax.tasks.brief import stage_skill
-from bat_jax.tasks.episode import Conversation, Episode, snapshot_state
+from bat_jax.tasks.episode import Conversation, RecordedEpisode, snapshot_state
 from bat_jax.verify.rubric import Rubric, StageVerdict
 
 
@@ -32,7 +32,7 @@ def transformation(name: str, **params) -> Transformation:
     return Transformation(name, content_digest({"name": name, **params}), params)
 
 
-def sft_slices(episode: Episode, brief: str, provenance: Provenance, trajectory_digest: str) -> list[SFTRow]:
+def sft_slices(episode: RecordedEpisode, brief: str, provenance: Provenance, trajectory_digest: str) -> list[SFTRow]:
     """One SFT row (h_t, a_t) per recorded teacher response of `episode` (paper Eq. 9).
 
     Context h_t = the system message and the user message (brief + the stage skills of the episode's focus,
@@ -65,16 +65,16 @@ def sft_slices(episode: Episode, brief: str, provenance: Provenance, trajectory_
     return rows
 
 
-def stage_contract(rubric: Rubric, stages: Sequence[Stage]) -> tuple[tuple[RubricItem, ...],
-                                                                      tuple[EvidenceRequirement, ...]]:
+def stage_contract(rubric: Rubric, stages: Sequence[Stage]) -> tuple[tuple[RubricSpec, ...],
+                                                                      tuple[EvidenceSpec, ...]]:
     """Row rubric c and evidence G for the given stages (one stage: c_s, G_s; all five: Eq. 14's union).
 
     Evidence kind is the key's prefix ('receipt' or 'file'); params carry the public description.
     """
     items = [i for i in rubric.items if i.stage in stages]
     keys = list(dict.fromkeys(k for i in items for k in i.evidence))
-    c = tuple(RubricItem(i.item_id, f"[{i.stage.value}] {i.description}") for i in items)
-    g = tuple(EvidenceRequirement(k, k.split(".", 1)[0], {"description": rubric.requirements[k].description})
+    c = tuple(RubricSpec(i.item_id, f"[{i.stage.value}] {i.description}") for i in items)
+    g = tuple(EvidenceSpec(k, k.split(".", 1)[0], {"description": rubric.requirements[k].description})
               for k in keys)
     return c, g
 
@@ -110,7 +110,7 @@ class ReplayMismatch(RuntimeError):
     """A replayed call exited differently from the recorded one (the prefix is not reproducible)."""
 
 
-def boundary_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: SandboxState, episode: Episode,
+def boundary_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: SandboxState, episode: RecordedEpisode,
                    stage: Stage) -> SandboxState:
     """p_{i,s} = Φ_ξ((a_t, o_t)_{t < b_s}) (Eq. 11): replays the recorded calls of every turn before stage
     `stage` in a fresh sandbox started from `initial` and returns the workspace reached (env of `initial`).

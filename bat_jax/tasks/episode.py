@@ -1,12 +1,16 @@
-"""The agent-facing interface: conversations, policies and the episode loop.
+"""Action-level episodes: the conversation a policy sees, the policy protocol, the recorded episode, and the
+host-side evidence of a finished episode with its score.
 
-A *policy* maps the conversation so far (task brief + stage skill + previous actions/observations) to the next
-structured action (`bat_jax.sandbox.tools.Action`, the one action type: {"thought", "tool": "execute_code" |
-"submit" | "stop", "arguments"} and the stage it belongs to) or None. The scripted
-expert and an OpenAI-compatible teacher are both policies. They run through the one episode loop
+An *action policy* (`ActionPolicy`) maps the conversation so far (task brief + stage skill + previous
+actions/observations) to the next structured action (`bat_jax.sandbox.tools.Action`, the one action type:
+{"thought", "tool": "execute_code" | "submit" | "stop", "arguments"} and the stage it belongs to) or None. The
+scripted experts and the LLM teacher are action policies. They run through the one episode loop
 (`bat_jax.rollout.action_loop.run_action_episodes`, the agent loop's schedules), which records every action,
-observation and the stage each turn belongs to as an `Episode`; stage boundaries give stage-start states and
-SFT slices.
+observation and the stage each turn belongs to as a `RecordedEpisode`; stage boundaries give stage-start states
+and SFT slices.
+
+`score_episode` is the one rule that scores an episode of a task from its evidence, for every caller: the
+harness (`rollout/play.py`), GRPO rewards (`bicurl/reward.py`) and held-out cells (`bicurl/evaluation.py`).
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
 from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.sandbox.tools import Action
-from bat_jax.sandbox.types import Observation, Sandbox, SandboxState
+from bat_jax.sandbox.types import Observation, Sandbox, SandboxState, fault_of
+from bat_jax.tasks.base import TaskInstance, Track
 from bat_jax.tasks.brief import stage_skill
-from bat_jax.verify.rubric import Evidence
+from bat_jax.tasks.rubric_items import build_rubric
+from bat_jax.verify.judge import RubricJudge
+from bat_jax.verify.rubric import EpisodeScore, Evidence, score
 
 
 class PolicyError(RuntimeError):
@@ -71,14 +78,16 @@ class Conversation:
         return msgs
 
 
-class Policy(Protocol):
+class ActionPolicy(Protocol):
+    """A policy that acts in structured actions (scripted experts, the LLM teacher, baselines)."""
+
     def __call__(self, conversation: Conversation) -> Action | None:
         """Next action, or None / a 'stop' action to end. May raise PolicyError."""
 
 
 @dataclasses.dataclass
-class Episode:
-    """A finished episode: the turns (with stages), boundaries and why it ended.
+class RecordedEpisode:
+    """A finished action-level episode: the turns (with stages), boundaries and why it ended.
 
     `rejected`: why the policy could not act (the episode is unscored); `error`: text of a sandbox exception
     that ended it (end reason 'sandbox_error'; who is to blame is the sandbox's `fault`). Neither is part of
@@ -104,13 +113,6 @@ class Episode:
                 "turns": [t.to_dict() for t in self.turns]}
 
 
-def sandbox_fault(sandbox: Sandbox) -> tuple[str, str]:
-    """(fault, text) of a sandbox: ('', '') when healthy; 'agent' when it died, hung or stopped answering after
-    the agent's code ran (scored, the agent's failure); 'infra' otherwise (unscored). Backends without fault
-    accounting (the local one) report ('', '')."""
-    return getattr(sandbox, "fault", ""), getattr(sandbox, "failure", "")
-
-
 def collect_evidence(sandbox: Sandbox, infra_error: str = "", limits: EvidenceLimits = EvidenceLimits(),
                      start: SandboxState | None = None, decode: DecodeLimits = DecodeLimits()) -> Evidence:
     """Host-side evidence of a finished episode (call before `close`), read within `limits` and later decoded
@@ -120,7 +122,7 @@ def collect_evidence(sandbox: Sandbox, infra_error: str = "", limits: EvidenceLi
     files, the episode's start state (`start`; empty when not given), with `Evidence.agent_error` set. A
     sandbox that failed for infrastructure reasons gives unscored evidence (`infra_error`).
     """
-    fault, text = sandbox_fault(sandbox)
+    fault, text = fault_of(sandbox)
     before = dict(start.files) if start is not None else {}
     if fault == "agent":
         return Evidence(tuple(sandbox.receipts()), before, sandbox.submitted(), infra_error, agent_error=text,
@@ -137,3 +139,27 @@ def snapshot_state(sandbox: Sandbox, env: dict[str, str] | None = None,
     """The sandbox's current workspace as an executable state p (works on any backend), read within `limits`."""
     files, _ = gather_files(sandbox, limits)
     return SandboxState(files=files, env=dict(env or {}))
+
+
+def score_episode(track: Track, inst: TaskInstance, evidence: Evidence, focus: str = E2E,
+                  judge: RubricJudge | None = None) -> EpisodeScore:
+    """The score of one episode of `inst` from its evidence (paper Eq. 4; E2E as the released code scores it).
+
+    The task's rubric (`tasks.rubric_items.build_rubric`; the items `judge` is configured for decided by the LLM
+    judge) is verified on the stages of `focus`: all five for 'E2E', that stage alone for a stage focus. The task
+    metric (`Track.score_task`, the agent's files decoded within `evidence.limits`) is computed for an E2E episode
+    only (the E2E reward combines it with the stage rewards); a stage-focus score is its stage's r and carries
+    task None. Evidence of an infrastructure failure gives an unscored score (reward None), never 0.
+
+    Raises:
+      ValueError: an unknown focus.
+      ScorerError: a task metric that is not a finite number in [0, 1] (an error of the scorer).
+    """
+    stages = STAGES if focus == E2E else (Stage.parse(focus),)
+    rubric = build_rubric(track, inst)
+    if judge is not None:
+        rubric = judge.apply(rubric)
+    task = None
+    if focus == E2E and not evidence.infra_error:
+        task = track.score_task(inst, evidence.files, evidence.submitted, evidence.limits)
+    return score(rubric, evidence, task, stages)

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     from bat_jax.rollout.agent_loop import AgentLoopConfig
     from bat_jax.rollout.continuous_batching import jax_engine
     from bat_jax.stage_bank.bank import StageBank
-    from bat_jax.tasks.harness import open_backend
+    from bat_jax.sandbox.backends import open_backend
 
     policy = build_policy(PolicyConfig(family="qwen3_5", checkpoint_dir=args.policy, prompt_style="compact"))
     bank = StageBank(args.bank)

@@ -1,5 +1,5 @@
 """Per-episode sandbox cost (issue 17): a fresh container per episode vs the warm pool the experiment uses by
-default, both through `bat_jax.tasks.harness.open_backend` exactly as `rollout/run_loops.py` builds them.
+default, both through `bat_jax.sandbox.backends.open_backend` exactly as `rollout/run_loops.py` builds them.
 
 Run (engine up, images built): python launch/bench/bench_episode_start.py [--episodes 8] [--track segmentation]
 
@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bat_jax.tasks import heldout  # noqa: E402
-from bat_jax.tasks.harness import open_backend  # noqa: E402
+from bat_jax.sandbox.backends import open_backend  # noqa: E402
 from bat_jax.tasks.registry import get_track  # noqa: E402
 
 

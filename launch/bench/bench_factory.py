@@ -2,7 +2,7 @@
 
 Targets (issue 5 item 3): ≤ 15 min on the 2-core CPU box, ≥ 2,000 SFT rows, zero leakage hits against the
 held-out suite's manifest, same seed ⇒ same digest. The baseline, measured in the same run, is one scripted-
-expert end-to-end episode (`tasks.harness.play`) per source, i.e. the bare cost of 126 teacher trajectories;
+expert end-to-end episode (`rollout.play.play`) per source, i.e. the bare cost of 126 teacher trajectories;
 the script prints build time / baseline.
 
 Steps: (1) baseline: 3 episodes, scaled to the grid size; (2) fresh build into a temp bank; (3) preflight of
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, load_manifest, sources
 from bat_jax.stage_bank.leakage import preflight
-from bat_jax.tasks.harness import play
+from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import training_task
 from bat_jax.tasks.registry import TRACKS
 from bat_jax.tasks.teacher import ScriptedExpert

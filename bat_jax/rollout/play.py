@@ -1,0 +1,95 @@
+"""Play one task with one action-level policy in one sandbox and score it (E2E or a single-stage focus).
+
+A stage-focus episode starts from the state at that stage's boundary (the scripted expert's replayed prefix,
+`stage_start_state`) and is scored on that stage only; an E2E episode starts from the task's initial state and
+is scored on S1–S5 plus the task metric (`tasks.episode.score_episode`). One rule for blame
+(`sandbox.types.fault_of`): a rejected policy call, a sandbox that cannot start or one whose failure the agent
+cannot cause (`fault == 'infra'`) makes the episode unscored; anything that goes wrong with what the agent did
+or wrote — a sandbox its code brought down, a workspace that cannot be read back, artefacts that cannot be
+decoded — is the agent's failure, scored from what is valid. The episodes run through the one action-level
+episode loop (`rollout/action_loop.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.rollout.action_loop import run_action_episode
+from bat_jax.sandbox.backends import SandboxFactory, local_sandbox
+from bat_jax.sandbox.readers import DecodeLimits
+from bat_jax.sandbox.types import SandboxState, fault_of
+from bat_jax.tasks.base import TaskInstance, Track
+from bat_jax.tasks.episode import ActionPolicy, RecordedEpisode, collect_evidence, score_episode, snapshot_state
+from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.verify.rubric import EpisodeScore, Evidence
+
+
+def stage_start_state(make_sandbox: SandboxFactory, initial: SandboxState, brief: str, task_id: str,
+                      expert: ActionPolicy, stage: Stage | str, max_turns: int = 24) -> SandboxState:
+    """State at the boundary before `stage`: the expert's prefix (stages < stage) replayed in a sandbox made
+    from `initial`, its workspace snapshotted (env kept from `initial`).
+
+    Raises:
+      RuntimeError: the expert's prefix was rejected or ended before reaching the boundary.
+    """
+    stage = Stage.parse(stage)
+    if stage == STAGES[0]:
+        return initial
+    box = make_sandbox(initial)
+    try:
+        ep = run_action_episode(expert, box, brief, task_id, E2E, max_turns, stop_before=stage)
+        if ep.end_reason != f"boundary {stage.value}":
+            raise RuntimeError(f"expert prefix for {task_id} ended with {ep.end_reason!r} before {stage.value}")
+        return snapshot_state(box, dict(initial.env))
+    finally:
+        box.close()
+
+
+@dataclasses.dataclass
+class PlayResult:
+    """episode: the recorded episode (None when no sandbox started); evidence and score: what the verifier saw
+    and its verdict; start_state: the state the episode started from."""
+
+    episode: RecordedEpisode | None
+    evidence: Evidence
+    score: EpisodeScore
+    start_state: SandboxState
+
+
+def play(track: Track, inst: TaskInstance, policy: ActionPolicy, focus: str = E2E,
+         make_sandbox: SandboxFactory = local_sandbox, max_turns: int = 24,
+         start_state: SandboxState | None = None, decode: DecodeLimits = DecodeLimits()) -> PlayResult:
+    """Runs and scores one episode. `start_state` overrides the boundary state of a stage focus; `decode` caps
+    decoding the agent's artefacts. Never raises for anything the agent did (module docstring); raises
+    ValueError for an unknown focus."""
+    if focus != E2E:
+        focus = Stage.parse(focus).value
+    if start_state is None:
+        start_state = inst.state()
+        if focus not in (E2E, STAGES[0].value):
+            start_state = stage_start_state(make_sandbox, start_state, inst.brief, inst.task_id,
+                                            ScriptedExpert(), focus, max_turns)
+    episode = None
+    try:
+        box = make_sandbox(start_state)
+    except Exception as exc:  # noqa: BLE001 — no sandbox, no agent action: infrastructure, unscored
+        evidence = Evidence((), {}, None, infra_error=f"sandbox creation failed: {type(exc).__name__}: {exc}",
+                            limits=decode)
+        return PlayResult(None, evidence, score_episode(track, inst, evidence, focus), start_state)
+    try:
+        episode = run_action_episode(policy, box, inst.brief, inst.task_id, focus, max_turns)
+        infra = f"policy rejected: {episode.rejected}" if episode.rejected else ""
+        evidence = collect_evidence(box, infra_error=infra, start=start_state, decode=decode)
+    except Exception as exc:  # noqa: BLE001 — reading the workspace back failed
+        fault, text = fault_of(box)
+        if fault == "infra":  # the engine or the sandbox failed on its own: unscored, never 0
+            evidence = Evidence((), {}, None, infra_error=f"sandbox failure: {type(exc).__name__}: {exc}",
+                                limits=decode)
+        else:  # the agent's code brought the sandbox down, or its workspace cannot be read: its failure
+            evidence = Evidence(tuple(box.receipts()), dict(start_state.files), box.submitted(),
+                                agent_error=text or f"reading the workspace failed: {type(exc).__name__}: {exc}",
+                                start_files=dict(start_state.files), limits=decode)
+    finally:
+        box.close()
+    return PlayResult(episode, evidence, score_episode(track, inst, evidence, focus), start_state)

@@ -1,0 +1,107 @@
+"""Sandbox backends by name: where an episode gets its sandbox and where it gives it back.
+
+'docker' (isolated; real runs) or 'local' (non-isolated subprocesses; tests and development only, see
+`bat_jax.sandbox.local`). `backend_factory` makes a fresh sandbox per call; `open_backend` does the same, or for
+Docker keeps a warm pool (`bat_jax.sandbox.pool.SandboxPool`) whose containers are reset to a fresh state
+between episodes. A backend that cannot be used here raises `BackendUnavailable`, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from bat_jax.sandbox.types import Sandbox, SandboxState
+
+#: `state -> Sandbox`: a new sandbox restored from `state`.
+SandboxFactory = Callable[[SandboxState], Sandbox]
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested sandbox backend cannot be used here (module, engine or image missing)."""
+
+
+def local_sandbox(state: SandboxState) -> Sandbox:
+    """The non-isolated local backend (tests/development only; see bat_jax.sandbox.local), 60 s per call."""
+    from bat_jax.sandbox.local import LocalSandbox
+
+    return LocalSandbox(state, timeout_s=60.0)
+
+
+def backend_factory(name: str, concurrency: int = 16) -> SandboxFactory:
+    """A sandbox factory by backend name: 'local' (non-isolated, tests only) or 'docker'. `concurrency`: most
+    threads using sandboxes at once (the agent loop's `max_workers`); the Docker client's connection pool is
+    sized to it plus a margin, so no 'connection pool is full' warnings.
+
+    Raises:
+      BackendUnavailable: Docker backend module, engine or task image missing (the message says which).
+      ValueError: unknown name.
+    """
+    if name == "local":
+        return local_sandbox
+    if name != "docker":
+        raise ValueError(f"unknown sandbox backend {name!r}; expected 'local' or 'docker'")
+    try:
+        from bat_jax.sandbox import docker as docker_backend
+
+        pool = max(docker_backend.DockerSandboxConfig.max_pool_size, int(concurrency) + 4)
+        client = docker_backend.connect(docker_backend.DockerSandboxConfig(max_pool_size=pool))
+        probe = docker_backend.DockerSandbox(client, state=SandboxState(files={}))
+        probe.close()
+    except Exception as exc:  # noqa: BLE001 — any failure here means the backend is not usable
+        raise BackendUnavailable(f"docker backend unavailable: {type(exc).__name__}: {exc}") from None
+    return lambda state: docker_backend.DockerSandbox(client, state=state)
+
+
+@dataclasses.dataclass
+class SandboxBackend:
+    """Where episodes get their sandboxes: `make(state)` gives one restored from `state`, `release(sandbox)`
+    hands it back when the episode ends (None = `sandbox.close()`), `close()` ends whatever the backend keeps
+    (idempotent). With a warm Docker pool (`pool`, a `bat_jax.sandbox.pool.SandboxPool`) `make` is the pool's
+    `acquire` and `release` its `release`: the same containers serve every episode, reset to a fresh state
+    in between. A context manager (closes on exit, also on exceptions and Ctrl-C)."""
+
+    name: str
+    make: SandboxFactory
+    release: Callable[[Sandbox], None] | None = None
+    pool: Any = None
+
+    def close(self) -> None:
+        """Removes the pool's containers, if any (never raises)."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def __enter__(self) -> SandboxBackend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_backend(name: str, concurrency: int = 16, warm: int = 0, acquire_timeout_s: float = 60.0
+                 ) -> SandboxBackend:
+    """A sandbox backend by name, fresh per episode (`backend_factory`) or, for 'docker' with `warm` > 0, a warm
+    pool of `warm` started containers reset between episodes. 'local' sandboxes are host directories and are
+    always made fresh (`warm` is ignored). `concurrency`: threads calling sandboxes at once (sizes the Docker
+    client's connection pool). `acquire_timeout_s`: longest wait, seconds, for an idle pooled sandbox (an
+    episode that gets none is unscored, as for a container that cannot start).
+
+    Raises:
+      BackendUnavailable: Docker backend module, engine or task image missing, or the pool failed to start.
+      ValueError: unknown name, or `warm` < 0.
+    """
+    if warm < 0:
+        raise ValueError(f"open_backend: warm (pool size) must be >= 0, got {warm}")
+    if name != "docker" or warm == 0:
+        return SandboxBackend(name, backend_factory(name, concurrency))
+    try:
+        from bat_jax.sandbox import docker as docker_backend
+        from bat_jax.sandbox.pool import SandboxPool
+
+        config = docker_backend.DockerSandboxConfig(
+            max_pool_size=max(docker_backend.DockerSandboxConfig.max_pool_size, int(concurrency) + 4))
+        pool = SandboxPool(warm, config)
+    except Exception as exc:  # noqa: BLE001 — any failure here means the backend is not usable
+        raise BackendUnavailable(f"docker backend unavailable: {type(exc).__name__}: {exc}") from None
+    return SandboxBackend(name, lambda state: pool.acquire(state, acquire_timeout_s), pool.release, pool)

@@ -1,0 +1,108 @@
+"""The supervisor of one local-sandbox call: a script, run as `python -I -S call_supervisor.py STATUS_FD CMD...` by
+`bat_jax.sandbox.local.run_with_deadline` (standard library only; `-I` keeps this directory off `sys.path`).
+
+It writes its host PID (read from the host's /proc, which it sees also inside a PID namespace) and a newline to
+the status fd, runs the command as its child, waits for it, kills and reaps every other process of the call, and
+only then writes the command's `Popen.returncode`-style status (negative: killed by that signal) and a newline,
+and exits. SIGTERM, SIGHUP or SIGINT (the host's deadline) kills and reaps the whole call without a status. As
+PID 1 of its own PID namespace it kills with kill(-1) (the namespace only; every orphan is its child, so "no child
+left" means "none left"); otherwise it makes itself a child subreaper (orphans of the call are re-parented to it)
+and stops, then kills, the descendants it finds in /proc.
+"""
+
+import os
+import signal
+import sys
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class Stop(Exception):
+    """The host asked the supervisor to end the call."""
+
+
+def _stop(signum, frame):
+    raise Stop
+
+
+def descendants() -> list[int]:
+    """PIDs of every descendant of this process, from /proc (parents read from each /proc/PID/stat)."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            kids.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(name))
+    found, todo = [], [os.getpid()]
+    while todo:
+        more = kids.get(todo.pop(), [])
+        found += more
+        todo += more
+    return found
+
+
+def kill_all(init: bool) -> None:
+    """Kills and reaps every other process of the call until this process has no child left."""
+    while True:
+        if init:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+        else:
+            pids = descendants()
+            for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first, so none forks meanwhile
+                for pid in pids:
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(0.002)
+
+
+def main() -> None:
+    status_fd, argv = int(sys.argv[1]), sys.argv[2:]
+    os.set_inheritable(status_fd, False)
+    init = os.getpid() == 1
+    if not init:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, _stop)
+    os.write(status_fd, os.readlink("/proc/self").encode() + b"\n")
+    status = None
+    try:
+        child = os.fork()
+        if child == 0:
+            try:
+                for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.execvp(argv[0], argv)
+            except BaseException as exc:
+                os.write(2, ("cannot run %s: %s\n" % (argv[0], exc)).encode())
+            os._exit(127)
+        while status is None:
+            pid, st = os.waitpid(-1, 0)
+            if pid == child:
+                status = os.waitstatus_to_exitcode(st)
+    except Stop:
+        pass
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+    kill_all(init)
+    if status is not None:
+        os.write(status_fd, str(status).encode() + b"\n")
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
