@@ -12,7 +12,7 @@
 # resolver for the same install in CI. An offline GPU box that already has CUDA JAX does not need this script:
 # launch/gpu_smoke.sh runs there from a wheel folder (launch/build_wheelhouse.sh).
 #
-# JAX and vLLM in one process share each GPU (rollout/run_loops.build_engine): vLLM takes
+# JAX and vLLM in one process share each GPU (bicurl/engines.build_engine): vLLM takes
 # `vllm_options['gpu_memory_utilization']` and JAX's preallocation is capped at 0.9 minus that share; before vLLM
 # starts, rollout/vllm_memory.py checks that one full-length rollout's cache fits (README has the arithmetic).
 set -euo pipefail

@@ -20,7 +20,7 @@ EVAL_TRACKS = ("segmentation",)
 _GIN = """\
 from __gin__ import dynamic_registration
 import bat_jax.launch as launch
-import bat_jax.experiment as experiment
+import bat_jax.bicurl.experiment as experiment
 import bat_jax.policy as policy
 import bat_jax.stage_bank.factory as factory
 import bat_jax.stage_bank.pools as pools
@@ -29,7 +29,7 @@ import bat_jax.learn.sft as sft
 import bat_jax.learn.optim as optim
 import bat_jax.learn.kl as kl
 import bat_jax.rollout.agent_loop as agent_loop
-import bat_jax.benchmark.evaluator as evaluator
+import bat_jax.bicurl.evaluation as evaluation
 
 launch.run:
   job = @experiment.run
@@ -49,7 +49,7 @@ experiment.Components:
   grpo = @grpo.GRPOConfig()
   pools = @pools.PoolConfig()
   agent = @agent_loop.AgentLoopConfig()
-  evaluation = @evaluator.EvalConfig()
+  evaluation = @evaluation.EvalConfig()
   policy_shift = @kl.PolicyShiftConfig()
 policy.PolicyConfig.tiny = {model}
 factory.FactoryConfig:
@@ -75,7 +75,7 @@ agent_loop.AgentLoopConfig:
   max_tokens_per_turn = 32
   max_context_tokens = 8192
   progress = False
-evaluator.EvalConfig:
+evaluation.EvalConfig:
   repeats = 1
   tracks = {eval_tracks}
   max_turns = 2
@@ -94,7 +94,7 @@ def components(bank_dir):
     """The `experiment.Components` of `gin_text(bank_dir)` (gin is cleared before and after)."""
     import gin
 
-    from bat_jax import experiment
+    from bat_jax.bicurl import experiment
 
     gin.clear_config()
     try:

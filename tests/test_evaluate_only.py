@@ -1,5 +1,5 @@
-"""The evaluate-only launch job (bat_jax/evaluate_only.py) against the evaluation a BiCuRL run does for its final
-rows (`benchmark.evaluator.evaluate` over `policy.EngineCells`, one E2E episode per cell), on the tiny default
+"""The evaluate-only launch job (bat_jax/bicurl/evaluate_only.py) against the evaluation a BiCuRL run does for its
+final rows (`evaluation.evaluate` over `evaluation.EngineCells`, one E2E episode per cell), on the tiny default
 policy with the local backend and one track; and its gin file (gin/evaluate_small.gin) binds the SmolLM2 policy."""
 
 import dataclasses
@@ -7,12 +7,14 @@ import json
 
 import gin
 
-from bat_jax import evaluate_only, launch, report
-from bat_jax.benchmark import evaluator as ev
-from bat_jax.experiment import Components
-from bat_jax.policy import EngineCells, PolicyConfig, build_policy, make_agent_loop
+from bat_jax import launch, report
+from bat_jax.bicurl import evaluate_only
+from bat_jax.bicurl import evaluation as ev
+from bat_jax.bicurl.engines import EngineConfig, build_engine
+from bat_jax.bicurl.evaluation import EngineCells
+from bat_jax.bicurl.experiment import Components
+from bat_jax.policy import PolicyConfig, build_policy, make_agent_loop
 from bat_jax.rollout.agent_loop import AgentLoopConfig
-from bat_jax.rollout.run_loops import build_engine
 from bat_jax.sandbox.backends import backend_factory
 
 COMPONENTS = Components(
@@ -21,14 +23,14 @@ COMPONENTS = Components(
     agent=AgentLoopConfig(max_assistant_turns=2, max_tokens_per_turn=12, max_response_tokens=24,
                           max_context_tokens=1024, max_workers=2, progress=False),
     evaluation=ev.EvalConfig(repeats=2, tracks=("classification",), max_turns=2),
-    sampler_max_batch=2)
+    engine=EngineConfig(max_batch=2))
 
 
 def test_job_writes_the_summary_of_the_runs_final_evaluation(tmp_path):
     out = evaluate_only.run(tmp_path, COMPONENTS, backend="local", purpose="final", system="tiny (untrained)")
     # the reference: what experiment.run's `evaluate(untrained, "final")` does, on a fresh copy of the policy
     policy = build_policy(COMPONENTS.policy)
-    loop = make_agent_loop(policy, build_engine(policy, COMPONENTS, tmp_path), backend_factory("local"),
+    loop = make_agent_loop(policy, build_engine(policy, COMPONENTS.engine, COMPONENTS.agent.max_context_tokens, tmp_path), backend_factory("local"),
                            dataclasses.replace(COMPONENTS.agent, episodes_per_state=1, max_assistant_turns=2))
     want = ev.evaluate(EngineCells(loop, prompt_style="compact"),
                        dataclasses.replace(COMPONENTS.evaluation, purpose="final"))
@@ -44,7 +46,7 @@ def test_job_writes_the_summary_of_the_runs_final_evaluation(tmp_path):
 def test_evaluate_small_gin_binds_the_smollm2_policy_and_the_final_slice():
     launch.parse_gin(["evaluate_small.gin"], [])
     job = gin.query_parameter("launch.run.job").scoped_configurable_fn  # gin's wrapper of the function
-    assert (job.__module__, job.__name__) == ("bat_jax.evaluate_only", "run")
+    assert (job.__module__, job.__name__) == ("bat_jax.bicurl.evaluate_only", "run")
     assert gin.query_parameter("evaluate_only.run.purpose") == "final"
     assert gin.query_parameter("policy.PolicyConfig.family") == "chatml"
     assert gin.query_parameter("policy.PolicyConfig.prompt_style") == "compact"

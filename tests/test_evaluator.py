@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bat_jax.benchmark import evaluator
+from bat_jax.bicurl import evaluation as evaluator
 from bat_jax.benchmark.scoring import Cell, Summary
 from bat_jax.benchmark.stages import STAGES
 from bat_jax.sandbox.backends import local_sandbox

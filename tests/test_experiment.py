@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from bat_jax import experiment as ex
-from bat_jax.benchmark.evaluator import EvalConfig
+from bat_jax.bicurl import experiment as ex
+from bat_jax.bicurl.engines import EngineConfig
+from bat_jax.bicurl.evaluation import EvalConfig
 from bat_jax.ledger import Ledger
 from bat_jax.policy import PolicyConfig
 
@@ -18,8 +19,8 @@ def test_config_errors_name_the_field():
         ex.BiCuRLConfig(mode="ppo")
     with pytest.raises(ValueError, match="grpo_steps_per_round"):
         ex.BiCuRLConfig(grpo_steps_per_round=0)
-    with pytest.raises(ValueError, match="engine must be one of"):
-        ex.Components(engine="sglang")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        ex.Components(engine=EngineConfig(kind="sglang"))
 
 
 @pytest.mark.slow
@@ -32,7 +33,7 @@ def test_bicurl_runs_with_vllm_rollouts(tmp_path):
     qwen3 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 8192}
     comps = dataclasses.replace(micro_config.components(tmp_path / "bank"),
-                                policy=PolicyConfig(family="qwen3", tiny=qwen3), engine="vllm")
+                                policy=PolicyConfig(family="qwen3", tiny=qwen3), engine=EngineConfig(kind="vllm"))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     out = ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1, backend="local"), comps)
@@ -131,8 +132,8 @@ class _Loop:
 
 
 def test_engine_cells_count_scored_agent_failed_cells():
-    from bat_jax.benchmark import evaluator
-    from bat_jax.policy import EngineCells
+    from bat_jax.bicurl import evaluation as evaluator
+    from bat_jax.bicurl.evaluation import EngineCells
 
     jobs = evaluator.suite_jobs(EvalConfig(repeats=4, tracks=("vqa",)))
     errors = [("", ""), ("sandbox died after agent code", ""), ("", "engine down"),
@@ -149,10 +150,9 @@ def test_engine_cells_count_scored_agent_failed_cells():
 def test_policy_cells_count_scored_agent_failed_cells(monkeypatch):
     from types import SimpleNamespace
 
-    from bat_jax.benchmark import evaluator
+    from bat_jax.bicurl import evaluation as evaluator
     from bat_jax.benchmark.scoring import Cell
     from bat_jax.benchmark.stages import STAGES
-    from bat_jax.rollout import play as harness
     from bat_jax.verify.rubric import Evidence
 
     outcomes = iter([("", 0.5), ("sandbox died after agent code", 0.0), ("sandbox died after agent code", None)])
@@ -163,7 +163,7 @@ def test_policy_cells_count_scored_agent_failed_cells(monkeypatch):
         return SimpleNamespace(evidence=Evidence((), {}, None, agent_error=agent_error),
                                score=SimpleNamespace(to_cell=cell))
 
-    monkeypatch.setattr(harness, "play", fake_play)
+    monkeypatch.setattr(evaluator, "play", fake_play)
     runner = evaluator.PolicyCells(lambda seed: None, None, max_workers=1, progress=False)
     cells = runner(evaluator.suite_jobs(EvalConfig(repeats=3, tracks=("vqa",))))
     assert [c.scored() for c in cells] == [True, True, False] and runner.agent_failed == 1

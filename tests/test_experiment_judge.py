@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from bat_jax import experiment as ex
+from bat_jax.bicurl import experiment as ex
 from bat_jax.ledger import Ledger
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig

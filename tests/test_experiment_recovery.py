@@ -43,7 +43,7 @@ def _write_gin(path, bank_dir):
 
 def _heldout_manifest():
     """The held-out task manifest `experiment.run` writes for the micro EvalConfig (both purposes)."""
-    from bat_jax.benchmark import evaluator as ev
+    from bat_jax.bicurl import evaluation as ev
     from bat_jax.tasks.heldout import manifest
 
     config = micro_config.components(bank_dir="bank").evaluation  # the bank is not read here

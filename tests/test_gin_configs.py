@@ -82,12 +82,12 @@ def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, sty
 def test_paper_scale_files_roll_out_on_vllm_and_the_tiny_default_on_the_jax_sampler(name, engine):
     launch.parse_gin([name], [])
     try:
-        value = gin.query_parameter("experiment.Components.engine")
+        value = gin.query_parameter("engines.EngineConfig.kind")
     except ValueError:  # not bound: the dataclass default
         value = "jax"
     assert value == engine
     if engine == "vllm":
-        assert gin.query_parameter("experiment.Components.vllm_options")["dtype"] == "bfloat16"
+        assert gin.query_parameter("engines.EngineConfig.vllm_options")["dtype"] == "bfloat16"
         # turns served in flight: one call per ready turn, at least a GRPO batch's episodes (rows x K) at once
         episodes = gin.query_parameter("pools.PoolConfig.batch_size") * gin.query_parameter("%K")
         assert gin.query_parameter("agent_loop.AgentLoopConfig.max_generate_batch") == 1
@@ -100,7 +100,7 @@ def test_the_readme_judge_bindings_parse_on_the_run_files():
     launch.parse_gin(["bicurl_tiny.gin"], ["experiment.Components.judge = @judge.JudgeConfig()",
                                            "judge/chat_endpoint.ChatEndpointConfig.base_url = 'http://localhost:8000/v1'",
                                            "judge/chat_endpoint.ChatEndpointConfig.model = 'my-judge'"])
-    components = gin.get_bindings("bat_jax.experiment.Components")
+    components = gin.get_bindings("bat_jax.bicurl.experiment.Components")
     judge = components["judge"]
     assert isinstance(judge, JudgeConfig)
     endpoint = judge.endpoint
@@ -128,11 +128,11 @@ def assert_rounds_fit_the_tiny_bank(context: str) -> None:
     `grpo_steps_per_round` batches from pools of the tiny bank's sizes (as `experiment.run` builds them,
     `experiment.mode_pools`: GRPO-E2E keeps the E2E pool only) without an error."""
     from bat_jax.benchmark.stages import STAGES
-    from bat_jax.experiment import BiCuRLConfig, mode_pools
+    from bat_jax.bicurl.experiment import BiCuRLConfig, mode_pools
     from bat_jax.stage_bank.pools import PoolConfig, build_round_view
     from test_pools import make_bank
 
-    run = BiCuRLConfig(**gin.get_bindings("bat_jax.experiment.BiCuRLConfig"))
+    run = BiCuRLConfig(**gin.get_bindings("bat_jax.bicurl.experiment.BiCuRLConfig"))
     rows, pools = mode_pools(make_bank(per_focus=TINY_BANK_ROWS_PER_FOCUS), run.mode,
                              PoolConfig(**gin.get_bindings("bat_jax.stage_bank.pools.PoolConfig")))
     for stage in STAGES:

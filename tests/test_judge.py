@@ -18,7 +18,7 @@ from bat_jax.tasks import heldout
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.rubric_items import build_rubric
 from bat_jax.verify.judge import DEFAULT_ITEMS, JudgeConfig, RubricJudge, evidence_digest
-from bat_jax.verify.row_reward import rollout_reward
+from bat_jax.bicurl.reward import rollout_reward
 from bat_jax.verify.rubric import REWARD_VERSION
 
 SEED, VARIANT, TEMPLATE = 3, "success", 0
@@ -143,7 +143,7 @@ def test_dead_endpoint_trips_and_recovers_after_cooldown(task):
                         clock=lambda: now[0])
     rubric = judge.apply(build_rubric(get_track("vqa"), task))
     (item,) = [i for i in rubric.items if i.item_id == "plan.written"]
-    from bat_jax.policy import evidence_of
+    from bat_jax.bicurl.reward import evidence_of
     from bat_jax.verify.rubric import InfraError
 
     ev = evidence_of(_trajectory(task, "S1", "plan"), task.state())
@@ -172,13 +172,13 @@ def test_judge_over_a_local_http_endpoint(task):
 def test_gin_binds_the_judge_on_components():
     import gin
 
-    from bat_jax import experiment as ex
+    from bat_jax.bicurl import experiment as ex
 
     gin.clear_config()
     try:
         gin.parse_config("""
 from __gin__ import dynamic_registration
-import bat_jax.experiment as experiment
+import bat_jax.bicurl.experiment as experiment
 import bat_jax.verify.judge as judge
 import bat_jax.clients.chat_endpoint as chat_endpoint
 experiment.Components.judge = @judge.JudgeConfig()

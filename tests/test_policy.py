@@ -4,7 +4,9 @@ exactly on the one target action + end of turn, and observations are cut as the 
 import numpy as np
 import pytest
 
-from bat_jax.policy import AGENT_SYSTEM_PROMPT, PolicyConfig, build_policy, render_sft_row
+from bat_jax.prompts import AGENT_SYSTEM_PROMPT
+from bat_jax.policy import PolicyConfig, build_policy
+from bat_jax.bicurl.sft_data import render_sft_row
 from bat_jax.rollout.agent_loop import cut_observation
 from bat_jax.sandbox.tools import Action
 from bat_jax.stage_bank.row import Message, Provenance, SFTRow
@@ -83,7 +85,7 @@ def test_the_tiny_qwen3_policy_renders_with_the_shipped_tokenizers_template():
 
 def _e2e_prompt_tokens(style: str) -> int:
     from bat_jax.models.episode import EpisodeBuilder
-    from bat_jax.policy import first_messages
+    from bat_jax.prompts import first_messages
     from bat_jax.stage_bank.slicing import row_skill
     from bat_jax.tasks.heldout import heldout_suite
 
@@ -99,7 +101,7 @@ def test_compact_prompt_is_a_fifth_of_the_full_one():
 
 
 def test_compact_user_message_keeps_every_path_id_and_the_start_stage():
-    from bat_jax.policy import user_message
+    from bat_jax.prompts import user_message
     from bat_jax.stage_bank.slicing import row_prompt, row_skill
     from bat_jax.tasks.heldout import heldout_suite
 
@@ -121,7 +123,7 @@ def test_compact_user_message_keeps_every_path_id_and_the_start_stage():
 
 
 def test_compact_sft_row_has_the_short_system_prompt_no_tools_block_and_the_same_target():
-    from bat_jax.policy import COMPACT_SYSTEM_PROMPT
+    from bat_jax.prompts import COMPACT_SYSTEM_PROMPT
 
     full = build_policy(PolicyConfig(tiny=MICRO))
     compact = build_policy(PolicyConfig(tiny=MICRO, prompt_style="compact"))
@@ -156,7 +158,7 @@ def test_compact_rendering_keeps_injected_tags_as_text():
 
 
 def test_sft_batches_pad_to_the_length_bucket_and_draw_rows_evenly():
-    from bat_jax.policy import sft_batch, sft_bucket
+    from bat_jax.bicurl.sft_data import sft_batch, sft_bucket
 
     assert [sft_bucket(n, 4096) for n in (10, 300, 500, 700, 1000, 1100, 2000, 2500, 4000)] == \
         [256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]
@@ -196,7 +198,7 @@ def _trajectory_rows():
 
 
 def test_trajectory_examples_train_every_action_of_a_trajectory_in_its_longest_fitting_row(policy):
-    from bat_jax.policy import trajectory_examples
+    from bat_jax.bicurl.sft_data import trajectory_examples
 
     rows, lone = _trajectory_rows()
     examples = trajectory_examples(rows + [lone], policy, 2048)

@@ -1,4 +1,4 @@
-"""Ray rollout workers (bat_jax/rollout/ray_workers.py): how episodes are spread, and (slow) two workers on a
+"""Ray rollout workers (bat_jax/bicurl/ray_workers.py): how episodes are spread, and (slow) two workers on a
 local Ray cluster with the local sandbox backend return the same trajectories and rewards as the in-process
 agent loop given the same rows, seed, weights and per-call episodes."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bat_jax.rollout.agent_loop import AgentLoopConfig
-from bat_jax.rollout.ray_workers import RayRolloutConfig, assign_episodes
+from bat_jax.bicurl.ray_workers import RayRolloutConfig, assign_episodes
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
             head_dim=16)
@@ -38,12 +38,14 @@ def _same(a, b) -> None:
 @pytest.mark.slow
 def test_two_ray_workers_match_the_in_process_loop():
     ray = pytest.importorskip("ray")
-    from bat_jax.policy import PolicyConfig, build_policy, rl_request
-    from bat_jax.rollout.ray_workers import RayRollouts, WorkerSpec, host_params, install_params
+    from bat_jax.policy import PolicyConfig, build_policy
+    from bat_jax.prompts import rl_request
+    from bat_jax.bicurl.engines import EngineConfig
+    from bat_jax.bicurl.ray_workers import RayRollouts, WorkerSpec, host_params, install_params
     from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
     from bat_jax.tasks import heldout
     from bat_jax.tasks.registry import get_track
-    from bat_jax.verify.row_reward import rollout_reward
+    from bat_jax.bicurl.reward import rollout_reward
 
     rows, starts = [], []
     for seed, focus in ((3, "S1"), (4, "S2")):
@@ -60,7 +62,7 @@ def test_two_ray_workers_match_the_in_process_loop():
     agent = AgentLoopConfig(episodes_per_state=4, max_assistant_turns=2, max_tokens_per_turn=8, max_context_tokens=2048,
                             temperature=0.7, progress=False, schedule="lockstep")
     spec = WorkerSpec(PolicyConfig(family="qwen3", tiny=TINY, prompt_style="compact"), agent, "local",
-                      sampler_max_batch=8)
+                      EngineConfig(max_batch=8))
     learner = build_policy(dataclasses.replace(spec.policy, seed=1))  # the weights the workers must take
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -103,12 +105,13 @@ def test_gin_include_selects_ray_rollouts_and_the_default_stays_in_process():
     import gin
 
     from bat_jax import launch
-    from bat_jax.experiment import Components
+    from bat_jax.bicurl.engines import EngineConfig
+    from bat_jax.bicurl.experiment import Components
 
     launch.parse_gin(["bicurl_tiny.gin"], [])
     assert "ray" not in gin.get_bindings("experiment.Components") and Components().ray is None
     launch.parse_gin(["bicurl_tiny.gin", "rollout/ray_local2.gin"], [])
     assert gin.get_bindings("experiment.Components")["ray"] == RayRolloutConfig(num_workers=2, cpus_per_worker=1.0)
-    with pytest.raises(ValueError, match="needs engine 'jax'"):
-        Components(engine="vllm", ray=RayRolloutConfig())
+    with pytest.raises(ValueError, match="needs engine kind 'jax'"):
+        Components(engine=EngineConfig(kind="vllm"), ray=RayRolloutConfig())
     gin.clear_config()

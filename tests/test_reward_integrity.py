@@ -277,7 +277,7 @@ def test_sparse_file_costs_the_host_nothing_at_evidence_time(backend):
 def test_skipped_artefacts_are_absent_not_stale():
     import numpy as np
 
-    from bat_jax.policy import evidence_of
+    from bat_jax.bicurl.reward import evidence_of
     from bat_jax.rollout.trajectory import Trajectory
 
     start = SandboxState(files={"a.txt": b"old", "b.txt": b"keep"})

@@ -164,7 +164,7 @@ def test_deep_submission_through_play_and_the_rollout_scorer():
     from test_row_reward import _row
 
     from bat_jax.tasks import heldout
-    from bat_jax.verify.row_reward import RolloutScorer
+    from bat_jax.bicurl.reward import RolloutScorer
 
     inst = heldout.training_task(SEG, 5, "success", 0)
     L = inst.layout
@@ -531,8 +531,8 @@ def test_a_scorer_exception_is_the_agents_failure_and_a_rebuild_failure_is_unsco
     from test_row_reward import _row, _trajectory
 
     from bat_jax.tasks import heldout
-    from bat_jax.verify import row_reward
-    from bat_jax.verify.row_reward import RolloutScorer
+    from bat_jax.bicurl import reward as row_reward
+    from bat_jax.bicurl.reward import RolloutScorer
 
     task = heldout.training_task(VQA, 3, "success", 0)
     rows, trajs = [_row(3, "E2E")] * 3, [_trajectory(task, "E2E", k) for k in (1, 2, 3)]

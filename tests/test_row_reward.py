@@ -13,9 +13,8 @@ from bat_jax.sandbox.types import Receipt
 from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
 from bat_jax.tasks import heldout
 from bat_jax.tasks.registry import get_track
-from bat_jax.verify import row_reward
-from bat_jax.verify.row_reward import (RewardConfig, RolloutScorer, TaskCache, rollout_reward, score_rollouts,
-                                      task_key)
+from bat_jax.bicurl import reward as row_reward
+from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache, rollout_reward, score_rollouts, task_key
 
 
 def _row(seed, focus, variant="success", track="vqa"):

@@ -105,13 +105,13 @@ def test_bundled_sweep_bindings_configure_the_tiny_default(sweep_file):
     import gin
 
     from bat_jax import launch
-    from bat_jax.experiment import BiCuRLConfig
+    from bat_jax.bicurl.experiment import BiCuRLConfig
     from bat_jax.stage_bank.pools import PoolConfig
     from test_gin_configs import assert_rounds_fit_the_tiny_bank
 
     for entry in sweep.load_sweep(REPO / "launch" / "sweeps" / sweep_file):
         launch.parse_gin(["bicurl_tiny.gin"] + entry.get("gin_files", []), entry.get("bindings", []))
-        run = BiCuRLConfig(**gin.get_bindings("bat_jax.experiment.BiCuRLConfig"))
+        run = BiCuRLConfig(**gin.get_bindings("bat_jax.bicurl.experiment.BiCuRLConfig"))
         pools = PoolConfig(**gin.get_bindings("bat_jax.stage_bank.pools.PoolConfig"))
         for binding in entry.get("bindings", []):
             key, value = (x.strip() for x in binding.split("=", 1))

@@ -21,7 +21,9 @@ import pytest
 from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder, TextCodec
 from bat_jax.models.tokenizer import load_tiny_tokenizer
-from bat_jax.policy import Policy, render_sft_row, user_message
+from bat_jax.policy import Policy
+from bat_jax.bicurl.sft_data import render_sft_row
+from bat_jax.prompts import user_message
 from bat_jax.sandbox.tools import Action
 from bat_jax.stage_bank.row import Message, Provenance, SFTRow
 

@@ -69,7 +69,7 @@ def test_a_varied_task_states_its_own_paths_and_ids_in_its_brief():
 
 def test_factory_sources_use_varied_templates_and_the_reward_rebuilds_the_same_task():
     from bat_jax.stage_bank.slicing import transformation
-    from bat_jax.verify.row_reward import row_task
+    from bat_jax.bicurl.reward import row_task
 
     cfg = FactoryConfig(tracks=("vqa",), outcomes=("recovery",), foci=("E2E", "S3"), layouts="varied")
     grid = sources(cfg)

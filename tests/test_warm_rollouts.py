@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from bat_jax import experiment as ex
+from bat_jax.bicurl import experiment as ex
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
 from bat_jax.rollout.engine import Completion
-from bat_jax.rollout.run_loops import open_run_loops, warm_pool_size
+from bat_jax.bicurl.run_loops import eval_cells, open_run_loops, warm_pool_size
 from bat_jax.sandbox.docker import DockerSandbox, connect
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.sandbox.backends import open_backend
@@ -115,10 +115,12 @@ def test_the_experiment_loops_share_one_warm_pool_by_default(tmp_path):
 
     c = micro_config.components(tmp_path / "bank")
     assert ex.BiCuRLConfig().sandbox_pool is True
-    assert warm_pool_size(c) == 8  # a GRPO batch: 4 rows x K=2 (> 1 evaluation cell)
-    assert warm_pool_size(dataclasses.replace(c, pools=dataclasses.replace(c.pools, batch_size=1))) == 2
+    cells = eval_cells(c.evaluation)
+    assert warm_pool_size(c.pools.batch_size * c.agent.episodes_per_state, cells) == 8  # 4 rows x K=2 > 1 cell
+    assert warm_pool_size(1 * c.agent.episodes_per_state, cells) == 2
+    assert warm_pool_size(0, cells) == 1  # rollouts on Ray workers: the evaluation's one cell
     policy = build_policy(c.policy)
-    loops = open_run_loops(policy, engine=None, components=c, backend="docker")
+    loops = open_run_loops(policy, None, c.agent, c.evaluation, c.pools.batch_size, "docker")
     pool = loops.sandboxes.pool
     try:
         assert pool.size == 8 and _docker_count(pool.owner) == 8
@@ -130,7 +132,7 @@ def test_the_experiment_loops_share_one_warm_pool_by_default(tmp_path):
     finally:
         loops.close()
     assert _docker_count(pool.owner) == 0
-    fresh = open_run_loops(policy, None, c, "docker", warm_pool=False)
+    fresh = open_run_loops(policy, None, c.agent, c.evaluation, c.pools.batch_size, "docker", warm_pool=False)
     assert fresh.sandboxes.pool is None and fresh.rollouts.sandbox_release is None
     fresh.close()
 
@@ -164,13 +166,14 @@ def test_a_rollout_worker_keeps_its_own_warm_pool_and_removes_it_on_close():
     (2 concurrent episodes): two calls of 2 episodes on the same 2 containers, none replaced; `close` removes
     the containers."""
     from bat_jax.policy import PolicyConfig
-    from bat_jax.rollout.ray_workers import RolloutWorker, WorkerSpec
+    from bat_jax.bicurl.engines import EngineConfig
+    from bat_jax.bicurl.ray_workers import RolloutWorker, WorkerSpec
 
     agent = AgentLoopConfig(episodes_per_state=4, max_assistant_turns=2, max_tokens_per_turn=8,
                             max_context_tokens=1024, progress=False)
     tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "max_position_embeddings": 1024}
     worker = RolloutWorker(WorkerSpec(PolicyConfig(family="qwen3", tiny=tiny, prompt_style="compact"), agent,
-                                      "docker", sampler_max_batch=4, warm_pool=2))
+                                      "docker", EngineConfig(max_batch=4), warm_pool=2))
     pool = worker.sandboxes.pool
     try:
         assert pool.size == 2 and _docker_count(pool.owner) == 2

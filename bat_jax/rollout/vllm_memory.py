@@ -1,6 +1,6 @@
 """Does vLLM fit beside JAX on one accelerator? The arithmetic, checked before the engine starts.
 
-JAX and vLLM share each GPU in one process (`rollout/run_loops.build_engine`): JAX preallocates
+JAX and vLLM share each GPU in one process (`bicurl/engines.build_engine`): JAX preallocates
 ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the device when it first touches it, and vLLM then asks for
 ``gpu_memory_utilization`` of the device's *total* memory and refuses to start when less than that is free. Inside its
 share vLLM holds the weights (engine dtype), its activation peak (measured by its start-up profile run; here an

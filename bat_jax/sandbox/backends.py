@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from bat_jax.sandbox.types import Sandbox, SandboxState
+
+if TYPE_CHECKING:  # the pool module imports docker-py; backends stay importable without it
+    from bat_jax.sandbox.pool import SandboxPool
 
 #: `state -> Sandbox`: a new sandbox restored from `state`.
 SandboxFactory = Callable[[SandboxState], Sandbox]
@@ -65,7 +68,7 @@ class SandboxBackend:
     name: str
     make: SandboxFactory
     release: Callable[[Sandbox], None] | None = None
-    pool: Any = None
+    pool: SandboxPool | None = None
 
     def close(self) -> None:
         """Removes the pool's containers, if any (never raises)."""

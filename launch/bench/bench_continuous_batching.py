@@ -8,7 +8,7 @@ tokens, 3,072-token context). A trained policy matters: its turns end at differe
 continuous batching exploits (a random model runs every turn to its budget).
 
   * plain: `JaxSampler` (8 rows per compiled call, prefix store of 64 rows) under the continuous schedule with
-    one engine call at a time (`max_generate_batch` 64), as before `Components.sampler_slots`;
+    one engine call at a time (`max_generate_batch` 64), as before `EngineConfig.slots`;
   * continuous: `ContinuousBatchingSampler(slots=--slots)` with one engine call per episode turn
     (`max_generate_batch` 1, `max_concurrent_generate` 64), as `gin/bicurl_tiny.gin`.
 
@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="docker", choices=["docker", "local"])
     args = ap.parse_args(argv)
 
-    from bat_jax.policy import PolicyConfig, build_policy, make_agent_loop, rl_request
+    from bat_jax.policy import PolicyConfig, build_policy, make_agent_loop
+    from bat_jax.prompts import rl_request
     from bat_jax.rollout.agent_loop import AgentLoopConfig
     from bat_jax.rollout.continuous_batching import jax_engine
     from bat_jax.stage_bank.bank import StageBank

@@ -216,7 +216,7 @@ def real_prompts(tokenizer, batch: int, length: int) -> list[list[int]]:
     generation prompt, the checkpoint's chat template) on one held-out-style E2E task per track, cycled over the
     seven tracks with seeds 11, 12, ..., left-cut to its last `length` tokens (so every row ends in the
     generation prompt). Raises ValueError when a prompt is shorter than `length`."""
-    from bat_jax.policy import first_messages
+    from bat_jax.prompts import first_messages
     from bat_jax.stage_bank.slicing import row_skill
     from bat_jax.tasks.registry import TRACKS
 

@@ -58,7 +58,7 @@ def sample_rows(args) -> list:
 def prompt_tokens(policy, style: str) -> dict[str, float]:
     """Tokens of the held-out E2E prompt (mean over the 7 tracks) and of its parts in `style`."""
     from bat_jax.models.episode import EpisodeBuilder
-    from bat_jax.policy import first_messages, prompt_head
+    from bat_jax.prompts import first_messages, prompt_head
     from bat_jax.stage_bank.slicing import row_skill
     from bat_jax.tasks.heldout import heldout_suite
 
@@ -75,7 +75,7 @@ def prompt_tokens(policy, style: str) -> dict[str, float]:
 
 
 def rendered(policy, rows, max_seq_len: int, obs_chars: int) -> list:
-    from bat_jax.policy import render_sft_row
+    from bat_jax.bicurl.sft_data import render_sft_row
 
     return [e for e in (render_sft_row(r, policy, max_seq_len, obs_chars) for r in rows) if e is not None]
 
@@ -123,7 +123,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from bat_jax.learn.learner import pad_batch
-    from bat_jax.policy import PolicyConfig, build_policy, sft_batch
+    from bat_jax.policy import PolicyConfig, build_policy
+    from bat_jax.bicurl.sft_data import sft_batch
 
     rows = sample_rows(args)
     micro = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}

@@ -89,8 +89,8 @@ def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
     """Parses a run file and returns the settings its `experiment.Components` carries."""
     import gin
 
-    from bat_jax import experiment
     from bat_jax import launch
+    from bat_jax.bicurl import experiment
 
     launch.parse_gin([gin_file], list(bindings))
     c = gin.get_configurable(experiment.Components)()
@@ -99,8 +99,8 @@ def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
                      grpo_seq=c.agent.max_context_tokens, grpo_micro_batches=c.grpo_micro_batches,
                      kl_rows=c.policy_shift.batch_size, kl_seq=c.agent.max_context_tokens,
                      compute_dtype=c.policy.dtype, param_dtype="float32",
-                     vllm_share=float(dict(c.vllm_options).get("gpu_memory_utilization", 0.0))
-                     if c.engine == "vllm" else 0.0)
+                     vllm_share=float(dict(c.engine.vllm_options).get("gpu_memory_utilization", 0.0))
+                     if c.engine.kind == "vllm" else 0.0)
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -169,7 +169,7 @@ def step_builders(config: Qwen3_5Config, run: RunShapes, devices, *, scale_seq: 
                               opt_state=_abstract(jax.eval_shape(tx.init, params), state_sh.opt_state))
         return step, (state, batch(fields, rows, seq))
 
-    # what the experiment keeps on each device beside the step's own arguments (bat_jax/experiment.py), in
+    # what the experiment keeps on each device beside the step's own arguments (bat_jax/bicurl/experiment.py), in
     # parameter copies: the learner's params beside the SFT state, the round-start reference beside the GRPO
     # state (params + 2 Adam moments), and `run.device_copies` of the untrained / SFT / best copies (0: the
     # experiment keeps them on the host and puts best on the mesh only for the KL probe, as its argument)
@@ -277,7 +277,7 @@ def main(argv=None) -> int:
     print(f"[probe] budget {budget:.0f} GB per device: "
           + ("every step fits" if not over else f"over budget: {', '.join(over)}"))
     if run.vllm_share:  # the fraction experiment.run gives JAX beside vLLM on the same accelerator
-        from bat_jax.rollout.run_loops import jax_memory_fraction
+        from bat_jax.bicurl.engines import jax_memory_fraction
 
         frac = jax_memory_fraction(run.vllm_share)
         crowded = [k for k, r in results.items() if r["total"] > frac * budget * GB]

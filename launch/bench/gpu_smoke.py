@@ -272,7 +272,7 @@ def stage_vllm(args, learner, ids, cfg) -> None:
         _line("vllm", t0, "skipped", reason=f"vllm_cannot_import_qwen3_5:{type(e).__name__}:{e.name}")
         return
     from bat_jax.rollout.engine import SamplingParams
-    from bat_jax.rollout.run_loops import check_vllm_memory
+    from bat_jax.bicurl.engines import check_vllm_memory
     from bat_jax.rollout.vllm_engine import VLLMEngine
 
     options = {"dtype": "float32" if args.tiny else "bfloat16", "max_model_len": 8192,

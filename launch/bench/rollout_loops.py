@@ -56,7 +56,7 @@ def agent_config(loop: Loop, base, episodes: int):
 
 def jax_engine_for(loop: Loop, model, episodes: int):
     """The JAX sampler of `loop`: plain (one call at a time, every episode in one call) or the tiny default's
-    continuous batcher (gin/bicurl_tiny.gin: `sampler_slots` 16, `sampler_max_batch` 8, 64 stored prefixes)."""
+    continuous batcher (gin/bicurl_tiny.gin's `engines.EngineConfig`: 16 slots, 8 rows per call, 64 stored prefixes)."""
     from bat_jax.rollout.continuous_batching import jax_engine
 
     if loop.inflight:
@@ -68,8 +68,8 @@ def real_tasks(tracks: list[str], style: str = "full", expert: bool = True):
     """One E2E task per track (train layout, seed 11) with its agent-loop request (prompt style `style`: 'full'
     or 'compact', `bat_jax.policy.request`) and, with `expert`, the scripted expert's actions on it (recorded once
     with the local backend; the replay in another backend runs the same code; else an empty list)."""
-    from bat_jax.policy import AGENT_SYSTEM_PROMPT, user_message
-    from bat_jax.policy import request as policy_request
+    from bat_jax.prompts import AGENT_SYSTEM_PROMPT, user_message
+    from bat_jax.prompts import request as policy_request
     from bat_jax.rollout.agent_loop import RolloutRequest
     from bat_jax.stage_bank.slicing import row_skill
     from bat_jax.rollout.play import play
@@ -275,7 +275,8 @@ def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int
 
     from bat_jax.policy import PolicyConfig
     from bat_jax.rollout.agent_loop import AgentLoopConfig
-    from bat_jax.rollout.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec
+    from bat_jax.bicurl.engines import EngineConfig
+    from bat_jax.bicurl.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec
 
     per_task = max(1, episodes // len(tracks))
     requests = [request for request, _ in real_tasks(tracks, "compact", expert=False)]
@@ -288,8 +289,8 @@ def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int
         for workers in (1, 2):
             share = -(-per_task * len(tracks) // workers)  # each worker's warm pool: its share of the episodes
             spec = WorkerSpec(PolicyConfig(family="qwen3", prompt_style="compact"), agent, backend,
-                              sampler_max_batch=8, warm_pool=share if backend == "docker" else 0,
-                              prefix_cache_rows=64, sampler_slots=16)
+                              EngineConfig(max_batch=8, prefix_cache_rows=64, slots=16),
+                              warm_pool=share if backend == "docker" else 0)
             rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=workers, cpus_per_worker=0.5,
                                                                 start_timeout_s=900,
                                                                 worker_env={"JAX_PLATFORMS": "cpu"}))

@@ -1,9 +1,12 @@
-"""Held-out evaluation V(π) = (Overall M, stage scores e) (paper Eq. 1, Section 3), and an external adapter.
+"""The held-out evaluator V(π) = (Overall M, stage scores e) (paper Eq. 1, Section 3), and an external adapter.
 
 The evaluator plays the agent (a policy with the fixed stage skills and the two tools) on the bundled held-out
 suite — 7 tracks × R repeats — scores every cell with the rubric verifier and the task metric, and returns
 **only aggregates** (`Summary`: two-level means, half-widths, per-track means). Cells, transcripts, task ids,
-paths and answers never leave this module: this is the evaluation side of the firewall.
+paths and answers never leave this module: this is the evaluation side of the firewall. A cell is played by a
+`CellRunner`: `EngineCells` for the token-level policy (one episode through the agent loop GRPO rollouts use) or
+`PolicyCells` for action-level policies (scripted experts, teachers, baselines; `rollout.play`); both score it
+with `tasks.episode.score_episode`.
 
 The controller's evaluation and the final evaluation use disjoint runs: `EvalConfig.purpose` selects a
 disjoint slice of the held-out suite seeds and of the policy seeds (paper: "The controller evaluation and
@@ -24,9 +27,21 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from tqdm.auto import tqdm
+
 from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell, Summary, aggregate
-from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.bicurl.reward import evidence_of
+from bat_jax.prompts import request
+from bat_jax.rollout.agent_loop import AgentLoop
+from bat_jax.rollout.play import play
+from bat_jax.sandbox.backends import SandboxFactory
+from bat_jax.stage_bank.slicing import row_skill
 from bat_jax.tasks.base import TaskInstance
+from bat_jax.tasks.episode import ActionPolicy, score_episode
+from bat_jax.tasks.heldout import heldout_suite, write_manifest
+from bat_jax.tasks.registry import TRACKS
+from bat_jax.verify.judge import RubricJudge
 
 #: Suite seed offset per evaluation purpose (disjoint held-out tasks and policy seeds).
 PURPOSES = {"controller": 0, "final": 1}
@@ -77,8 +92,8 @@ class CellRunner(Protocol):
 
     A runner may also keep `agent_failed: int`, set by each call: how many of its cells were agent-caused
     sandbox failures (the agent's code killed or hung the sandbox) that were still scored (`Cell.scored`) —
-    counted for the ledger beside the unscored (infrastructure) cells; `PolicyCells` and
-    `policy.EngineCells` do. It never changes a score.
+    counted for the ledger beside the unscored (infrastructure) cells; `PolicyCells` and `EngineCells` do.
+    It never changes a score.
     """
 
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
@@ -87,8 +102,6 @@ class CellRunner(Protocol):
 
 def suite_jobs(config: EvalConfig) -> list[EvalJob]:
     """The cells of one evaluation: for each track, R repeats over the held-out tasks of `config.purpose`."""
-    from bat_jax.tasks.heldout import heldout_suite
-
     per_variant = -(-config.repeats // len(config.variants))  # ceil
     suite = heldout_suite(n_per_track=per_variant, variants=config.variants,
                           suite_seed=PURPOSES[config.purpose], tracks=config.tracks)
@@ -108,8 +121,6 @@ def suite_jobs(config: EvalConfig) -> list[EvalJob]:
 def write_heldout_manifest(path: pathlib.Path, config: EvalConfig) -> pathlib.Path:
     """Writes the held-out manifest (`tasks.heldout.write_manifest`) of the tasks both purposes of `config` play —
     what the Stage Bank's leakage preflight guards against — to `path`; returns `path`."""
-    from bat_jax.tasks.heldout import write_manifest
-
     tasks = [job.task for purpose in PURPOSES for job in suite_jobs(dataclasses.replace(config, purpose=purpose))]
     write_manifest(path, tasks)
     return pathlib.Path(path)
@@ -138,19 +149,14 @@ class PolicyCells:
         (`verify.rubric.Evidence.agent_error`).
     """
 
-    policy_factory: Callable[[int], object]
-    make_sandbox: Callable
+    policy_factory: Callable[[int], ActionPolicy]
+    make_sandbox: SandboxFactory
     max_turns: int = 24
     max_workers: int = 4
     progress: bool = True
     agent_failed: int = 0
 
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
-        from tqdm.auto import tqdm
-
-        from bat_jax.rollout.play import play
-        from bat_jax.tasks.registry import TRACKS
-
         def one(job: EvalJob) -> tuple[Cell, bool]:
             result = play(TRACKS[job.track], job.task, self.policy_factory(job.seed),
                           make_sandbox=self.make_sandbox, max_turns=self.max_turns)
@@ -166,6 +172,34 @@ class PolicyCells:
             results = [f.result() for f in futures]
         self.agent_failed = sum(failed for _, failed in results)
         return [cell for cell, _ in results]
+
+
+@dataclasses.dataclass
+class EngineCells:
+    """CellRunner for a token-level policy: one E2E episode per held-out cell through the AgentLoop that GRPO
+    rollouts use, scored by `tasks.episode.score_episode`. `judge` (optional) decides its rubric items; a cell
+    it cannot decide is unscored. Prompts are rendered in `prompt_style`. After each call, `agent_failed` is the
+    number of its cells whose sandbox the agent's own code brought down (`Trajectory.agent_error`) and that were
+    still scored (`Cell.scored`), as the ledger counts them; scoring is not changed by it."""
+
+    loop: AgentLoop
+    judge: RubricJudge | None = None
+    agent_failed: int = 0
+    prompt_style: str = "full"
+
+    def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
+        requests = [request(f"eval-{i}", job.task.state(), job.task.brief, row_skill(E2E), E2E, self.prompt_style)
+                    for i, job in enumerate(jobs)]
+        trajectories = self.loop.run(requests, seed=jobs[0].seed if jobs else 0)
+        by_request = {t.state_id: t for t in trajectories}
+        cells = []
+        for i, job in enumerate(jobs):
+            evidence = evidence_of(by_request[f"eval-{i}"], requests[i].state)
+            episode_score = score_episode(TRACKS[job.track], job.task, evidence, E2E, self.judge)
+            cells.append(episode_score.to_cell(job.track, job.repeat))
+        self.agent_failed = sum(bool(by_request[f"eval-{i}"].agent_error) and cell.scored()
+                                for i, cell in enumerate(cells))
+        return cells
 
 
 def _cell_from_record(record: dict, where: str) -> Cell:

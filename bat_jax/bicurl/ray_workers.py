@@ -29,8 +29,13 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from bat_jax.bicurl.engines import EngineConfig, build_engine
+from bat_jax.learn.distributed import host_gather
+from bat_jax.policy import Policy, PolicyConfig, build_policy, make_agent_loop
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
+from bat_jax.rollout.engine import RolloutEngine
+from bat_jax.sandbox.backends import SandboxBackend, backend_factory, open_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,52 +68,45 @@ class RayRolloutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
-    """What a worker builds (pickled to each actor): the policy, the agent loop and its sandbox backend.
+    """What a worker builds (pickled to each actor): the policy, its rollout engine, the agent loop and its
+    sandbox backend.
 
     Attributes:
-      policy: `bat_jax.policy.PolicyConfig` (the tiny default or a local checkpoint every worker can read).
+      policy: the tiny default or a local checkpoint every worker can read.
       agent: the agent loop's limits and sampling.
       sandbox_backend: 'local' (tests only) or 'docker' (`bat_jax.sandbox.backends.backend_factory`).
-      sampler_max_batch: rows per compiled sampling call of the JAX sampler.
+      engine: the worker's rollout engine (the JAX sampler: kind 'jax'; `engines.EngineConfig`).
       warm_pool: Docker containers the worker keeps started and resets between its episodes (its share of a
-        GRPO batch, `rollout/run_loops.py`); 0 = a fresh container per episode. Ignored for 'local'.
-      prefix_cache_rows: the JAX sampler's stored decode states (`JaxSampler(prefix_cache_rows=...)`); 0 = off.
-      sampler_slots: rows of the continuous batch (`bat_jax.rollout.continuous_batching`); 0 = one `generate`
-        call at a time.
+        GRPO batch, `bicurl/run_loops.py`); 0 = a fresh container per episode. Ignored for 'local'.
+    Raises:
+      ValueError: an engine other than the JAX sampler.
     """
 
-    policy: Any
+    policy: PolicyConfig
     agent: AgentLoopConfig = AgentLoopConfig()
     sandbox_backend: str = "local"
-    sampler_max_batch: int = 8
+    engine: EngineConfig = EngineConfig()
     warm_pool: int = 0
-    prefix_cache_rows: int = 0
-    sampler_slots: int = 0
 
-    def build_policy(self) -> Any:
-        """The worker's `bat_jax.policy.Policy` (its weights are replaced by the first weight push)."""
-        from bat_jax.policy import build_policy
+    def __post_init__(self):
+        if self.engine.kind != "jax":
+            raise ValueError(f"WorkerSpec.engine: Ray workers run the JAX sampler, got kind {self.engine.kind!r}")
 
+    def build_policy(self) -> Policy:
+        """The worker's policy (its weights are replaced by the first weight push)."""
         return build_policy(self.policy)
 
-    def open_sandboxes(self) -> Any:
-        """This worker's sandbox backend (`bat_jax.sandbox.backends.SandboxBackend`; a warm Docker pool of
-        `warm_pool` containers, or fresh sandboxes). The caller closes it. Raises `BackendUnavailable`."""
-        from bat_jax.sandbox.backends import open_backend
-
+    def open_sandboxes(self) -> SandboxBackend:
+        """This worker's sandbox backend (a warm Docker pool of `warm_pool` containers, or fresh sandboxes). The
+        caller closes it. Raises `BackendUnavailable`."""
         return open_backend(self.sandbox_backend, self.agent.workers(self.warm_pool), warm=self.warm_pool)
 
-    def build_loop(self, policy: Any, sandboxes: Any = None) -> AgentLoop:
-        """An `AgentLoop` over the JAX sampler of `policy` and `sandboxes` (a `SandboxBackend`; default fresh
-        sandboxes of this spec's backend) — the same loop an in-process reference builds."""
-        from bat_jax.policy import make_agent_loop
-        from bat_jax.rollout.continuous_batching import jax_engine
-        from bat_jax.sandbox.backends import SandboxBackend, backend_factory
-
+    def build_loop(self, policy: Policy, sandboxes: SandboxBackend | None = None) -> AgentLoop:
+        """An `AgentLoop` over the JAX sampler of `policy` and `sandboxes` (default fresh sandboxes of this spec's
+        backend) — the same loop an in-process reference builds."""
         if sandboxes is None:
             sandboxes = SandboxBackend(self.sandbox_backend, backend_factory(self.sandbox_backend))
-        engine = jax_engine(policy.model, max_context=self.agent.max_context_tokens, max_batch=self.sampler_max_batch,
-                            prefix_cache_rows=self.prefix_cache_rows, slots=self.sampler_slots)
+        engine = build_engine(policy, self.engine, self.agent.max_context_tokens)
         return make_agent_loop(policy, engine, sandboxes.make, self.agent, sandboxes.release)
 
 
@@ -118,8 +116,6 @@ def host_params(params: Any) -> dict:
     processes too: with several JAX processes every process must call it)."""
     from flax import nnx
 
-    from bat_jax.learn.distributed import host_gather
-
     if isinstance(params, nnx.Module):
         params = nnx.state(params, nnx.Param)
     if isinstance(params, nnx.State):
@@ -127,7 +123,7 @@ def host_params(params: Any) -> dict:
     return host_gather(params)
 
 
-def install_params(policy: Any, engine: Any, params: Mapping) -> int:
+def install_params(policy: Policy, engine: RolloutEngine, params: Mapping) -> int:
     """Writes a pure dict of parameters into `policy.model` and installs the model in `engine`; returns the
     engine's new weight version. Raises ValueError (from nnx) when the structure does not match the model's."""
     import jax

@@ -1,9 +1,11 @@
-"""The reward of one GRPO rollout from a Stage Bank RL row (paper Eq. 4, released code's E2E rule).
+"""The reward of one GRPO rollout from a Stage Bank RL row (paper Eq. 4, released code's E2E rule): the adapter
+from rollouts (`rollout.trajectory.Trajectory`) to the rubric verifier.
 
 A row stores only public contract text; the verifier's checks need the task's hidden answer key, which is
 regenerated deterministically from the row's provenance (`task_synthesis` seed / variant / template, and the
-`e2e_reduce` λ actually applied for E2E surrogates). Stage rows are scored on their stage's rubric only
-(r = η · mean of binary items); E2E rows on S1–S5 plus the task metric (0.5 · stage mean + 0.5 · task).
+`e2e_reduce` λ actually applied for E2E surrogates). A rollout's evidence (`evidence_of`) is scored by
+`tasks.episode.score_episode`: stage rows on their stage's rubric only (r = η · mean of binary items), E2E rows on
+S1–S5 plus the task metric (0.5 · Agentic-weighted stage rewards + 0.5 · task).
 `reward_source='task_metric'` scores the task metric alone (the paper's GRPO baseline on E2E rows).
 With a `RubricJudge` its items are decided by the LLM judge and the version names the judge model.
 An infrastructure failure (sandbox, or the judge unreachable) gives None (unscored), never 0. What the agent
@@ -28,13 +30,17 @@ import json
 import threading
 from collections.abc import Sequence
 
-from bat_jax.benchmark.stages import E2E, STAGES, Stage
 from bat_jax.rollout.trajectory import Trajectory
-from bat_jax.sandbox.types import SandboxState
-from bat_jax.stage_bank.row import RLRow
-from bat_jax.verify.judge import RubricJudge
 from bat_jax.sandbox.readers import DecodeLimits
-from bat_jax.verify.rubric import REWARD_VERSION, Evidence, ScorerError, score
+from bat_jax.sandbox.types import SandboxState
+from bat_jax.stage_bank import e2e_surrogate
+from bat_jax.stage_bank.row import RLRow
+from bat_jax.tasks import heldout
+from bat_jax.tasks.base import TaskInstance, Track
+from bat_jax.tasks.episode import score_episode
+from bat_jax.tasks.registry import get_track
+from bat_jax.verify.judge import RubricJudge
+from bat_jax.verify.rubric import REWARD_VERSION, Evidence, ScorerError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +77,17 @@ class RewardConfig:
                 raise ValueError(f"RewardConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
+def evidence_of(trajectory: Trajectory, start: SandboxState) -> Evidence:
+    """Verifier evidence of one trajectory: receipts, the final workspace (start files overlaid with the
+    episode's changed files) and the submitted path; an infrastructure failure is carried as unscored."""
+    files = {**dict(start.files), **dict(trajectory.artefacts)}
+    for path in trajectory.skipped_artefacts:  # over a cap: absent, never the stale start version
+        files.pop(path, None)
+    return Evidence(tuple(trajectory.receipts), files, trajectory.submitted, infra_error=trajectory.infra_error,
+                    agent_error=trajectory.agent_error, skipped=tuple(trajectory.skipped_artefacts),
+                    start_files=dict(start.files))
+
+
 def task_key(row: RLRow) -> str:
     """SHA-256 hex digest of what `row_task` rebuilds a row's task from: its track and the params of its
     `task_synthesis` and `e2e_reduce` provenance steps. Rows of one task (any stage, any outcome slice) share it."""
@@ -94,7 +111,7 @@ class TaskCache:
         self._lock = threading.Lock()
         self._key_locks: dict[str, threading.Lock] = {}
 
-    def get(self, row: RLRow) -> tuple:
+    def get(self, row: RLRow) -> tuple[Track, TaskInstance]:
         """(track, TaskInstance) of `row`, as `row_task(row)` returns it. Raises what `row_task` raises."""
         key = task_key(row)
         with self._lock:
@@ -117,16 +134,12 @@ class TaskCache:
             return built
 
 
-def row_task(row: RLRow):
+def row_task(row: RLRow) -> tuple[Track, TaskInstance]:
     """(track, TaskInstance) of the task a row was built from, hidden answer key included.
 
     Raises:
       ValueError: the provenance lacks a `task_synthesis` step (names the row's state_id).
     """
-    from bat_jax.stage_bank import e2e_surrogate
-    from bat_jax.tasks import heldout
-    from bat_jax.tasks.registry import get_track
-
     steps = {t.name: dict(t.params) for t in row.provenance.transformations}
     if "task_synthesis" not in steps:
         raise ValueError(f"RL row {row.state_id}: provenance has no 'task_synthesis' step; cannot rebuild its "
@@ -156,9 +169,6 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
       ScorerError: the reward is not a finite number in [0, 1] (an error of the scorer, never "unscored").
       whatever rebuilding the row's task raises (`row_task`).
     """
-    from bat_jax.policy import evidence_of
-    from bat_jax.tasks.rubric_items import build_rubric
-
     version = judge.version if judge is not None else REWARD_VERSION
     evidence: Evidence = dataclasses.replace(evidence_of(trajectory, start), limits=decode)
     if row.reward_source == "task_metric":
@@ -166,17 +176,12 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
     if evidence.infra_error:
         return RolloutReward(None, version, row.focus)
     track, inst = tasks.get(row) if tasks is not None else row_task(row)
-    rubric = build_rubric(track, inst)
-    if judge is not None:
-        rubric = judge.apply(rubric)
     error = ""
     try:  # reading and scoring what the agent wrote: whatever goes wrong here is the agent's failure
         if row.reward_source == "task_metric":
             reward = track.score_task(inst, evidence.files, evidence.submitted, decode)
         else:
-            stages = STAGES if row.focus == E2E else (Stage.parse(row.focus),)
-            task = track.score_task(inst, evidence.files, evidence.submitted, decode) if row.focus == E2E else None
-            reward = score(rubric, evidence, task, stages).reward
+            reward = score_episode(track, inst, evidence, row.focus, judge).reward
     except ScorerError:
         raise
     except Exception as exc:  # noqa: BLE001 - the readers are total; this is a last guard, scored 0
@@ -201,8 +206,8 @@ def _contained(row: RLRow, trajectory: Trajectory, start: SandboxState, judge: R
 
 
 class RolloutScorer:
-    """Scores rollouts as they arrive, on at most `config.max_workers` threads (issue 17: reward scoring runs
-    concurrently with generation — pass `submit` as the agent loop's `on_trajectory`). A context manager: leaving
+    """Scores rollouts as they arrive, on at most `config.max_workers` threads (reward scoring runs concurrently
+    with generation: pass `submit` as the agent loop's `on_trajectory`). A context manager: leaving
     it waits for and shuts down the threads.
 
     Args:

@@ -1,11 +1,11 @@
 """Evaluate-only launch job: the held-out suite on a policy as it is, with no Stage Bank and no training.
 
-It gives the "pretrained, untrained" row of a real checkpoint (issue 16: SmolLM2-135M-Instruct zero-shot,
-`gin/evaluate_small.gin`) by the same path a BiCuRL run's final evaluation takes (`bat_jax.experiment.run`): the
-policy of `Components.policy`, the rollout engine of `rollout.run_loops.build_engine`, one E2E episode per held-out
-cell through the agent loop (`policy.EngineCells`, prompts in the policy's prompt style), the rubric verifier and
-the task metric, aggregated by `benchmark.evaluator.evaluate`. Only aggregates are written (the firewall of
-`benchmark/evaluator.py`).
+It gives the "pretrained, untrained" row of a real checkpoint (e.g. SmolLM2-135M-Instruct zero-shot,
+`gin/evaluate_small.gin`) by the same path a BiCuRL run's final evaluation takes (`bicurl.experiment.run`): the
+policy of `Components.policy`, the rollout engine of `engines.build_engine`, one E2E episode per held-out cell
+through the agent loop (`evaluation.EngineCells`, prompts in the policy's prompt style), the rubric verifier and
+the task metric, aggregated by `evaluation.evaluate`. Only aggregates are written (the firewall of
+`bicurl/evaluation.py`).
 
     python -m bat_jax.launch --gin_file=evaluate_small.gin [--gin_bindings="evaluate_only.run.backend = 'local'"]
 
@@ -21,12 +21,12 @@ import pathlib
 import time
 
 from bat_jax import report
-from bat_jax.benchmark import evaluator as ev
-from bat_jax.benchmark.scoring import Summary, display
-from bat_jax.experiment import Components
-from bat_jax.rollout.run_loops import build_engine
 from bat_jax.atomic_io import atomic_write
-from bat_jax.policy import EngineCells, build_policy, make_agent_loop
+from bat_jax.benchmark.scoring import Summary, display
+from bat_jax.bicurl import evaluation as ev
+from bat_jax.bicurl.engines import build_engine
+from bat_jax.bicurl.experiment import Components
+from bat_jax.policy import build_policy, make_agent_loop
 from bat_jax.sandbox.backends import open_backend
 from bat_jax.verify.judge import RubricJudge
 
@@ -38,7 +38,7 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
     Args:
       run_dir: the run directory (`bat_jax.launch.run`).
       components: the run's components; read: `policy`, `agent` (limits, sampling, workers), `evaluation`
-        (repeats, tracks, max_turns, seed), `engine` / `vllm_options` / `sampler_max_batch`, `judge`. `bank` and
+        (repeats, tracks, max_turns, seed), `engine`, `judge`. `bank` and
         the training settings are ignored.
       backend: sandbox backend, 'docker' (isolated) or 'local' (non-isolated subprocesses).
       purpose: 'final' (the held-out slice of a run's reported rows, e.g. its "untrained" row) or
@@ -54,13 +54,13 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
     evaluation = dataclasses.replace(c.evaluation, purpose=purpose)  # validates purpose
     t0 = time.perf_counter()
     policy = build_policy(c.policy)
-    engine = build_engine(policy, c, run_dir)
+    engine = build_engine(policy, c.engine, c.agent.max_context_tokens, run_dir)
     jobs = len(ev.suite_jobs(evaluation))
     with open_backend(backend, c.agent.workers(jobs), warm=jobs if sandbox_pool else 0) as sandboxes:
         loop = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
             c.agent, episodes_per_state=1, max_assistant_turns=evaluation.max_turns), sandboxes.release)
         judge = RubricJudge(c.judge) if c.judge is not None else None
-        cells = EngineCells(loop, judge, prompt_style=policy.prompt_style)
+        cells = ev.EngineCells(loop, judge, prompt_style=policy.prompt_style)
         t1 = time.perf_counter()
         try:
             summary: Summary = ev.evaluate(cells, evaluation)
@@ -69,7 +69,7 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
                 engine.close()
         t2 = time.perf_counter()
     out = {"system": system, "purpose": purpose, "backend": backend, "policy": dataclasses.asdict(c.policy),
-           "engine": c.engine, "setup_s": round(t1 - t0, 1), "eval_s": round(t2 - t1, 1),
+           "engine": c.engine.kind, "setup_s": round(t1 - t0, 1), "eval_s": round(t2 - t1, 1),
            "summary": report.summary_dict(summary), "agent_failed": cells.agent_failed}
     table = report.results_table([(system, summary)])
     atomic_write(run_dir / "evaluation.json", json.dumps(out, indent=2, default=str).encode())

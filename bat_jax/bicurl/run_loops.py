@@ -1,0 +1,84 @@
+"""The rollout side of one run: its agent loops and what they hold — the sandbox backend (by default a warm
+Docker pool whose containers are reset to a fresh state between episodes), the GRPO rollout loop (in this
+process, or on Ray workers) and the held-out evaluation loop. `RunLoops.close()` ends the Ray workers and removes
+the pool's containers; `experiment.run` calls it when it returns or raises (also on Ctrl-C).
+
+The pool holds the most sandboxes a run uses at once: `AgentLoop.run` opens every episode's sandbox before its first
+engine call (both schedules; the continuous one gives each back as its episode ends), so a GRPO batch holds rows × K
+(`PoolConfig.batch_size` × `AgentLoopConfig.episodes_per_state`; none in this process when the rollouts run on Ray
+workers: each worker keeps its own warm pool of its share, rows × K / workers rounded up) and an evaluation one
+per held-out cell (its cells are one batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bat_jax.bicurl.evaluation import EvalConfig
+from bat_jax.bicurl.ray_workers import RayRollouts, RayRolloutConfig, WorkerSpec
+from bat_jax.policy import Policy, make_agent_loop
+from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
+from bat_jax.rollout.engine import RolloutEngine
+from bat_jax.sandbox.backends import SandboxBackend, open_backend
+from bat_jax.tasks.registry import TRACKS
+
+
+def eval_cells(evaluation: EvalConfig) -> int:
+    """Cells of one held-out evaluation (= `len(evaluation.suite_jobs(...))`): tracks × repeats."""
+    return len(evaluation.tracks or TRACKS) * evaluation.repeats
+
+
+def warm_pool_size(batch_episodes: int, cells: int) -> int:
+    """Sandboxes one run holds at once (≥ 1): the larger of a GRPO batch's episodes in this process (rows × K;
+    0 when the rollouts run on Ray workers) and the held-out evaluation's cells."""
+    return max(1, batch_episodes, cells)
+
+
+@dataclasses.dataclass
+class RunLoops:
+    """rollouts: the GRPO loop (`AgentLoop`, or `ray_workers.RayRollouts`; both `run` / `engine.update_weights`);
+    evaluation: the held-out loop (one episode per cell, `EvalConfig.max_turns`); sandboxes: their backend."""
+
+    rollouts: AgentLoop | RayRollouts
+    evaluation: AgentLoop
+    sandboxes: SandboxBackend
+
+    def close(self) -> None:
+        """Ends the Ray workers (if any) and removes the pool's containers (idempotent)."""
+        try:
+            if isinstance(self.rollouts, RayRollouts):
+                self.rollouts.close()
+        finally:
+            self.sandboxes.close()
+
+
+def open_run_loops(policy: Policy, engine: RolloutEngine, agent: AgentLoopConfig, evaluation: EvalConfig,
+                   batch_rows: int, backend: str, warm_pool: bool = True, ray: RayRolloutConfig | None = None,
+                   worker: WorkerSpec | None = None) -> RunLoops:
+    """The rollout and evaluation loops of a run over `engine`: GRPO batches of `batch_rows` RL rows × K
+    (`agent.episodes_per_state`) episodes, held-out evaluations of `evaluation`'s cells, sandboxes from `backend`
+    ('docker' or 'local'). With `warm_pool`, Docker sandboxes come from one warm pool of `warm_pool_size`
+    containers; else each episode starts a fresh container. With `ray`, the GRPO rollouts run on Ray workers
+    that each build `worker` (its policy, engine and backend; its warm pool is set here to its share of a batch).
+
+    Raises:
+      sandbox.backends.BackendUnavailable: Docker asked for and not usable (engine, image, pool start-up).
+      ValueError: an unknown backend, or `ray` without `worker`.
+    """
+    if ray is not None and worker is None:
+        raise ValueError("open_run_loops: Ray rollouts need the WorkerSpec each worker builds")
+    batch_episodes = batch_rows * agent.episodes_per_state
+    concurrent = warm_pool_size(0 if ray is not None else batch_episodes, eval_cells(evaluation))
+    sandboxes = open_backend(backend, agent.workers(concurrent), warm=concurrent if warm_pool else 0)
+    try:
+        if ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
+            share = -(-batch_episodes // ray.num_workers) if warm_pool else 0  # each worker's share
+            rollouts = RayRollouts.start(dataclasses.replace(worker, sandbox_backend=backend, warm_pool=share), ray)
+        else:
+            rollouts = make_agent_loop(policy, engine, sandboxes.make, agent, sandboxes.release)
+        loop = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
+            agent, episodes_per_state=1, max_assistant_turns=evaluation.max_turns), sandboxes.release)
+    except BaseException:
+        sandboxes.close()
+        raise
+    return RunLoops(rollouts, loop, sandboxes)
