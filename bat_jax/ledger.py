@@ -69,12 +69,12 @@ class RoundRecord:
         or sandbox start failed, or the LLM judge unreachable); None in ledgers written before these fields existed.
       agent_failed_rollouts: scored rollouts whose sandbox the agent's own code killed or hung
         (`Trajectory.agent_error`); scored from the evidence gathered until then, so they are NOT among
-        `unscored_rollouts`. None in ledgers written before the field existed (issue 13).
+        `unscored_rollouts`. None in ledgers written before the field existed.
       eval_cells, eval_unscored: cells of the round's controller evaluation, and those unscored (None likewise).
       eval_agent_failed: scored controller-evaluation cells that were agent-caused sandbox failures (None likewise).
       pool_reward_before, pool_reward_after: mean scored reward (0–1) of the round's first pool batch rolled out
         with the round-start policy, and of the same rows rolled out with the same seed after the round's GRPO
-        update (None when nothing was scored, or in ledgers written before these fields existed; issue 15).
+        update (None when nothing was scored, or in ledgers written before these fields existed).
       groups_with_variance, groups_scored: the round's GRPO groups (K rollouts of one row) whose scored rewards
         differ, and those with at least two scored rewards — GRPO learns only from the first (None likewise).
       update_logp_shift_pos, update_logp_shift_neg, update_token_kl: how the round's GRPO update moved the first

@@ -66,7 +66,7 @@ class RoundCounts(NamedTuple):
     eval_agent_failed: int | None
 
 
-#: Printed under `scoring_table`: what separates the two failure columns (issue 13).
+#: Printed under `scoring_table`: what separates the two failure columns.
 SCORING_LEGEND = (
     "agent-failed (scored): the agent's own code killed or hung its sandbox; scored from the evidence gathered "
     "until then (a failure of the policy, counted in 'scored').\n"

@@ -218,7 +218,7 @@ def with_advantages(
 
 
 def update_shift(old_logprobs: Any, new_logprobs: Any, loss_mask: Any, advantages: Any) -> dict[str, float]:
-    """How a GRPO update moved the policy on its own batch (host side, float64; a diagnostic, issue 15).
+    """How a GRPO update moved the policy on its own batch (host side, float64; a diagnostic).
 
     Args:
       old_logprobs, new_logprobs: ``[B, T]`` shifted logprobs of the batch's tokens before / after the update

@@ -1,8 +1,8 @@
 """Multi-turn agent rollouts: a policy engine talking to sandboxes through the two tools (paper §RL rollouts).
 
 For each RL row, K episodes (default 4, REFERENCE.md) start in fresh sandboxes restored from the row's state.
-The prompt is the row's system prompt (stage skill) with the tool schemas in the template's tools block, then
-the task brief as the user turn. Generations are batched across episodes (one engine call samples the next turn
+The prompt is the agent's system prompt (with the tool schemas in the template's tools block, or naming the tools
+in the compact style; `bat_jax.prompts`), then the task brief and the stage skill κ as the first user turn. Generations are batched across episodes (one engine call samples the next turn
 of many episodes) and tool calls run concurrently in a thread pool (sandbox calls wait on subprocesses / Docker
 and release the GIL); `AgentLoopConfig.schedule` picks the order (`bat_jax.rollout.schedule`): 'continuous'
 (default: each episode advances on its own, the engine samples whatever episodes are ready while other
@@ -18,7 +18,7 @@ engine returns beyond it is cut — ids, loss mask and logprobs at the same plac
 finish reason `max_response_tokens`. Tool-call parse errors and sandbox exceptions become observations; a
 sandbox that cannot be created makes the rollout unscored (`Trajectory.infra_error`, null is not zero). A
 sandbox that dies, hangs or stops answering after the agent's code ran is the agent's failure
-(`Trajectory.agent_error`): the rollout is scored from its receipts and start state (issue 13). Artefacts are
+(`Trajectory.agent_error`): the rollout is scored from its receipts and start state. Artefacts are
 read back within `AgentLoopConfig.evidence` (files, bytes, seconds), so no workspace can stall or blow up the
 host.
 """
@@ -65,7 +65,7 @@ class AgentLoopConfig:
       progress: show a tqdm progress bar over finished episodes.
       schedule: 'continuous' (default) or 'lockstep' (`bat_jax.rollout.schedule`); same trajectories.
       max_generate_batch: most episodes per engine call under the 'continuous' schedule (episodes; 'lockstep'
-        sends every live episode in one call, as before). The engine may split a call further (e.g.
+        sends every live episode in one call). The engine may split a call further (e.g.
         `JaxSampler.max_batch`).
       max_concurrent_generate: engine calls in flight at once under 'continuous' (1: one call at a time, for
         an engine that runs one call per device, e.g. the embedded JAX sampler; more for a server that batches
@@ -118,8 +118,8 @@ class RolloutRequest:
     Attributes:
       state_id: the row's state_id.
       state: the executable sandbox state p each episode starts from.
-      system_prompt: system text (the stage skill); the tool schemas are added by the chat template.
-      user_message: the first user turn (the task brief).
+      system_prompt: the agent's system text; the tool schemas are added by the chat template (`tools`).
+      user_message: the first user turn (the task brief and the stage skill κ).
       tools: tool schemas for the template's tools block (default: execute_code and submit).
       stage: stage name, recorded in the trajectories.
     """
@@ -205,7 +205,7 @@ class AgentLoop:
           seed: the round's seed; episode (i, k) turn t samples with a seed derived from (seed, i, k, t).
           on_trajectory: `(position, trajectory) -> None`, called in the calling thread as soon as an episode's
             evidence is in (position = i * K + k, its index in the returned list), while other episodes may still
-            run — e.g. to score it concurrently with generation (`verify.row_reward.RolloutScorer`). Under
+            run — e.g. to score it concurrently with generation (`bicurl.reward.RolloutScorer`). Under
             'lockstep' every call comes at the end. An exception from it propagates (sandboxes are released).
         Returns: trajectories ordered by request, then k.
         """

@@ -1,4 +1,4 @@
-"""In-flight serving of one step-driven engine to many calling threads (issue 17: "vLLM's own scheduler").
+"""In-flight serving of one step-driven engine to many calling threads.
 
 An engine such as vLLM's `LLMEngine` takes requests at any time (`add`) and advances every running request by one
 scheduler step per `step()` call, returning the requests that finished. `LLM.generate` hides that: it adds one

@@ -14,7 +14,7 @@ When the host connection closes — `close()`, or the host process dying for any
 executor reads EOF and exits, and the engine removes the container and its volume. `close()` also removes it
 explicitly. Every container carries the label `bat_jax=1` (see `remove_labelled`).
 
-Trust (issue 13): the executor runs as root inside the container with six capabilities (CHOWN, DAC_OVERRIDE,
+Trust: the executor runs as root inside the container with six capabilities (CHOWN, DAC_OVERRIDE,
 FOWNER, KILL, SETUID, SETGID; no-new-privileges, everything else dropped) and runs every agent call as uid 65534
 with no capabilities and no descriptor but 0/1/2. Agent code cannot write to the reply channel, signal or
 ptrace the executor or PID 1, or keep anything across a reset. Every request carries an id; only the reply

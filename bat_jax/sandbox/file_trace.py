@@ -1,6 +1,6 @@
 """Kernel-observed file reads and writes under a directory tree, per tool call (Linux inotify via ctypes).
 
-Rubric evidence must rest on what a call actually executed, never on the text of its code (issue 13): a call
+Rubric evidence must rest on what a call actually executed, never on the text of its code: a call
 whose code only *mentions* `task.md` or `predict(` in a comment reads and writes nothing. The kernel reports,
 for every process that touches a watched directory, which files were read (`IN_ACCESS`: a read(2) happened)
 and which were written (`IN_MODIFY`, `IN_CLOSE_WRITE`, `IN_CREATE`, `IN_MOVED_TO`). The watcher runs outside

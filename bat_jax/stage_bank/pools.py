@@ -240,7 +240,8 @@ def build_round_view(
                              f"(max_batches), a larger bank, or PoolConfig.refill = True (further passes)")
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, round_index]))
     orders = {k: _stratified_order(pools[k], rng) for k in POOLS if k in pools}
-    for k in POOLS:  # refill: further passes, drawn after the first ones (a round that fits draws as before)
+    # refill: further passes, drawn after the first ones (a round that fits draws the same rows as without refill)
+    for k in POOLS:
         while k in pools and len(orders[k]) < need[k]:
             orders[k] = orders[k] + _stratified_order(pools[k], rng)
     cursor = {k: 0 for k in pools}

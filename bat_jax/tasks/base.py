@@ -5,7 +5,7 @@ open: inputs under the layout's images directory, a `cases.csv` manifest, a smal
 (`model.py` + `config.json`, numpy/scipy/nibabel/PIL only) and a `task.md` brief. The hidden answer key
 (targets) stays host-side in `TaskInstance.cases` and never enters the workspace.
 
-Outcome variants (issue 5): 'success' (clean data), 'recovery' (one injected, recoverable fault: a missing
+Outcome variants: 'success' (clean data), 'recovery' (one injected, recoverable fault: a missing
 input or a corrupted input, each with an intact gzip copy in the archive directory, or — NIfTI tracks only —
 a wrong voxel spacing in the header, fixed by rewriting the header from the manifest's `spacing_mm`) and
 'failure' (one corrupted input with no archive copy: the case cannot be done and must be reported as failed).

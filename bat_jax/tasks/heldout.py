@@ -1,6 +1,6 @@
 """Held-out evaluation suite over the seven tracks, and its manifest for the leakage preflight.
 
-Disjoint from training tasks by construction (issue 5 item 4):
+Disjoint from training tasks by construction:
   * seeds: held-out seeds are >= HELDOUT_SEED_BASE, training seeds must be below it;
   * templates: brief template HELDOUT_TEMPLATE and question/report phrasing 1 are used only here;
   * identifiers: task and case ids start with HELDOUT_PREFIX ('hx'); training uses TRAIN_PREFIX ('tr'), or for

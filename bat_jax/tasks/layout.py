@@ -1,5 +1,5 @@
 """Workspace layout of a task: the workspace-relative paths a brief names, the fixed training and held-out
-layouts, and the seed-drawn training layouts (issue 15: paths and ids vary from task to task).
+layouts, and the seed-drawn training layouts (paths and ids vary from task to task).
 
 A layout is public: `Layout.render` writes the '## Paths' lines of a brief and `Layout.parse` reads them back.
 """
@@ -85,7 +85,7 @@ _LETTERS = "abcdefgijklmnopqrstuvwyz"
 
 
 def varied_naming(seed: int) -> tuple[Layout, str]:
-    """(layout, id prefix) of a training task drawn from its seed (issue 15): every path of the workspace
+    """(layout, id prefix) of a training task drawn from its seed: every path of the workspace
     (image, archive and method directories, the cases table, outputs and plan) and the two-letter prefix of its
     task and case ids come from name pools with numbered roots, so paths and ids differ from task to task and
     only reading the brief gives them. Pure function of `seed`; never a held-out component or the 'hx' prefix.

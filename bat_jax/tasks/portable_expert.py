@@ -1,4 +1,4 @@
-"""The portable scripted expert: one fixed action text per workflow step, whatever the task (issue 15).
+"""The portable scripted expert: one fixed action text per workflow step, whatever the task.
 
 `tasks.teacher.ScriptedExpert` writes the brief's paths and ids into its code as literals, so every one of its
 actions differs from task to task and a policy must learn to copy them out of the prompt — a skill a tiny model
@@ -44,7 +44,7 @@ def _action(body: str) -> str:
 
     The text every action shares comes after the stage's own text, so a policy writing an action decides its
     stage at the thought (`THOUGHTS`, read off the previous observation's `NEXT` line) and the body's first
-    line right after it, and never has to carry that decision across shared text (issue 15).
+    line right after it, and never has to carry that decision across shared text.
     """
     return "def run():\n" + textwrap.indent(body, "    ") + "\n\n" + PREAMBLE + "run()\n"
 
@@ -55,7 +55,7 @@ def _name(stage: Stage) -> str:
 
 #: The first line each stage's code prints, before anything that can fail: the step after it. The next
 #: thought repeats it (`THOUGHTS`), so a policy reads which step comes next from the latest observation, right
-#: before it writes that step, instead of inferring it from the whole history (issue 15).
+#: before it writes that step, instead of inferring it from the whole history.
 NEXT = {**{s: f"next: {_name(n)}" for s, n in zip(STAGES, STAGES[1:])}, Stage.SUBMIT: "next: submit"}
 #: The thought of each step's action: the step named by the previous observation's `NEXT` line (S1: the first).
 THOUGHTS = {s: f"Next: {_name(s)}." for s in STAGES}

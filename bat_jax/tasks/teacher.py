@@ -40,8 +40,8 @@ class ScriptedExpert:
     """Scripted expert policy for every track (fresh instance per episode).
 
     Args:
-      diagnose: when False the Validate input check and restoration are skipped (an ablation: the test of
-        issue 5 shows this teacher loses Validate credit on recovery variants).
+      diagnose: when False the Validate input check and restoration are skipped (an ablation: this teacher
+        loses Validate credit on recovery variants, `tests/test_tasks_framework.py`).
     """
 
     def __init__(self, diagnose: bool = True):
