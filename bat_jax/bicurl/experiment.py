@@ -313,7 +313,8 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
     t_final = time.perf_counter()
     final = {"untrained": evaluate(untrained, "final"), "SFT": evaluate(sft_params, "final")}
     if rounds:
-        final["BiCuRL (retained)" if config.mode == "bicurl" else "GRPO (E2E task reward)"] = evaluate(best_params, "final")
+        retained = "BiCuRL (retained)" if config.mode == "bicurl" else "GRPO (E2E task reward)"
+        final[retained] = evaluate(best_params, "final")
     print(f"[bat_jax] final evaluation of {len(final)} systems: "
           + ", ".join(f"{name} {display(summary.overall)}" for name, summary in final.items())
           + f" Overall ({time.perf_counter() - t_final:.0f} s)", flush=True)
