@@ -44,7 +44,7 @@ from bat_jax.learn import mesh as mesh_lib  # noqa: E402
 from bat_jax.learn import train_state as ts  # noqa: E402
 from bat_jax.models.configs import Qwen3_5Config  # noqa: E402
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
-from bat_jax.rollout import vllm_engine  # noqa: E402
+from bat_jax.rollout import weight_sync  # noqa: E402
 
 GB = 1e9
 _COMMON = dict(vocab_size=248_320, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
@@ -224,15 +224,15 @@ def probe(config: Qwen3_5Config, run: RunShapes, devices, steps=STEPS, *, scale_
 
 
 def _sync_bucket(params, param_sh, mesh):
-    """The largest weight-sync bucket (<= 1 GB in bf16) as `vllm_engine.gather_bucket_fn` builds it."""
+    """The largest weight-sync bucket (<= 1 GB in bf16) as `weight_sync.gather_bucket_fn` builds it."""
     flat = [(".".join(map(str, k)), v, s) for (k, v), s in zip(
         [(tuple(getattr(p, "key", p) for p in path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)],
         jax.tree.leaves(param_sh))]
-    items = [(n, x, vllm_engine.sync_dtype(n, "bfloat16")) for n, x, _ in flat]
-    buckets = vllm_engine.plan_buckets(items)
-    size = lambda b: sum(int(np.prod(items[i][1].shape)) * vllm_engine._ITEMSIZE[items[i][2]] for i in b)  # noqa: E731
+    items = [(n, x, weight_sync.sync_dtype(n, "bfloat16")) for n, x, _ in flat]
+    buckets = weight_sync.plan_buckets(items)
+    size = lambda b: sum(int(np.prod(items[i][1].shape)) * weight_sync._ITEMSIZE[items[i][2]] for i in b)  # noqa: E731
     biggest = max(buckets, key=size)
-    fn = vllm_engine.gather_bucket_fn([items[i][2] for i in biggest], mesh)
+    fn = weight_sync.gather_bucket_fn([items[i][2] for i in biggest], mesh)
     args = [jax.ShapeDtypeStruct(flat[i][1].shape, flat[i][1].dtype, sharding=flat[i][2]) for i in biggest]
     return fn, args
 
