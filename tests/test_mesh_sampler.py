@@ -138,3 +138,19 @@ def test_bad_mesh_config_is_refused(model):
         JaxSampler(model, mesh=SamplerMeshConfig(devices=16))
     with pytest.raises(ValueError, match="param_dtype"):
         SamplerMeshConfig(param_dtype="int8")
+
+
+def test_tpu_rollout_include_binds_the_mesh_sampler():
+    """bicurl_9b.gin + an 8-chip mesh + rollout/mesh_sampler.gin: the JAX sampler on every device, bf16 weights
+    replicated, the GRPO step's 32 rollouts in one running batch; the GPU files keep vLLM, one replica per GPU."""
+    import gin
+
+    from bat_jax import experiment, launch
+
+    launch.parse_gin(["bicurl_9b.gin", "mesh/tpu_v5e_8.gin", "rollout/mesh_sampler.gin"], [])
+    c = gin.get_configurable(experiment.Components)()
+    assert (c.engine, c.sampler_mesh, c.sampler_slots) == ("jax", SamplerMeshConfig(param_dtype="bfloat16"), 32)
+    for name in ("bicurl_9b.gin", "bicurl_4b.gin"):
+        launch.parse_gin([name], [])
+        c = gin.get_configurable(experiment.Components)()
+        assert (c.engine, c.vllm_replicas, c.sampler_mesh) == ("vllm", 0, None)

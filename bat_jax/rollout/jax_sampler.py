@@ -240,6 +240,19 @@ class JaxSampler:
             return jax.tree.map(jnp.asarray, cache)
         return self.layout.put(cache)
 
+    def memory_plan(self, rows: int, max_len: int | None = None, budget: int | None = None):
+        """`mesh_sampler.plan_memory` of this sampler on its mesh running `rows` rows of `max_len` tokens (default
+        `max_context`) at once; `budget`: bytes per device it may use (default: the free bytes of its first device,
+        None on CPU). Raises ValueError without a mesh."""
+        from bat_jax.rollout import mesh_sampler
+
+        if self.placement is None:
+            raise ValueError("JaxSampler.memory_plan: the sampler has no mesh (JaxSampler(mesh=...))")
+        if budget is None:
+            budget = mesh_sampler.free_device_bytes(self.placement.mesh.devices.flat[0])
+        cache = self.cache_template(self.placement.data, max_len or self.max_context)
+        return mesh_sampler.plan_memory(self.placement, self._state, cache, rows, budget)
+
     def cache_template(self, batch: int, max_len: int):
         """Shapes and dtypes (`jax.ShapeDtypeStruct`s) of an empty `DecodeCache` of `batch` rows × `max_len` slots
         for this model (traced once per shape)."""

@@ -215,3 +215,83 @@ class SamplerPlacement:
                 raise
             out = [jax.device_put(x.astype(d), sh) for x, d, sh in zip(leaves, self.dtypes, self.shardings)]
         return jax.tree.unflatten(self._treedef, out)
+
+
+GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerMemoryPlan:
+    """What the sampler holds on each device of its mesh (bytes), and how many full-length rollouts fit there.
+
+    Attributes:
+      devices, data, tensor: the rollout mesh (devices = data × tensor).
+      weights: rollout weights per device.
+      per_rollout: decode cache of one row of `max_len` tokens on its device (attention K/V, DeltaNet conv and
+        recurrent state; split over `tensor` where the heads divide).
+      rows_per_device: the rows the engine runs at once on each data group (slots / data).
+      max_len: tokens per row (the run's context).
+      budget: bytes the sampler may use per device (free memory beside the learner), None when unknown (CPU).
+    """
+
+    devices: int
+    data: int
+    tensor: int
+    weights: int
+    per_rollout: int
+    rows_per_device: int
+    max_len: int
+    budget: int | None
+
+    @property
+    def rollouts_fit(self) -> int | None:
+        """Full-length rows one device holds beside the weights (None without a budget)."""
+        if self.budget is None:
+            return None
+        return max(0, self.budget - self.weights) // max(self.per_rollout, 1)
+
+    def describe(self) -> str:
+        g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
+        fit = ("budget unknown" if self.budget is None else
+               f"budget {g(self.budget)}: {self.rollouts_fit} fit at once")
+        return (f"JAX sampler on {self.devices} devices (data {self.data} x tensor {self.tensor}), per device: weights "
+                f"{g(self.weights)} + {self.rows_per_device} rows x {self.per_rollout / (1 << 20):.1f} MiB "
+                f"(one {self.max_len:,}-token rollout) = {g(self.weights + self.rows_per_device * self.per_rollout)}; "
+                f"{fit}")
+
+
+def plan_memory(placement: SamplerPlacement, state: Any, cache: Any, rows: int, budget: int | None
+                ) -> SamplerMemoryPlan:
+    """The plan of a sampler (`placement`, its model `state`) running `rows` rows at once over the data devices.
+
+    Args:
+      cache: the `DecodeCache` (or its `jax.eval_shape`) of `placement.data` rows × the full context, one row per
+        data group (`JaxSampler.cache_template(data, max_len)`).
+      budget: bytes per device the sampler may use (None: unknown).
+    """
+    layout = placement.layout
+    shardings = jax.tree.leaves(layout.cache_shardings(cache))
+    per_row = sum(math.prod(sh.shard_shape(tuple(x.shape))) * jnp.dtype(x.dtype).itemsize
+                  for x, sh in zip(jax.tree.leaves(cache), shardings) if x.ndim >= 2)
+    return SamplerMemoryPlan(devices=placement.mesh.size, data=placement.data, tensor=placement.mesh.shape["tensor"],
+                             weights=placement.bytes_per_device(state), per_rollout=per_row,
+                             rows_per_device=-(-rows // placement.data), max_len=cache.slot_mask.shape[1],
+                             budget=budget)
+
+
+def check_memory(plan: SamplerMemoryPlan) -> SamplerMemoryPlan:
+    """Refuses a sampler that cannot hold one full-length rollout per device beside its weights (ValueError naming
+    the numbers); returns the plan."""
+    if plan.budget is not None and plan.rollouts_fit < 1:
+        raise ValueError("JAX sampler: not one full-length rollout fits per device; shorten max_context_tokens, "
+                         "raise SamplerMeshConfig.tensor (split the weights) or use bf16 rollout weights. "
+                         + plan.describe())
+    return plan
+
+
+def free_device_bytes(device: jax.Device) -> int | None:
+    """Bytes free on `device` by its allocator's statistics (limit − in use), None where it keeps none (CPU)."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
