@@ -26,7 +26,10 @@ Same draws as `JaxSampler.generate`: row i's token at completion index s uses `f
 batch, slot or chunk it runs in, so a row depends on its prompt, its seed and the weights only (logits up to
 float round-off, as between differently padded `generate` calls; tests/test_continuous_batching.py).
 Cost of a rebuild: the batch's cache goes to host memory and back (tiny default: ~1.5 MB per 3,000-token row), so
-this engine is for the embedded CPU sampler; large models use vLLM, whose scheduler batches continuously.
+this engine is for the embedded CPU sampler; large models on GPUs use vLLM, whose scheduler batches continuously. On a
+rollout mesh (`JaxSampler(mesh=...)`, the TPU engine) the slots and the cache are split over the devices and the
+decode chunks run there; rebuilds still pass through the host (at Qwen3.5-9B: 12,288 × 32 KiB + 25 MiB ≈ 0.4 GB
+per full-length row), once per admission, not per token.
 """
 
 from __future__ import annotations

@@ -211,6 +211,7 @@ class VLLMReplicaPool:
         self.sync_buckets = 0  # buckets every replica has loaded, over all syncs (diagnostics)
         ctx = multiprocessing.get_context("spawn")
         self._replicas: list[_Replica] = []
+        started = []  # each replica's start reply (its reader pops it from `pending` when it comes)
         for i in range(self.num_replicas):
             parent, child = ctx.Pipe()
             process = ctx.Process(target=_replica_main, name=f"vllm-replica-{i}", daemon=True,
@@ -218,12 +219,13 @@ class VLLMReplicaPool:
             process.start()
             child.close()
             replica = _Replica(i, process, parent)
-            replica.pending["start"] = concurrent.futures.Future()
+            started.append(concurrent.futures.Future())
+            replica.pending["start"] = started[-1]
             threading.Thread(target=self._read, args=(replica,), name=f"vllm-replica-{i}-reader", daemon=True).start()
             self._replicas.append(replica)
         try:
-            for replica in self._replicas:
-                self._wait(replica, replica.pending["start"], "start", start_timeout_s)
+            for replica, future in zip(self._replicas, started):
+                self._wait(replica, future, "start", start_timeout_s)
         except BaseException:
             self.close()
             raise
