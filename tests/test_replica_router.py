@@ -71,3 +71,17 @@ def test_concurrent_routing_counts_every_row():
     for t in threads:
         t.join()
     assert router.live_tokens() == [0, 0, 0, 0] and sum(router.rows_per_replica) == 800
+
+
+def test_replica_env_pins_each_replica():
+    import os
+
+    from bat_jax.rollout.vllm_replicas import replica_env
+
+    assert replica_env(3, 8, list(range(8))) == {"CUDA_VISIBLE_DEVICES": "3", "JAX_PLATFORMS": "cpu"}
+    cores = sorted(os.sched_getaffinity(0))
+    binds = [replica_env(i, 2, None)["VLLM_CPU_OMP_THREADS_BIND"] for i in range(2)]
+    if len(cores) >= 2:  # disjoint equal shares
+        per = len(cores) // 2
+        assert binds == [",".join(map(str, cores[:per])), ",".join(map(str, cores[per:2 * per]))]
+    assert replica_env(0, len(cores) + 1, None)["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, cores))

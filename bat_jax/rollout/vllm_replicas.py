@@ -53,13 +53,14 @@ _ABORT = "abort"
 def replica_env(index: int, num_replicas: int, gpus: Sequence[int] | None) -> dict[str, str]:
     """Environment of replica `index`: with `gpus`, ``CUDA_VISIBLE_DEVICES`` = its GPU; without (CPU), an equal
     share of this process's cores for vLLM's OpenMP threads (all of them when there are fewer cores than
-    replicas)."""
+    replicas). JAX, which the replica imports but never uses, is kept off the accelerator (``JAX_PLATFORMS=cpu``:
+    it would otherwise preallocate most of the GPU if anything initialised it)."""
     if gpus is not None:
-        return {"CUDA_VISIBLE_DEVICES": str(gpus[index])}
+        return {"CUDA_VISIBLE_DEVICES": str(gpus[index]), "JAX_PLATFORMS": "cpu"}
     cores = sorted(os.sched_getaffinity(0))
     per = len(cores) // num_replicas
     mine = cores[index * per:(index + 1) * per] if per else cores
-    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, mine))}
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, mine)), "JAX_PLATFORMS": "cpu"}
 
 
 def _open_bucket(payload) -> list[tuple[str, Any]]:
