@@ -121,6 +121,8 @@ class Components:
     (optional, `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy,
     JAX sampler and sandboxes (`rollout/ray_workers.py`); unset = in this process. Evaluation stays in-process.
     `reward` bounds the threads scoring a GRPO batch and the rebuilt tasks a round keeps (`verify.row_reward`).
+    `vllm_replicas`: vLLM engine processes, one per GPU (0 = every local GPU; `rollout/vllm_replicas.py`);
+    `sampler_mesh` (a `rollout.mesh_sampler.SamplerMeshConfig`) puts the JAX sampler on the devices' mesh.
 
     Raises:
       ValueError: an unknown `engine`, or `ray` with engine 'vllm' (Ray workers run the JAX sampler).
@@ -148,6 +150,8 @@ class Components:
     vllm_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     ray: RayRolloutConfig | None = None
     reward: RewardConfig = RewardConfig()
+    vllm_replicas: int = 0
+    sampler_mesh: Any = None
 
     def __post_init__(self):
         if self.engine not in ENGINES:

@@ -37,22 +37,38 @@ def build_engine(policy: Any, components: Any, run_dir: pathlib.Path) -> Any:
     c = components
     if c.engine == "jax":
         from bat_jax.rollout.continuous_batching import jax_engine
+        from bat_jax.rollout.mesh_sampler import check_memory
 
-        return jax_engine(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch,
-                          prefix_cache_rows=c.sampler_prefix_cache_rows, slots=c.sampler_slots)
+        engine = jax_engine(policy.model, max_context=c.agent.max_context_tokens, max_batch=c.sampler_max_batch,
+                            prefix_cache_rows=c.sampler_prefix_cache_rows, slots=c.sampler_slots,
+                            mesh=c.sampler_mesh)
+        if c.sampler_mesh is not None:  # per device: weights + rows x one full-length rollout, refused if none fits
+            sampler = getattr(engine, "sampler", engine)
+            plan = check_memory(sampler.memory_plan(c.sampler_slots or max(c.sampler_max_batch, batch_episodes(c))))
+            print(f"[bat_jax] sampler memory: {plan.describe()}", flush=True)
+        return engine
+    from bat_jax.rollout import vllm_memory
     from bat_jax.rollout.vllm_engine import VLLMEngine
+    from bat_jax.rollout.vllm_replicas import VLLMReplicaPool, replica_count
 
     options = {"max_model_len": c.agent.max_context_tokens, **dict(c.vllm_options)}
-    print(f"[bat_jax] vLLM memory: {check_vllm_memory(policy.model.config, options).describe()}", flush=True)
-    return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer, **options)
+    replicas = replica_count(c.vllm_replicas)
+    plans = check_vllm_memory(policy.model.config, options, replicas)
+    print("[bat_jax] vLLM memory:\n" + vllm_memory.describe_replicas(plans, batch_episodes(c)), flush=True)
+    if replicas == 1:  # one engine in this process
+        return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer,
+                                     **options)
+    return VLLMReplicaPool.from_model(policy.model, pathlib.Path(run_dir) / "vllm", replicas,
+                                      tokenizer=policy.tokenizer, **options)
 
 
-def check_vllm_memory(model_config: Any, options: dict[str, Any]):
-    """Before vLLM starts beside JAX: the device split and how many full-length rollouts its cache holds
-    (`rollout/vllm_memory.py`), from `options` (`VLLMEngineConfig` fields; ``max_model_len`` required) and JAX's
-    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset). Returns the `VLLMMemoryPlan`.
+def check_vllm_memory(model_config: Any, options: dict[str, Any], replicas: int = 1):
+    """Before vLLM starts beside JAX: each replica's device split and how many full-length rollouts its cache holds
+    (`rollout/vllm_memory.py`; replica i on device i), from `options` (`VLLMEngineConfig` fields;
+    ``max_model_len`` required) and JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset).
+    Returns one `VLLMMemoryPlan` per replica.
 
-    Raises: ValueError naming both fractions and the numbers when not one rollout fits or vLLM could not start.
+    Raises: ValueError naming the replica, both fractions and the numbers when one cannot hold a rollout or start.
     """
     import os
 
@@ -60,10 +76,9 @@ def check_vllm_memory(model_config: Any, options: dict[str, Any]):
     from bat_jax.rollout.vllm_engine import VLLMEngineConfig, kv_cache_bytes
 
     config = VLLMEngineConfig(model_dir="", **options)
-    total, free = vllm_memory.device_memory()
-    return vllm_memory.check(
-        vllm_memory.rollout_cache(model_config, config.dtype), max_model_len=config.max_model_len,
-        device_total=total, device_free=free,
+    return vllm_memory.check_replicas(
+        vllm_memory.rollout_cache(model_config, config.dtype), num_replicas=replicas,
+        max_model_len=config.max_model_len, devices=[vllm_memory.device_memory(i) for i in range(replicas)],
         jax_fraction=float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")),
         vllm_fraction=config.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes(config))
 
