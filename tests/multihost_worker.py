@@ -22,7 +22,7 @@ from flax import nnx  # noqa: E402
 
 from bat_jax.learn import grpo  # noqa: E402
 from bat_jax.learn.learner import BATCH_FIELDS_GRPO, Learner  # noqa: E402
-from bat_jax.learn.mesh import MeshConfig, batch_sharding  # noqa: E402
+from bat_jax.models.mesh import MeshConfig, batch_sharding  # noqa: E402
 from bat_jax.learn.optim import OptimizerConfig  # noqa: E402
 from bat_jax.models.configs import Qwen3Config  # noqa: E402
 from bat_jax.models.qwen3 import Qwen3ForCausalLM  # noqa: E402

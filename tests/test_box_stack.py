@@ -6,7 +6,7 @@
   installed with `pip --no-index --target`; every stage passes and vLLM's is skipped;
 - `newest`: the newest JAX the index offers (`launch/constraints/newest.txt`);
 
-and in each the sampler / learner / checkpoint tests pass a second time. Each environment is built once per
+and in each the sampler / learner / checkpoint tests pass a second time (`CORE_TESTS`). Each environment is built once per
 constraints file under `build/<stack>-venv` (a few minutes; reused while the file is unchanged). Slow: it needs the
 package index.
 """
@@ -26,11 +26,16 @@ pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "launch" / "constraints"
-# the JAX code paths a box runs: sampler (plain, continuous batching, prefix cache), learner (SFT, GRPO, KL, objective
-# options, memory settings, mesh) and checkpoints; the transformers-parity tests need torch, which these stacks lack
-CORE_TESTS = ("test_jax_sampler.py", "test_continuous_batching.py", "test_prefix_cache.py", "test_learner.py",
-              "test_grpo.py", "test_objective.py", "test_kl.py", "test_sft.py", "test_mesh.py", "test_checkpoint.py",
-              "test_memory_parity.py")
+# The JAX code paths a run takes, per stack: on the box's stack the sampler (plain and continuously batched), the
+# learner (SFT, GRPO, KL, objective options, sharded steps) and checkpoints; on the newest JAX the same without the
+# sampler's slower cases. The transformers-parity tests need torch, which these stacks lack.
+CORE_TESTS = {
+    "box": ("test_jax_sampler.py", "test_continuous_batching.py", "test_learner.py", "test_grpo.py",
+            "test_objective.py", "test_kl.py", "test_sft.py", "test_mesh.py", "test_checkpoint.py"),
+    "newest": ("test_jax_sampler.py", "test_learner.py", "test_grpo.py", "test_objective.py", "test_kl.py",
+               "test_sft.py", "test_mesh.py", "test_checkpoint.py"),
+}
+SELECT = {"box": "not docker and not vllm", "newest": "not docker and not vllm and not slow"}
 
 
 def _python312() -> str:
@@ -103,8 +108,8 @@ def test_core_tests_pass_on_another_stack(stack, tmp_path):
                              text=True, env=env, cwd=tmp_path).stdout.strip()
     pinned = next(ln for ln in (CONSTRAINTS / f"{stack}.txt").read_text().splitlines() if ln.startswith("jax=="))
     assert version == pinned.split("==")[1]
-    tests = subprocess.run([str(python), "-m", "pytest", *[f"tests/{t}" for t in CORE_TESTS], "-q", "-p",
-                            "no:cacheprovider", "-m", "not docker and not vllm"], cwd=REPO, capture_output=True,
+    tests = subprocess.run([str(python), "-m", "pytest", *[f"tests/{t}" for t in CORE_TESTS[stack]], "-q", "-p",
+                            "no:cacheprovider", "-m", SELECT[stack]], cwd=REPO, capture_output=True,
                            text=True, env={**env, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}, timeout=2400)
     print(f"jax {version}: {tests.stdout.splitlines()[-1] if tests.stdout else ''}")
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]

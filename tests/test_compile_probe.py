@@ -19,7 +19,8 @@ SEQ = 256
 SMALL = ("learner.MemoryConfig.logit_chunk = 64", "learner.MemoryConfig.attention_block = 64")
 # per-device temp bytes measured with SMALL (jax 0.10.2, 8 CPU devices) + 10 %
 RECORDED_TEMP = {"sft_step": 17_662_280, "ref_logprobs": 2_045_512, "grpo_step": 17_657_320,
-                 "policy_shift_kl": 6_014_664, "weight_sync_bucket": 1_120_544}
+                 "policy_shift_kl": 6_014_664, "weight_sync_bucket": 1_120_544, "sampler_prefill": 8_811_416,
+                 "sampler_decode": 1_560_176}
 BOUND = {k: int(v * 1.10) for k, v in RECORDED_TEMP.items()}
 
 

@@ -12,9 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from bat_jax.learn import distributed, mesh as mesh_lib
+from bat_jax.learn import distributed
+from bat_jax.models import mesh as mesh_lib
 from bat_jax.learn.distributed import DistributedConfig
-from bat_jax.learn.mesh import MeshConfig
+from bat_jax.models.mesh import MeshConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "multihost_worker.py"

@@ -8,7 +8,7 @@ import pytest
 
 from bat_jax.learn import grpo, sft, train_state
 from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
-from bat_jax.learn.mesh import MeshConfig
+from bat_jax.models.mesh import MeshConfig
 from bat_jax.learn.optim import OptimizerConfig
 from bat_jax.models.configs import Qwen3Config
 from bat_jax.models.qwen3 import Qwen3ForCausalLM
@@ -58,7 +58,7 @@ def test_pad_batch_pads_rows_and_length():
 
 
 def test_host_copy_needs_no_device_and_comes_back_sharded():
-    from bat_jax.learn import mesh as mesh_lib
+    from bat_jax.models import mesh as mesh_lib
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16)
     learner = Learner(Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)), MeshConfig(fsdp=8))

@@ -10,7 +10,7 @@ from flax import nnx
 from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn import train_state as ts
 from bat_jax.learn.learner import Learner, MemoryConfig
-from bat_jax.learn.mesh import MeshConfig
+from bat_jax.models.mesh import MeshConfig
 from bat_jax.learn.optim import OptimizerConfig
 from bat_jax.models.causal_lm import REMAT_POLICIES, ForwardOptions, ordered_remat
 from bat_jax.models.configs import Qwen3_5Config, Qwen3Config

@@ -7,8 +7,9 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, PartitionSpec as P
 
-from bat_jax.learn import grpo, mesh as mesh_lib, optim, train_state
-from bat_jax.learn.mesh import MeshConfig
+from bat_jax.learn import grpo, optim, train_state
+from bat_jax.models import mesh as mesh_lib
+from bat_jax.models.mesh import MeshConfig
 
 VOCAB, EMBED, MLP = 32, 16, 32
 

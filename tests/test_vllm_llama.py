@@ -18,7 +18,7 @@ pytest.importorskip("vllm")
 
 from bat_jax.learn import grpo  # noqa: E402
 from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch  # noqa: E402
-from bat_jax.learn.mesh import MeshConfig  # noqa: E402
+from bat_jax.models.mesh import MeshConfig  # noqa: E402
 from bat_jax.learn.optim import OptimizerConfig  # noqa: E402
 from bat_jax.models import hf_io  # noqa: E402
 from bat_jax.models.llama import LlamaForCausalLM  # noqa: E402

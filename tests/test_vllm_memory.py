@@ -64,3 +64,24 @@ def test_refusals_name_both_fractions_and_the_numbers():
         vm.check(cache, device_free=None, kv_cache_memory_bytes=256 * MiB, **kw)
     p = vm.check(cache, device_free=None, kv_cache_memory_bytes=1 * GiB, **kw)
     assert p.rollouts_fit == GiB // (12_288 * KV_9B + STATE_9B) == 2
+
+
+def test_eight_replicas_of_9b_hold_eight_times_one():
+    """One replica per 80 GiB GPU (vLLM 0.3 beside JAX 0.6): 13 full-length rollouts each, 104 at once for the pool,
+    against the 32 of a GRPO step; a device whose share is not free refuses naming its replica."""
+    cache = vm.rollout_cache(cp.MODELS["9b"], "bfloat16")
+    devices = [(80 * GiB, int(0.38 * 80 * GiB))] * 8
+    kw = dict(max_model_len=12_288, jax_fraction=0.6, vllm_fraction=0.3)
+    plans = vm.check_replicas(cache, num_replicas=8, devices=devices, **kw)
+    assert [p.rollouts_fit for p in plans] == [13] * 8
+    text = vm.describe_replicas(plans, 32)
+    assert text.splitlines()[7].startswith("device 7: replica 7:")
+    assert text.splitlines()[-1] == ("8 replicas hold 104 full-length rollouts at once; a GRPO step runs 32: "
+                                     "all run at once")
+    assert vm.describe_replicas(plans[:1], 32).endswith("13 full-length rollouts at once; a GRPO step runs 32: "
+                                                        "19 wait for a free slot")
+    crowded = devices[:5] + [(80 * GiB, 10 * GiB)] + devices[6:]
+    with pytest.raises(ValueError, match=r"vLLM replica 5 \(device 5\): .*10\.00 GiB free"):
+        vm.check_replicas(cache, num_replicas=8, devices=crowded, **kw)
+    with pytest.raises(ValueError, match="8 replicas but 2 devices"):
+        vm.check_replicas(cache, num_replicas=8, devices=devices[:2], **kw)

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from bat_jax.learn import mesh as mesh_lib
-from bat_jax.rollout import vllm_engine as ve
+from bat_jax.models import mesh as mesh_lib
+from bat_jax.rollout import weight_sync as ve
 
 
 def test_plan_buckets_respects_the_byte_limit_in_the_transfer_dtype():

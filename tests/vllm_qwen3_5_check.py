@@ -31,7 +31,7 @@ from flax import nnx  # noqa: E402
 
 from bat_jax.learn import grpo  # noqa: E402
 from bat_jax.learn.learner import Learner, MemoryConfig  # noqa: E402
-from bat_jax.learn.mesh import MeshConfig  # noqa: E402
+from bat_jax.models.mesh import MeshConfig  # noqa: E402
 from bat_jax.learn.optim import OptimizerConfig  # noqa: E402
 from bat_jax.models.configs import Qwen3_5Config  # noqa: E402
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402

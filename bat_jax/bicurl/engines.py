@@ -4,7 +4,9 @@
 states with `prefix_cache_rows` > 0; `rollout/continuous_batching.jax_engine`) or vLLM (`rollout/vllm_engine.py`,
 weights pushed from the learner at every sync). JAX and vLLM share the accelerator in one process:
 `jax_memory_fraction` is what JAX may take beside vLLM, and `check_vllm_memory` refuses a vLLM share that holds
-no full-length rollout before vLLM starts (`rollout/vllm_memory.py`).
+no full-length rollout before vLLM starts (`rollout/vllm_memory.py`). With more than one device, vLLM runs one
+replica process per GPU (`rollout/vllm_replicas.py`) and the JAX sampler on the devices' mesh
+(`rollout/mesh_sampler.py`); each prints its per-device memory plan before the first rollout.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from bat_jax.policy import Policy
 from bat_jax.rollout import vllm_memory
 from bat_jax.rollout.engine import RolloutEngine
+from bat_jax.rollout.mesh_sampler import SamplerMeshConfig
 
 KINDS = ("jax", "vllm")
 
@@ -36,8 +39,12 @@ class EngineConfig:
       slots: > 0 batches the rows of concurrent engine calls token by token (`rollout/continuous_batching.py`;
         0 = one `generate` call at a time).
       vllm_options: further `VLLMEngineConfig` fields (dtype, gpu_memory_utilization, enforce_eager, ...).
+      vllm_replicas: vLLM engine processes, one per GPU (0 = every local GPU, 1 = one engine in this process;
+        `rollout/vllm_replicas.py`).
+      sampler_mesh: a `rollout.mesh_sampler.SamplerMeshConfig` puts the JAX sampler on the devices' mesh (the TPU
+        rollout engine, `gin/rollout/mesh_sampler.gin`); None = one device.
     Raises:
-      ValueError: an unknown kind, max_batch < 1 or a negative prefix_cache_rows / slots (named).
+      ValueError: an unknown kind, max_batch < 1 or a negative prefix_cache_rows / slots / vllm_replicas (named).
     """
 
     kind: str = "jax"
@@ -45,18 +52,21 @@ class EngineConfig:
     prefix_cache_rows: int = 0
     slots: int = 0
     vllm_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    vllm_replicas: int = 0
+    sampler_mesh: SamplerMeshConfig | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"EngineConfig.kind must be one of {KINDS}, got {self.kind!r}")
-        if self.max_batch < 1 or self.prefix_cache_rows < 0 or self.slots < 0:
-            raise ValueError(f"EngineConfig needs max_batch >= 1 and prefix_cache_rows, slots >= 0; got "
-                             f"{self.max_batch}, {self.prefix_cache_rows}, {self.slots}")
+        if self.max_batch < 1 or min(self.prefix_cache_rows, self.slots, self.vllm_replicas) < 0:
+            raise ValueError(f"EngineConfig needs max_batch >= 1 and prefix_cache_rows, slots, vllm_replicas >= 0; "
+                             f"got {self.max_batch}, {self.prefix_cache_rows}, {self.slots}, {self.vllm_replicas}")
 
 
-def build_engine(policy: Policy, config: EngineConfig, max_context: int,
-                 run_dir: pathlib.Path | None = None) -> RolloutEngine:
-    """The rollout engine of `policy` for contexts of `max_context` tokens (`AgentLoopConfig.max_context_tokens`).
+def build_engine(policy: Policy, config: EngineConfig, max_context: int, run_dir: pathlib.Path | None = None,
+                 batch_episodes: int = 1) -> RolloutEngine:
+    """The rollout engine of `policy` for contexts of `max_context` tokens (`AgentLoopConfig.max_context_tokens`);
+    `batch_episodes` (rows × K of one GRPO batch) sizes the printed memory plans.
     vLLM starts on the policy model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`) — also for a
     Hugging Face checkpoint policy, whose published files carry tensors the learner does not train (Qwen3.5's
     vision tower and MTP head, `model.language_model.*` names), so that every sync names exactly the
@@ -66,36 +76,51 @@ def build_engine(policy: Policy, config: EngineConfig, max_context: int,
       ImportError: kind 'vllm' without vLLM installed (`bash launch/setup.sh --with-vllm` on CPU,
         `bash launch/install_gpu.sh` on GPUs).
       ValueError: `vllm_options` names a field `VLLMEngineConfig` does not have, or `model_dir`; kind 'vllm'
-        without a `run_dir`; a vLLM share that holds no full-length rollout (`check_vllm_memory`).
+        without a `run_dir`; a vLLM share that holds no full-length rollout (`check_vllm_memory`); a sampler mesh
+        whose devices hold no full-length rollout (`mesh_sampler.check_memory`).
     """
     if config.kind == "jax":
         from bat_jax.rollout.continuous_batching import jax_engine
+        from bat_jax.rollout.mesh_sampler import check_memory
 
-        return jax_engine(policy.model, max_context=max_context, max_batch=config.max_batch,
-                          prefix_cache_rows=config.prefix_cache_rows, slots=config.slots)
+        engine = jax_engine(policy.model, max_context=max_context, max_batch=config.max_batch,
+                            prefix_cache_rows=config.prefix_cache_rows, slots=config.slots, mesh=config.sampler_mesh)
+        if config.sampler_mesh is not None:  # per device: weights + rows x one full-length rollout
+            sampler = getattr(engine, "sampler", engine)
+            plan = check_memory(sampler.memory_plan(config.slots or max(config.max_batch, batch_episodes)))
+            print(f"[bat_jax] sampler memory: {plan.describe()}", flush=True)
+        return engine
     from bat_jax.rollout.vllm_engine import VLLMEngine
+    from bat_jax.rollout.vllm_replicas import VLLMReplicaPool, replica_count
 
     if run_dir is None:
         raise ValueError("build_engine: the vLLM engine needs a run_dir (its checkpoint is written there)")
     options = {"max_model_len": max_context, **dict(config.vllm_options)}
-    print(f"[bat_jax] vLLM memory: {check_vllm_memory(policy.model.config, options).describe()}", flush=True)
-    return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer, **options)
+    replicas = replica_count(config.vllm_replicas)
+    plans = check_vllm_memory(policy.model.config, options, replicas)
+    print("[bat_jax] vLLM memory:\n" + vllm_memory.describe_replicas(plans, batch_episodes), flush=True)
+    if replicas == 1:  # one engine in this process
+        return VLLMEngine.from_model(policy.model, pathlib.Path(run_dir) / "vllm", tokenizer=policy.tokenizer,
+                                     **options)
+    return VLLMReplicaPool.from_model(policy.model, pathlib.Path(run_dir) / "vllm", replicas,
+                                      tokenizer=policy.tokenizer, **options)
 
 
-def check_vllm_memory(model_config: Any, options: dict[str, Any]) -> vllm_memory.VLLMMemoryPlan:
-    """Before vLLM starts beside JAX: the device split and how many full-length rollouts its cache holds
-    (`rollout/vllm_memory.py`), from `options` (`VLLMEngineConfig` fields; ``max_model_len`` required) and JAX's
-    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset). Returns the `VLLMMemoryPlan`.
+def check_vllm_memory(model_config: Any, options: dict[str, Any],
+                      replicas: int = 1) -> list[vllm_memory.VLLMMemoryPlan]:
+    """Before vLLM starts beside JAX: each replica's device split and how many full-length rollouts its cache holds
+    (`rollout/vllm_memory.py`; replica i on device i), from `options` (`VLLMEngineConfig` fields;
+    ``max_model_len`` required) and JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset).
+    Returns one `VLLMMemoryPlan` per replica.
 
-    Raises: ValueError naming both fractions and the numbers when not one rollout fits or vLLM could not start.
+    Raises: ValueError naming the replica, both fractions and the numbers when one cannot hold a rollout or start.
     """
     from bat_jax.rollout.vllm_engine import VLLMEngineConfig, kv_cache_bytes
 
     config = VLLMEngineConfig(model_dir="", **options)
-    total, free = vllm_memory.device_memory()
-    return vllm_memory.check(
-        vllm_memory.rollout_cache(model_config, config.dtype), max_model_len=config.max_model_len,
-        device_total=total, device_free=free,
+    return vllm_memory.check_replicas(
+        vllm_memory.rollout_cache(model_config, config.dtype), num_replicas=replicas,
+        max_model_len=config.max_model_len, devices=[vllm_memory.device_memory(i) for i in range(replicas)],
         jax_fraction=float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")),
         vllm_fraction=config.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes(config))
 

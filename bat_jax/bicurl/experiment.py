@@ -47,7 +47,7 @@ from bat_jax.curriculum import controller as ctl
 from bat_jax.curriculum import router
 from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
-from bat_jax.learn.mesh import MeshConfig
+from bat_jax.models.mesh import MeshConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.models.episode import EpisodeBuilder
@@ -114,7 +114,7 @@ class BiCuRLConfig:
 class Components:
     """The component configs one run uses, each bound by gin on its own dataclass; the experiment hands each
     mechanism its own config, never this whole. `engine` picks the rollout engine and its memory bounds
-    (`engines.EngineConfig`: the JAX sampler or vLLM). `grpo_micro_batches`: gradient accumulation inside one
+    (`engines.EngineConfig`: the JAX sampler, on one device or the mesh, or vLLM, one replica per GPU). `grpo_micro_batches`: gradient accumulation inside one
     GRPO step (the loss is exact under the split). `judge` (optional) names the LLM judge endpoint and the rubric
     items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic. `ray` (optional,
     `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy, JAX
@@ -188,7 +188,8 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
           f"leakage preflight clean")
 
     # ---- rollout engine, sandboxes (warm pool), GRPO and evaluation loops (`bicurl/run_loops.py`) --------
-    engine = build_engine(policy, c.engine, c.agent.max_context_tokens, run_dir)
+    engine = build_engine(policy, c.engine, c.agent.max_context_tokens, run_dir,
+                          batch_episodes=c.pools.batch_size * c.agent.episodes_per_state)
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(c.policy, c.agent, config.backend, c.engine) if c.ray is not None else None

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from bat_jax.learn import mesh as mesh_lib
+from bat_jax.models import mesh as mesh_lib
 
 _COORDINATOR_VARS = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
 CPU_COLLECTIVES = ("gloo", "mpi")

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from bat_jax.learn import distributed, grpo, sft
-from bat_jax.learn import mesh as mesh_lib
+from bat_jax.models import mesh as mesh_lib
 from bat_jax.learn import train_state as ts
 from bat_jax.learn.optim import OptimizerConfig, make_optimizer
 from bat_jax.models.causal_lm import REMAT_POLICIES, ForwardOptions

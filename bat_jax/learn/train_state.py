@@ -24,7 +24,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bat_jax.learn import mesh as mesh_lib
+from bat_jax.models import mesh as mesh_lib
 
 Batch = Mapping[str, jax.Array]
 ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]

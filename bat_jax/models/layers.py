@@ -3,7 +3,7 @@
 Parameters are stored in the Hugging Face layout (``Linear.weight`` is ``[out, in]``, names mirror
 the transformers module tree) so that safetensors I/O is a plain rename. Every parameter carries
 logical axis names in its ``out_sharding`` metadata (``eager_sharding=False``: nothing is placed at
-construction); ``learn/mesh.py`` maps them onto mesh axes. Logical names used:
+construction); ``models/mesh.py`` maps them onto mesh axes. Logical names used:
 
 ``vocab``, ``embed`` (hidden size), ``mlp`` (intermediate size), ``heads`` (q heads x head_dim,
 output of q_proj / input of o_proj), ``kv_heads`` (kv heads x head_dim), ``head_dim`` (per-head

@@ -26,7 +26,10 @@ Same draws as `JaxSampler.generate`: row i's token at completion index s uses `f
 batch, slot or chunk it runs in, so a row depends on its prompt, its seed and the weights only (logits up to
 float round-off, as between differently padded `generate` calls; tests/test_continuous_batching.py).
 Cost of a rebuild: the batch's cache goes to host memory and back (tiny default: ~1.5 MB per 3,000-token row), so
-this engine is for the embedded CPU sampler; large models use vLLM, whose scheduler batches continuously.
+this engine is for the embedded CPU sampler; large models on GPUs use vLLM, whose scheduler batches continuously. On a
+rollout mesh (`JaxSampler(mesh=...)`, the TPU engine) the slots and the cache are split over the devices and the
+decode chunks run there; rebuilds still pass through the host (at Qwen3.5-9B: 12,288 × 32 KiB + 25 MiB ≈ 0.4 GB
+per full-length row), once per admission, not per token.
 """
 
 from __future__ import annotations
@@ -48,17 +51,19 @@ from bat_jax.rollout.jax_sampler import JaxSampler, draw, stop_array
 from bat_jax.rollout.prefix_cache import RowState, assemble, extract_rows
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "chunk"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "chunk", "layout"))
 def _decode_chunk(state, cache, tok, live, steps, budgets, seeds, temperature, top_p, top_k, stop, *, graphdef,
-                  chunk):
+                  chunk, layout=None):
     """At most `chunk` decode steps of a running batch; stops early once no row is live.
 
     cache: the batch's `DecodeCache`; tok `[B] int32` each row's last sampled (not yet fed) token; live `[B]` bool;
     steps `[B] int32` tokens each row has sampled so far (= the completion index of its next draw); budgets `[B]`
     int32; seeds `[B] uint32`; temperature / top_p float32 and top_k int32 scalars; stop `[S] int32` (-1 unused).
     Returns (cache, tok, live, steps, ids `[B, chunk] int32`, logprobs `[B, chunk] float32`, stopped `[B]` bool,
-    steps run: int32). A row's new ids are the first (steps_after − steps_before) entries of its ids row."""
+    steps run: int32). A row's new ids are the first (steps_after − steps_before) entries of its ids row.
+    layout: None (one device) or the rollout mesh's `CacheLayout` (slots split over its devices)."""
     model = nnx.merge(graphdef, state)
+    constrain = (lambda c: c) if layout is None else layout.constrain
     keys = jax.vmap(jax.random.key)(seeds)
     b = tok.shape[0]
 
@@ -72,9 +77,9 @@ def _decode_chunk(state, cache, tok, live, steps, budgets, seeds, temperature, t
                                          top_k)
         steps = steps + live.astype(jnp.int32)
         tok = jnp.where(live, new, tok)
-        return i + 1, cache, tok, live & ~hit & (steps < budgets), steps, out_ids, out_lp, stopped | hit
+        return i + 1, constrain(cache), tok, live & ~hit & (steps < budgets), steps, out_ids, out_lp, stopped | hit
 
-    init = (jnp.int32(0), cache, tok, live, steps, jnp.zeros((b, chunk), jnp.int32),
+    init = (jnp.int32(0), constrain(cache), tok, live, steps, jnp.zeros((b, chunk), jnp.int32),
             jnp.zeros((b, chunk), jnp.float32), jnp.zeros((b,), bool))
     n, cache, tok, live, steps, out_ids, out_lp, stopped = jax.lax.while_loop(cond, body, init)
     return cache, tok, live, steps, out_ids, out_lp, stopped, n
@@ -118,8 +123,11 @@ class ContinuousBatchingSampler:
         prefill pads to, slot_step: cache sizes are multiples of it — coarse shapes, so that a run compiles a
         few dozen programs rather than hundreds (2 CPU cores: 1–3 s each).
 
+    On a sampler with a rollout mesh (`JaxSampler(mesh=...)`) the slots and their cache are split over its data
+    devices (`bat_jax.rollout.mesh_sampler`); `slots` must then be a multiple of them.
+
     Raises:
-      ValueError: a bound < 1 (naming it).
+      ValueError: a bound < 1 (naming it), or slots that the rollout mesh's data devices do not divide.
     """
 
     def __init__(self, sampler: JaxSampler, *, slots: int = 16, chunk_steps: int = 16, headroom_chunks: int = 8,
@@ -128,6 +136,10 @@ class ContinuousBatchingSampler:
                             ("admit_rows", admit_rows), ("slot_step", slot_step), ("min_prompt", min_prompt)):
             if value < 1:
                 raise ValueError(f"ContinuousBatchingSampler: {name} must be >= 1, got {value}")
+        data = 1 if sampler.placement is None else sampler.placement.data
+        if slots % data:
+            raise ValueError(f"ContinuousBatchingSampler: slots = {slots} is not a multiple of the sampler mesh's "
+                             f"{data} data devices")
         self.sampler = sampler
         self.slots, self.chunk_steps, self.headroom_chunks = int(slots), int(chunk_steps), int(headroom_chunks)
         self.admit_rows, self.slot_step, self.min_prompt = int(admit_rows), int(slot_step), int(min_prompt)
@@ -210,10 +222,11 @@ class ContinuousBatchingSampler:
                 seeds[i] = r.seed % (1 << 32)
         params = next(r.params for r in rows if r is not None)
         stop_arr = stop_array(params.stop_token_ids)
+        put = s.put_rows
         self._cache, _, live_after, steps_after, out_ids, out_lp, stopped, n = _decode_chunk(
-            s._state, self._cache, jnp.asarray(tok), jnp.asarray(alive), jnp.asarray(steps), jnp.asarray(budgets),
-            jnp.asarray(seeds), jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.int32(params.top_k),
-            jnp.asarray(stop_arr), graphdef=s._graphdef, chunk=self.chunk_steps)
+            s._state, self._cache, put(tok), put(alive), put(steps), put(budgets), put(seeds),
+            jnp.float32(params.temperature), jnp.float32(params.top_p), jnp.int32(params.top_k),
+            jnp.asarray(stop_arr), graphdef=s._graphdef, chunk=self.chunk_steps, layout=s.layout)
         self._host_cache = None
         live_after, steps_after, out_ids, out_lp, stopped, n = jax.device_get(
             (live_after, steps_after, out_ids, out_lp, stopped, n))
@@ -290,7 +303,7 @@ class ContinuousBatchingSampler:
         longest = max(len(st.tokens) for st in states if st is not None)
         max_len = self.sampler.slots_for(longest + self.headroom_chunks * self.chunk_steps, self.slot_step)
         host = assemble(states, self.sampler.cache_template(self.slots, max_len))
-        self._cache, self._host_cache = jax.tree.map(jnp.asarray, host), host
+        self._cache, self._host_cache = self.sampler.put_cache(host), host
         self._length = longest
         self.rebuilds += 1
 
@@ -324,10 +337,12 @@ class ContinuousBatchingSampler:
 
 
 def jax_engine(model: Any, *, max_context: int, max_batch: int, prefix_cache_rows: int = 0,
-               slots: int = 0) -> JaxSampler | ContinuousBatchingSampler:
+               slots: int = 0, mesh: Any = None, devices: Any = None) -> JaxSampler | ContinuousBatchingSampler:
     """The embedded engine of a run or a Ray worker: a `JaxSampler` (rows per compiled call `max_batch`, prefix
-    store of `prefix_cache_rows` rows), wrapped in a `ContinuousBatchingSampler` of `slots` rows when `slots` > 0
+    store of `prefix_cache_rows` rows; on a rollout mesh with `mesh`, a `mesh_sampler.SamplerMeshConfig`, over
+    `devices`), wrapped in a `ContinuousBatchingSampler` of `slots` rows when `slots` > 0
     (then pair it with `AgentLoopConfig.max_generate_batch` = 1 and `max_concurrent_generate` >= the episodes in
     flight, so every episode's turn joins the batch on its own)."""
-    sampler = JaxSampler(model, max_context=max_context, max_batch=max_batch, prefix_cache_rows=prefix_cache_rows)
+    sampler = JaxSampler(model, max_context=max_context, max_batch=max_batch, prefix_cache_rows=prefix_cache_rows,
+                         mesh=mesh, devices=devices)
     return ContinuousBatchingSampler(sampler, slots=slots) if slots > 0 else sampler

@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams, processed_logprobs
+from bat_jax.rollout.mesh_sampler import CacheLayout, SamplerMeshConfig, SamplerPlacement
 from bat_jax.rollout.prefix_cache import PrefixCache, RowState, assemble, extract_rows
 
 
@@ -97,21 +98,25 @@ def draw(logits, keys, step, column, live, out_ids, out_lp, stop, temperature, t
     return tok, out_ids, out_lp, live & jnp.any(tok[:, None] == stop[None, :], axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "max_len", "cache_dtype", "return_cache"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "max_len", "cache_dtype", "return_cache",
+                                             "layout"))
 def _generate(state, cache, prompt_ids, prompt_mask, budgets, seeds, temperature, top_p, top_k, stop, *, graphdef,
-              max_new, max_len, cache_dtype, return_cache):
+              max_new, max_len, cache_dtype, return_cache, layout=None):
     """Prefill + while-loop decode. cache: None (an empty cache of `max_len` slots is made) or a `DecodeCache`
     holding earlier tokens (prefix reuse); prompt_ids/prompt_mask `[B, P]` int32 (left padded; with a cache, the
     tokens after the cached ones), budgets `[B]` int32 (1..max_new), seeds `[B]` uint32, temperature/top_p
     float32 and top_k int32 scalars, stop `[S]` int32 (-1 = unused slot). Finished rows feed nothing more
     (`decode_step(live=...)`), so the final cache holds each row's prompt and completion without its last token.
+    layout: None (one device) or the rollout mesh's `CacheLayout` (rows split over its devices).
     Returns ((ids `[B, N]`, logprobs `[B, N]`, lengths `[B]`, stopped `[B]`), final cache or None)."""
     model = nnx.merge(graphdef, state)
     b, p = prompt_ids.shape
     keys = jax.vmap(jax.random.key)(seeds)
+    constrain = (lambda c: c) if layout is None else layout.constrain
     if cache is None:
         cache = model.init_cache(b, max_len, cache_dtype)
-    logits, cache = model.prefill(prompt_ids, prompt_mask, cache, last_only=True)
+    logits, cache = model.prefill(prompt_ids, prompt_mask, constrain(cache), last_only=True)
+    cache = constrain(cache)
 
     def record(carry_bufs, step, logits_t, done):
         out_ids, out_lp, lengths, stopped = carry_bufs
@@ -135,7 +140,7 @@ def _generate(state, cache, prompt_ids, prompt_mask, budgets, seeds, temperature
         step, bufs, tok, done, cache = carry
         logits_t, cache = model.decode_step(tok, cache, live=~done)
         bufs, tok, done = record(bufs, step, logits_t, done)
-        return step + 1, bufs, tok, done, cache
+        return step + 1, bufs, tok, done, constrain(cache)
 
     _, bufs, _, _, cache = jax.lax.while_loop(cond, body, (jnp.int32(1), bufs, tok, done, cache))
     return bufs, (cache if return_cache else None)
@@ -161,12 +166,20 @@ class JaxSampler:
       prefix_cache_rows: keep the decode state of up to this many finished rows (host memory) and continue a
         prompt that extends one of them instead of prefilling it again (`bat_jax.rollout.prefix_cache`: the
         turns of a multi-turn episode). 0 = off. Cleared by `update_weights`.
+      mesh: None = one device; else a `SamplerMeshConfig`: rows split over its devices, weights replicated or
+        tensor-sharded, made from the given parameters by an on-device reshard (`bat_jax.rollout.mesh_sampler`).
+        Padded batches are then multiples of the data devices.
+      devices: the devices of that mesh, in the learner mesh's order (default `jax.devices()`).
     """
 
     def __init__(self, model: nnx.Module, *, max_context: int | None = None, min_prompt_bucket: int = 16,
                  prompt_bucket_step: int = 512, min_batch_bucket: int = 1, max_batch: int = 0,
-                 cache_dtype: Any = None, pad_id: int = 0, prefix_cache_rows: int = 0):
+                 cache_dtype: Any = None, pad_id: int = 0, prefix_cache_rows: int = 0,
+                 mesh: SamplerMeshConfig | None = None, devices: Sequence[jax.Device] | None = None):
         self._graphdef, self._state = nnx.split(model)
+        self.placement = None if mesh is None else SamplerPlacement(self._state, mesh, devices)
+        if self.placement is not None:
+            self._state = self.placement.reshard(self._state)
         cfg = getattr(model, "config", None)
         self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 32768))
         self.min_prompt_bucket = int(min_prompt_bucket)
@@ -193,13 +206,52 @@ class JaxSampler:
         if old_paths != new_paths:
             diff = sorted(map(str, old_paths ^ new_paths))[:3]
             raise ValueError(f"update_weights: parameter structure differs from the model's, e.g. {diff}")
-        # same dtype and placement as the weights compiled against: no recompile, no cross-mesh arrays
-        self._state = jax.tree.map(lambda old, new: jax.device_put(jnp.asarray(new, old.dtype), old.sharding),
-                                   self._state, new_state)
+        if self.placement is not None:  # one jitted cast + reshard on the devices (mesh_sampler)
+            self._state = self.placement.reshard(new_state)
+        else:  # same dtype and placement as the weights compiled against: no recompile, no cross-mesh arrays
+            self._state = jax.tree.map(lambda old, new: jax.device_put(jnp.asarray(new, old.dtype), old.sharding),
+                                       self._state, new_state)
         if self.prefix_cache is not None:
             self.prefix_cache.clear()  # decode states of the old weights
         self._version += 1
         return self._version
+
+    @property
+    def layout(self) -> CacheLayout | None:
+        """Where batch rows and decode caches live on the rollout mesh (None on one device)."""
+        return None if self.placement is None else self.placement.layout
+
+    def batch_rows(self, n: int, minimum: int = 1) -> int:
+        """Padded rows of a batch of `n`: the next power of two >= max(n, minimum, `min_batch_bucket`), rounded up
+        to a multiple of the rollout mesh's data devices."""
+        b = _bucket(n, max(self.min_batch_bucket, minimum))
+        data = 1 if self.placement is None else self.placement.data
+        return -(-b // data) * data
+
+    def put_rows(self, x: np.ndarray) -> jax.Array:
+        """A host array with a leading batch axis on the sampler's devices (rows split over the mesh)."""
+        if self.placement is None:
+            return jnp.asarray(x)
+        return jax.device_put(x, self.layout.batch(np.ndim(x)))
+
+    def put_cache(self, cache):
+        """A host `DecodeCache` on the sampler's devices (rows split over the mesh)."""
+        if self.placement is None:
+            return jax.tree.map(jnp.asarray, cache)
+        return self.layout.put(cache)
+
+    def memory_plan(self, rows: int, max_len: int | None = None, budget: int | None = None):
+        """`mesh_sampler.plan_memory` of this sampler on its mesh running `rows` rows of `max_len` tokens (default
+        `max_context`) at once; `budget`: bytes per device it may use (default: the free bytes of its first device,
+        None on CPU). Raises ValueError without a mesh."""
+        from bat_jax.rollout import mesh_sampler
+
+        if self.placement is None:
+            raise ValueError("JaxSampler.memory_plan: the sampler has no mesh (JaxSampler(mesh=...))")
+        if budget is None:
+            budget = mesh_sampler.free_device_bytes(self.placement.mesh.devices.flat[0])
+        cache = self.cache_template(self.placement.data, max_len or self.max_context)
+        return mesh_sampler.plan_memory(self.placement, self._state, cache, rows, budget)
 
     def cache_template(self, batch: int, max_len: int):
         """Shapes and dtypes (`jax.ShapeDtypeStruct`s) of an empty `DecodeCache` of `batch` rows × `max_len` slots
@@ -291,7 +343,7 @@ class JaxSampler:
         p = prompt_bucket(max(len(x) for x in feeds), max(self.min_prompt_bucket, min_prompt),
                           self.prompt_bucket_step)
         new = min(_bucket(max(budgets), 1), params.max_new_tokens)
-        b = _bucket(n, max(self.min_batch_bucket, min_rows))
+        b = self.batch_rows(n, min_rows)
         held = max((len(r.tokens) for r in reused if r is not None), default=0)
         max_len = p + new
         if held:  # slots: the held tokens, then the new ones; sized in steps so few programs compile
@@ -307,12 +359,13 @@ class JaxSampler:
         seed_arr = np.zeros((b,), np.uint32)
         seed_arr[:n] = np.asarray(seeds, np.int64) % (1 << 32)
         stop_arr = stop_array(params.stop_token_ids)
-        cache = assemble(reused, self.cache_template(b, max_len)) if held else None
+        cache = self.put_cache(assemble(reused, self.cache_template(b, max_len))) if held else None
+        put = self.put_rows
         (out_ids, out_lp, lengths, stopped), final = _generate(
-            self._state, cache, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(budget_arr),
-            jnp.asarray(seed_arr), jnp.float32(params.temperature), jnp.float32(params.top_p),
-            jnp.int32(params.top_k), jnp.asarray(stop_arr), graphdef=self._graphdef, max_new=new, max_len=max_len,
-            cache_dtype=self.cache_dtype, return_cache=keep_states or self.prefix_cache is not None)
+            self._state, cache, put(ids), put(mask), put(budget_arr), put(seed_arr), jnp.float32(params.temperature),
+            jnp.float32(params.top_p), jnp.int32(params.top_k), jnp.asarray(stop_arr), graphdef=self._graphdef,
+            max_new=new, max_len=max_len, cache_dtype=self.cache_dtype,
+            return_cache=keep_states or self.prefix_cache is not None, layout=self.layout)
         out_ids, out_lp, lengths, stopped = jax.device_get((out_ids, out_lp, lengths, stopped))
         states: list[RowState | None] = []
         if final is not None:

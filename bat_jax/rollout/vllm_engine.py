@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +61,11 @@ import numpy as np
 
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from bat_jax.rollout.inflight import InflightDriver
+from bat_jax.rollout.weight_sync import named_weights, stream_torch_weights
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
 CPU_KV_CACHE_BYTES = 256 << 20
 """Cache size (bytes) of an engine on the CPU backend when `VLLMEngineConfig.kv_cache_memory_bytes` is None."""
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,101 +140,52 @@ def checkpoint_tensor_shapes(model_dir: str | os.PathLike) -> dict[str, tuple[in
     return shapes
 
 
-def _flat_named_arrays(params: Any) -> Iterator[tuple[str, Any]]:
-    """(HF name, array) pairs of an ``nnx.Module``, an ``nnx.State`` or a ``{name: array}`` mapping."""
-    from flax import nnx
+def write_checkpoint(model: Any, work_dir: str | os.PathLike, *, tokenizer: Any = None,
+                     **config_overrides: Any) -> VLLMEngineConfig:
+    """Writes an in-memory `bat_jax.models` causal LM to ``work_dir/checkpoint`` for vLLM and returns the engine
+    config on it (`VLLMEngine.from_model` documents the arguments, the defaults and the errors)."""
+    import tempfile
 
-    if isinstance(params, nnx.Module):
-        params = nnx.state(params, nnx.Param)
-    if isinstance(params, nnx.State):
-        for path, var in nnx.to_flat_state(params):
-            value = var.get_value() if hasattr(var, "get_value") else var
-            yield ".".join(map(str, path)), value
-        return
-    if isinstance(params, Mapping):
-        yield from params.items()
-        return
-    raise TypeError(f"update_weights: params must be an nnx.Module, nnx.State or a mapping of HF names to "
-                    f"arrays, got {type(params).__name__}")
+    from bat_jax.models.hf_io import save_pretrained
 
-
-def to_torch(x: Any, dtype: str):
-    """One tensor as a torch tensor of `dtype` (a torch dtype name), without a host copy where possible.
-
-    jax.Array: zero-copy through DLPack (a sharded array is first gathered onto its first device, on the
-    device); numpy arrays: `torch.from_numpy`; torch tensors pass through. The cast copies only if the dtype
-    differs.
-    """
-    import jax
-    import torch
-
-    if isinstance(x, jax.Array):
-        if len(x.sharding.device_set) > 1:
-            x = jax.device_put(x, sorted(x.sharding.device_set, key=lambda d: d.id)[0])
-        t = torch.from_dlpack(x)
-    elif isinstance(x, torch.Tensor):
-        t = x
-    else:
-        t = torch.from_numpy(np.ascontiguousarray(np.asarray(x)))
-    return t.to(getattr(torch, dtype))
+    fields = {f.name for f in dataclasses.fields(VLLMEngineConfig)}
+    unknown = sorted(set(config_overrides) - fields)
+    if "model_dir" in config_overrides:
+        raise ValueError("VLLMEngine.from_model: config_overrides may set VLLMEngineConfig fields other than "
+                         "model_dir (the checkpoint goes to work_dir/checkpoint)")
+    if unknown:
+        raise ValueError(f"VLLMEngine.from_model: {unknown} are not VLLMEngineConfig fields")
+    if "max_model_len" not in config_overrides:
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        config_overrides["max_model_len"] = min(4096, int(limit)) if limit else 4096
+    config = VLLMEngineConfig(model_dir=str(Path(work_dir) / "checkpoint"), **config_overrides)
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work_dir, prefix=".tokenizer-") as tok_dir:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tok_dir)
+        save_pretrained(model, config.model_dir, tokenizer_dir=tok_dir if tokenizer is not None else None,
+                        overwrite=True)
+    return config
 
 
-SYNC_BUCKET_BYTES = 1 << 30
-"""Largest bucket of tensors (bytes, in the transfer dtype) gathered onto one device at a time by weight sync."""
-
-
-def sync_dtype(name: str, dtype: str) -> str:
-    """Transfer dtype of one tensor: ``dtype``, except the Gated DeltaNet tensors kept float32
-    (``gated_deltanet.FLOAT32_PARAMS``), which travel as float32."""
-    from bat_jax.models.gated_deltanet import FLOAT32_PARAMS
-
-    return "float32" if name.endswith(FLOAT32_PARAMS) else dtype
-
-
-def plan_buckets(named: Sequence[tuple[str, Any, str]], max_bytes: int = SYNC_BUCKET_BYTES) -> list[list[int]]:
-    """Consecutive index groups of ``(name, array, dtype)`` whose bytes in ``dtype`` stay ≤ ``max_bytes`` (a single
-    larger tensor gets a bucket of its own)."""
-    from bat_jax.models.hf_io import byte_buckets
-
-    return byte_buckets([int(np.prod(x.shape)) * _ITEMSIZE[dtype] for _, x, dtype in named], max_bytes)
-
-
-def gather_bucket_fn(dtypes: Sequence[str], mesh):
-    """Jitted ``(arrays...) -> arrays`` that casts each array (sharded on ``mesh``) to its transfer dtype, then
-    all-gathers it (replicated on ``mesh``): the cast happens before the gather, so devices receive bf16, not fp32,
-    and each holds at most one bucket of gathered copies."""
-    import jax
-    import jax.numpy as jnp
-
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.jit(lambda *xs: tuple(x.astype(jnp.dtype(d)) for x, d in zip(xs, dtypes)),
-                   out_shardings=tuple(rep for _ in dtypes))
-
-
-def stream_torch_weights(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int = SYNC_BUCKET_BYTES
-                         ) -> Iterator[tuple[str, Any]]:
-    """``(name, torch tensor)`` pairs for vLLM, produced one bucket (≤ ``max_bytes`` in the transfer dtype) at a
-    time: a bucket of mesh-sharded jax arrays is cast and gathered by :func:`gather_bucket_fn`, the first device's
-    copy is handed over by DLPack, and the bucket is released when the consumer moves on, so at most one bucket
-    of transfer copies exists at once. Other arrays go through :func:`to_torch`."""
-    import jax
-
-    items = [(n, x, sync_dtype(n, dtype)) for n, x in named]
-    for bucket in plan_buckets(items, max_bytes):
-        group = [items[i] for i in bucket]
-        on_mesh = [i for i, (_, x, _) in enumerate(group) if isinstance(x, jax.Array)
-                   and isinstance(x.sharding, jax.sharding.NamedSharding) and len(x.sharding.device_set) > 1]
-        if on_mesh:
-            mesh = group[on_mesh[0]][1].sharding.mesh
-            same = [i for i in on_mesh if group[i][1].sharding.mesh == mesh]
-            gathered = gather_bucket_fn([group[i][2] for i in same], mesh)(*[group[i][1] for i in same])
-            for i, g in zip(same, gathered):
-                first = min(g.addressable_shards, key=lambda sh: sh.device.id).data  # one device's full copy
-                group[i] = (group[i][0], first, group[i][2])
-            del gathered
-        for name, x, d in group:
-            yield name, to_torch(x, d)
-        del group
+def check_request(prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: Sequence[int] | None,
+                  seeds: Sequence[int] | None, max_model_len: int) -> tuple[list[int], list[int]]:
+    """The per-row budgets and seeds of a `generate` request (defaults: `params.max_new_tokens`, `params.seed` +
+    row index), after its checks. Raises ValueError naming the row (`VLLMEngine.generate`)."""
+    n = len(prompts)
+    budgets = [params.max_new_tokens] * n if max_new_tokens is None else [int(b) for b in max_new_tokens]
+    row_seeds = [params.seed + i for i in range(n)] if seeds is None else [int(s) for s in seeds]
+    if len(budgets) != n or len(row_seeds) != n:
+        raise ValueError(f"generate: {n} prompts but {len(budgets)} max_new_tokens and {len(row_seeds)} seeds")
+    for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+        if len(prompt) == 0:
+            raise ValueError(f"generate: prompt {i} is empty")
+        if not 1 <= budget <= params.max_new_tokens:
+            raise ValueError(f"generate: max_new_tokens[{i}] = {budget} is outside [1, {params.max_new_tokens}]")
+        if len(prompt) + budget > max_model_len:
+            raise ValueError(f"generate: prompt {i} has {len(prompt)} tokens + budget {budget} tokens, more "
+                             f"than the context of {max_model_len} (max_model_len)")
+    return budgets, row_seeds
 
 
 def _refresh_tied_output_head(worker) -> bool:
@@ -322,28 +273,7 @@ class VLLMEngine:
           field, or a field's value is invalid; ImportError without vLLM; vLLM's own errors when it cannot load
           the model family.
         """
-        import tempfile
-
-        from bat_jax.models.hf_io import save_pretrained
-
-        fields = {f.name for f in dataclasses.fields(VLLMEngineConfig)}
-        unknown = sorted(set(config_overrides) - fields)
-        if "model_dir" in config_overrides:
-            raise ValueError("VLLMEngine.from_model: config_overrides may set VLLMEngineConfig fields other than "
-                             "model_dir (the checkpoint goes to work_dir/checkpoint)")
-        if unknown:
-            raise ValueError(f"VLLMEngine.from_model: {unknown} are not VLLMEngineConfig fields")
-        if "max_model_len" not in config_overrides:
-            limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-            config_overrides["max_model_len"] = min(4096, int(limit)) if limit else 4096
-        config = VLLMEngineConfig(model_dir=str(Path(work_dir) / "checkpoint"), **config_overrides)
-        Path(work_dir).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=work_dir, prefix=".tokenizer-") as tok_dir:
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tok_dir)
-            save_pretrained(model, config.model_dir, tokenizer_dir=tok_dir if tokenizer is not None else None,
-                            overwrite=True)
-        return cls(config)
+        return cls(write_checkpoint(model, work_dir, tokenizer=tokenizer, **config_overrides))
 
     @property
     def weight_version(self) -> int:
@@ -370,21 +300,10 @@ class VLLMEngine:
         n = len(prompts)
         if n == 0:
             return []
-        budgets = [params.max_new_tokens] * n if max_new_tokens is None else [int(b) for b in max_new_tokens]
-        row_seeds = [params.seed + i for i in range(n)] if seeds is None else [int(s) for s in seeds]
-        if len(budgets) != n or len(row_seeds) != n:
-            raise ValueError(f"generate: {n} prompts but {len(budgets)} max_new_tokens and {len(row_seeds)} seeds")
+        budgets, row_seeds = check_request(prompts, params, max_new_tokens, seeds, self.config.max_model_len)
         requests, sampling = [], []
-        for i, (prompt, budget, seed) in enumerate(zip(prompts, budgets, row_seeds)):
+        for prompt, budget, seed in zip(prompts, budgets, row_seeds):
             ids = [int(t) for t in prompt]
-            if not ids:
-                raise ValueError(f"generate: prompt {i} is empty")
-            if not 1 <= budget <= params.max_new_tokens:
-                raise ValueError(f"generate: max_new_tokens[{i}] = {budget} is outside "
-                                 f"[1, {params.max_new_tokens}]")
-            if len(ids) + budget > self.config.max_model_len:
-                raise ValueError(f"generate: prompt {i} has {len(ids)} tokens + budget {budget} tokens, more "
-                                 f"than the context of {self.config.max_model_len} (max_model_len)")
             requests.append(TokensPrompt(prompt_token_ids=ids))
             sampling.append(VSamplingParams(
                 temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
@@ -464,18 +383,13 @@ class VLLMEngine:
         Source: vLLM ``Worker.reload_weights(weights_iterator=...)`` + ``LLM.reset_prefix_cache`` (module
         docstring).
         """
-        named = list(_flat_named_arrays(params))
-        given = {name for name, _ in named}
-        missing, unknown = sorted(self._shapes.keys() - given), sorted(given - self._shapes.keys())
-        if missing or unknown:
-            raise ValueError(f"update_weights: tensor names differ from {self.config.model_dir}: "
-                             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                             f"unknown {unknown[:5]}{'...' if len(unknown) > 5 else ''}")
-        for name, t in named:
-            if tuple(t.shape) != self._shapes[name]:
-                raise ValueError(f"update_weights: tensor {name!r} has shape {tuple(t.shape)}, "
-                                 f"{self.config.model_dir} has {self._shapes[name]}")
-        weights = stream_torch_weights(named, self.config.dtype)  # buckets of <= 1 GB (module docstring)
+        named = named_weights(params, self._shapes, self.config.model_dir)
+        return self.install_weights(stream_torch_weights(named, self.config.dtype))  # buckets of <= 1 GB
+
+    def install_weights(self, weights: Iterator[tuple[str, Any]]) -> int:
+        """`update_weights` after its checks: installs ``(name, torch tensor)`` pairs (every checkpoint tensor
+        once, in any order; consumed while vLLM reloads) and returns the new weight version. Raises RuntimeError
+        while requests are in flight (nothing is installed then) or if the prefix cache cannot be reset."""
         with self._driver.exclusive("update_weights"):  # never under a running request
             self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                                "is_checkpoint_format": True})

@@ -174,14 +174,47 @@ def check(cache: RolloutCache, *, max_model_len: int, device_total: int, device_
     return p
 
 
-def device_memory() -> tuple[int, int | None]:
-    """(total, free) bytes of the first CUDA device as torch sees it now; (host RAM, None) without CUDA."""
+def device_memory(index: int = 0) -> tuple[int, int | None]:
+    """(total, free) bytes of CUDA device `index` as torch sees it now; (host RAM, None) without CUDA."""
     try:
         import torch
 
         if torch.cuda.is_available():
-            free, total = torch.cuda.mem_get_info()
+            free, total = torch.cuda.mem_get_info(index)
             return int(total), int(free)
     except ImportError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), None
+
+
+def check_replicas(cache: RolloutCache, *, num_replicas: int, max_model_len: int,
+                   devices: list[tuple[int, int | None]], jax_fraction: float, vllm_fraction: float,
+                   kv_cache_memory_bytes: int | None = None,
+                   overhead: int = DEFAULT_OVERHEAD_BYTES) -> list[VLLMMemoryPlan]:
+    """`check` for every replica of a pool, replica i on device i (`devices[i]` = (total, free) bytes): each must
+    hold its weights and at least one full-length rollout beside JAX's share of its device.
+
+    Raises: ValueError naming the replica (and `check`'s numbers) for the first that cannot run, or when there are
+    fewer devices than replicas."""
+    if len(devices) < num_replicas:
+        raise ValueError(f"vLLM replicas: {num_replicas} replicas but {len(devices)} devices")
+    plans = []
+    for i in range(num_replicas):
+        total, free = devices[i]
+        try:
+            plans.append(check(cache, max_model_len=max_model_len, device_total=total, device_free=free,
+                               jax_fraction=jax_fraction, vllm_fraction=vllm_fraction,
+                               kv_cache_memory_bytes=kv_cache_memory_bytes, overhead=overhead))
+        except ValueError as exc:
+            raise ValueError(f"vLLM replica {i} (device {i}): {exc}") from None
+    return plans
+
+
+def describe_replicas(plans: list[VLLMMemoryPlan], rollouts: int) -> str:
+    """One line per device, then what the pool holds at once against the `rollouts` of a GRPO step."""
+    lines = [f"device {i}: replica {i}: {p.describe()}" for i, p in enumerate(plans)]
+    total = sum(p.rollouts_fit for p in plans)
+    verdict = "all run at once" if total >= rollouts else f"{rollouts - total} wait for a free slot"
+    lines.append(f"{len(plans)} replicas hold {total} full-length rollouts at once; a GRPO step runs {rollouts}: "
+                 f"{verdict}")
+    return "\n".join(lines)

@@ -1,5 +1,5 @@
 """Per-episode sandbox cost (issue 17): a fresh container per episode vs the warm pool the experiment uses by
-default, both through `bat_jax.sandbox.backends.open_backend` exactly as `rollout/run_loops.py` builds them.
+default, both through `bat_jax.sandbox.backends.open_backend` exactly as `bicurl/run_loops.py` builds them.
 
 Run (engine up, images built): python launch/bench/bench_episode_start.py [--episodes 8] [--track segmentation]
 

@@ -76,7 +76,8 @@ def run_ours(args) -> dict:
     import jax
     from flax import nnx
 
-    from bat_jax.learn import grpo, mesh as mesh_lib, optim, train_state
+    from bat_jax.learn import grpo, optim, train_state
+    from bat_jax.models import mesh as mesh_lib
     from bat_jax.models.configs import Qwen3Config
     from bat_jax.models.qwen3 import Qwen3ForCausalLM
 

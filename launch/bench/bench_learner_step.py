@@ -43,7 +43,7 @@ def run_setting(block: int, chunk: int, batch: dict, args) -> dict:
 
     from bat_jax.learn import grpo
     from bat_jax.learn.learner import Learner, MemoryConfig
-    from bat_jax.learn.mesh import MeshConfig
+    from bat_jax.models.mesh import MeshConfig
     from bat_jax.learn.optim import OptimizerConfig
     from bat_jax.models.configs import Qwen3_5Config
     from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM

@@ -34,12 +34,14 @@ episode, a warm pool, engine calls in flight) in the same run, with (a) the JAX 
 compact prompts) and (b) `bat_jax.rollout.simulated_engine.SimulatedLatencyEngine` over the expert-action replay
 (default constants: a ~9B model on one A100, 50 ms prefill per call + 30 ms per decode step); prints each ratio
 new / old. `--synthetic` adds a heterogeneous workload without Docker; `--ray` adds 1 vs 2 Ray rollout workers
-(`RayRollouts`, the JAX sampler) and their ratio.
+(`RayRollouts`, the JAX sampler) and their ratio; `--replicas` adds rollouts on more devices (`replica_loops.py`):
+1 vs 2 vLLM replica processes, the JAX sampler on 1 vs 2 devices, and the simulated 9B engine with one replica's
+KV capacity vs eight replicas'.
 
   python launch/bench/bench_rollout.py [--family qwen3] [--batch 8] [--prompt 64] [--new 128] [--backend docker]
   python launch/bench/bench_rollout.py --real-weights runs/smollm2-135m-instruct --real-only
   python launch/bench/bench_rollout.py --loops --episodes 32 --tracks classification,segmentation,vqa,detection \
-      --turns 3 [--synthetic] [--ray]
+      --turns 3 [--synthetic] [--ray] [--replicas]
 
 Measured: launch/bench/README.md.
 """
@@ -345,6 +347,9 @@ def main(argv=None):
     ap.add_argument("--skip-simulated", action="store_true", help="--loops without the simulated-engine rows")
     ap.add_argument("--new-first", action="store_true", help="--loops: time the new loop before the old one")
     ap.add_argument("--ray", action="store_true", help="with --loops: also 1 vs 2 Ray rollout workers")
+    ap.add_argument("--replicas", action="store_true",
+                    help="with --loops: also 1 vs 2 vLLM replicas, 1 vs 2 sampler devices and the simulated 9B "
+                         "engine with one replica's KV capacity vs eight (replica_loops.py)")
     ap.add_argument("--synthetic", action="store_true",
                     help="with --loops: also a heterogeneous synthetic workload (simulated engine, sleeping "
                          "sandboxes)")
@@ -352,6 +357,9 @@ def main(argv=None):
     ap.add_argument("--synthetic-tool-s", type=float, default=1.0, help="mean tool-call time of --synthetic, s")
     args = ap.parse_args(argv)
     if args.loops:
+        flags = os.environ.get("XLA_FLAGS", "")
+        if args.replicas and "device_count" not in flags:  # the sampler's 2-device mesh (before jax is imported)
+            os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=2").strip()
         print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU cores, load average "
               f"{os.getloadavg()[0]:.1f} at start", flush=True)
         return main_loops(args, build_models)

@@ -86,7 +86,7 @@ def sft_speed(tiny: dict, batches: list[dict], steps: int) -> tuple[float, float
     import jax
 
     from bat_jax.learn.learner import Learner
-    from bat_jax.learn.mesh import MeshConfig
+    from bat_jax.models.mesh import MeshConfig
     from bat_jax.learn.optim import OptimizerConfig
     from bat_jax.learn.sft import SFTConfig
     from bat_jax.policy import PolicyConfig, build_policy

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -40,11 +41,11 @@ sys.path.insert(0, str(REPO))
 
 from bat_jax.learn import grpo, kl, sft  # noqa: E402
 from bat_jax.learn import learner as learner_lib  # noqa: E402
-from bat_jax.learn import mesh as mesh_lib  # noqa: E402
+from bat_jax.models import mesh as mesh_lib  # noqa: E402
 from bat_jax.learn import train_state as ts  # noqa: E402
 from bat_jax.models.configs import Qwen3_5Config  # noqa: E402
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
-from bat_jax.rollout import vllm_engine  # noqa: E402
+from bat_jax.rollout import weight_sync  # noqa: E402
 
 GB = 1e9
 _COMMON = dict(vocab_size=248_320, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
@@ -63,7 +64,8 @@ MODELS = {
                           tie_word_embeddings=False, chunk_size=16),
 }
 GIN_FILES = {"9b": "bicurl_9b.gin", "4b": "bicurl_4b.gin", "tiny": "bicurl_9b.gin"}
-STEPS = ("sft_step", "ref_logprobs", "grpo_step", "policy_shift_kl", "weight_sync_bucket")
+STEPS = ("sft_step", "ref_logprobs", "grpo_step", "policy_shift_kl", "weight_sync_bucket", "sampler_prefill",
+         "sampler_decode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +85,10 @@ class RunShapes:
     param_dtype: str = "float32"
     vllm_share: float = 0.0
     device_copies: int = 0  # experiment.run keeps the untrained / SFT / best copies on the host
+    sampler_tensor: int = 1  # the JAX sampler's SamplerMeshConfig (the run's, or replicated bf16 weights)
+    sampler_dtype: str | None = "bfloat16"
+    turn_tokens: int = 2048  # the longest completion of one turn (the longest prompt is the context minus it)
+    sampler_chunk: int = 16  # decode steps per continuous-batching chunk
 
 
 def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
@@ -95,7 +101,10 @@ def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
     launch.parse_gin([gin_file], list(bindings))
     c = gin.get_configurable(experiment.Components)()
     rows = c.pools.batch_size * c.agent.episodes_per_state
-    return RunShapes(mesh=c.mesh, memory=c.memory, sft=c.sft, grpo=c.grpo, grpo_rows=rows,
+    sampler = c.engine.sampler_mesh
+    return RunShapes(sampler_tensor=sampler.tensor if sampler else 1,
+                     sampler_dtype=sampler.param_dtype if sampler else "bfloat16",
+                     turn_tokens=c.agent.max_tokens_per_turn, mesh=c.mesh, memory=c.memory, sft=c.sft, grpo=c.grpo, grpo_rows=rows,
                      grpo_seq=c.agent.max_context_tokens, grpo_micro_batches=c.grpo_micro_batches,
                      kl_rows=c.policy_shift.batch_size, kl_seq=c.agent.max_context_tokens,
                      compute_dtype=c.policy.dtype, param_dtype="float32",
@@ -193,7 +202,49 @@ def step_builders(config: Qwen3_5Config, run: RunShapes, devices, *, scale_seq: 
                                                                   ids(rows_kl, seq_kl))),
         "weight_sync_bucket": lambda: _sync_bucket(params, param_sh, mesh),
     }
+    # the JAX sampler on the mesh (rollout/mesh_sampler.py) runs between GRPO steps, beside the block's train state
+    # (params + 2 Adam moments) and the round-start reference: 4 fp32 copies, sharded
+    resident.update(sampler_prefill=(4 + extra) * per_copy, sampler_decode=(4 + extra) * per_copy)
+    builders.update(_sampler_builders(cfg, run, devices, rows_grpo, seq_grpo, log))
     return builders, resident
+
+
+def _sampler_builders(cfg: Qwen3_5Config, run: RunShapes, devices, rows: int, seq: int, log) -> dict[str, Any]:
+    """The sampler's prefill (every rollout's longest prompt, ``seq - turn_tokens`` tokens, into caches of ``seq``
+    slots; the rows' caches are returned, as the continuous batcher keeps them) and one decode chunk of the
+    running batch (``rows`` slots of ``seq`` tokens), with the rollout weights and caches as `JaxSampler(mesh=...)`
+    places them."""
+    from bat_jax.rollout import continuous_batching, jax_sampler, mesh_sampler
+
+    model = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(model)
+    placement = mesh_sampler.SamplerPlacement(state, mesh_sampler.SamplerMeshConfig(
+        tensor=run.sampler_tensor, param_dtype=run.sampler_dtype), devices)
+    layout = placement.layout
+    a_state = jax.tree.unflatten(jax.tree.structure(state), [
+        jax.ShapeDtypeStruct(x.shape, d, sharding=sh)
+        for x, d, sh in zip(jax.tree.leaves(state), placement.dtypes, placement.shardings)])
+    cache_dtype = jnp.dtype(cfg.dtype).name
+    rows = -(-rows // layout.data) * layout.data
+    prompt = seq - min(run.turn_tokens, seq // 4)  # reduced sizes keep three quarters of the context
+    cache = jax.eval_shape(lambda: model.init_cache(rows, seq, cache_dtype))
+    a_cache = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), cache,
+                           layout.cache_shardings(cache))
+    row = lambda dtype, *shape: jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=layout.batch(1 + len(shape)))  # noqa: E731
+    scalars = (jnp.float32(0.7), jnp.float32(1.0), jnp.int32(0), jnp.zeros((8,), jnp.int32))
+    log(f"[probe] sampler: {rows} rows on {placement.mesh.size} devices (data {layout.data} x tensor "
+        f"{run.sampler_tensor}), weights {run.sampler_dtype} {placement.bytes_per_device(state) / GB:.2f} GB per device;"
+        f" prefill {prompt:,} tokens into {seq:,} slots; decode chunks of {run.sampler_chunk} steps")
+    prefill = functools.partial(jax_sampler._generate, graphdef=graphdef, max_new=1, max_len=seq,
+                                cache_dtype=cache_dtype, return_cache=True, layout=layout)
+    decode = functools.partial(continuous_batching._decode_chunk, graphdef=graphdef, chunk=run.sampler_chunk,
+                               layout=layout)
+    return {
+        "sampler_prefill": lambda: (jax.jit(prefill), (a_state, None, row(jnp.int32, prompt), row(jnp.int32, prompt),
+                                                        row(jnp.int32), row(jnp.uint32), *scalars)),
+        "sampler_decode": lambda: (jax.jit(decode), (a_state, a_cache, row(jnp.int32), row(jnp.bool_),
+                                                      row(jnp.int32), row(jnp.int32), row(jnp.uint32), *scalars)),
+    }
 
 
 def probe(config: Qwen3_5Config, run: RunShapes, devices, steps=STEPS, *, scale_seq: int | None = None,
@@ -224,15 +275,15 @@ def probe(config: Qwen3_5Config, run: RunShapes, devices, steps=STEPS, *, scale_
 
 
 def _sync_bucket(params, param_sh, mesh):
-    """The largest weight-sync bucket (<= 1 GB in bf16) as `vllm_engine.gather_bucket_fn` builds it."""
+    """The largest weight-sync bucket (<= 1 GB in bf16) as `weight_sync.gather_bucket_fn` builds it."""
     flat = [(".".join(map(str, k)), v, s) for (k, v), s in zip(
         [(tuple(getattr(p, "key", p) for p in path), leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)],
         jax.tree.leaves(param_sh))]
-    items = [(n, x, vllm_engine.sync_dtype(n, "bfloat16")) for n, x, _ in flat]
-    buckets = vllm_engine.plan_buckets(items)
-    size = lambda b: sum(int(np.prod(items[i][1].shape)) * vllm_engine._ITEMSIZE[items[i][2]] for i in b)  # noqa: E731
+    items = [(n, x, weight_sync.sync_dtype(n, "bfloat16")) for n, x, _ in flat]
+    buckets = weight_sync.plan_buckets(items)
+    size = lambda b: sum(int(np.prod(items[i][1].shape)) * weight_sync._ITEMSIZE[items[i][2]] for i in b)  # noqa: E731
     biggest = max(buckets, key=size)
-    fn = vllm_engine.gather_bucket_fn([items[i][2] for i in biggest], mesh)
+    fn = weight_sync.gather_bucket_fn([items[i][2] for i in biggest], mesh)
     args = [jax.ShapeDtypeStruct(flat[i][1].shape, flat[i][1].dtype, sharding=flat[i][2]) for i in biggest]
     return fn, args
 

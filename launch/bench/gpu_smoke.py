@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata as md
+import os
 import sys
 import tempfile
 import time
@@ -97,7 +98,7 @@ def stage_memory(args, device) -> None:
     sys.path.insert(0, str(REPO / "launch" / "bench"))
     import compile_probe as cp
 
-    from bat_jax.learn.mesh import MeshConfig
+    from bat_jax.models.mesh import MeshConfig
 
     t0 = time.perf_counter()
     run = cp.shapes_from_gin("bicurl_9b.gin")
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO))
     from bat_jax.learn import grpo, sft
     from bat_jax.learn.learner import Learner, MemoryConfig
-    from bat_jax.learn.mesh import MeshConfig
+    from bat_jax.models.mesh import MeshConfig
     from bat_jax.learn.optim import OptimizerConfig
     from bat_jax.models.configs import Qwen3_5Config
     from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
@@ -279,7 +280,7 @@ def stage_vllm(args, learner, ids, cfg) -> None:
                "gpu_memory_utilization": 0.3}
     if args.tiny:  # vLLM's CPU Gated DeltaNet kernel takes bf16 only
         options.update(dtype="bfloat16", kv_cache_memory_bytes=64 << 20, max_model_len=512)
-    plan = check_vllm_memory(learner.sync_model().config, options)
+    plan = check_vllm_memory(learner.sync_model().config, options)[0]
     print(f"[smoke] vllm memory: {plan.describe()}", flush=True)
     with tempfile.TemporaryDirectory() as d:
         engine = VLLMEngine.from_model(learner.sync_model(), d, **options)
@@ -292,6 +293,18 @@ def stage_vllm(args, learner, ids, cfg) -> None:
         completions = [c.token_ids for c in out]
         scored = engine.score(prompts, completions)
         engine.close()
+        # the same through a replica process (rollout/vllm_replicas.py): on a GPU the sync goes by CUDA IPC
+        from bat_jax.rollout.vllm_replicas import VLLMReplicaPool
+
+        pool = VLLMReplicaPool.from_model(learner.sync_model(), os.path.join(d, "pool"), 1, **options)
+        try:
+            t1 = time.perf_counter()
+            pool.update_weights(learner.sync_model())
+            pool_sync_s = time.perf_counter() - t1
+            pool_scored = pool.score(prompts, completions, replica=0)
+        finally:
+            pool.close()
+        pool_diff = max(float(np.abs(a - b).max()) for a, b in zip(scored, pool_scored))
     width = max(len(p) + len(c) for p, c in zip(prompts, completions))
     full = np.zeros((len(prompts), width), np.int32)
     mask = np.zeros_like(full)
@@ -302,7 +315,8 @@ def stage_vllm(args, learner, ids, cfg) -> None:
     diffs = [np.abs(mine[i, len(p): len(p) + len(c)] - s).max() for i, (p, c, s)
              in enumerate(zip(prompts, completions, scored))]
     _line("vllm", t0, weight_version=version, weight_sync_s=f"{sync_s:.2f}",
-          max_abs_logprob_diff_vs_learner=f"{max(diffs):.4f}")
+          max_abs_logprob_diff_vs_learner=f"{max(diffs):.4f}", replica_sync_s=f"{pool_sync_s:.2f}",
+          replica_vs_in_process_max_abs=f"{pool_diff:.4f}")
 
 
 if __name__ == "__main__":

@@ -353,6 +353,10 @@ def main_loops(args, build_models) -> int:
             print(f"ray 2 workers / 1 worker: {ray_rows[2][0] / ray_rows[1][0]:5.2f}x  ({ray_rows[1][0]:.1f} -> "
                   f"{ray_rows[2][0]:.1f} episodes/min; {os.cpu_count()} CPU cores shared by both workers' JAX "
                   f"samplers and the sandboxes)", flush=True)
+    if getattr(args, "replicas", False):
+        from replica_loops import main_replicas
+
+        main_replicas(args, model)
     print(f"load average {os.getloadavg()[0]:.1f} at end", flush=True)
     return 0
 
