@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer
-from bat_jax.models import mesh as mesh_lib, optim, train_state
+from bat_jax.learn import optim, train_state
+from bat_jax.models import mesh as mesh_lib
 from bat_jax.models.mesh import MeshConfig
 
 TX = optim.make_optimizer(optim.OptimizerConfig(schedule="constant", warmup_ratio=0.0), 10)

@@ -68,7 +68,7 @@ def test_bf16_engine_against_fp32_learner_mismatch_and_corrected_loss(tmp_path):
     from flax import nnx
 
     from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
-    from bat_jax.learn.mesh import MeshConfig
+    from bat_jax.models.mesh import MeshConfig
     from bat_jax.models.configs import Qwen3Config
     from bat_jax.models.qwen3 import Qwen3ForCausalLM
     from bat_jax.rollout.engine import SamplingParams

@@ -7,7 +7,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer
-from bat_jax.models import mesh as mesh_lib, optim, sft, train_state
+from bat_jax.learn import optim, sft, train_state
+from bat_jax.models import mesh as mesh_lib
 from bat_jax.models.mesh import MeshConfig
 
 EOT = 9

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 _LOG_RATIO_CLAMP = 20.0  # as the PPO ratio: exp stays finite
+METRICS = ("mismatch_mean_abs", "mismatch_max_abs", "tis_truncated_frac", "seq_masked")
+"""The per-round metrics a ledger records (:func:`merge_metrics` also returns the counts they rest on)."""
 
 
 def correct(learner_logprobs: Any, engine_logprobs: Any, loss_mask: Any, *, tis_cap: float | None,
