@@ -80,6 +80,11 @@ class RoundRecord:
       update_logp_shift_pos, update_logp_shift_neg, update_token_kl: how the round's GRPO update moved the first
         batch's own rollouts (`grpo.update_shift`: token-mean logprob change, nats, of rollouts with positive /
         negative advantage, and KL(old ‖ new) per token; None when not recorded).
+      groups_drawn, groups_dropped, groups_trained: GRPO groups rolled out, left out for lack of reward variance
+        (dynamic sampling; 0 without it) and trained, over the round.
+      rollout_mismatch: with rollout correction, the round's `learn.rollout_correction.METRICS` (mean / max
+        |log π_learner − log π_engine| on sampled tokens, nats; share of tokens truncated; rollouts masked), else
+        None.
     """
 
     round: int
@@ -107,6 +112,10 @@ class RoundRecord:
     update_logp_shift_pos: float | None = None
     update_logp_shift_neg: float | None = None
     update_token_kl: float | None = None
+    groups_drawn: int | None = None
+    groups_dropped: int | None = None
+    groups_trained: int | None = None
+    rollout_mismatch: Mapping[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -13,7 +13,7 @@ import os
 import pathlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from bat_jax.atomic_io import atomic_file, atomic_write
 from bat_jax.benchmark.scoring import Summary, display, half_width, paired_comparison
@@ -135,6 +135,23 @@ def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
         values = [r.target, num(r.reward_before), num(r.reward_after), num(change, "+"), groups,
                   num(r.logp_shift_pos, "+", 4), num(r.logp_shift_neg, "+", 4), num(r.token_kl, "", 5)]
         lines.append(f"{r.label:<12}" + "".join(f"{v:>{w}}" for v, (_, w) in zip(values, cols)))
+    return "\n".join(lines)
+
+
+def groups_table(records: Sequence[Any]) -> str:
+    """Per-round GRPO groups (drawn / dropped without reward variance / trained; dynamic sampling) and, with rollout
+    correction, the mismatch between the learner's and the engine's logprobs of the sampled tokens (mean and max
+    |Δ log π|, nats; tokens whose importance weight was truncated; rollouts masked). '—' = not recorded."""
+    lines = [f"{'Round':<12}{'drawn':>8}{'dropped':>9}{'trained':>9}{'mean |Δlogp|':>14}{'max |Δlogp|':>13}"
+             f"{'truncated':>11}{'masked':>8}"]
+    lines.append("-" * len(lines[0]))
+    for rec in records:
+        mm = rec.rollout_mismatch or {}
+        cell = lambda v, fmt: "—" if v is None else format(v, fmt)  # noqa: E731
+        lines.append(f"{f'round {rec.round}':<12}{cell(rec.groups_drawn, 'd'):>8}{cell(rec.groups_dropped, 'd'):>9}"
+                     f"{cell(rec.groups_trained, 'd'):>9}{cell(mm.get('mismatch_mean_abs'), '.4f'):>14}"
+                     f"{cell(mm.get('mismatch_max_abs'), '.4f'):>13}{cell(mm.get('tis_truncated_frac'), '.1%'):>11}"
+                     f"{cell(None if 'seq_masked' not in mm else int(mm['seq_masked']), 'd'):>8}")
     return "\n".join(lines)
 
 
@@ -285,6 +302,9 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
                   "(same rows, same seed), groups (K rollouts of one row) whose rewards vary, and how the update moved that "
                   "batch's own rollouts (an ascent step: Δlogp A>0 up, A<0 down):", "", "```",
                   signal_table(signal), "```"]
+        lines += ["", "GRPO groups per round (dynamic sampling drops groups without reward variance and replaces "
+                  "them from the same pool) and, with rollout correction, the learner / engine logprob mismatch on "
+                  "sampled tokens:", "", "```", groups_table(records), "```"]
         counts = [RoundCounts(f"round {rec.round}", rec.rollouts, rec.unscored_rollouts, rec.agent_failed_rollouts,
                               rec.eval_cells, rec.eval_unscored, rec.eval_agent_failed) for rec in records]
         lines += ["", "Rollouts and evaluation cells per round: agent-caused failures (scored) apart from "

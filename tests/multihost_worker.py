@@ -21,7 +21,8 @@ import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from bat_jax.learn import grpo  # noqa: E402
-from bat_jax.learn.learner import BATCH_FIELDS_GRPO, Learner  # noqa: E402
+from bat_jax.learn.grpo import BATCH_FIELDS  # noqa: E402
+from bat_jax.learn.learner import Learner  # noqa: E402
 from bat_jax.models.mesh import MeshConfig, batch_sharding  # noqa: E402
 from bat_jax.learn.optim import OptimizerConfig  # noqa: E402
 from bat_jax.models.configs import Qwen3Config  # noqa: E402
@@ -59,9 +60,9 @@ def run(out: str, mesh_name: str) -> None:
     batch = make_batch()
     mine = distributed.local_rows(batch, learner.mesh)  # this process's rows only
     rows = distributed.process_rows(batch_sharding(learner.mesh, 2), len(batch["input_ids"]))
-    gbatch = distributed.global_batch({k: mine[k] for k in BATCH_FIELDS_GRPO}, learner.mesh, len(batch["input_ids"]))
+    gbatch = distributed.global_batch({k: mine[k] for k in BATCH_FIELDS}, learner.mesh, len(batch["input_ids"]))
     state, _ = step(state, gbatch)  # step 1: each process feeds its own rows
-    state, metrics = step(state, {k: batch[k] for k in BATCH_FIELDS_GRPO})  # step 2: every process, the host batch
+    state, metrics = step(state, {k: batch[k] for k in BATCH_FIELDS})  # step 2: every process, the host batch
     params = distributed.host_gather(state.params)
     learner.adopt(state)
     logprobs = learner.logprobs(learner.params, batch, grpo.GRPOConfig(temperature=0.7))

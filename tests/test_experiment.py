@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bat_jax.bicurl import experiment as ex
+from bat_jax.bicurl import grpo_round as gr
 from bat_jax.bicurl.engines import EngineConfig
 from bat_jax.bicurl.evaluation import EvalConfig
 from bat_jax.ledger import Ledger
@@ -115,10 +116,10 @@ def test_rollout_counts_keep_agent_failures_apart_from_unscored():
                     _trajectory("c", agent_error="executor hung"), _trajectory("d", infra_error="engine down"),
                     _trajectory("e", agent_error="sandbox died after agent code")]
     # e: agent-failed but unscored for another reason (judge down) → counted as unscored only
-    assert ex.rollout_counts(trajectories, [0.5, 0.0, 0.25, None, None]) == (2, 2)
-    assert ex.rollout_counts([], []) == (0, 0)
+    assert gr.rollout_counts(trajectories, [0.5, 0.0, 0.25, None, None]) == (2, 2)
+    assert gr.rollout_counts([], []) == (0, 0)
     with pytest.raises(ValueError):
-        ex.rollout_counts(trajectories, [0.5])
+        gr.rollout_counts(trajectories, [0.5])
 
 
 class _Loop:
@@ -173,10 +174,10 @@ def test_group_variance_counts_groups_whose_scored_rewards_differ():
     rewards = [0.0, 0.0, 0.5, 0.0, None, 0.25, 1.0, None, None, 0.3]
     groups = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e"]
     # a: equal; b: varies; c and e: one scored reward each (no group); d: one scored
-    assert ex.group_variance(rewards, groups) == (1, 2)
-    assert ex.group_variance([], []) == (0, 0)
+    assert gr.group_variance(rewards, groups) == (1, 2)
+    assert gr.group_variance([], []) == (0, 0)
     with pytest.raises(ValueError):
-        ex.group_variance([0.1], ["a", "b"])
+        gr.group_variance([0.1], ["a", "b"])
 
 
 def test_sft_targets_must_be_row_or_trajectory():
@@ -247,15 +248,15 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
         def __exit__(self, *exc):
             pass
 
-    monkeypatch.setattr(ex, "rl_request", lambda row, start, state_id, style: state_id)
-    monkeypatch.setattr(ex, "RolloutScorer", Scorer)
+    monkeypatch.setattr(gr, "rl_request", lambda row, start, state_id, style: state_id)
+    monkeypatch.setattr(gr, "RolloutScorer", Scorer)
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
-    item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", row=types.SimpleNamespace(state=None))
-    view = types.SimpleNamespace(batches=[[item(0), item(1)], [item(2), item(3)]])
+    item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", pool="target", row=types.SimpleNamespace(state=None))
+    view = types.SimpleNamespace(batches=[[item(0), item(1)], [item(2), item(3)]], spares={})
     bank = types.SimpleNamespace(load_state=lambda state: None)
-    comps = ex.Components(grpo=grpo.GRPOConfig(epochs=3), grpo_micro_batches=1)
+    comps = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(epochs=3), micro_batches=1)
     learner, seen = FakeLearner(), []
-    metrics = ex._grpo_block(learner, loop, bank, view, comps, seed=7)
+    metrics = gr.grpo_block(learner, loop, bank, view, comps, seed=7)
 
     assert learner.total_steps == 6 and learner.params == 6  # 2 batches x 3 epochs, state threaded through
     assert [s for s, _ in seen] == [0, 1, 2, 3, 4, 5]
@@ -269,3 +270,96 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
     assert metrics["update_token_kl"] == pytest.approx((np.expm1(0.3) - 0.3) * 3 / 24)
     with pytest.raises(ValueError, match="epochs"):
         grpo.GRPOConfig(epochs=0)
+
+
+def test_grpo_block_with_dynamic_sampling_and_rollout_correction(monkeypatch):
+    """Dynamic sampling replaces batch 0's group without reward variance (s1, pool 'mix') by the mix pool's spare
+    (x1) and trains on groups with signal only; rollout correction gives the step the learner's behaviour
+    logprobs (the round-start reference pass for batch 0) and importance weights min(exp(learner - engine), C)."""
+    import types
+
+    import numpy as np
+
+    from bat_jax.learn import grpo
+    from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
+
+    class FakeLearner:
+        mesh = types.SimpleNamespace(devices=np.zeros((1,)))
+        params = 0
+        calls = []
+
+        def grpo_block(self, config, optimizer, total_steps, num_micro_batches):
+            return self.step, types.SimpleNamespace(params=0)
+
+        def step(self, state, host):
+            seen.append({k: np.asarray(v).copy() for k, v in host.items()})
+            return types.SimpleNamespace(params=state.params + 1), {}
+
+        def sync_model(self, params):
+            return params
+
+        def logprobs(self, params, host, config):  # the learner's numerics: sampled tokens at -0.5
+            self.calls.append(params)
+            out = np.zeros(host["input_ids"].shape, np.float32)
+            out[:, 2:5] = -0.5
+            return out
+
+        def adopt(self, state):
+            self.params = state.params
+
+    rewards = {"s0": [1.0, 0.0, 0.0, 0.0], "s1": [0.5] * 4, "x1": [0.0, 1.0, 1.0, 1.0],
+               "s2": [0.0, 1.0, 0.0, 1.0], "s3": [1.0, 0.0, 1.0, 1.0]}
+    order = []
+
+    def run(requests, seed, on_trajectory):
+        order.append(list(requests))
+        out = [types.SimpleNamespace(state_id=r, ids=np.arange(6, dtype=np.int32), agent_error=None,
+                                     loss_mask=np.array([0, 0, 1, 1, 1, 0], np.int32),
+                                     logprobs=np.array([0, 0, -0.2, -0.5, -2.0, 0], np.float32))  # the engine's
+               for r in requests for _ in range(4)]
+        for position, t in enumerate(out):
+            on_trajectory(position, t)
+        return out
+
+    class Scorer:
+        def __init__(self, rows, starts, judge, config, tasks):
+            self.rows = rows
+
+        def submit(self, position, trajectory):
+            pass
+
+        def results(self):
+            names = [row.name for row in self.rows]
+            return [types.SimpleNamespace(reward=rewards[n][i % 4], version="v") for i, n in enumerate(names)]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(gr, "rl_request", lambda row, start, state_id, style: state_id)
+    monkeypatch.setattr(gr, "RolloutScorer", Scorer)
+    loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
+    item = lambda name, pool: types.SimpleNamespace(round_state_id=name, pool=pool,  # noqa: E731
+                                                    row=types.SimpleNamespace(state=None, name=name))
+    view = types.SimpleNamespace(batches=[[item("s0", "target"), item("s1", "mix")],
+                                          [item("s2", "target"), item("s3", "mix")]],
+                                 spares={"mix": (item("x1", "mix"),), "target": ()})
+    comps = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(tis_cap=1.5, kl_coef=0.0), micro_batches=1,
+                               dynamic_sampling=DynamicSamplingConfig(enabled=True, max_extra_rows=2))
+    learner, seen = FakeLearner(), []
+    metrics = gr.grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, comps, seed=7)
+
+    assert order[:3] == [["s0", "s1"], ["x1"], ["s2", "s3"]]  # s1 (no variance) replaced by x1 from 'mix'
+    assert (metrics["groups_drawn"], metrics["groups_dropped"], metrics["groups_trained"]) == (5.0, 1.0, 4.0)
+    assert (metrics["groups_with_variance"], metrics["groups_scored"]) == (4.0, 4.0)  # every trained group varies
+    batch0 = seen[0]
+    np.testing.assert_allclose(batch0["advantages"][:8], [1.5, -0.5, -0.5, -0.5, -1.5, 0.5, 0.5, 0.5], atol=1e-5)
+    np.testing.assert_allclose(batch0["old_logprobs"][0, :6], [0, 0, -0.5, -0.5, -0.5, 0])  # the learner's
+    # weights: exp(-0.5 - -0.2) = 0.741, exp(0) = 1, exp(-0.5 + 2.0) = 4.48 -> C = 1.5
+    np.testing.assert_allclose(batch0["is_weights"][0, :6], [0, 0, np.exp(-0.3), 1.0, 1.5, 0], rtol=1e-6)
+    assert learner.calls[:2] == [0, 0]  # batch 0: the reference pass (round start) is the behaviour pass
+    assert metrics["rc_mismatch_mean_abs"] == pytest.approx((0.3 + 0.0 + 1.5) / 3)
+    assert metrics["rc_mismatch_max_abs"] == pytest.approx(1.5)
+    assert metrics["rc_tis_truncated_frac"] == pytest.approx(1 / 3) and metrics["rc_seq_masked"] == 0.0

@@ -1,5 +1,6 @@
 """S-target / S-mix / E2E pools and round views (paper Eq. 5, Appendix A.1 and A.4)."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -154,3 +155,22 @@ def test_refill_draws_further_passes_when_a_round_needs_more_rows_than_a_pool_ho
     fits = dict(round_index=1, n_batches=2)
     assert (build_round_view(small, "S3", config=PoolConfig(omit=("target", "mix"), seed=3, refill=True), **fits)
             .state_ids() == build_round_view(small, "S3", config=config, **fits).state_ids())
+
+
+def test_spares_follow_the_batches_and_leave_them_unchanged():
+    """Spare rows (dynamic sampling's replacements) are drawn after the batches: the batches are the same with and
+    without them; without refill they are the rest of the pool's pass, with refill further passes."""
+    bank = make_bank(per_focus=10)  # target S3: 10 rows; 2 batches of 8 take 8 of them
+    cfg = PoolConfig(batch_size=8, seed=3)
+    plain = build_round_view(bank, "S3", round_index=1, n_batches=2, config=cfg)
+    view = build_round_view(bank, "S3", round_index=1, n_batches=2, config=cfg, spares_per_pool=3)
+    assert view.batches == plain.batches and plain.spares == {}
+    used = {item.row.state_id for item in plain.items if item.pool == "target"}
+    assert len(view.spares["target"]) == 2 and not {i.row.state_id for i in view.spares["target"]} & used
+    assert len(view.spares["mix"]) == len(view.spares["e2e"]) == 3
+    ids = [i.round_state_id for i in plain.items] + [i.round_state_id for v in view.spares.values() for i in v]
+    assert len(set(ids)) == len(ids) and all(i.batch == -1 for v in view.spares.values() for i in v)
+    refill = build_round_view(bank, "S3", round_index=1, n_batches=2, config=dataclasses.replace(cfg, refill=True),
+                              spares_per_pool=3)
+    assert refill.batches == plain.batches and len(refill.spares["target"]) == 3
+    assert build_round_view(bank, "S3", round_index=1, n_batches=2, config=cfg, spares_per_pool=3).spares == view.spares

@@ -38,22 +38,24 @@ from bat_jax.benchmark.stages import STAGES
 from bat_jax.bicurl import evaluation as ev
 from bat_jax.bicurl.engines import EngineConfig, build_engine, jax_memory_fraction
 from bat_jax.bicurl.export import export_retained
+from bat_jax.bicurl.grpo_round import GRPOBlockConfig, grpo_block
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
-from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
+from bat_jax.bicurl.reward import RewardConfig
 from bat_jax.bicurl.run_loops import open_run_loops
-from bat_jax.bicurl.sft_data import render_sft_row, sft_batch, sft_bucket, trajectory_examples
+from bat_jax.bicurl.sft_data import render_sft_row, sft_batch, trajectory_examples
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer
 from bat_jax.curriculum import controller as ctl
 from bat_jax.curriculum import router
-from bat_jax.learn import grpo, kl, sft
-from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
-from bat_jax.models.mesh import MeshConfig
+from bat_jax.learn import grpo, kl, rollout_correction, sft
+from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
+from bat_jax.learn.learner import Learner, MemoryConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord
+from bat_jax.models.mesh import MeshConfig
 from bat_jax.models.episode import EpisodeBuilder
 from bat_jax.policy import Policy, PolicyConfig, build_policy
-from bat_jax.prompts import first_messages, rl_request
-from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
+from bat_jax.prompts import first_messages
+from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
@@ -120,6 +122,8 @@ class Components:
     `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy, JAX
     sampler and sandboxes (`bicurl/ray_workers.py`); unset = in this process. Evaluation stays in-process.
     `reward` bounds the threads scoring a GRPO batch and the rebuilt tasks a round keeps (`bicurl/reward.py`).
+    `dynamic_sampling` drops GRPO groups without reward variance and replaces them from the same pool
+    (`learn/dynamic_sampling.py`); rollout correction is `grpo.tis_cap` / `grpo.seq_ratio_range`.
 
     Raises:
       ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler).
@@ -143,6 +147,7 @@ class Components:
     judge: JudgeConfig | None = None
     ray: RayRolloutConfig | None = None
     reward: RewardConfig = RewardConfig()
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
 
     def __post_init__(self):
         if self.ray is not None and self.engine.kind != "jax":
@@ -253,16 +258,22 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
         learner.params = checkpoints.restore(abstract, step=_step(records[-1].retained_checkpoint)).state["params"]
     rounds = 0 if config.mode == "sft_only" else config.rounds
     kl_prompts = _kl_prompts(view.rl_rows, policy, c.policy_shift)
+    block = GRPOBlockConfig(grpo=c.grpo, optimizer=c.grpo_optimizer, micro_batches=c.grpo_micro_batches,
+                            episodes_per_state=c.agent.episodes_per_state, max_context_tokens=c.agent.max_context_tokens,
+                            prompt_style=c.policy.prompt_style, reward=c.reward, dynamic_sampling=c.dynamic_sampling)
+    spares = c.dynamic_sampling.max_extra_rows * config.grpo_steps_per_round if c.dynamic_sampling.enabled else 0
     for r in range(len(records) + 1, rounds + 1):
         t_round = time.perf_counter()
         held = bool(records) and records[-1].decision != "accept"
         decision = _route(stage_scores, round_index=r, held=held, config=c.router)
         rows, pool_cfg = mode_pools(view.rl_rows, config.mode, c.pools)
         round_view = pools.build_round_view(rows, decision.target, round_index=r,
-                                            n_batches=config.grpo_steps_per_round, config=pool_cfg)
-        preflight(manifest, rows=[item.row for item in round_view.items], load_state=bank.load_state,
+                                            n_batches=config.grpo_steps_per_round, config=pool_cfg,
+                                            spares_per_pool=spares)
+        spare_items = [item for items in round_view.spares.values() for item in items]
+        preflight(manifest, rows=[item.row for item in round_view.items + spare_items], load_state=bank.load_state,
                   source=f"round {r} view").raise_if_leaky()
-        metrics = _grpo_block(learner, loop, bank, round_view, c, seed=config.seed * 1000 + r, judge=judge)
+        metrics = grpo_block(learner, loop, bank, round_view, block, seed=config.seed * 1000 + r, judge=judge)
         summary = evaluate(learner.params, "controller")
         stage_scores = {k.value: v for k, v in summary.stages.items()}
         shift = kl.policy_shift_kl(learner.apply_fn, learner.params, learner.on_mesh(best_params), *kl_prompts,
@@ -298,7 +309,11 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
                              groups_scored=int(metrics["groups_scored"]),
                              update_logp_shift_pos=_finite(metrics["update_logp_shift_pos"]),
                              update_logp_shift_neg=_finite(metrics["update_logp_shift_neg"]),
-                             update_token_kl=_finite(metrics["update_token_kl"]))
+                             update_token_kl=_finite(metrics["update_token_kl"]),
+                             groups_drawn=int(metrics["groups_drawn"]), groups_dropped=int(metrics["groups_dropped"]),
+                             groups_trained=int(metrics["groups_trained"]),
+                             rollout_mismatch={k: metrics[f"rc_{k}"] for k in rollout_correction.METRICS
+                                               if f"rc_{k}" in metrics} or None)
         ledger.append(record)
         records.append(record)
         writer.summary("controller_eval", summary, r)
@@ -308,7 +323,8 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
         print(f"[bat_jax] round {r}: target {decision.target.value}, Overall {display(summary.overall)}, "
               f"KL {shift:.4f}, {decided} → {keep}; reward on its pool {metrics['pool_reward_before']:.3f} → "
               f"{metrics['pool_reward_after']:.3f}, groups with reward variance {record.groups_with_variance}/"
-              f"{record.groups_scored} ({time.perf_counter() - t_round:.0f} s)", flush=True)
+              f"{record.groups_scored}, trained {record.groups_trained} of {record.groups_drawn} drawn "
+              f"({time.perf_counter() - t_round:.0f} s)", flush=True)
 
     # ---- final evaluation on disjoint runs ------------------------------------------------------------
     t_final = time.perf_counter()
@@ -376,102 +392,6 @@ def _sft_cold_start(learner: Learner, policy: Policy, rows: Sequence[SFTRow], co
         if i % 10 == 9:
             bar.set_postfix(nll=f"{float(metrics['nll']):.3f}")  # token-mean NLL of this batch's target actions
     learner.adopt(state)
-
-
-def _grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, c: Components,
-                seed: int, judge: RubricJudge | None = None) -> dict:
-    """One round's GRPO block: per pool batch, K rollouts per row → rubric rewards (judged items by `judge`)
-    → `GRPOConfig.epochs` optimizer steps on it. Unscored rollouts (reward None) leave the loss; their count is
-    returned, and apart from it the count of scored rollouts the agent's own code failed (`rollout_counts`).
-
-    Signal diagnostics: `pool_reward_before` is the mean scored reward of the first batch's rollouts
-    (round-start policy), `pool_reward_after` that of the same rows rolled out again with the same seed after
-    the block's last step (NaN when none was scored); `groups_with_variance` / `groups_scored` count the
-    block's groups (K rollouts of one row) whose scored rewards differ / that have ≥ 2 scored rewards;
-    `update_logp_shift_pos` / `_neg` / `update_token_kl` say how the block moved the first batch's own rollouts
-    (`grpo.update_shift`: logprobs at the round start vs its end)."""
-    step_fn, state = learner.grpo_block(c.grpo, c.grpo_optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
-                                        num_micro_batches=c.grpo_micro_batches)
-    ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
-    tasks = TaskCache(c.reward.task_cache_size)  # the round's rebuilt tasks, shared by all its rollouts
-    rewards_seen, unscored, agent_failed, total, version, varied, grouped = [], 0, 0, 0, "", 0, 0
-    before, first = [], None
-    for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
-        learner.params = state.params
-        loop.engine.update_weights(learner.sync_model(state.params))
-        trajectories, scored = _rollouts(loop, bank, batch, c, seed * 100 + b, judge, tasks)
-        version = scored[0].version if scored else version
-        rewards = [s.reward for s in scored]
-        batch_unscored, batch_agent_failed = rollout_counts(trajectories, rewards)
-        unscored += batch_unscored
-        agent_failed += batch_agent_failed
-        total += len(rewards)
-        rewards_seen += [r for r in rewards if r is not None]
-        before = before if b else [r for r in rewards if r is not None]
-        k, n = group_variance(rewards, [t.state_id for t in trajectories])
-        varied, grouped = varied + k, grouped + n
-        rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
-                 "old_logprobs": t.logprobs} for t in trajectories]
-        longest = max(len(t.ids) for t in trajectories)  # padded to its length bucket, not the next power of two
-        host = pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.grpo_micro_batches,
-                         pad_to=sft_bucket(longest, max(longest, c.agent.max_context_tokens)))
-        host["ref_logprobs"] = learner.logprobs(ref_params, host, c.grpo)
-        groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rows))]
-        host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rows)), groups, c.grpo)
-        first = host if b == 0 else first
-        for _ in range(c.grpo.epochs):
-            state, _ = step_fn(state, host)
-    learner.adopt(state)
-    shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, c.grpo),
-                              first["loss_mask"], first["advantages"])  # round start → round end, batch 0
-    loop.engine.update_weights(learner.sync_model(learner.params))
-    _, probe = _rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge, tasks)  # same rows, same seed
-    after = [s.reward for s in probe if s.reward is not None]
-    mean = float(np.mean(rewards_seen)) if rewards_seen else float("nan")
-    judged = {f"judge_{k}": float(v) for k, v in judge.stats().items()} if judge is not None else {}
-    return {"reward_mean": mean, "unscored": float(unscored), "agent_failed": float(agent_failed),
-            "rollouts": float(total), "reward_version": version or "none",
-            "pool_reward_before": float(np.mean(before)) if before else float("nan"),
-            "pool_reward_after": float(np.mean(after)) if after else float("nan"),
-            "groups_with_variance": float(varied), "groups_scored": float(grouped),
-            **{f"update_{k}": v for k, v in shift.items()}, **judged}
-
-
-def _rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], c: Components, seed: int,
-              judge: RubricJudge | None, tasks: TaskCache):
-    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; each
-    scored as soon as its episode ends, concurrently with the others' generation (`c.reward` threads), tasks
-    rebuilt through `tasks`."""
-    starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
-    requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.policy.prompt_style)
-                for item in batch]
-    per_rollout = [item for item in batch for _ in range(c.agent.episodes_per_state)]  # the loop's order: K a row
-    with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
-                       judge, c.reward, tasks) as scorer:
-        trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)  # scored as they finish
-        return trajectories, scorer.results()
-
-
-def group_variance(rewards, groups) -> tuple[int, int]:
-    """(groups whose scored rewards are not all equal, groups with at least two scored rewards) of one batch;
-    `rewards[i]` (None = unscored) belongs to group `groups[i]`. Only the first kind gives GRPO a non-zero
-    advantage (a group of equal rewards normalises to zero)."""
-    by_group: dict = {}
-    for reward, group in zip(rewards, groups, strict=True):
-        if reward is not None:
-            by_group.setdefault(group, []).append(float(reward))
-    scored = [v for v in by_group.values() if len(v) >= 2]
-    return sum(max(v) - min(v) > 1e-12 for v in scored), len(scored)
-
-
-def rollout_counts(trajectories, rewards) -> tuple[int, int]:
-    """(unscored, agent_failed) of one batch: rollouts with reward None (infrastructure: unscored, out of the
-    loss), and scored rollouts whose sandbox the agent's own code killed or hung (`Trajectory.agent_error`). The
-    two never overlap: an agent-failed rollout that is unscored for another reason (e.g. the
-    judge down) counts as unscored only."""
-    unscored = sum(r is None for r in rewards)
-    agent_failed = sum(bool(t.agent_error) and r is not None for t, r in zip(trajectories, rewards, strict=True))
-    return unscored, agent_failed
 
 
 def _route(stage_scores: Mapping[str, float | None], *, round_index: int, held: bool,

@@ -18,6 +18,9 @@ per-token terms and aggregations live in :mod:`bat_jax.learn.objective`.
   round-start policy π_θ̄r (Eq. 19: "a KL penalty toward the current policy"); the learner computes it
   once per round block with :func:`token_logprobs` on the round-start parameters.
 * ``advantages`` ``[B] float32`` — from :func:`group_advantages` over ``state_id`` groups.
+* ``is_weights`` ``[B, T] float32`` — only with rollout correction (``GRPOConfig.tis_cap`` /
+  ``seq_ratio_range``): the truncated importance weight π_learner / π_engine of each sampled token
+  (:func:`bat_jax.learn.rollout_correction.correct`); ``old_logprobs`` are then the learner's own.
 
 **Shift convention.** ``logprobs[b, t] = log π(input_ids[b, t] | input_ids[b, :t])``, read from the logits
 at position ``t − 1``; ``logprobs[:, 0]`` is 0 and position 0 never carries loss (the first token has no
@@ -79,6 +82,12 @@ class GRPOConfig:
       epochs: optimizer steps taken on each rollout batch (verl's ``ppo_epochs``) [1]. Steps after the first
         are off-policy by the earlier ones; the clipped ratio (Eq. 18) against the batch's sampled logprobs
         bounds them.
+      tis_cap, seq_ratio_range: rollout correction (:mod:`bat_jax.learn.rollout_correction`; off in the paper
+        and the released run [None, None]). With either set, the ratio's behaviour logprobs are the learner's
+        own, recomputed on the batch, and the engine's logprobs give the importance weight
+        π_learner / π_engine per sampled token: truncated at ``tis_cap`` C and multiplied into the policy loss
+        (TIS; verl ``rollout_is_threshold``, slime ``--tis-clip``), and a rollout whose geometric-mean weight
+        leaves ``seq_ratio_range`` (lo, hi) is masked out (verl's geometric rejection sampling bounds).
     Raises:
       ValueError: an unknown estimator or aggregation, or a value out of range (the message names the field).
     """
@@ -102,6 +111,14 @@ class GRPOConfig:
     top_p: float = 1.0
     top_k: int = 0
     epochs: int = 1
+    tis_cap: float | None = None
+    seq_ratio_range: tuple[float, float] | None = None
+
+    @property
+    def rollout_correction(self) -> bool:
+        """Whether the batch carries ``is_weights`` and its ``old_logprobs`` are the learner's (``tis_cap`` or
+        ``seq_ratio_range`` set)."""
+        return self.tis_cap is not None or self.seq_ratio_range is not None
 
     @property
     def sampling(self) -> tuple[float, float, int]:
@@ -140,6 +157,23 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.log_ratio_clamp must be a positive number, got {self.log_ratio_clamp}")
         if not math.isfinite(self.entropy_coef):
             raise ValueError(f"GRPOConfig.entropy_coef must be finite, got {self.entropy_coef}")
+        if self.tis_cap is not None and not 0.0 < self.tis_cap < math.inf:
+            raise ValueError(f"GRPOConfig.tis_cap must be a positive number or None, got {self.tis_cap}")
+        if self.seq_ratio_range is not None:
+            lo, hi = self.seq_ratio_range
+            if not 0.0 < lo <= 1.0 <= hi < math.inf:
+                raise ValueError(f"GRPOConfig.seq_ratio_range must be (lo, hi) with 0 < lo <= 1 <= hi, got "
+                                 f"{self.seq_ratio_range}")
+            object.__setattr__(self, "seq_ratio_range", (float(lo), float(hi)))
+
+
+BATCH_FIELDS = ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "ref_logprobs", "advantages")
+
+
+def batch_fields(config: GRPOConfig) -> tuple[str, ...]:
+    """The batch record's fields the GRPO step reads: :data:`BATCH_FIELDS`, plus ``is_weights`` ``[B, T]
+    float32`` with rollout correction (``GRPOConfig.rollout_correction``)."""
+    return BATCH_FIELDS + (("is_weights",) if config.rollout_correction else ())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -358,6 +392,8 @@ def grpo_token_terms(logprobs: jax.Array, batch: Mapping[str, jax.Array], config
     pg, clipped = objective.clipped_policy_loss(
         logprobs, batch["old_logprobs"], batch["advantages"], eps_low=config.eps_low, eps_high=config.eps_high,
         dual_clip=config.dual_clip, log_ratio_clamp=config.log_ratio_clamp)
+    if config.rollout_correction:  # truncated importance weights π_learner / π_engine (data: no gradient)
+        pg = pg * batch["is_weights"].astype(jnp.float32)
     if config.kl_coef:
         kl = objective.kl_penalty(logprobs, batch["ref_logprobs"], config.kl_estimator, config.log_ratio_clamp,
                                   config.kl_value_clamp)

@@ -28,7 +28,6 @@ from bat_jax.learn.optim import OptimizerConfig, make_optimizer
 from bat_jax.models.causal_lm import REMAT_POLICIES, ForwardOptions
 
 BATCH_FIELDS_SFT = ("input_ids", "attention_mask", "loss_mask")
-BATCH_FIELDS_GRPO = ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "ref_logprobs", "advantages")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +154,7 @@ class Learner:
         """(jitted step, fresh TrainState) for one round's GRPO block; blocks with the same configs and sizes share
         one jitted step (a fresh optimizer state each)."""
         return self._step(("grpo", config), grpo.make_grpo_loss(self.apply_fn, config), grpo.grpo_normalizers,
-                          optimizer, total_steps, BATCH_FIELDS_GRPO, num_micro_batches)
+                          optimizer, total_steps, grpo.batch_fields(config), num_micro_batches)
 
     def adopt(self, state: ts.TrainState) -> None:
         """Takes a block's final parameters as the learner's parameters."""

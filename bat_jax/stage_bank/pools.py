@@ -183,12 +183,15 @@ class RoundView:
       target: selected stage s*.
       batches: `n_batches` tuples of `batch_size` RoundItems (pool order target, mix, e2e inside a batch).
       pool_sizes: rows available per included pool before drawing.
+      spares: per included pool, rows drawn after the batches' own (batch index -1) to replace groups without
+        reward variance (`learn/dynamic_sampling.py`); empty unless asked for.
     """
 
     round_index: int
     target: Stage
     batches: tuple[tuple[RoundItem, ...], ...]
     pool_sizes: Mapping[str, int]
+    spares: Mapping[str, tuple[RoundItem, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def items(self) -> list[RoundItem]:
@@ -213,6 +216,7 @@ def build_round_view(
     round_index: int,
     n_batches: int,
     config: PoolConfig = PoolConfig(),
+    spares_per_pool: int = 0,
 ) -> RoundView:
     """Draws one round's batches from the pools (see module docstring).
 
@@ -221,6 +225,8 @@ def build_round_view(
       target: selected stage s* (Stage, 'S3' or 'Validate').
       round_index: r (≥ 0); seeds the round's generator together with `config.seed`.
       n_batches: batches in the round (≥ 1).
+      spares_per_pool: up to this many more rows per pool, drawn after the batches' (so the batches are the same
+        for any value): the rest of the pool's pass, and further passes with `config.refill`.
 
     Raises:
       ValueError: a round needing more rows from a pool than it holds (names the pool, rows needed and
@@ -257,4 +263,17 @@ def build_round_view(
                                        round_state_id(row, round_index=round_index, pool=k, view_index=view_index)))
                 view_index += 1
         batches.append(tuple(batch))
-    return RoundView(round_index, s_star, tuple(batches), {k: len(v) for k, v in pools.items()})
+    spares: dict[str, tuple[RoundItem, ...]] = {}
+    for k in POOLS:
+        if k not in pools or spares_per_pool < 1:
+            continue
+        while config.refill and len(orders[k]) - cursor[k] < spares_per_pool:
+            orders[k] = orders[k] + _stratified_order(pools[k], rng)
+        picked = []
+        for i in orders[k][cursor[k]:cursor[k] + spares_per_pool]:
+            row = pools[k][i]
+            picked.append(RoundItem(row, k, -1, view_index,
+                                    round_state_id(row, round_index=round_index, pool=k, view_index=view_index)))
+            view_index += 1
+        spares[k] = tuple(picked)
+    return RoundView(round_index, s_star, tuple(batches), {k: len(v) for k, v in pools.items()}, spares)

@@ -168,7 +168,7 @@ def step_builders(config: Qwen3_5Config, run: RunShapes, devices, *, scale_seq: 
     def batch(fields, rows, seq):
         shs = learner_lib.batch_shardings(mesh, fields)
         return {k: jax.ShapeDtypeStruct((rows,) if k == "advantages" else (rows, seq),
-                                        jnp.float32 if k.endswith(("logprobs", "advantages")) else jnp.int32,
+                                        jnp.float32 if k.endswith(("logprobs", "advantages", "weights")) else jnp.int32,
                                         sharding=shs[k]) for k in fields}
 
     def train(loss_fn, norm_fn, optimizer, fields, micro, rows, seq):
@@ -197,7 +197,7 @@ def step_builders(config: Qwen3_5Config, run: RunShapes, devices, *, scale_seq: 
         "grpo_step": lambda: train(grpo.make_grpo_loss(apply_fn, run.grpo), grpo.grpo_normalizers,
                                    learner_lib.OptimizerConfig(learning_rate=1e-6, schedule="constant",
                                                                warmup_ratio=0.0),
-                                   learner_lib.BATCH_FIELDS_GRPO, run.grpo_micro_batches, rows_grpo, seq_grpo),
+                                   grpo.batch_fields(run.grpo), run.grpo_micro_batches, rows_grpo, seq_grpo),
         "policy_shift_kl": lambda: (kl.make_kl_sum_fn(apply_fn), (a_params, a_params, ids(rows_kl, seq_kl),
                                                                   ids(rows_kl, seq_kl))),
         "weight_sync_bucket": lambda: _sync_bucket(params, param_sh, mesh),

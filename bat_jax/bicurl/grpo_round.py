@@ -1,0 +1,194 @@
+"""One round's GRPO block (paper Section 2.2, Eq. 16–19): rollouts of the round view's batches, rubric rewards,
+optional dynamic sampling and rollout correction, `GRPOConfig.epochs` optimizer steps per batch.
+
+Per pool batch: the learner's weights go to the rollout engine → K rollouts per row in sandboxes, each scored as
+its episode ends (`bicurl/reward.py`) → with `DynamicSamplingConfig.enabled`, groups without reward variance are
+replaced from the same pool's spare rows (`learn/dynamic_sampling.py`) → group-normalised advantages → with
+rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) the learner's behaviour logprobs and truncated
+importance weights (`learn/rollout_correction.py`) → optimizer steps. After the block: the same first batch
+rolled out again with the same seed (the pool reward after) and how the block moved its logprobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
+from bat_jax.bicurl.sft_data import sft_bucket
+from bat_jax.learn import grpo, rollout_correction
+from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch
+from bat_jax.learn.learner import Learner, pad_batch
+from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
+from bat_jax.prompts import rl_request
+from bat_jax.rollout.agent_loop import AgentLoop
+from bat_jax.stage_bank import pools
+from bat_jax.stage_bank.bank import StageBank
+from bat_jax.verify.judge import RubricJudge
+
+SHIFT_KEYS = ("logp_shift_pos", "logp_shift_neg", "token_kl")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOBlockConfig:
+    """What one GRPO block reads (the experiment builds it from its `Components`).
+
+    Attributes:
+      grpo: the objective (`learn/grpo.GRPOConfig`; rollout correction through its `tis_cap` / `seq_ratio_range`).
+      optimizer: the GRPO optimizer, fresh each block.
+      micro_batches: gradient accumulation inside one step (the batch is padded to devices × micro_batches rows).
+      episodes_per_state: K, rollouts per row (`AgentLoopConfig.episodes_per_state`).
+      max_context_tokens: longest rollout (tokens); batches are padded to their length bucket below it.
+      prompt_style: `PolicyConfig.prompt_style` of the rollout requests.
+      reward: scoring threads and the round's task cache (`bicurl/reward.RewardConfig`).
+      dynamic_sampling: groups without reward variance dropped and replaced (`learn/dynamic_sampling.py`).
+    """
+
+    grpo: grpo.GRPOConfig = grpo.GRPOConfig(temperature=0.7)
+    optimizer: OptimizerConfig = GRPO_OPTIMIZER
+    micro_batches: int = 4
+    episodes_per_state: int = 4
+    max_context_tokens: int = 12288
+    prompt_style: str = "full"
+    reward: RewardConfig = RewardConfig()
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+
+
+def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, c: GRPOBlockConfig,
+               seed: int, judge: RubricJudge | None = None) -> dict:
+    """Runs one round's GRPO block on `learner` (its params become the block's last state) and returns its metrics.
+
+    Unscored rollouts (reward None) leave the loss; their count is returned, and apart from it the count of scored
+    rollouts the agent's own code failed (`rollout_counts`). Signal diagnostics: `pool_reward_before` is the mean
+    scored reward of the first batch's rows at their first roll-out (round-start policy; groups dynamic sampling
+    dropped included), `pool_reward_after` that of the same rows rolled out again with the same seed after the
+    block's last step (NaN when none was scored); `groups_with_variance` / `groups_scored` count the trained groups
+    (K rollouts of one row) whose scored rewards differ / that have ≥ 2 scored rewards; `groups_drawn` /
+    `groups_dropped` / `groups_trained` count the groups rolled out, dropped by dynamic sampling and trained on;
+    `update_logp_shift_pos` / `_neg` / `update_token_kl` say how the block moved the first batch's own rollouts
+    (`grpo.update_shift`: logprobs at the round start vs its end; NaN when no batch was trained). With rollout
+    correction the step's behaviour logprobs are the learner's (the round-start reference pass for the first batch,
+    one more pass after) and `rc_*` are the round's mismatch metrics (`rollout_correction.METRICS`).
+    """
+    step_fn, state = learner.grpo_block(c.grpo, c.optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
+                                        num_micro_batches=c.micro_batches)
+    ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
+    tasks = TaskCache(c.reward.task_cache_size)  # the round's rebuilt tasks, shared by all its rollouts
+    rewards_seen, unscored, agent_failed, total, version, varied, grouped = [], 0, 0, 0, "", 0, 0
+    before, first, mismatch = [], None, []
+    spares = SpareRows(round_view.spares)
+    drawn = dropped = trained = 0
+    k_rollouts = c.episodes_per_state
+    for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
+        learner.params = state.params
+        loop.engine.update_weights(learner.sync_model(state.params))
+        waves = iter(range(1_000_000))
+
+        def roll(items, b=b, waves=waves):  # K rollouts per item, scored: one wave of the batch, its own seed
+            wave = next(waves)
+            trajs, scored = rollouts(loop, bank, items, c, seed * 100 + b + 100_000 * wave, judge, tasks)
+            if b == 0 and wave == 0:  # the pool reward before: the first batch's own rows, dropped ones too
+                before.extend(s.reward for s in scored if s.reward is not None)
+            return [(trajs[i * k_rollouts:(i + 1) * k_rollouts], scored[i * k_rollouts:(i + 1) * k_rollouts])
+                    for i in range(len(items))]
+
+        filled = fill_batch(list(batch), roll, lambda result: [s.reward for s in result[1]], spares,
+                            c.dynamic_sampling)
+        drawn, dropped, trained = drawn + filled.drawn, dropped + filled.dropped, trained + len(filled.groups)
+        trajectories = [t for _, (trajs, _) in filled.groups for t in trajs]
+        scored = [s for _, (_, group) in filled.groups for s in group]
+        version = scored[0].version if scored else version
+        rewards = [s.reward for s in scored]
+        batch_unscored, batch_agent_failed = rollout_counts(trajectories, rewards)
+        unscored += batch_unscored
+        agent_failed += batch_agent_failed
+        total += len(rewards)
+        rewards_seen += [r for r in rewards if r is not None]
+        k, n = group_variance(rewards, [t.state_id for t in trajectories])
+        varied, grouped = varied + k, grouped + n
+        if not trajectories:  # every group dropped and none replaced: nothing to train on
+            continue
+        host = _batch(learner, trajectories, c)
+        host["ref_logprobs"] = learner.logprobs(ref_params, host, c.grpo)
+        groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
+        host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rewards)), groups, c.grpo)
+        if c.grpo.rollout_correction:  # behaviour logprobs in the learner's numerics; the engine's weigh tokens
+            behaviour = host["ref_logprobs"] if b == 0 else learner.logprobs(state.params, host, c.grpo)
+            weights, keep, batch_mismatch = rollout_correction.correct(
+                behaviour, host["old_logprobs"], host["loss_mask"], tis_cap=c.grpo.tis_cap,
+                seq_ratio_range=c.grpo.seq_ratio_range)
+            host.update(old_logprobs=behaviour, is_weights=weights,
+                        loss_mask=host["loss_mask"] * keep[:, None].astype(host["loss_mask"].dtype))
+            mismatch.append(batch_mismatch)
+        first = host if first is None else first
+        for _ in range(c.grpo.epochs):
+            state, _ = step_fn(state, host)
+    learner.adopt(state)
+    if first is not None:  # round start → round end, on the first trained batch's own rollouts
+        shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, c.grpo),
+                                  first["loss_mask"], first["advantages"])
+    else:
+        shift = dict.fromkeys(SHIFT_KEYS, float("nan"))
+    loop.engine.update_weights(learner.sync_model(learner.params))
+    _, probe = rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge, tasks)  # same rows, same seed
+    after = [s.reward for s in probe if s.reward is not None]
+    mean = float(np.mean(rewards_seen)) if rewards_seen else float("nan")
+    judged = {f"judge_{k}": float(v) for k, v in judge.stats().items()} if judge is not None else {}
+    return {"reward_mean": mean, "unscored": float(unscored), "agent_failed": float(agent_failed),
+            "rollouts": float(total), "reward_version": version or "none",
+            "pool_reward_before": float(np.mean(before)) if before else float("nan"),
+            "pool_reward_after": float(np.mean(after)) if after else float("nan"),
+            "groups_with_variance": float(varied), "groups_scored": float(grouped),
+            "groups_drawn": float(drawn), "groups_dropped": float(dropped), "groups_trained": float(trained),
+            **{f"rc_{k}": v for k, v in rollout_correction.merge_metrics(mismatch).items()},
+            **{f"update_{k}": v for k, v in shift.items()}, **judged}
+
+
+def _batch(learner: Learner, trajectories: Sequence, c: GRPOBlockConfig) -> dict[str, np.ndarray]:
+    """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded to
+    devices × micro-batches rows, T to the longest rollout's length bucket (not the next power of two)."""
+    rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
+             "old_logprobs": t.logprobs} for t in trajectories]
+    longest = max(len(t.ids) for t in trajectories)
+    return pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.micro_batches,
+                     pad_to=sft_bucket(longest, max(longest, c.max_context_tokens)))
+
+
+def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], c: GRPOBlockConfig, seed: int,
+             judge: RubricJudge | None, tasks: TaskCache):
+    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; each
+    scored as soon as its episode ends, concurrently with the others' generation (`c.reward` threads), tasks
+    rebuilt through `tasks`. Both lists hold K consecutive entries per item, in the batch's order."""
+    starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
+    requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.prompt_style)
+                for item in batch]
+    per_rollout = [item for item in batch for _ in range(c.episodes_per_state)]  # the loop's order: K a row
+    with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
+                       judge, c.reward, tasks) as scorer:
+        trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)  # scored as they finish
+        return trajectories, scorer.results()
+
+
+def group_variance(rewards, groups) -> tuple[int, int]:
+    """(groups whose scored rewards are not all equal, groups with at least two scored rewards) of one batch;
+    `rewards[i]` (None = unscored) belongs to group `groups[i]`. Only the first kind gives GRPO a non-zero
+    advantage (a group of equal rewards normalises to zero)."""
+    by_group: dict = {}
+    for reward, group in zip(rewards, groups, strict=True):
+        if reward is not None:
+            by_group.setdefault(group, []).append(float(reward))
+    scored = [v for v in by_group.values() if len(v) >= 2]
+    return sum(max(v) - min(v) > 1e-12 for v in scored), len(scored)
+
+
+def rollout_counts(trajectories, rewards) -> tuple[int, int]:
+    """(unscored, agent_failed) of one batch: rollouts with reward None (infrastructure: unscored, out of the
+    loss), and scored rollouts whose sandbox the agent's own code killed or hung (`Trajectory.agent_error`). The
+    two never overlap: an agent-failed rollout that is unscored for another reason (e.g. the
+    judge down) counts as unscored only."""
+    unscored = sum(r is None for r in rewards)
+    agent_failed = sum(bool(t.agent_error) and r is not None for t, r in zip(trajectories, rewards, strict=True))
+    return unscored, agent_failed

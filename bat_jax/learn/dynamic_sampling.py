@@ -1,0 +1,117 @@
+"""Dynamic sampling (DAPO; verl ``filter_groups``, slime, SkyRL, OpenRLHF): train only on groups with signal.
+
+A GRPO group (the K rollouts of one state) whose scored rewards are all equal — or with fewer than two scored —
+has zero advantage everywhere: it adds nothing to the gradient and only dilutes the step. With dynamic sampling
+such a group is dropped and replaced by a fresh state's group **from the same pool** (so the pool mix ½ / ¼ / ¼ is
+kept over the groups actually trained), rolled out in waves, until the batch holds its size in groups with signal
+or a cap on extra generation is spent. Replacement states come from the round view's spare rows
+(`stage_bank.pools.build_round_view(spares_per_pool=...)`), drawn after the batches' own rows.
+
+:func:`fill_batch` is the loop; the caller gives it a function that rolls out and scores a list of rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+SIGNAL_TOL = 1e-12  # rewards closer than this are equal (float round-off is not signal)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicSamplingConfig:
+    """Attributes:
+      enabled: drop groups without reward variance and replace them (off: every drawn group is trained, as the
+        paper and the released run do).
+      max_extra_rows: per batch, at most this many replacement rows (each K more rollouts) — the cap of extra
+        generation (verl ``max_num_gen_batches`` counts whole batches; here rows, so the cost is bounded per
+        batch). 0 drops groups without replacing them.
+    Raises: ValueError for a negative cap.
+    """
+
+    enabled: bool = False
+    max_extra_rows: int = 8
+
+    def __post_init__(self):
+        if self.max_extra_rows < 0:
+            raise ValueError(f"DynamicSamplingConfig.max_extra_rows must be >= 0, got {self.max_extra_rows}")
+
+
+def has_signal(rewards: Sequence[float | None]) -> bool:
+    """Whether a group's rewards give GRPO a non-zero advantage: at least two scored (not None), not all equal."""
+    scored = [float(r) for r in rewards if r is not None]
+    return len(scored) >= 2 and max(scored) - min(scored) > SIGNAL_TOL
+
+
+class SpareRows:
+    """Replacement rows per pool, handed out in draw order (each at most once per round)."""
+
+    def __init__(self, spares: Mapping[str, Sequence[Any]]):
+        self._left = {pool: list(items) for pool, items in spares.items()}
+
+    def take(self, pool: str) -> Any | None:
+        """The next spare row of `pool`, or None when the pool has none left."""
+        left = self._left.get(pool)
+        return left.pop(0) if left else None
+
+    def remaining(self) -> dict[str, int]:
+        return {pool: len(items) for pool, items in self._left.items()}
+
+
+@dataclasses.dataclass
+class Filled:
+    """One batch after dynamic sampling.
+
+    Attributes:
+      groups: (row, result) of every group that goes into the step, in roll-out order; `result` is whatever the
+        roll-out function returned for the row.
+      drawn: groups rolled out (the batch's own rows and the replacements).
+      dropped: groups rolled out and left out for lack of signal.
+      extra_rows: replacement rows rolled out (≤ `max_extra_rows`).
+      pools: pool → groups trained.
+    """
+
+    groups: list[tuple[Any, Any]]
+    drawn: int
+    dropped: int
+    extra_rows: int
+    pools: dict[str, int]
+
+
+def fill_batch(rows: Sequence[Any], roll: Callable[[list[Any]], list[Any]], rewards_of: Callable[[Any], Sequence],
+               spares: SpareRows, config: DynamicSamplingConfig) -> Filled:
+    """Rolls out a batch's rows and, with dynamic sampling, replaces groups without signal until the batch holds
+    ``len(rows)`` groups with signal, the cap is spent or the pools have no spare rows.
+
+    Args:
+      rows: the batch's rows, each with a ``pool`` attribute (`stage_bank.pools.RoundItem`).
+      roll: rolls out and scores a list of rows; returns one result per row, in order (one call per wave).
+      rewards_of: a result's K rewards (None = unscored).
+      spares: replacement rows per pool, shared by the round's batches.
+      config: `DynamicSamplingConfig`; disabled, the batch is rolled out once and every group kept.
+    Returns: `Filled`.
+    """
+    wave, kept, drawn, dropped, extra = list(rows), [], 0, 0, 0
+    while wave:
+        results = roll(wave)
+        drawn += len(wave)
+        lost = []
+        for row, result in zip(wave, results, strict=True):
+            if not config.enabled or has_signal(rewards_of(result)):
+                kept.append((row, result))
+            else:
+                lost.append(row)
+        dropped += len(lost)
+        wave = []
+        for row in lost:
+            if len(kept) + len(wave) >= len(rows) or extra + len(wave) >= config.max_extra_rows:
+                break
+            spare = spares.take(row.pool)
+            if spare is not None:
+                wave.append(spare)
+        extra += len(wave)
+    pools: dict[str, int] = {}
+    for row, _ in kept:
+        pools[row.pool] = pools.get(row.pool, 0) + 1
+    return Filled(groups=kept, drawn=drawn, dropped=dropped, extra_rows=extra, pools=pools)
