@@ -82,6 +82,8 @@ class RoundRecord:
         negative advantage, and KL(old ‖ new) per token; None when not recorded).
       groups_drawn, groups_dropped, groups_trained: GRPO groups rolled out, left out for lack of reward variance
         (dynamic sampling; 0 without it) and trained, over the round.
+      trained_pool_counts: trained groups per pool ('target', 'mix', 'e2e'); with dynamic sampling they include the
+        spare rows that replaced dropped groups (`pool_counts` / `state_ids` are the round view's drawn batches).
       rollout_mismatch: with rollout correction, the round's `learn.rollout_correction.METRICS` (mean / max
         |log π_learner − log π_engine| on sampled tokens, nats; share of tokens truncated; rollouts masked), else
         None.
@@ -116,6 +118,7 @@ class RoundRecord:
     groups_dropped: int | None = None
     groups_trained: int | None = None
     rollout_mismatch: Mapping[str, float] | None = None
+    trained_pool_counts: Mapping[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

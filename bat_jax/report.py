@@ -141,9 +141,10 @@ def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
 def groups_table(records: Sequence[Any]) -> str:
     """Per-round GRPO groups (drawn / dropped without reward variance / trained; dynamic sampling) and, with rollout
     correction, the mismatch between the learner's and the engine's logprobs of the sampled tokens (mean and max
-    |Δ log π|, nats; tokens whose importance weight was truncated; rollouts masked). '—' = not recorded."""
+    |Δ log π|, nats; tokens whose importance weight was truncated; rollouts masked) and the trained groups per
+    pool. '—' = not recorded."""
     lines = [f"{'Round':<12}{'drawn':>8}{'dropped':>9}{'trained':>9}{'mean |Δlogp|':>14}{'max |Δlogp|':>13}"
-             f"{'truncated':>11}{'masked':>8}"]
+             f"{'truncated':>11}{'masked':>8}  trained per pool"]
     lines.append("-" * len(lines[0]))
     for rec in records:
         mm = rec.rollout_mismatch or {}
@@ -151,7 +152,8 @@ def groups_table(records: Sequence[Any]) -> str:
         lines.append(f"{f'round {rec.round}':<12}{cell(rec.groups_drawn, 'd'):>8}{cell(rec.groups_dropped, 'd'):>9}"
                      f"{cell(rec.groups_trained, 'd'):>9}{cell(mm.get('mismatch_mean_abs'), '.4f'):>14}"
                      f"{cell(mm.get('mismatch_max_abs'), '.4f'):>13}{cell(mm.get('tis_truncated_frac'), '.1%'):>11}"
-                     f"{cell(None if 'seq_masked' not in mm else int(mm['seq_masked']), 'd'):>8}")
+                     f"{cell(None if 'seq_masked' not in mm else int(mm['seq_masked']), 'd'):>8}"
+                     f"  {' · '.join(f'{k} {v}' for k, v in (rec.trained_pool_counts or {}).items()) or '—'}")
     return "\n".join(lines)
 
 

@@ -19,6 +19,24 @@ def test_signal_needs_two_scored_rewards_that_differ():
     assert not has_signal([0.3, None, None, None])  # one scored reward: nothing to compare
     assert not has_signal([0.15000000000000002, 0.15, 0.15, 0.15])  # round-off is not signal
     assert not has_signal([None] * 4)
+    with pytest.raises(ValueError, match="non-finite"):
+        has_signal([float("nan"), 0.1])
+
+
+def test_a_capped_budget_keeps_the_pool_mix_over_the_trained_groups():
+    """A 4 / 2 / 2 batch without any signal and 4 replacement rows: 2 / 1 / 1 trained, not 4 target rows."""
+    batch = [Row(f"{p}{i}", pool) for p, pool, n in (("t", "target", 4), ("m", "mix", 2), ("e", "e2e", 2))
+             for i in range(n)]
+    spares = SpareRows({pool: [Row(f"x{p}{i}", pool) for i in range(4)] for p, pool in (("t", "target"), ("m", "mix"),
+                                                                                       ("e", "e2e"))})
+
+    def roll(rows):
+        return [[0, 1, 0, 0] if r.name.startswith("x") else [0] * 4 for r in rows]
+
+    filled = fill_batch(batch, roll, lambda r: r, spares, DynamicSamplingConfig(enabled=True, max_extra_rows=4))
+    assert [r.name for r, _ in filled.groups] == ["xt0", "xm0", "xe0", "xt1"]
+    assert filled.pools == {"target": 2, "mix": 1, "e2e": 1}
+    assert (filled.drawn, filled.dropped, filled.extra_rows) == (12, 8, 4)
 
 
 def test_groups_without_signal_are_replaced_from_their_own_pool_until_the_batch_is_full():
@@ -36,9 +54,11 @@ def test_groups_without_signal_are_replaced_from_their_own_pool_until_the_batch_
         return [rewards[r.name] for r in rows]
 
     filled = fill_batch(batch, roll, lambda r: r, spares, DynamicSamplingConfig(enabled=True, max_extra_rows=8))
-    # wave 1 drops t2, t3, m1, e1; wave 2 replaces each from its pool: t5 (no signal), t6, m3, e3; wave 3: t7
-    assert waves == [["t1", "t2", "t3", "t4", "m1", "m2", "e1", "e2"], ["t5", "t6", "m3", "e3"], ["t7"]]
-    assert [r.name for r, _ in filled.groups] == ["t1", "t4", "m2", "e2", "t6", "m3", "e3", "t7"]
+    # wave 1 drops t2, t3, m1, e1; wave 2 replaces each from its pool, the pool missing the largest share first
+    # (target 2/4, mix 1/2, e2e 1/2 missing: target by order, then mix, e2e, target): t5 (no signal), m3, e3, t6;
+    # wave 3: t7
+    assert waves == [["t1", "t2", "t3", "t4", "m1", "m2", "e1", "e2"], ["t5", "m3", "e3", "t6"], ["t7"]]
+    assert [r.name for r, _ in filled.groups] == ["t1", "t4", "m2", "e2", "m3", "e3", "t6", "t7"]
     assert all(has_signal(result) for _, result in filled.groups)
     assert (filled.drawn, filled.dropped, filled.extra_rows) == (13, 5, 5)
     assert filled.pools == {"target": 4, "mix": 2, "e2e": 2}  # the 4 / 2 / 2 mix kept

@@ -22,6 +22,11 @@ def test_config_errors_name_the_field():
         ex.BiCuRLConfig(grpo_steps_per_round=0)
     with pytest.raises(ValueError, match="kind must be one of"):
         ex.Components(engine=EngineConfig(kind="sglang"))
+    from bat_jax.learn.grpo import GRPOConfig
+    from bat_jax.rollout.agent_loop import AgentLoopConfig
+
+    with pytest.raises(ValueError, match=r"group_size \(8\) must equal agent.episodes_per_state \(4\)"):
+        ex.Components(grpo=GRPOConfig(group_size=8), agent=AgentLoopConfig(episodes_per_state=4))
 
 
 @pytest.mark.slow
@@ -309,10 +314,11 @@ def test_grpo_block_with_dynamic_sampling_and_rollout_correction(monkeypatch):
 
     rewards = {"s0": [1.0, 0.0, 0.0, 0.0], "s1": [0.5] * 4, "x1": [0.0, 1.0, 1.0, 1.0],
                "s2": [0.0, 1.0, 0.0, 1.0], "s3": [1.0, 0.0, 1.0, 1.0]}
-    order = []
+    order, seeds = [], []
 
     def run(requests, seed, on_trajectory):
         order.append(list(requests))
+        seeds.append(seed)
         out = [types.SimpleNamespace(state_id=r, ids=np.arange(6, dtype=np.int32), agent_error=None,
                                      loss_mask=np.array([0, 0, 1, 1, 1, 0], np.int32),
                                      logprobs=np.array([0, 0, -0.2, -0.5, -2.0, 0], np.float32))  # the engine's
@@ -353,6 +359,12 @@ def test_grpo_block_with_dynamic_sampling_and_rollout_correction(monkeypatch):
 
     assert order[:3] == [["s0", "s1"], ["x1"], ["s2", "s3"]]  # s1 (no variance) replaced by x1 from 'mix'
     assert (metrics["groups_drawn"], metrics["groups_dropped"], metrics["groups_trained"]) == (5.0, 1.0, 4.0)
+    assert metrics["trained_pools"] == {"target": 2, "mix": 2}
+    assert metrics["rollouts"] == 20.0  # every drawn group's rollouts, the dropped s1 included
+    assert metrics["reward_mean"] == pytest.approx(np.mean(sum(rewards.values(), [])))
+    # batch seeds as without dynamic sampling; the replacement wave's seed is no other batch's or run's
+    assert seeds[0] == 700 and seeds[2] == 701 and seeds[1] == gr.wave_seed(7, 0, 1)
+    assert gr.wave_seed(7, 0, 1) not in {gr.wave_seed(s, b, 0) for s in range(10_000) for b in range(100)}
     assert (metrics["groups_with_variance"], metrics["groups_scored"]) == (4.0, 4.0)  # every trained group varies
     batch0 = seen[0]
     np.testing.assert_allclose(batch0["advantages"][:8], [1.5, -0.5, -0.5, -0.5, -1.5, 0.5, 0.5, 0.5], atol=1e-5)

@@ -172,9 +172,17 @@ def test_released_preset_over_the_tiny_default_binds_the_released_objective():
     assert (ctl.policy, ctl.kl_threshold, ctl.margins) == (POLICY_GATE, None, NonInferiorityMargins())
     assert RouterConfig(**gin.get_bindings("router.RouterConfig")).corrective is True
     assert gin.query_parameter("launch.run.run_name") == "bicurl_tiny"  # the run file still names the job
+    assert gin.query_parameter("dynamic_sampling.DynamicSamplingConfig.enabled") is False  # on in the tiny default
     launch.parse_gin(["bicurl_9b.gin", "presets/released_bat.gin"], [])  # paper scale, as the released run
     assert gin.get_bindings("grpo.GRPOConfig")["dual_clip"] == 3.0
     assert gin.query_parameter("grpo/optim.OptimizerConfig.learning_rate") == 2.5e-7
+    # dynamic sampling: off at paper scale, one binding turns it on (the base file binds the component)
+    launch.parse_gin(["bicurl_9b.gin"], ["dynamic_sampling.DynamicSamplingConfig.enabled = True"])
+    from bat_jax.bicurl.experiment import Components
+
+    assert gin.get_configurable(Components)().dynamic_sampling.enabled is True
+    launch.parse_gin(["bicurl_9b.gin"], [])
+    assert gin.get_configurable(Components)().dynamic_sampling.enabled is False
     # the run file alone keeps the paper's objective
     launch.parse_gin(["bicurl_tiny.gin"], [])
     assert gin.get_bindings("grpo.GRPOConfig")["kl_coef"] == 1e-3

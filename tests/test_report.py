@@ -115,6 +115,16 @@ def test_run_report_has_both_paired_differences_and_the_signal_table(tmp_path):
     assert "3/8 (38%)" in text and "+0.100" in text
     assert (tmp_path / "staircase.png").stat().st_size > 1000
     assert out["final"]["SFT"]["tracks"]["t0"]["overall"] == pytest.approx(0.1)
+    import dataclasses
+
+    ds = dataclasses.replace(rec, groups_drawn=34, groups_dropped=13, groups_trained=21,
+                             trained_pool_counts={"target": 11, "mix": 5, "e2e": 5},
+                             rollout_mismatch={"mismatch_mean_abs": 0.0089, "mismatch_max_abs": 0.024,
+                                               "tis_truncated_frac": 0.021, "seq_masked": 0.0})
+    row = report.groups_table([ds]).splitlines()[2].split()
+    assert row == ["round", "1", "34", "13", "21", "0.0089", "0.0240", "2.1%", "0", "target", "11", "·", "mix", "5",
+                   "·", "e2e", "5"]
+    assert report.groups_table([rec]).splitlines()[2].split()[2:] == ["—"] * 8  # a record from before the fields
 
 
 def test_sweep_report_puts_every_run_in_one_table_and_pools_the_paired_difference():

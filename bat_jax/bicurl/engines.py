@@ -2,11 +2,12 @@
 
 `build_engine` gives the JAX sampler (continuously batched with `EngineConfig.slots` > 0, reusing stored decode
 states with `prefix_cache_rows` > 0; `rollout/continuous_batching.jax_engine`) or vLLM (`rollout/vllm_engine.py`,
-weights pushed from the learner at every sync). JAX and vLLM share the accelerator in one process:
-`jax_memory_fraction` is what JAX may take beside vLLM, and `check_vllm_memory` refuses a vLLM share that holds
-no full-length rollout before vLLM starts (`rollout/vllm_memory.py`). With more than one device, vLLM runs one
-replica process per GPU (`rollout/vllm_replicas.py`) and the JAX sampler on the devices' mesh
-(`rollout/mesh_sampler.py`); each prints its per-device memory plan before the first rollout.
+weights pushed from the learner at every sync). JAX and vLLM share each accelerator: `jax_memory_fraction` is what
+JAX may take beside vLLM, and `check_vllm_memory` refuses a vLLM share that holds no full-length rollout before
+vLLM starts (`rollout/vllm_memory.py`). vLLM runs one engine in the run's process on one GPU and one replica process
+per GPU on more (`EngineConfig.vllm_replicas`, `rollout/vllm_replicas.py`), and prints each replica's memory
+plan; the JAX sampler runs on one device, or on the devices' mesh with `EngineConfig.sampler_mesh`
+(`rollout/mesh_sampler.py`), which prints its per-device plan.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class EngineConfig:
 def build_engine(policy: Policy, config: EngineConfig, max_context: int, run_dir: pathlib.Path | None = None,
                  batch_episodes: int = 1) -> RolloutEngine:
     """The rollout engine of `policy` for contexts of `max_context` tokens (`AgentLoopConfig.max_context_tokens`);
-    `batch_episodes` (rows × K of one GRPO batch) sizes the printed memory plans.
+    `batch_episodes` (rows × K of one GRPO batch) sizes the printed vLLM plans, and the mesh sampler's plan when
+    `slots` is 0 (with slots, the plan holds `slots` rows).
     vLLM starts on the policy model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`) — also for a
     Hugging Face checkpoint policy, whose published files carry tensors the learner does not train (Qwen3.5's
     vision tower and MTP head, `model.language_model.*` names), so that every sync names exactly the
@@ -115,14 +117,28 @@ def check_vllm_memory(model_config: Any, options: dict[str, Any],
 
     Raises: ValueError naming the replica, both fractions and the numbers when one cannot hold a rollout or start.
     """
-    from bat_jax.rollout.vllm_engine import VLLMEngineConfig, kv_cache_bytes
+    from bat_jax.rollout.vllm_engine import kv_cache_bytes
 
-    config = VLLMEngineConfig(model_dir="", **options)
+    config = vllm_config(options)
     return vllm_memory.check_replicas(
         vllm_memory.rollout_cache(model_config, config.dtype), num_replicas=replicas,
         max_model_len=config.max_model_len, devices=[vllm_memory.device_memory(i) for i in range(replicas)],
         jax_fraction=float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")),
         vllm_fraction=config.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes(config))
+
+
+def vllm_config(options: Mapping[str, Any]) -> Any:
+    """The `VLLMEngineConfig` of `options` (no model directory yet).
+
+    Raises: ValueError naming the keys `VLLMEngineConfig` does not have (``model_dir`` is the run's to set)."""
+    from bat_jax.rollout.vllm_engine import VLLMEngineConfig
+
+    known = {f.name for f in dataclasses.fields(VLLMEngineConfig)} - {"model_dir"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"EngineConfig.vllm_options: unknown VLLMEngineConfig field(s) {unknown}; known: "
+                         f"{sorted(known)}")
+    return VLLMEngineConfig(model_dir="", **options)
 
 
 def jax_memory_fraction(vllm_share: float) -> float:

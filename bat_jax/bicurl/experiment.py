@@ -48,7 +48,7 @@ from bat_jax.curriculum import controller as ctl
 from bat_jax.curriculum import router
 from bat_jax.learn import grpo, kl, rollout_correction, sft
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
-from bat_jax.learn.learner import Learner, MemoryConfig
+from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.models.mesh import MeshConfig
@@ -126,7 +126,8 @@ class Components:
     (`learn/dynamic_sampling.py`); rollout correction is `grpo.tis_cap` / `grpo.seq_ratio_range`.
 
     Raises:
-      ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler).
+      ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler); `grpo.group_size` other than
+        `agent.episodes_per_state` (both K).
     """
 
     policy: PolicyConfig = PolicyConfig()
@@ -150,6 +151,9 @@ class Components:
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
 
     def __post_init__(self):
+        if self.grpo.group_size != self.agent.episodes_per_state:  # K: the loop rolls it, GRPO groups by it
+            raise ValueError(f"Components: grpo.group_size ({self.grpo.group_size}) must equal "
+                             f"agent.episodes_per_state ({self.agent.episodes_per_state}), the K rollouts per state")
         if self.ray is not None and self.engine.kind != "jax":
             raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine kind 'jax'")
 
@@ -312,6 +316,7 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
                              update_token_kl=_finite(metrics["update_token_kl"]),
                              groups_drawn=int(metrics["groups_drawn"]), groups_dropped=int(metrics["groups_dropped"]),
                              groups_trained=int(metrics["groups_trained"]),
+                             trained_pool_counts=dict(metrics["trained_pools"]),
                              rollout_mismatch={k: metrics[f"rc_{k}"] for k in rollout_correction.METRICS
                                                if f"rc_{k}" in metrics} or None)
         ledger.append(record)

@@ -61,26 +61,28 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
                seed: int, judge: RubricJudge | None = None) -> dict:
     """Runs one round's GRPO block on `learner` (its params become the block's last state) and returns its metrics.
 
-    Unscored rollouts (reward None) leave the loss; their count is returned, and apart from it the count of scored
-    rollouts the agent's own code failed (`rollout_counts`). Signal diagnostics: `pool_reward_before` is the mean
-    scored reward of the first batch's rows at their first roll-out (round-start policy; groups dynamic sampling
-    dropped included), `pool_reward_after` that of the same rows rolled out again with the same seed after the
-    block's last step (NaN when none was scored); `groups_with_variance` / `groups_scored` count the trained groups
-    (K rollouts of one row) whose scored rewards differ / that have ≥ 2 scored rewards; `groups_drawn` /
-    `groups_dropped` / `groups_trained` count the groups rolled out, dropped by dynamic sampling and trained on;
-    `update_logp_shift_pos` / `_neg` / `update_token_kl` say how the block moved the first batch's own rollouts
-    (`grpo.update_shift`: logprobs at the round start vs its end; NaN when no batch was trained). With rollout
-    correction the step's behaviour logprobs are the learner's (the round-start reference pass for the first batch,
-    one more pass after) and `rc_*` are the round's mismatch metrics (`rollout_correction.METRICS`).
+    Unscored rollouts (reward None) leave the loss. `rollouts`, `unscored`, `agent_failed` (scored rollouts the
+    agent's own code failed, `rollout_counts`), `reward_mean` and `reward_version` count every rollout drawn,
+    groups dynamic sampling dropped included. Signal diagnostics: `pool_reward_before` is the mean scored reward of
+    the first batch's rows at their first roll-out (round-start policy; dropped groups included),
+    `pool_reward_after` that of the same rows rolled out again with the same seed after the block's last step (NaN
+    when none was scored); `groups_with_variance` / `groups_scored` count the trained groups (K rollouts of one
+    row) whose scored rewards differ / that have ≥ 2 scored rewards; `groups_drawn` / `groups_dropped` /
+    `groups_trained` count the groups rolled out, dropped by dynamic sampling and trained on, `trained_pools` the
+    trained groups per pool; `update_logp_shift_pos` / `_neg` / `update_token_kl` say how the block moved the
+    rollouts of the first batch it trained on (its groups after dynamic sampling; `grpo.update_shift`: logprobs at
+    the round start vs its end; NaN when no batch was trained). With rollout correction the step's behaviour
+    logprobs are the learner's (the round-start reference pass for the first batch, one more pass after) and `rc_*`
+    are the round's mismatch metrics (`rollout_correction.METRICS`).
     """
     step_fn, state = learner.grpo_block(c.grpo, c.optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
                                         num_micro_batches=c.micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
     tasks = TaskCache(c.reward.task_cache_size)  # the round's rebuilt tasks, shared by all its rollouts
-    rewards_seen, unscored, agent_failed, total, version, varied, grouped = [], 0, 0, 0, "", 0, 0
-    before, first, mismatch = [], None, []
+    seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": ""}  # every drawn rollout
+    varied = grouped = drawn = dropped = trained = 0
+    before, first, mismatch, trained_pools = [], None, [], {}
     spares = SpareRows(round_view.spares)
-    drawn = dropped = trained = 0
     k_rollouts = c.episodes_per_state
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
@@ -89,24 +91,26 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
 
         def roll(items, b=b, waves=waves):  # K rollouts per item, scored: one wave of the batch, its own seed
             wave = next(waves)
-            trajs, scored = rollouts(loop, bank, items, c, seed * 100 + b + 100_000 * wave, judge, tasks)
+            trajs, scored = rollouts(loop, bank, items, c, wave_seed(seed, b, wave), judge, tasks)
+            rewards = [s.reward for s in scored]
+            n_unscored, n_agent_failed = rollout_counts(trajs, rewards)
+            seen["unscored"] += n_unscored
+            seen["agent_failed"] += n_agent_failed
+            seen["rollouts"] += len(rewards)
+            seen["rewards"] += [r for r in rewards if r is not None]
+            seen["version"] = scored[0].version if scored else seen["version"]
             if b == 0 and wave == 0:  # the pool reward before: the first batch's own rows, dropped ones too
-                before.extend(s.reward for s in scored if s.reward is not None)
+                before.extend(r for r in rewards if r is not None)
             return [(trajs[i * k_rollouts:(i + 1) * k_rollouts], scored[i * k_rollouts:(i + 1) * k_rollouts])
                     for i in range(len(items))]
 
         filled = fill_batch(list(batch), roll, lambda result: [s.reward for s in result[1]], spares,
                             c.dynamic_sampling)
         drawn, dropped, trained = drawn + filled.drawn, dropped + filled.dropped, trained + len(filled.groups)
+        for pool, n in filled.pools.items():
+            trained_pools[pool] = trained_pools.get(pool, 0) + n
         trajectories = [t for _, (trajs, _) in filled.groups for t in trajs]
-        scored = [s for _, (_, group) in filled.groups for s in group]
-        version = scored[0].version if scored else version
-        rewards = [s.reward for s in scored]
-        batch_unscored, batch_agent_failed = rollout_counts(trajectories, rewards)
-        unscored += batch_unscored
-        agent_failed += batch_agent_failed
-        total += len(rewards)
-        rewards_seen += [r for r in rewards if r is not None]
+        rewards = [s.reward for _, (_, group) in filled.groups for s in group]
         k, n = group_variance(rewards, [t.state_id for t in trajectories])
         varied, grouped = varied + k, grouped + n
         if not trajectories:  # every group dropped and none replaced: nothing to train on
@@ -135,21 +139,32 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     loop.engine.update_weights(learner.sync_model(learner.params))
     _, probe = rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge, tasks)  # same rows, same seed
     after = [s.reward for s in probe if s.reward is not None]
-    mean = float(np.mean(rewards_seen)) if rewards_seen else float("nan")
+    mean = float(np.mean(seen["rewards"])) if seen["rewards"] else float("nan")
     judged = {f"judge_{k}": float(v) for k, v in judge.stats().items()} if judge is not None else {}
-    return {"reward_mean": mean, "unscored": float(unscored), "agent_failed": float(agent_failed),
-            "rollouts": float(total), "reward_version": version or "none",
+    return {"reward_mean": mean, "unscored": float(seen["unscored"]), "agent_failed": float(seen["agent_failed"]),
+            "rollouts": float(seen["rollouts"]), "reward_version": seen["version"] or "none",
             "pool_reward_before": float(np.mean(before)) if before else float("nan"),
             "pool_reward_after": float(np.mean(after)) if after else float("nan"),
             "groups_with_variance": float(varied), "groups_scored": float(grouped),
             "groups_drawn": float(drawn), "groups_dropped": float(dropped), "groups_trained": float(trained),
+            "trained_pools": trained_pools,
             **{f"rc_{k}": v for k, v in rollout_correction.merge_metrics(mismatch).items()},
             **{f"update_{k}": v for k, v in shift.items()}, **judged}
 
 
+def wave_seed(seed: int, batch: int, wave: int) -> int:
+    """Sampling seed of one wave of rollouts: wave 0 of batch `batch` is ``seed * 100 + batch`` (the batch seed of a
+    run without dynamic sampling); replacement waves take a seed derived from (seed, batch, wave) by NumPy's
+    `SeedSequence`, so no wave repeats another batch's, round's or run seed's draws. Returns an int in [0, 2**31)."""
+    if wave == 0:
+        return seed * 100 + batch
+    return int(np.random.SeedSequence([seed, batch, wave]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
 def _batch(learner: Learner, trajectories: Sequence, c: GRPOBlockConfig) -> dict[str, np.ndarray]:
-    """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded to
-    devices × micro-batches rows, T to the longest rollout's length bucket (not the next power of two)."""
+    """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded up
+    to a multiple of devices × micro-batches rows, T to the longest rollout's length bucket (not the next power of
+    two). With dynamic sampling B varies between batches, so the step may compile once per padded size."""
     rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
              "old_logprobs": t.logprobs} for t in trajectories]
     longest = max(len(t.ids) for t in trajectories)

@@ -2,9 +2,10 @@
 
 A GRPO group (the K rollouts of one state) whose scored rewards are all equal — or with fewer than two scored —
 has zero advantage everywhere: it adds nothing to the gradient and only dilutes the step. With dynamic sampling
-such a group is dropped and replaced by a fresh state's group **from the same pool** (so the pool mix ½ / ¼ / ¼ is
-kept over the groups actually trained), rolled out in waves, until the batch holds its size in groups with signal
-or a cap on extra generation is spent. Replacement states come from the round view's spare rows
+such a group is dropped and replaced by a fresh state's group **from the same pool**, rolled out in waves, until the
+batch holds its size in groups with signal or a cap on extra generation is spent. When the cap cannot replace
+every dropped group, the replacements go to the pools furthest below their share of the batch, so the pool mix
+½ / ¼ / ¼ is kept over the trained groups as far as the pools' signal allows. Replacement states come from the round view's spare rows
 (`stage_bank.pools.build_round_view(spares_per_pool=...)`), drawn after the batches' own rows.
 
 :func:`fill_batch` is the loop; the caller gives it a function that rolls out and scores a list of rows.
@@ -12,7 +13,10 @@ or a cap on extra generation is spent. Replacement states come from the round vi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import fractions
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,8 +43,12 @@ class DynamicSamplingConfig:
 
 
 def has_signal(rewards: Sequence[float | None]) -> bool:
-    """Whether a group's rewards give GRPO a non-zero advantage: at least two scored (not None), not all equal."""
+    """Whether a group's rewards give GRPO a non-zero advantage: at least two scored (not None), not all equal.
+
+    Raises: ValueError on a NaN or infinite reward (a scorer defect, not a group without signal)."""
     scored = [float(r) for r in rewards if r is not None]
+    if not all(math.isfinite(r) for r in scored):
+        raise ValueError(f"has_signal: non-finite reward in {list(rewards)}")
     return len(scored) >= 2 and max(scored) - min(scored) > SIGNAL_TOL
 
 
@@ -54,6 +62,10 @@ class SpareRows:
         """The next spare row of `pool`, or None when the pool has none left."""
         left = self._left.get(pool)
         return left.pop(0) if left else None
+
+    def available(self, pool: str) -> int:
+        """Spare rows of `pool` not yet handed out."""
+        return len(self._left.get(pool, ()))
 
     def remaining(self) -> dict[str, int]:
         return {pool: len(items) for pool, items in self._left.items()}
@@ -103,15 +115,30 @@ def fill_batch(rows: Sequence[Any], roll: Callable[[list[Any]], list[Any]], rewa
             else:
                 lost.append(row)
         dropped += len(lost)
-        wave = []
-        for row in lost:
-            if len(kept) + len(wave) >= len(rows) or extra + len(wave) >= config.max_extra_rows:
-                break
-            spare = spares.take(row.pool)
-            if spare is not None:
-                wave.append(spare)
+        wave = _replacements(rows, kept, lost, spares, min(len(rows) - len(kept), config.max_extra_rows - extra))
         extra += len(wave)
     pools: dict[str, int] = {}
     for row, _ in kept:
         pools[row.pool] = pools.get(row.pool, 0) + 1
     return Filled(groups=kept, drawn=drawn, dropped=dropped, extra_rows=extra, pools=pools)
+
+
+def _replacements(rows: Sequence[Any], kept: Sequence[tuple[Any, Any]], lost: Sequence[Any], spares: SpareRows,
+                  budget: int) -> list[Any]:
+    """Spare rows for the next wave: at most one per lost row of the same pool and `budget` in all, handed one at a
+    time to the pool missing the largest share of its count in `rows` (counting kept groups and the wave so far;
+    ties to the pool that comes first in `rows`): a 4 / 2 / 2 batch without signal and a budget of 4 trains 2 / 1 / 1."""
+    quota = collections.Counter(row.pool for row in rows)
+    order = list(dict.fromkeys(row.pool for row in rows))
+    have = collections.Counter(row.pool for row, _ in kept)
+    slots = collections.Counter(row.pool for row in lost)
+    wave: list[Any] = []
+    while len(wave) < budget:
+        open_pools = [p for p in order if slots[p] > 0 and spares.available(p) > 0]
+        if not open_pools:
+            break
+        pool = max(open_pools, key=lambda p: (fractions.Fraction(quota[p] - have[p], quota[p]), -order.index(p)))
+        wave.append(spares.take(pool))
+        slots[pool] -= 1
+        have[pool] += 1
+    return wave

@@ -43,7 +43,7 @@ def correct(learner_logprobs: Any, engine_logprobs: Any, loss_mask: Any, *, tis_
     Returns:
       ``(is_weights [B, T] float32, keep [B] bool, metrics)``; weights are 0 off the loss mask. Metrics (floats):
       ``mismatch_mean_abs`` / ``mismatch_max_abs`` — mean / max of |log π_learner − log π_engine| over sampled
-      tokens (nats); ``tis_truncated_frac`` — share of sampled tokens whose weight was cut to C;
+      tokens (nats; each difference clamped to ±20 first, as the ratio's log is); ``tis_truncated_frac`` — share of sampled tokens whose weight was cut to C;
       ``seq_masked`` — rollouts masked by the geometric-mean bounds; ``rollouts`` — rows with sampled tokens;
       ``tokens`` — sampled tokens.
     Raises:

@@ -38,7 +38,8 @@ class Trajectory:
     """One episode of one RL row.
 
     Attributes:
-      state_id: the Stage Bank row's state_id (GRPO groups by it).
+      state_id: the request's state id (GRPO groups by it): for GRPO rollouts the round-scoped id of the row's
+        draw (`pools.RoundItem.round_state_id`), so a row drawn twice makes two groups; the held-out id in evaluation.
       episode: index k of the rollout within its group, 0..K-1.
       stage: the row's stage name ('S1'..'S5' or 'E2E'), '' if unknown.
       ids: `[T] int32` token ids.
