@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from jinja2 import TemplateError
 
 from bat_jax.models.chat import (IM_END, IM_START, ChatTemplate, Control, Rendered, get_family, split_controls,
                                  tool_response_text)
@@ -339,6 +338,8 @@ class EpisodeBuilder:
         rendered = self.codec.render_chat(self._messages, self._tools, add_generation_prompt=add_prompt)
         decoded = self.tokenizer.decode(episode.ids.tolist())
         if decoded != rendered:
+            from jinja2 import TemplateError  # here only: rendering a template needs jinja2, importing this does not
+
             try:  # a tag the model spelled with text tokens: the template reads the plain text alike
                 messages, tools = inline_tools(self.messages(), self._tools, self.family)
                 if decoded == self.tokenizer.apply_chat_template(
