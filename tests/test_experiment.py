@@ -191,6 +191,33 @@ def test_sft_targets_must_be_row_or_trajectory():
         ex.BiCuRLConfig(sft_targets="all")
 
 
+def _patch_rollout_scoring(monkeypatch, rewards_of_rows):
+    """Stand-ins for the GRPO block's request builder and `RolloutScorer`: every position must be handed over; the
+    rewards are `rewards_of_rows(rows)`, one per rollout in position order."""
+    import types
+
+    class Scorer:
+        def __init__(self, rows, starts, judge, config, tasks):
+            assert len(rows) == len(starts)
+            self.rows, self.got = rows, {}
+
+        def submit(self, position, trajectory):
+            self.got[position] = trajectory
+
+        def results(self):
+            assert sorted(self.got) == list(range(len(self.rows)))
+            return [types.SimpleNamespace(reward=r, version="v") for r in rewards_of_rows(self.rows)]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(gr, "rl_request", lambda row, start, state_id, style: state_id)
+    monkeypatch.setattr(gr, "RolloutScorer", Scorer)
+
+
 def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_signal(monkeypatch):
     """`GRPOConfig.epochs` optimizer steps per pool batch, each on the same host batch (same advantages);
     the signal diagnostics come from the first batch before and the re-rollout after."""
@@ -235,26 +262,7 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
             on_trajectory(position, out[position])
         return out
 
-    class Scorer:  # RolloutScorer stand-in: the next rewards, in position order
-        def __init__(self, rows, starts, judge, config, tasks):
-            assert len(rows) == len(starts)
-            self.n, self.got = len(rows), {}
-
-        def submit(self, position, trajectory):
-            self.got[position] = trajectory
-
-        def results(self):
-            assert sorted(self.got) == list(range(self.n))
-            return [types.SimpleNamespace(reward=next(rewards), version="v") for _ in range(self.n)]
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-    monkeypatch.setattr(gr, "rl_request", lambda row, start, state_id, style: state_id)
-    monkeypatch.setattr(gr, "RolloutScorer", Scorer)
+    _patch_rollout_scoring(monkeypatch, lambda rows: [next(rewards) for _ in rows])
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
     item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", pool="target", row=types.SimpleNamespace(state=None))
     view = types.SimpleNamespace(batches=[[item(0), item(1)], [item(2), item(3)]], spares={})
@@ -327,25 +335,7 @@ def test_grpo_block_with_dynamic_sampling_and_rollout_correction(monkeypatch):
             on_trajectory(position, t)
         return out
 
-    class Scorer:
-        def __init__(self, rows, starts, judge, config, tasks):
-            self.rows = rows
-
-        def submit(self, position, trajectory):
-            pass
-
-        def results(self):
-            names = [row.name for row in self.rows]
-            return [types.SimpleNamespace(reward=rewards[n][i % 4], version="v") for i, n in enumerate(names)]
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-    monkeypatch.setattr(gr, "rl_request", lambda row, start, state_id, style: state_id)
-    monkeypatch.setattr(gr, "RolloutScorer", Scorer)
+    _patch_rollout_scoring(monkeypatch, lambda rows: [rewards[row.name][i % 4] for i, row in enumerate(rows)])
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
     item = lambda name, pool: types.SimpleNamespace(round_state_id=name, pool=pool,  # noqa: E731
                                                     row=types.SimpleNamespace(state=None, name=name))
