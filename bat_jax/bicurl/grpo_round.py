@@ -11,7 +11,9 @@ rolled out again with the same seed (the pool reward after) and how the block mo
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,7 +22,7 @@ from tqdm.auto import tqdm
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
 from bat_jax.bicurl.sft_data import sft_bucket
 from bat_jax.learn import grpo, rollout_correction
-from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch
+from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch, has_signal
 from bat_jax.learn.learner import Learner, pad_batch
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.prompts import rl_request
@@ -81,13 +83,13 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     tasks = TaskCache(c.reward.task_cache_size)  # the round's rebuilt tasks, shared by all its rollouts
     seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": ""}  # every drawn rollout
     varied = grouped = drawn = dropped = trained = 0
-    before, first, mismatch, trained_pools = [], None, [], {}
+    before, first, mismatch, trained_pools = [], None, [], collections.Counter()
     spares = SpareRows(round_view.spares)
     k_rollouts = c.episodes_per_state
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
-        waves = iter(range(1_000_000))
+        waves = itertools.count()
 
         def roll(items, b=b, waves=waves):  # K rollouts per item, scored: one wave of the batch, its own seed
             wave = next(waves)
@@ -107,8 +109,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
         filled = fill_batch(list(batch), roll, lambda result: [s.reward for s in result[1]], spares,
                             c.dynamic_sampling)
         drawn, dropped, trained = drawn + filled.drawn, dropped + filled.dropped, trained + len(filled.groups)
-        for pool, n in filled.pools.items():
-            trained_pools[pool] = trained_pools.get(pool, 0) + n
+        trained_pools.update(filled.pools)
         trajectories = [t for _, (trajs, _) in filled.groups for t in trajs]
         rewards = [s.reward for _, (_, group) in filled.groups for s in group]
         k, n = group_variance(rewards, [t.state_id for t in trajectories])
@@ -147,7 +148,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
             "pool_reward_after": float(np.mean(after)) if after else float("nan"),
             "groups_with_variance": float(varied), "groups_scored": float(grouped),
             "groups_drawn": float(drawn), "groups_dropped": float(dropped), "groups_trained": float(trained),
-            "trained_pools": trained_pools,
+            "trained_pools": dict(trained_pools),
             **{f"rc_{k}": v for k, v in rollout_correction.merge_metrics(mismatch).items()},
             **{f"update_{k}": v for k, v in shift.items()}, **judged}
 
@@ -190,13 +191,12 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
 def group_variance(rewards, groups) -> tuple[int, int]:
     """(groups whose scored rewards are not all equal, groups with at least two scored rewards) of one batch;
     `rewards[i]` (None = unscored) belongs to group `groups[i]`. Only the first kind gives GRPO a non-zero
-    advantage (a group of equal rewards normalises to zero)."""
+    advantage (a group of equal rewards normalises to zero; `dynamic_sampling.has_signal`)."""
     by_group: dict = {}
     for reward, group in zip(rewards, groups, strict=True):
-        if reward is not None:
-            by_group.setdefault(group, []).append(float(reward))
-    scored = [v for v in by_group.values() if len(v) >= 2]
-    return sum(max(v) - min(v) > 1e-12 for v in scored), len(scored)
+        by_group.setdefault(group, []).append(reward)
+    scored = [v for v in by_group.values() if sum(r is not None for r in v) >= 2]
+    return sum(has_signal(v) for v in scored), len(scored)
 
 
 def rollout_counts(trajectories, rewards) -> tuple[int, int]:

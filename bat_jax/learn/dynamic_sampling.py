@@ -117,9 +117,7 @@ def fill_batch(rows: Sequence[Any], roll: Callable[[list[Any]], list[Any]], rewa
         dropped += len(lost)
         wave = _replacements(rows, kept, lost, spares, min(len(rows) - len(kept), config.max_extra_rows - extra))
         extra += len(wave)
-    pools: dict[str, int] = {}
-    for row, _ in kept:
-        pools[row.pool] = pools.get(row.pool, 0) + 1
+    pools = dict(collections.Counter(row.pool for row, _ in kept))
     return Filled(groups=kept, drawn=drawn, dropped=dropped, extra_rows=extra, pools=pools)
 
 
