@@ -1050,6 +1050,26 @@ def test_accounting_forked_child_cannot_report_for_parent(sb):
     _works(sb)
 
 
+@pytest.mark.parametrize("code, exit_code, error, timed_out", [
+    ("exec 1>&- 2>&-; kill -9 $$", 137, "killed by signal SIGKILL", False),  # close the reply's stdio, die by signal
+    ("python3 -c 'import os; os.close(1); os.close(2); os._exit(137)'", 137, "", False),  # an OOM kill's exit code
+    ("echo 'sandbox is closed' >&2; echo 'engine unreachable' >&2; exit 125", 125, "", False),  # infra's wording
+    ("kill -STOP $$", None, "", True),  # stall until the deadline
+], ids=["closed-stdio-kill9", "oom-exit-code", "infra-wording", "self-stop"])
+def test_an_agent_cannot_have_its_episode_blamed_on_the_infrastructure(fresh, code, exit_code, error, timed_out):
+    """A policy that would rather leave the GRPO loss than take a low reward tries to make its own failure look like
+    the host's ('infra' blame: unscored, left out of the loss and of dynamic sampling's groups). Its call ends as
+    its own code made it end, the host's error text is the host's (the agent's words stay in stderr), the sandbox
+    carries no fault (`sandbox.types.fault_of`), and the next call works."""
+    from bat_jax.sandbox.types import fault_of
+
+    obs = _bash(fresh, code, timeout_s=3)
+    assert (obs.exit_code, obs.error, obs.timed_out) == (exit_code, error, timed_out), obs
+    assert fault_of(fresh) == ("", "") and fresh.alive
+    _works(fresh)
+    assert fault_of(fresh) == ("", "")
+
+
 def test_dead_sandbox_keeps_receipts_and_answers_with_errors(client):
     """When the container dies during a call for a reason outside the agent's code (here the host kills it), the
     call's receipt is kept and later calls give error observations, never exceptions."""
