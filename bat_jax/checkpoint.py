@@ -25,6 +25,25 @@ from orbax.checkpoint import checkpoint_managers as ocp_managers
 
 logger = logging.getLogger(__name__)
 
+_NAME_PREFIX = "ckpt-"
+
+
+def checkpoint_name(step: int) -> str:
+    """The name the controller and the ledger use for Orbax step `step` (a round's checkpoint): 'ckpt-<step>'."""
+    return f"{_NAME_PREFIX}{int(step)}"
+
+
+def checkpoint_step(name: str) -> int:
+    """The Orbax step of a checkpoint name from `checkpoint_name`.
+
+    Raises:
+      ValueError: naming the text when it is not 'ckpt-<non-negative int>'.
+    """
+    digits = name.removeprefix(_NAME_PREFIX) if isinstance(name, str) else ""
+    if not name.startswith(_NAME_PREFIX) or not digits.isdigit():
+        raise ValueError(f"checkpoint name {name!r} is not 'ckpt-<step>'")
+    return int(digits)
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:

@@ -19,7 +19,7 @@ from typing import Any
 
 from bat_jax.atomic_io import atomic_write
 
-FORMAT = 1
+FORMAT = 2
 
 
 def _without_torn_line(data: bytes, path: Path) -> bytes:
@@ -49,44 +49,89 @@ class LedgerError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
+class GRPOStats:
+    """What one round's GRPO block did (`bicurl/grpo_round.py` fills it; every count covers every drawn rollout).
+
+    Attributes:
+      rollouts: GRPO rollouts of the round, dynamic sampling's dropped groups included.
+      unscored: rollouts left unscored (infrastructure: engine or sandbox start failed, LLM judge unreachable).
+      agent_failed: scored rollouts whose sandbox the agent's own code killed or hung (`Trajectory.agent_error`);
+        scored from the evidence gathered until then, so never among `unscored`.
+      reward_mean: mean scored reward (0–1) over the round, None when nothing was scored.
+      reward_version: identity of the reward contract / verifier version ('none' when nothing was scored).
+      pool_reward_before, pool_reward_after: mean scored reward of the round's first pool batch rolled out with the
+        round-start policy, and of the same rows rolled out with the same seed after the update (None: nothing
+        scored).
+      groups_with_variance, groups_scored: trained groups (K rollouts of one row) whose scored rewards differ, and
+        those with at least two scored rewards; GRPO learns only from the first.
+      groups_drawn, groups_dropped, groups_trained: groups rolled out, dropped for lack of reward variance (dynamic
+        sampling; 0 without it) and trained.
+      trained_pool_counts: trained groups per pool ('target', 'mix', 'e2e'), replacements included.
+      update_logp_shift_pos, update_logp_shift_neg, update_token_kl: how the block moved its first trained batch's
+        own rollouts (`grpo.update_shift`: token-mean logprob change in nats for positive / negative advantages,
+        and KL(old ‖ new) per token); None when no batch was trained.
+      rollout_mismatch: the round's `learn.rollout_correction.METRICS` (learner vs engine logprobs of the sampled
+        tokens), None when not measured.
+      judge: the LLM judge's counters over the round (`RubricJudge.stats()`), None without a judge.
+    """
+
+    rollouts: int = 0
+    unscored: int = 0
+    agent_failed: int = 0
+    reward_mean: float | None = None
+    reward_version: str = "none"
+    pool_reward_before: float | None = None
+    pool_reward_after: float | None = None
+    groups_with_variance: int = 0
+    groups_scored: int = 0
+    groups_drawn: int = 0
+    groups_dropped: int = 0
+    groups_trained: int = 0
+    trained_pool_counts: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    update_logp_shift_pos: float | None = None
+    update_logp_shift_neg: float | None = None
+    update_token_kl: float | None = None
+    rollout_mismatch: Mapping[str, float] | None = None
+    judge: Mapping[str, float] | None = None
+
+    def scalars(self) -> dict[str, float]:
+        """The numeric fields as TensorBoard scalars ('grpo/<name>'; None and mappings left out but the judge's and
+        the mismatch's numbers, prefixed)."""
+        out = {k: float(v) for k, v in dataclasses.asdict(self).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        out.update({f"rc_{k}": float(v) for k, v in (self.rollout_mismatch or {}).items()})
+        out.update({f"judge_{k}": float(v) for k, v in (self.judge or {}).items()})
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "GRPOStats":
+        """Raises TypeError on unexpected fields."""
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
 class RoundRecord:
     """Everything one round decided.
 
     Attributes:
       round: round index r (int, strictly increasing in a ledger).
-      selected_stage: s*, 'S1'..'S5'.
+      selected_stage: s*, one of the run's stage ids.
       routing_report: the router's audit report (`RoutingDecision.report()`).
       pool_counts: rows drawn per pool, e.g. {'target': 400, 'mix': 200, 'e2e': 200}.
       bank_version: Stage Bank version the round drew from.
       state_ids: bank state_ids drawn, in draw order.
       reward_version: identity of the reward contract / verifier version.
-      controller_scores: the controller evaluation of the candidate (`Evaluation.to_dict()`).
+      controller_scores: the controller evaluation of the candidate (`Evaluation.to_dict()`; overall None when
+        every cell was unscored).
       kl: mean per-token KL(candidate ‖ θ*) in nats, or None.
-      decision: 'accept' | 'fallback' | 'hold'.
+      decision: one of `curriculum.controller.DECISIONS`: 'accept', 'fallback', 'hold' or 'unscored' (every
+        controller cell unscored: neither accepted nor counted as a drop).
       retained_checkpoint: checkpoint the next round starts from.
       controller_state: `ControllerState.to_dict()` after the decision (for resume).
-      rollouts, unscored_rollouts: GRPO rollouts of the round, and those left unscored (infrastructure: engine
-        or sandbox start failed, or the LLM judge unreachable); None in ledgers written before these fields existed.
-      agent_failed_rollouts: scored rollouts whose sandbox the agent's own code killed or hung
-        (`Trajectory.agent_error`); scored from the evidence gathered until then, so they are NOT among
-        `unscored_rollouts`. None in ledgers written before the field existed.
-      eval_cells, eval_unscored: cells of the round's controller evaluation, and those unscored (None likewise).
-      eval_agent_failed: scored controller-evaluation cells that were agent-caused sandbox failures (None likewise).
-      pool_reward_before, pool_reward_after: mean scored reward (0–1) of the round's first pool batch rolled out
-        with the round-start policy, and of the same rows rolled out with the same seed after the round's GRPO
-        update (None when nothing was scored, or in ledgers written before these fields existed).
-      groups_with_variance, groups_scored: the round's GRPO groups (K rollouts of one row) whose scored rewards
-        differ, and those with at least two scored rewards — GRPO learns only from the first (None likewise).
-      update_logp_shift_pos, update_logp_shift_neg, update_token_kl: how the round's GRPO update moved the first
-        batch's own rollouts (`grpo.update_shift`: token-mean logprob change, nats, of rollouts with positive /
-        negative advantage, and KL(old ‖ new) per token; None when not recorded).
-      groups_drawn, groups_dropped, groups_trained: GRPO groups rolled out, left out for lack of reward variance
-        (dynamic sampling; 0 without it) and trained, over the round.
-      trained_pool_counts: trained groups per pool ('target', 'mix', 'e2e'); with dynamic sampling they include the
-        spare rows that replaced dropped groups (`pool_counts` / `state_ids` are the round view's drawn batches).
-      rollout_mismatch: with rollout correction, the round's `learn.rollout_correction.METRICS` (mean / max
-        |log π_learner − log π_engine| on sampled tokens, nats; share of tokens truncated; rollouts masked), else
-        None.
+      decision_reasons: why the candidate was not accepted (the controller's reasons), () when accepted.
+      eval_cells, eval_unscored: cells of the round's controller evaluation, and those unscored.
+      eval_agent_failed: scored controller-evaluation cells that were agent-caused sandbox failures.
+      grpo: what the round's GRPO block did (`GRPOStats`).
     """
 
     round: int
@@ -101,38 +146,51 @@ class RoundRecord:
     decision: str
     retained_checkpoint: str
     controller_state: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    rollouts: int | None = None
-    unscored_rollouts: int | None = None
+    decision_reasons: Sequence[str] = ()
     eval_cells: int | None = None
     eval_unscored: int | None = None
-    agent_failed_rollouts: int | None = None
     eval_agent_failed: int | None = None
-    pool_reward_before: float | None = None
-    pool_reward_after: float | None = None
-    groups_with_variance: int | None = None
-    groups_scored: int | None = None
-    update_logp_shift_pos: float | None = None
-    update_logp_shift_neg: float | None = None
-    update_token_kl: float | None = None
-    groups_drawn: int | None = None
-    groups_dropped: int | None = None
-    groups_trained: int | None = None
-    rollout_mismatch: Mapping[str, float] | None = None
-    trained_pool_counts: Mapping[str, int] | None = None
+    grpo: GRPOStats = GRPOStats()
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["state_ids"] = list(self.state_ids)
+        d["decision_reasons"] = list(self.decision_reasons)
         return {"format": FORMAT, **d}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RoundRecord":
-        """Raises KeyError / TypeError on missing or unexpected fields (wrapped by `Ledger.read`)."""
+        """Raises KeyError / TypeError on missing or unexpected fields (wrapped by `Ledger.read`). A format-1 line
+        (the GRPO block's figures flat in the record) is read into the nested `grpo`."""
+        d = dict(d)
+        if d.pop("format", FORMAT) == 1:
+            d = _from_format_1(d)
         fields = {f.name for f in dataclasses.fields(cls)}
-        extra = set(d) - fields - {"format"}
+        extra = set(d) - fields
         if extra:
             raise TypeError(f"unexpected fields {sorted(extra)}")
+        if "grpo" in d:
+            d["grpo"] = GRPOStats.from_dict(d["grpo"])
+        d["decision_reasons"] = tuple(d.get("decision_reasons", ()))
         return cls(**{k: d[k] for k in fields if k in d})
+
+
+#: Format-1 field → `GRPOStats` field (format 1 kept the GRPO block's figures flat in the round record).
+_FORMAT_1_GRPO = {"rollouts": "rollouts", "unscored_rollouts": "unscored", "agent_failed_rollouts": "agent_failed",
+                  "pool_reward_before": "pool_reward_before", "pool_reward_after": "pool_reward_after",
+                  "groups_with_variance": "groups_with_variance", "groups_scored": "groups_scored",
+                  "update_logp_shift_pos": "update_logp_shift_pos", "update_logp_shift_neg": "update_logp_shift_neg",
+                  "update_token_kl": "update_token_kl", "groups_drawn": "groups_drawn",
+                  "groups_dropped": "groups_dropped", "groups_trained": "groups_trained",
+                  "rollout_mismatch": "rollout_mismatch", "trained_pool_counts": "trained_pool_counts"}
+
+
+def _from_format_1(d: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 record's fields in today's layout (None counts of the oldest lines become 0 / empty)."""
+    grpo = {new: d.pop(old) for old, new in _FORMAT_1_GRPO.items() if old in d}
+    grpo = {k: v for k, v in grpo.items() if v is not None or k.startswith(("pool_", "update_", "rollout_"))}
+    grpo["reward_version"] = d.get("reward_version", "none")
+    return {**d, "grpo": grpo}
 
 
 class Ledger:

@@ -15,6 +15,7 @@ from typing import Any
 
 from flax import nnx
 
+from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder
 from bat_jax.prompts import PROMPT_STYLES
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
@@ -22,7 +23,8 @@ from bat_jax.rollout.engine import RolloutEngine
 from bat_jax.sandbox.backends import SandboxFactory
 from bat_jax.sandbox.types import Sandbox
 
-FAMILIES = ("qwen3_5", "qwen3", "chatml")
+#: Architectures of the embedded tiny default (`PolicyConfig.architecture`).
+TINY_ARCHITECTURES = ("qwen3_5", "qwen3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +32,12 @@ class PolicyConfig:
     """Which policy to train.
 
     Attributes:
-      family: 'qwen3_5' (paper), 'qwen3' or 'chatml'. For the tiny default it picks the architecture (Qwen3.5
-        hybrid or Qwen3 dense; 'chatml' needs a checkpoint); turns are always rendered with the shipped tokenizer's
-        Qwen3.5 template. For a checkpoint it names the chat family of the checkpoint's template (the architecture
-        comes from its config.json; `models.chat.MODEL_CHAT_FAMILY` gives each model family's own, e.g. 'chatml'
-        for the Llama SmolLM2 from `python -m bat_jax.models.gguf_import`).
+      architecture: the tiny default's model, 'qwen3_5' (paper: Qwen3.5 hybrid) or 'qwen3' (dense). A checkpoint's
+        architecture comes from its config.json.
+      chat_family: the chat family of a checkpoint's template (`models.chat.FAMILIES`: 'qwen3_5', 'qwen3',
+        'chatml'); None = the model family's own (`models.chat.MODEL_CHAT_FAMILY`, e.g. 'chatml' for the Llama
+        SmolLM2 of `python -m bat_jax.models.gguf_import`). The tiny default always renders turns with the shipped
+        tokenizer's Qwen3.5 template.
       checkpoint_dir: a local Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files);
         None = the embedded tiny default (random init + the shipped tiny tokenizer).
       tiny: model-config overrides of the tiny default (e.g. hidden_size, num_hidden_layers).
@@ -44,7 +47,8 @@ class PolicyConfig:
         (small policies: short system prompt naming the tools, terse brief and one-line skills).
     """
 
-    family: str = "qwen3_5"
+    architecture: str = "qwen3_5"
+    chat_family: str | None = None
     checkpoint_dir: str | None = None
     tiny: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dtype: str = "float32"
@@ -52,10 +56,16 @@ class PolicyConfig:
     prompt_style: str = "full"
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"PolicyConfig.family must be one of {FAMILIES}, got {self.family!r}")
-        if self.family == "chatml" and self.checkpoint_dir is None:
-            raise ValueError("PolicyConfig.family 'chatml' needs a checkpoint_dir (the tiny default is Qwen)")
+        if self.architecture not in TINY_ARCHITECTURES:
+            raise ValueError(f"PolicyConfig.architecture must be one of {TINY_ARCHITECTURES}, got "
+                             f"{self.architecture!r}")
+        if self.chat_family is not None:
+            if self.checkpoint_dir is None:
+                raise ValueError("PolicyConfig.chat_family names a checkpoint's template; the tiny default renders "
+                                 "with the shipped tokenizer's Qwen3.5 template (set checkpoint_dir, or leave it None)")
+            if self.chat_family not in chat.FAMILIES:
+                raise ValueError(f"PolicyConfig.chat_family must be one of {sorted(chat.FAMILIES)}, got "
+                                 f"{self.chat_family!r}")
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(f"PolicyConfig.prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}")
 
@@ -89,12 +99,13 @@ def build_policy(config: PolicyConfig) -> Policy:
         from bat_jax.models import hf_io
 
         model = hf_io.load_pretrained(path, dtype=config.dtype)
-        return Policy(model, AutoTokenizer.from_pretrained(str(path)), config.family, config.prompt_style)
+        family = config.chat_family or chat.MODEL_CHAT_FAMILY[model.config.family]
+        return Policy(model, AutoTokenizer.from_pretrained(str(path)), family, config.prompt_style)
     from bat_jax.models.tokenizer import load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer()
     overrides = {"vocab_size": len(tokenizer), "dtype": config.dtype, **dict(config.tiny)}
-    if config.family == "qwen3_5":
+    if config.architecture == "qwen3_5":
         from bat_jax.models.configs import Qwen3_5Config
         from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 

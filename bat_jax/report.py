@@ -147,13 +147,14 @@ def groups_table(records: Sequence[Any]) -> str:
              f"{'truncated':>11}{'masked':>8}  trained per pool"]
     lines.append("-" * len(lines[0]))
     for rec in records:
-        mm = rec.rollout_mismatch or {}
+        g = rec.grpo
+        mm = g.rollout_mismatch or {}
         cell = lambda v, fmt: "—" if v is None else format(v, fmt)  # noqa: E731
-        lines.append(f"{f'round {rec.round}':<12}{cell(rec.groups_drawn, 'd'):>8}{cell(rec.groups_dropped, 'd'):>9}"
-                     f"{cell(rec.groups_trained, 'd'):>9}{cell(mm.get('mismatch_mean_abs'), '.4f'):>14}"
+        lines.append(f"{f'round {rec.round}':<12}{cell(g.groups_drawn, 'd'):>8}{cell(g.groups_dropped, 'd'):>9}"
+                     f"{cell(g.groups_trained, 'd'):>9}{cell(mm.get('mismatch_mean_abs'), '.4f'):>14}"
                      f"{cell(mm.get('mismatch_max_abs'), '.4f'):>13}{cell(mm.get('tis_truncated_frac'), '.1%'):>11}"
                      f"{cell(None if 'seq_masked' not in mm else int(mm['seq_masked']), 'd'):>8}"
-                     f"  {' · '.join(f'{k} {v}' for k, v in (rec.trained_pool_counts or {}).items()) or '—'}")
+                     f"  {' · '.join(f'{k} {v}' for k, v in g.trained_pool_counts.items()) or '—'}")
     return "\n".join(lines)
 
 
@@ -176,7 +177,7 @@ def staircase_plot(overall_per_round: Sequence[float | None], path: os.PathLike 
     Args:
       overall_per_round: Overall (0–1) of round 0 (the starting policy), 1, 2, ...; None = unscored.
       path: PNG path (written via a temp file, then renamed).
-      baselines: optional horizontal reference lines, name → Overall (0–1).
+      baselines: optional horizontal reference lines, name → Overall (0–1; None = unscored, not drawn).
     Returns:
       The PNG path.
     """
@@ -200,6 +201,8 @@ def staircase_plot(overall_per_round: Sequence[float | None], path: os.PathLike 
             ax.plot([x], [b], marker="*", markersize=13, color="gold", markeredgecolor="black", zorder=5)
             prev = b
     for name, value in (baselines or {}).items():
+        if value is None:  # an unscored baseline has no line (never a line at 0)
+            continue
         ax.axhline(100.0 * value, linestyle=":", color="gray")
         ax.annotate(name, (0, 100.0 * value), textcoords="offset points", xytext=(2, 3), fontsize=8, color="gray")
     ax.set_xlabel("round")
@@ -256,7 +259,7 @@ def summary_dict(s: Summary) -> dict:
     return {"overall": s.overall, "agentic": s.agentic, "task": s.task, "overall_hw": s.overall_hw,
             "agentic_hw": s.agentic_hw, "task_hw": s.task_hw, "stages": {k.value: v for k, v in s.stages.items()},
             "tracks": {t: dict(row) for t, row in s.tracks.items()}, "n_cells": s.n_cells,
-            "n_unscored": s.n_unscored}
+            "n_unscored": s.n_unscored, "cells": sorted([t, r] for t, r in s.cells)}
 
 
 def summary_from_dict(d: Mapping) -> Summary:
@@ -264,7 +267,8 @@ def summary_from_dict(d: Mapping) -> Summary:
     return Summary(d.get("overall"), d.get("agentic"), d.get("task"), d.get("overall_hw", 0.0),
                    d.get("agentic_hw", 0.0), d.get("task_hw", 0.0),
                    {Stage.parse(k): v for k, v in d.get("stages", {}).items()}, dict(d.get("tracks", {})),
-                   int(d.get("n_cells", 0)), int(d.get("n_unscored", 0)))
+                   int(d.get("n_cells", 0)), int(d.get("n_unscored", 0)),
+                   frozenset((str(t), int(r)) for t, r in d.get("cells", ())))
 
 
 def paired_line(candidate: str, a: Summary, baseline: str, b: Summary) -> str:
@@ -297,9 +301,10 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
                                            for s in STAGES}) for rec in records]
     lines += ["", "Controller evaluation per round:", "", "```", stage_table(stage_rows), "```"]
     if records:
-        signal = [RoundSignal(f"round {rec.round}", rec.selected_stage, rec.pool_reward_before, rec.pool_reward_after,
-                              rec.groups_with_variance, rec.groups_scored, rec.update_logp_shift_pos,
-                              rec.update_logp_shift_neg, rec.update_token_kl) for rec in records]
+        signal = [RoundSignal(f"round {rec.round}", rec.selected_stage, rec.grpo.pool_reward_before,
+                              rec.grpo.pool_reward_after, rec.grpo.groups_with_variance, rec.grpo.groups_scored,
+                              rec.grpo.update_logp_shift_pos, rec.grpo.update_logp_shift_neg, rec.grpo.update_token_kl)
+                  for rec in records]
         lines += ["", "GRPO signal per round: mean reward of the round's first pool batch before / after its update "
                   "(same rows, same seed), groups (K rollouts of one row) whose rewards vary, and how the update moved that "
                   "batch's own rollouts (an ascent step: Δlogp A>0 up, A<0 down):", "", "```",
@@ -307,7 +312,7 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
         lines += ["", "GRPO groups per round (dynamic sampling drops groups without reward variance and replaces "
                   "them from the same pool) and, with rollout correction, the learner / engine logprob mismatch on "
                   "sampled tokens:", "", "```", groups_table(records), "```"]
-        counts = [RoundCounts(f"round {rec.round}", rec.rollouts, rec.unscored_rollouts, rec.agent_failed_rollouts,
+        counts = [RoundCounts(f"round {rec.round}", rec.grpo.rollouts, rec.grpo.unscored, rec.grpo.agent_failed,
                               rec.eval_cells, rec.eval_unscored, rec.eval_agent_failed) for rec in records]
         lines += ["", "Rollouts and evaluation cells per round: agent-caused failures (scored) apart from "
                   "infrastructure failures (unscored):", "", "```", scoring_table(counts), "```"]

@@ -2,8 +2,9 @@
 
 import pytest
 
-from bat_jax.curriculum.controller import (ACCEPT, FALLBACK, HOLD, POLICY_GATE, Controller, ControllerConfig,
-                                           ControllerState, Evaluation, gate_failures, NonInferiorityMargins)
+from bat_jax.curriculum.controller import (ACCEPT, DECISIONS, FALLBACK, HOLD, RULE_GATE, UNSCORED, Controller,
+                                           ControllerConfig, ControllerState, Evaluation, NonInferiorityMargins,
+                                           gate_failures)
 
 
 def run(overalls, kls=None, config=ControllerConfig()):
@@ -95,7 +96,7 @@ def test_gate_applies_the_catastrophic_drop_to_overall_only_as_released():
     base = ev(0.50)
     cand = ev(0.50, stages=(0.5, 0.265, 0.5, 0.5, 0.5))
     assert gate_failures(cand, base, NonInferiorityMargins()) == [] and released_gate(cand, base)
-    c = Controller(ControllerConfig(policy=POLICY_GATE))
+    c = Controller(ControllerConfig(acceptance=RULE_GATE))
     c.observe(1, "a", base)
     d = c.observe(2, "b", cand)
     assert d.decision == ACCEPT and d.best_checkpoint == "b"
@@ -144,24 +145,29 @@ def test_gate_refuses_evaluations_of_different_cells():
     with pytest.raises(ValueError, match=r"only the incumbent has scored stages \['S4'\]"):
         gate_failures(Evaluation(0.5, 0.5, {"S1": 0.5, "S2": 0.5, "S3": 0.5, "S4": None, "S5": 0.5}, {"vqa": 0.5}),
                       ev(0.5), m)
-    c = Controller(ControllerConfig(policy=POLICY_GATE))
+    # in a run the gate holds an unpaired candidate (no evidence of non-inferiority), naming the cells
+    c = Controller(ControllerConfig(acceptance=RULE_GATE))
     c.observe(1, "a", base)
-    with pytest.raises(ValueError, match="same cells"):
-        c.observe(2, "b", ev(0.6, cells={("vqa", 0)}))
+    d = c.observe(2, "b", ev(0.6, cells={("vqa", 0)}))
+    assert d.decision == HOLD and d.retained_checkpoint == "a" and d.best_checkpoint == "a"
+    assert len(d.reasons) == 1 and d.reasons[0].startswith("unpaired: non-inferiority gate")
+    assert "only the incumbent has cells [('vqa', 1), ('vqa', 2)]" in d.reasons[0]
+    assert c.state.held and c.state.last_decision == HOLD
     # the paper's fallback policy compares Overall only: no pairing needed
     f = Controller(ControllerConfig())
     f.observe(1, "a", base)
     assert f.observe(2, "b", ev(0.6, cells={("vqa", 0)})).decision == ACCEPT
 
 
-def test_evaluation_cells_roundtrip_and_scored_cell_keys():
-    from bat_jax.benchmark.scoring import Cell
-    from bat_jax.curriculum.controller import scored_cell_keys
+def test_evaluation_cells_roundtrip_and_the_summary_cells():
+    from bat_jax.benchmark.scoring import Cell, aggregate
 
     stages = dict.fromkeys(("S1", "S2", "S3", "S4", "S5"), 0.5)
     cells = [Cell("vqa", 0, stages, 0.5), Cell("vqa", 1, stages, None), Cell("seg", 0, stages, 0.2)]
-    keys = scored_cell_keys(cells)
+    keys = aggregate(cells).cells
     assert keys == {("vqa", 0), ("seg", 0)}
+    from_summary = Evaluation.from_summary(aggregate(cells))
+    assert from_summary.cells == keys and from_summary.overall == pytest.approx((0.5 + (0.2 + 0.5) / 2) / 2)
     e = ev(0.5, cells=keys)
     assert Evaluation.from_dict(e.to_dict()) == e and e.to_dict()["cells"] == [["seg", 0], ["vqa", 0]]
     assert "cells" not in ev(0.5).to_dict()  # ledger lines without cells stay as they were
@@ -176,7 +182,7 @@ def test_fallback_counts_no_drop_for_round_off():
 
 
 def test_gate_policy_holds_and_keeps_incumbent():
-    c = Controller(ControllerConfig(policy=POLICY_GATE))
+    c = Controller(ControllerConfig(acceptance=RULE_GATE))
     assert c.observe(1, "a", ev(0.50)).decision == ACCEPT
     d = c.observe(2, "b", ev(0.495))  # within -0.01: accepted, becomes the incumbent
     assert d.decision == ACCEPT and d.best_checkpoint == "b"
@@ -189,11 +195,36 @@ def test_gate_policy_holds_and_keeps_incumbent():
 def test_bad_config_and_inputs():
     with pytest.raises(ValueError, match="patience"):
         ControllerConfig(patience=0)
-    with pytest.raises(ValueError, match="policy"):
-        ControllerConfig(policy="greedy")
+    with pytest.raises(ValueError, match="acceptance"):
+        ControllerConfig(acceptance="greedy")
     c = Controller()
     with pytest.raises(ValueError, match="finite"):
         c.observe(1, "a", float("nan"))
     c.observe(1, "a", 0.3)
     with pytest.raises(ValueError, match="kl must be >= 0"):
         c.observe(2, "b", 0.3, kl=-0.1)
+
+
+def test_an_unscored_evaluation_is_neither_accepted_nor_a_drop():
+    c = Controller()
+    d = c.observe(0, "ckpt-0", Evaluation(None))  # round 0 unscored: ckpt-0 retained, nothing is best yet
+    assert (d.decision, d.retained_checkpoint, d.best_checkpoint, d.best_overall) == (UNSCORED, "ckpt-0", "ckpt-0",
+                                                                                      None)
+    assert c.state.best is None and not c.state.held
+    d = c.observe(1, "ckpt-1", 0.3)  # the first scored evaluation is accepted and becomes the best
+    assert (d.decision, d.best_checkpoint, d.best_overall) == (ACCEPT, "ckpt-1", 0.3)
+    c.observe(2, "ckpt-2", 0.2)  # one drop
+    d = c.observe(3, "ckpt-3", None)  # unscored: the retained round-2 candidate stays, the drop count too
+    assert (d.decision, d.retained_checkpoint, d.drops, d.best_overall) == (UNSCORED, "ckpt-2", 1, 0.3)
+    assert c.state.previous_overall == 0.2 and c.state.last_decision == UNSCORED
+    assert ControllerState.from_dict(c.state.to_dict()) == c.state
+    d = c.observe(4, "ckpt-4", 0.1)  # the second drop, counted against round 2's 0.2
+    assert d.drops == 2 and d.decision == ACCEPT
+    assert set(DECISIONS) == {ACCEPT, FALLBACK, HOLD, UNSCORED}
+
+
+def test_state_written_before_last_decision_reads_it_from_the_ledger():
+    old = {"best_checkpoint": "ckpt-1", "best": {"overall": 0.3}, "previous_overall": 0.3, "drops": 0,
+           "retained_checkpoint": "ckpt-1"}
+    assert ControllerState.from_dict(old, last_decision=FALLBACK).held
+    assert not ControllerState.from_dict(old).held

@@ -18,7 +18,7 @@ from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.sandbox.backends import backend_factory
 
 COMPONENTS = Components(
-    policy=PolicyConfig(family="qwen3", tiny={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2},
+    policy=PolicyConfig(architecture="qwen3", tiny={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2},
                         prompt_style="compact"),
     agent=AgentLoopConfig(max_assistant_turns=2, max_tokens_per_turn=12, max_response_tokens=24,
                           max_context_tokens=1024, max_workers=2, progress=False),
@@ -48,6 +48,6 @@ def test_evaluate_small_gin_binds_the_smollm2_policy_and_the_final_slice():
     job = gin.query_parameter("launch.run.job").scoped_configurable_fn  # gin's wrapper of the function
     assert (job.__module__, job.__name__) == ("bat_jax.bicurl.evaluate_only", "run")
     assert gin.query_parameter("evaluate_only.run.purpose") == "final"
-    assert gin.query_parameter("policy.PolicyConfig.family") == "chatml"
+    assert gin.query_parameter("policy.PolicyConfig.chat_family") == "chatml"
     assert gin.query_parameter("policy.PolicyConfig.prompt_style") == "compact"
     assert gin.query_parameter("policy.PolicyConfig.checkpoint_dir") == "runs/smollm2-135m-instruct"

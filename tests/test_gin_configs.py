@@ -1,6 +1,7 @@
 """Every gin file under gin/ parses and (for run files) configures a job (MaxText-style config validation)."""
 
 import pathlib
+import re
 
 import gin
 import pytest
@@ -9,7 +10,10 @@ from bat_jax import launch
 
 GIN_DIR = launch.DEFAULT_GIN_DIR
 ALL = sorted(str(p.relative_to(GIN_DIR)) for p in GIN_DIR.rglob("*.gin"))
-RUN_FILES = [name for name in ALL if "launch.run" in (GIN_DIR / name).read_text()]
+#: Files that bind the job or the run's name (`launch.run.job` / `.run_name`, alone or in a `launch.run:` block):
+#: the top-level run files.
+RUN_FILES = [name for name in ALL
+             if re.search(r"^(launch\.run\.|  )(job|run_name)\s*=", (GIN_DIR / name).read_text(), re.M)]
 
 
 def test_gin_tree_has_the_design_card_files():
@@ -115,7 +119,7 @@ def test_bicurl_small_trains_the_pretrained_smollm2_in_its_own_chatml_template()
     assert gin.query_parameter("launch.run.run_name") == "bicurl_small"
     bound = gin.get_bindings("policy.PolicyConfig")
     config = PolicyConfig(**bound)
-    assert (config.family, config.checkpoint_dir, dict(config.tiny)) == ("chatml", "runs/smollm2-135m-instruct", {})
+    assert (config.chat_family, config.checkpoint_dir, dict(config.tiny)) == ("chatml", "runs/smollm2-135m-instruct", {})
     assert gin.query_parameter("sft/optim.OptimizerConfig.learning_rate") == 1e-4
 
 
@@ -151,7 +155,7 @@ def test_tiny_run_files_can_draw_every_round_from_the_tiny_bank(name):
 def test_released_preset_over_the_tiny_default_binds_the_released_objective():
     """`presets/released_bat.gin` after a run file: the released run's objective (REFERENCE.md, released code's
     launch on verl defaults); everything else stays the run file's."""
-    from bat_jax.curriculum.controller import POLICY_GATE, ControllerConfig, NonInferiorityMargins
+    from bat_jax.curriculum.controller import RULE_GATE, ControllerConfig, NonInferiorityMargins
     from bat_jax.curriculum.router import RouterConfig
     from bat_jax.learn.grpo import GRPOConfig
     from bat_jax.learn.optim import OptimizerConfig
@@ -169,7 +173,7 @@ def test_released_preset_over_the_tiny_default_binds_the_released_objective():
     assert (opt.learning_rate, opt.schedule, opt.warmup_ratio, opt.weight_decay, opt.grad_clip_norm) == (
         2.5e-7, "constant", 0.0, 0.01, 1.0)
     ctl = ControllerConfig(**gin.get_bindings("controller.ControllerConfig"))
-    assert (ctl.policy, ctl.kl_threshold, ctl.margins) == (POLICY_GATE, None, NonInferiorityMargins())
+    assert (ctl.acceptance, ctl.kl_threshold, ctl.margins) == (RULE_GATE, None, NonInferiorityMargins())
     assert RouterConfig(**gin.get_bindings("router.RouterConfig")).corrective is True
     assert gin.query_parameter("launch.run.run_name") == "bicurl_tiny"  # the run file still names the job
     assert gin.query_parameter("dynamic_sampling.DynamicSamplingConfig.enabled") is False  # on in the tiny default
@@ -187,4 +191,4 @@ def test_released_preset_over_the_tiny_default_binds_the_released_objective():
     launch.parse_gin(["bicurl_tiny.gin"], [])
     assert gin.get_bindings("grpo.GRPOConfig")["kl_coef"] == 1e-3
     assert "dual_clip" not in gin.get_bindings("grpo.GRPOConfig")
-    assert gin.get_bindings("controller.ControllerConfig")["policy"] == "fallback"
+    assert gin.get_bindings("controller.ControllerConfig")["acceptance"] == "fallback"

@@ -9,7 +9,7 @@ import pytest
 from openai_stub import FakeChatServer
 
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig, ChatError
-from bat_jax.ledger import Ledger, RoundRecord
+from bat_jax.ledger import GRPOStats, Ledger, RoundRecord
 from bat_jax.report import scoring_table
 from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.types import Receipt
@@ -202,8 +202,8 @@ def test_ledger_records_counts_and_reads_old_lines(tmp_path):
     path = tmp_path / "ledger.jsonl"
     path.write_text(json.dumps({"format": 1, **base}) + "\n")  # a line written before the count fields
     (old,) = Ledger(path).read()
-    assert old.rollouts is None and old.unscored_rollouts is None and old.eval_unscored is None
-    new = RoundRecord(**{**base, "round": 2}, rollouts=8, unscored_rollouts=3, eval_cells=2, eval_unscored=1)
+    assert old.grpo.rollouts == 0 and old.grpo.unscored == 0 and old.eval_unscored is None
+    new = RoundRecord(**{**base, "round": 2}, grpo=GRPOStats(rollouts=8, unscored=3), eval_cells=2, eval_unscored=1)
     Ledger(path).append(new)
     assert Ledger(path).read()[1] == new
     table = scoring_table([("round 1", None, None, None, None, None, None), ("round 2", 8, 3, 0, 2, 1, 0)])

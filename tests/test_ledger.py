@@ -8,7 +8,7 @@ import pytest
 
 from bat_jax.curriculum.controller import Controller, ControllerConfig, ControllerState, Evaluation
 from bat_jax.curriculum.router import route
-from bat_jax.ledger import Ledger, LedgerError, RoundRecord
+from bat_jax.ledger import GRPOStats, Ledger, LedgerError, RoundRecord
 
 
 def record(r, controller):
@@ -98,37 +98,40 @@ def test_complete_last_line_without_newline_is_kept(tmp_path):
     assert ledger.read() == records and len(path.read_text().splitlines()) == 2
 
 
-def test_agent_failed_counts_round_trip_and_old_lines_read_as_none(tmp_path):
-    """Issue 13: agent-caused failures (scored) are recorded apart from infrastructure failures (unscored)."""
+def test_grpo_stats_nest_in_the_record_and_round_trip(tmp_path):
     path = tmp_path / "ledger.jsonl"
-    old = record(1, Controller()).to_dict()
-    for key in ("agent_failed_rollouts", "eval_agent_failed"):  # a line written before the fields existed
-        del old[key]
-    path.write_text(json.dumps(old) + "\n")
-    (first,) = Ledger(path).read()
-    assert first.agent_failed_rollouts is None and first.eval_agent_failed is None
-    new = dataclasses.replace(record(2, Controller()), rollouts=8, unscored_rollouts=3, agent_failed_rollouts=2,
+    stats = GRPOStats(rollouts=36, unscored=3, agent_failed=2, reward_mean=0.25, reward_version="rubric-v1",
+                      pool_reward_before=0.125, pool_reward_after=0.3125, groups_with_variance=5, groups_scored=8,
+                      groups_drawn=9, groups_dropped=1, groups_trained=8, trained_pool_counts={"target": 4, "mix": 4},
+                      rollout_mismatch={"mismatch_mean_abs": 0.01}, judge={"requests": 3.0})
+    rec = dataclasses.replace(record(1, Controller()), grpo=stats, decision_reasons=("kl 0.2 > tau 0.1",),
                               eval_cells=7, eval_unscored=1, eval_agent_failed=4)
-    Ledger(path).append(new)
-    line = json.loads(path.read_text().splitlines()[1])
-    assert (line["agent_failed_rollouts"], line["unscored_rollouts"], line["eval_agent_failed"]) == (2, 3, 4)
-    assert Ledger(path).read() == [first, new]
+    Ledger(path).append(rec)
+    line = json.loads(path.read_text())
+    assert line["format"] == 2 and line["grpo"]["groups_trained"] == 8 and line["decision_reasons"] == [
+        "kl 0.2 > tau 0.1"]
+    assert Ledger(path).read() == [rec]
+    assert stats.scalars() == {"rollouts": 36.0, "unscored": 3.0, "agent_failed": 2.0, "reward_mean": 0.25,
+                               "pool_reward_before": 0.125, "pool_reward_after": 0.3125, "groups_with_variance": 5.0,
+                               "groups_scored": 8.0, "groups_drawn": 9.0, "groups_dropped": 1.0,
+                               "groups_trained": 8.0, "rc_mismatch_mean_abs": 0.01, "judge_requests": 3.0}
 
 
-def test_grpo_signal_fields_round_trip_and_old_lines_read_as_none(tmp_path):
-    """Issue 15: reward on the round's own pool before / after its update and groups with reward variance."""
+def test_a_format_1_ledger_reads_into_the_nested_record(tmp_path):
+    """A run written before the GRPO figures were nested resumes: its flat fields land in `grpo`."""
     path = tmp_path / "ledger.jsonl"
-    old = record(1, Controller()).to_dict()
-    for key in ("pool_reward_before", "pool_reward_after", "groups_with_variance", "groups_scored"):
-        del old[key]  # a line written before the fields existed
-    path.write_text(json.dumps(old) + "\n")
-    (first,) = Ledger(path).read()
-    assert (first.pool_reward_before, first.pool_reward_after, first.groups_with_variance,
-            first.groups_scored) == (None, None, None, None)
-    new = dataclasses.replace(record(2, Controller()), pool_reward_before=0.125, pool_reward_after=0.3125,
-                              groups_with_variance=5, groups_scored=8)
-    Ledger(path).append(new)
-    line = json.loads(path.read_text().splitlines()[1])
-    assert (line["pool_reward_before"], line["pool_reward_after"], line["groups_with_variance"],
-            line["groups_scored"]) == (0.125, 0.3125, 5, 8)
-    assert Ledger(path).read() == [first, new]
+    flat = {k: v for k, v in record(1, Controller()).to_dict().items() if k not in ("grpo", "decision_reasons")}
+    flat.update(format=1, rollouts=8, unscored_rollouts=3, agent_failed_rollouts=2, pool_reward_before=0.125,
+                pool_reward_after=None, groups_with_variance=5, groups_scored=8, groups_drawn=None,
+                trained_pool_counts={"target": 2}, rollout_mismatch=None)
+    oldest = {k: v for k, v in flat.items() if k not in ("rollouts", "unscored_rollouts", "agent_failed_rollouts",
+                                                          "pool_reward_before", "pool_reward_after",
+                                                          "groups_with_variance", "groups_scored", "groups_drawn",
+                                                          "trained_pool_counts", "rollout_mismatch")}
+    oldest["round"] = 2
+    path.write_text(json.dumps(flat) + "\n" + json.dumps(oldest) + "\n")
+    first, second = Ledger(path).read()
+    assert first.grpo == GRPOStats(rollouts=8, unscored=3, agent_failed=2, reward_version="rubric-v1",
+                                   pool_reward_before=0.125, groups_with_variance=5, groups_scored=8,
+                                   trained_pool_counts={"target": 2})
+    assert second.grpo == GRPOStats(reward_version="rubric-v1") and second.decision_reasons == ()

@@ -71,7 +71,7 @@ def test_the_tiny_qwen3_policy_renders_with_the_shipped_tokenizers_template():
     from bat_jax.models.qwen3 import Qwen3ForCausalLM
 
     dense = {k: v for k, v in MICRO.items() if not k.startswith("linear_")}
-    qwen3 = build_policy(PolicyConfig(family="qwen3", tiny=dense))
+    qwen3 = build_policy(PolicyConfig(architecture="qwen3", tiny=dense))
     assert isinstance(qwen3.model, Qwen3ForCausalLM) and qwen3.family == "qwen3_5"
     builder = EpisodeBuilder(qwen3.tokenizer, qwen3.family)  # raised TemplateMismatchError with family 'qwen3'
     builder.start([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])

@@ -61,7 +61,7 @@ def test_two_ray_workers_match_the_in_process_loop():
     # equal bit for bit (the continuous schedule batches by timing: the same ids, logprobs up to round-off)
     agent = AgentLoopConfig(episodes_per_state=4, max_assistant_turns=2, max_tokens_per_turn=8, max_context_tokens=2048,
                             temperature=0.7, progress=False, schedule="lockstep")
-    spec = WorkerSpec(PolicyConfig(family="qwen3", tiny=TINY, prompt_style="compact"), agent, "local",
+    spec = WorkerSpec(PolicyConfig(architecture="qwen3", tiny=TINY, prompt_style="compact"), agent, "local",
                       EngineConfig(max_batch=8))
     learner = build_policy(dataclasses.replace(spec.policy, seed=1))  # the weights the workers must take
 

@@ -102,12 +102,13 @@ def test_summary_dict_round_trips_with_track_means():
 
 def test_run_report_has_both_paired_differences_and_the_signal_table(tmp_path):
     from bat_jax.curriculum.controller import Evaluation
-    from bat_jax.ledger import RoundRecord
+    from bat_jax.ledger import GRPOStats, RoundRecord
 
     rec = RoundRecord(round=1, selected_stage="S1", routing_report={}, pool_counts={"target": 4}, bank_version=1,
                       state_ids=["s"], reward_version="v", controller_scores=Evaluation(0.3, 0.2, {"S1": 0.4}, {})
-                      .to_dict(), kl=0.01, decision="accept", retained_checkpoint="ckpt-1", pool_reward_before=0.1,
-                      pool_reward_after=0.2, groups_with_variance=3, groups_scored=8)
+                      .to_dict(), kl=0.01, decision="accept", retained_checkpoint="ckpt-1",
+                      grpo=GRPOStats(pool_reward_before=0.1, pool_reward_after=0.2, groups_with_variance=3,
+                                     groups_scored=8))
     out = report.write_run_report(tmp_path, _final(), [rec], Evaluation(0.2, 0.1, {"S1": 0.3}, {}))
     text = (tmp_path / "report.md").read_text()
     assert "Paired track-level difference SFT − untrained (Overall): 20.0 ± 24.8 (3 tracks)" in text
@@ -117,14 +118,15 @@ def test_run_report_has_both_paired_differences_and_the_signal_table(tmp_path):
     assert out["final"]["SFT"]["tracks"]["t0"]["overall"] == pytest.approx(0.1)
     import dataclasses
 
-    ds = dataclasses.replace(rec, groups_drawn=34, groups_dropped=13, groups_trained=21,
-                             trained_pool_counts={"target": 11, "mix": 5, "e2e": 5},
-                             rollout_mismatch={"mismatch_mean_abs": 0.0089, "mismatch_max_abs": 0.024,
-                                               "tis_truncated_frac": 0.021, "seq_masked": 0.0})
+    ds = dataclasses.replace(rec, grpo=dataclasses.replace(
+        rec.grpo, groups_drawn=34, groups_dropped=13, groups_trained=21,
+        trained_pool_counts={"target": 11, "mix": 5, "e2e": 5},
+        rollout_mismatch={"mismatch_mean_abs": 0.0089, "mismatch_max_abs": 0.024, "tis_truncated_frac": 0.021,
+                          "seq_masked": 0.0}))
     row = report.groups_table([ds]).splitlines()[2].split()
     assert row == ["round", "1", "34", "13", "21", "0.0089", "0.0240", "2.1%", "0", "target", "11", "·", "mix", "5",
                    "·", "e2e", "5"]
-    assert report.groups_table([rec]).splitlines()[2].split()[2:] == ["—"] * 8  # a record from before the fields
+    assert report.groups_table([rec]).splitlines()[2].split()[2:] == ["0", "0", "0"] + ["—"] * 5  # no mismatch
 
 
 def test_sweep_report_puts_every_run_in_one_table_and_pools_the_paired_difference():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bat_jax.benchmark.stages import Stage
-from bat_jax.curriculum.router import RULE_REGRESSION, RULE_WEAKEST, SCORE_TOL, RouterConfig, route
+from bat_jax.curriculum.router import RULE_NO_SCORED, RULE_REGRESSION, RULE_WEAKEST, SCORE_TOL, RouterConfig, route
 
 STAGE_KEYS = ("S1", "S2", "S3", "S4", "S5")
 
@@ -68,8 +68,10 @@ def test_held_candidate_routes_to_largest_regression():
 def test_unscored_stage_is_left_out_not_zero():
     d = route({"S1": 0.5, "S2": None, "S3": 0.6, "S4": 0.7, "S5": 0.8})
     assert d.target is Stage.PLAN and d.scores_in["S2"] is None
-    with pytest.raises(ValueError, match="every stage is unscored"):
-        route(dict.fromkeys(STAGE_KEYS))
+    # every stage unscored (e.g. the judge unreachable for a whole evaluation): the earliest stage, said so
+    d = route(dict.fromkeys(STAGE_KEYS), round_index=3, held=True)
+    assert (d.target, d.rule, d.held) == (Stage.PLAN, RULE_NO_SCORED, True)
+    assert d.report()["scores_in"] == dict.fromkeys(STAGE_KEYS) and d.regressions == {}
 
 
 def test_bad_scores_are_refused():

@@ -172,7 +172,7 @@ def test_a_rollout_worker_keeps_its_own_warm_pool_and_removes_it_on_close():
     agent = AgentLoopConfig(episodes_per_state=4, max_assistant_turns=2, max_tokens_per_turn=8,
                             max_context_tokens=1024, progress=False)
     tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "max_position_embeddings": 1024}
-    worker = RolloutWorker(WorkerSpec(PolicyConfig(family="qwen3", tiny=tiny, prompt_style="compact"), agent,
+    worker = RolloutWorker(WorkerSpec(PolicyConfig(architecture="qwen3", tiny=tiny, prompt_style="compact"), agent,
                                       "docker", EngineConfig(max_batch=4), warm_pool=2))
     pool = worker.sandboxes.pool
     try:

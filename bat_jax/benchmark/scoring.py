@@ -154,6 +154,8 @@ class Summary:
       stages: S1..S5 → mean of track means of the stage score (NOT_APPLICABLE cells skipped).
       tracks: track → {'overall','agentic','task', 'S1'..'S5', 'n'} track means (n = scored cells).
       n_cells: cells given; n_unscored: cells excluded as unscored.
+      cells: ``(track, repeat)`` of every scored cell: what the aggregates rest on. The non-inferiority gate pairs
+        two evaluations only over identical cells.
     """
 
     overall: float | None
@@ -166,6 +168,7 @@ class Summary:
     tracks: Mapping[str, Mapping[str, float]]
     n_cells: int
     n_unscored: int
+    cells: frozenset[tuple[str, int]] = frozenset()
 
 
 def _mean_or_none(xs: list[float]) -> float | None:
@@ -216,6 +219,7 @@ def aggregate(
         tracks=tracks,
         n_cells=len(cells),
         n_unscored=n_unscored,
+        cells=frozenset((c.track, c.repeat) for group in by_track.values() for c in group),
     )
 
 

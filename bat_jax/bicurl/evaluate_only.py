@@ -26,8 +26,8 @@ from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.bicurl import evaluation as ev
 from bat_jax.bicurl.engines import build_engine
 from bat_jax.bicurl.experiment import Components
-from bat_jax.policy import build_policy, make_agent_loop
-from bat_jax.sandbox.backends import open_backend
+from bat_jax.bicurl.run_loops import open_run_loops
+from bat_jax.policy import build_policy
 from bat_jax.verify.judge import RubricJudge
 
 
@@ -50,26 +50,27 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
     Raises: FileNotFoundError for a missing checkpoint directory; `sandbox.backends.BackendUnavailable` when the
       Docker backend is asked for and not usable; ValueError for an unknown backend or purpose.
     """
-    run_dir, c = pathlib.Path(run_dir), components
-    evaluation = dataclasses.replace(c.evaluation, purpose=purpose)  # validates purpose
+    run_dir = pathlib.Path(run_dir)
+    evaluation = dataclasses.replace(components.evaluation, purpose=purpose)  # validates purpose
     t0 = time.perf_counter()
-    policy = build_policy(c.policy)
-    engine = build_engine(policy, c.engine, c.agent.max_context_tokens, run_dir)
-    jobs = len(ev.suite_jobs(evaluation))
-    with open_backend(backend, c.agent.workers(jobs), warm=jobs if sandbox_pool else 0) as sandboxes:
-        loop = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
-            c.agent, episodes_per_state=1, max_assistant_turns=evaluation.max_turns), sandboxes.release)
-        judge = RubricJudge(c.judge) if c.judge is not None else None
-        cells = ev.EngineCells(loop, judge, prompt_style=policy.prompt_style)
-        t1 = time.perf_counter()
+    policy = build_policy(components.policy)
+    engine = build_engine(policy, components.engine, components.agent.max_context_tokens, run_dir)
+    try:
+        loops = open_run_loops(policy, engine, components.agent, evaluation, batch_rows=0, backend=backend,
+                               warm_pool=sandbox_pool)
         try:
+            judge = RubricJudge(components.judge) if components.judge is not None else None
+            cells = ev.EngineCells(loops.evaluation, judge, prompt_style=policy.prompt_style)
+            t1 = time.perf_counter()
             summary: Summary = ev.evaluate(cells, evaluation)
+            t2 = time.perf_counter()
         finally:
-            if hasattr(engine, "close"):
-                engine.close()
-        t2 = time.perf_counter()
-    out = {"system": system, "purpose": purpose, "backend": backend, "policy": dataclasses.asdict(c.policy),
-           "engine": c.engine.kind, "setup_s": round(t1 - t0, 1), "eval_s": round(t2 - t1, 1),
+            loops.close()
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+    out = {"system": system, "purpose": purpose, "backend": backend, "policy": dataclasses.asdict(components.policy),
+           "engine": components.engine.kind, "setup_s": round(t1 - t0, 1), "eval_s": round(t2 - t1, 1),
            "summary": report.summary_dict(summary), "agent_failed": cells.agent_failed}
     table = report.results_table([(system, summary)])
     atomic_write(run_dir / "evaluation.json", json.dumps(out, indent=2, default=str).encode())

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import pathlib
 import time
 from collections.abc import Mapping, Sequence
@@ -34,19 +33,18 @@ from tqdm.auto import tqdm
 from bat_jax import report
 from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary, display
-from bat_jax.benchmark.stages import STAGES
 from bat_jax.bicurl import evaluation as ev
-from bat_jax.bicurl.engines import EngineConfig, build_engine, jax_memory_fraction
+from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
 from bat_jax.bicurl.grpo_round import GRPOBlockConfig, grpo_block
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
 from bat_jax.bicurl.reward import RewardConfig
-from bat_jax.bicurl.run_loops import open_run_loops
+from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
 from bat_jax.bicurl.sft_data import render_sft_row, sft_batch, trajectory_examples
-from bat_jax.checkpoint import CheckpointConfig, Checkpointer
+from bat_jax.checkpoint import CheckpointConfig, Checkpointer, checkpoint_name, checkpoint_step
 from bat_jax.curriculum import controller as ctl
 from bat_jax.curriculum import router
-from bat_jax.learn import grpo, kl, rollout_correction, sft
+from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
 from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
@@ -56,8 +54,9 @@ from bat_jax.models.episode import EpisodeBuilder
 from bat_jax.policy import Policy, PolicyConfig, build_policy
 from bat_jax.prompts import first_messages
 from bat_jax.rollout.agent_loop import AgentLoopConfig
+from bat_jax.rollout.engine import RolloutEngine
 from bat_jax.stage_bank import pools
-from bat_jax.stage_bank.bank import StageBank
+from bat_jax.stage_bank.bank import BankView, StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
 from bat_jax.stage_bank.row import RLRow, SFTRow
@@ -114,10 +113,11 @@ class BiCuRLConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Components:
-    """The component configs one run uses, each bound by gin on its own dataclass; the experiment hands each
-    mechanism its own config, never this whole. `engine` picks the rollout engine and its memory bounds
-    (`engines.EngineConfig`: the JAX sampler, on one device or the mesh, or vLLM, one replica per GPU). `grpo_micro_batches`: gradient accumulation inside one
-    GRPO step (the loss is exact under the split). `judge` (optional) names the LLM judge endpoint and the rubric
+    """The component configs one run uses, each bound by gin on its own dataclass.
+
+    The experiment hands each mechanism its own config, never this whole. `engine` picks the rollout engine and its
+    memory bounds (`engines.EngineConfig`: the JAX sampler, on one device or the mesh, or vLLM, one replica per
+    GPU). `grpo_micro_batches`: gradient accumulation inside one GRPO step (the loss is exact under the split). `judge` (optional) names the LLM judge endpoint and the rubric
     items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic. `ray` (optional,
     `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy, JAX
     sampler and sandboxes (`bicurl/ray_workers.py`); unset = in this process. Evaluation stays in-process.
@@ -158,208 +158,232 @@ class Components:
             raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine kind 'jax'")
 
 
-def _evaluation(s: Summary) -> ctl.Evaluation:
-    return ctl.Evaluation(overall=s.overall or 0.0, task=s.task, stage_scores={k.value: v for k, v in s.stages.items()},
-                          track_scores={t: row["overall"] for t, row in s.tracks.items()})
-
-
 def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components: Components = Components()) -> dict:
-    """Runs (or resumes) one experiment in `run_dir`; returns the final summary (also written as JSON). The
-    sandboxes (warm pool), rollout engine and Ray workers it starts are released when it returns or raises."""
+    """Runs (or resumes) one experiment in `run_dir`; returns the final summary (also written as JSON).
+
+    The sandboxes (warm pool), rollout engine and Ray workers it starts are released when it returns or raises.
+
+    Raises:
+      ValueError: `components.bank` unset, or a configuration error a mechanism names.
+      FileNotFoundError: a missing checkpoint directory (`PolicyConfig.checkpoint_dir`).
+      stage_bank.leakage.LeakageError: a held-out marker in the bank or in a round's rows.
+    """
+    run_dir = pathlib.Path(run_dir)
     with contextlib.ExitStack() as resources:
-        return _run(pathlib.Path(run_dir), config, components, resources)
+        exp = _open(run_dir, config, components, resources)
+        untrained = exp.learner.host_copy(exp.learner.params)
+        round0 = _cold_start(exp)
+        sft_params = exp.learner.host_copy(exp.learner.params)
+        controller, records = _resume(exp, round0)
+        best_params = exp.learner.host_copy(exp.restore(controller.state.best_checkpoint))
+        if records:
+            exp.learner.params = exp.restore(records[-1].retained_checkpoint)
+        rounds = 0 if config.mode == "sft_only" else config.rounds
+        kl_prompts = _kl_prompts(exp.view.rl_rows, exp.policy, components.policy_shift)
+        for r in range(len(records) + 1, rounds + 1):
+            t_round = time.perf_counter()
+            last_scores = records[-1].controller_scores["stage_scores"] if records else round0.stage_scores
+            decision = router.route(last_scores, round_index=r, held=controller.state.held,
+                                    reference_scores=controller.state.reference_scores, config=components.router)
+            round_view = _round_view(exp, decision.target, r)
+            stats = grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block,
+                               seed=config.seed * 1000 + r, judge=exp.judge)
+            summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
+            shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
+                                       *kl_prompts, config=components.policy_shift)
+            verdict = _judge_candidate(exp, controller, r, summary, shift)
+            if verdict.new_best:
+                best_params = exp.learner.host_copy(exp.learner.params)
+            if verdict.retained_checkpoint != checkpoint_name(r):
+                exp.learner.params = exp.restore(verdict.retained_checkpoint)
+            record = RoundRecord(
+                round=r, selected_stage=decision.target.value, routing_report=decision.report(),
+                pool_counts=round_view.pool_counts(), bank_version=exp.view.version, state_ids=round_view.state_ids(),
+                reward_version=stats.reward_version, controller_scores=ctl.Evaluation.from_summary(summary).to_dict(),
+                kl=shift, decision=verdict.decision, decision_reasons=verdict.reasons,
+                retained_checkpoint=verdict.retained_checkpoint, controller_state=controller.state.to_dict(),
+                eval_cells=summary.n_cells, eval_unscored=summary.n_unscored, eval_agent_failed=agent_failed,
+                grpo=stats)
+            exp.ledger.append(record)
+            records.append(record)
+            _log_round(exp.writer, record, summary, time.perf_counter() - t_round)
+
+        final = _final_evaluation(exp, config, {"untrained": untrained, "SFT": sft_params}, best_params, rounds)
+        exp.close_engine()  # vLLM: free its memory and worker before the export and the reports
+        export_retained(exp.learner.sync_model(best_params), run_dir, exp.policy.tokenizer)  # SFT without rounds
+        exp.loops.close()  # Ray rollout workers, the sandbox pool
+        return report.write_run_report(run_dir, final, records, round0, exp.writer)
 
 
-def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: contextlib.ExitStack) -> dict:
-    """The body of `run`; whatever must be released at the end goes on `resources`."""
-    if c.bank is None:
+@dataclasses.dataclass
+class _Experiment:
+    """What one run holds open: policy and learner, the bank version it reads, rollout engine and loops, judge,
+    checkpoints, ledger and TensorBoard writer; `evaluate` runs the held-out suite on a set of parameters."""
+
+    run_dir: pathlib.Path
+    config: BiCuRLConfig
+    components: Components
+    policy: Policy
+    learner: Learner
+    bank: StageBank
+    view: BankView
+    manifest: HeldOutManifest
+    engine: RolloutEngine
+    loops: RunLoops
+    judge: RubricJudge | None
+    checkpoints: Checkpointer
+    ledger: Ledger
+    writer: report.ScalarWriter
+    block: GRPOBlockConfig
+
+    def evaluate(self, params, purpose: str) -> tuple[Summary, int]:
+        """(aggregates, scored cells that were agent-caused sandbox failures) of one held-out evaluation."""
+        self.engine.update_weights(self.learner.sync_model(params))
+        cells = ev.EngineCells(self.loops.evaluation, self.judge, prompt_style=self.policy.prompt_style)
+        summary = ev.evaluate(cells, dataclasses.replace(self.components.evaluation, purpose=purpose))
+        return summary, cells.agent_failed
+
+    def restore(self, name: str):
+        """The parameters of checkpoint `name` (`checkpoint.checkpoint_name`), on the learner's mesh."""
+        abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                           self.learner.params)}
+        return self.checkpoints.restore(abstract, step=checkpoint_step(name)).state["params"]
+
+    def close_engine(self) -> None:
+        if hasattr(self.engine, "close"):
+            self.engine.close()
+
+
+def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
+          resources: contextlib.ExitStack) -> _Experiment:
+    """Builds the policy and learner first (a missing checkpoint directory fails before other work), then the Stage
+    Bank version (built once, resumable) behind the leakage preflight, the engine, loops and the run's records."""
+    if components.bank is None:
         raise ValueError("Components.bank (a FactoryConfig naming the Stage Bank directory) is required")
+    policy = build_policy(components.policy)
+    learner = Learner(policy.model, components.mesh, components.memory)
 
-    if c.engine.kind == "vllm":  # JAX and vLLM share the accelerator in this process: JAX leaves vLLM its share
-        share = float(dict(c.engine.vllm_options).get("gpu_memory_utilization", 0.5))
-        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{jax_memory_fraction(share):.2f}")
-
-    # ---- policy and learner first: a missing checkpoint directory or device fails before any other work ---
-    policy = build_policy(c.policy)
-    learner = Learner(policy.model, c.mesh, c.memory)
-
-    # ---- Stage Bank: build a version once (resumable), then guard the held-out firewall -----------------
-    manifest_path = ev.write_heldout_manifest(run_dir / "heldout_manifest.json", c.evaluation)
+    manifest_path = ev.write_heldout_manifest(run_dir / "heldout_manifest.json", components.evaluation)
     manifest = HeldOutManifest.load(manifest_path)
-    bank = StageBank(c.bank.bank_dir)
-    check_recipe(bank, c.bank)  # a bank another teacher / layout family wrote is refused, never mixed in
+    bank = StageBank(components.bank.bank_dir)
+    check_recipe(bank, components.bank)  # a bank another teacher / layout family wrote is refused, never mixed in
     if not bank.versions():
-        built = build_bank(dataclasses.replace(c.bank, heldout_manifest=str(manifest_path)))
+        built = build_bank(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)))
         print(f"[bat_jax] Stage Bank built: {built}")
     view = bank.read()
-    preflight(manifest, files=[c.bank.bank_dir]).raise_if_leaky()
+    preflight(manifest, files=[components.bank.bank_dir]).raise_if_leaky()
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
 
-    # ---- rollout engine, sandboxes (warm pool), GRPO and evaluation loops (`bicurl/run_loops.py`) --------
-    engine = build_engine(policy, c.engine, c.agent.max_context_tokens, run_dir,
-                          batch_episodes=c.pools.batch_size * c.agent.episodes_per_state)
+    agent = components.agent
+    engine = build_engine(policy, components.engine, agent.max_context_tokens, run_dir,
+                          batch_episodes=components.pools.batch_size * agent.episodes_per_state)
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
-    worker = WorkerSpec(c.policy, c.agent, config.backend, c.engine) if c.ray is not None else None
-    loops = open_run_loops(policy, engine, c.agent, c.evaluation, c.pools.batch_size, config.backend,
-                           warm_pool=config.sandbox_pool, ray=c.ray, worker=worker)
+    worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None
+    loops = open_run_loops(policy, engine, agent, components.evaluation, components.pools.batch_size,
+                           config.backend, warm_pool=config.sandbox_pool, ray=components.ray, worker=worker)
     resources.callback(loops.close)
-    loop, eval_loop = loops.rollouts, loops.evaluation
-    checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
-    ledger = Ledger(run_dir / "ledger.jsonl")
-    writer = report.ScalarWriter(run_dir / "tensorboard")
-
-    judge = RubricJudge(c.judge) if c.judge is not None else None
+    judge = RubricJudge(components.judge) if components.judge is not None else None
     if judge is not None:
         judge.check_endpoint()  # a rejected request (wrong model / key) stops here; unreachable only warns
+    block = GRPOBlockConfig(grpo=components.grpo, optimizer=components.grpo_optimizer,
+                            micro_batches=components.grpo_micro_batches, episodes_per_state=agent.episodes_per_state,
+                            max_context_tokens=agent.max_context_tokens, prompt_style=components.policy.prompt_style,
+                            reward=components.reward, dynamic_sampling=components.dynamic_sampling)
+    return _Experiment(run_dir, config, components, policy, learner, bank, view, manifest, engine, loops, judge,
+                       Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
+                       Ledger(run_dir / "ledger.jsonl"), report.ScalarWriter(run_dir / "tensorboard"), block)
 
-    eval_agent_failed = [0]  # scored cells of the latest evaluation that were agent-caused sandbox failures
 
-    def evaluate(params, purpose: str) -> Summary:
-        engine.update_weights(learner.sync_model(params))
-        cells = ev.EngineCells(eval_loop, judge, prompt_style=policy.prompt_style)
-        summary = ev.evaluate(cells, dataclasses.replace(c.evaluation, purpose=purpose))
-        eval_agent_failed[0] = cells.agent_failed
-        return summary
+def _cold_start(exp: _Experiment) -> ctl.Evaluation:
+    """SFT cold start once (checkpoint step 0) and its controller evaluation (round 0); restored on resume."""
+    if 0 in exp.checkpoints.all_steps():
+        exp.learner.params = exp.restore(checkpoint_name(0))
+        return _round0(exp.run_dir)
+    t0 = time.perf_counter()
+    _sft_cold_start(exp.learner, exp.policy, exp.view.sft_rows, exp.components.sft, exp.config,
+                    exp.components.agent.max_observation_chars)
+    t1 = time.perf_counter()
+    summary, _ = exp.evaluate(exp.learner.params, "controller")
+    print(f"[bat_jax] SFT cold start done in {t1 - t0:.0f} s; controller evaluation Overall "
+          f"{display(summary.overall)} ({time.perf_counter() - t1:.0f} s)", flush=True)
+    round0 = _round0(exp.run_dir, summary)
+    exp.checkpoints.save(0, {"params": exp.learner.params}, extra={"round": 0},
+                         metrics=None if summary.overall is None else {"overall": summary.overall})
+    return round0
 
-    # the untrained / SFT / best copies wait on the host (fp32, exact) and go onto the mesh only when used: at 9B
-    # each is 4.5 GB per device that the SFT and GRPO steps need (launch/bench/compile_probe.py)
-    untrained = learner.host_copy(learner.params)
 
-    # ---- SFT cold start (once; checkpoint step 0) -----------------------------------------------------
-    abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                       learner.params)}
-    if 0 in checkpoints.all_steps():
-        learner.params = checkpoints.restore(abstract, step=0).state["params"]
-    else:
-        t0 = time.perf_counter()
-        _sft_cold_start(learner, policy, view.sft_rows, c.sft, config, c.agent.max_observation_chars)
-        t1 = time.perf_counter()
-        sft_eval = evaluate(learner.params, "controller")
-        print(f"[bat_jax] SFT cold start done in {t1 - t0:.0f} s; controller evaluation Overall "
-              f"{display(sft_eval.overall)} ({time.perf_counter() - t1:.0f} s)", flush=True)
-        _round0(run_dir, sft_eval)
-        checkpoints.save(0, {"params": learner.params}, metrics={"overall": sft_eval.overall or 0.0},
-                         extra={"round": 0})
-    sft_params = learner.host_copy(learner.params)
-    round0 = _round0(run_dir)
-
-    # ---- rounds ----------------------------------------------------------------------------------------
-    records = ledger.read()
-    for step in checkpoints.all_steps():  # saved by a round killed before its ledger line: that round is redone
+def _resume(exp: _Experiment, round0: ctl.Evaluation) -> tuple[ctl.Controller, list[RoundRecord]]:
+    """The controller and the ledger's rounds of a resumed run (a new run: round 0 observed). A checkpoint saved
+    by a round killed before its ledger line is deleted: that round is redone."""
+    records = exp.ledger.read()
+    for step in exp.checkpoints.all_steps():
         if step > (records[-1].round if records else 0):
             print(f"[bat_jax] dropping checkpoint {step}: its round is not in the ledger (killed run)", flush=True)
-            checkpoints.delete(step)
-    controller = ctl.Controller(c.controller, ctl.ControllerState.from_dict(records[-1].controller_state)
-                                if records else None)
-    stage_scores = dict(records[-1].controller_scores["stage_scores"]) if records else dict(round0.stage_scores)
-    if not records:
-        controller.observe(0, "ckpt-0", round0)
-    best_step = _step(controller.state.best_checkpoint) if controller.state.best_checkpoint else 0
-    best_params = learner.host_copy(checkpoints.restore(abstract, step=best_step).state["params"])
+            exp.checkpoints.delete(step)
+    config = exp.components.controller
     if records:
-        learner.params = checkpoints.restore(abstract, step=_step(records[-1].retained_checkpoint)).state["params"]
-    rounds = 0 if config.mode == "sft_only" else config.rounds
-    kl_prompts = _kl_prompts(view.rl_rows, policy, c.policy_shift)
-    block = GRPOBlockConfig(grpo=c.grpo, optimizer=c.grpo_optimizer, micro_batches=c.grpo_micro_batches,
-                            episodes_per_state=c.agent.episodes_per_state, max_context_tokens=c.agent.max_context_tokens,
-                            prompt_style=c.policy.prompt_style, reward=c.reward, dynamic_sampling=c.dynamic_sampling)
-    spares = c.dynamic_sampling.max_extra_rows * config.grpo_steps_per_round if c.dynamic_sampling.enabled else 0
-    for r in range(len(records) + 1, rounds + 1):
-        t_round = time.perf_counter()
-        held = bool(records) and records[-1].decision != "accept"
-        decision = _route(stage_scores, round_index=r, held=held, config=c.router)
-        rows, pool_cfg = mode_pools(view.rl_rows, config.mode, c.pools)
-        round_view = pools.build_round_view(rows, decision.target, round_index=r,
-                                            n_batches=config.grpo_steps_per_round, config=pool_cfg,
-                                            spares_per_pool=spares)
-        spare_items = [item for items in round_view.spares.values() for item in items]
-        preflight(manifest, rows=[item.row for item in round_view.items + spare_items], load_state=bank.load_state,
-                  source=f"round {r} view").raise_if_leaky()
-        metrics = grpo_block(learner, loop, bank, round_view, block, seed=config.seed * 1000 + r, judge=judge)
-        summary = evaluate(learner.params, "controller")
-        stage_scores = {k.value: v for k, v in summary.stages.items()}
-        shift = kl.policy_shift_kl(learner.apply_fn, learner.params, learner.on_mesh(best_params), *kl_prompts,
-                                   config=c.policy_shift)
-        checkpoints.pin(_needed_steps(controller.state))
-        checkpoints.save(r, {"params": learner.params},
-                         metrics=None if summary.overall is None else {"overall": summary.overall},
-                         extra={"round": r, "summary": report.summary_dict(summary)})
-        scores = _evaluation(summary).to_dict()
-        if summary.overall is None:  # every controller cell unscored (sandboxes or judge down): no evidence
-            scores["overall"] = None  # either way — the candidate is neither accepted nor counted as a drop
-            decided = "unscored"
-            keep = controller.state.retained_checkpoint or controller.state.best_checkpoint or "ckpt-0"
-        else:
-            verdict = controller.observe(r, f"ckpt-{r}", _evaluation(summary), kl=shift)
-            decided, keep = verdict.decision, verdict.retained_checkpoint
-            if verdict.decision == "accept" and verdict.best_checkpoint == f"ckpt-{r}":
-                best_params = learner.host_copy(learner.params)
-        if keep != f"ckpt-{r}":
-            learner.params = checkpoints.restore(abstract, step=_step(keep)).state["params"]
-        record = RoundRecord(round=r, selected_stage=decision.target.value, routing_report=decision.report(),
-                             pool_counts=round_view.pool_counts(), bank_version=view.version,
-                             state_ids=round_view.state_ids(), reward_version=metrics["reward_version"],
-                             controller_scores=scores, kl=shift, decision=decided,
-                             retained_checkpoint=keep,
-                             controller_state=controller.state.to_dict(), rollouts=int(metrics["rollouts"]),
-                             unscored_rollouts=int(metrics["unscored"]), eval_cells=summary.n_cells,
-                             eval_unscored=summary.n_unscored, agent_failed_rollouts=int(metrics["agent_failed"]),
-                             eval_agent_failed=eval_agent_failed[0],
-                             pool_reward_before=_finite(metrics["pool_reward_before"]),
-                             pool_reward_after=_finite(metrics["pool_reward_after"]),
-                             groups_with_variance=int(metrics["groups_with_variance"]),
-                             groups_scored=int(metrics["groups_scored"]),
-                             update_logp_shift_pos=_finite(metrics["update_logp_shift_pos"]),
-                             update_logp_shift_neg=_finite(metrics["update_logp_shift_neg"]),
-                             update_token_kl=_finite(metrics["update_token_kl"]),
-                             groups_drawn=int(metrics["groups_drawn"]), groups_dropped=int(metrics["groups_dropped"]),
-                             groups_trained=int(metrics["groups_trained"]),
-                             trained_pool_counts=dict(metrics["trained_pools"]),
-                             rollout_mismatch={k: metrics[f"rc_{k}"] for k in rollout_correction.METRICS
-                                               if f"rc_{k}" in metrics} or None)
-        ledger.append(record)
-        records.append(record)
-        writer.summary("controller_eval", summary, r)
-        for key, value in metrics.items():
-            if isinstance(value, float):
-                writer.scalar(f"grpo/{key}", value, r)
-        print(f"[bat_jax] round {r}: target {decision.target.value}, Overall {display(summary.overall)}, "
-              f"KL {shift:.4f}, {decided} → {keep}; reward on its pool {metrics['pool_reward_before']:.3f} → "
-              f"{metrics['pool_reward_after']:.3f}, groups with reward variance {record.groups_with_variance}/"
-              f"{record.groups_scored}, trained {record.groups_trained} of {record.groups_drawn} drawn "
-              f"({time.perf_counter() - t_round:.0f} s)", flush=True)
+        state = ctl.ControllerState.from_dict(records[-1].controller_state, last_decision=records[-1].decision)
+        return ctl.Controller(config, state), records
+    controller = ctl.Controller(config)
+    controller.observe(0, checkpoint_name(0), round0)
+    return controller, records
 
-    # ---- final evaluation on disjoint runs ------------------------------------------------------------
-    t_final = time.perf_counter()
-    final = {"untrained": evaluate(untrained, "final"), "SFT": evaluate(sft_params, "final")}
+
+def _round_view(exp: _Experiment, target, round_index: int) -> pools.RoundView:
+    """The round's pool batches (and dynamic sampling's spare rows) for target stage `target`, after the leakage
+    preflight of every row they hold."""
+    rows, pool_config = mode_pools(exp.view.rl_rows, exp.config.mode, exp.components.pools)
+    sampling = exp.components.dynamic_sampling
+    spares = sampling.max_extra_rows * exp.config.grpo_steps_per_round if sampling.enabled else 0
+    round_view = pools.build_round_view(rows, target, round_index=round_index,
+                                        n_batches=exp.config.grpo_steps_per_round, config=pool_config,
+                                        spares_per_pool=spares)
+    spare_items = [item for items in round_view.spares.values() for item in items]
+    preflight(exp.manifest, rows=[item.row for item in round_view.items + spare_items],
+              load_state=exp.bank.load_state, source=f"round {round_index} view").raise_if_leaky()
+    return round_view
+
+
+def _judge_candidate(exp: _Experiment, controller: ctl.Controller, round_index: int, summary: Summary,
+                     shift: float) -> ctl.ControllerDecision:
+    """Saves the round's candidate (pinning what the controller may still restore) and has the controller decide."""
+    state = controller.state
+    exp.checkpoints.pin({0} | {checkpoint_step(name) for name in (state.best_checkpoint, state.retained_checkpoint)
+                               if name})
+    exp.checkpoints.save(round_index, {"params": exp.learner.params},
+                         metrics=None if summary.overall is None else {"overall": summary.overall},
+                         extra={"round": round_index, "summary": report.summary_dict(summary)})
+    return controller.observe(round_index, checkpoint_name(round_index), ctl.Evaluation.from_summary(summary),
+                              kl=shift)
+
+
+def _log_round(writer: report.ScalarWriter, record: RoundRecord, summary: Summary, seconds: float) -> None:
+    """One log line and the TensorBoard scalars of a finished round."""
+    writer.summary("controller_eval", summary, record.round)
+    for key, value in record.grpo.scalars().items():
+        writer.scalar(f"grpo/{key}", value, record.round)
+    g = record.grpo
+    fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+    print(f"[bat_jax] round {record.round}: target {record.selected_stage}, Overall {display(summary.overall)}, "
+          f"KL {record.kl:.4f}, {record.decision} → {record.retained_checkpoint}; reward on its pool "
+          f"{fmt(g.pool_reward_before)} → {fmt(g.pool_reward_after)}, groups with reward variance "
+          f"{g.groups_with_variance}/{g.groups_scored}, trained {g.groups_trained} of {g.groups_drawn} drawn "
+          f"({seconds:.0f} s)", flush=True)
+
+
+def _final_evaluation(exp: _Experiment, config: BiCuRLConfig, systems: dict, best_params, rounds: int
+                      ) -> dict[str, Summary]:
+    """The final evaluation on disjoint held-out runs: untrained, SFT and (after rounds) the retained best."""
+    t0 = time.perf_counter()
     if rounds:
-        retained = "BiCuRL (retained)" if config.mode == "bicurl" else "GRPO (E2E task reward)"
-        final[retained] = evaluate(best_params, "final")
+        systems[("BiCuRL (retained)" if config.mode == "bicurl" else "GRPO (E2E task reward)")] = best_params
+    final = {name: exp.evaluate(params, "final")[0] for name, params in systems.items()}
     print(f"[bat_jax] final evaluation of {len(final)} systems: "
           + ", ".join(f"{name} {display(summary.overall)}" for name, summary in final.items())
-          + f" Overall ({time.perf_counter() - t_final:.0f} s)", flush=True)
-    if hasattr(engine, "close"):
-        engine.close()  # vLLM: free its memory and worker before the reports
-    export_retained(learner.sync_model(best_params), run_dir, policy.tokenizer)  # SFT when no round ran
-    loops.close()  # Ray rollout workers, the sandbox pool
-    return report.write_run_report(run_dir, final, records, round0, writer)
-
-
-def _finite(value: float) -> float | None:
-    """`value`, or None when it is NaN (nothing scored): the ledger holds no NaN."""
-    return None if value != value else float(value)
-
-
-def _needed_steps(state: ctl.ControllerState) -> set[int]:
-    """Checkpoint steps a run may still restore: the SFT cold start (0), the controller's best and retained."""
-    return {0} | {_step(name) for name in (state.best_checkpoint, state.retained_checkpoint) if name}
-
-
-def _step(checkpoint: str) -> int:
-    """Orbax step of a controller checkpoint name 'ckpt-<round>'."""
-    return int(checkpoint.removeprefix("ckpt-"))
+          + f" Overall ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return final
 
 
 def mode_pools(rl_rows: Sequence[RLRow], mode: str, pool_config: pools.PoolConfig
@@ -399,17 +423,6 @@ def _sft_cold_start(learner: Learner, policy: Policy, rows: Sequence[SFTRow], co
     learner.adopt(state)
 
 
-def _route(stage_scores: Mapping[str, float | None], *, round_index: int, held: bool,
-           config: router.RouterConfig) -> router.RoutingDecision:
-    """The router's choice; when every stage is unscored (e.g. the LLM judge was unreachable for a whole
-    evaluation) the earliest stage, recorded as rule 'no_scored_stage', so the run goes on."""
-    if any(v is not None for v in stage_scores.values()):
-        return router.route(stage_scores, round_index=round_index, held=held, config=config)
-    return router.RoutingDecision(round_index=round_index, target=STAGES[0], rule="no_scored_stage",
-                                  scores_in={s.value: None for s in STAGES}, reference_scores=None, regressions={},
-                                  held=held)
-
-
 def _kl_prompts(rows: Sequence[RLRow], policy: Policy, config: kl.PolicyShiftConfig
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the held-out KL probe set)."""
@@ -427,5 +440,5 @@ def _round0(run_dir: pathlib.Path, summary: Summary | None = None) -> ctl.Evalua
     """The SFT policy's controller evaluation (round 0): written once, read back on resume."""
     path = run_dir / "round0_eval.json"
     if summary is not None:
-        atomic_write(path, json.dumps(_evaluation(summary).to_dict()).encode())
+        atomic_write(path, json.dumps(ctl.Evaluation.from_summary(summary).to_dict()).encode())
     return ctl.Evaluation.from_dict(json.loads(path.read_text()))

@@ -25,6 +25,7 @@ from bat_jax.learn import grpo, rollout_correction
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch, has_signal
 from bat_jax.learn.learner import Learner, pad_batch
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
+from bat_jax.ledger import GRPOStats
 from bat_jax.prompts import rl_request
 from bat_jax.rollout.agent_loop import AgentLoop
 from bat_jax.stage_bank import pools
@@ -60,22 +61,12 @@ class GRPOBlockConfig:
 
 
 def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, c: GRPOBlockConfig,
-               seed: int, judge: RubricJudge | None = None) -> dict:
-    """Runs one round's GRPO block on `learner` (its params become the block's last state) and returns its metrics.
+               seed: int, judge: RubricJudge | None = None) -> GRPOStats:
+    """Runs one round's GRPO block on `learner` and returns what it did (`ledger.GRPOStats`).
 
-    Unscored rollouts (reward None) leave the loss. `rollouts`, `unscored`, `agent_failed` (scored rollouts the
-    agent's own code failed, `rollout_counts`), `reward_mean` and `reward_version` count every rollout drawn,
-    groups dynamic sampling dropped included. Signal diagnostics: `pool_reward_before` is the mean scored reward of
-    the first batch's rows at their first roll-out (round-start policy; dropped groups included),
-    `pool_reward_after` that of the same rows rolled out again with the same seed after the block's last step (NaN
-    when none was scored); `groups_with_variance` / `groups_scored` count the trained groups (K rollouts of one
-    row) whose scored rewards differ / that have ≥ 2 scored rewards; `groups_drawn` / `groups_dropped` /
-    `groups_trained` count the groups rolled out, dropped by dynamic sampling and trained on, `trained_pools` the
-    trained groups per pool; `update_logp_shift_pos` / `_neg` / `update_token_kl` say how the block moved the
-    rollouts of the first batch it trained on (its groups after dynamic sampling; `grpo.update_shift`: logprobs at
-    the round start vs its end; NaN when no batch was trained). With rollout correction the step's behaviour
-    logprobs are the learner's (the round-start reference pass for the first batch, one more pass after) and `rc_*`
-    are the round's mismatch metrics (`rollout_correction.METRICS`).
+    The learner's params become the block's last state. Unscored rollouts (reward None) leave the loss. With
+    rollout correction the step's behaviour logprobs are the learner's: the round-start reference pass for the
+    first batch, one more pass for each later batch.
     """
     step_fn, state = learner.grpo_block(c.grpo, c.optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
                                         num_micro_batches=c.micro_batches)
@@ -140,17 +131,26 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     loop.engine.update_weights(learner.sync_model(learner.params))
     _, probe = rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge, tasks)  # same rows, same seed
     after = [s.reward for s in probe if s.reward is not None]
-    mean = float(np.mean(seen["rewards"])) if seen["rewards"] else float("nan")
-    judged = {f"judge_{k}": float(v) for k, v in judge.stats().items()} if judge is not None else {}
-    return {"reward_mean": mean, "unscored": float(seen["unscored"]), "agent_failed": float(seen["agent_failed"]),
-            "rollouts": float(seen["rollouts"]), "reward_version": seen["version"] or "none",
-            "pool_reward_before": float(np.mean(before)) if before else float("nan"),
-            "pool_reward_after": float(np.mean(after)) if after else float("nan"),
-            "groups_with_variance": float(varied), "groups_scored": float(grouped),
-            "groups_drawn": float(drawn), "groups_dropped": float(dropped), "groups_trained": float(trained),
-            "trained_pools": dict(trained_pools),
-            **{f"rc_{k}": v for k, v in rollout_correction.merge_metrics(mismatch).items()},
-            **{f"update_{k}": v for k, v in shift.items()}, **judged}
+    return GRPOStats(
+        rollouts=seen["rollouts"], unscored=seen["unscored"], agent_failed=seen["agent_failed"],
+        reward_mean=_mean(seen["rewards"]), reward_version=seen["version"] or "none",
+        pool_reward_before=_mean(before), pool_reward_after=_mean(after),
+        groups_with_variance=varied, groups_scored=grouped, groups_drawn=drawn, groups_dropped=dropped,
+        groups_trained=trained, trained_pool_counts=dict(trained_pools),
+        update_logp_shift_pos=_none_if_nan(shift["logp_shift_pos"]),
+        update_logp_shift_neg=_none_if_nan(shift["logp_shift_neg"]), update_token_kl=_none_if_nan(shift["token_kl"]),
+        rollout_mismatch=rollout_correction.merge_metrics(mismatch) or None,
+        judge={k: float(v) for k, v in judge.stats().items()} if judge is not None else None)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    """Mean of `values`; None when there are none (nothing scored)."""
+    return float(np.mean(values)) if len(values) else None
+
+
+def _none_if_nan(value: float) -> float | None:
+    """`value`, or None when it is NaN (no batch trained): the ledger holds no NaN."""
+    return None if value != value else float(value)
 
 
 def wave_seed(seed: int, batch: int, wave: int) -> int:

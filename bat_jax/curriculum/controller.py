@@ -1,24 +1,24 @@
-"""The BiCuRL checkpoint controller: accept a candidate, or fall back to the best retained checkpoint θ*.
+"""The BiCuRL checkpoint controller: every acceptance decision of a run, and the best checkpoint θ*.
 
-Two acceptance policies (ControllerConfig.policy, selectable in gin; REFERENCE.md "Acceptance"):
+Two acceptance rules (`ControllerConfig.acceptance`; REFERENCE.md "Acceptance"):
 
 'fallback' — paper Eq. 6 (default). A counter of consecutive Overall drops,
     c_{r+1} = c_r + 1 if M_{r+1} < M_r else 0,
   and the next round starts from θ* when c_{r+1} ≥ patience (3) or KL(candidate ‖ θ*) > τ (0.1); otherwise it
   starts from the candidate. θ* is the accepted checkpoint with the highest Overall (ties keep the earlier one).
-  After a fallback the counter restarts at 0 and M_r becomes θ*'s Overall (the policy that is now running).
-  This policy only compares scores, so any scale (0–1 or 0–100) works.
+  After a fallback the counter restarts at 0 and M_r becomes θ*'s Overall. Any score scale works.
 
-'noninferiority' — the released code's paired non-inferiority gate against the incumbent θ*
-  (`scripts/check_bat_core_gate.py`): it refuses (ValueError) unless both evaluations cover the same cells and
-  tracks, and accepts the candidate only if Overall ≥ θ* − 0.01, Task ≥ θ* − 0.03, every track ≥ θ* − 0.05, each
-  of S3–S5 ≥ θ* − 0.03, and Overall fell by less than 0.20 (the catastrophic drop applies to Overall only; S1 and
-  S2 have no limit). Otherwise it is held and θ* stays. Margins are absolute on the 0–1 scale. The KL rule
-  applies to both policies (disable with kl_threshold=None).
+'noninferiority' — the released code's paired non-inferiority gate against θ*. It accepts the candidate only if
+  Overall ≥ θ* − 0.01, Task ≥ θ* − 0.03, every track ≥ θ* − 0.05, each late stage ≥ θ* − 0.03 and Overall fell by
+  less than 0.20. Otherwise it is held and θ* stays. Both evaluations must cover the same cells: a candidate
+  evaluated on other cells is held, its reason naming them. Margins are absolute on the 0–1 scale.
+
+The KL rule applies to both (disable with kl_threshold=None). A candidate whose evaluation is unscored (every
+cell unscored: sandboxes or judge down) is 'unscored': neither accepted nor counted as a drop, and the next
+round starts from the retained checkpoint. The decisions a ledger can hold are `DECISIONS`.
 
 Every comparison of two scores treats values within `router.SCORE_TOL` (1e-12) as equal, so float round-off
-never decides: 0.50 → 0.49 is a drop of 0.010000000000000009, within the 0.01 margin. The first evaluation (no
-θ* yet) is always accepted.
+never decides. The first scored evaluation is always accepted.
 """
 
 from __future__ import annotations
@@ -28,13 +28,16 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bat_jax.benchmark.scoring import DEFAULT_STAGE_WEIGHTS, Cell
+from bat_jax.benchmark.scoring import Summary
 from bat_jax.benchmark.stages import Stage
 from bat_jax.curriculum.router import SCORE_TOL
 
-POLICY_FALLBACK = "fallback"
-POLICY_GATE = "noninferiority"
-ACCEPT, FALLBACK, HOLD = "accept", "fallback", "hold"
+#: Acceptance rules (`ControllerConfig.acceptance`).
+RULE_FALLBACK = "fallback"
+RULE_GATE = "noninferiority"
+ACCEPT, FALLBACK, HOLD, UNSCORED = "accept", "fallback", "hold", "unscored"
+#: Every decision the controller makes (and a ledger records).
+DECISIONS = (ACCEPT, FALLBACK, HOLD, UNSCORED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,26 +69,26 @@ class ControllerConfig:
     Attributes:
       patience: consecutive Overall drops that trigger fallback (paper: 3).
       kl_threshold: τ on the mean per-token KL(candidate ‖ θ*) in nats (paper: 0.1); None disables the rule.
-      policy: POLICY_FALLBACK (paper) or POLICY_GATE (released code).
-      margins: gate margins (used by POLICY_GATE only).
+      acceptance: RULE_FALLBACK (paper) or RULE_GATE (released code).
+      margins: gate margins (used by RULE_GATE only).
     """
 
     patience: int = 3
     kl_threshold: float | None = 0.1
-    policy: str = POLICY_FALLBACK
+    acceptance: str = RULE_FALLBACK
     margins: NonInferiorityMargins = NonInferiorityMargins()
 
     def __post_init__(self):
         if self.patience < 1:
             raise ValueError(f"ControllerConfig.patience must be >= 1, got {self.patience}")
-        if self.policy not in (POLICY_FALLBACK, POLICY_GATE):
-            raise ValueError(f"ControllerConfig.policy must be {POLICY_FALLBACK!r} or {POLICY_GATE!r}, "
-                             f"got {self.policy!r}")
+        if self.acceptance not in (RULE_FALLBACK, RULE_GATE):
+            raise ValueError(f"ControllerConfig.acceptance must be {RULE_FALLBACK!r} or {RULE_GATE!r}, "
+                             f"got {self.acceptance!r}")
         if self.kl_threshold is not None and not self.kl_threshold >= 0:
             raise ValueError(f"ControllerConfig.kl_threshold must be >= 0 or None, got {self.kl_threshold}")
 
 
-def _finite(v: Any, what: str) -> float:
+def _require_finite(v: Any, what: str) -> float:
     v = float(v)
     if not math.isfinite(v):
         raise ValueError(f"{what} must be finite, got {v!r}")
@@ -103,43 +106,37 @@ def _cell_key(key: Any) -> CellKey:
     return parts
 
 
-def scored_cell_keys(cells: Iterable[Cell], weights: Mapping[Stage | str, float] = DEFAULT_STAGE_WEIGHTS
-                     ) -> frozenset[CellKey]:
-    """``(track, repeat)`` of every scored cell — the cells an evaluation's aggregates rest on (unscored cells
-    leave the aggregates), for :attr:`Evaluation.cells`."""
-    return frozenset((c.track, c.repeat) for c in cells if c.scored(weights))
-
-
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
     """Controller-evaluation aggregates of one checkpoint.
 
     Attributes:
-      overall: M (required).
+      overall: M, or None when every cell was unscored (the decision is then 'unscored', never a score of 0).
       task: Task score, or None.
-      stage_scores: 'S1'..'S5' → score (None / missing = unscored).
+      stage_scores: stage id → score (None / missing = unscored).
       track_scores: track → per-track Overall.
-      cells: the keys of the cells the aggregates rest on (e.g. :func:`scored_cell_keys`: ``(track, repeat)``),
-        or None when not recorded. The non-inferiority gate pairs two evaluations only over identical cells.
+      cells: the keys of the cells the aggregates rest on (`Summary.cells`: ``(track, repeat)``), or None when
+        not recorded. The non-inferiority gate pairs two evaluations only over identical cells.
     Raises:
       ValueError: a non-finite score or a malformed cell key (the message names the field).
     """
 
-    overall: float
+    overall: float | None
     task: float | None = None
     stage_scores: Mapping[str, float | None] = dataclasses.field(default_factory=dict)
     track_scores: Mapping[str, float] = dataclasses.field(default_factory=dict)
     cells: frozenset[CellKey] | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "overall", _finite(self.overall, "Evaluation.overall"))
+        if self.overall is not None:
+            object.__setattr__(self, "overall", _require_finite(self.overall, "Evaluation.overall"))
         if self.task is not None:
-            object.__setattr__(self, "task", _finite(self.task, "Evaluation.task"))
-        stages = {Stage.parse(k).value: (None if v is None else _finite(v, f"stage score {k}"))
+            object.__setattr__(self, "task", _require_finite(self.task, "Evaluation.task"))
+        stages = {Stage.parse(k).value: (None if v is None else _require_finite(v, f"stage score {k}"))
                   for k, v in self.stage_scores.items()}
         object.__setattr__(self, "stage_scores", stages)
         object.__setattr__(self, "track_scores",
-                           {str(k): _finite(v, f"track score {k}") for k, v in self.track_scores.items()})
+                           {str(k): _require_finite(v, f"track score {k}") for k, v in self.track_scores.items()})
         if self.cells is not None:
             object.__setattr__(self, "cells", frozenset(_cell_key(k) for k in self.cells))
 
@@ -154,16 +151,24 @@ class Evaluation:
     def from_dict(cls, d: Mapping[str, Any]) -> "Evaluation":
         return cls(d["overall"], d.get("task"), d.get("stage_scores", {}), d.get("track_scores", {}), d.get("cells"))
 
+    @classmethod
+    def from_summary(cls, summary: Summary) -> "Evaluation":
+        """The aggregates of an evaluator `Summary`, its scored cells included; unscored values stay None."""
+        return cls(summary.overall, summary.task, {k.value: v for k, v in summary.stages.items()},
+                   {t: row["overall"] for t, row in summary.tracks.items()}, summary.cells)
+
 
 @dataclasses.dataclass(frozen=True)
 class ControllerState:
     """Everything the controller remembers between rounds (serialisable for resume).
 
     Attributes:
-      best_checkpoint / best: θ* and its evaluation (None before the first round).
+      best_checkpoint / best: θ* and its evaluation (None before the first observation; `best` stays None while
+        every evaluation so far was unscored).
       previous_overall: M_r of the policy the next round starts from.
       drops: the counter c_r.
       retained_checkpoint: the checkpoint the next round starts from (θ̄_{r+1}).
+      last_decision: the latest decision (one of `DECISIONS`), None before the first.
     """
 
     best_checkpoint: str | None = None
@@ -171,17 +176,30 @@ class ControllerState:
     previous_overall: float | None = None
     drops: int = 0
     retained_checkpoint: str | None = None
+    last_decision: str | None = None
+
+    @property
+    def held(self) -> bool:
+        """The latest candidate was scored and not accepted (fallback or hold): the router's corrective rule."""
+        return self.last_decision in (FALLBACK, HOLD)
+
+    @property
+    def reference_scores(self) -> Mapping[str, float | None] | None:
+        """θ*'s stage scores: the reference of the router's corrective rule (None while nothing was scored)."""
+        return None if self.best is None else self.best.stage_scores
 
     def to_dict(self) -> dict[str, Any]:
         return {"best_checkpoint": self.best_checkpoint, "best": self.best.to_dict() if self.best else None,
                 "previous_overall": self.previous_overall, "drops": self.drops,
-                "retained_checkpoint": self.retained_checkpoint}
+                "retained_checkpoint": self.retained_checkpoint, "last_decision": self.last_decision}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ControllerState":
+    def from_dict(cls, d: Mapping[str, Any], last_decision: str | None = None) -> "ControllerState":
+        """The state of `to_dict`; `last_decision` fills in for a state written before the field existed."""
         best = d.get("best")
         return cls(d.get("best_checkpoint"), Evaluation.from_dict(best) if best else None,
-                   d.get("previous_overall"), int(d.get("drops", 0)), d.get("retained_checkpoint"))
+                   d.get("previous_overall"), int(d.get("drops", 0)), d.get("retained_checkpoint"),
+                   d.get("last_decision", last_decision))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,10 +208,10 @@ class ControllerDecision:
 
     Attributes:
       round_index, checkpoint: the candidate judged.
-      decision: 'accept', 'fallback' (Eq. 6 policy) or 'hold' (gate policy).
+      decision: one of `DECISIONS`: 'accept', 'fallback' (Eq. 6 rule), 'hold' (gate rule) or 'unscored'.
       reasons: why it was not accepted (e.g. 'patience: 3 consecutive drops', 'kl 0.11 > 0.1'), else ().
       retained_checkpoint: the checkpoint the next round starts from.
-      best_checkpoint, best_overall: θ* after this decision.
+      best_checkpoint, best_overall: θ* after this decision (`best_overall` None while nothing was scored).
       drops: counter c_{r+1} after the decision (0 after a fallback).
       kl: the KL estimate used, or None.
     """
@@ -204,14 +222,19 @@ class ControllerDecision:
     reasons: tuple[str, ...]
     retained_checkpoint: str
     best_checkpoint: str
-    best_overall: float
+    best_overall: float | None
     drops: int
     kl: float | None
 
     @property
     def held(self) -> bool:
-        """True when the candidate was not accepted (router's corrective rule applies)."""
-        return self.decision != ACCEPT
+        """True when the candidate was scored and not accepted (router's corrective rule applies)."""
+        return self.decision in (FALLBACK, HOLD)
+
+    @property
+    def new_best(self) -> bool:
+        """True when this candidate became θ*."""
+        return self.decision == ACCEPT and self.best_checkpoint == self.checkpoint
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"reasons": list(self.reasons)}
@@ -294,7 +317,7 @@ def step(
     *,
     round_index: int,
     checkpoint: str,
-    evaluation: Evaluation | float,
+    evaluation: Evaluation | float | None,
     kl: float | None = None,
 ) -> tuple[ControllerState, ControllerDecision]:
     """Judges one candidate (pure function; see module docstring).
@@ -303,48 +326,57 @@ def step(
       state: controller state before this round.
       config: ControllerConfig.
       round_index: round r+1 of the candidate.
-      checkpoint: the candidate's checkpoint id (e.g. its Orbax step or directory name).
-      evaluation: Evaluation, or a bare Overall number.
+      checkpoint: the candidate's checkpoint name (`checkpoint.checkpoint_name`).
+      evaluation: Evaluation, a bare Overall number, or None / an Evaluation with overall None (unscored).
       kl: mean per-token KL(candidate ‖ θ*) in nats, or None when not measured.
 
     Returns:
       (new state, decision).
 
     Raises:
-      ValueError: a non-finite score or negative KL; with the gate policy, a candidate not evaluated on the
-        incumbent's cells (:func:`check_paired`).
+      ValueError: a non-finite score or negative KL.
     """
     ev = evaluation if isinstance(evaluation, Evaluation) else Evaluation(overall=evaluation)
     if kl is not None:
-        kl = _finite(kl, "kl")
+        kl = _require_finite(kl, "kl")
         if kl < 0:
             raise ValueError(f"kl must be >= 0, got {kl}")
-    if state.best is None:  # first evaluation: θ* := candidate
-        new = ControllerState(checkpoint, ev, ev.overall, 0, checkpoint)
+    if ev.overall is None:  # no evidence either way: not accepted, not a drop; θ̄ stays
+        keep = state.retained_checkpoint or checkpoint
+        new = dataclasses.replace(state, best_checkpoint=state.best_checkpoint or checkpoint, retained_checkpoint=keep,
+                                  last_decision=UNSCORED)
+        reasons = ("every cell of the evaluation was unscored",)
+        return new, ControllerDecision(round_index, checkpoint, UNSCORED, reasons, keep, new.best_checkpoint,
+                                       None if new.best is None else new.best.overall, new.drops, kl)
+    if state.best is None:  # first scored evaluation: θ* := candidate
+        new = ControllerState(checkpoint, ev, ev.overall, 0, checkpoint, ACCEPT)
         return new, ControllerDecision(round_index, checkpoint, ACCEPT, (), checkpoint, checkpoint, ev.overall, 0, kl)
 
     drops = state.drops + 1 if ev.overall < state.previous_overall - SCORE_TOL else 0
     reasons = []
     if config.kl_threshold is not None and kl is not None and kl > config.kl_threshold:
         reasons.append(f"kl {kl:.4g} > tau {config.kl_threshold}")
-    if config.policy == POLICY_FALLBACK:
+    if config.acceptance == RULE_FALLBACK:
         if drops >= config.patience:
             reasons.insert(0, f"patience: {drops} consecutive Overall drops (patience {config.patience})")
         rejected = FALLBACK
     else:
-        reasons = gate_failures(ev, state.best, config.margins) + reasons
+        try:
+            reasons = gate_failures(ev, state.best, config.margins) + reasons
+        except ValueError as unpaired:  # no paired comparison, so no evidence of non-inferiority
+            reasons.insert(0, f"unpaired: {unpaired}")
         rejected = HOLD
 
     if reasons:
-        new = ControllerState(state.best_checkpoint, state.best, state.best.overall, 0, state.best_checkpoint)
+        new = ControllerState(state.best_checkpoint, state.best, state.best.overall, 0, state.best_checkpoint, rejected)
         decision = rejected
     else:
         decision = ACCEPT
-        if config.policy == POLICY_GATE or ev.overall > state.best.overall + SCORE_TOL:
+        if config.acceptance == RULE_GATE or ev.overall > state.best.overall + SCORE_TOL:
             best_ckpt, best = checkpoint, ev  # gate: an accepted candidate becomes the incumbent
         else:
             best_ckpt, best = state.best_checkpoint, state.best
-        new = ControllerState(best_ckpt, best, ev.overall, drops, checkpoint)
+        new = ControllerState(best_ckpt, best, ev.overall, drops, checkpoint, ACCEPT)
     return new, ControllerDecision(round_index, checkpoint, decision, tuple(reasons), new.retained_checkpoint,
                                    new.best_checkpoint, new.best.overall, new.drops, kl)
 
@@ -352,16 +384,18 @@ def step(
 class Controller:
     """Stateful wrapper around `step` for the experiment loop.
 
-    Usage: `c = Controller(config)`; each round `decision = c.observe(r, ckpt, evaluation, kl)`;
-    persist `c.state.to_dict()` (e.g. in the ledger) and resume with `Controller(config, ControllerState.from_dict(d))`.
+    Usage: `controller = Controller(config)`; each round `decision = controller.observe(r, name, evaluation, kl)`;
+    persist `controller.state.to_dict()` (the ledger does) and resume with
+    `Controller(config, ControllerState.from_dict(d))`.
     """
 
     def __init__(self, config: ControllerConfig = ControllerConfig(), state: ControllerState | None = None):
         self.config = config
         self.state = state or ControllerState()
 
-    def observe(self, round_index: int, checkpoint: str, evaluation: Evaluation | float,
+    def observe(self, round_index: int, checkpoint: str, evaluation: Evaluation | float | None,
                 kl: float | None = None) -> ControllerDecision:
+        """Judges one candidate (`step`) and keeps the new state."""
         self.state, decision = step(self.state, self.config, round_index=round_index, checkpoint=checkpoint,
                                     evaluation=evaluation, kl=kl)
         return decision

@@ -9,6 +9,8 @@ Rules:
   * 'largest_regression' (only when `RouterConfig.corrective` and the last candidate was held / fell back):
     s* = argmax_s (reference_s − candidate_s) over stages whose score fell (by more than `SCORE_TOL`); ties →
     earliest. When no stage fell, the weakest rule applies.
+  * 'no_scored_stage': every stage is unscored (e.g. the LLM judge was unreachable for a whole evaluation): the
+    earliest stage, so the run goes on.
 Ties: two scores (or regressions) within `SCORE_TOL` = 1e-12 of each other are equal, as in the released router
 (`math.isclose(..., abs_tol=1e-12)`): S1 = mean(0.1, 0.2) = 0.15000000000000002 and S2 = 0.15 tie and route to
 S1; so do regressions 0.3 − 0.1 and 0.8 − 0.6. Float round-off never decides a route (nor a gate:
@@ -28,6 +30,7 @@ from bat_jax.stage_bank.prescription import check_prescription
 
 RULE_WEAKEST = "weakest"
 RULE_REGRESSION = "largest_regression"
+RULE_NO_SCORED = "no_scored_stage"
 
 #: Scores (0–1) within this of each other are equal in every comparison the router and the controller make.
 SCORE_TOL = 1e-12
@@ -63,8 +66,7 @@ class RoutingDecision:
     Attributes:
       round_index: the round the choice is for.
       target: s*.
-      rule: RULE_WEAKEST or RULE_REGRESSION ('no_scored_stage' when `experiment._route` picks S1 because every
-        stage is unscored).
+      rule: RULE_WEAKEST, RULE_REGRESSION or RULE_NO_SCORED.
       scores_in: stage scores read (candidate's when held), 'S1'..'S5' → 0–1 or None.
       reference_scores: the retained checkpoint's scores used by the corrective rule, or None.
       regressions: reference − candidate per stage (positive = fell), empty unless corrective rule was tried.
@@ -138,13 +140,15 @@ def route(
       RoutingDecision.
 
     Raises:
-      ValueError: a missing stage, a score outside [0, 1], every stage unscored, or the corrective rule
-        enabled for a held candidate without reference_scores.
+      ValueError: a missing stage, a score outside [0, 1], or the corrective rule enabled for a held candidate
+        without reference_scores.
     """
     scores = _parse_scores(stage_scores, "stage scores")
     scored = {s: v for s, v in scores.items() if v is not None}
     if not scored:
-        raise ValueError("every stage is unscored; the router has nothing to compare")
+        return RoutingDecision(round_index=round_index, target=STAGES[0], rule=RULE_NO_SCORED,
+                               scores_in={s.value: None for s in STAGES}, reference_scores=None, regressions={},
+                               held=held)
     reference = None
     regressions: dict[str, float] = {}
     rule, target = RULE_WEAKEST, earliest_min(scored)

@@ -125,7 +125,7 @@ class Launched:
 
 
 def run(job: Callable[..., object] = gin.REQUIRED, run_name: str = gin.REQUIRED, run_dir: str | None = None,
-        runs_root: str = "runs") -> Launched:
+        runs_root: str = "runs", xla_memory_fraction: float | None = None) -> Launched:
     """Runs the configured job in its run directory (gin-bound by every top-level gin file).
 
     Args:
@@ -133,7 +133,18 @@ def run(job: Callable[..., object] = gin.REQUIRED, run_name: str = gin.REQUIRED,
       run_name: default run-directory name under `runs_root`.
       run_dir: explicit run directory (overrides runs_root/run_name).
       runs_root: parent of run directories.
+      xla_memory_fraction: share (0–1) of each accelerator's memory JAX may preallocate
+        (`XLA_PYTHON_CLIENT_MEM_FRACTION`), set before JAX touches a device; None leaves JAX's default. A run with
+        vLLM beside the learner binds it so both fit (`bicurl_paper_base.gin`); an explicit environment variable
+        wins.
+
+    Raises:
+      LaunchError: `xla_memory_fraction` outside (0, 1].
     """
+    if xla_memory_fraction is not None:
+        if not 0.0 < xla_memory_fraction <= 1.0:
+            raise LaunchError(f"launch.run.xla_memory_fraction must be in (0, 1], got {xla_memory_fraction}")
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{xla_memory_fraction:.2f}")
     directory = pathlib.Path(run_dir) if run_dir else pathlib.Path(runs_root) / run_name
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(directory / "config.gin", gin.config_str().encode())

@@ -12,7 +12,7 @@ import dataclasses
 
 import optax
 
-SCHEDULES = ("cosine", "constant")
+LR_SCHEDULES = ("cosine", "constant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +53,8 @@ def learning_rate_schedule(config: OptimizerConfig, total_steps: int) -> optax.S
     """
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-    if config.schedule not in SCHEDULES:
-        raise ValueError(f"OptimizerConfig.schedule must be one of {SCHEDULES}, got {config.schedule!r}")
+    if config.schedule not in LR_SCHEDULES:
+        raise ValueError(f"OptimizerConfig.schedule must be one of {LR_SCHEDULES}, got {config.schedule!r}")
     warmup = int(round(config.warmup_ratio * total_steps))
     peak = config.learning_rate
     if config.schedule == "cosine":

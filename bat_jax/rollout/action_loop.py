@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from bat_jax.benchmark.stages import E2E, Stage
-from bat_jax.rollout.schedule import SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
+from bat_jax.rollout.schedule import EPISODE_SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import Observation, Sandbox
 from bat_jax.tasks.episode import ActionPolicy, Conversation, PolicyError, RecordedEpisode, Turn
@@ -171,7 +171,7 @@ STEPS = EpisodeSteps(prepare=_prepare, generate=_generate, absorb=_absorb, open=
 
 def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: str = "continuous",
                         max_workers: int = 4) -> list[RecordedEpisode]:
-    """Runs the action-level episodes of `requests` concurrently under `schedule` (`schedule.SCHEDULES`).
+    """Runs the action-level episodes of `requests` concurrently under `schedule` (`schedule.EPISODE_SCHEDULES`).
 
     Args:
       requests: one per episode; each with its own policy and open sandbox.
@@ -181,8 +181,8 @@ def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: s
     Raises: ValueError for an unknown schedule or `max_workers` < 1 (an episode's own exceptions end it; see
       the module docstring).
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"run_action_episodes: schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if schedule not in EPISODE_SCHEDULES:
+        raise ValueError(f"run_action_episodes: schedule must be one of {EPISODE_SCHEDULES}, got {schedule!r}")
     if max_workers < 1:
         raise ValueError(f"run_action_episodes: max_workers must be >= 1, got {max_workers}")
     episodes = [_ActionEpisode(r) for r in requests]

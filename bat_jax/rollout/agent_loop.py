@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from bat_jax.models.chat import ParseError, parse_tool_call, tool_schemas
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.engine import RolloutEngine, SamplingParams
-from bat_jax.rollout.schedule import SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
+from bat_jax.rollout.schedule import EPISODE_SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
 from bat_jax.sandbox.evidence import EvidenceLimits
 from bat_jax.sandbox.types import FileTooLarge, Sandbox, SandboxState, fault_of, sha256_hex
 
@@ -95,8 +95,8 @@ class AgentLoopConfig:
     max_concurrent_generate: int = 1
 
     def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"AgentLoopConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule not in EPISODE_SCHEDULES:
+            raise ValueError(f"AgentLoopConfig.schedule must be one of {EPISODE_SCHEDULES}, got {self.schedule!r}")
         for name in ("episodes_per_state", "max_assistant_turns", "max_response_tokens", "max_tokens_per_turn",
                      "max_context_tokens", "max_observation_chars", "max_generate_batch",
                      "max_concurrent_generate"):

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 #: Names of the schedules (`AgentLoopConfig.schedule`).
-SCHEDULES = ("continuous", "lockstep")
+EPISODE_SCHEDULES = ("continuous", "lockstep")
 
 
 class EpisodeSteps(NamedTuple):

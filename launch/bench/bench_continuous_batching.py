@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     from bat_jax.stage_bank.bank import StageBank
     from bat_jax.sandbox.backends import open_backend
 
-    policy = build_policy(PolicyConfig(family="qwen3_5", checkpoint_dir=args.policy, prompt_style="compact"))
+    policy = build_policy(PolicyConfig(chat_family="qwen3_5", checkpoint_dir=args.policy, prompt_style="compact"))
     bank = StageBank(args.bank)
     by_focus = collections.defaultdict(list)
     for row in bank.read().rl_rows:

@@ -288,7 +288,7 @@ def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int
     try:
         for workers in (1, 2):
             share = -(-per_task * len(tracks) // workers)  # each worker's warm pool: its share of the episodes
-            spec = WorkerSpec(PolicyConfig(family="qwen3", prompt_style="compact"), agent, backend,
+            spec = WorkerSpec(PolicyConfig(architecture="qwen3", prompt_style="compact"), agent, backend,
                               EngineConfig(max_batch=8, prefix_cache_rows=64, slots=16),
                               warm_pool=share if backend == "docker" else 0)
             rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=workers, cpus_per_worker=0.5,
