@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from bat_jax.atomic_io import atomic_file, atomic_write
 from bat_jax.benchmark.scoring import Summary, display, half_width, paired_comparison
-from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.benchmark.stages import StageSet
 
 
 def _pm(value: float | None, hw: float) -> str:
@@ -41,12 +41,14 @@ def results_table(systems: Sequence[tuple[str, Summary]]) -> str:
     return "\n".join(lines)
 
 
-def stage_table(rounds: Sequence[tuple[str, Mapping]]) -> str:
-    """Per-round stage scores: rows are rounds (label, {Stage: score}), columns S1..S5 (0–100, one decimal)."""
-    header = f"{'Round':<12}" + "".join(f"{s.value + ' ' + s.title:>15}" for s in STAGES)
+def stage_table(rounds: Sequence[tuple[str, Mapping]], stages: StageSet) -> str:
+    """Per-round stage scores: rows are rounds (label, {stage id: score}), one column per stage of the benchmark
+    in workflow order, headed '<id> <title>' (0–100, one decimal; '—' = unscored)."""
+    width = max([15] + [len(stages.label(s)) + 2 for s in stages.ids])
+    header = f"{'Round':<12}" + "".join(f"{stages.label(s):>{width}}" for s in stages.ids)
     lines = [header, "-" * len(header)]
-    for label, stages in rounds:
-        lines.append(f"{label:<12}" + "".join(f"{display(stages.get(s)):>15}" for s in STAGES))
+    for label, scores in rounds:
+        lines.append(f"{label:<12}" + "".join(f"{display(scores.get(s)):>{width}}" for s in stages.ids))
     return "\n".join(lines)
 
 
@@ -222,9 +224,11 @@ def staircase_plot(overall_per_round: Sequence[float | None], path: os.PathLike 
 
 @dataclasses.dataclass
 class ScalarWriter:
-    """TensorBoard scalars under `<run_dir>/tensorboard` (tensorboardX), e.g. 'eval/overall' per round."""
+    """TensorBoard scalars under `<run_dir>/tensorboard` (tensorboardX), e.g. 'eval/overall' per round; stage
+    scalars are named '<id>_<title>' of the run's benchmark `stages`."""
 
     log_dir: pathlib.Path
+    stages: StageSet
 
     def __post_init__(self):
         from tensorboardX import SummaryWriter
@@ -232,7 +236,7 @@ class ScalarWriter:
         self._writer = SummaryWriter(str(self.log_dir))
 
     def summary(self, prefix: str, summary: Summary, step: int) -> None:
-        """Writes Overall/Agentic/Task and S1..S5 (0–100) at `step`; characters TensorBoard does not allow in
+        """Writes Overall/Agentic/Task and each stage (0–100) at `step`; characters TensorBoard does not allow in
         a tag (e.g. the spaces and parentheses of 'BiCuRL (retained)') become '_'."""
         prefix = re.sub(r"[^A-Za-z0-9_./-]+", "_", prefix).strip("_")
         for key in ("overall", "agentic", "task"):
@@ -241,7 +245,8 @@ class ScalarWriter:
                 self._writer.add_scalar(f"{prefix}/{key}", 100.0 * value, step)
         for stage, value in summary.stages.items():
             if value is not None:
-                self._writer.add_scalar(f"{prefix}/{stage.value}_{stage.title}", 100.0 * value, step)
+                tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{stage}_{self.stages.title(stage)}")
+                self._writer.add_scalar(f"{prefix}/{tag}", 100.0 * value, step)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self._writer.add_scalar(tag, value, step)
@@ -257,7 +262,7 @@ class ScalarWriter:
 def summary_dict(s: Summary) -> dict:
     """A Summary as JSON-ready values (stages by name, track means included; `summary_from_dict` reads it)."""
     return {"overall": s.overall, "agentic": s.agentic, "task": s.task, "overall_hw": s.overall_hw,
-            "agentic_hw": s.agentic_hw, "task_hw": s.task_hw, "stages": {k.value: v for k, v in s.stages.items()},
+            "agentic_hw": s.agentic_hw, "task_hw": s.task_hw, "stages": dict(s.stages),
             "tracks": {t: dict(row) for t, row in s.tracks.items()}, "n_cells": s.n_cells,
             "n_unscored": s.n_unscored, "cells": sorted([t, r] for t, r in s.cells)}
 
@@ -266,7 +271,7 @@ def summary_from_dict(d: Mapping) -> Summary:
     """The Summary of `summary_dict` output; fields an older summary.json lacks read as 0 / empty."""
     return Summary(d.get("overall"), d.get("agentic"), d.get("task"), d.get("overall_hw", 0.0),
                    d.get("agentic_hw", 0.0), d.get("task_hw", 0.0),
-                   {Stage.parse(k): v for k, v in d.get("stages", {}).items()}, dict(d.get("tracks", {})),
+                   dict(d.get("stages", {})), dict(d.get("tracks", {})),
                    int(d.get("n_cells", 0)), int(d.get("n_unscored", 0)),
                    frozenset((str(t), int(r)) for t, r in d.get("cells", ())))
 
@@ -278,28 +283,30 @@ def paired_line(candidate: str, a: Summary, baseline: str, b: Summary) -> str:
             f"{100 * cmp.half_width:.1f} ({len(cmp.per_track)} tracks)")
 
 
-def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], records, round0,
-                     writer: ScalarWriter | None = None) -> dict:
+def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], records, round0, stages: StageSet,
+                     writer: ScalarWriter | None = None, note: str = "") -> dict:
     """`report.md` (results table, paired differences SFT − untrained and last system − SFT, per-round stage
     scores, GRPO signal, scoring counts), `staircase.png` and `summary.json` of a run; returns the summary.
 
     Args:
       final: system name → final Summary, in display order ('untrained', 'SFT', then the trained system).
       records: the ledger's `RoundRecord`s; round0: the SFT policy's controller `Evaluation`.
+      stages: the run's benchmark stages (the per-round stage table's columns).
+      note: a line under the title (e.g. what the benchmark's held-out suite is).
     """
 
     run_dir = pathlib.Path(run_dir)
     names = list(final)
-    lines = ["# BiCuRL run report", "", "Final evaluation (disjoint held-out runs; this project's own suite, "
-             "not AutoMedBench-Lite):", "", "```", results_table(list(final.items())), "```", ""]
+    lines = [f"# BiCuRL run report: {stages.benchmark}", "", *([note, ""] if note else []),
+             "Final evaluation (held-out runs disjoint from the controller's):", "", "```",
+             results_table(list(final.items())), "```", ""]
     if "SFT" in final and "untrained" in final:
         lines.append(paired_line("SFT", final["SFT"], "untrained", final["untrained"]))
     if len(names) >= 3:
         lines.append(paired_line(names[-1], final[names[-1]], "SFT", final["SFT"]))
-    stage_rows = [("round 0", {s: round0.stage_scores.get(s.value) for s in STAGES})]
-    stage_rows += [(f"round {rec.round}", {s: rec.controller_scores["stage_scores"].get(s.value)
-                                           for s in STAGES}) for rec in records]
-    lines += ["", "Controller evaluation per round:", "", "```", stage_table(stage_rows), "```"]
+    stage_rows = [("round 0", dict(round0.stage_scores))]
+    stage_rows += [(f"round {rec.round}", dict(rec.controller_scores["stage_scores"])) for rec in records]
+    lines += ["", "Controller evaluation per round:", "", "```", stage_table(stage_rows, stages), "```"]
     if records:
         signal = [RoundSignal(f"round {rec.round}", rec.selected_stage, rec.grpo.pool_reward_before,
                               rec.grpo.pool_reward_after, rec.grpo.groups_with_variance, rec.grpo.groups_scored,

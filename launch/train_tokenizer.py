@@ -16,6 +16,7 @@ import pathlib
 import time
 
 from bat_jax.models import tokenizer as tiny
+from bat_jax.tasks.heldout import sample_training_prompt
 
 
 def main() -> None:
@@ -27,10 +28,11 @@ def main() -> None:
     args = parser.parse_args()
 
     start = time.perf_counter()
-    tok = tiny.train_tiny_tokenizer(tiny.generate_corpus(args.num_docs, args.seed), args.vocab_size)
+    tok = tiny.train_tiny_tokenizer(tiny.generate_corpus(args.num_docs, args.seed, sample_training_prompt),
+                                    args.vocab_size)
     out = tiny.save_tiny_tokenizer(tok, args.out)
     loaded = tiny.load_tiny_tokenizer(out)
-    probe = next(tiny.generate_corpus(4, args.seed + 1))
+    probe = next(tiny.generate_corpus(4, args.seed + 1, sample_training_prompt))
     if loaded.encode(probe, add_special_tokens=False) != tok.encode(probe).ids:
         raise SystemExit(f"{out}: transformers encodes differently from the trained tokenizer")
     size_kb = sum(p.stat().st_size for p in out.iterdir()) / 1024

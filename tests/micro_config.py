@@ -30,6 +30,7 @@ import bat_jax.learn.optim as optim
 import bat_jax.learn.kl as kl
 import bat_jax.rollout.agent_loop as agent_loop
 import bat_jax.bicurl.evaluation as evaluation
+import bat_jax.tasks.benchmark as imaging
 
 launch.run:
   job = @experiment.run
@@ -43,6 +44,7 @@ experiment.BiCuRLConfig:
   backend = 'local'
   seed = 42
 experiment.Components:
+  benchmark = @imaging.ImagingBenchmark()
   policy = @policy.PolicyConfig()
   bank = @factory.FactoryConfig()
   sft = @sft.SFTConfig()

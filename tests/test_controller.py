@@ -2,6 +2,7 @@
 
 import pytest
 
+from bat_jax.tasks.stages import LATE_STAGES, STAGES
 from bat_jax.curriculum.controller import (ACCEPT, DECISIONS, FALLBACK, HOLD, RULE_GATE, UNSCORED, Controller,
                                            ControllerConfig, ControllerState, Evaluation, NonInferiorityMargins,
                                            gate_failures)
@@ -58,6 +59,10 @@ def test_state_roundtrip_resumes_identically():
     assert a == b and a.drops == 2
 
 
+#: The released gate's margins on the imaging suite (its late stages S3-S5).
+MARGINS = NonInferiorityMargins(late_stages=LATE_STAGES)
+
+
 def ev(overall, task=0.5, stages=(0.5,) * 5, tracks=None, cells=None):
     return Evaluation(overall, task, dict(zip(("S1", "S2", "S3", "S4", "S5"), stages)), tracks or {"vqa": 0.5}, cells)
 
@@ -76,7 +81,8 @@ def released_gate(candidate, incumbent):
 
 
 def test_noninferiority_gate_margins():
-    m = NonInferiorityMargins()
+    assert NonInferiorityMargins().late_stages is None  # the run's benchmark fills them in (the imaging suite: S3-S5)
+    m = MARGINS
     assert (m.overall, m.task, m.track, m.late_stage, m.catastrophic_overall, m.late_stages) == (
         0.01, 0.03, 0.05, 0.03, 0.20, ("S3", "S4", "S5"))  # REFERENCE.md / released THRESHOLDS
     base = ev(0.50)
@@ -95,8 +101,8 @@ def test_gate_applies_the_catastrophic_drop_to_overall_only_as_released():
     """The issue's case: S2 falls 0.235, all else equal: the released gate promotes."""
     base = ev(0.50)
     cand = ev(0.50, stages=(0.5, 0.265, 0.5, 0.5, 0.5))
-    assert gate_failures(cand, base, NonInferiorityMargins()) == [] and released_gate(cand, base)
-    c = Controller(ControllerConfig(acceptance=RULE_GATE))
+    assert gate_failures(cand, base, MARGINS) == [] and released_gate(cand, base)
+    c = Controller(ControllerConfig(acceptance=RULE_GATE, margins=MARGINS))
     c.observe(1, "a", base)
     d = c.observe(2, "b", cand)
     assert d.decision == ACCEPT and d.best_checkpoint == "b"
@@ -106,7 +112,7 @@ def test_gate_agrees_with_the_released_checks_on_random_pairs():
     import random
 
     rng = random.Random(0)
-    m = NonInferiorityMargins()
+    m = MARGINS
     agree = promoted = 0
     for _ in range(300):
         base = ev(rng.uniform(0.3, 0.7), rng.uniform(0.3, 0.7), [rng.uniform(0.3, 0.7) for _ in range(5)],
@@ -125,14 +131,14 @@ def test_gate_round_off_never_decides():
     # drops of exactly the margins, as float arithmetic gives them: 0.010000000000000009, 0.030000000000000027, ...
     cand = ev(0.49, task=0.47, stages=(0.5, 0.5, 0.47, 0.47, 0.47), tracks={"vqa": 0.45})
     assert 0.50 - 0.49 > 0.01 and 0.50 - 0.47 > 0.03
-    assert gate_failures(cand, base, NonInferiorityMargins()) == []
-    assert gate_failures(ev(0.49 - 1e-9), base, NonInferiorityMargins()) != []
+    assert gate_failures(cand, base, MARGINS) == []
+    assert gate_failures(ev(0.49 - 1e-9), base, MARGINS) != []
 
 
 def test_gate_refuses_evaluations_of_different_cells():
     cells = {("vqa", r) for r in range(3)}
     base = ev(0.5, cells=cells)
-    m = NonInferiorityMargins()
+    m = MARGINS
     assert gate_failures(ev(0.5, cells=list(cells)), base, m) == []
     with pytest.raises(ValueError, match=r"not evaluated on the same cells.*only the incumbent has cells \[\('vqa', 2\)\]"):
         gate_failures(ev(0.5, cells={("vqa", 0), ("vqa", 1)}), base, m)
@@ -146,7 +152,7 @@ def test_gate_refuses_evaluations_of_different_cells():
         gate_failures(Evaluation(0.5, 0.5, {"S1": 0.5, "S2": 0.5, "S3": 0.5, "S4": None, "S5": 0.5}, {"vqa": 0.5}),
                       ev(0.5), m)
     # in a run the gate holds an unpaired candidate (no evidence of non-inferiority), naming the cells
-    c = Controller(ControllerConfig(acceptance=RULE_GATE))
+    c = Controller(ControllerConfig(acceptance=RULE_GATE, margins=MARGINS))
     c.observe(1, "a", base)
     d = c.observe(2, "b", ev(0.6, cells={("vqa", 0)}))
     assert d.decision == HOLD and d.retained_checkpoint == "a" and d.best_checkpoint == "a"
@@ -164,9 +170,9 @@ def test_evaluation_cells_roundtrip_and_the_summary_cells():
 
     stages = dict.fromkeys(("S1", "S2", "S3", "S4", "S5"), 0.5)
     cells = [Cell("vqa", 0, stages, 0.5), Cell("vqa", 1, stages, None), Cell("seg", 0, stages, 0.2)]
-    keys = aggregate(cells).cells
+    keys = aggregate(cells, STAGES).cells
     assert keys == {("vqa", 0), ("seg", 0)}
-    from_summary = Evaluation.from_summary(aggregate(cells))
+    from_summary = Evaluation.from_summary(aggregate(cells, STAGES))
     assert from_summary.cells == keys and from_summary.overall == pytest.approx((0.5 + (0.2 + 0.5) / 2) / 2)
     e = ev(0.5, cells=keys)
     assert Evaluation.from_dict(e.to_dict()) == e and e.to_dict()["cells"] == [["seg", 0], ["vqa", 0]]
@@ -182,7 +188,7 @@ def test_fallback_counts_no_drop_for_round_off():
 
 
 def test_gate_policy_holds_and_keeps_incumbent():
-    c = Controller(ControllerConfig(acceptance=RULE_GATE))
+    c = Controller(ControllerConfig(acceptance=RULE_GATE, margins=MARGINS))
     assert c.observe(1, "a", ev(0.50)).decision == ACCEPT
     d = c.observe(2, "b", ev(0.495))  # within -0.01: accepted, becomes the incumbent
     assert d.decision == ACCEPT and d.best_checkpoint == "b"
@@ -228,3 +234,19 @@ def test_state_written_before_last_decision_reads_it_from_the_ledger():
            "retained_checkpoint": "ckpt-1"}
     assert ControllerState.from_dict(old, last_decision=FALLBACK).held
     assert not ControllerState.from_dict(old).held
+
+
+@pytest.mark.parametrize("ids, late", [(("draft", "check"), ("check",)),
+                                       (("inspect", "clean", "report"), ("clean", "report")),
+                                       (tuple(f"p{i}" for i in range(7)), ("p5", "p6"))])
+def test_the_gate_holds_late_stages_of_any_benchmark(ids, late):
+    """Late-stage margins apply to the stages the benchmark names, whatever they are; the others have none."""
+    margins = NonInferiorityMargins(late_stages=late)
+    base = Evaluation(0.5, 0.5, dict.fromkeys(ids, 0.5), {"t": 0.5})
+    early = Evaluation(0.5, 0.5, {**dict.fromkeys(ids, 0.5), ids[0]: 0.2}, {"t": 0.5})
+    assert gate_failures(early, base, margins) == []  # an early stage fell 0.30: no margin on it
+    fell = Evaluation(0.5, 0.5, {**dict.fromkeys(ids, 0.5), late[-1]: 0.46}, {"t": 0.5})
+    assert gate_failures(fell, base, margins) == [f"stage {late[-1]} fell 0.0400 > 0.03"]
+    c = Controller(ControllerConfig(acceptance=RULE_GATE, margins=margins))
+    c.observe(1, "a", base)
+    assert c.observe(2, "b", fell).decision == HOLD and c.state.reference_scores == dict.fromkeys(ids, 0.5)

@@ -16,12 +16,15 @@ PACKAGE = REPO / "bat_jax"
 LAYERS = (
     ("ground", ("bat_jax", "bat_jax.atomic_io", "bat_jax.benchmark", "bat_jax.clients", "bat_jax.sandbox",
                 "bat_jax.checkpoint", "bat_jax.ledger", "bat_jax.report")),
-    ("mechanisms", ("bat_jax.verify", "bat_jax.tasks", "bat_jax.models", "bat_jax.rollout", "bat_jax.learn",
-                    "bat_jax.stage_bank", "bat_jax.curriculum", "bat_jax.prompts", "bat_jax.policy")),
+    ("mechanisms", ("bat_jax.verify", "bat_jax.staged_benchmark", "bat_jax.models", "bat_jax.rollout",
+                    "bat_jax.learn", "bat_jax.stage_bank", "bat_jax.curriculum", "bat_jax.prompts", "bat_jax.policy")),
+    ("benchmarks", ("bat_jax.tasks",)),
     ("composition", ("bat_jax.bicurl",)),
     ("edge", ("bat_jax.launch",)),
 )
 UNITS = [unit for _, units in LAYERS for unit in units]
+#: The staged benchmarks (plug-ins): nothing outside a benchmark's own unit imports it, and no benchmark another.
+BENCHMARK_UNITS = dict(LAYERS)["benchmarks"]
 RANK = {unit: i for i, unit in enumerate(UNITS)}
 LAYER_OF = {unit: layer for layer, units in LAYERS for unit in units}
 
@@ -158,3 +161,43 @@ def test_the_reader_finds_every_kind_of_import(tmp_path, monkeypatch, source, ex
 def test_a_cycle_is_found():
     assert _cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a", "b", "c", "a"]
     assert _cycle({"a": ["b"], "b": [], "c": ["a", "b"]}) is None
+
+
+def test_the_core_never_imports_a_benchmark():
+    """A run names its benchmark in gin; no module of the core, composition or launch imports one, and no
+    benchmark imports another."""
+    offenders = []
+    for module in MODULES:
+        mine = unit_of(module)
+        for target, line in imports_of(module):
+            theirs = unit_of(target)
+            if theirs in BENCHMARK_UNITS and theirs != mine:
+                offenders.append(f"{MODULES[module].relative_to(REPO)}:{line} imports {target}")
+    assert offenders == [], "imports of a benchmark outside it:\n" + "\n".join(offenders)
+
+
+def _string_constants(path: pathlib.Path) -> list[tuple[str, int]]:
+    """(value, line) of every string constant of a file that is not a docstring."""
+    tree = ast.parse(path.read_text("utf-8"), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.value, node.lineno) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_no_stage_is_named_in_the_core():
+    """The core reads stages from the run's benchmark: no string constant outside a benchmark is one of the imaging
+    suite's stage ids or titles (f-string parts included)."""
+    import re
+
+    named = re.compile(r"\b(S[1-9]|Plan|Setup|Validate|Inference|Submit)\b")
+    found = []
+    for module, path in MODULES.items():
+        if unit_of(module) in BENCHMARK_UNITS:
+            continue
+        for value, line in _string_constants(path):
+            if named.fullmatch(value.strip()) or re.fullmatch(r"S[1-9]", value.strip()):
+                found.append(f"{path.relative_to(REPO)}:{line} {value!r}")
+    assert found == [], "stage ids or titles named in the core:\n" + "\n".join(found)

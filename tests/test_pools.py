@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bat_jax.benchmark.stages import FOCI, Stage
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.stage_bank.pools import (PoolConfig, batch_counts, build_round_view, max_batches, partition_pools,
                                       round_state_id)
 from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef
@@ -22,9 +22,9 @@ TRACKS = ("classification", "detection", "enhancement", "report", "segmentation"
 OUTCOMES = ("success", "recovery", "failure")
 
 
-def make_bank(per_focus=400):
+def make_bank(per_focus=400, foci=STAGES.foci):
     rows = []
-    for focus in FOCI:
+    for focus in foci:
         for i in range(per_focus):
             digest = hashlib.sha256(f"{focus}-{i}".encode()).hexdigest()
             rows.append(RLRow(StateRef(digest, f"states/{digest}.tar"), focus, "p", (RubricSpec("a", "b"),), (),
@@ -36,7 +36,7 @@ BANK = make_bank()
 
 
 def test_partition_follows_appendix_a1():
-    pools = partition_pools(BANK, "Validate")
+    pools = partition_pools(BANK, STAGES.parse("Validate"))
     assert {r.focus for r in pools["target"]} == {"S3"} and len(pools["target"]) == 400
     assert {r.focus for r in pools["mix"]} == {"S1", "S2", "S4", "S5"} and len(pools["mix"]) == 1600
     assert {r.focus for r in pools["e2e"]} == {"E2E"} and len(pools["e2e"]) == 400
@@ -57,7 +57,7 @@ def test_1000_batches_are_4_2_2_with_no_repeat_inside_a_round():
         for batch in view.batches:
             assert len(batch) == 8
             assert Counter(item.pool for item in batch) == {"target": 4, "mix": 2, "e2e": 2}
-            assert Counter(item.row.focus == target.value for item in batch)[True] == 4
+            assert Counter(item.row.focus == target for item in batch)[True] == 4
             assert Counter(item.row.focus for item in batch)["E2E"] == 2
             n_batches += 1
         ids = view.state_ids()
@@ -174,3 +174,19 @@ def test_spares_follow_the_batches_and_leave_them_unchanged():
                               spares_per_pool=3)
     assert refill.batches == plain.batches and len(refill.spares["target"]) == 3
     assert build_round_view(bank, "S3", round_index=1, n_batches=2, config=cfg, spares_per_pool=3).spares == view.spares
+
+
+@pytest.mark.parametrize("ids", [("draft", "check"), ("inspect", "clean", "report"), tuple(f"p{i}" for i in range(7))])
+def test_pools_of_two_three_and_seven_stage_benchmarks_keep_the_half_quarter_quarter_mix(ids):
+    """S-target holds the routed stage's rows, S-mix every other stage's, E2E the end-to-end rows; a batch of 8 is
+    4 / 2 / 2 whatever the stage count (one S-mix stage for a 2-stage benchmark)."""
+    bank = make_bank(per_focus=40, foci=("E2E",) + ids)
+    target = ids[-1]
+    pools = partition_pools(bank, target)
+    assert {r.focus for r in pools["target"]} == {target} and len(pools["target"]) == 40
+    assert {r.focus for r in pools["mix"]} == set(ids[:-1]) and len(pools["mix"]) == 40 * (len(ids) - 1)
+    view = build_round_view(bank, target, round_index=1, n_batches=5)
+    for batch in view.batches:
+        assert Counter(item.pool for item in batch) == {"target": 4, "mix": 2, "e2e": 2}
+        assert sum(item.row.focus == target for item in batch) == 4
+    assert view.target == target and view.pool_counts() == {"target": 20, "mix": 10, "e2e": 10}

@@ -4,11 +4,14 @@ import pytest
 
 from bat_jax import report
 from bat_jax.benchmark.scoring import Cell, aggregate
-from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.benchmark.stages import StageSet
+from bat_jax.tasks.stages import STAGES, Stage
+
+THREE = StageSet.of([("inspect", "Inspect", 0.2), ("clean", "Clean", 0.3), ("report", "Report", 0.5)], "tabular")
 
 
-def _summary(values):
-    return aggregate([Cell(f"t{i}", 0, {s: v for s in STAGES}, task=v) for i, v in enumerate(values)])
+def _summary(values, stages=STAGES):
+    return aggregate([Cell(f"t{i}", 0, {s: v for s in stages.ids}, task=v) for i, v in enumerate(values)], stages)
 
 
 def test_results_table_prints_paper_scale_with_half_widths():
@@ -21,8 +24,13 @@ def test_results_table_prints_paper_scale_with_half_widths():
 
 
 def test_stage_table_and_best_so_far():
-    table = report.stage_table([("round 1", {Stage.PLAN: 0.5, Stage.VALIDATE: 0.25})])
-    assert "50.0" in table and "25.0" in table and "—" in table
+    table = report.stage_table([("round 1", {Stage.PLAN: 0.5, Stage.VALIDATE: 0.25})], STAGES)
+    assert table.splitlines()[0].split() == ["Round", "S1", "Plan", "S2", "Setup", "S3", "Validate", "S4",
+                                             "Inference", "S5", "Submit"]
+    assert table.splitlines()[2].split() == ["round", "1", "50.0", "—", "25.0", "—", "—"]
+    three = report.stage_table([("round 0", {"inspect": 0.1, "clean": None, "report": 1.0})], THREE)
+    assert three.splitlines()[0].split() == ["Round", "inspect", "Inspect", "clean", "Clean", "report", "Report"]
+    assert three.splitlines()[2].split() == ["round", "0", "10.0", "—", "100.0"]
     assert report.best_so_far([0.30, None, 0.35, 0.34, 0.36]) == [0.30, 0.30, 0.35, 0.35, 0.36]
     assert report.best_so_far([None, 0.2]) == [None, 0.2]
 
@@ -37,10 +45,13 @@ def test_staircase_plot_writes_a_png(tmp_path):
 
 
 def test_scalar_writer_writes_event_file(tmp_path):
-    writer = report.ScalarWriter(tmp_path / "tb")
+    writer = report.ScalarWriter(tmp_path / "tb", STAGES)
     writer.summary("eval", _summary([0.4, 0.6]), step=1)
     writer.summary("final/BiCuRL (retained)", _summary([0.4, 0.6]), step=2)
     writer.close()
+    other = report.ScalarWriter(tmp_path / "tb3", THREE)
+    other.summary("eval", _summary([0.2], THREE), step=1)
+    other.close()
     from tensorboardX.proto import event_pb2
 
     (events_file,) = (tmp_path / "tb").glob("events.out.tfevents.*")
@@ -54,6 +65,8 @@ def test_scalar_writer_writes_event_file(tmp_path):
     assert scalars["eval/overall"] == (1, pytest.approx(50.0))
     assert scalars["eval/S3_Validate"] == (1, pytest.approx(50.0))
     assert scalars["final/BiCuRL_retained/overall"] == (2, pytest.approx(50.0))  # a legal tag, no rename warning
+    (events_file,) = (tmp_path / "tb3").glob("events.out.tfevents.*")
+    assert b"eval/clean_Clean" in events_file.read_bytes() and b"S3_Validate" not in events_file.read_bytes()
 
 
 def test_scoring_table_separates_agent_failed_scored_from_unscored_infra():
@@ -109,8 +122,11 @@ def test_run_report_has_both_paired_differences_and_the_signal_table(tmp_path):
                       .to_dict(), kl=0.01, decision="accept", retained_checkpoint="ckpt-1",
                       grpo=GRPOStats(pool_reward_before=0.1, pool_reward_after=0.2, groups_with_variance=3,
                                      groups_scored=8))
-    out = report.write_run_report(tmp_path, _final(), [rec], Evaluation(0.2, 0.1, {"S1": 0.3}, {}))
+    out = report.write_run_report(tmp_path, _final(), [rec], Evaluation(0.2, 0.1, {"S1": 0.3}, {}), STAGES,
+                                  note="A note on the suite.")
     text = (tmp_path / "report.md").read_text()
+    assert text.startswith("# BiCuRL run report: imaging\n\nA note on the suite.\n")
+    assert "S1 Plan" in text and "round 0 30.0 — — — —" in " ".join(text.split())
     assert "Paired track-level difference SFT − untrained (Overall): 20.0 ± 24.8 (3 tracks)" in text
     assert "Paired track-level difference BiCuRL (retained) − SFT (Overall): 6.7 ± 14.3 (3 tracks)" in text
     assert "3/8 (38%)" in text and "+0.100" in text

@@ -5,12 +5,17 @@ import math
 import pytest
 
 from bat_jax.benchmark import scoring
-from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell, aggregate, agentic_score, display, overall_score
-from bat_jax.benchmark.stages import DEFAULT_STAGE_WEIGHTS, STAGES, Stage, validate_stage_weights
+from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell, agentic_score, display, overall_score
+from bat_jax.benchmark.stages import StageSet
+from bat_jax.tasks.stages import STAGES, Stage
+
+
+def aggregate(cells, stages=STAGES):
+    return scoring.aggregate(cells, stages)
 
 
 def _uniform(value):
-    return {s: value for s in STAGES}
+    return {s: value for s in STAGES.ids}
 
 
 @pytest.mark.parametrize("agentic,task,expected", [(0.647, 0.421, "53.4"), (0.688, 0.470, "57.9")])
@@ -28,23 +33,23 @@ def test_differences_come_from_unrounded_values():
 
 
 def test_agentic_weights_are_the_papers():
-    assert [DEFAULT_STAGE_WEIGHTS[s] for s in STAGES] == [0.25, 0.15, 0.35, 0.15, 0.10]
+    assert list(STAGES.weights.values()) == [0.25, 0.15, 0.35, 0.15, 0.10]
     scores = {Stage.PLAN: 1.0, Stage.SETUP: 0.0, Stage.VALIDATE: 1.0, Stage.INFERENCE: 0.0, Stage.SUBMIT: 1.0}
-    assert agentic_score(scores) == pytest.approx(0.25 + 0.35 + 0.10)
+    assert agentic_score(scores, STAGES) == pytest.approx(0.25 + 0.35 + 0.10)
 
 
 def test_not_applicable_submit_renormalises_other_four():
     scores = {"S1": 1.0, "S2": 0.0, "S3": 1.0, "S4": 0.0, "S5": NOT_APPLICABLE}
     # (0.25 + 0.35) / (0.25 + 0.15 + 0.35 + 0.15) = 0.6 / 0.9
-    assert agentic_score(scores) == pytest.approx(0.6 / 0.9)
+    assert agentic_score(scores, STAGES) == pytest.approx(0.6 / 0.9)
     all_ones = {"S1": 1.0, "S2": 1.0, "S3": 1.0, "S4": 1.0, "S5": NOT_APPLICABLE}
-    assert agentic_score(all_ones) == pytest.approx(1.0)
+    assert agentic_score(all_ones, STAGES) == pytest.approx(1.0)
 
 
 def test_unscored_stage_makes_cell_unscored_not_zero():
     full = Cell("seg", 0, _uniform(0.8), task=0.8)
     partial = Cell("seg", 1, {**_uniform(0.8), Stage.VALIDATE: None}, task=0.8)
-    assert partial.agentic() is None and not partial.scored()
+    assert partial.agentic(STAGES) is None and not partial.scored(STAGES)
     summary = aggregate([full, partial])
     assert summary.overall == pytest.approx(0.8)  # zeroing S3 would give (0.8 + 0.52) / 2 ... → 0.73
     assert summary.n_unscored == 1 and summary.tracks["seg"]["n"] == 1
@@ -92,13 +97,27 @@ def test_paired_comparison_at_track_level():
     assert scoring.paired_comparison(cand, base, "S3").mean_diff == pytest.approx(0.1)
 
 
-def test_bad_weights_name_the_problem():
-    with pytest.raises(ValueError, match="sum to 1.*S1=0.3"):
-        validate_stage_weights({"S1": 0.3, "S2": 0.15, "S3": 0.35, "S4": 0.15, "S5": 0.10})
+def test_bad_stage_sets_name_the_benchmark_and_the_problem():
+    five = [("S1", "Plan", 0.3), ("S2", "Setup", 0.15), ("S3", "Validate", 0.35), ("S4", "Inference", 0.15),
+            ("S5", "Submit", 0.10)]
+    with pytest.raises(ValueError, match=r"benchmark 'demo': stages: weights must sum to 1.*S1=0.3"):
+        StageSet.of(five, "demo")
+    with pytest.raises(ValueError, match=r"'demo'.*duplicate stage ids \['a'\]"):
+        StageSet.of([("a", "A", 0.5), ("a", "B", 0.5)], "demo")
+    with pytest.raises(ValueError, match="non-empty string"):
+        StageSet.of([("", "A", 0.5), ("b", "B", 0.5)], "demo")
+    with pytest.raises(ValueError, match="at least 2 stages"):
+        StageSet.of([("a", "A", 1.0)], "demo")
+    with pytest.raises(ValueError, match="reserved for the end-to-end focus"):
+        StageSet.of([("e2e", "A", 0.5), ("b", "B", 0.5)], "demo")
+    with pytest.raises(ValueError, match="weight of stage 'b' must be finite and >= 0"):
+        StageSet.of([("a", "A", 1.5), ("b", "B", -0.5)], "demo")
+    with pytest.raises(ValueError, match=r"duplicate stage titles \['a'\]"):
+        StageSet.of([("a", "A", 0.5), ("b", "a", 0.5)], "demo")
     with pytest.raises(ValueError, match=r"missing stages \['S5'\]"):
-        validate_stage_weights({"S1": 0.25, "S2": 0.15, "S3": 0.45, "S4": 0.15})
-    with pytest.raises(ValueError, match="unknown stage 'S9'"):
-        validate_stage_weights({"S9": 1.0})
+        agentic_score({"S1": 0.25, "S2": 0.15, "S3": 0.45, "S4": 0.15}, STAGES)
+    with pytest.raises(ValueError, match="unknown stage 'S9' for benchmark 'imaging'"):
+        agentic_score({**_uniform(0.5), "S9": 1.0}, STAGES)
 
 
 def test_scores_outside_range_are_rejected_with_their_field():
@@ -111,6 +130,54 @@ def test_scores_outside_range_are_rejected_with_their_field():
 
 
 def test_stage_parse_accepts_names_and_ids():
-    assert Stage.parse("validate") is Stage.VALIDATE
-    assert Stage.parse("S4") is Stage.INFERENCE
-    assert Stage.VALIDATE.index == 2 and Stage.SUBMIT.title == "Submit"
+    assert STAGES.parse("validate") == Stage.VALIDATE == "S3"
+    assert STAGES.parse("S4") == Stage.INFERENCE
+    assert STAGES.index(Stage.VALIDATE) == 2 and STAGES.title(Stage.SUBMIT) == "Submit"
+    assert STAGES.label("S3") == "S3 Validate" and STAGES.foci == ("E2E", "S1", "S2", "S3", "S4", "S5")
+
+
+# ---- any number and meaning of stages (paper Appendix A.3) ---------------------------------------------------
+
+TWO = StageSet.of([("draft", "Draft", 0.4), ("check", "Check", 0.6)], "two")
+THREE = StageSet.of([("inspect", "Inspect", 0.2), ("clean", "Clean", 0.3), ("report", "Report", 0.5)], "three")
+SEVEN = StageSet.of([(f"p{i}", f"Phase {i}", w) for i, w in enumerate((0.1, 0.1, 0.2, 0.2, 0.1, 0.2, 0.1))], "seven")
+
+
+@pytest.mark.parametrize("stages, scores, expected", [
+    (TWO, {"draft": 1.0, "check": 0.5}, 0.4 + 0.6 * 0.5),
+    (THREE, {"inspect": 0.0, "clean": 1.0, "report": 0.5}, 0.3 + 0.25),
+    (STAGES, {"S1": 1.0, "S2": 1.0, "S3": 0.0, "S4": 0.0, "S5": 0.0}, 0.40),
+    (SEVEN, {f"p{i}": float(i % 2) for i in range(7)}, 0.1 + 0.2 + 0.2),
+])
+def test_agentic_score_on_two_three_five_and_seven_stages(stages, scores, expected):
+    assert agentic_score(scores, stages) == pytest.approx(expected)
+    cells = [Cell("t0", 0, scores, 0.2), Cell("t1", 0, scores, 0.4)]
+    summary = aggregate(cells, stages)
+    assert summary.agentic == pytest.approx(expected) and summary.task == pytest.approx(0.3)
+    assert summary.overall == pytest.approx((expected + 0.3) / 2)
+    assert list(summary.stages) == list(stages.ids) and summary.stages == pytest.approx(scores)
+
+
+def test_renaming_and_reordering_stages_leaves_scores_unchanged():
+    """Stage ids are names: the same (weight, score) pairs under other ids and in another order give the same
+    Agentic, Overall and per-stage means."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(50):
+        n = rng.randint(2, 8)
+        raw = [rng.random() for _ in range(n)]
+        weights = [w / sum(raw) for w in raw]
+        weights[-1] = 1.0 - sum(weights[:-1])
+        values = [rng.choice([0.0, 1.0, rng.random()]) for _ in range(n)]
+        base = StageSet.of([(f"s{i}", f"T{i}", w) for i, w in enumerate(weights)], "base")
+        order = list(range(n))
+        rng.shuffle(order)
+        renamed = StageSet.of([(f"x{i}_{rng.randint(0, 99)}", f"U{i}", weights[i]) for i in order], "renamed")
+        mapping = dict(zip((f"s{i}" for i in order), renamed.ids))
+        scores = {f"s{i}": values[i] for i in range(n)}
+        moved = {mapping[k]: v for k, v in scores.items()}
+        assert agentic_score(moved, renamed) == pytest.approx(agentic_score(scores, base), abs=1e-12)
+        a, b = aggregate([Cell("t", 0, scores, 0.5)], base), aggregate([Cell("t", 0, moved, 0.5)], renamed)
+        assert b.overall == pytest.approx(a.overall, abs=1e-12)
+        assert {k: b.stages[mapping[k]] for k in scores} == pytest.approx(dict(a.stages))

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 
 from scipy import stats as _scipy_stats
 
-from bat_jax.benchmark.stages import DEFAULT_STAGE_WEIGHTS, STAGES, Stage, validate_stage_weights
+from bat_jax.benchmark.stages import StageSet
 
 
 class _NotApplicable:
@@ -53,37 +53,30 @@ def _check_unit(value: float, what: str) -> float:
     return value
 
 
-def agentic_score(
-    stage_scores: Mapping[Stage | str, object],
-    weights: Mapping[Stage | str, float] = DEFAULT_STAGE_WEIGHTS,
-) -> float | None:
+def agentic_score(stage_scores: Mapping[str, object], stages: StageSet) -> float | None:
     """Weighted stage score of one cell, 0–1.
 
     Args:
-      stage_scores: one entry per stage S1..S5: a float in [0, 1], `None` (unscored) or `NOT_APPLICABLE`.
-      weights: stage weights summing to 1 (paper: .25/.15/.35/.15/.10).
+      stage_scores: one entry per stage of `stages`: a float in [0, 1], `None` (unscored) or `NOT_APPLICABLE`.
+      stages: the benchmark's stages and their Agentic weights (summing to 1).
 
     Returns:
       The Agentic score renormalised over applicable stages, or `None` if any applicable stage is unscored.
 
     Raises:
-      ValueError: a missing stage, a score outside [0, 1], bad weights, or every stage not applicable.
+      ValueError: a missing or unknown stage, a score outside [0, 1], or every stage not applicable.
     """
-    w = validate_stage_weights(weights)
-    parsed = {Stage.parse(k): v for k, v in stage_scores.items()}
-    missing = [s.value for s in STAGES if s not in parsed]
-    if missing:
-        raise ValueError(f"stage scores are missing stages {missing} (use None for unscored, NOT_APPLICABLE to drop)")
+    parsed = stages.check_scores(stage_scores, "stage scores")
+    weights = stages.weights
     total_w = 0.0
     acc = 0.0
-    for stage in STAGES:
-        value = parsed[stage]
+    for stage, value in parsed.items():
         if value is NOT_APPLICABLE:
             continue
         if value is None:
             return None
-        acc += w[stage] * _check_unit(value, f"stage score {stage.value} ({stage.title})")
-        total_w += w[stage]
+        acc += weights[stage] * _check_unit(value, f"stage score {stages.label(stage)}")
+        total_w += weights[stage]
     if total_w == 0.0:
         raise ValueError("every stage is NOT_APPLICABLE (or has zero weight); Agentic is undefined")
     return acc / total_w
@@ -105,32 +98,31 @@ class Cell:
     """One evaluated run: one track, one repeat.
 
     Attributes:
-      track: track name, e.g. 'segmentation'.
+      track: track (task family) name, e.g. 'segmentation'.
       repeat: repeat index (int >= 0).
-      stage_scores: S1..S5 → float in [0, 1] | None (unscored) | NOT_APPLICABLE.
+      stage_scores: stage id → float in [0, 1] | None (unscored) | NOT_APPLICABLE.
       task: task metric in [0, 1], or None (unscored).
     """
 
     track: str
     repeat: int
-    stage_scores: Mapping[Stage, object]
+    stage_scores: Mapping[str, object]
     task: float | None
 
     def __post_init__(self):
-        parsed = {Stage.parse(k): v for k, v in self.stage_scores.items()}
-        for stage, value in parsed.items():
+        for stage, value in self.stage_scores.items():
             if value is not None and value is not NOT_APPLICABLE:
-                _check_unit(value, f"cell ({self.track}, repeat {self.repeat}) stage {stage.value}")
+                _check_unit(value, f"cell ({self.track}, repeat {self.repeat}) stage {stage}")
         if self.task is not None:
             _check_unit(self.task, f"cell ({self.track}, repeat {self.repeat}) task")
-        object.__setattr__(self, "stage_scores", parsed)
+        object.__setattr__(self, "stage_scores", dict(self.stage_scores))
 
-    def agentic(self, weights: Mapping[Stage | str, float] = DEFAULT_STAGE_WEIGHTS) -> float | None:
-        return agentic_score(self.stage_scores, weights)
+    def agentic(self, stages: StageSet) -> float | None:
+        return agentic_score(self.stage_scores, stages)
 
-    def scored(self, weights: Mapping[Stage | str, float] = DEFAULT_STAGE_WEIGHTS) -> bool:
+    def scored(self, stages: StageSet) -> bool:
         """True when every applicable stage and the task are scored."""
-        return self.task is not None and self.agentic(weights) is not None
+        return self.task is not None and self.agentic(stages) is not None
 
 
 def half_width(values: Iterable[float], confidence: float = 0.95) -> float:
@@ -151,8 +143,8 @@ class Summary:
     Attributes:
       overall, agentic, task: mean of track means (None when no track has a scored cell).
       overall_hw, agentic_hw, task_hw: CI half-widths over track means.
-      stages: S1..S5 → mean of track means of the stage score (NOT_APPLICABLE cells skipped).
-      tracks: track → {'overall','agentic','task', 'S1'..'S5', 'n'} track means (n = scored cells).
+      stages: stage id → mean of track means of the stage score (NOT_APPLICABLE cells skipped), in workflow order.
+      tracks: track → {'overall', 'agentic', 'task', each stage id, 'n'} track means (n = scored cells).
       n_cells: cells given; n_unscored: cells excluded as unscored.
       cells: ``(track, repeat)`` of every scored cell: what the aggregates rest on. The non-inferiority gate pairs
         two evaluations only over identical cells.
@@ -164,7 +156,7 @@ class Summary:
     overall_hw: float
     agentic_hw: float
     task_hw: float
-    stages: Mapping[Stage, float | None]
+    stages: Mapping[str, float | None]
     tracks: Mapping[str, Mapping[str, float]]
     n_cells: int
     n_unscored: int
@@ -175,20 +167,19 @@ def _mean_or_none(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def aggregate(
-    cells: Iterable[Cell],
-    weights: Mapping[Stage | str, float] = DEFAULT_STAGE_WEIGHTS,
-    confidence: float = 0.95,
-) -> Summary:
-    """Two-level aggregation: repeats → track mean → mean of track means.
+def aggregate(cells: Iterable[Cell], stages: StageSet, confidence: float = 0.95) -> Summary:
+    """Two-level aggregation: repeats → track mean → mean of track means, over the benchmark's `stages`.
 
     Unscored cells are dropped before any mean (never zeroed); a track with no scored cell is absent.
+
+    Raises:
+      ValueError: a cell missing a stage of `stages` or naming another.
     """
     cells = list(cells)
     by_track: dict[str, list[Cell]] = defaultdict(list)
     n_unscored = 0
     for cell in cells:
-        if cell.scored(weights):
+        if cell.scored(stages):
             by_track[cell.track].append(cell)
         else:
             n_unscored += 1
@@ -196,18 +187,18 @@ def aggregate(
     for track in sorted(by_track):
         group = by_track[track]
         row: dict[str, float] = {
-            "agentic": statistics.fmean(c.agentic(weights) for c in group),
+            "agentic": statistics.fmean(c.agentic(stages) for c in group),
             "task": statistics.fmean(c.task for c in group),
             "n": len(group),
         }
-        row["overall"] = statistics.fmean(overall_score(c.task, c.agentic(weights)) for c in group)
-        for stage in STAGES:
+        row["overall"] = statistics.fmean(overall_score(c.task, c.agentic(stages)) for c in group)
+        for stage in stages.ids:
             vals = [c.stage_scores[stage] for c in group if c.stage_scores[stage] is not NOT_APPLICABLE]
             if vals:
-                row[stage.value] = statistics.fmean(vals)
+                row[stage] = statistics.fmean(vals)
         tracks[track] = row
     means = {k: [row[k] for row in tracks.values()] for k in ("overall", "agentic", "task")}
-    stages = {s: _mean_or_none([row[s.value] for row in tracks.values() if s.value in row]) for s in STAGES}
+    stage_means = {s: _mean_or_none([row[s] for row in tracks.values() if s in row]) for s in stages.ids}
     return Summary(
         overall=_mean_or_none(means["overall"]),
         agentic=_mean_or_none(means["agentic"]),
@@ -215,7 +206,7 @@ def aggregate(
         overall_hw=half_width(means["overall"], confidence),
         agentic_hw=half_width(means["agentic"], confidence),
         task_hw=half_width(means["task"], confidence),
-        stages=stages,
+        stages=stage_means,
         tracks=tracks,
         n_cells=len(cells),
         n_unscored=n_unscored,
@@ -228,7 +219,7 @@ class PairedComparison:
     """Track-level paired difference (candidate − baseline), 0–1 scale, unrounded.
 
     Attributes:
-      metric: 'overall', 'agentic', 'task' or a stage value such as 'S3'.
+      metric: 'overall', 'agentic', 'task' or a stage id such as 'S3'.
       mean_diff: mean over shared tracks of (candidate track mean − baseline track mean).
       half_width: Student-t CI half-width over the per-track differences.
       per_track: track → difference; tracks present in only one summary are left out.

@@ -1,7 +1,8 @@
 """Evaluate-only launch job: the held-out suite on a policy as it is, with no Stage Bank and no training.
 
 It gives the "pretrained, untrained" row of a real checkpoint (e.g. SmolLM2-135M-Instruct zero-shot,
-`gin/evaluate_small.gin`) by the same path a BiCuRL run's final evaluation takes (`bicurl.experiment.run`): the
+`gin/evaluate_small.gin`) on the run's benchmark by the same path a BiCuRL run's final evaluation takes
+(`bicurl.experiment.run`): the
 policy of `Components.policy`, the rollout engine of `engines.build_engine`, one E2E episode per held-out cell
 through the agent loop (`evaluation.EngineCells`, prompts in the policy's prompt style), the rubric verifier and
 the task metric, aggregated by `evaluation.evaluate`. Only aggregates are written (the firewall of
@@ -28,6 +29,7 @@ from bat_jax.bicurl.engines import build_engine
 from bat_jax.bicurl.experiment import Components
 from bat_jax.bicurl.run_loops import open_run_loops
 from bat_jax.policy import build_policy
+from bat_jax.prompts import PromptFormat
 from bat_jax.verify.judge import RubricJudge
 
 
@@ -37,9 +39,9 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
 
     Args:
       run_dir: the run directory (`bat_jax.launch.run`).
-      components: the run's components; read: `policy`, `agent` (limits, sampling, workers), `evaluation`
-        (repeats, tracks, max_turns, seed), `engine`, `judge`. `bank` and
-        the training settings are ignored.
+      components: the run's components; read: `benchmark`, `policy`, `agent` (limits, sampling, workers),
+        `evaluation` (repeats, tracks, max_turns, seed), `engine`, `judge`. `bank` and the training settings are
+        ignored.
       backend: sandbox backend, 'docker' (isolated) or 'local' (non-isolated subprocesses).
       purpose: 'final' (the held-out slice of a run's reported rows, e.g. its "untrained" row) or
         'controller'.
@@ -48,21 +50,26 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
         to a fresh state between episodes (removed at the end, also on errors); False = a new container per cell.
     Returns: the written ``evaluation.json`` content.
     Raises: FileNotFoundError for a missing checkpoint directory; `sandbox.backends.BackendUnavailable` when the
-      Docker backend is asked for and not usable; ValueError for an unknown backend or purpose.
+      Docker backend is asked for and not usable; ValueError for an unknown backend or purpose, or no benchmark.
     """
+    benchmark = components.benchmark
+    if benchmark is None:
+        raise ValueError("Components.benchmark (the staged benchmark to evaluate on) is required")
+    benchmark.validate()
     run_dir = pathlib.Path(run_dir)
     evaluation = dataclasses.replace(components.evaluation, purpose=purpose)  # validates purpose
     t0 = time.perf_counter()
     policy = build_policy(components.policy)
     engine = build_engine(policy, components.engine, components.agent.max_context_tokens, run_dir)
     try:
-        loops = open_run_loops(policy, engine, components.agent, evaluation, batch_rows=0, backend=backend,
-                               warm_pool=sandbox_pool)
+        loops = open_run_loops(policy, engine, components.agent, evaluation, benchmark, batch_rows=0,
+                               backend=backend, warm_pool=sandbox_pool)
         try:
             judge = RubricJudge(components.judge) if components.judge is not None else None
-            cells = ev.EngineCells(loops.evaluation, judge, prompt_style=policy.prompt_style)
+            cells = ev.EngineCells(loops.evaluation, benchmark, judge,
+                                   prompt=PromptFormat.of(benchmark, policy.prompt_style))
             t1 = time.perf_counter()
-            summary: Summary = ev.evaluate(cells, evaluation)
+            summary: Summary = ev.evaluate(cells, evaluation, benchmark)
             t2 = time.perf_counter()
         finally:
             loops.close()

@@ -1,20 +1,19 @@
 """The held-out evaluator V(π) = (Overall M, stage scores e) (paper Eq. 1, Section 3), and an external adapter.
 
-The evaluator plays the agent (a policy with the fixed stage skills and the two tools) on the bundled held-out
-suite — 7 tracks × R repeats — scores every cell with the rubric verifier and the task metric, and returns
+The evaluator plays the agent (a policy with the fixed stage skills and the two tools) on the run's benchmark's
+held-out suite — tracks × R repeats — scores every cell with the rubric verifier and the task metric, and returns
 **only aggregates** (`Summary`: two-level means, half-widths, per-track means). Cells, transcripts, task ids,
 paths and answers never leave this module: this is the evaluation side of the firewall. A cell is played by a
 `CellRunner`: `EngineCells` for the token-level policy (one episode through the agent loop GRPO rollouts use) or
 `PolicyCells` for action-level policies (scripted experts, teachers, baselines; `rollout.play`); both score it
-with `tasks.episode.score_episode`.
+with `StagedBenchmark.score_episode`.
 
 The controller's evaluation and the final evaluation use disjoint runs: `EvalConfig.purpose` selects a
 disjoint slice of the held-out suite seeds and of the policy seeds (paper: "The controller evaluation and
 final evaluation use disjoint runs").
 
-The bundled suite is this project's own fictional suite, not AutoMedBench-Lite. `ExternalEvaluator` runs any
-command (an argv template with `{checkpoint}` and `{output}`) and reads per-cell scores back, for users who
-have AutoMedBench-Lite or another staged benchmark.
+`ExternalEvaluator` runs any command (an argv template with `{checkpoint}` and `{output}`) and reads per-cell
+scores back in the benchmark's own stages, for users whose evaluation runs elsewhere (e.g. AutoMedBench-Lite).
 """
 
 from __future__ import annotations
@@ -29,18 +28,16 @@ from typing import Protocol
 
 from tqdm.auto import tqdm
 
+from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell, Summary, aggregate
-from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.bicurl.reward import evidence_of
-from bat_jax.prompts import request
+from bat_jax.prompts import PromptFormat, request
 from bat_jax.rollout.agent_loop import AgentLoop
 from bat_jax.rollout.play import play
 from bat_jax.sandbox.backends import SandboxFactory
-from bat_jax.stage_bank.slicing import row_skill
-from bat_jax.tasks.base import TaskInstance
-from bat_jax.tasks.episode import ActionPolicy, score_episode
-from bat_jax.tasks.heldout import heldout_suite, write_manifest
-from bat_jax.tasks.registry import TRACKS
+from bat_jax.staged_benchmark.contract import StagedBenchmark, Task
+from bat_jax.staged_benchmark.episode import ActionPolicy
 from bat_jax.verify.judge import RubricJudge
 
 #: Suite seed offset per evaluation purpose (disjoint held-out tasks and policy seeds).
@@ -53,10 +50,10 @@ class EvalConfig:
 
     Attributes:
       repeats: R repeats per track (paper: 10; the tiny default uses fewer).
-      variants: outcome variants of the held-out tasks cycled over repeats.
+      variants: outcome variants of the held-out tasks cycled over repeats (variants of the benchmark).
       purpose: 'controller' (routing / acceptance each round) or 'final' (the reported numbers); the two use
         disjoint held-out tasks and policy seeds.
-      tracks: track names, None = all seven.
+      tracks: track names of the benchmark, None = all of them.
       max_turns: assistant turns per episode.
       max_workers: episodes played concurrently (threads; sandbox calls release the GIL).
       seed: base seed of the policy's sampling.
@@ -83,7 +80,7 @@ class EvalJob:
 
     track: str
     repeat: int
-    task: TaskInstance
+    task: Task
     seed: int
 
 
@@ -100,12 +97,21 @@ class CellRunner(Protocol):
         """Returns one Cell per job, in order; an infrastructure failure gives an unscored cell."""
 
 
-def suite_jobs(config: EvalConfig) -> list[EvalJob]:
-    """The cells of one evaluation: for each track, R repeats over the held-out tasks of `config.purpose`."""
+def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
+    """The cells of one evaluation: for each track, R repeats over the benchmark's held-out tasks of
+    `config.purpose`.
+
+    Raises:
+      ValueError: a track or variant the benchmark does not have (names both and the benchmark).
+    """
+    for name, values, known in (("tracks", config.tracks or (), tuple(benchmark.tracks)),
+                                ("variants", config.variants, tuple(benchmark.variants))):
+        unknown = [v for v in values if v not in known]
+        if unknown:
+            raise ValueError(f"EvalConfig.{name}: {unknown} are not {name} of benchmark {benchmark.name!r} {known}")
     per_variant = -(-config.repeats // len(config.variants))  # ceil
-    suite = heldout_suite(n_per_track=per_variant, variants=config.variants,
-                          suite_seed=PURPOSES[config.purpose], tracks=config.tracks)
-    by_track: dict[str, list[TaskInstance]] = {}
+    suite = benchmark.heldout_suite(per_variant, config.variants, PURPOSES[config.purpose], config.tracks)
+    by_track: dict[str, list[Task]] = {}
     for inst in suite:
         by_track.setdefault(inst.track, []).append(inst)
     jobs = []
@@ -118,21 +124,26 @@ def suite_jobs(config: EvalConfig) -> list[EvalJob]:
     return jobs
 
 
-def write_heldout_manifest(path: pathlib.Path, config: EvalConfig) -> pathlib.Path:
-    """Writes the held-out manifest (`tasks.heldout.write_manifest`) of the tasks both purposes of `config` play —
-    what the Stage Bank's leakage preflight guards against — to `path`; returns `path`."""
-    tasks = [job.task for purpose in PURPOSES for job in suite_jobs(dataclasses.replace(config, purpose=purpose))]
-    write_manifest(path, tasks)
+def heldout_manifest(config: EvalConfig, benchmark: StagedBenchmark) -> dict:
+    """The held-out manifest (`StagedBenchmark.manifest`) of the tasks both purposes of `config` play: what the
+    Stage Bank's leakage preflight guards against."""
+    return benchmark.manifest([job.task for purpose in PURPOSES
+                               for job in suite_jobs(dataclasses.replace(config, purpose=purpose), benchmark)])
+
+
+def write_heldout_manifest(path: pathlib.Path, config: EvalConfig, benchmark: StagedBenchmark) -> pathlib.Path:
+    """Writes `heldout_manifest` as JSON to `path` all or nothing; returns `path`."""
+    atomic_write(path, json.dumps(heldout_manifest(config, benchmark), indent=1, default=str).encode())
     return pathlib.Path(path)
 
 
-def evaluate(run_cells: CellRunner, config: EvalConfig) -> Summary:
-    """Plays the held-out suite and returns only its aggregate (two-level means, half-widths)."""
-    jobs = suite_jobs(config)
+def evaluate(run_cells: CellRunner, config: EvalConfig, benchmark: StagedBenchmark) -> Summary:
+    """Plays the benchmark's held-out suite and returns only its aggregate (two-level means, half-widths)."""
+    jobs = suite_jobs(config, benchmark)
     cells = run_cells(jobs)
     if len(cells) != len(jobs):
         raise RuntimeError(f"cell runner returned {len(cells)} cells for {len(jobs)} jobs")
-    return aggregate(cells)
+    return aggregate(cells, benchmark.stages)
 
 
 @dataclasses.dataclass
@@ -140,7 +151,8 @@ class PolicyCells:
     """A CellRunner for action-level policies (scripted expert, OpenAI-compatible teacher, baselines).
 
     Attributes:
-      policy_factory: seed → `tasks.episode.ActionPolicy` (a callable Conversation → Action | None).
+      benchmark: the benchmark whose tasks the cells are (scoring, stage skills).
+      policy_factory: seed → `staged_benchmark.episode.ActionPolicy` (a callable Conversation → Action | None).
       make_sandbox: SandboxState → Sandbox (Docker in real runs; see `sandbox.backends.backend_factory`).
       max_turns: assistant turns per episode.
       max_workers: episodes in flight at once.
@@ -149,6 +161,7 @@ class PolicyCells:
         (`verify.rubric.Evidence.agent_error`).
     """
 
+    benchmark: StagedBenchmark
     policy_factory: Callable[[int], ActionPolicy]
     make_sandbox: SandboxFactory
     max_turns: int = 24
@@ -158,10 +171,10 @@ class PolicyCells:
 
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
         def one(job: EvalJob) -> tuple[Cell, bool]:
-            result = play(TRACKS[job.track], job.task, self.policy_factory(job.seed),
+            result = play(self.benchmark, job.task, self.policy_factory(job.seed),
                           make_sandbox=self.make_sandbox, max_turns=self.max_turns)
-            cell = result.score.to_cell(job.track, job.repeat)
-            return cell, bool(result.evidence.agent_error) and cell.scored()
+            cell = result.score.to_cell(job.track, job.repeat, self.benchmark.stages)
+            return cell, bool(result.evidence.agent_error) and cell.scored(self.benchmark.stages)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             futures = [pool.submit(one, job) for job in jobs]
@@ -177,41 +190,48 @@ class PolicyCells:
 @dataclasses.dataclass
 class EngineCells:
     """CellRunner for a token-level policy: one E2E episode per held-out cell through the AgentLoop that GRPO
-    rollouts use, scored by `tasks.episode.score_episode`. `judge` (optional) decides its rubric items; a cell
-    it cannot decide is unscored. Prompts are rendered in `prompt_style`. After each call, `agent_failed` is the
+    rollouts use, scored by `StagedBenchmark.score_episode`. `judge` (optional) decides its rubric items; a cell
+    it cannot decide is unscored. Prompts are rendered in `prompt`'s format. After each call, `agent_failed` is the
     number of its cells whose sandbox the agent's own code brought down (`Trajectory.agent_error`) and that were
     still scored (`Cell.scored`), as the ledger counts them; scoring is not changed by it."""
 
     loop: AgentLoop
+    benchmark: StagedBenchmark
     judge: RubricJudge | None = None
     agent_failed: int = 0
-    prompt_style: str = "full"
+    prompt: PromptFormat = PromptFormat()
 
     def __call__(self, jobs: Sequence[EvalJob]) -> list[Cell]:
-        requests = [request(f"eval-{i}", job.task.state(), job.task.brief, row_skill(E2E), E2E, self.prompt_style)
+        bench = self.benchmark
+        requests = [request(f"eval-{i}", job.task.state(), job.task.brief, bench.row_skill(E2E), E2E, self.prompt)
                     for i, job in enumerate(jobs)]
         trajectories = self.loop.run(requests, seed=jobs[0].seed if jobs else 0)
         by_request = {t.state_id: t for t in trajectories}
         cells = []
         for i, job in enumerate(jobs):
             evidence = evidence_of(by_request[f"eval-{i}"], requests[i].state)
-            episode_score = score_episode(TRACKS[job.track], job.task, evidence, E2E, self.judge)
-            cells.append(episode_score.to_cell(job.track, job.repeat))
-        self.agent_failed = sum(bool(by_request[f"eval-{i}"].agent_error) and cell.scored()
+            episode_score = bench.score_episode(job.task, evidence, E2E, self.judge)
+            cells.append(episode_score.to_cell(job.track, job.repeat, bench.stages))
+        self.agent_failed = sum(bool(by_request[f"eval-{i}"].agent_error) and cell.scored(bench.stages)
                                 for i, cell in enumerate(cells))
         return cells
 
 
-def _cell_from_record(record: dict, where: str) -> Cell:
-    """Parses one external per-cell record. Raises ValueError naming the record and field."""
+def _cell_from_record(record: dict, where: str, stage_set: StageSet) -> Cell:
+    """Parses one external per-cell record in the benchmark's stages (ids or titles as keys). Raises ValueError
+    naming the record and field."""
     try:
         stages = {}
         given = record["stages"]
-        for stage in STAGES:
-            key = stage.value if stage.value in given else stage.title
+        for stage in stage_set.ids:
+            title = stage_set.title(stage)
+            key = stage if stage in given else title
             if key not in given:
-                raise ValueError(f"field 'stages' has no {stage.value} ({stage.title}); use null or \"n/a\"")
+                raise ValueError(f"field 'stages' has no {stage} ({title}); use null or \"n/a\"")
             stages[stage] = NOT_APPLICABLE if given[key] == "n/a" else given[key]
+        unknown = [k for k in given if k not in stage_set.ids and k not in (stage_set.title(s) for s in stage_set)]
+        if unknown:
+            raise ValueError(f"field 'stages' names {unknown}, not stages of benchmark {stage_set.benchmark!r}")
         return Cell(track=str(record["track"]), repeat=int(record["repeat"]), stage_scores=stages,
                     task=record["task"])
     except KeyError as e:
@@ -230,16 +250,16 @@ class ExternalEvaluator:
       scale: 1.0 when the command writes 0–1 scores, 100.0 when it writes 0–100.
 
     The command must write JSON to `{output}`: a list of per-cell records
-    `{"track": str, "repeat": int, "stages": {"S1": x | null | "n/a", ..., "S5": ...}, "task": x | null}`
-    (null = unscored, "n/a" = stage not applicable).
+    `{"track": str, "repeat": int, "stages": {<stage id or title>: x | null | "n/a", ...}, "task": x | null}`, one
+    entry per stage of the benchmark (null = unscored, "n/a" = stage not applicable).
     """
 
     argv: tuple[str, ...]
     timeout_s: float = 24 * 3600.0
     scale: float = 1.0
 
-    def __call__(self, checkpoint: str | pathlib.Path, workdir: str | pathlib.Path) -> Summary:
-        """Runs the command for `checkpoint` and aggregates its cells.
+    def __call__(self, checkpoint: str | pathlib.Path, workdir: str | pathlib.Path, stages: StageSet) -> Summary:
+        """Runs the command for `checkpoint` and aggregates its cells over the benchmark's `stages`.
 
         Raises:
           RuntimeError: the command failed (exit status and the tail of its stderr).
@@ -262,8 +282,8 @@ class ExternalEvaluator:
         for i, record in enumerate(records):
             if self.scale != 1.0:
                 record = _rescale(record, self.scale)
-            cells.append(_cell_from_record(record, f"{output}: record {i}"))
-        return aggregate(cells)
+            cells.append(_cell_from_record(record, f"{output}: record {i}", stages))
+        return aggregate(cells, stages)
 
 
 def _rescale(record: dict, scale: float) -> dict:
@@ -272,8 +292,3 @@ def _rescale(record: dict, scale: float) -> dict:
 
     return {**record, "task": r(record.get("task")),
             "stages": {k: r(v) for k, v in dict(record.get("stages", {})).items()}}
-
-
-def stage_scores(summary: Summary) -> dict[Stage, float | None]:
-    """e_r: the stage scores the router reads (the only thing, with Overall, that reaches training)."""
-    return dict(summary.stages)

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from bat_jax import report
 from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary, display
+from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.bicurl import evaluation as ev
 from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
@@ -52,7 +53,7 @@ from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.models.mesh import MeshConfig
 from bat_jax.models.episode import EpisodeBuilder
 from bat_jax.policy import Policy, PolicyConfig, build_policy
-from bat_jax.prompts import first_messages
+from bat_jax.prompts import PromptFormat
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.rollout.engine import RolloutEngine
 from bat_jax.stage_bank import pools
@@ -60,14 +61,16 @@ from bat_jax.stage_bank.bank import BankView, StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
 from bat_jax.stage_bank.row import RLRow, SFTRow
+from bat_jax.staged_benchmark.contract import BenchmarkError, StagedBenchmark
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
 
 MODES = ("bicurl", "sft_only", "grpo_e2e")
 
 
-def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig) -> dict:
-    """The Data Factory as a launch job (`gin/stage_bank_tiny.gin`): one new bank version, report in run_dir."""
-    built = build_bank(config)
+def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig, benchmark: StagedBenchmark) -> dict:
+    """The Data Factory as a launch job (`gin/stage_bank_tiny.gin`): one new version of `benchmark`'s bank, its
+    report in run_dir."""
+    built = build_bank(config, benchmark)
     out = dataclasses.asdict(built) if dataclasses.is_dataclass(built) else {"report": str(built)}
     atomic_write(pathlib.Path(run_dir) / "build_report.json", json.dumps(out, indent=2, default=str).encode())
     print(f"[bat_jax] Stage Bank build: {built}")
@@ -115,7 +118,9 @@ class BiCuRLConfig:
 class Components:
     """The component configs one run uses, each bound by gin on its own dataclass.
 
-    The experiment hands each mechanism its own config, never this whole. `engine` picks the rollout engine and its
+    The experiment hands each mechanism its own config, never this whole. `benchmark` (required) is the staged
+    benchmark the run teaches with (`staged_benchmark.contract.StagedBenchmark`; gin names it, e.g.
+    `@imaging.ImagingBenchmark()`): its stages, tasks, rubric, teachers and held-out suite. `engine` picks the rollout engine and its
     memory bounds (`engines.EngineConfig`: the JAX sampler, on one device or the mesh, or vLLM, one replica per
     GPU). `grpo_micro_batches`: gradient accumulation inside one GRPO step (the loss is exact under the split). `judge` (optional) names the LLM judge endpoint and the rubric
     items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic. `ray` (optional,
@@ -130,6 +135,7 @@ class Components:
         `agent.episodes_per_state` (both K).
     """
 
+    benchmark: StagedBenchmark | None = None
     policy: PolicyConfig = PolicyConfig()
     bank: FactoryConfig | None = None
     sft: sft.SFTConfig = sft.SFTConfig()
@@ -164,7 +170,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     The sandboxes (warm pool), rollout engine and Ray workers it starts are released when it returns or raises.
 
     Raises:
-      ValueError: `components.bank` unset, or a configuration error a mechanism names.
+      ValueError: `components.benchmark` or `components.bank` unset, or a configuration error a mechanism names.
+      staged_benchmark.contract.BenchmarkError: the benchmark's definition, or a bank row's focus, does not fit.
       FileNotFoundError: a missing checkpoint directory (`PolicyConfig.checkpoint_dir`).
       stage_bank.leakage.LeakageError: a held-out marker in the bank or in a round's rows.
     """
@@ -179,14 +186,14 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         if records:
             exp.learner.params = exp.restore(records[-1].retained_checkpoint)
         rounds = 0 if config.mode == "sft_only" else config.rounds
-        kl_prompts = _kl_prompts(exp.view.rl_rows, exp.policy, components.policy_shift)
+        kl_prompts = _kl_prompts(exp.view.rl_rows, exp.policy, exp.prompt, components.policy_shift)
         for r in range(len(records) + 1, rounds + 1):
             t_round = time.perf_counter()
             last_scores = records[-1].controller_scores["stage_scores"] if records else round0.stage_scores
-            decision = router.route(last_scores, round_index=r, held=controller.state.held,
+            decision = router.route(last_scores, exp.stages, round_index=r, held=controller.state.held,
                                     reference_scores=controller.state.reference_scores, config=components.router)
             round_view = _round_view(exp, decision.target, r)
-            stats = grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block,
+            stats = grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
                                seed=config.seed * 1000 + r, judge=exp.judge)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
@@ -197,7 +204,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
             if verdict.retained_checkpoint != checkpoint_name(r):
                 exp.learner.params = exp.restore(verdict.retained_checkpoint)
             record = RoundRecord(
-                round=r, selected_stage=decision.target.value, routing_report=decision.report(),
+                round=r, selected_stage=decision.target, routing_report=decision.report(),
                 pool_counts=round_view.pool_counts(), bank_version=exp.view.version, state_ids=round_view.state_ids(),
                 reward_version=stats.reward_version, controller_scores=ctl.Evaluation.from_summary(summary).to_dict(),
                 kl=shift, decision=verdict.decision, decision_reasons=verdict.reasons,
@@ -212,7 +219,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         exp.close_engine()  # vLLM: free its memory and worker before the export and the reports
         export_retained(exp.learner.sync_model(best_params), run_dir, exp.policy.tokenizer)  # SFT without rounds
         exp.loops.close()  # Ray rollout workers, the sandbox pool
-        return report.write_run_report(run_dir, final, records, round0, exp.writer)
+        return report.write_run_report(run_dir, final, records, round0, exp.stages, exp.writer,
+                                       note=exp.benchmark.note)
 
 
 @dataclasses.dataclass
@@ -223,6 +231,8 @@ class _Experiment:
     run_dir: pathlib.Path
     config: BiCuRLConfig
     components: Components
+    benchmark: StagedBenchmark
+    prompt: PromptFormat
     policy: Policy
     learner: Learner
     bank: StageBank
@@ -236,11 +246,15 @@ class _Experiment:
     writer: report.ScalarWriter
     block: GRPOBlockConfig
 
+    @property
+    def stages(self) -> StageSet:
+        return self.benchmark.stages
+
     def evaluate(self, params, purpose: str) -> tuple[Summary, int]:
         """(aggregates, scored cells that were agent-caused sandbox failures) of one held-out evaluation."""
         self.engine.update_weights(self.learner.sync_model(params))
-        cells = ev.EngineCells(self.loops.evaluation, self.judge, prompt_style=self.policy.prompt_style)
-        summary = ev.evaluate(cells, dataclasses.replace(self.components.evaluation, purpose=purpose))
+        cells = ev.EngineCells(self.loops.evaluation, self.benchmark, self.judge, prompt=self.prompt)
+        summary = ev.evaluate(cells, dataclasses.replace(self.components.evaluation, purpose=purpose), self.benchmark)
         return summary, cells.agent_failed
 
     def restore(self, name: str):
@@ -256,21 +270,32 @@ class _Experiment:
 
 def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
           resources: contextlib.ExitStack) -> _Experiment:
-    """Builds the policy and learner first (a missing checkpoint directory fails before other work), then the Stage
-    Bank version (built once, resumable) behind the leakage preflight, the engine, loops and the run's records."""
+    """Checks the benchmark, builds the policy and learner (a missing checkpoint directory fails before other work),
+    then the Stage Bank version (built once, resumable) behind the leakage preflight, the engine, loops and the
+    run's records."""
+    benchmark = components.benchmark
+    if benchmark is None:
+        raise ValueError("Components.benchmark (the staged benchmark to teach with, e.g. "
+                         "@imaging.ImagingBenchmark()) is required")
     if components.bank is None:
         raise ValueError("Components.bank (a FactoryConfig naming the Stage Bank directory) is required")
+    benchmark.validate()
+    controller_config = _with_late_stages(components.controller, benchmark)
+    components = dataclasses.replace(components, controller=controller_config)
     policy = build_policy(components.policy)
     learner = Learner(policy.model, components.mesh, components.memory)
 
-    manifest_path = ev.write_heldout_manifest(run_dir / "heldout_manifest.json", components.evaluation)
+    manifest_path = ev.write_heldout_manifest(run_dir / "heldout_manifest.json", components.evaluation, benchmark)
     manifest = HeldOutManifest.load(manifest_path)
     bank = StageBank(components.bank.bank_dir)
-    check_recipe(bank, components.bank)  # a bank another teacher / layout family wrote is refused, never mixed in
+    check_recipe(bank, components.bank, benchmark)  # another benchmark's or recipe's bank is refused, never mixed
     if not bank.versions():
-        built = build_bank(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)))
+        built = build_bank(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark)
         print(f"[bat_jax] Stage Bank built: {built}")
     view = bank.read()
+    for i, row in enumerate(view.rl_rows):  # a bank row of a stage this benchmark lacks stops here, named
+        benchmark.check_focus(row.focus, f"Stage Bank {components.bank.bank_dir} v{view.version} RL row {i} "
+                                         f"({row.state_id}) field 'focus'")
     preflight(manifest, files=[components.bank.bank_dir]).raise_if_leaky()
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
@@ -281,19 +306,37 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None
-    loops = open_run_loops(policy, engine, agent, components.evaluation, components.pools.batch_size,
+    loops = open_run_loops(policy, engine, agent, components.evaluation, benchmark, components.pools.batch_size,
                            config.backend, warm_pool=config.sandbox_pool, ray=components.ray, worker=worker)
     resources.callback(loops.close)
     judge = RubricJudge(components.judge) if components.judge is not None else None
     if judge is not None:
         judge.check_endpoint()  # a rejected request (wrong model / key) stops here; unreachable only warns
+    prompt = PromptFormat.of(benchmark, policy.prompt_style)
     block = GRPOBlockConfig(grpo=components.grpo, optimizer=components.grpo_optimizer,
                             micro_batches=components.grpo_micro_batches, episodes_per_state=agent.episodes_per_state,
-                            max_context_tokens=agent.max_context_tokens, prompt_style=components.policy.prompt_style,
+                            max_context_tokens=agent.max_context_tokens, prompt=prompt,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling)
-    return _Experiment(run_dir, config, components, policy, learner, bank, view, manifest, engine, loops, judge,
-                       Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
-                       Ledger(run_dir / "ledger.jsonl"), report.ScalarWriter(run_dir / "tensorboard"), block)
+    return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, view, manifest, engine,
+                       loops, judge, Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
+                       Ledger(run_dir / "ledger.jsonl"), report.ScalarWriter(run_dir / "tensorboard", benchmark.stages),
+                       block)
+
+
+def _with_late_stages(config: ctl.ControllerConfig, benchmark: StagedBenchmark) -> ctl.ControllerConfig:
+    """`config` with the gate's late stages filled in from the benchmark when unset (None).
+
+    Raises:
+      BenchmarkError: a bound late stage the benchmark does not have.
+    """
+    margins = config.margins
+    if margins.late_stages is None:
+        return dataclasses.replace(config, margins=dataclasses.replace(margins, late_stages=benchmark.late_stages))
+    unknown = [s for s in margins.late_stages if s not in benchmark.stages]
+    if unknown:
+        raise BenchmarkError(f"controller.NonInferiorityMargins.late_stages {unknown} are not stages of benchmark "
+                             f"{benchmark.name!r} {list(benchmark.stages.ids)}")
+    return config
 
 
 def _cold_start(exp: _Experiment) -> ctl.Evaluation:
@@ -302,7 +345,7 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
         exp.learner.params = exp.restore(checkpoint_name(0))
         return _round0(exp.run_dir)
     t0 = time.perf_counter()
-    _sft_cold_start(exp.learner, exp.policy, exp.view.sft_rows, exp.components.sft, exp.config,
+    _sft_cold_start(exp.learner, exp.policy, exp.prompt, exp.view.sft_rows, exp.components.sft, exp.config,
                     exp.components.agent.max_observation_chars)
     t1 = time.perf_counter()
     summary, _ = exp.evaluate(exp.learner.params, "controller")
@@ -392,20 +435,20 @@ def mode_pools(rl_rows: Sequence[RLRow], mode: str, pool_config: pools.PoolConfi
     GRPO-E2E baseline only the E2E rows, rewarded by their task metric, in the E2E pool alone."""
     if mode != "grpo_e2e":
         return list(rl_rows), pool_config
-    rows = [dataclasses.replace(row, reward_source="task_metric") for row in rl_rows if row.focus == "E2E"]
+    rows = [dataclasses.replace(row, reward_source="task_metric") for row in rl_rows if row.focus == E2E]
     return rows, dataclasses.replace(pool_config, omit=("target", "mix"))
 
 
-def _sft_cold_start(learner: Learner, policy: Policy, rows: Sequence[SFTRow], config: sft.SFTConfig,
-                    run: BiCuRLConfig, max_observation_chars: int) -> None:
+def _sft_cold_start(learner: Learner, policy: Policy, prompt: PromptFormat, rows: Sequence[SFTRow],
+                    config: sft.SFTConfig, run: BiCuRLConfig, max_observation_chars: int) -> None:
     """SFT on the bank's SFT rows: loss on the single target action (+ end of turn), paper Appendix A.4.
     Observations in the context are cut to `max_observation_chars`, as rollouts cut them. Each batch is padded
     to the length bucket of its rows (`sft_data.sft_batch`), not to `max_seq_len`."""
     rows = list(rows)[: run.sft_max_rows or None]
     if run.sft_targets == "trajectory":
-        examples = trajectory_examples(rows, policy, config.max_seq_len, max_observation_chars)
+        examples = trajectory_examples(rows, policy, prompt, config.max_seq_len, max_observation_chars)
     else:
-        examples = [e for e in (render_sft_row(row, policy, config.max_seq_len, max_observation_chars)
+        examples = [e for e in (render_sft_row(row, policy, prompt, config.max_seq_len, max_observation_chars)
                                 for row in rows) if e is not None]
     if not examples:
         raise ValueError(f"no SFT row fits SFTConfig.max_seq_len={config.max_seq_len}")
@@ -423,12 +466,13 @@ def _sft_cold_start(learner: Learner, policy: Policy, rows: Sequence[SFTRow], co
     learner.adopt(state)
 
 
-def _kl_prompts(rows: Sequence[RLRow], policy: Policy, config: kl.PolicyShiftConfig
+def _kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, config: kl.PolicyShiftConfig
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the held-out KL probe set)."""
+    """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the KL probe set: training rows, never
+    held-out ones)."""
     prompts = []
     for row in list(rows)[: config.num_prompts]:
-        messages, tools = first_messages(row.prompt, row.skill, policy.prompt_style)
+        messages, tools = prompt.first_messages(row.prompt, row.skill)
         # through the EpisodeBuilder: text in briefs and skills never becomes a control id
         prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tools)))
     batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}

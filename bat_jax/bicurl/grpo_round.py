@@ -26,10 +26,11 @@ from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fil
 from bat_jax.learn.learner import Learner, pad_batch
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import GRPOStats
-from bat_jax.prompts import rl_request
+from bat_jax.prompts import PromptFormat, rl_request
 from bat_jax.rollout.agent_loop import AgentLoop
 from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.bank import StageBank
+from bat_jax.staged_benchmark.contract import StagedBenchmark
 from bat_jax.verify.judge import RubricJudge
 
 SHIFT_KEYS = ("logp_shift_pos", "logp_shift_neg", "token_kl")
@@ -45,7 +46,7 @@ class GRPOBlockConfig:
       micro_batches: gradient accumulation inside one step (the batch is padded to devices × micro_batches rows).
       episodes_per_state: K, rollouts per row (`AgentLoopConfig.episodes_per_state`).
       max_context_tokens: longest rollout (tokens); batches are padded to their length bucket below it.
-      prompt_style: `PolicyConfig.prompt_style` of the rollout requests.
+      prompt: the prompts of the rollout requests (`prompts.PromptFormat`: the policy's style, the benchmark's words).
       reward: scoring threads and the round's task cache (`bicurl/reward.RewardConfig`).
       dynamic_sampling: groups without reward variance dropped and replaced (`learn/dynamic_sampling.py`).
     """
@@ -55,23 +56,24 @@ class GRPOBlockConfig:
     micro_batches: int = 4
     episodes_per_state: int = 4
     max_context_tokens: int = 12288
-    prompt_style: str = "full"
+    prompt: PromptFormat = PromptFormat()
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
 
 
 def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, c: GRPOBlockConfig,
-               seed: int, judge: RubricJudge | None = None) -> GRPOStats:
+               benchmark: StagedBenchmark, seed: int, judge: RubricJudge | None = None) -> GRPOStats:
     """Runs one round's GRPO block on `learner` and returns what it did (`ledger.GRPOStats`).
 
-    The learner's params become the block's last state. Unscored rollouts (reward None) leave the loss. With
+    Rollouts are scored by `benchmark`'s rule (`StagedBenchmark.score_episode`). The learner's params become the
+    block's last state. Unscored rollouts (reward None) leave the loss. With
     rollout correction the step's behaviour logprobs are the learner's: the round-start reference pass for the
     first batch, one more pass for each later batch.
     """
     step_fn, state = learner.grpo_block(c.grpo, c.optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
                                         num_micro_batches=c.micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
-    tasks = TaskCache(c.reward.task_cache_size)  # the round's rebuilt tasks, shared by all its rollouts
+    tasks = TaskCache(benchmark, c.reward.task_cache_size)  # the round's rebuilt tasks, shared by its rollouts
     seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": ""}  # every drawn rollout
     varied = grouped = drawn = dropped = trained = 0
     before, first, mismatch, trained_pools = [], None, [], collections.Counter()
@@ -179,11 +181,11 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
     scored as soon as its episode ends, concurrently with the others' generation (`c.reward` threads), tasks
     rebuilt through `tasks`. Both lists hold K consecutive entries per item, in the batch's order."""
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
-    requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.prompt_style)
+    requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.prompt)
                 for item in batch]
     per_rollout = [item for item in batch for _ in range(c.episodes_per_state)]  # the loop's order: K a row
     with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
-                       judge, c.reward, tasks) as scorer:
+                       tasks.benchmark, judge, c.reward, tasks) as scorer:
         trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)  # scored as they finish
         return trajectories, scorer.results()
 

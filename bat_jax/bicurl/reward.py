@@ -1,11 +1,11 @@
 """The reward of one GRPO rollout from a Stage Bank RL row (paper Eq. 4, released code's E2E rule): the adapter
 from rollouts (`rollout.trajectory.Trajectory`) to the rubric verifier.
 
-A row stores only public contract text; the verifier's checks need the task's hidden answer key, which is
-regenerated deterministically from the row's provenance (`task_synthesis` seed / variant / template, and the
-`e2e_reduce` λ actually applied for E2E surrogates). A rollout's evidence (`evidence_of`) is scored by
-`tasks.episode.score_episode`: stage rows on their stage's rubric only (r = η · mean of binary items), E2E rows on
-S1–S5 plus the task metric (0.5 · Agentic-weighted stage rewards + 0.5 · task).
+A row stores only public contract text; the verifier's checks need the task's hidden answer key, which the run's
+benchmark regenerates deterministically from the row's provenance (`task_synthesis` seed / variant / template, and
+the `e2e_reduce` λ actually applied for E2E surrogates). A rollout's evidence (`evidence_of`) is scored by
+`StagedBenchmark.score_episode`: stage rows on their stage's rubric only (r = η · mean of binary items), E2E rows on
+every stage plus the task metric (0.5 · Agentic-weighted stage rewards + 0.5 · task).
 `reward_source='task_metric'` scores the task metric alone (the paper's GRPO baseline on E2E rows).
 With a `RubricJudge` its items are decided by the LLM judge and the version names the judge model.
 An infrastructure failure (sandbox, or the judge unreachable) gives None (unscored), never 0. What the agent
@@ -33,12 +33,8 @@ from collections.abc import Sequence
 from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.stage_bank import e2e_surrogate
 from bat_jax.stage_bank.row import RLRow
-from bat_jax.tasks import heldout
-from bat_jax.tasks.base import TaskInstance, Track
-from bat_jax.tasks.episode import score_episode
-from bat_jax.tasks.registry import get_track
+from bat_jax.staged_benchmark.contract import Reduction, StagedBenchmark, Task
 from bat_jax.verify.judge import RubricJudge
 from bat_jax.verify.rubric import REWARD_VERSION, Evidence, ScorerError
 
@@ -98,21 +94,22 @@ def task_key(row: RLRow) -> str:
 
 
 class TaskCache:
-    """Rebuilt tasks of `row_task`, at most `maxsize` (least recently used dropped), keyed by `task_key`.
-    Thread-safe; concurrent requests for one key build it once (the others wait for it). `builds` counts the
-    rebuilds. Raises ValueError for maxsize < 1."""
+    """Rebuilt tasks of `row_task` for `benchmark`, at most `maxsize` (least recently used dropped), keyed by
+    `task_key`. Thread-safe; concurrent requests for one key build it once (the others wait for it). `builds`
+    counts the rebuilds. Raises ValueError for maxsize < 1."""
 
-    def __init__(self, maxsize: int = 32):
+    def __init__(self, benchmark: StagedBenchmark, maxsize: int = 32):
         if maxsize < 1:
             raise ValueError(f"TaskCache: maxsize must be >= 1, got {maxsize}")
+        self.benchmark = benchmark
         self.maxsize = maxsize
         self.builds = 0
         self._tasks: collections.OrderedDict[str, tuple] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._key_locks: dict[str, threading.Lock] = {}
 
-    def get(self, row: RLRow) -> tuple[Track, TaskInstance]:
-        """(track, TaskInstance) of `row`, as `row_task(row)` returns it. Raises what `row_task` raises."""
+    def get(self, row: RLRow) -> Task:
+        """The task of `row`, as `row_task(row, benchmark)` returns it. Raises what `row_task` raises."""
         key = task_key(row)
         with self._lock:
             if key in self._tasks:
@@ -124,7 +121,7 @@ class TaskCache:
                 if key in self._tasks:
                     self._tasks.move_to_end(key)
                     return self._tasks[key]
-            built = row_task(row)
+            built = row_task(row, self.benchmark)
             with self._lock:
                 self.builds += 1
                 self._tasks[key] = built
@@ -134,33 +131,33 @@ class TaskCache:
             return built
 
 
-def row_task(row: RLRow) -> tuple[Track, TaskInstance]:
-    """(track, TaskInstance) of the task a row was built from, hidden answer key included.
+def row_task(row: RLRow, benchmark: StagedBenchmark) -> Task:
+    """The task a row was built from, hidden answer key included, rebuilt by `benchmark`.
 
     Raises:
-      ValueError: the provenance lacks a `task_synthesis` step (names the row's state_id).
+      ValueError: the provenance lacks a `task_synthesis` step (names the row's state_id), or the benchmark
+        cannot rebuild the task (e.g. a track it does not have).
     """
     steps = {t.name: dict(t.params) for t in row.provenance.transformations}
     if "task_synthesis" not in steps:
         raise ValueError(f"RL row {row.state_id}: provenance has no 'task_synthesis' step; cannot rebuild its "
                          f"rubric (steps: {sorted(steps)})")
     syn = steps["task_synthesis"]
-    track = get_track(row.provenance.track)
-    inst = heldout.training_task(track, int(syn["seed"]), str(syn["variant"]), int(syn["template"]))
+    task = benchmark.training_task(row.provenance.track, int(syn["seed"]), str(syn["variant"]), int(syn["template"]))
     if "e2e_reduce" in steps:
         p = steps["e2e_reduce"]
-        lam = e2e_surrogate.Reduction(cases=int(p["cases"]), input_fraction=float(p["input_fraction"]),
-                                      validation_passes=int(p["validation_passes"]))
-        inst, _ = e2e_surrogate.reduce_task(track, inst, lam, int(syn["template"]))
-    return track, inst
+        lam = Reduction(cases=int(p["cases"]), input_fraction=float(p["input_fraction"]),
+                        validation_passes=int(p["validation_passes"]))
+        task, _ = benchmark.reduce_task(task, lam, int(syn["template"]))
+    return task
 
 
-def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
+def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState, benchmark: StagedBenchmark,
                    judge: RubricJudge | None = None, tasks: TaskCache | None = None,
                    decode: DecodeLimits = DecodeLimits()) -> RolloutReward:
-    """Scores one rollout of `row` that started from `start` (the row's state p); `judge` (optional) decides
-    its configured rubric items; `tasks` (optional) supplies the rebuilt task (else it is rebuilt here); the
-    agent's files are decoded within `decode`.
+    """Scores one rollout of `row` that started from `start` (the row's state p) by `benchmark`'s rule; `judge`
+    (optional) decides its configured rubric items; `tasks` (optional) supplies the rebuilt task (else it is
+    rebuilt here); the agent's files are decoded within `decode`.
     Reward None = unscored (sandbox failure, or a judged item the judge could not decide). An exception while
     scoring the agent's artefacts (never expected: the readers are total) is the agent's failure: reward 0 with
     `RolloutReward.error` set.
@@ -175,13 +172,13 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
         version = REWARD_VERSION + "+task"
     if evidence.infra_error:
         return RolloutReward(None, version, row.focus)
-    track, inst = tasks.get(row) if tasks is not None else row_task(row)
+    task = tasks.get(row) if tasks is not None else row_task(row, benchmark)
     error = ""
     try:  # reading and scoring what the agent wrote: whatever goes wrong here is the agent's failure
         if row.reward_source == "task_metric":
-            reward = track.score_task(inst, evidence.files, evidence.submitted, decode)
+            reward = benchmark.score_task(task, evidence.files, evidence.submitted, decode)
         else:
-            reward = score_episode(track, inst, evidence, row.focus, judge).reward
+            reward = benchmark.score_episode(task, evidence, row.focus, judge).reward
     except ScorerError:
         raise
     except Exception as exc:  # noqa: BLE001 - the readers are total; this is a last guard, scored 0
@@ -192,12 +189,12 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState,
     return RolloutReward(reward, version, row.focus, error)
 
 
-def _contained(row: RLRow, trajectory: Trajectory, start: SandboxState, judge: RubricJudge | None,
-               tasks: TaskCache | None, decode: DecodeLimits) -> RolloutReward:
+def _contained(row: RLRow, trajectory: Trajectory, start: SandboxState, benchmark: StagedBenchmark,
+               judge: RubricJudge | None, tasks: TaskCache | None, decode: DecodeLimits) -> RolloutReward:
     """`rollout_reward`, with an exception other than `ScorerError` (raised before the agent's artefacts are
     read: rebuilding the row's task) turned into an unscored reward naming it."""
     try:
-        return rollout_reward(row, trajectory, start, judge, tasks, decode)
+        return rollout_reward(row, trajectory, start, benchmark, judge, tasks, decode)
     except ScorerError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the row's task cannot be rebuilt: not the agent's doing
@@ -212,16 +209,19 @@ class RolloutScorer:
 
     Args:
       rows, starts: per position (the rollouts' order): the RL row and start state each rollout is scored against.
-      judge, config, tasks: as in `rollout_reward`; `tasks` default: a new `TaskCache(config.task_cache_size)`.
+      benchmark, judge, config, tasks: as in `rollout_reward`; `tasks` default: a new
+        `TaskCache(benchmark, config.task_cache_size)`.
     """
 
-    def __init__(self, rows: Sequence[RLRow], starts: Sequence[SandboxState], judge: RubricJudge | None = None,
-                 config: RewardConfig = RewardConfig(), tasks: TaskCache | None = None):
+    def __init__(self, rows: Sequence[RLRow], starts: Sequence[SandboxState], benchmark: StagedBenchmark,
+                 judge: RubricJudge | None = None, config: RewardConfig = RewardConfig(),
+                 tasks: TaskCache | None = None):
         if len(rows) != len(starts):
             raise ValueError(f"RolloutScorer: {len(rows)} rows and {len(starts)} start states; expected one of each "
                              "per rollout")
-        self.rows, self.starts, self.judge, self.decode = rows, starts, judge, config.decode
-        self.tasks = tasks if tasks is not None else TaskCache(config.task_cache_size)
+        self.rows, self.starts, self.benchmark = rows, starts, benchmark
+        self.judge, self.decode = judge, config.decode
+        self.tasks = tasks if tasks is not None else TaskCache(benchmark, config.task_cache_size)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=config.max_workers,
                                                            thread_name_prefix="reward")
         self._futures: dict[int, concurrent.futures.Future] = {}
@@ -233,7 +233,8 @@ class RolloutScorer:
             raise ValueError(f"RolloutScorer.submit: position {position} is out of range (0..{len(self.rows) - 1}) "
                              "or was submitted before")
         self._futures[position] = self._pool.submit(_contained, self.rows[position], trajectory,
-                                                    self.starts[position], self.judge, self.tasks, self.decode)
+                                                    self.starts[position], self.benchmark, self.judge, self.tasks,
+                                                    self.decode)
 
     def results(self) -> list[RolloutReward]:
         """Every position's reward, in position order (waits for them). A rollout whose scoring raised is
@@ -253,16 +254,16 @@ class RolloutScorer:
 
 
 def score_rollouts(rows: Sequence[RLRow], trajectories: Sequence[Trajectory], starts: Sequence[SandboxState],
-                   judge: RubricJudge | None = None, config: RewardConfig = RewardConfig(),
-                   tasks: TaskCache | None = None) -> list[RolloutReward]:
-    """`rollout_reward(rows[i], trajectories[i], starts[i], judge, tasks)` for every i, on at most
+                   benchmark: StagedBenchmark, judge: RubricJudge | None = None,
+                   config: RewardConfig = RewardConfig(), tasks: TaskCache | None = None) -> list[RolloutReward]:
+    """`rollout_reward(rows[i], trajectories[i], starts[i], benchmark, judge, tasks)` for every i, on at most
     `config.max_workers` threads (`RolloutScorer`); returned in the same order. `tasks` default: a new
     `TaskCache` of `config.task_cache_size` for this call. Raises ValueError when the three sequences differ in
     length, and what `rollout_reward` raises."""
     if not len(rows) == len(trajectories) == len(starts):
         raise ValueError(f"score_rollouts: {len(rows)} rows, {len(trajectories)} trajectories and {len(starts)} "
                          "start states; expected one of each per rollout")
-    with RolloutScorer(rows, starts, judge, config, tasks) as scorer:
+    with RolloutScorer(rows, starts, benchmark, judge, config, tasks) as scorer:
         for i, trajectory in enumerate(trajectories):
             scorer.submit(i, trajectory)
         return scorer.results()

@@ -20,12 +20,12 @@ from bat_jax.policy import Policy, make_agent_loop
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from bat_jax.rollout.engine import RolloutEngine
 from bat_jax.sandbox.backends import SandboxBackend, open_backend
-from bat_jax.tasks.registry import TRACKS
+from bat_jax.staged_benchmark.contract import StagedBenchmark
 
 
-def eval_cells(evaluation: EvalConfig) -> int:
+def eval_cells(evaluation: EvalConfig, benchmark: StagedBenchmark) -> int:
     """Cells of one held-out evaluation (= `len(evaluation.suite_jobs(...))`): tracks × repeats."""
-    return len(evaluation.tracks or TRACKS) * evaluation.repeats
+    return len(evaluation.tracks or benchmark.tracks) * evaluation.repeats
 
 
 def warm_pool_size(batch_episodes: int, cells: int) -> int:
@@ -53,13 +53,15 @@ class RunLoops:
 
 
 def open_run_loops(policy: Policy, engine: RolloutEngine, agent: AgentLoopConfig, evaluation: EvalConfig,
-                   batch_rows: int, backend: str, warm_pool: bool = True, ray: RayRolloutConfig | None = None,
-                   worker: WorkerSpec | None = None) -> RunLoops:
-    """The rollout and evaluation loops of a run over `engine`: GRPO batches of `batch_rows` RL rows × K
-    (`agent.episodes_per_state`) episodes, held-out evaluations of `evaluation`'s cells, sandboxes from `backend`
-    ('docker' or 'local'). With `warm_pool`, Docker sandboxes come from one warm pool of `warm_pool_size`
-    containers; else each episode starts a fresh container. With `ray`, the GRPO rollouts run on Ray workers
-    that each build `worker` (its policy, engine and backend; its warm pool is set here to its share of a batch).
+                   benchmark: StagedBenchmark, batch_rows: int, backend: str, warm_pool: bool = True,
+                   ray: RayRolloutConfig | None = None, worker: WorkerSpec | None = None) -> RunLoops:
+    """The rollout and evaluation loops of a run over `engine`.
+
+    GRPO batches hold `batch_rows` RL rows × K (`agent.episodes_per_state`) episodes, held-out evaluations
+    `evaluation`'s cells of `benchmark`; sandboxes come from `backend` ('docker' or 'local'). With `warm_pool`,
+    Docker sandboxes come from one warm pool of `warm_pool_size` containers; else each episode starts a fresh
+    container. With `ray`, the GRPO rollouts run on Ray workers that each build `worker` (its policy, engine and
+    backend; its warm pool is set here to its share of a batch).
 
     Raises:
       sandbox.backends.BackendUnavailable: Docker asked for and not usable (engine, image, pool start-up).
@@ -68,7 +70,7 @@ def open_run_loops(policy: Policy, engine: RolloutEngine, agent: AgentLoopConfig
     if ray is not None and worker is None:
         raise ValueError("open_run_loops: Ray rollouts need the WorkerSpec each worker builds")
     batch_episodes = batch_rows * agent.episodes_per_state
-    concurrent = warm_pool_size(0 if ray is not None else batch_episodes, eval_cells(evaluation))
+    concurrent = warm_pool_size(0 if ray is not None else batch_episodes, eval_cells(evaluation, benchmark))
     sandboxes = open_backend(backend, agent.workers(concurrent), warm=concurrent if warm_pool else 0)
     try:
         if ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)

@@ -2,7 +2,7 @@
 Eq. 9, Appendix A.4).
 
 Rows are model-neutral (DESIGN.md): `render_sft_row` renders one row's context and target action through the
-policy's `models.episode.EpisodeBuilder` in its prompt style (`prompts.py`); `trajectory_examples` renders per
+policy's `models.episode.EpisodeBuilder` in the run's prompt format (`prompts.PromptFormat`); `trajectory_examples` renders per
 teacher trajectory one sequence that carries the loss of every action; `sft_batch` draws a batch padded only to
 its length bucket (`sft_bucket`, also the GRPO batches' padding).
 """
@@ -18,20 +18,20 @@ from bat_jax.learn.sft import build_sft_example
 from bat_jax.models.chat import render_action
 from bat_jax.models.episode import EpisodeBuilder
 from bat_jax.policy import Policy
-from bat_jax.prompts import prompt_head, style_user_message
+from bat_jax.prompts import PromptFormat
 from bat_jax.rollout.agent_loop import cut_observation
 from bat_jax.stage_bank.row import SFTRow
 
 
-def render_sft_row(row: SFTRow, policy: Policy, max_seq_len: int, max_observation_chars: int | None = None,
-                   all_turns: bool = False) -> dict[str, np.ndarray] | None:
+def render_sft_row(row: SFTRow, policy: Policy, prompt: PromptFormat, max_seq_len: int,
+                   max_observation_chars: int | None = None, all_turns: bool = False) -> dict[str, np.ndarray] | None:
     """Tokenised SFT example of a Stage Bank SFT row in the policy's chat template (DESIGN: rows are
     model-neutral; the adapter renders them): context (system, user, prior assistant actions and tool
     observations) as the prompt, the one target action + `<|im_end|>` as the response (loss mask 1).
     With `max_observation_chars`, each tool observation is cut exactly as the agent loop cuts it at rollout
     time (`rollout.agent_loop.cut_observation`), so SFT contexts look like the contexts the policy acts in.
-    The system prompt and first user turn are those of `policy.prompt_style` (the teacher's system message
-    is replaced). Only the template's own tags become control ids: the brief, skill, observations and the teacher's
+    The system prompt and first user turn are those of `prompt` (the policy's style in the benchmark's words; the
+    teacher's system message is replaced). Only the template's own tags become control ids: the brief, skill, observations and the teacher's
     thoughts and arguments are ordinary text whatever they contain (`models.episode.TextCodec`).
 
     With `all_turns`, the context's earlier assistant actions (each + `<|im_end|>`) carry loss too: the row then
@@ -46,9 +46,8 @@ def render_sft_row(row: SFTRow, policy: Policy, max_seq_len: int, max_observatio
     if not users:
         raise ValueError(f"SFT row {row.row_id}: context has no user message")
     start = row.context.index(users[0]) + 1
-    system, tools = prompt_head(policy.prompt_style)
-    builder.start([{"role": "system", "content": system},
-                   {"role": "user", "content": style_user_message(users[0].content, policy.prompt_style)}],
+    system, tools = prompt.head()
+    builder.start([{"role": "system", "content": system}, {"role": "user", "content": prompt.styled(users[0].content)}],
                   tools=[dict(t) for t in tools])
     rest = row.context[start:]
     for message in rest:
@@ -58,13 +57,13 @@ def render_sft_row(row: SFTRow, policy: Policy, max_seq_len: int, max_observatio
             builder.add_tool_response(message.content if max_observation_chars is None
                                       else cut_observation(message.content, max_observation_chars))
     context = builder.build()
-    prompt = context.ids.tolist()
+    prompt_ids = context.ids.tolist()
     response = builder.encode(render_action(row.target, policy.family))
-    if len(prompt) + len(response) + 1 > max_seq_len:
+    if len(prompt_ids) + len(response) + 1 > max_seq_len:
         return None
-    example = build_sft_example(prompt, response, builder.eot_id, max_seq_len)
+    example = build_sft_example(prompt_ids, response, builder.eot_id, max_seq_len)
     if all_turns:
-        example["loss_mask"][: len(prompt)] = context.loss_mask
+        example["loss_mask"][: len(prompt_ids)] = context.loss_mask
     return example
 
 
@@ -76,7 +75,7 @@ def trajectory_key(row: SFTRow) -> tuple[str, int] | None:
     return None
 
 
-def trajectory_examples(rows: Sequence[SFTRow], policy: Policy, max_seq_len: int,
+def trajectory_examples(rows: Sequence[SFTRow], policy: Policy, prompt: PromptFormat, max_seq_len: int,
                         max_observation_chars: int | None = None) -> list[dict[str, np.ndarray]]:
     """SFT examples with loss on every expert action: per teacher trajectory (`trajectory_key`) only its
     latest-turn row that fits `max_seq_len`, rendered with `all_turns`, which holds the targets of all its
@@ -86,7 +85,7 @@ def trajectory_examples(rows: Sequence[SFTRow], policy: Policy, max_seq_len: int
     out: list[dict[str, np.ndarray]] = []
     for row in rows:
         key = trajectory_key(row)
-        example = render_sft_row(row, policy, max_seq_len, max_observation_chars, all_turns=key is not None)
+        example = render_sft_row(row, policy, prompt, max_seq_len, max_observation_chars, all_turns=key is not None)
         if example is None:
             continue
         if key is None:

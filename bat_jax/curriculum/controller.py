@@ -29,7 +29,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bat_jax.benchmark.scoring import Summary
-from bat_jax.benchmark.stages import Stage
 from bat_jax.curriculum.router import SCORE_TOL
 
 #: Acceptance rules (`ControllerConfig.acceptance`).
@@ -48,10 +47,11 @@ class NonInferiorityMargins:
       overall: ``maximum_overall_drop`` 0.01.
       task: ``maximum_task_drop`` 0.03.
       track: ``maximum_per_track_drop`` 0.05 (each track's Overall).
-      late_stage: ``maximum_late_stage_drop`` 0.03, for each stage of ``late_stages`` (S3–S5).
+      late_stage: ``maximum_late_stage_drop`` 0.03, for each stage of ``late_stages``.
       catastrophic_overall: ``catastrophic_overall_drop`` 0.20: the candidate is held when Overall fell by this
         much or more (the released check is ``drop < 0.20``).
-      late_stages: the stages held to ``late_stage``.
+      late_stages: the stage ids held to ``late_stage``; None = the run's benchmark's late stages (the imaging
+        suite's S3–S5, the released gate's), filled in by the experiment.
     """
 
     overall: float = 0.01
@@ -59,7 +59,7 @@ class NonInferiorityMargins:
     track: float = 0.05
     late_stage: float = 0.03
     catastrophic_overall: float = 0.20
-    late_stages: tuple[str, ...] = ("S3", "S4", "S5")
+    late_stages: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +132,7 @@ class Evaluation:
             object.__setattr__(self, "overall", _require_finite(self.overall, "Evaluation.overall"))
         if self.task is not None:
             object.__setattr__(self, "task", _require_finite(self.task, "Evaluation.task"))
-        stages = {Stage.parse(k).value: (None if v is None else _require_finite(v, f"stage score {k}"))
+        stages = {str(k): (None if v is None else _require_finite(v, f"stage score {k}"))
                   for k, v in self.stage_scores.items()}
         object.__setattr__(self, "stage_scores", stages)
         object.__setattr__(self, "track_scores",
@@ -154,7 +154,7 @@ class Evaluation:
     @classmethod
     def from_summary(cls, summary: Summary) -> "Evaluation":
         """The aggregates of an evaluator `Summary`, its scored cells included; unscored values stay None."""
-        return cls(summary.overall, summary.task, {k.value: v for k, v in summary.stages.items()},
+        return cls(summary.overall, summary.task, dict(summary.stages),
                    {t: row["overall"] for t, row in summary.tracks.items()}, summary.cells)
 
 
@@ -300,7 +300,7 @@ def gate_failures(candidate: Evaluation, incumbent: Evaluation, margins: NonInfe
         pairs.append(("task", candidate.task, incumbent.task, margins.task))
     for track in sorted(candidate.track_scores):
         pairs.append((f"track {track}", candidate.track_scores[track], incumbent.track_scores[track], margins.track))
-    for stage in sorted(margins.late_stages):
+    for stage in sorted(margins.late_stages or ()):
         c, b = candidate.stage_scores.get(stage), incumbent.stage_scores.get(stage)
         if c is not None and b is not None:
             pairs.append((f"stage {stage}", c, b, margins.late_stage))

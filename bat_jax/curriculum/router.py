@@ -11,6 +11,7 @@ Rules:
     earliest. When no stage fell, the weakest rule applies.
   * 'no_scored_stage': every stage is unscored (e.g. the LLM judge was unreachable for a whole evaluation): the
     earliest stage, so the run goes on.
+Stages, their order ("earliest") and ids come from the run's benchmark (`benchmark.stages.StageSet`), any number.
 Ties: two scores (or regressions) within `SCORE_TOL` = 1e-12 of each other are equal, as in the released router
 (`math.isclose(..., abs_tol=1e-12)`): S1 = mean(0.1, 0.2) = 0.15000000000000002 and S2 = 0.15 tie and route to
 S1; so do regressions 0.3 − 0.1 and 0.8 − 0.6. Float round-off never decides a route (nor a gate:
@@ -25,7 +26,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.benchmark.stages import StageSet
 from bat_jax.stage_bank.prescription import check_prescription
 
 RULE_WEAKEST = "weakest"
@@ -44,18 +45,15 @@ class RouterConfig:
     corrective: bool = False
 
 
-def _parse_scores(scores: Mapping[Any, float | None], what: str) -> dict[Stage, float | None]:
-    parsed: dict[Stage, float | None] = {}
-    for k, v in scores.items():
-        stage = Stage.parse(k)
+def _parse_scores(scores: Mapping[str, float | None], stages: StageSet, what: str) -> dict[str, float | None]:
+    """`scores` keyed by stage id in workflow order; every stage present, each 0–1 or None."""
+    parsed = stages.check_scores(scores, what)
+    for stage, v in parsed.items():
         if v is not None:
             v = float(v)
             if not math.isfinite(v) or not 0.0 <= v <= 1.0:
-                raise ValueError(f"{what} for {stage.value} ({stage.title}) must be in [0, 1], got {v!r}")
-        parsed[stage] = v
-    missing = [s.value for s in STAGES if s not in parsed]
-    if missing:
-        raise ValueError(f"{what} are missing stages {missing} (pass None for an unscored stage)")
+                raise ValueError(f"{what} for {stages.label(stage)} must be in [0, 1], got {v!r}")
+            parsed[stage] = v
     return parsed
 
 
@@ -65,16 +63,18 @@ class RoutingDecision:
 
     Attributes:
       round_index: the round the choice is for.
-      target: s*.
+      target: s*, a stage id.
+      target_title: its title.
       rule: RULE_WEAKEST, RULE_REGRESSION or RULE_NO_SCORED.
-      scores_in: stage scores read (candidate's when held), 'S1'..'S5' → 0–1 or None.
+      scores_in: stage scores read (candidate's when held), stage id → 0–1 or None, in workflow order.
       reference_scores: the retained checkpoint's scores used by the corrective rule, or None.
       regressions: reference − candidate per stage (positive = fell), empty unless corrective rule was tried.
       held: whether the last candidate was held / fell back.
     """
 
     round_index: int
-    target: Stage
+    target: str
+    target_title: str
     rule: str
     scores_in: Mapping[str, float | None]
     reference_scores: Mapping[str, float | None] | None
@@ -90,47 +90,49 @@ class RoutingDecision:
             "scores_in": dict(self.scores_in),
             "reference_scores": dict(self.reference_scores) if self.reference_scores is not None else None,
             "regressions": dict(self.regressions),
-            "target_stage": self.target.value,
-            "target_title": self.target.title,
+            "target_stage": self.target,
+            "target_title": self.target_title,
         }
 
-    def prescription(self) -> dict[str, Any]:
-        """What the data side receives: aggregates only, checked by the leakage firewall."""
+    def prescription(self, stages: StageSet) -> dict[str, Any]:
+        """What the data side receives: aggregates only, checked by the firewall against the run's `stages`."""
         payload: dict[str, Any] = {
             "round": self.round_index,
-            "target_stage": self.target.value,
+            "target_stage": self.target,
             "stage_scores": {k: v for k, v in self.scores_in.items() if v is not None},
         }
         if self.regressions:
             payload["stage_changes"] = {k: -v for k, v in self.regressions.items()}
-        return check_prescription(payload)
+        return check_prescription(payload, stages)
 
 
-def earliest_min(values: Mapping[Stage, float]) -> Stage:
+def earliest_min(values: Mapping[str, float], stages: StageSet) -> str:
     """The earliest stage (workflow order) whose value is within `SCORE_TOL` of the minimum."""
     low = min(values.values())
-    return next(s for s in STAGES if s in values and values[s] <= low + SCORE_TOL)
+    return next(s for s in stages.ids if s in values and values[s] <= low + SCORE_TOL)
 
 
-def earliest_max(values: Mapping[Stage, float]) -> Stage:
+def earliest_max(values: Mapping[str, float], stages: StageSet) -> str:
     """The earliest stage (workflow order) whose value is within `SCORE_TOL` of the maximum."""
     high = max(values.values())
-    return next(s for s in STAGES if s in values and values[s] >= high - SCORE_TOL)
+    return next(s for s in stages.ids if s in values and values[s] >= high - SCORE_TOL)
 
 
 def route(
-    stage_scores: Mapping[Any, float | None],
+    stage_scores: Mapping[str, float | None],
+    stages: StageSet,
     *,
     round_index: int = 0,
     held: bool = False,
-    reference_scores: Mapping[Any, float | None] | None = None,
+    reference_scores: Mapping[str, float | None] | None = None,
     config: RouterConfig = RouterConfig(),
 ) -> RoutingDecision:
     """Chooses the target stage.
 
     Args:
-      stage_scores: e_r, one 0–1 score (or None = unscored) per stage; keys Stage, 'S3' or 'Validate'.
-        When `held`, these are the held candidate's scores.
+      stage_scores: e_r, one 0–1 score (or None = unscored) per stage of `stages`; keys ids or titles. When
+        `held`, these are the held candidate's scores.
+      stages: the benchmark's stages (their order breaks ties).
       round_index: round the decision is for (recorded in the report).
       held: the last candidate was held / fell back.
       reference_scores: the retained checkpoint θ*'s stage scores (needed by the corrective rule).
@@ -143,31 +145,24 @@ def route(
       ValueError: a missing stage, a score outside [0, 1], or the corrective rule enabled for a held candidate
         without reference_scores.
     """
-    scores = _parse_scores(stage_scores, "stage scores")
+    scores = _parse_scores(stage_scores, stages, "stage scores")
     scored = {s: v for s, v in scores.items() if v is not None}
+    first = stages.ids[0]
     if not scored:
-        return RoutingDecision(round_index=round_index, target=STAGES[0], rule=RULE_NO_SCORED,
-                               scores_in={s.value: None for s in STAGES}, reference_scores=None, regressions={},
+        return RoutingDecision(round_index=round_index, target=first, target_title=stages.title(first),
+                               rule=RULE_NO_SCORED, scores_in=scores, reference_scores=None, regressions={},
                                held=held)
     reference = None
     regressions: dict[str, float] = {}
-    rule, target = RULE_WEAKEST, earliest_min(scored)
+    rule, target = RULE_WEAKEST, earliest_min(scored, stages)
     if held and config.corrective:
         if reference_scores is None:
             raise ValueError("the corrective rule needs reference_scores (the retained checkpoint's stage scores)")
-        reference = _parse_scores(reference_scores, "reference stage scores")
-        deltas = {s: reference[s] - scored[s] for s in scored if reference[s] is not None}
-        regressions = {s.value: d for s, d in deltas.items()}
-        fell = {s: d for s, d in deltas.items() if d > SCORE_TOL}
+        reference = _parse_scores(reference_scores, stages, "reference stage scores")
+        regressions = {s: reference[s] - scored[s] for s in scored if reference[s] is not None}
+        fell = {s: d for s, d in regressions.items() if d > SCORE_TOL}
         if fell:
             rule = RULE_REGRESSION
-            target = earliest_max(fell)
-    return RoutingDecision(
-        round_index=round_index,
-        target=target,
-        rule=rule,
-        scores_in={s.value: scores[s] for s in STAGES},
-        reference_scores={s.value: reference[s] for s in STAGES} if reference is not None else None,
-        regressions=regressions,
-        held=held,
-    )
+            target = earliest_max(fell, stages)
+    return RoutingDecision(round_index=round_index, target=target, target_title=stages.title(target), rule=rule,
+                           scores_in=scores, reference_scores=reference, regressions=regressions, held=held)

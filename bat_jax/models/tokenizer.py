@@ -16,7 +16,7 @@ import hashlib
 import json
 import pathlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -183,27 +183,15 @@ def _episode_text(rng: random.Random) -> str:
     return text + chat.render_action(submit, fam) + chat.IM_END + "\n"
 
 
-def _brief_text(rng: random.Random) -> str:
-    """A training-split task brief (training layout and templates only, never the held-out ones) followed by
-    stage skills, as the agent's first user turn shows them."""
-    from bat_jax.benchmark.stages import STAGES
-    from bat_jax.tasks.brief import HELDOUT_TEMPLATE, N_TEMPLATES, render_brief, stage_skill
-    from bat_jax.tasks.layout import TRAIN_LAYOUT
-    from bat_jax.tasks.registry import TRACKS
-
-    track = TRACKS[rng.choice(sorted(TRACKS))]
-    template = rng.choice([t for t in range(N_TEMPLATES) if t != HELDOUT_TEMPLATE])
-    task_id = f"tr-{track.name}-{rng.randint(0, 10**9)}-{rng.choice(['suc', 'rec', 'fail'])}"
-    brief = render_brief(track, task_id, TRAIN_LAYOUT, rng.randint(3, 12), template)
-    skills = "\n\n".join(stage_skill(s) for s in rng.sample(list(STAGES), rng.randint(1, len(STAGES))))
-    return f"{brief}\n\n## Stage skill\n{skills}"
-
-
-def generate_corpus(num_docs: int = 3000, seed: int = 0) -> Iterator[str]:
-    """Yields `num_docs` deterministic training documents: python, bash, task text, rendered episodes and
-    training-split task briefs with stage skills (so that the agent's prompts tokenise compactly)."""
+def generate_corpus(num_docs: int = 3000, seed: int = 0,
+                    brief_text: Callable[[random.Random], str] | None = None) -> Iterator[str]:
+    """Yields `num_docs` deterministic training documents: python, bash, task text, rendered episodes and, with
+    `brief_text` (rng → a training-split first user turn: brief + stage skills, never held-out text; the shipped
+    tokenizer used the imaging suite's `tasks.heldout.sample_training_prompt`), task briefs, so that the agent's
+    prompts tokenise compactly."""
     rng = random.Random(seed)
-    makers = (_python_snippet, _code_lines, _bash_snippet, _task_text, _episode_text, _brief_text)
+    makers = (_python_snippet, _code_lines, _bash_snippet, _task_text, _episode_text) + (
+        (brief_text,) if brief_text is not None else ())
     for i in range(num_docs):
         yield makers[i % len(makers)](rng)
 

@@ -3,16 +3,16 @@
 `bat_jax.rollout.agent_loop.AgentLoop` drives token-level policies: its steps (`schedule.EpisodeSteps`) sample
 token ids from an engine and parse them into `Action`s. This module gives the same schedules
 (`schedule.run_lockstep` / `run_continuous`) a second set of steps, for a policy that returns `Action`s directly
-(`bat_jax.tasks.episode.ActionPolicy`: `conversation -> Action | None`): the "generation" is the policy call, the
-tool call runs the action in the episode's sandbox, and the episode is recorded as a
-`bat_jax.tasks.episode.RecordedEpisode` (turns with stages, end reason) — what the Data Factory and the harness
+(`staged_benchmark.episode.ActionPolicy`: `conversation -> Action | None`): the "generation" is the policy call,
+the tool call runs the action in the episode's sandbox, and the episode is recorded as a
+`staged_benchmark.episode.RecordedEpisode` (turns with stages, end reason) — what the Data Factory and the harness
 consume.
 
 This is the one episode loop for action-level policies: the Data Factory (`stage_bank/factory.py`), the harness
 (`rollout/play.py`: `play`, `stage_start_state`) and the tests run episodes here. Semantics:
 per-turn stage attribution (the action's stage, else the previous turn's; the focus's stage in a single-stage
-focus), `stop_before` (the episode ends at the first action of that stage or a later one, end reason
-'boundary Sx'), `on_stage_start(stage, sandbox)` before the first action of each stage runs, a `PolicyError` (or
+focus; stages are the ids of the request's `StageSet`), `stop_before` (the episode ends at the first action of
+that stage or a later one, end reason 'boundary <stage id>'), `on_stage_start(stage, sandbox)` before the first action of each stage runs, a `PolicyError` (or
 any other exception of the policy) → a rejected episode (end reason 'rejected'), None or a 'stop' action → end
 reason 'stop', `max_turns` → 'max_turns', an exception of the sandbox or of `on_stage_start` → end reason
 'sandbox_error' with `RecordedEpisode.error` (`sandbox.types.fault_of` says whose failure it is). One
@@ -26,11 +26,16 @@ import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.benchmark.stages import E2E, StageSet
+from bat_jax.staged_benchmark.episode import ActionPolicy, Conversation, PolicyError, RecordedEpisode, Turn
 from bat_jax.rollout.schedule import EPISODE_SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import Observation, Sandbox
-from bat_jax.tasks.episode import ActionPolicy, Conversation, PolicyError, RecordedEpisode, Turn
+
+
+#: How a rejected episode's reason starts when its policy tagged an action with a stage its benchmark lacks (the
+#: Data Factory turns it into a `BenchmarkError`: a broken benchmark definition, not a teacher's bad day).
+STAGE_TAG_REJECTION = "the policy tagged an action with stage"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,24 +47,31 @@ class ActionEpisodeRequest:
       sandbox: an open sandbox restored to the start state; the caller closes it (evidence is read after).
       brief: the task brief (`task.md` text) the conversation starts with.
       task_id: recorded on the episode.
-      focus: 'E2E' or a stage value ('S1'..'S5').
+      stages: the task's benchmark stages.
+      skill: the stage skill text κ of the focus (the benchmark's `row_skill`).
+      focus: 'E2E' or a stage id.
       max_turns: most policy calls / turns (>= 0).
       stop_before: end the episode at the first action of this stage or a later one (before it runs).
-      on_stage_start: `(stage, sandbox) -> None`, called before the first action of each stage runs.
+      on_stage_start: `(stage id, sandbox) -> None`, called before the first action of each stage runs.
     """
 
     policy: ActionPolicy
     sandbox: Sandbox
     brief: str
     task_id: str
+    stages: StageSet
+    skill: str
     focus: str = E2E
     max_turns: int = 24
-    stop_before: Stage | None = None
-    on_stage_start: Callable[[Stage, Sandbox], None] | None = None
+    stop_before: str | None = None
+    on_stage_start: Callable[[str, Sandbox], None] | None = None
 
     def __post_init__(self):
         if self.max_turns < 0:
             raise ValueError(f"ActionEpisodeRequest.max_turns must be >= 0, got {self.max_turns}")
+        object.__setattr__(self, "focus", self.stages.parse_focus(self.focus))
+        if self.stop_before is not None:
+            object.__setattr__(self, "stop_before", self.stages.parse(self.stop_before))
 
 
 class _ActionEpisode:
@@ -68,12 +80,12 @@ class _ActionEpisode:
     def __init__(self, request: ActionEpisodeRequest):
         self.request = request
         self.sandbox = request.sandbox
-        self.conv = Conversation(request.brief, request.focus)
-        self.current: Stage = self.conv.stages[0]
+        self.conv = Conversation(request.brief, request.focus, request.skill, request.stages)
+        self.current: str = self.conv.stages[0]
         self.finish: str | None = None  # the end reason once ended
         self.rejected = ""
         self.pending: Action | None = None
-        self.pending_stage: Stage | None = None
+        self.pending_stage: str | None = None
         self.error = ""
 
     def episode(self) -> RecordedEpisode:
@@ -129,9 +141,13 @@ def _absorb(job: _PolicyJob, results: list[Action | None | PolicyError]) -> None
         if action is None or action.tool == STOP:
             ep.finish = "stop"
             continue
-        stage = ep.conv.stages[0] if r.focus != E2E else (action.stage or ep.current)
-        if r.stop_before is not None and stage.index >= r.stop_before.index:
-            ep.finish = f"boundary {r.stop_before.value}"
+        stage = ep.conv.stages[0] if r.focus != E2E else _stage_of(action, r.stages, ep.current)
+        if stage is None:  # the policy named a stage its benchmark does not have: its episode is rejected
+            ep.finish, ep.rejected = "rejected", (f"{STAGE_TAG_REJECTION} {action.stage!r}, which benchmark "
+                                                  f"{r.stages.benchmark!r} does not have")
+            continue
+        if r.stop_before is not None and r.stages.index(stage) >= r.stages.index(r.stop_before):
+            ep.finish = f"boundary {r.stop_before}"
             continue
         if r.on_stage_start is not None and (not ep.conv.turns or stage != ep.current):
             try:
@@ -140,6 +156,17 @@ def _absorb(job: _PolicyJob, results: list[Action | None | PolicyError]) -> None
                 ep.fail(exc)
                 continue
         ep.current, ep.pending, ep.pending_stage = stage, action, stage
+
+
+def _stage_of(action: Action, stages: StageSet, current: str) -> str | None:
+    """The stage id an E2E episode's action belongs to: the one it names (None when `stages` lacks it), else
+    the previous turn's."""
+    if action.stage is None:
+        return current
+    try:
+        return stages.parse(action.stage)
+    except ValueError:
+        return None
 
 
 def _act(ep: _ActionEpisode) -> Observation | Exception:
@@ -194,10 +221,11 @@ def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: s
     return [ep.episode() for ep in episodes]
 
 
-def run_action_episode(policy: ActionPolicy, sandbox: Sandbox, brief: str, task_id: str, focus: str = E2E,
-                       max_turns: int = 24, stop_before: Stage | None = None,
-                       on_stage_start: Callable[[Stage, Sandbox], None] | None = None) -> RecordedEpisode:
+def run_action_episode(policy: ActionPolicy, sandbox: Sandbox, brief: str, task_id: str, stages: StageSet,
+                       skill: str, focus: str = E2E, max_turns: int = 24, stop_before: str | None = None,
+                       on_stage_start: Callable[[str, Sandbox], None] | None = None) -> RecordedEpisode:
     """One episode through `run_action_episodes` (the arguments of `ActionEpisodeRequest`), in the calling
     thread's schedule with one tool worker. Returns the `RecordedEpisode`; raises as `run_action_episodes` does."""
-    request = ActionEpisodeRequest(policy, sandbox, brief, task_id, focus, max_turns, stop_before, on_stage_start)
+    request = ActionEpisodeRequest(policy, sandbox, brief, task_id, stages, skill, focus, max_turns, stop_before,
+                                   on_stage_start)
     return run_action_episodes([request], schedule="lockstep", max_workers=1)[0]

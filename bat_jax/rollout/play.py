@@ -1,8 +1,8 @@
-"""Play one task with one action-level policy in one sandbox and score it (E2E or a single-stage focus).
+"""Play one task of a benchmark with one action-level policy in one sandbox and score it (E2E or one stage).
 
-A stage-focus episode starts from the state at that stage's boundary (the scripted expert's replayed prefix,
-`stage_start_state`) and is scored on that stage only; an E2E episode starts from the task's initial state and
-is scored on S1–S5 plus the task metric (`tasks.episode.score_episode`). One rule for blame
+A stage-focus episode starts from the state at that stage's boundary (the benchmark's scripted teacher's
+replayed prefix, `stage_start_state`) and is scored on that stage only; an E2E episode starts from the task's
+initial state and is scored on every stage plus the task metric (`StagedBenchmark.score_episode`). One rule for blame
 (`sandbox.types.fault_of`): a rejected policy call, a sandbox that cannot start or one whose failure the agent
 cannot cause (`fault == 'infra'`) makes the episode unscored; anything that goes wrong with what the agent did
 or wrote — a sandbox its code brought down, a workspace that cannot be read back, artefacts that cannot be
@@ -14,33 +14,36 @@ from __future__ import annotations
 
 import dataclasses
 
-from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.benchmark.stages import E2E
 from bat_jax.rollout.action_loop import run_action_episode
 from bat_jax.sandbox.backends import SandboxFactory, local_sandbox
 from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.sandbox.types import SandboxState, fault_of
-from bat_jax.tasks.base import TaskInstance, Track
-from bat_jax.tasks.episode import ActionPolicy, RecordedEpisode, collect_evidence, score_episode, snapshot_state
-from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.staged_benchmark.contract import StagedBenchmark, Task
+from bat_jax.staged_benchmark.episode import ActionPolicy, RecordedEpisode, collect_evidence, snapshot_state
 from bat_jax.verify.rubric import EpisodeScore, Evidence
 
 
-def stage_start_state(make_sandbox: SandboxFactory, initial: SandboxState, brief: str, task_id: str,
-                      expert: ActionPolicy, stage: Stage | str, max_turns: int = 24) -> SandboxState:
-    """State at the boundary before `stage`: the expert's prefix (stages < stage) replayed in a sandbox made
-    from `initial`, its workspace snapshotted (env kept from `initial`).
+def stage_start_state(make_sandbox: SandboxFactory, benchmark: StagedBenchmark, task: Task, expert: ActionPolicy,
+                      stage: str, max_turns: int = 24, initial: SandboxState | None = None) -> SandboxState:
+    """State at the boundary before `stage`: the expert's E2E prefix (stages before `stage`) replayed in a sandbox
+    made from `initial` (default the task's initial state), its workspace snapshotted (env kept).
 
     Raises:
       RuntimeError: the expert's prefix was rejected or ended before reaching the boundary.
+      ValueError: a stage the benchmark does not have.
     """
-    stage = Stage.parse(stage)
-    if stage == STAGES[0]:
+    stages = benchmark.stages
+    stage = stages.parse(stage)
+    initial = task.state() if initial is None else initial
+    if stage == stages.ids[0]:
         return initial
     box = make_sandbox(initial)
     try:
-        ep = run_action_episode(expert, box, brief, task_id, E2E, max_turns, stop_before=stage)
-        if ep.end_reason != f"boundary {stage.value}":
-            raise RuntimeError(f"expert prefix for {task_id} ended with {ep.end_reason!r} before {stage.value}")
+        ep = run_action_episode(expert, box, task.brief, task.task_id, stages, benchmark.row_skill(E2E), E2E,
+                                max_turns, stop_before=stage)
+        if ep.end_reason != f"boundary {stage}":
+            raise RuntimeError(f"expert prefix for {task.task_id} ended with {ep.end_reason!r} before {stage}")
         return snapshot_state(box, dict(initial.env))
     finally:
         box.close()
@@ -57,28 +60,29 @@ class PlayResult:
     start_state: SandboxState
 
 
-def play(track: Track, inst: TaskInstance, policy: ActionPolicy, focus: str = E2E,
+def play(benchmark: StagedBenchmark, task: Task, policy: ActionPolicy, focus: str = E2E,
          make_sandbox: SandboxFactory = local_sandbox, max_turns: int = 24,
          start_state: SandboxState | None = None, decode: DecodeLimits = DecodeLimits()) -> PlayResult:
-    """Runs and scores one episode. `start_state` overrides the boundary state of a stage focus; `decode` caps
-    decoding the agent's artefacts. Never raises for anything the agent did (module docstring); raises
-    ValueError for an unknown focus."""
-    if focus != E2E:
-        focus = Stage.parse(focus).value
+    """Runs and scores one episode of `task`. `start_state` overrides the boundary state of a stage focus (else
+    the benchmark's scripted teacher's prefix); `decode` caps decoding the agent's artefacts. Never raises for
+    anything the agent did (module docstring); raises ValueError for an unknown focus."""
+    focus = benchmark.stages.parse_focus(focus)
+    inst = task
     if start_state is None:
-        start_state = inst.state()
-        if focus not in (E2E, STAGES[0].value):
-            start_state = stage_start_state(make_sandbox, start_state, inst.brief, inst.task_id,
-                                            ScriptedExpert(), focus, max_turns)
+        start_state = task.state()
+        if focus not in (E2E, benchmark.stages.ids[0]):
+            start_state = stage_start_state(make_sandbox, benchmark, task, benchmark.teacher("scripted"), focus,
+                                            max_turns)
     episode = None
     try:
         box = make_sandbox(start_state)
     except Exception as exc:  # noqa: BLE001 — no sandbox, no agent action: infrastructure, unscored
         evidence = Evidence((), {}, None, infra_error=f"sandbox creation failed: {type(exc).__name__}: {exc}",
                             limits=decode)
-        return PlayResult(None, evidence, score_episode(track, inst, evidence, focus), start_state)
+        return PlayResult(None, evidence, benchmark.score_episode(task, evidence, focus), start_state)
     try:
-        episode = run_action_episode(policy, box, inst.brief, inst.task_id, focus, max_turns)
+        episode = run_action_episode(policy, box, inst.brief, inst.task_id, benchmark.stages,
+                                     benchmark.row_skill(focus), focus, max_turns)
         infra = f"policy rejected: {episode.rejected}" if episode.rejected else ""
         evidence = collect_evidence(box, infra_error=infra, start=start_state, decode=decode)
     except Exception as exc:  # noqa: BLE001 — reading the workspace back failed
@@ -92,4 +96,4 @@ def play(track: Track, inst: TaskInstance, policy: ActionPolicy, focus: str = E2
                                 start_files=dict(start_state.files), limits=decode)
     finally:
         box.close()
-    return PlayResult(episode, evidence, score_episode(track, inst, evidence, focus), start_state)
+    return PlayResult(episode, evidence, benchmark.score_episode(task, evidence, focus), start_state)

@@ -16,7 +16,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from bat_jax.benchmark.stages import Stage
 from bat_jax.sandbox.types import LANGUAGES, Observation, Sandbox
 
 TOOL_SPECS: tuple[dict[str, Any], ...] = (
@@ -75,8 +74,8 @@ class Action:
       tool: 'execute_code', 'submit', or `STOP` (no tool call; ends the episode).
       arguments: execute_code → {'language': one of LANGUAGES, 'code': str}; submit → {'path': str}; {} for
         'stop'. Exactly these keys, all strings.
-      stage: the stage the action belongs to (S1..S5), as an action-level policy names it; None lets the
-        episode loop carry the previous turn's stage. Parsed model text never names one.
+      stage: the stage id the action belongs to (a stage of the task's benchmark), as an action-level policy
+        names it; None lets the episode loop carry the previous turn's stage. Parsed model text never names one.
 
     Raises:
       ValueError: invalid (tool, arguments) — the message says which field and why.
@@ -85,7 +84,7 @@ class Action:
     thought: str
     tool: str
     arguments: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    stage: Stage | None = None
+    stage: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.thought, str):
@@ -100,7 +99,7 @@ class Action:
         return {"thought": self.thought, "tool": self.tool, "arguments": dict(self.arguments)}
 
     @classmethod
-    def from_dict(cls, data: Any, stage: Stage | None = None) -> Action:
+    def from_dict(cls, data: Any, stage: str | None = None) -> Action:
         """Parses an action record {"thought"?, "tool", "arguments"?} ('arguments' defaults to {}).
 
         Raises:

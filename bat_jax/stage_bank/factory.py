@@ -2,7 +2,8 @@
 states and E2E surrogates → Accept() → leakage preflight → one new bank version (paper Appendix A.1).
 
 Source grid: every (focus, track, outcome) of `FactoryConfig.foci × tracks × outcomes` is one *source*: a fresh
-fictional training task ξ (seed derived from the config seed and the cell). Per source:
+training task ξ of the run's benchmark (`staged_benchmark.contract.StagedBenchmark`; seed derived from the config
+seed and the cell). Per source:
 
   1. the teacher plays ξ end to end in a sandbox (trajectory τ, Eq. 8); every stage check must pass
      (Check_s = 1 ⇔ stage reward r = 1) and T ≤ H; each teacher response becomes one SFT row (Eq. 9, focus =
@@ -11,17 +12,19 @@ fictional training task ξ (seed derived from the config seed and the cell). Per
      as recorded) and the reached workspace is the RL row's state p; the teacher then plays stage s alone from
      p (Boot(p) and Check_s on the stage rollout); its responses are SFT rows too (context: brief + the stage's
      skill only);
-  3. focus E2E: ξ̃ = R_λ(ξ) (`e2e_surrogate.reduce_task`), the teacher plays ξ̃ (τ̃, Eq. 13), Accept() of
-     Eq. 15 (+ the λ_validate budget) decides; the RL row starts at ξ̃'s initial state with the union contract
-     (Eq. 14); τ̃'s responses are SFT rows with focus 'E2E';
+  3. focus E2E: ξ̃ = R_λ(ξ) (the benchmark's `reduce_task`; ξ itself when it has no surrogate), the teacher plays
+     ξ̃ (τ̃, Eq. 13), Accept() of Eq. 15 (+ the λ_validate budget) decides; the RL row starts at ξ̃'s initial state
+     with the union contract (Eq. 14); τ̃'s responses are SFT rows with focus 'E2E';
   4. Leak(z) = 0 for every row and state of the source, scanned against the held-out manifest.
 
-A source yields rows only when every step passes; otherwise it is rejected with one counted reason. With the
-scripted teacher and all three outcomes a source gives ≈ 12.3 full-trajectory responses, plus ≈ 2.5 stage
-responses (stage foci) or ≈ 12.3 surrogate responses (E2E): the default 126-source grid gives ≈ 2,070 SFT rows.
+A source yields rows only when every step passes; otherwise it is rejected with one counted reason. On the imaging
+suite with the scripted teacher and all three outcomes a source gives ≈ 12.3 full-trajectory responses, plus ≈ 2.5
+stage responses (stage foci) or ≈ 12.3 surrogate responses (E2E): its 126-source grid gives ≈ 2,070 SFT rows. A
+teacher action tagged with a stage the benchmark does not have stops the build (`BenchmarkError`).
 
 Resumable: each finished source is cached as JSON under `<bank_dir>/work/sources/<key>.json` (key = digest of
-the source, the task seed, every setting that changes its rows, the held-out manifest and `code_fingerprint`);
+the source, the task seed, every setting that changes its rows — the benchmark's included —, the held-out manifest
+and `code_fingerprint`);
 an accepted source's state is stored in the bank's states/ directory at once (content-addressed, unreferenced
 until admitted). Infrastructure rejections (teacher endpoint, sandbox failure) are not cached and are retried
 on the next run. All accepted rows are admitted with one `StageBank.admit` (atomic: a killed build leaves no
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import inspect
 import json
 import re
 import time
@@ -40,30 +44,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bat_jax.atomic_io import atomic_write
+from bat_jax.benchmark.stages import E2E
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
-from bat_jax.benchmark.stages import E2E, FOCI, STAGES, Stage
-from bat_jax.rollout.action_loop import run_action_episode
+from bat_jax.rollout.action_loop import STAGE_TAG_REJECTION, run_action_episode
 from bat_jax.sandbox.backends import SandboxFactory, backend_factory
 from bat_jax.sandbox.types import Sandbox, SandboxState, fault_of
 from bat_jax.stage_bank import e2e_surrogate as e2e
 from bat_jax.stage_bank import slicing
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageReport, LeakageScanner, preflight
-from bat_jax.stage_bank.row import OUTCOMES, Provenance, RLRow, SFTRow, StateRef, content_digest
+from bat_jax.stage_bank.row import Provenance, RLRow, SFTRow, StateRef, content_digest
 from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
-from bat_jax.tasks import heldout
-from bat_jax.tasks.brief import VARIED_TEMPLATE_BASE
-from bat_jax.tasks.episode import RecordedEpisode, collect_evidence
-from bat_jax.tasks.registry import TRACKS, get_track
-from bat_jax.tasks.rubric_items import build_rubric
-from bat_jax.tasks.portable_expert import VERSION as PORTABLE_VERSION, PortableExpert
-from bat_jax.tasks.teacher import ChatTeacher, ScriptedExpert
+from bat_jax.staged_benchmark.contract import BenchmarkError, Reduction, StagedBenchmark
+from bat_jax.staged_benchmark.episode import RecordedEpisode, collect_evidence
 from bat_jax.verify.rubric import Evidence, verify_episode
 
 FACTORY_VERSION = "bat_stage_bank_factory/v1"
 #: Rejection reasons that depend on infrastructure, never cached (retried by the next build).
 _TRANSIENT = ("teacher_", "sandbox_failure", "boot_failed")
-LAYOUTS = ("fixed", "varied")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,35 +71,29 @@ class FactoryConfig:
     Attributes:
       bank_dir: Stage Bank root (created if absent); the work cache lives in `<bank_dir>/work`.
       seed: base seed; task seeds are derived from (seed, focus, track, outcome).
-      tracks: track names (registry order by default: 7 tracks).
-      foci: row foci, subset of ('E2E', 'S1'..'S5').
-      outcomes: teacher-trajectory outcome buckets, subset of ('success', 'recovery', 'failure').
-      layouts: 'fixed' (every task in `tasks.layout.TRAIN_LAYOUT`, 'tr' ids) or 'varied' (paths and id prefix drawn
-        from the task seed, `tasks.layout.varied_naming`): a policy must read them from the brief.
-      cases_per_task: cases per generated task; 0 keeps each track's default (4 or 6).
+      tracks: task families of the benchmark (None: all of them, in its order).
+      foci: row foci, 'E2E' and stage ids of the benchmark (None: 'E2E' and every stage).
+      outcomes: teacher-trajectory outcome buckets, variants of the benchmark (None: all of them).
       e2e_cases, e2e_input_fraction, e2e_validation_passes: the E2E reduction λ (Eq. 12).
       horizon: rollout limit H in assistant turns (REFERENCE.md: 24); also the teacher's turn cap.
       backend: sandbox backend, 'local' (non-isolated, tests/dev) or 'docker'.
-      teacher: 'scripted' (the scripted expert: the brief's paths written into its code), 'portable' (the
-        scripted expert whose action texts are the same for every task: its code reads the paths from task.md
-        when it runs, `tasks.portable_expert`; the tiny default's teacher) or 'openai' (an LLM over an
-        OpenAI-compatible endpoint, `tasks.teacher.ChatTeacher`).
-      teacher_endpoint: the chat endpoint of the 'openai' teacher (`clients.chat_endpoint.ChatEndpointConfig`, gin:
+      teacher: one of the benchmark's teachers (`StagedBenchmark.teachers`; the imaging suite's: 'scripted', the
+        scripted expert; 'portable', the scripted expert whose action texts are the same for every task, the tiny
+        default's; 'openai', an LLM over an OpenAI-compatible endpoint).
+      teacher_endpoint: the chat endpoint of an LLM teacher (`clients.chat_endpoint.ChatEndpointConfig`, gin:
         `teacher/chat_endpoint.ChatEndpointConfig`); its key is read from the environment variable it names,
         never stored.
-      heldout_manifest: held-out manifest JSON for Leak(z) and the preflight; '' = the default held-out suite
-        (`bat_jax.tasks.heldout.heldout_suite()`) generated in memory.
+      heldout_manifest: held-out manifest JSON for Leak(z) and the preflight; '' = the benchmark's default held-out
+        suite generated in memory.
       workers: sources processed in parallel (threads; the work is sandbox subprocesses).
       note: free text kept in the bank version's manifest.
     """
 
     bank_dir: str = "stage_bank"
     seed: int = 0
-    tracks: tuple[str, ...] = tuple(TRACKS)
-    foci: tuple[str, ...] = FOCI
-    outcomes: tuple[str, ...] = OUTCOMES
-    layouts: str = "fixed"
-    cases_per_task: int = 0
+    tracks: tuple[str, ...] | None = None
+    foci: tuple[str, ...] | None = None
+    outcomes: tuple[str, ...] | None = None
     e2e_cases: int = 2
     e2e_input_fraction: float = 1.0
     e2e_validation_passes: int = 1
@@ -114,27 +106,29 @@ class FactoryConfig:
     note: str = ""
 
     @property
-    def reduction(self) -> e2e.Reduction:
-        return e2e.Reduction(self.e2e_cases, self.e2e_input_fraction, self.e2e_validation_passes)
+    def reduction(self) -> Reduction:
+        return Reduction(self.e2e_cases, self.e2e_input_fraction, self.e2e_validation_passes)
 
-    def validate(self) -> None:
-        """Raises ValueError naming the bad field."""
-        for name, allowed in (("tracks", tuple(TRACKS)), ("foci", FOCI), ("outcomes", OUTCOMES)):
-            values = getattr(self, name)
+    def grid(self, benchmark: StagedBenchmark) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """(foci, tracks, outcomes) of the source grid: the bound ones, or all of the benchmark's."""
+        return (self.foci or benchmark.stages.foci, self.tracks or tuple(benchmark.tracks),
+                self.outcomes or tuple(benchmark.variants))
+
+    def validate(self, benchmark: StagedBenchmark) -> None:
+        """Raises ValueError naming the bad field (and the benchmark, for grid values it does not have)."""
+        foci, tracks, outcomes = self.grid(benchmark)
+        for name, values, allowed in (("tracks", tracks, tuple(benchmark.tracks)),
+                                      ("foci", foci, benchmark.stages.foci),
+                                      ("outcomes", outcomes, tuple(benchmark.variants))):
             bad = [v for v in values if v not in allowed]
             if not values or bad or len(set(values)) != len(values):
-                raise ValueError(f"FactoryConfig.{name} must be distinct values from {allowed}, got {values!r}")
-        if self.layouts not in LAYOUTS:
-            raise ValueError(f"FactoryConfig.layouts must be one of {LAYOUTS}, got {self.layouts!r}")
+                raise ValueError(f"FactoryConfig.{name} must be distinct values of benchmark {benchmark.name!r} "
+                                 f"{allowed}, got {values!r}")
         if self.backend not in ("local", "docker"):
             raise ValueError(f"FactoryConfig.backend must be 'local' or 'docker', got {self.backend!r}")
-        if self.teacher not in ("scripted", "portable", "openai"):
-            raise ValueError(f"FactoryConfig.teacher must be 'scripted', 'portable' or 'openai', got {self.teacher!r}")
-        if self.teacher == "openai" and self.teacher_endpoint is None:
-            raise ValueError("FactoryConfig.teacher='openai' needs teacher_endpoint (a ChatEndpointConfig)")
-        if self.cases_per_task < 0 or self.cases_per_task == 1:
-            raise ValueError(f"FactoryConfig.cases_per_task must be 0 (track default) or >= 2, "
-                             f"got {self.cases_per_task}")
+        if self.teacher not in benchmark.teachers:
+            raise ValueError(f"FactoryConfig.teacher must be one of benchmark {benchmark.name!r}'s teachers "
+                             f"{benchmark.teachers}, got {self.teacher!r}")
         if self.horizon < 1 or self.workers < 1:
             raise ValueError(f"FactoryConfig.horizon and workers must be >= 1, got {self.horizon}, {self.workers}")
         self.reduction.validate()
@@ -152,17 +146,17 @@ class Source:
     template: int
 
 
-def sources(config: FactoryConfig) -> list[Source]:
-    """The source grid in order foci × tracks × outcomes; seeds are < HELDOUT_SEED_BASE (training range); template
-    0 or 1, plus `VARIED_TEMPLATE_BASE` when `config.layouts == 'varied'`."""
+def sources(config: FactoryConfig, benchmark: StagedBenchmark) -> list[Source]:
+    """The source grid in order foci × tracks × outcomes; seeds are < `benchmark.training_seeds` (the training
+    range), templates from `benchmark.source_template`."""
     out = []
-    offset = VARIED_TEMPLATE_BASE if config.layouts == "varied" else 0
-    for focus in config.foci:
-        for track in config.tracks:
-            for outcome in config.outcomes:
+    foci, tracks, outcomes = config.grid(benchmark)
+    for focus in foci:
+        for track in tracks:
+            for outcome in outcomes:
                 h = content_digest([config.seed, focus, track, outcome])
-                out.append(Source(len(out), focus, track, outcome, int(h[:12], 16) % heldout.HELDOUT_SEED_BASE,
-                                  int(h[12], 16) % 2 + offset))
+                out.append(Source(len(out), focus, track, outcome, int(h[:12], 16) % benchmark.training_seeds,
+                                  benchmark.source_template(h)))
     return out
 
 
@@ -213,27 +207,27 @@ class _Rejected(Exception):
 @dataclasses.dataclass
 class _Context:
     config: FactoryConfig
+    benchmark: StagedBenchmark
     bank: StageBank
     make_sandbox: SandboxFactory
     scanner: LeakageScanner
 
     def policy(self):
-        if self.config.teacher == "scripted":
-            return ScriptedExpert()
-        if self.config.teacher == "portable":
-            return PortableExpert()
-        return ChatTeacher(self.config.teacher_endpoint)
+        return self.benchmark.teacher(self.config.teacher, self.config.teacher_endpoint)
 
 
 def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: str
           ) -> tuple[RecordedEpisode, Evidence]:
-    """Runs the teacher in a fresh sandbox. Raises _Rejected (boot, teacher, sandbox failures, too long)."""
+    """Runs the teacher in a fresh sandbox. Raises _Rejected (boot, teacher, sandbox failures, too long) and
+    BenchmarkError when the teacher tags an action with a stage the benchmark does not have."""
     try:
         box = ctx.make_sandbox(state)
     except Exception as exc:  # noqa: BLE001 — a sandbox that does not start is Boot(p) = 0
         raise _Rejected("boot_failed") from exc
+    benchmark = ctx.benchmark
     try:
-        ep = run_action_episode(ctx.policy(), box, brief, task_id, focus, ctx.config.horizon + 1)
+        ep = run_action_episode(ctx.policy(), box, brief, task_id, benchmark.stages, benchmark.row_skill(focus),
+                                focus, ctx.config.horizon + 1)
         if _died(box, ep):
             raise _Rejected("sandbox_failure")
         evidence = collect_evidence(box)
@@ -243,6 +237,9 @@ def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: s
         raise _Rejected("sandbox_failure") from exc
     finally:
         box.close()
+    if ep.rejected.startswith(STAGE_TAG_REJECTION):
+        raise BenchmarkError(f"benchmark {benchmark.name!r}, teacher {ctx.config.teacher!r} on task {task_id}: "
+                             f"{ep.rejected}")
     if ep.rejected:
         m = re.match(r"teacher (\w+)", ep.rejected)
         raise _Rejected(f"teacher_{m.group(1) if m else 'error'}")
@@ -258,67 +255,63 @@ def _died(box: Sandbox, ep: RecordedEpisode) -> bool:
     return ep.end_reason == "sandbox_error" or bool(fault_of(box)[0])
 
 
-def _task(config: FactoryConfig, src: Source):
-    """The source's track (a copy with `cases_per_task` cases when set) and its training task ξ."""
-    track = get_track(src.track)
-    if config.cases_per_task:
-        track = type(track)()
-        track.n_cases = config.cases_per_task
-    return track, heldout.training_task(track, src.task_seed, src.outcome, src.template)
-
-
 def _process(ctx: _Context, src: Source) -> dict:
     """All rows of one source as stored records, or {'reason': ...}. Raises nothing but programming errors."""
-    cfg = ctx.config
-    track, inst = _task(cfg, src)
-    rubric = build_rubric(track, inst)
+    cfg, benchmark = ctx.config, ctx.benchmark
+    stages = benchmark.stages
+    inst = benchmark.training_task(src.track, src.task_seed, src.outcome, src.template)
+    rubric = benchmark.rubric(inst)
     base = Provenance(inst.task_id, inst.state().digest(), src.track, src.outcome, (
         slicing.transformation("task_synthesis", seed=inst.seed, variant=src.outcome, template=src.template,
                                factory=FACTORY_VERSION),))
     try:
         ep, evidence = _play(ctx, inst.state(), inst.brief, inst.task_id, E2E)
-        failed = slicing.failed_checks(verify_episode(rubric, evidence), STAGES)
+        failed = slicing.failed_checks(verify_episode(rubric, evidence), stages.ids)
         if failed:
             raise _Rejected(f"check_failed:{failed[0]}")
         traj = content_digest(ep.to_dict())
         step = slicing.transformation("teacher_trajectory", trajectory=traj, teacher=cfg.teacher)
         prov = dataclasses.replace(base, transformations=base.transformations + (step,))
-        sft = slicing.sft_slices(ep, inst.brief, prov, traj)
+        sft = slicing.sft_slices(ep, inst.brief, benchmark.row_skill(E2E), stages, prov, traj)
         if src.focus == E2E:
-            reduced, params = e2e.reduce_task(track, inst, cfg.reduction, src.template)
+            if benchmark.has_e2e_surrogate:
+                reduced, params = benchmark.reduce_task(inst, cfg.reduction, src.template)
+                reduce_step = slicing.transformation("e2e_reduce", **params)
+            else:  # the whole task is its own end-to-end row
+                reduced, reduce_step = inst, slicing.transformation(slicing.E2E_WHOLE_TASK)
             start = reduced.state()
             ep2, ev2 = _play(ctx, start, reduced.brief, reduced.task_id, E2E)
-            failed = slicing.failed_checks(verify_episode(build_rubric(track, reduced), ev2), STAGES)
-            reduce_step = slicing.transformation("e2e_reduce", **params)
-            play_inst, stages = reduced, STAGES
+            failed = slicing.failed_checks(verify_episode(benchmark.rubric(reduced), ev2), stages.ids)
+            play_inst, focus_stages = reduced, stages.ids
         else:
-            stage = Stage.parse(src.focus)
+            stage = stages.parse(src.focus)
             try:  # Eq. 11
-                start = slicing.boundary_state(ctx.make_sandbox, inst.state(), ep, stage)
+                start = slicing.boundary_state(ctx.make_sandbox, inst.state(), ep, stage, stages)
             except slicing.ReplayMismatch as exc:
                 raise _Rejected("replay_mismatch") from exc
             except Exception as exc:  # noqa: BLE001 — the replay sandbox failed to start or died
                 raise _Rejected("sandbox_failure") from exc
-            reduce_step = slicing.transformation("prefix_replay", trajectory=traj, stage=stage.value,
-                                                 turns=next((t.index for t in ep.turns if t.stage.index >= stage.index),
-                                                            len(ep.turns)))
-            ep2, ev2 = _play(ctx, start, inst.brief, inst.task_id, stage.value)
+            reduce_step = slicing.transformation(
+                "prefix_replay", trajectory=traj, stage=stage,
+                turns=next((t.index for t in ep.turns if stages.index(t.stage) >= stages.index(stage)),
+                           len(ep.turns)))
+            ep2, ev2 = _play(ctx, start, inst.brief, inst.task_id, stage)
             failed = slicing.failed_checks(verify_episode(rubric, ev2, (stage,)), (stage,))
-            play_inst, stages = inst, (stage,)
+            play_inst, focus_stages = inst, (stage,)
         traj2 = content_digest(ep2.to_dict())
         prov2 = dataclasses.replace(prov, transformations=prov.transformations + (reduce_step,))
-        sft += slicing.sft_slices(ep2, play_inst.brief, prov2, traj2)
-        c, g = slicing.stage_contract(build_rubric(track, play_inst), stages)
+        sft += slicing.sft_slices(ep2, play_inst.brief, benchmark.row_skill(src.focus), stages, prov2, traj2)
+        c, g = slicing.stage_contract(benchmark.rubric(play_inst), focus_stages)
         check = slicing.transformation("teacher_check", trajectory=traj2, turns=len(ep2.turns))
         ref = StateRef(start.digest(), f"states/{start.digest()}.tar")  # stored only once accepted
-        row = RLRow(ref, src.focus, slicing.row_prompt(play_inst, src.focus), c, g, slicing.row_skill(src.focus),
+        row = RLRow(ref, src.focus, benchmark.row_prompt(play_inst, src.focus), c, g, benchmark.row_skill(src.focus),
                     dataclasses.replace(prov2, transformations=prov2.transformations + (check,)), "rubric")
         leak = LeakageReport()
         for i, r in enumerate([row] + sft):
             ctx.scanner.scan_value(r.to_dict(), file=inst.task_id, row=i, field="", report=leak)
         ctx.scanner.scan_state(start, file=inst.task_id, row=0, field="state", report=leak)
         reason = e2e.accept(booted=True, turns=len(ep2.turns), horizon=cfg.horizon, failed_stages=failed,
-                            passes=e2e.validation_passes(ev2, play_inst) if src.focus == E2E else 0,
+                            passes=benchmark.validation_passes(ev2, play_inst) if src.focus == E2E else 0,
                             lam=cfg.reduction, leak_hits=len(leak.hits))
         if reason:
             raise _Rejected(reason)
@@ -328,35 +321,37 @@ def _process(ctx: _Context, src: Source) -> dict:
     return {"reason": "", "rl": [row.to_record()], "sft": [r.to_record() for r in sft]}
 
 
-def code_fingerprint() -> str:
-    """SHA-256 over the source files that shape rows (tasks, verifier, sandbox, stage bank): a cached source
-    is reused only while this code is unchanged."""
+def code_fingerprint(benchmark: StagedBenchmark) -> str:
+    """SHA-256 over the source files that shape rows (the benchmark's package, the plug-in interface, verifier,
+    sandbox, stage bank): a cached source is reused only while this code is unchanged."""
     pkg = Path(__file__).resolve().parents[1]
-    files = sorted(p for d in ("tasks", "verify", "sandbox", "stage_bank") for p in (pkg / d).glob("*.py"))
-    return content_digest([[p.relative_to(pkg).as_posix(), content_digest(p.read_text("utf-8"))] for p in files])
+    dirs = [pkg / d for d in ("staged_benchmark", "verify", "sandbox", "stage_bank")]
+    dirs.append(Path(inspect.getfile(type(benchmark))).resolve().parent)
+    files = sorted({p for d in dirs for p in d.glob("*.py")})
+    return content_digest([[p.name if not p.is_relative_to(pkg) else p.relative_to(pkg).as_posix(),
+                            content_digest(p.read_text("utf-8"))] for p in files])
 
 
-def _cache_key(cfg: FactoryConfig, src: Source, salt: str) -> str:
+def _cache_key(cfg: FactoryConfig, benchmark: StagedBenchmark, src: Source, salt: str) -> str:
     fields = {k: v for k, v in dataclasses.asdict(cfg).items()
               if k not in ("bank_dir", "tracks", "foci", "outcomes", "workers", "note", "heldout_manifest")}
     if fields["teacher_endpoint"] is not None:  # where the key is read from does not change the rows
         fields["teacher_endpoint"] = {k: v for k, v in fields["teacher_endpoint"].items() if k != "api_key_env"}
     return content_digest({"factory": FACTORY_VERSION, "source": dataclasses.asdict(src), "config": fields,
-                           "salt": salt})
+                           "benchmark": [benchmark.name, repr(benchmark)], "salt": salt})
 
 
-def recipe(config: FactoryConfig) -> str:
-    """The part of a version's note that says which teacher and layouts wrote its rows, e.g.
-    'teacher=portable/v2 layouts=varied' (`check_recipe` compares it; the portable expert's action texts carry
-    their version, `portable_expert.VERSION`, since rows of two versions must not be trained on together)."""
-    teacher = f"{config.teacher}/{PORTABLE_VERSION}" if config.teacher == "portable" else config.teacher
-    return f"teacher={teacher} layouts={config.layouts}"
+def recipe(config: FactoryConfig, benchmark: StagedBenchmark) -> str:
+    """The part of a version's note that says which benchmark and teacher wrote its rows, e.g.
+    'benchmark=imaging teacher=portable/v2 layouts=varied' (`check_recipe` compares it; the rest is the
+    benchmark's `recipe`)."""
+    return f"benchmark={benchmark.name} {benchmark.recipe(config.teacher)}"
 
 
-def check_recipe(bank: StageBank, config: FactoryConfig) -> None:
-    """Refuses a bank whose first version was written by another teacher or layout family than `config` asks
-    for (rows of two recipes would otherwise be trained on together). Versions admitted with a custom
-    `FactoryConfig.note` are not checked.
+def check_recipe(bank: StageBank, config: FactoryConfig, benchmark: StagedBenchmark) -> None:
+    """Refuses a bank whose first version was written for another benchmark or by another teacher / layout family
+    than `config` asks for (rows of two recipes would otherwise be trained on together). Versions admitted with a
+    custom `FactoryConfig.note` are not checked; a note without 'benchmark=' was written for the imaging suite.
 
     Raises:
       ValueError: naming the bank directory, what built it and what the run asks for.
@@ -367,10 +362,13 @@ def check_recipe(bank: StageBank, config: FactoryConfig) -> None:
     note = bank.note(versions[0])
     if not note.startswith(FACTORY_VERSION):
         return
-    if f" {recipe(config)} " not in f" {note} ":
-        found = (" ".join(w for w in note.split() if w.startswith(("teacher=", "layouts=")))
+    if "benchmark=" not in note:
+        note += " benchmark=imaging"
+    wanted = recipe(config, benchmark)
+    if not all(f" {word} " in f" {note} " for word in wanted.split()):
+        found = (" ".join(w for w in note.split() if w.startswith(("benchmark=", "teacher=", "layouts=")))
                  or "teacher=scripted layouts=fixed (an older bank)")
-        raise ValueError(f"Stage Bank {config.bank_dir} was built with {found}; this run asks for {recipe(config)}: "
+        raise ValueError(f"Stage Bank {config.bank_dir} was built with {found}; this run asks for {wanted}: "
                          f"set FactoryConfig.bank_dir to a new directory or remove {config.bank_dir}")
 
 
@@ -386,19 +384,22 @@ def _load_cached(path: Path, bank: StageBank) -> dict | None:
     return {"reason": result["reason"], "rl": rl, "sft": sft}
 
 
-def load_manifest(config: FactoryConfig) -> HeldOutManifest:
-    """The held-out manifest used for Leak(z): `config.heldout_manifest`, else the default held-out suite's."""
+def load_manifest(config: FactoryConfig, benchmark: StagedBenchmark) -> HeldOutManifest:
+    """The held-out manifest used for Leak(z): `config.heldout_manifest`, else the benchmark's default held-out
+    suite's (two tasks per track for each of its first two variants, suite seed 0)."""
     if config.heldout_manifest:
         return HeldOutManifest.load(config.heldout_manifest)
-    return HeldOutManifest.from_task_manifest(heldout.manifest(heldout.heldout_suite()))
+    return HeldOutManifest.from_task_manifest(benchmark.manifest(benchmark.heldout_suite(2, benchmark.variants[:2], 0)))
 
 
-def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: SandboxFactory | None = None,
+def build_bank(config: FactoryConfig, benchmark: StagedBenchmark, progress: bool = True, *,
+               make_sandbox: SandboxFactory | None = None,
                on_source: Callable[[Source, str], None] | None = None) -> BuildReport:
-    """Builds (or resumes) the bank described by `config` and admits one new version.
+    """Builds (or resumes) the bank described by `config` for `benchmark` and admits one new version.
 
     Args:
       config: the factory settings.
+      benchmark: the staged benchmark whose tasks, teacher and contracts make the rows.
       progress: show a tqdm progress bar over sources.
       make_sandbox: sandbox factory override (tests inject failing sandboxes); default from `config.backend`.
       on_source: called in the main thread after each source finishes with (source, reason or '').
@@ -408,6 +409,7 @@ def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: Sa
 
     Raises:
       ValueError: a bad config field.
+      BenchmarkError: the benchmark's definition is unusable, or its teacher tags a stage it does not have.
       bat_jax.sandbox.backends.BackendUnavailable: the Docker backend cannot be used.
       bat_jax.stage_bank.leakage.LeakageError: the final preflight found held-out markers (nothing is
         admitted).
@@ -415,18 +417,19 @@ def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: Sa
     from tqdm import tqdm
 
     t0 = time.time()
-    config.validate()
+    benchmark.validate()
+    config.validate(benchmark)
     bank = StageBank(config.bank_dir)
-    manifest = load_manifest(config)
-    salt = content_digest([dataclasses.asdict(manifest), code_fingerprint()])  # manifest + code → cache key
-    ctx = _Context(config, bank, make_sandbox or backend_factory(config.backend), LeakageScanner(manifest))
+    manifest = load_manifest(config, benchmark)
+    salt = content_digest([dataclasses.asdict(manifest), code_fingerprint(benchmark)])  # manifest + code → cache key
+    ctx = _Context(config, benchmark, bank, make_sandbox or backend_factory(config.backend), LeakageScanner(manifest))
     work = Path(config.bank_dir) / "work" / "sources"
-    grid = sources(config)
+    grid = sources(config, benchmark)
     results: dict[int, dict] = {}
     report = BuildReport(str(config.bank_dir), sources_total=len(grid))
     todo = []
     for src in grid:
-        cached = _load_cached(work / f"{_cache_key(config, src, salt)}.json", bank)
+        cached = _load_cached(work / f"{_cache_key(config, benchmark, src, salt)}.json", bank)
         if cached is None:
             todo.append(src)
         else:
@@ -439,7 +442,7 @@ def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: Sa
         for fut in concurrent.futures.as_completed(futures):
             src, result = futures[fut], fut.result()
             if not result["reason"].startswith(_TRANSIENT):
-                atomic_write(work / f"{_cache_key(config, src, salt)}.json",
+                atomic_write(work / f"{_cache_key(config, benchmark, src, salt)}.json",
                              json.dumps(result, sort_keys=True).encode())
             results[src.index] = {"reason": result["reason"],
                                   "rl": [rl_row_from_dict(d) for d in result.get("rl", ())],
@@ -475,7 +478,8 @@ def build_bank(config: FactoryConfig, progress: bool = True, *, make_sandbox: Sa
     if leak.hits:
         leak.raise_if_leaky()  # refuse: nothing is admitted
     if new_rl or new_sft:
-        note = config.note or f"{FACTORY_VERSION} seed={config.seed} {recipe(config)} digest={report.digest}"
+        note = (config.note
+                or f"{FACTORY_VERSION} seed={config.seed} {recipe(config, benchmark)} digest={report.digest}")
         report.version = bank.admit(new_rl, new_sft, note=note)
         report.admitted_rl, report.admitted_sft = len(new_rl), len(new_sft)
     report.elapsed_s = round(time.time() - t0, 3)

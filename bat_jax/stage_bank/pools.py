@@ -27,7 +27,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.benchmark.stages import E2E
 from bat_jax.stage_bank.row import RLRow, canonical_json
 
 #: Pool names, in the order used for tie-breaking and inside each batch.
@@ -79,9 +79,10 @@ class PoolConfig:
         return {k: v / total for k, v in raw.items()}
 
 
-def partition_pools(rows: Sequence[RLRow], target: Stage | str) -> dict[str, list[RLRow]]:
-    """Splits RL rows into the three pools for selected stage `target` (Appendix A.1), order preserved."""
-    s_star = Stage.parse(target).value
+def partition_pools(rows: Sequence[RLRow], target: str) -> dict[str, list[RLRow]]:
+    """Splits RL rows into the three pools for selected stage id `target` (Appendix A.1), order preserved: rows
+    of focus `target`, rows of every other stage, E2E rows."""
+    s_star = target
     pools: dict[str, list[RLRow]] = {p: [] for p in POOLS}
     for row in rows:
         if row.focus == E2E:
@@ -180,7 +181,7 @@ class RoundView:
 
     Attributes:
       round_index: the round r.
-      target: selected stage s*.
+      target: selected stage s* (a stage id).
       batches: `n_batches` tuples of `batch_size` RoundItems (pool order target, mix, e2e inside a batch).
       pool_sizes: rows available per included pool before drawing.
       spares: per included pool, rows drawn after the batches' own (batch index -1) to replace groups without
@@ -188,7 +189,7 @@ class RoundView:
     """
 
     round_index: int
-    target: Stage
+    target: str
     batches: tuple[tuple[RoundItem, ...], ...]
     pool_sizes: Mapping[str, int]
     spares: Mapping[str, tuple[RoundItem, ...]] = dataclasses.field(default_factory=dict)
@@ -211,7 +212,7 @@ class RoundView:
 
 def build_round_view(
     rows: Sequence[RLRow],
-    target: Stage | str,
+    target: str,
     *,
     round_index: int,
     n_batches: int,
@@ -222,7 +223,7 @@ def build_round_view(
 
     Args:
       rows: all RL rows of the bank version used this round.
-      target: selected stage s* (Stage, 'S3' or 'Validate').
+      target: selected stage s*, a stage id of the bank's benchmark (the router's choice).
       round_index: r (≥ 0); seeds the round's generator together with `config.seed`.
       n_batches: batches in the round (≥ 1).
       spares_per_pool: up to this many more rows per pool, drawn after the batches' (so the batches are the same
@@ -234,14 +235,14 @@ def build_round_view(
     """
     if n_batches < 1:
         raise ValueError(f"n_batches must be >= 1, got {n_batches}")
-    s_star = Stage.parse(target)
+    s_star = target
     props = config.proportions()
     pools = {k: v for k, v in partition_pools(rows, s_star).items() if k in props}
     counts = batch_counts(props, config.batch_size, n_batches)
     need = {k: sum(c[k] for c in counts) for k in pools}
     for k, pool in pools.items():
         if need[k] > len(pool) and not (config.refill and pool):
-            raise ValueError(f"round {round_index}: pool {k!r} (target {s_star.value}) has {len(pool)} rows but "
+            raise ValueError(f"round {round_index}: pool {k!r} (target {s_star}) has {len(pool)} rows but "
                              f"{n_batches} batches need {need[k]} without replacement; use fewer batches "
                              f"(max_batches), a larger bank, or PoolConfig.refill = True (further passes)")
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, round_index]))

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from bat_jax.benchmark.stages import Stage
+from bat_jax.benchmark.stages import StageSet
 
 
 class PrescriptionError(ValueError):
@@ -29,17 +29,10 @@ def _number(value: Any, field: str) -> float:
     return float(value)
 
 
-def _stage_map(value: Any, field: str) -> dict[str, float]:
+def _stage_map(value: Any, field: str, stages: StageSet) -> dict[str, float]:
     if not isinstance(value, Mapping):
         raise PrescriptionError(f"prescription field {field!r} must map stages to numbers")
-    out = {}
-    for k, v in value.items():
-        try:
-            stage = Stage.parse(k)
-        except ValueError as e:
-            raise PrescriptionError(f"prescription field {field!r}: {e}") from None
-        out[stage.value] = _number(v, f"{field}.{k}")
-    return out
+    return {_stage_name(k, field, stages): _number(v, f"{field}.{k}") for k, v in value.items()}
 
 
 def _track_map(value: Any, field: str, *, integer: bool = False) -> dict[str, float]:
@@ -62,9 +55,11 @@ def _round_index(value: Any, field: str) -> int:
     return value
 
 
-def _stage_name(value: Any, field: str) -> str:
+def _stage_name(value: Any, field: str, stages: StageSet) -> str:
+    if not isinstance(value, str):
+        raise PrescriptionError(f"prescription field {field!r} must name a stage, got {value!r}")
     try:
-        return Stage.parse(value).value
+        return stages.parse(value)
     except ValueError as e:
         raise PrescriptionError(f"prescription field {field!r}: {e}") from None
 
@@ -73,8 +68,9 @@ def _counts(value: Any, field: str) -> dict[str, float]:
     return _track_map(value, field, integer=True)
 
 
-#: Router → data-side prescription fields and their checkers (aggregates only).
-PRESCRIPTION_FIELDS: Mapping[str, Callable[[Any, str], Any]] = {
+#: Router → data-side prescription fields and their checkers (aggregates only); the stage checkers also take the
+#: benchmark's `StageSet`.
+PRESCRIPTION_FIELDS: Mapping[str, Callable[..., Any]] = {
     "round": _round_index,
     "target_stage": _stage_name,
     "overall": _number,
@@ -87,12 +83,17 @@ PRESCRIPTION_FIELDS: Mapping[str, Callable[[Any, str], Any]] = {
 }
 
 
-def check_prescription(payload: Mapping[str, Any], *, tracks: Iterable[str] | None = None) -> dict[str, Any]:
+_STAGE_FIELDS = ("target_stage", "stage_scores", "stage_changes")
+
+
+def check_prescription(payload: Mapping[str, Any], stages: StageSet, *,
+                       tracks: Iterable[str] | None = None) -> dict[str, Any]:
     """Returns a clean copy of a router prescription, or raises if anything but aggregates would cross.
 
     Allowed fields: PRESCRIPTION_FIELDS (round, target_stage, overall, task_mean, stage_scores, stage_changes,
-    track_task_means, track_changes, counts); values are numbers or maps of stage/track names to numbers.
-    When `tracks` is given, the keys of track_task_means / track_changes must be among them.
+    track_task_means, track_changes, counts); values are numbers or maps of stage/track names to numbers. Stage
+    names must be stages of `stages` (ids or titles; ids come out). When `tracks` is given, the keys of
+    track_task_means / track_changes must be among them.
 
     Raises:
       PrescriptionError: naming the offending field (unknown field, free text, nested data, ids, paths).
@@ -105,7 +106,7 @@ def check_prescription(payload: Mapping[str, Any], *, tracks: Iterable[str] | No
         if check is None:
             raise PrescriptionError(f"prescription field {key!r} is not an allowed aggregate field; "
                                     f"allowed {sorted(PRESCRIPTION_FIELDS)}")
-        out[key] = check(value, key)
+        out[key] = check(value, key, stages) if key in _STAGE_FIELDS else check(value, key)
         if tracks is not None and key in ("track_task_means", "track_changes"):
             unknown = sorted(set(out[key]) - set(tracks))
             if unknown:

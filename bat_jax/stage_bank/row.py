@@ -15,7 +15,7 @@ Producers (task families, the factory) build rows like this::
 
     row = RLRow(
         state=StateRef.from_state(sandbox_state, path="states/<digest>.tar"),
-        focus="S3",                      # 'S1'..'S5' or 'E2E' (bat_jax.benchmark.stages.FOCI)
+        focus="S3",                      # a stage id of the bank's benchmark, or "E2E"
         prompt="Validate the model ...",  # brief + stage goal the agent sees first
         rubric=(RubricSpec("s3.metric", "Reports Dice on the validation split"),),
         evidence=(EvidenceSpec("s3.receipt", "receipt", {"pattern": "dice"}),),
@@ -34,7 +34,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.benchmark.stages import E2E
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.row_validation import check_focus, check_hex, check_ident, check_text, fail
@@ -183,7 +183,7 @@ class RLRow:
 
     Attributes:
       state: p, the stored sandbox state the rollouts start from.
-      focus: s, 'S1'..'S5' or 'E2E'.
+      focus: s, a stage id of the bank's benchmark, or 'E2E'.
       prompt: task brief and stage goal shown to the agent at the start.
       rubric: c, ≥ 1 binary rubric items with unique ids (E2E: the union of the stage rubrics, Eq. 14).
       evidence: G, evidence requirements with unique ids (may be empty).
@@ -202,8 +202,6 @@ class RLRow:
     reward_source: str = "rubric"
 
     def __post_init__(self):
-        if isinstance(self.focus, Stage):
-            object.__setattr__(self, "focus", self.focus.value)
         object.__setattr__(self, "rubric", tuple(self.rubric))
         object.__setattr__(self, "evidence", tuple(self.evidence))
         self.validate()
@@ -275,7 +273,7 @@ class SFTRow:
     Attributes:
       context: ≥ 1 messages (system/user/assistant/tool); the last one is not an assistant message.
       target: the single teacher action trained on (loss only on it, Eq. 10).
-      focus: stage of the target turn ('S1'..'S5') or 'E2E' for surrogate trajectories.
+      focus: stage id of the target turn, or 'E2E' for surrogate trajectories.
       provenance: m, as for RL rows.
     """
 
@@ -285,8 +283,6 @@ class SFTRow:
     provenance: Provenance
 
     def __post_init__(self):
-        if isinstance(self.focus, Stage):
-            object.__setattr__(self, "focus", self.focus.value)
         object.__setattr__(self, "context", tuple(self.context))
         self.validate()
 

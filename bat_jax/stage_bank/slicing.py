@@ -10,16 +10,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.sandbox import tools
 from bat_jax.sandbox.tools import dispatch
 from bat_jax.sandbox.types import Sandbox, SandboxState
 from bat_jax.stage_bank.row import (EvidenceSpec, Message, Provenance, RubricSpec, SFTRow,
                                     Transformation, content_digest)
-from bat_jax.tasks.base import TaskInstance
-from bat_jax.tasks.brief import stage_skill
-from bat_jax.tasks.episode import Conversation, RecordedEpisode, snapshot_state
+from bat_jax.staged_benchmark.episode import Conversation, RecordedEpisode, snapshot_state
 from bat_jax.verify.rubric import Rubric, StageVerdict
+
+
+#: The provenance step of an E2E row of a benchmark without a surrogate: the whole task is the E2E row.
+E2E_WHOLE_TASK = "e2e_whole_task"
 
 
 def row_action(action: tools.Action) -> tools.Action:
@@ -32,77 +34,64 @@ def transformation(name: str, **params) -> Transformation:
     return Transformation(name, content_digest({"name": name, **params}), params)
 
 
-def sft_slices(episode: RecordedEpisode, brief: str, provenance: Provenance, trajectory_digest: str) -> list[SFTRow]:
+def sft_slices(episode: RecordedEpisode, brief: str, skill: str, stages: StageSet, provenance: Provenance,
+               trajectory_digest: str) -> list[SFTRow]:
     """One SFT row (h_t, a_t) per recorded teacher response of `episode` (paper Eq. 9).
 
     Context h_t = the system message and the user message (brief + the stage skills of the episode's focus,
     exactly what the teacher saw, `Conversation.messages`), then every earlier response (assistant message
     with its structured action) and observation (tool message, the rendered observation text). The target is
     a_t. Row focus: the turn's stage for a single-stage or full-task trajectory; 'E2E' when `provenance`
-    marks a surrogate (its transformations contain 'e2e_reduce').
+    marks an E2E row's trajectory (its transformations contain 'e2e_reduce' or `E2E_WHOLE_TASK`).
 
     Args:
       episode: a finished, checked episode (turns carry their stage labels).
       brief: the task brief the teacher saw.
+      skill: the stage skill text κ the teacher saw (the benchmark's `row_skill` of the episode's focus).
+      stages: the benchmark's stages.
       provenance: base provenance (source, track, outcome, transformations so far).
       trajectory_digest: content digest of the episode, recorded in each row's 'sft_slice' step.
 
     Returns:
       `len(episode.turns)` rows, in turn order.
     """
-    head = Conversation(brief, episode.focus).messages()[:2]
+    head = Conversation(brief, episode.focus, skill, stages).messages()[:2]
     context: list[Message] = [Message(m["role"], m["content"]) for m in head]
-    surrogate = any(t.name == "e2e_reduce" for t in provenance.transformations)
+    surrogate = any(t.name in ("e2e_reduce", E2E_WHOLE_TASK) for t in provenance.transformations)
     rows = []
     for turn in episode.turns:
         step = transformation("sft_slice", trajectory=trajectory_digest, turn=turn.index)
         prov = Provenance(provenance.source_id, provenance.source_digest, provenance.track, provenance.outcome,
                           provenance.transformations + (step,))
         target = row_action(turn.action)
-        rows.append(SFTRow(context=tuple(context), target=target, focus=E2E if surrogate else turn.stage.value,
+        rows.append(SFTRow(context=tuple(context), target=target, focus=E2E if surrogate else turn.stage,
                            provenance=prov))
         context += [Message("assistant", action=target), Message("tool", turn.observation.render())]
     return rows
 
 
-def stage_contract(rubric: Rubric, stages: Sequence[Stage]) -> tuple[tuple[RubricSpec, ...],
-                                                                      tuple[EvidenceSpec, ...]]:
-    """Row rubric c and evidence G for the given stages (one stage: c_s, G_s; all five: Eq. 14's union).
+def stage_contract(rubric: Rubric, stages: Sequence[str]) -> tuple[tuple[RubricSpec, ...],
+                                                                   tuple[EvidenceSpec, ...]]:
+    """Row rubric c and evidence G for the given stage ids (one stage: c_s, G_s; every stage: Eq. 14's union).
 
     Evidence kind is the key's prefix ('receipt' or 'file'); params carry the public description.
     """
     items = [i for i in rubric.items if i.stage in stages]
     keys = list(dict.fromkeys(k for i in items for k in i.evidence))
-    c = tuple(RubricSpec(i.item_id, f"[{i.stage.value}] {i.description}") for i in items)
+    c = tuple(RubricSpec(i.item_id, f"[{i.stage}] {i.description}") for i in items)
     g = tuple(EvidenceSpec(k, k.split(".", 1)[0], {"description": rubric.requirements[k].description})
               for k in keys)
     return c, g
 
 
-def row_skill(focus: str) -> str:
-    """κ: the stage skill, or for E2E the ordered skills of S1..S5 joined (Appendix A.1)."""
-    stages = STAGES if focus == E2E else (Stage.parse(focus),)
-    return "\n\n".join(stage_skill(s) for s in stages)
-
-
-def row_prompt(inst: TaskInstance, focus: str) -> str:
-    """The prompt p's agent sees first: the brief plus, for a stage row, where the rollout starts."""
-    if focus == E2E:
-        return inst.brief
-    stage = Stage.parse(focus)
-    done = ", ".join(f"{s.value} {s.title}" for s in STAGES[:stage.index]) or "none"
-    return (f"{inst.brief}\n## Current stage\nYou start at the boundary of stage {stage.value} {stage.title}. "
-            f"Stages already completed in this workspace: {done}. Do the work of {stage.value} only, then stop.\n")
-
-
-def failed_checks(verdicts: dict[Stage, StageVerdict | None], stages: Sequence[Stage]) -> list[str]:
-    """Stages (values) whose check fails: unscored, or any rubric item or evidence requirement not met
+def failed_checks(verdicts: dict[str, StageVerdict | None], stages: Sequence[str]) -> list[str]:
+    """Stage ids whose check fails: unscored, or any rubric item or evidence requirement not met
     (Check_s = 1 iff the stage reward r = η · mean(v) equals 1)."""
     bad = []
     for s in stages:
         v = verdicts.get(s)
         if v is None or not (all(v.items.values()) and all(v.evidence.values())):
-            bad.append(s.value)
+            bad.append(s)
     return bad
 
 
@@ -111,9 +100,10 @@ class ReplayMismatch(RuntimeError):
 
 
 def boundary_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: SandboxState, episode: RecordedEpisode,
-                   stage: Stage) -> SandboxState:
+                   stage: str, stages: StageSet) -> SandboxState:
     """p_{i,s} = Φ_ξ((a_t, o_t)_{t < b_s}) (Eq. 11): replays the recorded calls of every turn before stage
-    `stage` in a fresh sandbox started from `initial` and returns the workspace reached (env of `initial`).
+    `stage` (a stage id of `stages`) in a fresh sandbox started from `initial` and returns the workspace reached (env
+    of `initial`).
 
     Raises:
       ReplayMismatch: a replayed call's exit code differs from the recorded observation's (names the turn).
@@ -122,7 +112,7 @@ def boundary_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: San
     box = make_sandbox(initial)
     try:
         for t in episode.turns:
-            if t.stage.index >= stage.index:
+            if stages.index(t.stage) >= stages.index(stage):
                 break
             obs = dispatch(box, t.action)
             if obs.exit_code != t.observation.exit_code:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
-from bat_jax.benchmark.stages import Stage
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.tasks.layout import Layout
 
 
@@ -135,9 +135,9 @@ Recovery: if the check fails, fix the file and check again before submitting."""
 }
 
 
-def stage_skill(stage: Stage | str) -> str:
+def stage_skill(stage: str) -> str:
     """The public stage skill κ of a stage (goal, checks, recovery steps)."""
-    return _SKILLS[Stage.parse(stage)]
+    return _SKILLS[STAGES.parse(stage)]
 
 
 #: One line per stage skill: what the compact prompt keeps of κ (goal and the files the stage leaves behind).
@@ -152,9 +152,9 @@ _COMPACT_SKILLS = {
 SKILL_HEADING = "\n\n## Stage skill\n"
 
 
-def compact_skill(stage: Stage | str) -> str:
+def compact_skill(stage: str) -> str:
     """The one-line form of a stage skill κ (compact prompting)."""
-    return _COMPACT_SKILLS[Stage.parse(stage)]
+    return _COMPACT_SKILLS[STAGES.parse(stage)]
 
 
 def compact_user_message(text: str) -> str:
@@ -194,3 +194,4 @@ def compact_user_message(text: str) -> str:
     if stages:
         lines += ["Skills:"] + [compact_skill(s) for s in stages]
     return "\n".join(lines)
+

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections.abc import Iterable, Sequence
 
 from bat_jax.atomic_io import atomic_write
 from bat_jax.tasks.base import TaskInstance, Track
-from bat_jax.tasks.brief import HELDOUT_TEMPLATE, VARIED_TEMPLATES
+from bat_jax.tasks.brief import HELDOUT_TEMPLATE, N_TEMPLATES, VARIED_TEMPLATES, render_brief, stage_skill
 from bat_jax.tasks.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, varied_naming
 from bat_jax.tasks.registry import TRACKS
+from bat_jax.tasks.stages import STAGES
 
 HELDOUT_SEED_BASE = 1_000_000_000
 HELDOUT_PREFIX = "hx"
@@ -109,3 +111,15 @@ def write_manifest(path: str | os.PathLike, instances: Iterable[TaskInstance]) -
     man = manifest(instances)
     atomic_write(path, json.dumps(man, indent=1, default=str).encode())
     return man
+
+
+def sample_training_prompt(rng: random.Random) -> str:
+    """A training-split first user turn (training layout and templates only, never the held-out ones): a brief
+    followed by stage skills, as the agent sees it; the shipped tiny tokenizer's corpus drew from it
+    (`launch/train_tokenizer.py`, `models.tokenizer.generate_corpus`)."""
+    track = TRACKS[rng.choice(sorted(TRACKS))]
+    template = rng.choice([t for t in range(N_TEMPLATES) if t != HELDOUT_TEMPLATE])
+    task_id = f"{TRAIN_PREFIX}-{track.name}-{rng.randint(0, 10**9)}-{rng.choice(['suc', 'rec', 'fail'])}"
+    brief = render_brief(track, task_id, TRAIN_LAYOUT, rng.randint(3, 12), template)
+    skills = "\n\n".join(stage_skill(s) for s in rng.sample(list(STAGES.ids), rng.randint(1, len(STAGES))))
+    return f"{brief}\n\n## Stage skill\n{skills}"

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import textwrap
 
-from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation
-from bat_jax.tasks.episode import Conversation
+from bat_jax.staged_benchmark.episode import Conversation
 from bat_jax.tasks.teacher import _last_json
 
 #: Version of the action texts (the Stage Bank recipe names it): v2 = each step prints the next step's name first
@@ -49,19 +49,19 @@ def _action(body: str) -> str:
     return "def run():\n" + textwrap.indent(body, "    ") + "\n\n" + PREAMBLE + "run()\n"
 
 
-def _name(stage: Stage) -> str:
-    return f"{stage.value} {stage.title}"
+def _name(stage: str) -> str:
+    return STAGES.label(stage)
 
 
 #: The first line each stage's code prints, before anything that can fail: the step after it. The next
 #: thought repeats it (`THOUGHTS`), so a policy reads which step comes next from the latest observation, right
 #: before it writes that step, instead of inferring it from the whole history.
-NEXT = {**{s: f"next: {_name(n)}" for s, n in zip(STAGES, STAGES[1:])}, Stage.SUBMIT: "next: submit"}
+NEXT = {**{s: f"next: {_name(n)}" for s, n in zip(STAGES.ids, STAGES.ids[1:])}, Stage.SUBMIT: "next: submit"}
 #: The thought of each step's action: the step named by the previous observation's `NEXT` line (S1: the first).
-THOUGHTS = {s: f"Next: {_name(s)}." for s in STAGES}
+THOUGHTS = {s: f"Next: {_name(s)}." for s in STAGES.ids}
 
 
-def _stage_action(stage: Stage, summary: str, body: str) -> str:
+def _stage_action(stage: str, summary: str, body: str) -> str:
     """`_action` of a body whose first line is the comment naming its stage and `summary` (the one place where
     the action texts of two stages differ first), then the print of the step that follows it (`NEXT`)."""
     return _action(f"# {_name(stage)}: {summary}\nprint({NEXT[stage]!r})\n{body}")
@@ -147,8 +147,8 @@ print(json.dumps({"complete": len(preds) + len(failed) == len(rows), "submission
 """)
 
 #: (stage, thought, code) of every python action, in order; the submit call follows S5's.
-SCRIPT: tuple[tuple[Stage, str, str], ...] = tuple(
-    (stage, THOUGHTS[stage], code) for stage, code in zip(STAGES, (_PLAN, _SETUP, _VALIDATE, _INFERENCE, _SUBMIT)))
+SCRIPT: tuple[tuple[str, str, str], ...] = tuple(
+    (stage, THOUGHTS[stage], code) for stage, code in zip(STAGES.ids, (_PLAN, _SETUP, _VALIDATE, _INFERENCE, _SUBMIT)))
 SUBMIT_THOUGHT = "Next: submit."
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from bat_jax.benchmark.stages import Stage
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.tasks.base import TaskInstance, Track
 from bat_jax.tasks.method_replay import case_matches, method_run_calls
 from bat_jax.verify.rubric import Evidence, EvidenceRequirement, Rubric, RubricItem
@@ -188,4 +188,4 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         RubricItem("submit.submitted", S.SUBMIT, "the submission file was submitted",
                    ("file.submission", "receipt.submit"), submitted_ok),
     ]
-    return Rubric(tuple(items), {r.key: r for r in req})
+    return Rubric(tuple(items), {r.key: r for r in req}, STAGES)

@@ -13,11 +13,11 @@ import random
 import re
 import time
 
-from bat_jax.benchmark.stages import Stage
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.clients.chat_endpoint import ChatClient, ChatEndpointConfig, ChatError
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation
-from bat_jax.tasks.episode import Conversation, PolicyError
+from bat_jax.staged_benchmark.episode import Conversation, PolicyError
 from bat_jax.tasks.layout import Layout
 
 def _last_json(obs: Observation) -> dict:
@@ -32,7 +32,7 @@ def _last_json(obs: Observation) -> dict:
     return {}
 
 
-def _py(stage: Stage, thought: str, code: str) -> Action:
+def _py(stage: str, thought: str, code: str) -> Action:
     return Action(thought, "execute_code", {"language": "python", "code": code}, stage)
 
 
@@ -73,7 +73,7 @@ class ScriptedExpert:
         return (f"import csv, json, os, sys\nsys.path.insert(0, {self.L.method_dir!r})\n"
                 f"CASES = {self.L.cases_csv!r}\n")
 
-    def _plan(self, s: Stage):
+    def _plan(self, s: str):
         L = self.L
         yield Action("Read the brief first.", "execute_code", {"language": "bash", "code": "cat task.md"}, s)
         obs = yield _py(s, "Inventory the case manifest, the method and any archive.", f"""{self._head()}
@@ -94,7 +94,7 @@ open({L.plan_path!r}, "w").write({plan!r})
 print("plan written")
 """)
 
-    def _setup(self, s: Stage):
+    def _setup(self, s: str):
         L = self.L
         obs = yield _py(s, "Check the environment and load the method config.", f"""{self._head()}
 import numpy, scipy
@@ -110,7 +110,7 @@ json.dump({info!r}, open({L.env_json!r}, "w"))
 print("env recorded")
 """)
 
-    def _validate(self, s: Stage):
+    def _validate(self, s: str):
         L = self.L
         issues = []
         if self.diagnose:
@@ -197,7 +197,7 @@ json.dump({report!r}, open({L.validation_json!r}, "w"), indent=1)
 print("validation report written")
 """)
 
-    def _inference(self, s: Stage):
+    def _inference(self, s: str):
         L = self.L
         obs = yield Action("Read the validation report to know which cases to skip.", "execute_code",
                            {"language": "bash", "code": f"cat {L.validation_json}"}, s)
@@ -223,7 +223,7 @@ for row in csv.DictReader(open(CASES)):
 print(json.dumps({{"done": done, "errors": errors}}))
 """)
 
-    def _submit(self, s: Stage):
+    def _submit(self, s: str):
         L = self.L
         obs = yield _py(s, "Assemble the submission and check coverage.", f"""{self._head()}
 val = json.load(open({L.validation_json!r})) if os.path.exists({L.validation_json!r}) else {{"issues": []}}
@@ -295,6 +295,6 @@ class ChatTeacher:
         try:
             data = json.loads(re.search(r"\{[\s\S]*\}", content).group(0))
             stage = data.get("stage") if isinstance(data, dict) else None
-            return Action.from_dict(data, Stage.parse(stage) if stage else None)
+            return Action.from_dict(data, STAGES.parse(stage) if stage else None)
         except (AttributeError, TypeError, ValueError) as exc:
             raise PolicyError(f"teacher bad_reply: {exc}") from None

@@ -23,7 +23,6 @@ import warnings
 from collections.abc import Callable
 from typing import Protocol
 
-from bat_jax.benchmark.stages import Stage
 from bat_jax.clients.chat_endpoint import ChatClient, ChatEndpointConfig, ChatError
 from bat_jax.verify.rubric import REWARD_VERSION, Evidence, InfraError, Rubric, RubricItem
 
@@ -141,7 +140,7 @@ def render_evidence(ev: Evidence, paths: tuple[str, ...] = (), max_receipts: int
     return "\n\n".join(parts)
 
 
-def judged_item(item_id: str, stage: Stage, description: str, evidence: tuple[str, ...], judge: LLMJudge,
+def judged_item(item_id: str, stage: str, description: str, evidence: tuple[str, ...], judge: LLMJudge,
                 render: Callable[[Evidence], str]) -> RubricItem:
     """A rubric item decided by the LLM judge on `render(evidence)`."""
     return RubricItem(item_id, stage, description, evidence, lambda ev: judge.decide(description, render(ev)))

@@ -4,8 +4,9 @@ Paper Eq. 4: v_ℓ = Verify(ℓ; p, y, x) ∈ {0, 1};  r = η · (1/|c|) Σ_ℓ 
 required evidence G confirmed by the rollout's receipts and artefacts. An item can only pass when all of its
 own evidence is confirmed (a claim in text earns nothing). Receipt evidence is what a call actually did — the
 workspace files the kernel saw it read and write (`Receipt.reads` / `writes`) and the output it printed —
-never the text of its code: comment-only, string-only and dead code earn nothing. E2E rows follow the released
-code's reward (`rl/grpo/core_reward.py`): 0.5 · (stage rewards weighted by the Agentic weights .25/.15/.35/.15/.10)
+never the text of its code: comment-only, string-only and dead code earn nothing. A rubric carries its
+benchmark's stages (`benchmark.stages.StageSet`); every item names one of them. E2E rows follow the released
+code's reward (`rl/grpo/core_reward.py`): 0.5 · (stage rewards weighted by the benchmark's Agentic weights)
 + 0.5 · task metric (:func:`e2e_reward`). An infrastructure failure makes a score `None` (unscored), never 0; a
 check that raises on what the agent wrote is a failed check (the agent's failure), and a reward that is not a
 finite number in [0, 1] is an error of the scorer (`ScorerError`), never "unscored". Every score records
@@ -20,7 +21,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 
 from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell, agentic_score
-from bat_jax.benchmark.stages import DEFAULT_STAGE_WEIGHTS, STAGES, Stage, validate_stage_weights
+from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.sandbox.readers import DEFAULT_LIMITS, DecodeLimits, Workspace, json_or_none, text_or_none
 from bat_jax.sandbox.types import Receipt
 
@@ -124,10 +125,10 @@ class EvidenceRequirement:
 
 @dataclasses.dataclass(frozen=True)
 class RubricItem:
-    """One binary rubric item ℓ of a stage, with the evidence keys it rests on."""
+    """One binary rubric item ℓ of a stage (a stage id of the benchmark), with the evidence keys it rests on."""
 
     item_id: str
-    stage: Stage
+    stage: str
     description: str
     evidence: tuple[str, ...]
     check: Check
@@ -135,26 +136,42 @@ class RubricItem:
 
 @dataclasses.dataclass(frozen=True)
 class Rubric:
-    """The reward contract (c, G) of one task: items per stage and evidence requirements by key."""
+    """The reward contract (c, G) of one task: items per stage and evidence requirements by key.
+
+    Attributes:
+      items: the binary items, each tagged with a stage of `stages`.
+      requirements: evidence key → requirement.
+      stages: the benchmark's stages (their ids, order and Agentic weights).
+    Raises:
+      ValueError: an item naming unknown evidence, or a stage the benchmark does not have (names both).
+    """
 
     items: tuple[RubricItem, ...]
     requirements: Mapping[str, EvidenceRequirement]
+    stages: StageSet
 
     def __post_init__(self):
         for item in self.items:
+            if item.stage not in self.stages:
+                raise ValueError(f"rubric item {item.item_id!r} is tagged with stage {item.stage!r}, which benchmark "
+                                 f"{self.stages.benchmark!r} does not have (stages {list(self.stages.ids)})")
             for key in item.evidence:
                 if key not in self.requirements:
                     raise ValueError(f"rubric item {item.item_id!r} names unknown evidence {key!r}")
 
-    def for_stage(self, stage: Stage | str) -> tuple[RubricItem, ...]:
-        stage = Stage.parse(stage)
+    def for_stage(self, stage: str) -> tuple[RubricItem, ...]:
+        stage = self.stages.parse(stage)
         return tuple(i for i in self.items if i.stage == stage)
+
+    def focus_stages(self, focus: str) -> tuple[str, ...]:
+        """The stages an episode of row focus `focus` is scored on: every stage for 'E2E', else that one."""
+        return self.stages.ids if focus == E2E else (self.stages.parse(focus),)
 
     def public(self) -> dict:
         """The contract without checks — items c (id, stage, description, evidence keys) and evidence
         requirements G (key → description) — what a Stage Bank row stores and may show the policy."""
         return {"version": REWARD_VERSION,
-                "items": [{"item_id": i.item_id, "stage": i.stage.value, "description": i.description,
+                "items": [{"item_id": i.item_id, "stage": i.stage, "description": i.description,
                            "evidence": list(i.evidence)} for i in self.items],
                 "evidence": {k: r.description for k, r in self.requirements.items()}}
 
@@ -163,7 +180,7 @@ class Rubric:
 class StageVerdict:
     """Verifier output for one stage: item decisions v_ℓ, evidence confirmations, η and r (Eq. 4)."""
 
-    stage: Stage
+    stage: str
     items: Mapping[str, bool]
     evidence: Mapping[str, bool]
     eta: float
@@ -181,19 +198,19 @@ def _safe(check: Check, evidence: Evidence) -> bool:
         return False
 
 
-def verify_stage(rubric: Rubric, stage: Stage | str, evidence: Evidence) -> StageVerdict | None:
+def verify_stage(rubric: Rubric, stage: str, evidence: Evidence) -> StageVerdict | None:
     """Scores one stage: r = η · mean(v_ℓ). Returns None (unscored) on an infrastructure failure (the
     evidence's `infra_error`, or a check raising InfraError).
 
     Raises:
-      ValueError: the rubric has no item for the stage.
+      ValueError: an unknown stage, or the rubric has no item for the stage.
     """
-    stage = Stage.parse(stage)
+    stage = rubric.stages.parse(stage)
     if evidence.infra_error:
         return None
     items = rubric.for_stage(stage)
     if not items:
-        raise ValueError(f"rubric has no items for stage {stage.value} ({stage.title})")
+        raise ValueError(f"rubric has no items for stage {rubric.stages.label(stage)}")
     keys = sorted({k for i in items for k in i.evidence})
     try:
         confirmed = {k: _safe(rubric.requirements[k].check, evidence) for k in keys}
@@ -206,43 +223,42 @@ def verify_stage(rubric: Rubric, stage: Stage | str, evidence: Evidence) -> Stag
     return StageVerdict(stage, decisions, confirmed, eta, reward)
 
 
-def verify_episode(
-    rubric: Rubric, evidence: Evidence, stages: Iterable[Stage | str] = STAGES
-) -> dict[Stage, StageVerdict | None]:
-    """Stage verdicts for the given stages (default all five)."""
-    return {Stage.parse(s): verify_stage(rubric, s, evidence) for s in stages}
+def verify_episode(rubric: Rubric, evidence: Evidence, stages: Iterable[str] | None = None
+                   ) -> dict[str, StageVerdict | None]:
+    """Stage verdicts for the given stage ids (default: every stage of the rubric's benchmark), in that order."""
+    return {rubric.stages.parse(s): verify_stage(rubric, s, evidence)
+            for s in (rubric.stages.ids if stages is None else stages)}
 
 
-def e2e_reward(stage_rewards: Mapping[Stage, object], task: float | None, stage_weight: float = 0.5,
-               weights: Mapping[Stage | str, float] = DEFAULT_STAGE_WEIGHTS) -> float | None:
+def e2e_reward(stage_rewards: Mapping[str, object], task: float | None, stages: StageSet,
+               stage_weight: float = 0.5) -> float | None:
     """E2E row reward, as the released code computes it (`rl/grpo/core_reward.py`, mode `bat_e2e_rubric`):
-    stage_weight · Σ_s w_s · r_s + (1 − stage_weight) · task, with w the Agentic weights (.25/.15/.35/.15/.10)
-    renormalised over the stages given (`benchmark.scoring.agentic_score`: a stage absent from `stage_rewards`
-    or marked `NOT_APPLICABLE` drops its weight). With all five stages this is exactly the released formula;
-    e.g. every S1 item passes, the rest fail, task 0: 0.5 · 0.25 · 1 = 0.125.
+    stage_weight · Σ_s w_s · r_s + (1 − stage_weight) · task, with w the benchmark's Agentic weights renormalised
+    over the stages given (`benchmark.scoring.agentic_score`: a stage absent from `stage_rewards` or marked
+    `NOT_APPLICABLE` drops its weight). With every stage given this is exactly the released formula; e.g. on the
+    imaging suite every S1 item passes, the rest fail, task 0: 0.5 · 0.25 · 1 = 0.125.
 
     Args:
-      stage_rewards: stage → reward in [0, 1], None (unscored) or `NOT_APPLICABLE`.
+      stage_rewards: stage id → reward in [0, 1], None (unscored) or `NOT_APPLICABLE`.
       task: the task metric in [0, 1], or None (unscored).
+      stages: the benchmark's stages and weights.
       stage_weight: weight of the stage part (released code: 0.5, `stage_mean_weight`).
-      weights: stage weights summing to 1 (default: the paper's Agentic weights).
     Returns:
       The reward in [0, 1], or None when the task metric or any given stage is unscored, or no stage is given.
     Raises:
       ScorerError: the task metric outside [0, 1] (NaN included).
-      ValueError: a stage reward outside [0, 1], or bad weights.
+      ValueError: a stage reward outside [0, 1], or an unknown stage.
     """
-    w = validate_stage_weights(weights)
-    given = {Stage.parse(k): v for k, v in stage_rewards.items()}
+    given = {stages.parse(k): v for k, v in stage_rewards.items()}
     if task is None or not given or any(v is None for v in given.values()):
         return None
-    scores = {s: given.get(s, NOT_APPLICABLE) for s in STAGES}
+    scores = {s: given.get(s, NOT_APPLICABLE) for s in stages.ids}
     if all(v is NOT_APPLICABLE for v in scores.values()):
         return None
     task = float(task)
     if not 0.0 <= task <= 1.0:  # NaN fails too
         raise ScorerError(f"e2e_reward: task metric must be in [0, 1], got {task!r}")
-    reward = stage_weight * agentic_score(scores, w) + (1.0 - stage_weight) * task
+    reward = stage_weight * agentic_score(scores, stages) + (1.0 - stage_weight) * task
     if not math.isfinite(reward):
         raise ScorerError(f"e2e_reward: {reward} from stage rewards {given} and task metric {task}")
     return reward
@@ -250,38 +266,43 @@ def e2e_reward(stage_rewards: Mapping[Stage, object], task: float | None, stage_
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeScore:
-    """A scored episode: stage verdicts, task metric, the E2E reward and the reward version."""
+    """A scored episode: stage verdicts (stage id → verdict), task metric, the reward and the reward version."""
 
-    verdicts: Mapping[Stage, StageVerdict | None]
+    verdicts: Mapping[str, StageVerdict | None]
     task: float | None
     reward: float | None
     version: str = REWARD_VERSION
 
-    def stage_rewards(self) -> dict[Stage, float | None]:
+    def stage_rewards(self) -> dict[str, float | None]:
         return {s: (v.reward if v is not None else None) for s, v in self.verdicts.items()}
 
-    def to_cell(self, track: str, repeat: int) -> Cell:
-        """The evaluator's Cell: per-stage rubric scores and the task metric (None stays unscored)."""
+    def to_cell(self, track: str, repeat: int, stages: StageSet) -> Cell:
+        """The evaluator's Cell: per-stage rubric scores and the task metric (None stays unscored).
+
+        Raises:
+          ValueError: a stage of `stages` was not verified (a stage-focus score is no cell).
+        """
         scores = self.stage_rewards()
-        missing = [s.value for s in STAGES if s not in scores]
+        missing = [s for s in stages.ids if s not in scores]
         if missing:
-            raise ValueError(f"to_cell needs all five stages scored or unscored; missing {missing}")
+            raise ValueError(f"to_cell needs every stage of benchmark {stages.benchmark!r} scored or unscored; "
+                             f"missing {missing}")
         return Cell(track=track, repeat=repeat, stage_scores=scores, task=self.task)
 
 
-def score(rubric: Rubric, evidence: Evidence, task: float | None,
-          stages: Iterable[Stage | str] = STAGES) -> EpisodeScore:
-    """Verifies the given stages and combines them with the task metric.
+def score(rubric: Rubric, evidence: Evidence, task: float | None, focus: str = E2E) -> EpisodeScore:
+    """Verifies the stages of row focus `focus` and combines them with the task metric.
 
-    For a single-stage focus (one stage given) the reward is that stage's r; otherwise the E2E reward.
-    `task` must already be None when the task metric is unscored; an infrastructure failure forces None.
+    For a stage focus the reward is that stage's r; for 'E2E' every stage is verified and the reward is the E2E
+    reward (`e2e_reward`). `task` must already be None when the task metric is unscored; an infrastructure failure
+    forces None.
     """
-    verdicts = verify_episode(rubric, evidence, stages)
+    verdicts = verify_episode(rubric, evidence, rubric.focus_stages(focus))
     if evidence.infra_error:
         return EpisodeScore(verdicts, None, None)
     rewards = {s: (v.reward if v is not None else None) for s, v in verdicts.items()}
-    if len(rewards) == 1:
+    if focus != E2E:
         reward = next(iter(rewards.values()))
     else:
-        reward = e2e_reward(rewards, task)
+        reward = e2e_reward(rewards, task, rubric.stages)
     return EpisodeScore(verdicts, task, reward)

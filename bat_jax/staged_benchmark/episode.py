@@ -1,5 +1,5 @@
 """Action-level episodes: the conversation a policy sees, the policy protocol, the recorded episode, and the
-host-side evidence of a finished episode with its score.
+host-side evidence of a finished episode.
 
 An *action policy* (`ActionPolicy`) maps the conversation so far (task brief + stage skill + previous
 actions/observations) to the next structured action (`bat_jax.sandbox.tools.Action`, the one action type:
@@ -7,10 +7,8 @@ actions/observations) to the next structured action (`bat_jax.sandbox.tools.Acti
 scripted experts and the LLM teacher are action policies. They run through the one episode loop
 (`bat_jax.rollout.action_loop.run_action_episodes`, the agent loop's schedules), which records every action,
 observation and the stage each turn belongs to as a `RecordedEpisode`; stage boundaries give stage-start states
-and SFT slices.
-
-`score_episode` is the one rule that scores an episode of a task from its evidence, for every caller: the
-harness (`rollout/play.py`), GRPO rewards (`bicurl/reward.py`) and held-out cells (`bicurl/evaluation.py`).
+and SFT slices. Stages are the ids of the task's benchmark (`benchmark.stages.StageSet`); the one rule that scores
+an episode is `staged_benchmark.StagedBenchmark.score_episode`.
 """
 
 from __future__ import annotations
@@ -19,16 +17,12 @@ import dataclasses
 import json
 from typing import Protocol
 
-from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
 from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation, Sandbox, SandboxState, fault_of
-from bat_jax.tasks.base import TaskInstance, Track
-from bat_jax.tasks.brief import stage_skill
-from bat_jax.tasks.rubric_items import build_rubric
-from bat_jax.verify.judge import RubricJudge
-from bat_jax.verify.rubric import EpisodeScore, Evidence, score
+from bat_jax.verify.rubric import Evidence
 
 
 class PolicyError(RuntimeError):
@@ -37,32 +31,36 @@ class PolicyError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Turn:
-    """One recorded turn: the stage it belongs to, the action and the observation text it produced."""
+    """One recorded turn: the stage (id) it belongs to, the action and the observation text it produced."""
 
     index: int
-    stage: Stage
+    stage: str
     action: Action
     observation: Observation
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "stage": self.stage.value, "action": self.action.to_dict(),
+        return {"index": self.index, "stage": self.stage, "action": self.action.to_dict(),
                 "observation": self.observation.render(), "exit_code": self.observation.exit_code}
 
 
 @dataclasses.dataclass
 class Conversation:
-    """What a policy sees: the brief, the focus (E2E or one stage), stage skills and the turns so far."""
+    """What a policy sees: the brief, the focus (E2E or one stage id), the stage skill text of the focus (κ, the
+    benchmark's `row_skill`), the benchmark's stages and the turns so far."""
 
     brief: str
     focus: str
+    skill: str
+    stage_set: StageSet
     turns: list[Turn] = dataclasses.field(default_factory=list)
 
     @property
-    def stages(self) -> tuple[Stage, ...]:
-        return STAGES if self.focus == E2E else (Stage.parse(self.focus),)
+    def stages(self) -> tuple[str, ...]:
+        """The stage ids this conversation works on: every stage for 'E2E', else the focus."""
+        return self.stage_set.ids if self.focus == E2E else (self.stage_set.parse(self.focus),)
 
     def skills(self) -> str:
-        return "\n\n".join(stage_skill(s) for s in self.stages)
+        return self.skill
 
     def messages(self) -> list[dict]:
         """Chat messages (system/user/assistant/tool) for an OpenAI-compatible policy."""
@@ -101,10 +99,10 @@ class RecordedEpisode:
     error: str = ""
 
     def boundaries(self) -> dict[str, int]:
-        """Stage value → index of the first turn of that stage (stages without turns are absent)."""
+        """Stage id → index of the first turn of that stage (stages without turns are absent)."""
         out: dict[str, int] = {}
         for t in self.turns:
-            out.setdefault(t.stage.value, t.index)
+            out.setdefault(t.stage, t.index)
         return out
 
     def to_dict(self) -> dict:
@@ -139,27 +137,3 @@ def snapshot_state(sandbox: Sandbox, env: dict[str, str] | None = None,
     """The sandbox's current workspace as an executable state p (works on any backend), read within `limits`."""
     files, _ = gather_files(sandbox, limits)
     return SandboxState(files=files, env=dict(env or {}))
-
-
-def score_episode(track: Track, inst: TaskInstance, evidence: Evidence, focus: str = E2E,
-                  judge: RubricJudge | None = None) -> EpisodeScore:
-    """The score of one episode of `inst` from its evidence (paper Eq. 4; E2E as the released code scores it).
-
-    The task's rubric (`tasks.rubric_items.build_rubric`; the items `judge` is configured for decided by the LLM
-    judge) is verified on the stages of `focus`: all five for 'E2E', that stage alone for a stage focus. The task
-    metric (`Track.score_task`, the agent's files decoded within `evidence.limits`) is computed for an E2E episode
-    only (the E2E reward combines it with the stage rewards); a stage-focus score is its stage's r and carries
-    task None. Evidence of an infrastructure failure gives an unscored score (reward None), never 0.
-
-    Raises:
-      ValueError: an unknown focus.
-      ScorerError: a task metric that is not a finite number in [0, 1] (an error of the scorer).
-    """
-    stages = STAGES if focus == E2E else (Stage.parse(focus),)
-    rubric = build_rubric(track, inst)
-    if judge is not None:
-        rubric = judge.apply(rubric)
-    task = None
-    if focus == E2E and not evidence.infra_error:
-        task = track.score_task(inst, evidence.files, evidence.submitted, evidence.limits)
-    return score(rubric, evidence, task, stages)
