@@ -50,7 +50,8 @@ class EvalConfig:
 
     Attributes:
       repeats: R repeats per track (paper: 10; the tiny default uses fewer).
-      variants: outcome variants of the held-out tasks cycled over repeats (variants of the benchmark).
+      variants: outcome variants of the held-out tasks cycled over repeats (variants of the benchmark); None = the
+        benchmark's held-out variants (`StagedBenchmark.eval_variants`; the imaging suite's: success, recovery).
       purpose: 'controller' (routing / acceptance each round) or 'final' (the reported numbers); the two use
         disjoint held-out tasks and policy seeds.
       tracks: track names of the benchmark, None = all of them.
@@ -60,7 +61,7 @@ class EvalConfig:
     """
 
     repeats: int = 10
-    variants: tuple[str, ...] = ("success", "recovery")
+    variants: tuple[str, ...] | None = None
     purpose: str = "controller"
     tracks: tuple[str, ...] | None = None
     max_turns: int = 24
@@ -104,13 +105,14 @@ def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
     Raises:
       ValueError: a track or variant the benchmark does not have (names both and the benchmark).
     """
+    variants = config.variants or benchmark.eval_variants()
     for name, values, known in (("tracks", config.tracks or (), tuple(benchmark.tracks)),
-                                ("variants", config.variants, tuple(benchmark.variants))):
+                                ("variants", variants, tuple(benchmark.variants))):
         unknown = [v for v in values if v not in known]
         if unknown:
             raise ValueError(f"EvalConfig.{name}: {unknown} are not {name} of benchmark {benchmark.name!r} {known}")
-    per_variant = -(-config.repeats // len(config.variants))  # ceil
-    suite = benchmark.heldout_suite(per_variant, config.variants, PURPOSES[config.purpose], config.tracks)
+    per_variant = -(-config.repeats // len(variants))  # ceil
+    suite = benchmark.heldout_suite(per_variant, variants, PURPOSES[config.purpose], config.tracks)
     by_track: dict[str, list[Task]] = {}
     for inst in suite:
         by_track.setdefault(inst.track, []).append(inst)
@@ -118,7 +120,7 @@ def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
     seed_base = config.seed + 1_000_003 * PURPOSES[config.purpose]
     for track, insts in by_track.items():
         # interleave variants so that the first R tasks cover them evenly
-        ordered = [insts[v * per_variant + k] for k in range(per_variant) for v in range(len(config.variants))]
+        ordered = [insts[v * per_variant + k] for k in range(per_variant) for v in range(len(variants))]
         for repeat in range(config.repeats):
             jobs.append(EvalJob(track, repeat, ordered[repeat % len(ordered)], seed_base + repeat))
     return jobs

@@ -386,10 +386,11 @@ def _load_cached(path: Path, bank: StageBank) -> dict | None:
 
 def load_manifest(config: FactoryConfig, benchmark: StagedBenchmark) -> HeldOutManifest:
     """The held-out manifest used for Leak(z): `config.heldout_manifest`, else the benchmark's default held-out
-    suite's (two tasks per track for each of its first two variants, suite seed 0)."""
+    suite's (two tasks per track and held-out variant, suite seed 0)."""
     if config.heldout_manifest:
         return HeldOutManifest.load(config.heldout_manifest)
-    return HeldOutManifest.from_task_manifest(benchmark.manifest(benchmark.heldout_suite(2, benchmark.variants[:2], 0)))
+    suite = benchmark.heldout_suite(2, benchmark.eval_variants(), 0)
+    return HeldOutManifest.from_task_manifest(benchmark.manifest(suite))
 
 
 def build_bank(config: FactoryConfig, benchmark: StagedBenchmark, progress: bool = True, *,

@@ -76,6 +76,8 @@ class StagedBenchmark(abc.ABC):
       stages: the ordered stages and their Agentic weights (`benchmark.stages.StageSet`).
       tracks: task family → the name of its task metric (every family has one).
       variants: outcome variants of its tasks (the factory's outcome buckets), e.g. ('success', 'failure').
+      heldout_variants: the variants its held-out evaluation plays by default (`EvalConfig.variants` None);
+        default: all of `variants`.
       late_stages: the stages the released non-inferiority gate holds to its late-stage margin.
       teachers: the teacher kinds `teacher` accepts (the Data Factory's `FactoryConfig.teacher`).
       has_e2e_surrogate: whether `reduce_task` gives E2E surrogates (else E2E rows start at the whole task).
@@ -87,6 +89,7 @@ class StagedBenchmark(abc.ABC):
     """
 
     name: str = "benchmark"
+    heldout_variants: tuple[str, ...] | None = None
     system_prompt: str = ("You are a research agent. Work through the stages of the task using the tools: "
                           "execute_code runs python or bash in the workspace, submit hands in the final file.")
     compact_system_prompt: str = ("Agent. Tools: execute_code(language: python|bash, code) runs code in the "
@@ -239,6 +242,9 @@ class StagedBenchmark(abc.ABC):
                 raise BenchmarkError(f"{where}: task family {track!r} has no task metric (tracks[{track!r}])")
         if not self.variants:
             raise BenchmarkError(f"{where}: variants is empty")
+        unknown = [v for v in self.eval_variants() if v not in self.variants]
+        if unknown:
+            raise BenchmarkError(f"{where}: heldout_variants {unknown} are not among its variants {self.variants}")
         if not self.teachers:
             raise BenchmarkError(f"{where}: teachers is empty (the Data Factory needs one)")
         for track in self.tracks:
@@ -250,8 +256,12 @@ class StagedBenchmark(abc.ABC):
             bare = [s for s in stages.ids if not rubric.for_stage(s)]
             if bare:
                 raise BenchmarkError(f"{where}: task family {track!r} has no rubric item for stages {bare}")
-        if not self.manifest(self.heldout_suite(1, self.variants[:1], 0)).get("tasks"):
+        if not self.manifest(self.heldout_suite(1, self.eval_variants()[:1], 0)).get("tasks"):
             raise BenchmarkError(f"{where}: its held-out suite is empty, so there is no held-out manifest to guard")
+
+    def eval_variants(self) -> tuple[str, ...]:
+        """The variants the held-out evaluation plays by default: `heldout_variants`, else every variant."""
+        return tuple(self.heldout_variants or self.variants)
 
     def check_focus(self, focus: str, where: str) -> str:
         """`focus` as an id ('E2E' or one of `stages`).

@@ -45,6 +45,7 @@ class ImagingBenchmark(StagedBenchmark):
     cases_per_task: int = 0
 
     name = "imaging"
+    heldout_variants = ("success", "recovery")
     late_stages = LATE_STAGES
     teachers = ("scripted", "portable", "openai")
     has_e2e_surrogate = True

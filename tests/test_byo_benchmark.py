@@ -1,0 +1,94 @@
+"""Bring your own staged benchmark: the two-stage example that lives outside bat_jax (tests/fixtures/wordcount)
+validates, its teacher solves it and a do-nothing policy does not, and its whole loop runs from its gin file through
+the gin search path and the import path, without editing bat_jax."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "wordcount"
+REPO = FIXTURE.parents[2]
+
+
+@pytest.fixture(scope="module")
+def wordcount():
+    sys.path.insert(0, str(FIXTURE))
+    try:
+        import wordcount as module
+
+        yield module
+    finally:
+        sys.path.remove(str(FIXTURE))
+
+
+def test_the_example_is_small_and_valid(wordcount):
+    assert len((FIXTURE / "wordcount.py").read_text().splitlines()) <= 150
+    bench = wordcount.WordCountBenchmark()
+    bench.validate()
+    assert bench.stages.ids == ("count", "submit") and bench.stages.foci == ("E2E", "count", "submit")
+    train, held = bench.training_task("count", 7, "success"), bench.heldout_suite(2, ("success",), 1)
+    assert train.task_id == "tr-count-7" and all(t.task_id.startswith("hx-") for t in held)
+    assert len({t.task_id for t in held}) == 2 and not {t.seed for t in held} & {7}
+
+
+def test_its_teacher_solves_it_and_doing_nothing_does_not(wordcount):
+    from bat_jax.rollout.play import play
+
+    bench = wordcount.WordCountBenchmark()
+    task = bench.training_task("count", 3, "success")
+    expert = play(bench, task, bench.teacher("scripted"))
+    assert expert.score.reward == pytest.approx(1.0) and expert.score.task == 1.0
+    assert {s: v.reward for s, v in expert.score.verdicts.items()} == {"count": 1.0, "submit": 1.0}
+    idle = play(bench, task, lambda conversation: None)
+    assert idle.score.reward == 0.0 and idle.score.task == 0.0
+    staged = play(bench, task, bench.teacher("scripted"), focus="submit")  # starts after the teacher's count stage
+    assert staged.score.reward == 1.0 and list(staged.score.verdicts) == ["submit"]
+
+
+def test_a_guess_without_running_the_method_earns_no_count_credit(wordcount):
+    from bat_jax.rollout.play import play
+    from bat_jax.sandbox.tools import Action
+
+    bench = wordcount.WordCountBenchmark()
+    task = bench.training_task("count", 3, "success")
+    forged = json.dumps({"word": task.word, "count": task.answer})  # the right answer, written without the method
+    steps = iter([Action("Guess.", "execute_code", {"language": "bash", "code": f"echo '{forged}' > count.json"},
+                         "count"), Action("Hand in.", "submit", {"path": "count.json"}, "submit")])
+    result = play(bench, task, lambda conversation: next(steps, None))
+    verdict = result.score.verdicts["count"]
+    assert verdict.items == {"count.ran": False, "count.right": False} and verdict.reward == 0.0
+    assert result.score.verdicts["submit"].reward == 1.0 and result.score.task == 1.0  # the metric checks the answer
+
+
+@pytest.mark.slow
+def test_its_whole_loop_runs_from_its_gin_file(tmp_path):
+    """`python -m bat_jax.launch --gin_search_paths=<fixture> --gin_file=wordcount_tiny.gin` with the fixture on
+    PYTHONPATH, shortened by bindings (micro model, local sandboxes, 1 round of 1 GRPO step): bank → SFT → BiCuRL →
+    final evaluation, and the ledger and report name its stages."""
+    micro = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+             "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
+    bindings = [f"policy.PolicyConfig.tiny = {micro}", "experiment.BiCuRLConfig.rounds = 1",
+                "experiment.BiCuRLConfig.grpo_steps_per_round = 1", "experiment.BiCuRLConfig.backend = 'local'",
+                "factory.FactoryConfig.backend = 'local'", f"factory.FactoryConfig.bank_dir = '{tmp_path / 'bank'}'",
+                "sft.SFTConfig.total_steps = 2", "sft.SFTConfig.global_batch_size = 2",
+                "pools.PoolConfig.batch_size = 4", "agent_loop.AgentLoopConfig.episodes_per_state = 2",
+                "K = 2", "agent_loop.AgentLoopConfig.max_assistant_turns = 2",
+                "agent_loop.AgentLoopConfig.max_response_tokens = 64", "agent_loop.AgentLoopConfig.max_tokens_per_turn = 32",
+                "dynamic_sampling.DynamicSamplingConfig.enabled = False", "kl.PolicyShiftConfig.num_prompts = 2",
+                "kl.PolicyShiftConfig.batch_size = 2", "evaluation.EvalConfig.max_turns = 2"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURE), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "bat_jax.launch", f"--gin_search_paths={FIXTURE}", "--gin_file=wordcount_tiny.gin",
+           f"--run_dir={run_dir}"] + [f"--gin_bindings={b}" for b in bindings]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (record,) = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert record["selected_stage"] in ("count", "submit")
+    assert set(record["routing_report"]["scores_in"]) == {"count", "submit"}
+    text = (run_dir / "report.md").read_text()
+    assert text.startswith("# BiCuRL run report: wordcount") and "count Count" in text and "submit Submit" in text
