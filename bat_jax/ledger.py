@@ -84,9 +84,10 @@ class RoundRecord:
         (dynamic sampling; 0 without it) and trained, over the round.
       trained_pool_counts: trained groups per pool ('target', 'mix', 'e2e'); with dynamic sampling they include the
         spare rows that replaced dropped groups (`pool_counts` / `state_ids` are the round view's drawn batches).
-      rollout_mismatch: with rollout correction, the round's `learn.rollout_correction.METRICS` (mean / max
-        |log π_learner − log π_engine| on sampled tokens, nats; share of tokens truncated; rollouts masked), else
-        None.
+      rollout_mismatch: the round's `learn.rollout_correction.METRICS` (mean / max |log π_learner − log π_engine|
+        on sampled tokens, nats; share of tokens truncated and rollouts masked by rollout correction, 0 without
+        it), recorded whenever the learner's logprobs of the batch are at hand (`grpo_round.grpo_block`); None in
+        records that have none.
     """
 
     round: int

@@ -264,7 +264,8 @@ def _run(run_dir: pathlib.Path, config: BiCuRLConfig, c: Components, resources: 
     kl_prompts = _kl_prompts(view.rl_rows, policy, c.policy_shift)
     block = GRPOBlockConfig(grpo=c.grpo, optimizer=c.grpo_optimizer, micro_batches=c.grpo_micro_batches,
                             episodes_per_state=c.agent.episodes_per_state, max_context_tokens=c.agent.max_context_tokens,
-                            prompt_style=c.policy.prompt_style, reward=c.reward, dynamic_sampling=c.dynamic_sampling)
+                            prompt_style=c.policy.prompt_style, reward=c.reward, dynamic_sampling=c.dynamic_sampling,
+                            max_response_tokens=c.agent.max_response_tokens)
     spares = c.dynamic_sampling.max_extra_rows * config.grpo_steps_per_round if c.dynamic_sampling.enabled else 0
     for r in range(len(records) + 1, rounds + 1):
         t_round = time.perf_counter()

@@ -3,9 +3,10 @@ optional dynamic sampling and rollout correction, `GRPOConfig.epochs` optimizer 
 
 Per pool batch: the learner's weights go to the rollout engine → K rollouts per row in sandboxes, each scored as
 its episode ends (`bicurl/reward.py`) → with `DynamicSamplingConfig.enabled`, groups without reward variance are
-replaced from the same pool's spare rows (`learn/dynamic_sampling.py`) → group-normalised advantages → with
-rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) the learner's behaviour logprobs and truncated
-importance weights (`learn/rollout_correction.py`) → optimizer steps. After the block: the same first batch
+replaced from the same pool's spare rows (`learn/dynamic_sampling.py`) → group-normalised advantages → the ratio's
+behaviour logprobs: the learner's own, recomputed before the update (`GRPOConfig.old_logprobs = 'recompute'`), or the
+engine's ('bypass') → with rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) truncated importance
+weights and masked rollouts (`learn/rollout_correction.py`) → optimizer steps. After the block: the same first batch
 rolled out again with the same seed (the pool reward after) and how the block moved its logprobs.
 """
 
@@ -44,6 +45,8 @@ class GRPOBlockConfig:
       micro_batches: gradient accumulation inside one step (the batch is padded to devices × micro_batches rows).
       episodes_per_state: K, rollouts per row (`AgentLoopConfig.episodes_per_state`).
       max_context_tokens: longest rollout (tokens); batches are padded to their length bucket below it.
+      max_response_tokens: the response budget (`AgentLoopConfig.max_response_tokens`): Dr.GRPO's constant C
+        when `grpo.loss_scale_factor` is None (`objective`).
       prompt_style: `PolicyConfig.prompt_style` of the rollout requests.
       reward: scoring threads and the round's task cache (`bicurl/reward.RewardConfig`).
       dynamic_sampling: groups without reward variance dropped and replaced (`learn/dynamic_sampling.py`).
@@ -54,9 +57,18 @@ class GRPOBlockConfig:
     micro_batches: int = 4
     episodes_per_state: int = 4
     max_context_tokens: int = 12288
+    max_response_tokens: int = 16384
     prompt_style: str = "full"
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+
+    @property
+    def objective(self) -> grpo.GRPOConfig:
+        """`grpo` with Dr.GRPO's constant C set: `loss_scale_factor`, or else the response budget (verl's default:
+        the response width its rollouts are padded to, `response_length`)."""
+        if self.grpo.loss_agg != "seq-mean-token-sum-norm" or self.grpo.loss_scale_factor is not None:
+            return self.grpo
+        return dataclasses.replace(self.grpo, loss_scale_factor=float(self.max_response_tokens))
 
 
 def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, c: GRPOBlockConfig,
@@ -73,11 +85,13 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     `groups_trained` count the groups rolled out, dropped by dynamic sampling and trained on, `trained_pools` the
     trained groups per pool; `update_logp_shift_pos` / `_neg` / `update_token_kl` say how the block moved the
     rollouts of the first batch it trained on (its groups after dynamic sampling; `grpo.update_shift`: logprobs at
-    the round start vs its end; NaN when no batch was trained). With rollout correction the step's behaviour
-    logprobs are the learner's (the round-start reference pass for the first batch, one more pass after) and `rc_*`
-    are the round's mismatch metrics (`rollout_correction.METRICS`).
+    the round start vs its end; NaN when no batch was trained). The step's behaviour logprobs are the learner's by
+    default (`GRPOConfig.old_logprobs`): the round-start reference pass while no step has been taken, one more pass
+    after. `rc_*` are the round's learner-vs-engine metrics (`rollout_correction.METRICS`): over every trained batch
+    with recomputed logprobs, over the first one in bypass mode (its reference pass, no extra learner pass).
     """
-    step_fn, state = learner.grpo_block(c.grpo, c.optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
+    cfg = c.objective
+    step_fn, state = learner.grpo_block(cfg, c.optimizer, total_steps=len(round_view.batches) * cfg.epochs,
                                         num_micro_batches=c.micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
     tasks = TaskCache(c.reward.task_cache_size)  # the round's rebuilt tasks, shared by all its rollouts
@@ -117,23 +131,16 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
         if not trajectories:  # every group dropped and none replaced: nothing to train on
             continue
         host = _batch(learner, trajectories, c)
-        host["ref_logprobs"] = learner.logprobs(ref_params, host, c.grpo)
+        host["ref_logprobs"] = learner.logprobs(ref_params, host, cfg)
         groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
-        host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rewards)), groups, c.grpo)
-        if c.grpo.rollout_correction:  # behaviour logprobs in the learner's numerics; the engine's weigh tokens
-            behaviour = host["ref_logprobs"] if b == 0 else learner.logprobs(state.params, host, c.grpo)
-            weights, keep, batch_mismatch = rollout_correction.correct(
-                behaviour, host["old_logprobs"], host["loss_mask"], tis_cap=c.grpo.tis_cap,
-                seq_ratio_range=c.grpo.seq_ratio_range)
-            host.update(old_logprobs=behaviour, is_weights=weights,
-                        loss_mask=host["loss_mask"] * keep[:, None].astype(host["loss_mask"].dtype))
-            mismatch.append(batch_mismatch)
+        host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rewards)), groups, cfg)
+        mismatch += behaviour_logprobs(learner, host, cfg, state.params, at_round_start=first is None)
         first = host if first is None else first
-        for _ in range(c.grpo.epochs):
+        for _ in range(cfg.epochs):
             state, _ = step_fn(state, host)
     learner.adopt(state)
     if first is not None:  # round start → round end, on the first trained batch's own rollouts
-        shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, c.grpo),
+        shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, cfg),
                                   first["loss_mask"], first["advantages"])
     else:
         shift = dict.fromkeys(SHIFT_KEYS, float("nan"))
@@ -151,6 +158,33 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
             "trained_pools": dict(trained_pools),
             **{f"rc_{k}": v for k, v in rollout_correction.merge_metrics(mismatch).items()},
             **{f"update_{k}": v for k, v in shift.items()}, **judged}
+
+
+def behaviour_logprobs(learner: Learner, host: dict, cfg: grpo.GRPOConfig, params, at_round_start: bool
+                       ) -> list[dict[str, float]]:
+    """Sets the ratio's behaviour logprobs of a host batch in place and returns its learner-vs-engine metrics.
+
+    `host['old_logprobs']` holds the engine's logprobs as sampled. With `cfg.old_logprobs == 'recompute'` they
+    become the learner's under `params` (the parameters the batch was sampled with): the round-start reference
+    pass `host['ref_logprobs']` while `at_round_start` (no step taken yet, so the same parameters), else one more
+    learner pass. With rollout correction they also give the importance weights and the rollouts kept
+    (`rollout_correction.correct`). Returns `[metrics]` of `correct` when the learner's logprobs of the batch are at
+    hand (recompute mode, or the round start in bypass mode), else `[]`.
+    """
+    engine_logprobs = host["old_logprobs"]
+    if cfg.old_logprobs == "bypass":  # the engine's logprobs stay the ratio's denominator
+        if not at_round_start:
+            return []
+        return [rollout_correction.correct(host["ref_logprobs"], engine_logprobs, host["loss_mask"], tis_cap=None,
+                                           seq_ratio_range=None)[2]]
+    learned = host["ref_logprobs"] if at_round_start else learner.logprobs(params, host, cfg)
+    weights, keep, metrics = rollout_correction.correct(
+        learned, engine_logprobs, host["loss_mask"], tis_cap=cfg.tis_cap, seq_ratio_range=cfg.seq_ratio_range,
+        convention=cfg.seq_ratio_convention)
+    host["old_logprobs"] = learned
+    if cfg.rollout_correction:  # the engine's logprobs weigh the tokens; rollouts out of the bounds leave the loss
+        host.update(is_weights=weights, loss_mask=host["loss_mask"] * keep[:, None].astype(host["loss_mask"].dtype))
+    return [metrics]
 
 
 def wave_seed(seed: int, batch: int, wave: int) -> int:
