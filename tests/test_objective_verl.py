@@ -99,7 +99,8 @@ def test_bypass_after_the_first_step_reads_no_learner_pass_and_recompute_one():
 
 def test_dr_grpo_constant_is_the_response_budget():
     """One row: a prompt token then 2 response tokens, A = 1, ratio 1. verl: Σ_t −A / (rows · C) with C the
-    response width (2) → −1, gradient −1/2 per token; the padded full length T = 3 (the old default) gave −0.667."""
+    response width (2) → −1, gradient −1/2 per token; the padded full length T = 3 (the old default) gave
+    −0.667."""
     block = GRPOBlockConfig(grpo=GRPOConfig(kl_coef=0.0, loss_agg="seq-mean-token-sum-norm"), max_response_tokens=2)
     cfg = block.objective
     assert cfg.loss_scale_factor == 2.0
@@ -161,7 +162,8 @@ def verl_seq_mean_k1_keeps(log_w, mask, lo, hi):
 def test_seq_mean_k1_bounds_apply_to_the_reciprocal_ratio():
     """w = 1.8 with (0.5, 1.5): verl's seq_mean_k1 bounds exp(mean log 1/w) = 0.556 → kept; the geometric convention
     bounds 1.8 → masked. A token past ±20 is clamped per token before the mean, as verl's current code does: log w
-    (30, −10) has mean 5 (kept by (e^−7, 1) on 1/w), where a clamp of the mean alone (verl ≤ 0.6) would give 10."""
+    (30, −10) has mean 5 (kept by (e^−7, 1) on 1/w), where a clamp of the mean alone (verl ≤ 0.7's 'geometric')
+    would give 10."""
     mask = np.array([[0, 1], [0, 1], [0, 1]])
     log_w = np.array([[0.0, math.log(1.8)], [0.0, math.log(1.4)], [0.0, math.log(0.6)]])
     learner, engine = log_w - 1.0, np.full_like(log_w, -1.0)

@@ -102,7 +102,7 @@ class GRPOConfig:
         importance weight w = π_learner / π_engine per sampled token: truncated at ``tis_cap`` C and multiplied
         into the policy loss (TIS; verl ``rollout_is_threshold``, slime ``--tis-clip``), and a rollout whose
         per-token-clamped (±20) mean log w leaves the bounds ``seq_ratio_range`` (lo, hi) is masked out.
-      seq_ratio_convention: what ``seq_ratio_range`` bounds: ``'geometric'`` — exp(mean log w) (verl ≤ 0.6
+      seq_ratio_convention: what ``seq_ratio_range`` bounds: ``'geometric'`` — exp(mean log w) (verl ≤ 0.7
         ``rollout_rs='geometric'``, since removed) [``'geometric'``] — or ``'seq_mean_k1'`` — exp(mean log(1/w)),
         so numbers copied from verl's ``rollout_rs='seq_mean_k1'``, ``rollout_rs_threshold='lo_hi'`` mean what
         they mean there: (0.5, 1.5) keeps 0.667 ≤ exp(mean log w) ≤ 2.

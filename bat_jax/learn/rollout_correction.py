@@ -12,7 +12,7 @@ correction; AReaL's decoupled loss):
   truncated at C (**TIS**: ``min(w_t, C)``, detached) that multiplies the token's policy loss;
 * a rollout whose mean log ratio over its loss tokens (each log w_t clamped to ±20 first, as verl's current
   ``seq_mean_k1`` does) leaves the bounds is masked out of the loss (sequence-level rejection). The bounds come in
-  two conventions: ``'geometric'`` bounds exp(mean_t log w_t), as verl ≤ 0.6's ``rollout_rs='geometric'`` did
+  two conventions: ``'geometric'`` bounds exp(mean_t log w_t), as verl ≤ 0.7's ``rollout_rs='geometric'`` did
   (which clamped only the mean, not each token); ``'seq_mean_k1'`` bounds exp(mean_t log 1/w_t), as verl's
   ``rollout_rs='seq_mean_k1'`` with ``rollout_rs_threshold='lo_hi'`` does, so the same (lo, hi) keeps the
   reciprocal range of the other.
