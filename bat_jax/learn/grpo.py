@@ -45,8 +45,9 @@ from bat_jax.rollout import engine
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO hyper-parameters. Each option names its source; the paper's value is the default, the released BaT
-    run's value (verl defaults it inherits included; ``gin/presets/released_bat.gin``) is in brackets.
+    """GRPO hyper-parameters. Each option names its source; the paper's value is the default (verl's where the paper
+    is silent), the released BaT run's value (verl defaults it inherits included; ``gin/presets/released_bat.gin``)
+    is in brackets.
 
     Attributes:
       group_size: rollouts per state, K = 4 [4].
