@@ -70,8 +70,9 @@ class GRPOStats:
       update_logp_shift_pos, update_logp_shift_neg, update_token_kl: how the block moved its first trained batch's
         own rollouts (`grpo.update_shift`: token-mean logprob change in nats for positive / negative advantages,
         and KL(old ‖ new) per token); None when no batch was trained.
-      rollout_mismatch: the round's `learn.rollout_correction.METRICS` (learner vs engine logprobs of the sampled
-        tokens), None when not measured.
+      rollout_mismatch: the round's `learn.rollout_correction.METRICS` (mean / max |log π_learner − log π_engine|
+        on sampled tokens, nats; share of tokens truncated and rollouts masked by rollout correction, 0 without it),
+        recorded whenever the learner's logprobs of the batch are at hand; None when not measured.
       judge: the LLM judge's counters over the round (`RubricJudge.stats()`), None without a judge.
     """
 

@@ -141,10 +141,10 @@ def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
 
 
 def groups_table(records: Sequence[Any]) -> str:
-    """Per-round GRPO groups (drawn / dropped without reward variance / trained; dynamic sampling) and, with rollout
-    correction, the mismatch between the learner's and the engine's logprobs of the sampled tokens (mean and max
-    |Δ log π|, nats; tokens whose importance weight was truncated; rollouts masked) and the trained groups per
-    pool. '—' = not recorded."""
+    """Per-round GRPO groups (drawn / dropped without reward variance / trained; dynamic sampling), the mismatch
+    between the learner's and the engine's logprobs of the sampled tokens (mean and max |Δ log π|, nats; with
+    rollout correction, tokens whose importance weight was truncated and rollouts masked) and the trained groups
+    per pool. '—' = not recorded."""
     lines = [f"{'Round':<12}{'drawn':>8}{'dropped':>9}{'trained':>9}{'mean |Δlogp|':>14}{'max |Δlogp|':>13}"
              f"{'truncated':>11}{'masked':>8}  trained per pool"]
     lines.append("-" * len(lines[0]))
@@ -317,7 +317,7 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
                   "batch's own rollouts (an ascent step: Δlogp A>0 up, A<0 down):", "", "```",
                   signal_table(signal), "```"]
         lines += ["", "GRPO groups per round (dynamic sampling drops groups without reward variance and replaces "
-                  "them from the same pool) and, with rollout correction, the learner / engine logprob mismatch on "
+                  "them from the same pool) and the learner / engine logprob mismatch on "
                   "sampled tokens:", "", "```", groups_table(records), "```"]
         counts = [RoundCounts(f"round {rec.round}", rec.grpo.rollouts, rec.grpo.unscored, rec.grpo.agent_failed,
                               rec.eval_cells, rec.eval_unscored, rec.eval_agent_failed) for rec in records]

@@ -111,7 +111,7 @@ def test_token_mean_exact_under_micro_batching():
     assert float(whole_s) == pytest.approx(0.5) and float(a + b) == pytest.approx(0.5)
 
 
-# per-token loss 1 on 2 + 4 tokens: means 1; token sums 2 and 4 -> 3 per rollout; Dr.GRPO over C = T = 5 -> 3 / 5
+# per-token loss 1 on 2 + 4 tokens: means 1; token sums 2 and 4 -> 3 per rollout; Dr.GRPO over C = 5 -> 3 / 5
 PADDED_VALUE = {"token-mean": 1.0, "seq-mean-token-mean": 1.0, "seq-mean-token-sum": 3.0,
                 "seq-mean-token-sum-norm": 0.6}
 
@@ -123,7 +123,7 @@ def test_padding_garbage_does_not_leak(mode):
     values = np.ones((2, 5), np.float32)
     values[0, 3:] = np.nan  # garbage on padding must not leak
     norms = objective.loss_normalizers(jnp.asarray(mask))
-    got = float(objective.aggregate(jnp.asarray(values), jnp.asarray(mask), mode, norms))
+    got = float(objective.aggregate(jnp.asarray(values), jnp.asarray(mask), mode, norms, 5.0))
     assert got == pytest.approx(PADDED_VALUE[mode], rel=1e-6)
 
 
@@ -261,7 +261,7 @@ def test_micro_batched_gradient_equals_full_batch(mode):
     params = {"emb": jnp.asarray(rng.normal(size=(5, 3)), jnp.float32), "out": jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)}
     batch = _grpo_batch(rng)
     loss_fn = grpo.make_grpo_loss(_linear_lm, GRPOConfig(loss_agg=mode, kl_coef=0.1, entropy_coef=0.05,
-                                                         clip_eps_high=0.28, dual_clip=3.0))
+                                                         clip_eps_high=0.28, dual_clip=3.0, loss_scale_factor=6.0))
     norms = grpo.grpo_normalizers(batch)
     acc = jax.jit(train_state.accumulate_gradients, static_argnums=(0, 4))
     l1, m1, g1 = acc(loss_fn, params, batch, norms, 1)

@@ -115,7 +115,7 @@ def test_chunked_head_entropy_and_micro_batched_gradients_are_exact(mode):
              "advantages": np.array([1.0, -1.0, 0.5, -0.5], np.float32)}
     batch = jax.tree.map(jax.numpy.asarray, batch)
     gcfg = grpo.GRPOConfig(kl_coef=0.05, entropy_coef=0.01, clip_eps_high=0.28, dual_clip=3.0, temperature=0.7,
-                           loss_agg=mode)
+                           loss_agg=mode, loss_scale_factor=8.0)
     lp, ent = grpo.sequence_logprobs(learner.apply_fn, learner.params, batch["input_ids"], batch["attention_mask"],
                                      *gcfg.sampling, with_entropy=True)
     logits = learner.apply_fn(learner.params, batch["input_ids"], batch["attention_mask"])

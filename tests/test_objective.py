@@ -1,6 +1,7 @@
 """The GRPO objective's options against hand-computed values and verl's formulas: the KL guards, clip-higher, dual
-clip, the four loss aggregations, the entropy bonus, and exact gradients under micro-batching (w.r.t. logprobs
-and logits) for every aggregation."""
+clip, the four loss aggregations and their row counts, the entropy bonus, and exact gradients under micro-batching
+(w.r.t. logprobs and logits) for every aggregation. The issue-sized verl cases (old logprobs, Dr.GRPO's C, empty
+rows, seq_mean_k1 bounds, singleton groups) are in tests/test_objective_verl.py."""
 
 import math
 
@@ -142,38 +143,55 @@ def _agg_case():
     return jnp.asarray(values), jnp.asarray(mask)
 
 
-@pytest.mark.parametrize("mode, scale, expected", [
-    ("token-mean", None, 8 / 6),               # (1 + 3 + 4) / 6 tokens
-    ("seq-mean-token-mean", None, 1.5),         # (2 + 1) / 2 rollouts
-    ("seq-mean-token-sum", None, 4.0),          # (4 + 4) / 2 rollouts
-    ("seq-mean-token-sum-norm", None, 8 / 12),  # (4 + 4) / (2 rollouts x C = T = 6)
-    ("seq-mean-token-sum-norm", 4.0, 1.0),      # (4 + 4) / (2 x 4)
+@pytest.mark.parametrize("mode, scale, rows, expected", [
+    ("token-mean", None, "all", 8 / 6),               # (1 + 3 + 4) / 6 tokens
+    ("seq-mean-token-mean", None, "all", 1.0),         # (2 + 1 + 0) / 3 rollouts, the empty one included
+    ("seq-mean-token-mean", None, "nonempty", 1.5),    # (2 + 1) / 2 rollouts with loss tokens
+    ("seq-mean-token-sum", None, "all", 8 / 3),        # (4 + 4 + 0) / 3
+    ("seq-mean-token-sum", None, "nonempty", 4.0),     # (4 + 4) / 2
+    ("seq-mean-token-sum-norm", 4.0, "all", 8 / 12),   # (4 + 4) / (3 rollouts x C = 4)
+    ("seq-mean-token-sum-norm", 4.0, "nonempty", 1.0),  # (4 + 4) / (2 x 4)
 ])
-def test_aggregations_hand_values_and_micro_batch_sums(mode, scale, expected):
+def test_aggregations_hand_values_and_micro_batch_sums(mode, scale, rows, expected):
     values, mask = _agg_case()
-    norms = objective.loss_normalizers(mask)
-    whole = objective.aggregate(values, mask, mode, norms, scale)
+    norms = objective.loss_normalizers(mask, jnp.ones_like(mask))
+    whole = objective.aggregate(values, mask, mode, norms, scale, rows)
     assert float(whole) == pytest.approx(expected, rel=1e-6)
-    parts = sum(objective.aggregate(values[i:i + 1], mask[i:i + 1], mode, norms, scale) for i in range(3))
+    parts = sum(objective.aggregate(values[i:i + 1], mask[i:i + 1], mode, norms, scale, rows) for i in range(3))
     assert float(parts) == pytest.approx(expected, rel=1e-6)
 
 
-def test_aggregations_relate_to_verl_agg_loss():
-    """verl ``agg_loss`` (one batch, no dp): token-mean, seq-mean-token-mean and seq-mean-token-sum equal; its
-    seq-mean-token-sum-norm is Σ token sums / C, i.e. N_seq times Dr.GRPO's mean over rollouts computed here."""
+def test_rows_count_every_rollout_but_not_device_padding():
+    """``num_rows`` counts rows holding a sequence (attention on), loss tokens or not; a row added to pad the batch
+    to a device multiple (attention off) is no rollout. Dr.GRPO needs its constant C."""
+    values, mask = _agg_case()
+    attention = jnp.ones_like(mask).at[2].set(0.0)  # row 2: device padding
+    norms = objective.loss_normalizers(mask, attention)
+    assert (float(norms["num_rows"]), float(norms["num_seqs"]), float(norms["num_tokens"])) == (2.0, 2.0, 6.0)
+    assert float(objective.loss_normalizers(mask)["num_rows"]) == 3.0  # no attention mask: every row
+    with pytest.raises(ValueError, match="loss_scale_factor"):
+        objective.aggregate(values, mask, "seq-mean-token-sum-norm", norms)
+    with pytest.raises(ValueError, match="seq_mean_rows"):
+        objective.aggregate(values, mask, "seq-mean-token-mean", norms, None, "scored")
+
+
+def test_aggregations_equal_verl_agg_loss():
+    """verl ``agg_loss`` (June 2026 head; one batch, dp 1, ``global_batch_size`` = the rows, C given): every mode
+    equals the default ``seq_mean_rows='all'``; verl's fallback without ``global_batch_size`` (rows with loss tokens)
+    is ``'nonempty'``."""
     values, mask = _agg_case()
     v, m = np.asarray(values, np.float64), np.asarray(mask, np.float64)
     seq_sum, seq_n = (v * m).sum(1), m.sum(1)
     nonempty = (seq_n > 0).astype(np.float64)
-    verl = {"token-mean": (v * m).sum() / m.sum(),
-            "seq-mean-token-mean": (seq_sum / (seq_n + 1e-8) * nonempty).sum() / nonempty.sum(),
-            "seq-mean-token-sum": (seq_sum * nonempty).sum() / nonempty.sum(),
-            "seq-mean-token-sum-norm": seq_sum.sum() / m.shape[-1]}
-    norms = objective.loss_normalizers(mask)
-    for mode, ref in verl.items():
-        got = float(objective.aggregate(values, mask, mode, norms))
-        factor = 2.0 if mode == "seq-mean-token-sum-norm" else 1.0
-        assert got * factor == pytest.approx(ref, rel=1e-6), mode
+    for denominator, rows in ((3.0, "all"), (nonempty.sum(), "nonempty")):
+        verl = {"token-mean": (v * m).sum() / m.sum(),
+                "seq-mean-token-mean": (seq_sum / (seq_n + 1e-8) * nonempty).sum() / denominator,
+                "seq-mean-token-sum": (seq_sum * nonempty).sum() / denominator,
+                "seq-mean-token-sum-norm": (seq_sum * nonempty).sum() / denominator / 4.0}
+        norms = objective.loss_normalizers(mask, jnp.ones_like(mask))
+        for mode, ref in verl.items():
+            got = float(objective.aggregate(values, mask, mode, norms, 4.0, rows))
+            assert got == pytest.approx(ref, rel=1e-6), (mode, rows)
 
 
 # ------------------------------------------------------------------------------------------- entropy
@@ -249,12 +267,12 @@ def test_gradients_wrt_logprobs_and_logits_are_exact_under_micro_batching(mode):
         sub = {k: v[rows] for k, v in batch.items()}
         lp, ent = grpo.token_logprobs_and_entropy(logits, sub["input_ids"])
         t = grpo.grpo_token_terms(lp, sub, cfg, ent)
-        return objective.aggregate(t["total"], t["mask"], mode, norms, cfg.loss_scale_factor)
+        return objective.aggregate(t["total"], t["mask"], mode, norms, cfg.loss_scale_factor, cfg.seq_mean_rows)
 
     def loss_from_logprobs(lp, rows):
         sub = {k: v[rows] for k, v in batch.items()}
         t = grpo.grpo_token_terms(lp, sub, cfg, jnp.ones_like(lp))
-        return objective.aggregate(t["total"], t["mask"], mode, norms, cfg.loss_scale_factor)
+        return objective.aggregate(t["total"], t["mask"], mode, norms, cfg.loss_scale_factor, cfg.seq_mean_rows)
 
     every = np.arange(4)
     splits = [np.array([0, 2]), np.array([1, 3])]  # the train step's interleaved micro-batches of 2

@@ -316,7 +316,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     block = GRPOBlockConfig(grpo=components.grpo, optimizer=components.grpo_optimizer,
                             micro_batches=components.grpo_micro_batches, episodes_per_state=agent.episodes_per_state,
                             max_context_tokens=agent.max_context_tokens, prompt=prompt,
-                            reward=components.reward, dynamic_sampling=components.dynamic_sampling)
+                            reward=components.reward, dynamic_sampling=components.dynamic_sampling,
+                            max_response_tokens=agent.max_response_tokens)
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, view, manifest, engine,
                        loops, judge, Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
                        Ledger(run_dir / "ledger.jsonl"), report.ScalarWriter(run_dir / "tensorboard", benchmark.stages),

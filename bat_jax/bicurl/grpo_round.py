@@ -3,9 +3,10 @@ optional dynamic sampling and rollout correction, `GRPOConfig.epochs` optimizer 
 
 Per pool batch: the learner's weights go to the rollout engine → K rollouts per row in sandboxes, each scored as
 its episode ends (`bicurl/reward.py`) → with `DynamicSamplingConfig.enabled`, groups without reward variance are
-replaced from the same pool's spare rows (`learn/dynamic_sampling.py`) → group-normalised advantages → with
-rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) the learner's behaviour logprobs and truncated
-importance weights (`learn/rollout_correction.py`) → optimizer steps. After the block: the same first batch
+replaced from the same pool's spare rows (`learn/dynamic_sampling.py`) → group-normalised advantages → the ratio's
+behaviour logprobs: the learner's own, recomputed before the update (`GRPOConfig.old_logprobs = 'recompute'`), or the
+engine's ('bypass') → with rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) truncated importance
+weights and masked rollouts (`learn/rollout_correction.py`) → optimizer steps. After the block: the same first batch
 rolled out again with the same seed (the pool reward after) and how the block moved its logprobs.
 """
 
@@ -46,6 +47,8 @@ class GRPOBlockConfig:
       micro_batches: gradient accumulation inside one step (the batch is padded to devices × micro_batches rows).
       episodes_per_state: K, rollouts per row (`AgentLoopConfig.episodes_per_state`).
       max_context_tokens: longest rollout (tokens); batches are padded to their length bucket below it.
+      max_response_tokens: the response budget (`AgentLoopConfig.max_response_tokens`): Dr.GRPO's constant C
+        when `grpo.loss_scale_factor` is None (`objective`).
       prompt: the prompts of the rollout requests (`prompts.PromptFormat`: the policy's style, the benchmark's words).
       reward: scoring threads and the round's task cache (`bicurl/reward.RewardConfig`).
       dynamic_sampling: groups without reward variance dropped and replaced (`learn/dynamic_sampling.py`).
@@ -56,9 +59,18 @@ class GRPOBlockConfig:
     micro_batches: int = 4
     episodes_per_state: int = 4
     max_context_tokens: int = 12288
+    max_response_tokens: int = 16384
     prompt: PromptFormat = PromptFormat()
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+
+    @property
+    def objective(self) -> grpo.GRPOConfig:
+        """`grpo` with Dr.GRPO's constant C set: `loss_scale_factor`, or else the response budget (verl's default:
+        the response width its rollouts are padded to, `response_length`)."""
+        if self.grpo.loss_agg != "seq-mean-token-sum-norm" or self.grpo.loss_scale_factor is not None:
+            return self.grpo
+        return dataclasses.replace(self.grpo, loss_scale_factor=float(self.max_response_tokens))
 
 
 def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, c: GRPOBlockConfig,
@@ -66,11 +78,13 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     """Runs one round's GRPO block on `learner` and returns what it did (`ledger.GRPOStats`).
 
     Rollouts are scored by `benchmark`'s rule (`StagedBenchmark.score_episode`). The learner's params become the
-    block's last state. Unscored rollouts (reward None) leave the loss. With
-    rollout correction the step's behaviour logprobs are the learner's: the round-start reference pass for the
-    first batch, one more pass for each later batch.
+    block's last state; unscored rollouts (reward None) leave the loss. The step's behaviour logprobs are the
+    learner's by default (`GRPOConfig.old_logprobs`): the round-start reference pass while no step has been taken,
+    one more pass after. The round's learner-vs-engine metrics (`GRPOStats.rollout_mismatch`) cover every trained
+    batch with recomputed logprobs, the first one in bypass mode.
     """
-    step_fn, state = learner.grpo_block(c.grpo, c.optimizer, total_steps=len(round_view.batches) * c.grpo.epochs,
+    cfg = c.objective
+    step_fn, state = learner.grpo_block(cfg, c.optimizer, total_steps=len(round_view.batches) * cfg.epochs,
                                         num_micro_batches=c.micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
     tasks = TaskCache(benchmark, c.reward.task_cache_size)  # the round's rebuilt tasks, shared by its rollouts
@@ -110,23 +124,16 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
         if not trajectories:  # every group dropped and none replaced: nothing to train on
             continue
         host = _batch(learner, trajectories, c)
-        host["ref_logprobs"] = learner.logprobs(ref_params, host, c.grpo)
+        host["ref_logprobs"] = learner.logprobs(ref_params, host, cfg)
         groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
-        host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rewards)), groups, c.grpo)
-        if c.grpo.rollout_correction:  # behaviour logprobs in the learner's numerics; the engine's weigh tokens
-            behaviour = host["ref_logprobs"] if b == 0 else learner.logprobs(state.params, host, c.grpo)
-            weights, keep, batch_mismatch = rollout_correction.correct(
-                behaviour, host["old_logprobs"], host["loss_mask"], tis_cap=c.grpo.tis_cap,
-                seq_ratio_range=c.grpo.seq_ratio_range)
-            host.update(old_logprobs=behaviour, is_weights=weights,
-                        loss_mask=host["loss_mask"] * keep[:, None].astype(host["loss_mask"].dtype))
-            mismatch.append(batch_mismatch)
+        host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rewards)), groups, cfg)
+        mismatch += behaviour_logprobs(learner, host, cfg, state.params, at_round_start=first is None)
         first = host if first is None else first
-        for _ in range(c.grpo.epochs):
+        for _ in range(cfg.epochs):
             state, _ = step_fn(state, host)
     learner.adopt(state)
     if first is not None:  # round start → round end, on the first trained batch's own rollouts
-        shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, c.grpo),
+        shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, cfg),
                                   first["loss_mask"], first["advantages"])
     else:
         shift = dict.fromkeys(SHIFT_KEYS, float("nan"))
@@ -153,6 +160,33 @@ def _mean(values: Sequence[float]) -> float | None:
 def _none_if_nan(value: float) -> float | None:
     """`value`, or None when it is NaN (no batch trained): the ledger holds no NaN."""
     return None if value != value else float(value)
+
+
+def behaviour_logprobs(learner: Learner, host: dict, cfg: grpo.GRPOConfig, params, at_round_start: bool
+                       ) -> list[dict[str, float]]:
+    """Sets the ratio's behaviour logprobs of a host batch in place and returns its learner-vs-engine metrics.
+
+    `host['old_logprobs']` holds the engine's logprobs as sampled. With `cfg.old_logprobs == 'recompute'` they
+    become the learner's under `params` (the parameters the batch was sampled with): the round-start reference
+    pass `host['ref_logprobs']` while `at_round_start` (no step taken yet, so the same parameters), else one more
+    learner pass. With rollout correction they also give the importance weights and the rollouts kept
+    (`rollout_correction.correct`). Returns `[metrics]` of `correct` when the learner's logprobs of the batch are at
+    hand (recompute mode, or the round start in bypass mode), else `[]`.
+    """
+    engine_logprobs = host["old_logprobs"]
+    if cfg.old_logprobs == "bypass":  # the engine's logprobs stay the ratio's denominator
+        if not at_round_start:
+            return []
+        return [rollout_correction.correct(host["ref_logprobs"], engine_logprobs, host["loss_mask"], tis_cap=None,
+                                           seq_ratio_range=None)[2]]
+    learned = host["ref_logprobs"] if at_round_start else learner.logprobs(params, host, cfg)
+    weights, keep, metrics = rollout_correction.correct(
+        learned, engine_logprobs, host["loss_mask"], tis_cap=cfg.tis_cap, seq_ratio_range=cfg.seq_ratio_range,
+        convention=cfg.seq_ratio_convention)
+    host["old_logprobs"] = learned
+    if cfg.rollout_correction:  # the engine's logprobs weigh the tokens; rollouts out of the bounds leave the loss
+        host.update(is_weights=weights, loss_mask=host["loss_mask"] * keep[:, None].astype(host["loss_mask"].dtype))
+    return [metrics]
 
 
 def wave_seed(seed: int, batch: int, wave: int) -> int:

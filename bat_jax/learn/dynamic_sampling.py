@@ -29,27 +29,46 @@ class DynamicSamplingConfig:
       enabled: drop groups without reward variance and replace them (off: every drawn group is trained, as the
         paper and the released run do).
       max_extra_rows: per batch, at most this many replacement rows (each K more rollouts) — the cap of extra
-        generation (verl ``max_num_gen_batches`` counts whole batches; here rows, so the cost is bounded per
-        batch). 0 drops groups without replacing them.
-    Raises: ValueError for a negative cap.
+        generation (verl ``max_num_gen_batches`` counts whole generation batches and stops the run when they
+        cannot fill the batch; here rows, so the cost is bounded per batch and a batch may train on fewer
+        groups). 0 drops groups without replacing them.
+      signal_tol: a group has signal when its scored rewards span more than this (max − min), 1e-12: float
+        round-off is not signal. verl keeps a group whose ``np.std`` > 0, i.e. 0.0 here (it keeps
+        [0.1 + 0.2, 0.3, 0.3, 0.3], whose advantages are then ~1e-10).
+      keep_singletons: keep a group with one scored rollout (verl's filter keeps groups of one; there its
+        advantage is the reward itself, `GRPOConfig.singleton_advantage = 'reward'`). False: dropped, as a group
+        with nothing to compare.
+    Raises: ValueError for a negative cap or tolerance.
     """
 
     enabled: bool = False
     max_extra_rows: int = 8
+    signal_tol: float = SIGNAL_TOL
+    keep_singletons: bool = False
 
     def __post_init__(self):
         if self.max_extra_rows < 0:
             raise ValueError(f"DynamicSamplingConfig.max_extra_rows must be >= 0, got {self.max_extra_rows}")
+        if not 0.0 <= self.signal_tol < math.inf:
+            raise ValueError(f"DynamicSamplingConfig.signal_tol must be >= 0, got {self.signal_tol}")
+
+    def keeps(self, rewards: Sequence[float | None]) -> bool:
+        """Whether the filter keeps a group with these rewards (None = unscored): :func:`has_signal` with
+        ``signal_tol``, or a single scored reward with ``keep_singletons``."""
+        if self.keep_singletons and sum(r is not None for r in rewards) == 1:
+            return True
+        return has_signal(rewards, self.signal_tol)
 
 
-def has_signal(rewards: Sequence[float | None]) -> bool:
-    """Whether a group's rewards give GRPO a non-zero advantage: at least two scored (not None), not all equal.
+def has_signal(rewards: Sequence[float | None], tol: float = SIGNAL_TOL) -> bool:
+    """Whether a group's rewards give GRPO a non-zero advantage: at least two scored (not None) that differ by more
+    than ``tol`` (max − min).
 
     Raises: ValueError on a NaN or infinite reward (a scorer defect, not a group without signal)."""
     scored = [float(r) for r in rewards if r is not None]
     if not all(math.isfinite(r) for r in scored):
         raise ValueError(f"has_signal: non-finite reward in {list(rewards)}")
-    return len(scored) >= 2 and max(scored) - min(scored) > SIGNAL_TOL
+    return len(scored) >= 2 and max(scored) - min(scored) > tol
 
 
 class SpareRows:
@@ -101,7 +120,8 @@ def fill_batch(rows: Sequence[Any], roll: Callable[[list[Any]], list[Any]], rewa
       roll: rolls out and scores a list of rows; returns one result per row, in order (one call per wave).
       rewards_of: a result's K rewards (None = unscored).
       spares: replacement rows per pool, shared by the round's batches.
-      config: `DynamicSamplingConfig`; disabled, the batch is rolled out once and every group kept.
+      config: `DynamicSamplingConfig` (`DynamicSamplingConfig.keeps` is the filter); disabled, the batch is rolled
+        out once and every group kept.
     Returns: `Filled`.
     """
     wave, kept, drawn, dropped, extra = list(rows), [], 0, 0, 0
@@ -110,7 +130,7 @@ def fill_batch(rows: Sequence[Any], roll: Callable[[list[Any]], list[Any]], rewa
         drawn += len(wave)
         lost = []
         for row, result in zip(wave, results, strict=True):
-            if not config.enabled or has_signal(rewards_of(result)):
+            if not config.enabled or config.keeps(rewards_of(result)):
                 kept.append((row, result))
             else:
                 lost.append(row)

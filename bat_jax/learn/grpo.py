@@ -13,14 +13,16 @@ per-token terms and aggregations live in :mod:`bat_jax.learn.objective`.
 * ``loss_mask`` ``[B, T]`` 0/1 — 1 only on tokens the policy sampled (assistant tokens incl. end-of-turn);
   0 on prompt, tool responses, template glue and padding. Observation tokens thus never enter the policy
   loss, the KL nor the entropy.
-* ``old_logprobs`` ``[B, T] float32`` — the rollout policy's logprob of token ``t`` as sampled.
+* ``old_logprobs`` ``[B, T] float32`` — the behaviour logprobs of the ratio (Eq. 17): by default the learner's
+  own, recomputed on the batch under the parameters the rollouts were sampled with (verl's default); with
+  ``GRPOConfig.old_logprobs = 'bypass'`` the rollout engine's, as sampled (verl's bypass mode).
 * ``ref_logprobs`` ``[B, T] float32`` — the reference policy's logprob of token ``t``. The reference is the
   round-start policy π_θ̄r (Eq. 19: "a KL penalty toward the current policy"); the learner computes it
   once per round block with :func:`token_logprobs` on the round-start parameters.
 * ``advantages`` ``[B] float32`` — from :func:`group_advantages` over ``state_id`` groups.
 * ``is_weights`` ``[B, T] float32`` — only with rollout correction (``GRPOConfig.tis_cap`` /
   ``seq_ratio_range``): the truncated importance weight π_learner / π_engine of each sampled token
-  (:func:`bat_jax.learn.rollout_correction.correct`); ``old_logprobs`` are then the learner's own.
+  (:func:`bat_jax.learn.rollout_correction.correct`).
 
 **Shift convention.** ``logprobs[b, t] = log π(input_ids[b, t] | input_ids[b, :t])``, read from the logits
 at position ``t − 1``; ``logprobs[:, 0]`` is 0 and position 0 never carries loss (the first token has no
@@ -37,14 +39,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bat_jax.learn import objective
+from bat_jax.learn import objective, rollout_correction
 from bat_jax.rollout import engine
 
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO hyper-parameters. Each option names its source; the paper's value is the default, the released BaT
-    run's value (verl defaults it inherits included; ``gin/presets/released_bat.gin``) is in brackets.
+    """GRPO hyper-parameters. Each option names its source; the paper's value is the default (verl's where the paper
+    is silent), the released BaT run's value (verl defaults it inherits included; ``gin/presets/released_bat.gin``)
+    is in brackets.
 
     Attributes:
       group_size: rollouts per state, K = 4 [4].
@@ -68,8 +71,12 @@ class GRPOConfig:
         to Eq. 19's mean over groups of group means whenever every group keeps all K rollouts)
         [``'seq-mean-token-mean'``], ``'token-mean'`` (all loss tokens of the batch weighted equally; DAPO),
         ``'seq-mean-token-sum'`` or ``'seq-mean-token-sum-norm'`` (Dr.GRPO: token sums over a constant).
+      seq_mean_rows: the rollouts a sequence mean divides by: ``'all'`` (every rollout of the batch, unscored
+        or masked ones included; verl's ``agg_loss`` with ``global_batch_size``, the mini-batch's rows) [``'all'``]
+        or ``'nonempty'`` (the rollouts with loss tokens). The paper's groups are full, where both agree.
       loss_scale_factor: the constant C of ``'seq-mean-token-sum-norm'`` (tokens; Dr.GRPO: the generation
-        budget). None = the batch's padded length T (verl's default) [not used].
+        budget). None: the GRPO block passes the run's response budget ``AgentLoopConfig.max_response_tokens``
+        (verl's default: the padded response width, its ``response_length``) [not used].
       entropy_coef: entropy bonus: the loss subtracts this × the aggregated per-token entropy of the sampling
         distribution (verl ``entropy_coeff``), 0 [0]. Non-zero makes the learner compute the entropy, chunk by
         chunk like the logprobs.
@@ -77,17 +84,29 @@ class GRPOConfig:
       adv_std_normalize: divide by the group std (paper) or not [False: ``norm_adv_by_std_in_grpo=false``,
         Dr.GRPO style].
       adv_std_ddof: 1 = sample std (as ``torch.std`` in verl/TRL), 0 = population std.
+      singleton_advantage: the advantage of a group with one scored rollout: ``'zero'`` (paper: r − mean = 0)
+        or ``'reward'`` (verl: mean 0 and std 1, so r / (1 + ε), or r without std normalisation) [``'reward'``].
+      old_logprobs: the ratio's denominator (Eq. 17): ``'recompute'`` — the learner's logprobs of the batch under
+        the parameters the rollouts were sampled with, computed before the update (verl's default; the round's
+        first batch reuses the round-start reference pass, later batches cost one more learner pass) — or
+        ``'bypass'``: the rollout engine's logprobs as sampled (verl's ``rollout_correction.bypass_mode``)
+        [``'recompute'``]. With ``'recompute'`` the first update's ratios start at 1 up to float round-off between
+        two learner passes; with ``'bypass'`` they start at π_learner / π_engine, which is 1 only when engine
+        and learner compute alike (the JAX sampler in float32), and the clip acts on their mismatch.
       temperature, top_p, top_k: the sampling transform the rollouts were drawn with (paper: T = 0.7 [0.7]); the
-        learner recomputes logprobs under the same transform, so ratios start at exactly 1.
+        learner computes its logprobs under the same transform.
       epochs: optimizer steps taken on each rollout batch (verl's ``ppo_epochs``) [1]. Steps after the first
-        are off-policy by the earlier ones; the clipped ratio (Eq. 18) against the batch's sampled logprobs
+        are off-policy by the earlier ones; the clipped ratio (Eq. 18) against the batch's behaviour logprobs
         bounds them.
       tis_cap, seq_ratio_range: rollout correction (:mod:`bat_jax.learn.rollout_correction`; off in the paper
-        and the released run [None, None]). With either set, the ratio's behaviour logprobs are the learner's
-        own, recomputed on the batch, and the engine's logprobs give the importance weight
-        π_learner / π_engine per sampled token: truncated at ``tis_cap`` C and multiplied into the policy loss
-        (TIS; verl ``rollout_is_threshold``, slime ``--tis-clip``), and a rollout whose geometric-mean weight
-        leaves ``seq_ratio_range`` (lo, hi) is masked out (verl's geometric rejection sampling bounds).
+        and the released run [None, None]; needs ``old_logprobs = 'recompute'``). The engine's logprobs give the
+        importance weight w = π_learner / π_engine per sampled token: truncated at ``tis_cap`` C and multiplied
+        into the policy loss (TIS; verl ``rollout_is_threshold``, slime ``--tis-clip``), and a rollout whose
+        per-token-clamped (±20) mean log w leaves the bounds ``seq_ratio_range`` (lo, hi) is masked out.
+      seq_ratio_convention: what ``seq_ratio_range`` bounds: ``'geometric'`` — exp(mean log w) (verl ≤ 0.7
+        ``rollout_rs='geometric'``, since removed) [``'geometric'``] — or ``'seq_mean_k1'`` — exp(mean log(1/w)),
+        so numbers copied from verl's ``rollout_rs='seq_mean_k1'``, ``rollout_rs_threshold='lo_hi'`` mean what
+        they mean there: (0.5, 1.5) keeps 0.667 ≤ exp(mean log w) ≤ 2.
     Raises:
       ValueError: an unknown estimator or aggregation, or a value out of range (the message names the field).
     """
@@ -102,22 +121,25 @@ class GRPOConfig:
     clip_eps_high: float | None = None
     dual_clip: float | None = None
     loss_agg: str = "seq-mean-token-mean"
+    seq_mean_rows: str = "all"
     loss_scale_factor: float | None = None
     entropy_coef: float = 0.0
     adv_eps: float = 1e-6
     adv_std_normalize: bool = True
     adv_std_ddof: int = 1
+    singleton_advantage: str = "zero"
+    old_logprobs: str = "recompute"
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     epochs: int = 1
     tis_cap: float | None = None
     seq_ratio_range: tuple[float, float] | None = None
+    seq_ratio_convention: str = "geometric"
 
     @property
     def rollout_correction(self) -> bool:
-        """Whether the batch carries ``is_weights`` and its ``old_logprobs`` are the learner's (``tis_cap`` or
-        ``seq_ratio_range`` set)."""
+        """Whether the batch carries ``is_weights`` (``tis_cap`` or ``seq_ratio_range`` set)."""
         return self.tis_cap is not None or self.seq_ratio_range is not None
 
     @property
@@ -141,6 +163,14 @@ class GRPOConfig:
                              f"got {self.kl_estimator!r}")
         if self.loss_agg not in objective.LOSS_AGGREGATIONS:
             raise ValueError(f"GRPOConfig.loss_agg must be one of {objective.LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
+        for name, allowed in (("seq_mean_rows", objective.SEQ_MEAN_ROWS), ("singleton_advantage", ("zero", "reward")),
+                              ("old_logprobs", ("recompute", "bypass")),
+                              ("seq_ratio_convention", rollout_correction.CONVENTIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GRPOConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.old_logprobs == "bypass" and self.rollout_correction:
+            raise ValueError("GRPOConfig.old_logprobs = 'bypass' with tis_cap / seq_ratio_range: rollout correction "
+                             "weighs the engine's logprobs against recomputed ones; use old_logprobs='recompute'")
         if self.epochs < 1:
             raise ValueError(f"GRPOConfig.epochs must be >= 1, got {self.epochs}")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
@@ -190,11 +220,12 @@ def group_advantages(
       rewards: ``[N]`` rewards on the 0–1 scale; None marks an *unscored* rollout (infrastructure failure),
         which leaves its group: it is ignored in the mean / std and gets ``keep = False``.
       group_ids: ``[N]`` hashable group keys (state_id of the row, or an int per group).
-      config: ``adv_eps``, ``adv_std_normalize``, ``adv_std_ddof``.
+      config: ``adv_eps``, ``adv_std_normalize``, ``adv_std_ddof``, ``singleton_advantage``.
     Returns:
       ``(advantages [N] float32, keep [N] bool)``. Unscored rollouts get advantage 0 and ``keep`` False;
-      the caller drops them from the batch. A group with fewer than two scored rollouts, or whose scored
-      rewards are all equal, gets advantage 0 everywhere (nothing to compare). No variance floor is
+      the caller drops them from the batch. A group whose scored rewards are all equal gets advantage 0
+      everywhere (nothing to compare); one with a single scored rollout gets 0 too, or with
+      ``singleton_advantage='reward'`` verl's r / (1 + ε) (r without std normalisation). No variance floor is
       applied beyond ``adv_eps``. Computed in float64, so nearly-equal rewards are not lost to rounding.
     Raises:
       ValueError: ``rewards`` and ``group_ids`` differ in length, or a reward is NaN / inf (an error of the
@@ -216,6 +247,8 @@ def group_advantages(
             groups.setdefault(g, []).append(i)
     for idx in groups.values():
         if len(idx) < 2:
+            if config.singleton_advantage == "reward":  # verl: mean 0, std 1 for a group of one
+                adv[idx] = r[idx] / (1.0 + config.adv_eps) if config.adv_std_normalize else r[idx]
             continue
         x = r[idx]
         centred = x - x.mean()
@@ -420,7 +453,13 @@ def make_grpo_loss(
     on the whole batch. Metrics (each aggregated like the loss, so they add over micro-batches):
     ``pg_loss``, ``kl``, ``clip_frac``, and ``entropy`` when ``entropy_coef`` ≠ 0 (then the learner computes
     the per-token entropy alongside the logprobs, from the same chunked logits).
+
+    Raises:
+      ValueError: ``'seq-mean-token-sum-norm'`` without ``loss_scale_factor`` (the GRPO block passes the budget).
     """
+    if config.loss_agg == "seq-mean-token-sum-norm" and config.loss_scale_factor is None:
+        raise ValueError("make_grpo_loss: loss_agg 'seq-mean-token-sum-norm' needs GRPOConfig.loss_scale_factor, "
+                         "the constant C (tokens: the response budget)")
 
     def loss_fn(params, batch, normalizers):
         out = sequence_logprobs(apply_fn, params, batch["input_ids"], batch["attention_mask"], *config.sampling,
@@ -428,7 +467,7 @@ def make_grpo_loss(
         lp, ent = out if config.entropy_coef else (out, None)
         t = grpo_token_terms(lp, batch, config, ent)
         agg = lambda v: objective.aggregate(v, t["mask"], config.loss_agg, normalizers,  # noqa: E731
-                                            config.loss_scale_factor)
+                                            config.loss_scale_factor, config.seq_mean_rows)
         metrics = {"pg_loss": agg(t["pg"]), "kl": agg(t["kl"]), "clip_frac": agg(t["clipped"])}
         if config.entropy_coef:
             metrics["entropy"] = agg(t["entropy"])
@@ -438,10 +477,10 @@ def make_grpo_loss(
 
 
 def grpo_normalizers(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """:func:`objective.loss_normalizers` of ``batch['loss_mask']`` (the ``normalizer_fn`` of the train step):
-    whole-batch token and sequence counts and the padded length, so every aggregation is exact under
-    micro-batching."""
-    return objective.loss_normalizers(batch["loss_mask"])
+    """:func:`objective.loss_normalizers` of ``batch['loss_mask']`` and ``batch['attention_mask']`` (the
+    ``normalizer_fn`` of the train step): whole-batch token, rollout and sequence counts, so every aggregation is
+    exact under micro-batching."""
+    return objective.loss_normalizers(batch["loss_mask"], batch.get("attention_mask"))
 
 
 def make_logprob_fn(apply_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],

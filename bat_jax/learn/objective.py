@@ -22,6 +22,7 @@ from bat_jax.rollout import engine
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+SEQ_MEAN_ROWS = ("all", "nonempty")
 
 
 def clamp(x: jax.Array, lo: float | None, hi: float | None) -> jax.Array:
@@ -99,55 +100,65 @@ def effective_loss_mask(loss_mask: jax.Array) -> jax.Array:
     return m.at[:, 0].set(0.0)
 
 
-def loss_normalizers(loss_mask: jax.Array) -> dict[str, jax.Array]:
+def loss_normalizers(loss_mask: jax.Array, attention_mask: jax.Array | None = None) -> dict[str, jax.Array]:
     """Whole-batch denominators, computed before any micro-batch split (float32 scalars, each at least 1 so an
     empty batch gives loss 0, not NaN), using :func:`effective_loss_mask`:
 
     * ``num_tokens``: Σ mask (verl ``batch_num_tokens``);
-    * ``num_seqs``: rows with ≥ 1 loss token (verl ``global_batch_size`` of its sequence means);
-    * ``seq_len``: the batch's padded length T (verl's default ``loss_scale_factor``, ``loss_mask.shape[-1]``).
+    * ``num_rows``: rows that hold a sequence (any ``attention_mask`` position on; every row without
+      ``attention_mask``), loss tokens or not — verl's ``global_batch_size`` (the mini-batch's rows) with the
+      rows added only to pad the batch to a device multiple left out;
+    * ``num_seqs``: rows with ≥ 1 loss token (verl's fallback when no ``global_batch_size`` is passed).
     """
     m = effective_loss_mask(loss_mask)
+    rows = (jnp.ones(m.shape[:1], bool) if attention_mask is None
+            else (jnp.asarray(attention_mask) > 0).any(axis=1))
     return {
         "num_tokens": jnp.maximum(m.sum(), 1.0),
+        "num_rows": jnp.maximum(rows.sum().astype(jnp.float32), 1.0),
         "num_seqs": jnp.maximum((m.sum(axis=1) > 0).sum().astype(jnp.float32), 1.0),
-        "seq_len": jnp.float32(max(loss_mask.shape[1], 1)),
     }
 
 
 def aggregate(values: jax.Array, mask: jax.Array, mode: str, normalizers: Mapping[str, jax.Array],
-              loss_scale_factor: float | None = None) -> jax.Array:
+              loss_scale_factor: float | None = None, seq_mean_rows: str = "all") -> jax.Array:
     """Reduce ``[B, T]`` per-token values to this (micro-)batch's share of the whole-batch loss (scalar float32).
 
-    With m the loss mask, N_tok / N_seq the whole batch's ``num_tokens`` / ``num_seqs`` and rows with no loss
-    token adding 0 (names as verl's ``loss_agg_mode``):
+    With m the loss mask, N_tok the whole batch's ``num_tokens``, N the rollouts a sequence mean divides by
+    (``seq_mean_rows``: ``'all'`` → ``num_rows``, every rollout of the batch, empty or unscored ones included,
+    as verl's ``agg_loss`` with its ``global_batch_size``; ``'nonempty'`` → ``num_seqs``, the rollouts with loss
+    tokens) and rows with no loss token adding 0 to the numerator (names as verl's ``loss_agg_mode``):
 
     * ``token-mean``: Σ_{b,t} v·m / N_tok — every loss token of the batch weighs the same.
-    * ``seq-mean-token-mean``: Σ_b (Σ_t v·m / Σ_t m) / N_seq — each rollout's token mean, then the mean over
+    * ``seq-mean-token-mean``: Σ_b (Σ_t v·m / Σ_t m) / N — each rollout's token mean, then the mean over
       rollouts (paper Eq. 19; the released run).
-    * ``seq-mean-token-sum``: Σ_b Σ_t v·m / N_seq — each rollout's token sum, then the mean over rollouts.
-    * ``seq-mean-token-sum-norm``: Σ_b Σ_t v·m / (N_seq · C) with the constant C = ``loss_scale_factor``
-      (default: ``normalizers['seq_len']``, the padded length T) — Dr.GRPO's token sum over a constant
-      generation budget, averaged over rollouts, so no rollout's length rescales its tokens. verl's ``agg_loss``
-      returns N_seq times this (a sum over rollouts, Σ_b Σ_t v·m / C); the gradient direction is the same.
+    * ``seq-mean-token-sum``: Σ_b Σ_t v·m / N — each rollout's token sum, then the mean over rollouts.
+    * ``seq-mean-token-sum-norm``: Σ_b Σ_t v·m / (N · C) with the constant C = ``loss_scale_factor`` — Dr.GRPO's
+      token sum over a constant generation budget, averaged over rollouts, so no rollout's length rescales its
+      tokens (verl's ``agg_loss`` since February 2026; before, it returned N times this).
 
     Masked positions are selected away with ``where`` (a NaN or inf there contributes exactly 0). Summing the
     results over micro-batches gives the unsplit value — and so the unsplit gradient — because rows are never
     split and every denominator is a whole-batch one.
 
     Raises:
-      ValueError: an unknown mode.
+      ValueError: an unknown mode or ``seq_mean_rows``, or ``seq-mean-token-sum-norm`` without C.
     """
+    if seq_mean_rows not in SEQ_MEAN_ROWS:
+        raise ValueError(f"unknown seq_mean_rows {seq_mean_rows!r}; expected one of {SEQ_MEAN_ROWS}")
     m = mask.astype(jnp.float32)
     vm = jnp.where(m > 0, values, 0.0) * m
+    n = normalizers["num_rows" if seq_mean_rows == "all" else "num_seqs"]
     if mode == "token-mean":
         return vm.sum() / normalizers["num_tokens"]
     if mode == "seq-mean-token-mean":
         per_seq = vm.sum(axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
-        return per_seq.sum() / normalizers["num_seqs"]
+        return per_seq.sum() / n
     if mode == "seq-mean-token-sum":
-        return vm.sum() / normalizers["num_seqs"]
+        return vm.sum() / n
     if mode == "seq-mean-token-sum-norm":
-        scale = normalizers["seq_len"] if loss_scale_factor is None else jnp.float32(loss_scale_factor)
-        return vm.sum() / (normalizers["num_seqs"] * scale)
+        if loss_scale_factor is None:
+            raise ValueError("aggregate: 'seq-mean-token-sum-norm' needs loss_scale_factor, the constant C (tokens; "
+                             "verl and Dr.GRPO: the response budget)")
+        return vm.sum() / (n * jnp.float32(loss_scale_factor))
     raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGGREGATIONS}")

@@ -10,11 +10,16 @@ correction; AReaL's decoupled loss):
   the parameters the rollouts were sampled with;
 * the engine's logprobs enter only through a per-token importance weight w_t = π_learner(y_t) / π_engine(y_t),
   truncated at C (**TIS**: ``min(w_t, C)``, detached) that multiplies the token's policy loss;
-* a rollout whose **geometric-mean** ratio exp(mean_t log w_t) over its loss tokens leaves [lo, hi] is masked out
-  of the loss (sequence-level rejection).
+* a rollout whose mean log ratio over its loss tokens (each log w_t clamped to ±20 first, as verl's current
+  ``seq_mean_k1`` does) leaves the bounds is masked out of the loss (sequence-level rejection). The bounds come in
+  two conventions: ``'geometric'`` bounds exp(mean_t log w_t), as verl ≤ 0.7's ``rollout_rs='geometric'`` did
+  (which clamped only the mean, not each token); ``'seq_mean_k1'`` bounds exp(mean_t log 1/w_t), as verl's
+  ``rollout_rs='seq_mean_k1'`` with ``rollout_rs_threshold='lo_hi'`` does, so the same (lo, hi) keeps the
+  reciprocal range of the other.
 
 :func:`correct` computes the weights, the rollouts kept and the mismatch metrics on the host; `learn/grpo.py`
-multiplies the policy-loss term by ``batch['is_weights']``.
+multiplies the policy-loss term by ``batch['is_weights']``. The mismatch metrics alone (no correction) are
+``correct(..., tis_cap=None, seq_ratio_range=None)``.
 """
 
 from __future__ import annotations
@@ -29,8 +34,12 @@ METRICS = ("mismatch_mean_abs", "mismatch_max_abs", "tis_truncated_frac", "seq_m
 """The per-round metrics a ledger records (:func:`merge_metrics` also returns the counts they rest on)."""
 
 
+CONVENTIONS = ("geometric", "seq_mean_k1")
+
+
 def correct(learner_logprobs: Any, engine_logprobs: Any, loss_mask: Any, *, tis_cap: float | None,
-            seq_ratio_range: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+            seq_ratio_range: tuple[float, float] | None, convention: str = "geometric"
+            ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """Importance weights, rollouts kept and mismatch metrics of one batch (host side, float64 inside).
 
     Args:
@@ -39,7 +48,11 @@ def correct(learner_logprobs: Any, engine_logprobs: Any, loss_mask: Any, *, tis_
       engine_logprobs: ``[B, T]`` the rollout engine's logprobs of the same tokens, as sampled.
       loss_mask: ``[B, T]`` 1 on sampled tokens (the only tokens read).
       tis_cap: C of token-level truncated IS (> 0), or None (weights 1).
-      seq_ratio_range: (lo, hi) bounds of a rollout's geometric-mean ratio, or None (every rollout kept).
+      seq_ratio_range: (lo, hi), or None (every rollout kept). With m = mean log w over a rollout's sampled
+        tokens (each log w clamped to ±20): ``'geometric'`` keeps lo ≤ exp(m) ≤ hi; ``'seq_mean_k1'`` keeps
+        lo ≤ exp(−m) ≤ hi (verl ``seq_mean_k1``: w = 1.8 with (0.5, 1.5) is kept there, masked in the other).
+        Compared in log space, as verl does.
+      convention: ``'geometric'`` or ``'seq_mean_k1'``.
     Returns:
       ``(is_weights [B, T] float32, keep [B] bool, metrics)``; weights are 0 off the loss mask. Metrics (floats):
       ``mismatch_mean_abs`` / ``mismatch_max_abs`` — mean / max of |log π_learner − log π_engine| over sampled
@@ -47,7 +60,8 @@ def correct(learner_logprobs: Any, engine_logprobs: Any, loss_mask: Any, *, tis_
       ``seq_masked`` — rollouts masked by the geometric-mean bounds; ``rollouts`` — rows with sampled tokens;
       ``tokens`` — sampled tokens.
     Raises:
-      ValueError: shapes that differ, a non-positive cap, or bounds with not 0 < lo ≤ 1 ≤ hi.
+      ValueError: shapes that differ, a non-positive cap, bounds with not 0 < lo ≤ 1 ≤ hi, or an unknown
+        convention.
     """
     learner = np.asarray(learner_logprobs, np.float64)
     eng = np.asarray(engine_logprobs, np.float64)
@@ -57,6 +71,8 @@ def correct(learner_logprobs: Any, engine_logprobs: Any, loss_mask: Any, *, tis_
                          "must all be [B, T]")
     if tis_cap is not None and not tis_cap > 0:
         raise ValueError(f"correct: tis_cap must be > 0 or None, got {tis_cap}")
+    if convention not in CONVENTIONS:
+        raise ValueError(f"correct: convention must be one of {CONVENTIONS}, got {convention!r}")
     if seq_ratio_range is not None:
         lo, hi = seq_ratio_range
         if not 0.0 < lo <= 1.0 <= hi:
@@ -72,8 +88,11 @@ def correct(learner_logprobs: Any, engine_logprobs: Any, loss_mask: Any, *, tis_
         weights = np.where(mask, np.minimum(w, tis_cap), 0.0)
     keep = np.ones(mask.shape[0], bool)
     if seq_ratio_range is not None:
-        geo = np.exp(log_w.sum(1) / np.maximum(tokens, 1))
-        keep = ~rows | ((geo >= seq_ratio_range[0]) & (geo <= seq_ratio_range[1]))
+        lo, hi = np.log(seq_ratio_range[0]), np.log(seq_ratio_range[1])
+        if convention == "seq_mean_k1":  # bounds on mean log(1 / w)
+            lo, hi = -hi, -lo
+        mean_log_w = log_w.sum(1) / np.maximum(tokens, 1)
+        keep = ~rows | ((mean_log_w >= lo) & (mean_log_w <= hi))
     n = max(int(mask.sum()), 1)
     diff = np.abs(log_w)[mask]
     metrics = {"mismatch_mean_abs": float(diff.sum() / n), "mismatch_max_abs": float(diff.max(initial=0.0)),
