@@ -15,6 +15,7 @@ from typing import Any
 
 from flax import nnx
 
+from bat_jax.errors import ConfigPathError
 from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder
 from bat_jax.prompts import PROMPT_STYLES
@@ -86,14 +87,18 @@ def build_policy(config: PolicyConfig) -> Policy:
     """The tiny default or a local HF checkpoint.
 
     Raises:
-      FileNotFoundError: `checkpoint_dir` (or its config.json) does not exist — the message names the path.
+      errors.ConfigPathError: `checkpoint_dir` does not exist or lacks config.json, weights (*.safetensors) or the
+        tokenizer (tokenizer.json or tokenizer_config.json) — the message names the binding, the path and what is
+        missing.
     """
     if config.checkpoint_dir is not None:
         path = pathlib.Path(config.checkpoint_dir)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"policy checkpoint directory {path} has no config.json; download the Hugging Face checkpoint "
-                f"there or bind PolicyConfig.checkpoint_dir to a local copy")
+        missing = _missing_checkpoint_files(path)
+        if missing:
+            raise ConfigPathError(
+                f"policy.PolicyConfig.checkpoint_dir = {str(path)!r}: "
+                + ("no such directory" if not path.is_dir() else f"incomplete checkpoint, missing {missing}")
+                + "; put a local copy of the Hugging Face checkpoint there or bind the binding to one")
         from transformers import AutoTokenizer
 
         from bat_jax.models import hf_io
@@ -116,6 +121,18 @@ def build_policy(config: PolicyConfig) -> Policy:
 
         model = Qwen3ForCausalLM(Qwen3Config(**overrides), rngs=nnx.Rngs(config.seed))
     return Policy(model, tokenizer, "qwen3_5", config.prompt_style)  # the shipped tokenizer's chat template
+
+
+def _missing_checkpoint_files(path: pathlib.Path) -> list[str]:
+    """What a Hugging Face checkpoint directory lacks to be loaded: config.json, weights, a tokenizer."""
+    if not path.is_dir():
+        return ["the directory"]
+    missing = [] if (path / "config.json").is_file() else ["config.json"]
+    if not any(path.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    if not ((path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()):
+        missing.append("tokenizer.json")
+    return missing
 
 
 def make_agent_loop(policy: Policy, engine: RolloutEngine, make_sandbox: SandboxFactory, config: AgentLoopConfig,

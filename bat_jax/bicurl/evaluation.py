@@ -32,6 +32,7 @@ from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell, Summary, aggregate
 from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.bicurl.reward import evidence_of
+from bat_jax.errors import ConfigValueError
 from bat_jax.prompts import PromptFormat, request
 from bat_jax.rollout.agent_loop import AgentLoop
 from bat_jax.rollout.play import play
@@ -110,7 +111,8 @@ def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
                                 ("variants", variants, tuple(benchmark.variants))):
         unknown = [v for v in values if v not in known]
         if unknown:
-            raise ValueError(f"EvalConfig.{name}: {unknown} are not {name} of benchmark {benchmark.name!r} {known}")
+            raise ConfigValueError(f"evaluation.EvalConfig.{name}: {unknown} are not {name} of benchmark "
+                                   f"{benchmark.name!r} {known}")
     per_variant = -(-config.repeats // len(variants))  # ceil
     suite = benchmark.heldout_suite(per_variant, variants, PURPOSES[config.purpose], config.tracks)
     by_track: dict[str, list[Task]] = {}

@@ -44,6 +44,7 @@ from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
 from bat_jax.bicurl.sft_data import render_sft_row, sft_batch, trajectory_examples
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer, checkpoint_name, checkpoint_step
 from bat_jax.curriculum import controller as ctl
+from bat_jax.errors import ConfigValueError
 from bat_jax.curriculum import router
 from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
@@ -170,9 +171,10 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     The sandboxes (warm pool), rollout engine and Ray workers it starts are released when it returns or raises.
 
     Raises:
-      ValueError: `components.benchmark` or `components.bank` unset, or a configuration error a mechanism names.
-      staged_benchmark.contract.BenchmarkError: the benchmark's definition, or a bank row's focus, does not fit.
-      FileNotFoundError: a missing checkpoint directory (`PolicyConfig.checkpoint_dir`).
+      errors.ConfigError: what a binding or path must change (one line from launch): `components.benchmark` or
+        `components.bank` unset, a benchmark definition or bank row that does not fit
+        (`staged_benchmark.contract.BenchmarkError`), a missing or incomplete checkpoint directory, an unknown track
+        or stage, an unreachable Docker engine (`sandbox.backends.BackendUnavailable`).
       stage_bank.leakage.LeakageError: a held-out marker in the bank or in a round's rows.
     """
     run_dir = pathlib.Path(run_dir)
@@ -275,10 +277,11 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     run's records."""
     benchmark = components.benchmark
     if benchmark is None:
-        raise ValueError("Components.benchmark (the staged benchmark to teach with, e.g. "
-                         "@imaging.ImagingBenchmark()) is required")
+        raise ConfigValueError("experiment.Components.benchmark (the staged benchmark to teach with, e.g. "
+                               "@imaging.ImagingBenchmark()) is required")
     if components.bank is None:
-        raise ValueError("Components.bank (a FactoryConfig naming the Stage Bank directory) is required")
+        raise ConfigValueError("experiment.Components.bank (a FactoryConfig naming the Stage Bank directory) is "
+                               "required")
     benchmark.validate()
     controller_config = _with_late_stages(components.controller, benchmark)
     components = dataclasses.replace(components, controller=controller_config)

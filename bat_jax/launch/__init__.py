@@ -24,8 +24,9 @@ from collections.abc import Callable, Sequence
 import gin
 from absl import flags
 
-from bat_jax.learn import distributed
 from bat_jax.atomic_io import atomic_write
+from bat_jax.errors import ConfigError
+from bat_jax.learn import distributed
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_GIN_DIR = REPO_ROOT / "gin"
@@ -36,6 +37,8 @@ flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings applied after the fi
 flags.DEFINE_multi_string("gin_search_paths", [], "Extra folders searched for gin files (before gin/).")
 flags.DEFINE_string("run_dir", None, "Run directory (default: <runs_root>/<run_name>).")
 flags.DEFINE_string("runs_root", "runs", "Parent folder of run directories when --run_dir is not given.")
+flags.DEFINE_bool("debug", False, "Show the traceback of a configuration error instead of one line (also: "
+                  "BAT_JAX_DEBUG=1).")
 
 
 class _GinProbeFilter(logging.Filter):
@@ -49,7 +52,7 @@ class _GinProbeFilter(logging.Filter):
 logging.getLogger().addFilter(_GinProbeFilter())
 
 
-class LaunchError(Exception):
+class LaunchError(ConfigError):
     """A configuration problem the user must fix; the message says what and where."""
 
 
@@ -191,7 +194,15 @@ def main(argv: Sequence[str]) -> None:
     distributed.initialize(distributed.DistributedConfig.from_env())
     try:
         launch(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, FLAGS.run_dir, FLAGS.runs_root)
-    except LaunchError as e:
-        print(f"[bat_jax] error: {e}", file=sys.stderr)
+    except ConfigError as e:
+        if FLAGS.debug or os.environ.get("BAT_JAX_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"[bat_jax] error: {one_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def one_line(error: BaseException) -> str:
+    """A configuration error's message without what gin appends ('In call to configurable ...'), on one line."""
+    text = str(error).split("\n  In call to configurable")[0]
+    return " ".join(text.split())
 

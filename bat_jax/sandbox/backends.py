@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from bat_jax.errors import ConfigError
 from bat_jax.sandbox.types import Sandbox, SandboxState
 
 if TYPE_CHECKING:  # the pool module imports docker-py; backends stay importable without it
@@ -21,8 +22,9 @@ if TYPE_CHECKING:  # the pool module imports docker-py; backends stay importable
 SandboxFactory = Callable[[SandboxState], Sandbox]
 
 
-class BackendUnavailable(RuntimeError):
-    """The requested sandbox backend cannot be used here (module, engine or image missing)."""
+class BackendUnavailable(ConfigError, RuntimeError):
+    """The requested sandbox backend cannot be used here (module, engine or image missing); the message says what
+    to start or build, or which binding chooses another backend."""
 
 
 def local_sandbox(state: SandboxState) -> Sandbox:

@@ -46,6 +46,7 @@ from pathlib import Path
 from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.stages import E2E
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
+from bat_jax.errors import ConfigValueError
 from bat_jax.rollout.action_loop import STAGE_TAG_REJECTION, run_action_episode
 from bat_jax.sandbox.backends import SandboxFactory, backend_factory
 from bat_jax.sandbox.types import Sandbox, SandboxState, fault_of
@@ -122,13 +123,13 @@ class FactoryConfig:
                                       ("outcomes", outcomes, tuple(benchmark.variants))):
             bad = [v for v in values if v not in allowed]
             if not values or bad or len(set(values)) != len(values):
-                raise ValueError(f"FactoryConfig.{name} must be distinct values of benchmark {benchmark.name!r} "
-                                 f"{allowed}, got {values!r}")
+                raise ConfigValueError(f"factory.FactoryConfig.{name} must be distinct values of benchmark "
+                                       f"{benchmark.name!r} {allowed}, got {values!r}")
         if self.backend not in ("local", "docker"):
             raise ValueError(f"FactoryConfig.backend must be 'local' or 'docker', got {self.backend!r}")
         if self.teacher not in benchmark.teachers:
-            raise ValueError(f"FactoryConfig.teacher must be one of benchmark {benchmark.name!r}'s teachers "
-                             f"{benchmark.teachers}, got {self.teacher!r}")
+            raise ConfigValueError(f"factory.FactoryConfig.teacher must be one of benchmark {benchmark.name!r}'s "
+                                   f"teachers {benchmark.teachers}, got {self.teacher!r}")
         if self.horizon < 1 or self.workers < 1:
             raise ValueError(f"FactoryConfig.horizon and workers must be >= 1, got {self.horizon}, {self.workers}")
         self.reduction.validate()

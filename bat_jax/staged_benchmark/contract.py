@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
+from bat_jax.errors import ConfigValueError
 from bat_jax.staged_benchmark.episode import ActionPolicy
 from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.sandbox.types import SandboxState
@@ -63,7 +64,7 @@ class Reduction:
                              f"got {self.validation_passes!r}")
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(ConfigValueError):
     """A benchmark definition that cannot be used; the message names the benchmark and the field."""
 
 
