@@ -130,6 +130,11 @@ class FactoryConfig:
         if self.teacher not in benchmark.teachers:
             raise ConfigValueError(f"factory.FactoryConfig.teacher must be one of benchmark {benchmark.name!r}'s "
                                    f"teachers {benchmark.teachers}, got {self.teacher!r}")
+        try:  # a teacher the benchmark cannot build with these settings (e.g. an LLM teacher without an endpoint)
+            benchmark.teacher(self.teacher, self.teacher_endpoint)
+        except ValueError as e:
+            raise ConfigValueError(f"factory.FactoryConfig.teacher {self.teacher!r} (teacher_endpoint "
+                                   f"{'unset' if self.teacher_endpoint is None else 'set'}): {e}") from None
         if self.horizon < 1 or self.workers < 1:
             raise ValueError(f"FactoryConfig.horizon and workers must be >= 1, got {self.horizon}, {self.workers}")
         self.reduction.validate()

@@ -121,7 +121,7 @@ class ImagingBenchmark(StagedBenchmark):
             return PortableExpert()
         if kind == "openai":
             if endpoint is None:
-                raise ValueError("the 'openai' teacher needs a ChatEndpointConfig (FactoryConfig.teacher_endpoint)")
+                raise ValueError("the 'openai' teacher needs a ChatEndpointConfig (factory.FactoryConfig.teacher_endpoint)")
             return ChatTeacher(endpoint)
         raise ValueError(f"benchmark 'imaging' has no teacher {kind!r}; known: {self.teachers}")
 
