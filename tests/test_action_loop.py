@@ -15,16 +15,20 @@ import platform
 import numpy
 import pytest
 
-from bat_jax.benchmark.stages import E2E, STAGES, Stage
+from bat_jax.benchmark.stages import E2E
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.rollout.action_loop import ActionEpisodeRequest, run_action_episode, run_action_episodes
 from bat_jax.sandbox.tools import Action
-from bat_jax.tasks.episode import PolicyError, collect_evidence
+from bat_jax.staged_benchmark.episode import PolicyError, collect_evidence
 from bat_jax.sandbox.backends import local_sandbox
 from bat_jax.tasks.portable_expert import PortableExpert
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.rubric_items import build_rubric
 from bat_jax.tasks.teacher import ScriptedExpert
 from bat_jax.verify.rubric import score
+
+IMAGING = ImagingBenchmark()
 
 
 # The local backend runs the experts' code on the host's Python; the episodes print the numpy and Python versions
@@ -47,14 +51,15 @@ def _played(track_name, seed, variant, make_policy, **kwargs):
     inst = track.generate(seed, variant)
     start = inst.state()
     box = local_sandbox(start)
-    stages = kwargs.pop("stages", STAGES)
+    focus = kwargs.pop("focus", E2E)
     try:
-        episode = run_action_episode(make_policy(), box, inst.brief, inst.task_id, **kwargs)
+        episode = run_action_episode(make_policy(), box, inst.brief, inst.task_id, STAGES, IMAGING.row_skill(focus),
+                                     focus, **kwargs)
         evidence = collect_evidence(box, start=start)
     finally:
         box.close()
     task = track.score_task(inst, evidence.files, evidence.submitted)
-    return episode.to_dict(), score(build_rubric(track, inst), evidence, task, stages)
+    return episode.to_dict(), score(build_rubric(track, inst), evidence, task, focus)
 
 
 # (track, seed, variant, policy, recorded fingerprint, turns, task metric)
@@ -67,18 +72,18 @@ CASES = [("segmentation", 21, "recovery", ScriptedExpert, "b48750dd4ca5aaed", 13
 @pytest.mark.parametrize("track_name,seed,variant,policy,fingerprint,turns,task", CASES)
 def test_experts_give_the_recorded_episode_and_score(track_name, seed, variant, policy, fingerprint, turns, task):
     record, episode_score = _played(track_name, seed, variant, policy)
-    cell = episode_score.to_cell(track_name, 0)
+    cell = episode_score.to_cell(track_name, 0, STAGES)
     assert (_fingerprint(record), len(record["turns"])) == (fingerprint, turns)
     assert record["end_reason"] == "stop" and list(record["boundaries"]) == ["S1", "S2", "S3", "S4", "S5"]
     assert record["turns"][-1]["action"]["tool"] == "submit"
-    assert {s.value: v for s, v in cell.stage_scores.items()} == {s.value: 1.0 for s in STAGES}
+    assert dict(cell.stage_scores) == {s: 1.0 for s in ("S1", "S2", "S3", "S4", "S5")}
     assert cell.task == pytest.approx(task, abs=1e-6)
 
 
 def test_stop_before_ends_at_the_boundary_and_calls_on_stage_start():
     calls = []
     record, _ = _played("segmentation", 21, "recovery", ScriptedExpert, stop_before=Stage.INFERENCE,
-                        on_stage_start=lambda stage, box: calls.append((stage.value, sorted(box.list_files()))))
+                        on_stage_start=lambda stage, box: calls.append((stage, sorted(box.list_files()))))
     assert (_fingerprint(record), len(record["turns"])) == ("d43cc007ba2cfcb5", 9)
     assert record["end_reason"] == "boundary S4" and list(record["boundaries"]) == ["S1", "S2", "S3"]
     assert [stage for stage, _ in calls] == ["S1", "S2", "S3"]
@@ -88,12 +93,11 @@ def test_stop_before_ends_at_the_boundary_and_calls_on_stage_start():
 
 
 def test_single_stage_focus_max_turns():
-    record, episode_score = _played("segmentation", 21, "recovery", ScriptedExpert, focus="S1", max_turns=2,
-                                    stages=(Stage.PLAN,))
+    record, episode_score = _played("segmentation", 21, "recovery", ScriptedExpert, focus=Stage.PLAN, max_turns=2)
     assert _fingerprint(record) == "9c29118c7cfbb037"
     assert record["end_reason"] == "max_turns" and len(record["turns"]) == 2
     assert {t["stage"] for t in record["turns"]} == {"S1"}
-    assert {s.value: v for s, v in episode_score.stage_rewards().items()} == {"S1": pytest.approx(4 / 9)}
+    assert episode_score.stage_rewards() == {"S1": pytest.approx(4 / 9)}
 
 
 class _RejectsSecond:
@@ -115,7 +119,8 @@ def test_policy_error_is_a_rejected_episode_in_a_batch_of_both_schedules():
     for policy in (ScriptedExpert, _RejectsSecond, lambda: (lambda conv: None)):
         box = local_sandbox(inst.state())
         try:
-            expected.append(run_action_episode(policy(), box, inst.brief, inst.task_id).to_dict())
+            expected.append(run_action_episode(policy(), box, inst.brief, inst.task_id, STAGES,
+                                               IMAGING.row_skill(E2E)).to_dict())
         finally:
             box.close()
     assert [e["end_reason"] for e in expected] == ["stop", "rejected", "stop"]
@@ -123,7 +128,7 @@ def test_policy_error_is_a_rejected_episode_in_a_batch_of_both_schedules():
     for schedule in ("lockstep", "continuous"):
         boxes = [local_sandbox(inst.state()) for _ in range(3)]
         try:
-            requests = [ActionEpisodeRequest(p(), box, inst.brief, inst.task_id, E2E)
+            requests = [ActionEpisodeRequest(p(), box, inst.brief, inst.task_id, STAGES, IMAGING.row_skill(E2E), E2E)
                         for p, box in zip((ScriptedExpert, _RejectsSecond, lambda: (lambda conv: None)), boxes)]
             got = [ep.to_dict() for ep in run_action_episodes(requests, schedule=schedule, max_workers=3)]
         finally:
@@ -136,7 +141,7 @@ def test_bad_arguments_name_the_field():
     with pytest.raises(ValueError, match="schedule"):
         run_action_episodes([], schedule="async")
     with pytest.raises(ValueError, match="max_turns"):
-        ActionEpisodeRequest(ScriptedExpert(), None, "", "t", max_turns=-1)
+        ActionEpisodeRequest(ScriptedExpert(), None, "", "t", STAGES, "", max_turns=-1)
 
 
 # The factory's episodes run in the local backend on the host's Python: its rows carry the numpy version the teacher
@@ -150,7 +155,8 @@ def test_factory_bank_digest_is_the_recorded_one(tmp_path):
 
     assert numpy.__version__ in RECORDED_BANK_DIGEST, f"no digest recorded for host numpy {numpy.__version__}"
     tiny = dict(tracks=("classification",), foci=("E2E", "S3"), outcomes=("recovery",), workers=2)
-    built = factory.build_bank(factory.FactoryConfig(bank_dir=str(tmp_path / "bank"), **tiny), progress=False)
+    built = factory.build_bank(factory.FactoryConfig(bank_dir=str(tmp_path / "bank"), **tiny), IMAGING,
+                               progress=False)
     assert built.rejected == {} and built.version == 1
     assert (built.digest[:16], built.sft_rows, built.rl_by_focus) == (
         RECORDED_BANK_DIGEST[numpy.__version__], 43, {"E2E": 1, "S3": 1})
@@ -167,11 +173,11 @@ def test_portable_expert_in_docker_gives_the_recorded_episode_and_score():
     inst = get_track("vqa").generate(3, "success")
     box = make(inst.state())
     try:
-        episode = run_action_episode(PortableExpert(), box, inst.brief, inst.task_id)
+        episode = run_action_episode(PortableExpert(), box, inst.brief, inst.task_id, STAGES, IMAGING.row_skill(E2E))
         evidence = collect_evidence(box, start=inst.state())
     finally:
         box.close()
     task = get_track("vqa").score_task(inst, evidence.files, evidence.submitted)
-    cell = score(build_rubric(get_track("vqa"), inst), evidence, task, STAGES).to_cell("vqa", 0)
+    cell = score(build_rubric(get_track("vqa"), inst), evidence, task).to_cell("vqa", 0, STAGES)
     assert _fingerprint(episode.to_dict(), host_masked=False) == "217f63c53567a802" and episode.end_reason == "stop"
-    assert cell.agentic() == 1.0 and cell.task == 1.0
+    assert cell.agentic(STAGES) == 1.0 and cell.task == 1.0

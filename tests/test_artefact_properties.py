@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bat_jax.benchmark.stages import STAGES
 from bat_jax.sandbox.readers import ArtefactError, DecodeLimits, json_or_none, load_array, load_json, text_or_none
 from bat_jax.sandbox.types import Receipt, sha256_hex
 from bat_jax.tasks.registry import TRACKS, get_track
@@ -266,7 +265,7 @@ def test_scoring_any_workspace_is_total_finite_and_capped(name):
             task = track.score_task(inst, files, submitted, LIMITS)
             errors = track.check_submission(inst, files[submitted], files)
             evidence = Evidence(receipts, files, submitted, start_files=inst.files, limits=LIMITS)
-            result = score(build_rubric(track, inst), evidence, task, STAGES)
+            result = score(build_rubric(track, inst), evidence, task)  # E2E: every stage and the task metric
         finally:
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()

@@ -14,10 +14,14 @@ from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.evaluation import EngineCells
 from bat_jax.bicurl.experiment import Components
 from bat_jax.policy import PolicyConfig, build_policy, make_agent_loop
+from bat_jax.prompts import PromptFormat
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.sandbox.backends import backend_factory
+from bat_jax.tasks.benchmark import ImagingBenchmark
 
+IMAGING = ImagingBenchmark()
 COMPONENTS = Components(
+    benchmark=IMAGING,
     policy=PolicyConfig(architecture="qwen3", tiny={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2},
                         prompt_style="compact"),
     agent=AgentLoopConfig(max_assistant_turns=2, max_tokens_per_turn=12, max_response_tokens=24,
@@ -32,8 +36,8 @@ def test_job_writes_the_summary_of_the_runs_final_evaluation(tmp_path):
     policy = build_policy(COMPONENTS.policy)
     loop = make_agent_loop(policy, build_engine(policy, COMPONENTS.engine, COMPONENTS.agent.max_context_tokens, tmp_path), backend_factory("local"),
                            dataclasses.replace(COMPONENTS.agent, episodes_per_state=1, max_assistant_turns=2))
-    want = ev.evaluate(EngineCells(loop, prompt_style="compact"),
-                       dataclasses.replace(COMPONENTS.evaluation, purpose="final"))
+    want = ev.evaluate(EngineCells(loop, IMAGING, prompt=PromptFormat.of(IMAGING, "compact")),
+                       dataclasses.replace(COMPONENTS.evaluation, purpose="final"), IMAGING)
     assert want.n_cells == 2
     written = json.loads((tmp_path / "evaluation.json").read_text())
     assert written == json.loads(json.dumps(out))
@@ -48,6 +52,7 @@ def test_evaluate_small_gin_binds_the_smollm2_policy_and_the_final_slice():
     job = gin.query_parameter("launch.run.job").scoped_configurable_fn  # gin's wrapper of the function
     assert (job.__module__, job.__name__) == ("bat_jax.bicurl.evaluate_only", "run")
     assert gin.query_parameter("evaluate_only.run.purpose") == "final"
+    assert gin.query_parameter("experiment.Components.benchmark").configurable.wrapped is ImagingBenchmark
     assert gin.query_parameter("policy.PolicyConfig.chat_family") == "chatml"
     assert gin.query_parameter("policy.PolicyConfig.prompt_style") == "compact"
     assert gin.query_parameter("policy.PolicyConfig.checkpoint_dir") == "runs/smollm2-135m-instruct"

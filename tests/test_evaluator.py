@@ -7,15 +7,19 @@ import pytest
 
 from bat_jax.bicurl import evaluation as evaluator
 from bat_jax.benchmark.scoring import Cell, Summary
-from bat_jax.benchmark.stages import STAGES
 from bat_jax.sandbox.backends import local_sandbox
+from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.tasks.stages import STAGES
 from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert
+
+IMAGING = ImagingBenchmark()
 
 
 def test_controller_and_final_runs_are_disjoint():
     cfg = evaluator.EvalConfig(repeats=3, tracks=("segmentation", "vqa"))
-    controller = evaluator.suite_jobs(cfg)
-    final = evaluator.suite_jobs(evaluator.EvalConfig(repeats=3, tracks=("segmentation", "vqa"), purpose="final"))
+    controller = evaluator.suite_jobs(cfg, IMAGING)
+    final = evaluator.suite_jobs(evaluator.EvalConfig(repeats=3, tracks=("segmentation", "vqa"), purpose="final"),
+                                 IMAGING)
     assert len(controller) == len(final) == 2 * 3
     assert not {j.task.task_id for j in controller} & {j.task.task_id for j in final}
     assert not {j.seed for j in controller} & {j.seed for j in final}
@@ -32,8 +36,10 @@ def test_bad_purpose_is_named():
 @pytest.mark.slow
 def test_scripted_expert_beats_do_nothing_on_two_tracks():
     cfg = evaluator.EvalConfig(repeats=2, tracks=("segmentation", "classification"), max_workers=2)
-    expert = evaluator.evaluate(evaluator.PolicyCells(lambda seed: ScriptedExpert(), local_sandbox, progress=False), cfg)
-    idle = evaluator.evaluate(evaluator.PolicyCells(lambda seed: DoNothingPolicy(), local_sandbox, progress=False), cfg)
+    expert = evaluator.evaluate(evaluator.PolicyCells(IMAGING, lambda seed: ScriptedExpert(), local_sandbox,
+                                                      progress=False), cfg, IMAGING)
+    idle = evaluator.evaluate(evaluator.PolicyCells(IMAGING, lambda seed: DoNothingPolicy(), local_sandbox,
+                                                    progress=False), cfg, IMAGING)
     assert isinstance(expert, Summary)
     assert expert.overall >= 0.9 and idle.overall <= 0.1
     assert set(expert.tracks) == {"segmentation", "classification"} and expert.n_unscored == 0
@@ -41,9 +47,10 @@ def test_scripted_expert_beats_do_nothing_on_two_tracks():
 
 def test_evaluate_returns_the_aggregate_of_the_runner_cells():
     def runner(jobs):
-        return [Cell(j.track, j.repeat, {s: 0.5 for s in STAGES}, task=1.0 if j.track == "vqa" else 0.0) for j in jobs]
+        return [Cell(j.track, j.repeat, {s: 0.5 for s in STAGES.ids}, task=1.0 if j.track == "vqa" else 0.0)
+                for j in jobs]
 
-    summary = evaluator.evaluate(runner, evaluator.EvalConfig(repeats=2, tracks=("vqa", "synthesis")))
+    summary = evaluator.evaluate(runner, evaluator.EvalConfig(repeats=2, tracks=("vqa", "synthesis")), IMAGING)
     assert summary.task == pytest.approx(0.5) and summary.agentic == pytest.approx(0.5)
     assert summary.overall == pytest.approx(0.5)
 
@@ -64,7 +71,7 @@ def test_external_evaluator_reads_cells_back(tmp_path):
     ]
     script = _write_script(tmp_path, records)
     ext = evaluator.ExternalEvaluator(argv=(sys.executable, str(script), "{checkpoint}", "{output}"), scale=100.0)
-    summary = ext("/ckpt/7", tmp_path)
+    summary = ext("/ckpt/7", tmp_path, STAGES)
     # track a: agentic 1.0 (S5 n/a renormalised), task 0.5 → overall 0.75; track b: 0 (unscored repeat dropped)
     assert summary.tracks["a"]["overall"] == pytest.approx(0.75)
     assert summary.overall == pytest.approx(0.375)
@@ -75,7 +82,7 @@ def test_external_evaluator_errors_name_the_record(tmp_path):
     script = _write_script(tmp_path, [{"track": "a", "repeat": 0, "stages": {"S1": 1}, "task": 0.5}])
     ext = evaluator.ExternalEvaluator(argv=(sys.executable, str(script), "{checkpoint}", "{output}"))
     with pytest.raises(ValueError, match=r"record 0: field 'stages' has no S2"):
-        ext("ck", tmp_path)
+        ext("ck", tmp_path, STAGES)
     failing = evaluator.ExternalEvaluator(argv=(sys.executable, "-c", "import sys; sys.exit(3)"))
     with pytest.raises(RuntimeError, match="exited 3"):
-        failing("ck", tmp_path)
+        failing("ck", tmp_path, STAGES)

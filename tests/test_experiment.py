@@ -11,8 +11,12 @@ from bat_jax.bicurl.engines import EngineConfig
 from bat_jax.bicurl.evaluation import EvalConfig
 from bat_jax.ledger import Ledger
 from bat_jax.policy import PolicyConfig
+from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.tasks.stages import STAGES
 
 import micro_config
+
+IMAGING = ImagingBenchmark()
 
 
 def test_config_errors_name_the_field():
@@ -98,10 +102,9 @@ def test_bicurl_runs_end_to_end_and_resumes(tmp_path):
 def _summary(overall, cells):
     """A controller-evaluation Summary with `overall` on every stage and track, resting on `cells`."""
     from bat_jax.benchmark.scoring import Summary
-    from bat_jax.benchmark.stages import STAGES
 
     tracks = {t: {"overall": overall, "agentic": overall, "task": overall, "n": 1} for t, _ in cells}
-    return Summary(overall, overall, overall, 0.0, 0.0, 0.0, {s: overall for s in STAGES},
+    return Summary(overall, overall, overall, 0.0, 0.0, 0.0, {s: overall for s in STAGES.ids},
                    tracks if overall is not None else {}, len(cells), 0 if overall is not None else len(cells),
                    frozenset(cells) if overall is not None else frozenset())
 
@@ -118,8 +121,8 @@ def test_the_controller_decides_unscored_and_unpaired_rounds_of_a_real_run(tmp_p
     a, b = [("segmentation", 0)], [("segmentation", 1)]
     scripted = iter([_summary(None, a), _summary(0.4, a), _summary(0.5, b)])
     real_evaluate = evaluator.evaluate
-    monkeypatch.setattr(evaluator, "evaluate", lambda cells, config: next(scripted)
-                        if config.purpose == "controller" else real_evaluate(cells, config))
+    monkeypatch.setattr(evaluator, "evaluate", lambda cells, config, benchmark: next(scripted)
+                        if config.purpose == "controller" else real_evaluate(cells, config, benchmark))
     comps = dataclasses.replace(micro_config.components(tmp_path / "bank"),
                                 controller=ControllerConfig(acceptance="noninferiority"))
     run_dir = tmp_path / "run"
@@ -186,14 +189,14 @@ def test_engine_cells_count_scored_agent_failed_cells():
     from bat_jax.bicurl import evaluation as evaluator
     from bat_jax.bicurl.evaluation import EngineCells
 
-    jobs = evaluator.suite_jobs(EvalConfig(repeats=4, tracks=("vqa",)))
+    jobs = evaluator.suite_jobs(EvalConfig(repeats=4, tracks=("vqa",)), IMAGING)
     errors = [("", ""), ("sandbox died after agent code", ""), ("", "engine down"),
               ("sandbox died after agent code", "engine down")]
-    runner = EngineCells(_Loop(errors))
+    runner = EngineCells(_Loop(errors), IMAGING)
     cells = runner(jobs)
-    assert [c.scored() for c in cells] == [True, True, False, False]
+    assert [c.scored(STAGES) for c in cells] == [True, True, False, False]
     assert runner.agent_failed == 1  # the agent-failed cell is scored; the one also hit by infra is unscored
-    summary = evaluator.evaluate(EngineCells(_Loop(errors)), EvalConfig(repeats=4, tracks=("vqa",)))
+    summary = evaluator.evaluate(EngineCells(_Loop(errors), IMAGING), EvalConfig(repeats=4, tracks=("vqa",)), IMAGING)
     assert (summary.n_cells, summary.n_unscored) == (4, 2)
     assert runner(jobs[:1]) and runner.agent_failed == 0  # reset by each call
 
@@ -203,21 +206,24 @@ def test_policy_cells_count_scored_agent_failed_cells(monkeypatch):
 
     from bat_jax.bicurl import evaluation as evaluator
     from bat_jax.benchmark.scoring import Cell
-    from bat_jax.benchmark.stages import STAGES
     from bat_jax.verify.rubric import Evidence
 
     outcomes = iter([("", 0.5), ("sandbox died after agent code", 0.0), ("sandbox died after agent code", None)])
 
-    def fake_play(track, inst, policy, make_sandbox=None, max_turns=24):
+    def fake_play(benchmark, task, policy, make_sandbox=None, max_turns=24):
+        assert benchmark is IMAGING and task.track == "vqa"
         agent_error, value = next(outcomes)
-        cell = lambda track, repeat: Cell(track, repeat, {s: value for s in STAGES}, task=value)  # noqa: E731
+
+        def cell(track, repeat, stages):
+            return Cell(track, repeat, {s: value for s in stages.ids}, task=value)
+
         return SimpleNamespace(evidence=Evidence((), {}, None, agent_error=agent_error),
                                score=SimpleNamespace(to_cell=cell))
 
     monkeypatch.setattr(evaluator, "play", fake_play)
-    runner = evaluator.PolicyCells(lambda seed: None, None, max_workers=1, progress=False)
-    cells = runner(evaluator.suite_jobs(EvalConfig(repeats=3, tracks=("vqa",))))
-    assert [c.scored() for c in cells] == [True, True, False] and runner.agent_failed == 1
+    runner = evaluator.PolicyCells(IMAGING, lambda seed: None, None, max_workers=1, progress=False)
+    cells = runner(evaluator.suite_jobs(EvalConfig(repeats=3, tracks=("vqa",)), IMAGING))
+    assert [c.scored(STAGES) for c in cells] == [True, True, False] and runner.agent_failed == 1
 
 
 def test_group_variance_counts_groups_whose_scored_rewards_differ():
@@ -238,12 +244,16 @@ def test_sft_targets_must_be_row_or_trajectory():
 
 def _patch_rollout_scoring(monkeypatch, rewards_of_rows):
     """Stand-ins for the GRPO block's request builder and `RolloutScorer`: every position must be handed over; the
-    rewards are `rewards_of_rows(rows)`, one per rollout in position order."""
+    rewards are `rewards_of_rows(rows)`, one per rollout in position order. Returns the list of the benchmarks the
+    scorers were made for (one per pool batch or wave)."""
     import types
 
+    benchmarks = []
+
     class Scorer:
-        def __init__(self, rows, starts, judge, config, tasks):
-            assert len(rows) == len(starts)
+        def __init__(self, rows, starts, benchmark, judge, config, tasks):
+            assert len(rows) == len(starts) and tasks.benchmark is benchmark
+            benchmarks.append(benchmark)
             self.rows, self.got = rows, {}
 
         def submit(self, position, trajectory):
@@ -259,8 +269,9 @@ def _patch_rollout_scoring(monkeypatch, rewards_of_rows):
         def __exit__(self, *exc):
             pass
 
-    monkeypatch.setattr(gr, "rl_request", lambda row, start, state_id, style: state_id)
+    monkeypatch.setattr(gr, "rl_request", lambda row, start, state_id, prompt: state_id)
     monkeypatch.setattr(gr, "RolloutScorer", Scorer)
+    return benchmarks
 
 
 def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_signal(monkeypatch):
@@ -307,16 +318,17 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
             on_trajectory(position, out[position])
         return out
 
-    _patch_rollout_scoring(monkeypatch, lambda rows: [next(rewards) for _ in rows])
+    benchmarks = _patch_rollout_scoring(monkeypatch, lambda rows: [next(rewards) for _ in rows])
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
     item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", pool="target", row=types.SimpleNamespace(state=None))
     view = types.SimpleNamespace(batches=[[item(0), item(1)], [item(2), item(3)]], spares={})
     bank = types.SimpleNamespace(load_state=lambda state: None)
     comps = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(epochs=3), micro_batches=1)
     learner, seen = FakeLearner(), []
-    stats = gr.grpo_block(learner, loop, bank, view, comps, seed=7)
+    stats = gr.grpo_block(learner, loop, bank, view, comps, IMAGING, seed=7)
 
     assert learner.total_steps == 6 and learner.params == 6  # 2 batches x 3 epochs, state threaded through
+    assert benchmarks == [IMAGING] * 3  # batches 0 and 1, then batch 0 again after the block
     assert [s for s, _ in seen] == [0, 1, 2, 3, 4, 5]
     first = seen[0][1]  # group s0 = (1, 0, 0, 0): mean 0.25, sample std 0.5 -> (1.5, -0.5, -0.5, -0.5); s1 all 0
     np.testing.assert_allclose(first[:8], [1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0], atol=1e-5)
@@ -326,7 +338,11 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
     # update check on batch 0: rollout 0 (A = 1.5) +0.3 per token, the three A = -0.5 rollouts unchanged
     assert stats.update_logp_shift_pos == pytest.approx(0.3) and stats.update_logp_shift_neg == 0.0
     assert stats.update_token_kl == pytest.approx((np.expm1(0.3) - 0.3) * 3 / 24)
-    assert stats.rollout_mismatch is None and stats.judge is None
+    # the learner's behaviour logprobs (recomputed, the default) equal the engine's (0) on both trained batches:
+    # 2 batches x 2 rows x K=4 rollouts of 3 sampled tokens, no mismatch, nothing truncated or masked
+    assert stats.rollout_mismatch == {"mismatch_mean_abs": 0.0, "tis_truncated_frac": 0.0, "mismatch_max_abs": 0.0,
+                                      "seq_masked": 0.0, "rollouts": 16.0, "tokens": 48.0}
+    assert stats.judge is None
     with pytest.raises(ValueError, match="epochs"):
         grpo.GRPOConfig(epochs=0)
 
@@ -381,7 +397,8 @@ def test_grpo_block_with_dynamic_sampling_and_rollout_correction(monkeypatch):
             on_trajectory(position, t)
         return out
 
-    _patch_rollout_scoring(monkeypatch, lambda rows: [rewards[row.name][i % 4] for i, row in enumerate(rows)])
+    benchmarks = _patch_rollout_scoring(monkeypatch,
+                                        lambda rows: [rewards[row.name][i % 4] for i, row in enumerate(rows)])
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
     item = lambda name, pool: types.SimpleNamespace(round_state_id=name, pool=pool,  # noqa: E731
                                                     row=types.SimpleNamespace(state=None, name=name))
@@ -391,9 +408,11 @@ def test_grpo_block_with_dynamic_sampling_and_rollout_correction(monkeypatch):
     comps = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(tis_cap=1.5, kl_coef=0.0), micro_batches=1,
                                dynamic_sampling=DynamicSamplingConfig(enabled=True, max_extra_rows=2))
     learner, seen = FakeLearner(), []
-    stats = gr.grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, comps, seed=7)
+    stats = gr.grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, comps, IMAGING,
+                          seed=7)
 
     assert order[:3] == [["s0", "s1"], ["x1"], ["s2", "s3"]]  # s1 (no variance) replaced by x1 from 'mix'
+    assert benchmarks and set(map(id, benchmarks)) == {id(IMAGING)}
     assert (stats.groups_drawn, stats.groups_dropped, stats.groups_trained) == (5, 1, 4)
     assert stats.trained_pool_counts == {"target": 2, "mix": 2}
     assert stats.rollouts == 20  # every drawn group's rollouts, the dropped s1 included

@@ -40,8 +40,8 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
     focus = {row.state_id: row.focus for row in StageBank(comps.bank.bank_dir).read().rl_rows}
     judged_states = sum(focus[s] in ("S1", "E2E") for s in record.state_ids)
     k = comps.agent.episodes_per_state
-    assert record.rollouts == k * len(record.state_ids) == 8
-    assert judged_states >= 1 and record.unscored_rollouts == k * judged_states
+    assert record.grpo.rollouts == k * len(record.state_ids) == 8
+    assert judged_states >= 1 and record.grpo.unscored == k * judged_states
     assert record.eval_cells == 1 and record.eval_unscored == 1  # the E2E eval cell includes S1
     # no scored controller cell: the candidate is neither accepted nor a drop; the run keeps the SFT checkpoint
     assert record.decision == "unscored" and record.retained_checkpoint == "ckpt-0"
@@ -51,6 +51,6 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
     text = (run_dir / "report.md").read_text()
     # the per-round scoring-count table (report.md has other per-round tables too)
     line = next(ln for ln in text.splitlines() if ln.startswith("round 1") and ln.split()[2:3] == ["8"])
-    assert record.agent_failed_rollouts == 0 and record.eval_agent_failed == 0
-    assert line.split() == ["round", "1", "8", str(8 - record.unscored_rollouts), "0", str(record.unscored_rollouts),
+    assert record.grpo.agent_failed == 0 and record.eval_agent_failed == 0
+    assert line.split() == ["round", "1", "8", str(8 - record.grpo.unscored), "0", str(record.grpo.unscored),
                             "0/1", "1/1"]

@@ -46,9 +46,10 @@ def _heldout_manifest():
     from bat_jax.bicurl import evaluation as ev
     from bat_jax.tasks.heldout import manifest
 
-    config = micro_config.components(bank_dir="bank").evaluation  # the bank is not read here
+    components = micro_config.components(bank_dir="bank")  # the bank is not read here
+    config, benchmark = components.evaluation, components.benchmark
     return manifest([job.task for purpose in ev.PURPOSES
-                     for job in ev.suite_jobs(dataclasses.replace(config, purpose=purpose))])
+                     for job in ev.suite_jobs(dataclasses.replace(config, purpose=purpose), benchmark)])
 
 
 def _start(gin_file, run_dir):
@@ -103,8 +104,9 @@ def micro(tmp_path_factory):
     manifest_path = root / "heldout_manifest.json"
     manifest_path.write_text(json.dumps(_heldout_manifest()))
     bank_dir = root / "bank"
-    bank = dataclasses.replace(micro_config.components(bank_dir).bank, heldout_manifest=str(manifest_path))
-    build_bank(bank)
+    components = micro_config.components(bank_dir)
+    bank = dataclasses.replace(components.bank, heldout_manifest=str(manifest_path))
+    build_bank(bank, components.benchmark)
     return root, bank_dir, _write_gin(root / "micro.gin", bank_dir)
 
 

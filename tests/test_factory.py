@@ -14,11 +14,13 @@ import threading
 import numpy as np
 import pytest
 
-from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.benchmark.stages import E2E
+from bat_jax.tasks.stages import Stage
 from bat_jax.sandbox.local import LocalSandbox
 from bat_jax.sandbox.types import Observation, SandboxState
 from bat_jax.stage_bank import e2e_surrogate as e2e
 from bat_jax.stage_bank import slicing
+from bat_jax.staged_benchmark.contract import Reduction
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, load_manifest, sources
 from bat_jax.stage_bank.leakage import preflight
@@ -26,35 +28,50 @@ from bat_jax.stage_bank.row import Provenance, content_digest
 from bat_jax.tasks.base import decode_array
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.sandbox.tools import Action
-from bat_jax.tasks.episode import Conversation, RecordedEpisode, Turn
+from bat_jax.staged_benchmark.episode import Conversation, RecordedEpisode, Turn
+from bat_jax.tasks import e2e_reduce
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, training_task
 from bat_jax.tasks.registry import TRACKS
+from bat_jax.tasks.stages import STAGES
 from bat_jax.tasks.teacher import ChatTeacher
+
+IMAGING = ImagingBenchmark()
 
 # ------------------------------------------------------------------------------------------- pure parts
 
 
 def test_default_grid_is_126_distinct_training_sources():
-    grid = sources(FactoryConfig())
+    grid = sources(FactoryConfig(), IMAGING)
     assert len(grid) == 6 * 7 * 3
     assert len({(s.focus, s.track, s.outcome) for s in grid}) == 126
     assert len({s.task_seed for s in grid}) == 126
     assert all(0 <= s.task_seed < HELDOUT_SEED_BASE and s.template in (0, 1) for s in grid)
     assert [s.index for s in grid] == list(range(126))
-    assert grid == sources(FactoryConfig())  # deterministic
-    assert sources(FactoryConfig(seed=1))[0].task_seed != grid[0].task_seed
+    assert grid == sources(FactoryConfig(), IMAGING)  # deterministic
+    assert sources(FactoryConfig(seed=1), IMAGING)[0].task_seed != grid[0].task_seed
 
 
 @pytest.mark.parametrize("field,value,match", [
     ("foci", ("S9",), "foci"), ("tracks", ("radiology",), "tracks"), ("outcomes", ("win",), "outcomes"),
     ("backend", "k8s", "backend"), ("teacher", "human", "teacher"), ("e2e_cases", 0, "cases"),
     ("e2e_input_fraction", 1.5, "input_fraction"), ("e2e_validation_passes", 0, "validation_passes"),
-    ("cases_per_task", 1, "cases_per_task"), ("foci", ("S1", "S1"), "foci")])
+    ("foci", ("S1", "S1"), "foci")])
 def test_config_validation_names_the_field(field, value, match):
     with pytest.raises(ValueError, match=match):
-        dataclasses.replace(FactoryConfig(), **{field: value}).validate()
+        dataclasses.replace(FactoryConfig(), **{field: value}).validate(IMAGING)
+
+
+def test_imaging_task_settings_are_validated_naming_the_field():
+    with pytest.raises(ValueError, match="cases_per_task"):
+        ImagingBenchmark(cases_per_task=1)
+    with pytest.raises(ValueError, match="layouts"):
+        ImagingBenchmark(layouts="grid")
+
+
+def test_openai_teacher_without_an_endpoint_is_a_config_error():
     with pytest.raises(ValueError, match="teacher_endpoint"):
-        FactoryConfig(teacher="openai").validate()
+        FactoryConfig(teacher="openai").validate(IMAGING)
 
 
 def _recovery_task(track, kind):
@@ -72,7 +89,7 @@ def test_reduce_task_keeps_fault_case_and_crops_aligned_inputs():
     track = TRACKS["segmentation"]
     inst = _recovery_task(track, "unreadable")  # a truncated input with an intact archive copy
     fault_case = inst.case(inst.fault.case_id)
-    red, params = e2e.reduce_task(track, inst, e2e.Reduction(2, 0.5, 1), template=0)
+    red, params = e2e_reduce.reduce_task(track, inst, Reduction(2, 0.5, 1), template=0)
     assert red.case_ids == [inst.case_ids[0], fault_case.case_id]  # first case + the fault's case, in order
     assert params["kept_cases"] == red.case_ids and params["input_fraction_applied"] == 0.5
     csv_ids = [line.split(",")[0] for line in red.files["data/cases.csv"].decode().splitlines()[1:]]
@@ -90,20 +107,20 @@ def test_reduce_task_keeps_fault_case_and_crops_aligned_inputs():
     assert red.files["task.md"].decode() == red.brief and red.task_id == inst.task_id
 
     inst = _recovery_task(track, "spacing")  # wrong voxel size in the header must survive the crop
-    red, _ = e2e.reduce_task(track, inst, e2e.Reduction(2, 0.5, 1), template=0)
+    red, _ = e2e_reduce.reduce_task(track, inst, Reduction(2, 0.5, 1), template=0)
     f = inst.case(inst.fault.case_id).file
     zooms = [nib.Nifti1Image.from_bytes(gzip.decompress(x[f])).header.get_zooms() for x in (inst.files, red.files)]
     assert zooms[0] == zooms[1] and decode_array(red.files[f], f).shape[0] == 8
 
     cls = TRACKS["classification"]
     inst = training_task(cls, 5, "success")
-    red, params = e2e.reduce_task(cls, inst, e2e.Reduction(3, 0.5, 2), template=1)
+    red, params = e2e_reduce.reduce_task(cls, inst, Reduction(3, 0.5, 2), template=1)
     assert params["input_fraction_applied"] == 1.0 and len(red.cases) == 3  # labels: input kept whole
     assert red.files[red.cases[0].file] == inst.files[red.cases[0].file]
 
 
 def test_accept_reports_first_failed_factor():
-    lam = e2e.Reduction(2, 1.0, 1)
+    lam = Reduction(2, 1.0, 1)
     ok = dict(booted=True, turns=12, horizon=24, failed_stages=[], passes=1, lam=lam, leak_hits=0)
     assert e2e.accept(**ok) == ""
     assert e2e.accept(**{**ok, "booted": False}) == "boot_failed"
@@ -124,7 +141,7 @@ def test_sft_slices_one_row_per_response_with_prior_turns():
     turns = [Turn(i, a.stage, a, _obs(f"out{i}")) for i, a in enumerate(acts)]
     ep = RecordedEpisode("tr-x", E2E, turns, "stop")
     prov = Provenance("tr-x", "a" * 64, "vqa", "success")
-    rows = slicing.sft_slices(ep, "# Task tr-x\nbrief", prov, "b" * 64)
+    rows = slicing.sft_slices(ep, "# Task tr-x\nbrief", IMAGING.row_skill(E2E), STAGES, prov, "b" * 64)
     assert [r.focus for r in rows] == ["S1", "S2", "S5"]
     assert [len(r.context) for r in rows] == [2, 4, 6]
     assert [m.role for m in rows[2].context] == ["system", "user", "assistant", "tool", "assistant", "tool"]
@@ -135,7 +152,8 @@ def test_sft_slices_one_row_per_response_with_prior_turns():
     assert [r.provenance.transformations[-1].params["turn"] for r in rows] == [0, 1, 2]
     surrogate = Provenance("tr-x", "a" * 64, "vqa", "success",
                            (slicing.transformation("e2e_reduce", cases=2),))
-    assert {r.focus for r in slicing.sft_slices(ep, "brief", surrogate, "b" * 64)} == {E2E}
+    assert {r.focus for r in slicing.sft_slices(ep, "brief", IMAGING.row_skill(E2E), STAGES, surrogate,
+                                                "b" * 64)} == {E2E}
 
 
 def test_boundary_state_replays_the_prefix_and_detects_mismatch():
@@ -147,15 +165,15 @@ def test_boundary_state_replays_the_prefix_and_detects_mismatch():
     ep = RecordedEpisode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
     make = lambda st: LocalSandbox(st, timeout_s=30.0)  # noqa: E731
     initial = SandboxState({"task.md": b"brief"}, {"SEED": "1"})
-    state = slicing.boundary_state(make, initial, ep, Stage.VALIDATE)
+    state = slicing.boundary_state(make, initial, ep, Stage.VALIDATE, STAGES)
     assert dict(state.files) == {"task.md": b"brief", "plan.md": b"plan\n", "out/env": b"1\n"}
     assert dict(state.env) == {"SEED": "1"}
-    assert dict(slicing.boundary_state(make, initial, ep, Stage.SETUP).files) == {"task.md": b"brief",
-                                                                                    "plan.md": b"plan\n"}
+    assert dict(slicing.boundary_state(make, initial, ep, Stage.SETUP, STAGES).files) == {"task.md": b"brief",
+                                                                                            "plan.md": b"plan\n"}
     steps[0] = bash(Stage.PLAN, "exit 3")  # recorded exit 0, replays as 3
     ep = RecordedEpisode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
     with pytest.raises(slicing.ReplayMismatch, match="turn 0: replay exited 3, recorded 0"):
-        slicing.boundary_state(make, initial, ep, Stage.VALIDATE)
+        slicing.boundary_state(make, initial, ep, Stage.VALIDATE, STAGES)
 
 
 # ------------------------------------------------------------------------------------------------ builds
@@ -168,7 +186,7 @@ def fresh(tmp_path_factory):
     """A fresh 2-source build (classification, recovery; foci E2E and S3)."""
     root = tmp_path_factory.mktemp("fresh")
     cfg = FactoryConfig(bank_dir=str(root / "bank"), **TINY)
-    return cfg, build_bank(cfg, progress=False)
+    return cfg, build_bank(cfg, IMAGING, progress=False)
 
 
 def test_tiny_build_rows_states_and_leakage(fresh):
@@ -196,7 +214,7 @@ def test_tiny_build_rows_states_and_leakage(fresh):
     assert all(i.item_id.startswith("validate.") for i in s3_row.rubric)
     assert "Stage S3 Validate" in s3_row.skill and "boundary of stage S3" in s3_row.prompt
     assert s3_row.provenance.transformations[2].params["turns"] == 5  # S1 3 + S2 2 replayed calls
-    leak = preflight(load_manifest(cfg), files=[bank.root / "versions", bank.root / "states"])
+    leak = preflight(load_manifest(cfg, IMAGING), files=[bank.root / "versions", bank.root / "states"])
     assert leak.hits == [] and leak.rows_scanned == 2 + report.sft_rows
     saved = json.loads((bank.root / "work" / "build_report.json").read_text())
     assert saved["digest"] == report.digest and saved["version"] == 1
@@ -209,7 +227,7 @@ def test_resume_recomputes_a_missing_source_to_identical_rows(fresh):
     cached = {p: json.loads(p.read_text()) for p in work}
     victim = next(p for p, v in cached.items() if v["rl"][0]["focus"] == "S3")
     victim.unlink()
-    again = build_bank(cfg, progress=False)  # recomputes the S3 source from scratch, same seed
+    again = build_bank(cfg, IMAGING, progress=False)  # recomputes the S3 source from scratch, same seed
     assert again.cached_sources == 1 and again.digest == ref.digest
     assert json.loads(victim.read_text()) == cached[victim]  # byte-identical rows and states
     assert again.version is None and StageBank(cfg.bank_dir).latest() == 1  # nothing new to admit
@@ -232,10 +250,10 @@ def test_killed_build_leaves_no_version_and_resumes_from_cache(tmp_path):
         raise KeyboardInterrupt("killed after the source finished")
 
     with pytest.raises(KeyboardInterrupt):
-        build_bank(cfg, progress=False, on_source=kill)
+        build_bank(cfg, IMAGING, progress=False, on_source=kill)
     assert StageBank(cfg.bank_dir).latest() == 0  # nothing half-written
     assert len(list((tmp_path / "bank" / "work" / "sources").glob("*.json"))) == 1
-    resumed = build_bank(cfg, progress=False, make_sandbox=_no_sandbox)  # nothing left to run
+    resumed = build_bank(cfg, IMAGING, progress=False, make_sandbox=_no_sandbox)  # nothing left to run
     assert resumed.cached_sources == 1 and resumed.version == 1 and resumed.rl_rows == 1
     # success variant, S1 focus: 12 full-trajectory responses + the 3-response S1 stage rollout
     assert resumed.sft_rows == 12 + 3 and resumed.sft_by_focus["S1"] == 3 + 3
@@ -260,7 +278,7 @@ def test_sandbox_dying_mid_trajectory_rejects_the_source(tmp_path):
 
     cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), **ONE)
     # the workspace disappears after 2 calls; later calls return the backend's closed-sandbox error
-    _assert_rejected(build_bank(cfg, progress=False, make_sandbox=dying), cfg.bank_dir, "sandbox_failure")
+    _assert_rejected(build_bank(cfg, IMAGING, progress=False, make_sandbox=dying), cfg.bank_dir, "sandbox_failure")
 
     def raising(state):
         box = LocalSandbox(state, timeout_s=30.0)
@@ -275,7 +293,8 @@ def test_sandbox_dying_mid_trajectory_rejects_the_source(tmp_path):
         return box
 
     cfg = FactoryConfig(bank_dir=str(tmp_path / "bank2"), **ONE)
-    _assert_rejected(build_bank(cfg, progress=False, make_sandbox=raising), cfg.bank_dir, "sandbox_failure")
+    _assert_rejected(build_bank(cfg, IMAGING, progress=False, make_sandbox=raising), cfg.bank_dir,
+                     "sandbox_failure")
 
 
 def _free_port():
@@ -287,7 +306,7 @@ def _free_port():
 def test_unreachable_teacher_rejects_the_source(tmp_path):
     endpoint = ChatEndpointConfig(f"http://127.0.0.1:{_free_port()}/v1", "m", max_retries=0, timeout_s=2.0)
     cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), teacher="openai", teacher_endpoint=endpoint, **ONE)
-    _assert_rejected(build_bank(cfg, progress=False), cfg.bank_dir, "teacher_unreachable")
+    _assert_rejected(build_bank(cfg, IMAGING, progress=False), cfg.bank_dir, "teacher_unreachable")
 
 
 class _Garbage(http.server.BaseHTTPRequestHandler):
@@ -322,7 +341,7 @@ def test_chat_teacher_parses_the_stage_label():
     try:
         teacher = ChatTeacher(ChatEndpointConfig(f"http://127.0.0.1:{server.server_address[1]}/v1", "m",
                                                  max_retries=0))
-        action = teacher(Conversation("# Task tr-x", E2E))
+        action = teacher(Conversation("# Task tr-x", E2E, IMAGING.row_skill(E2E), STAGES))
         assert action.stage == Stage.SETUP and action.arguments["code"] == "import numpy"
         system = server.requests[0]["messages"][0]["content"]
         assert system.endswith(ChatTeacher.NOTE) and server.requests[0]["model"] == "m"
@@ -335,18 +354,18 @@ def test_malformed_teacher_output_rejects_the_source(tmp_path):
     try:
         endpoint = ChatEndpointConfig(f"http://127.0.0.1:{server.server_address[1]}/v1", "m", max_retries=0)
         cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), teacher="openai", teacher_endpoint=endpoint, **ONE)
-        _assert_rejected(build_bank(cfg, progress=False), cfg.bank_dir, "teacher_bad_reply")
+        _assert_rejected(build_bank(cfg, IMAGING, progress=False), cfg.bank_dir, "teacher_bad_reply")
     finally:
         server.shutdown()
 
 
 def test_leaky_source_is_rejected_and_nothing_is_admitted(tmp_path):
     cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), **ONE)
-    task_id = training_task(TRACKS["classification"], sources(cfg)[0].task_seed, "success",
-                            sources(cfg)[0].template).task_id
+    (src,) = sources(cfg, IMAGING)
+    task_id = training_task(TRACKS["classification"], src.task_seed, "success", src.template).task_id
     man = tmp_path / "heldout.json"
     man.write_text(json.dumps({"task_ids": [task_id]}))
-    report = build_bank(dataclasses.replace(cfg, heldout_manifest=str(man)), progress=False)
+    report = build_bank(dataclasses.replace(cfg, heldout_manifest=str(man)), IMAGING, progress=False)
     assert report.rejected == {"leak": 1} and report.version is None and StageBank(cfg.bank_dir).latest() == 0
     assert not list((StageBank(cfg.bank_dir).root / "states").glob("*"))
 
@@ -361,7 +380,7 @@ def test_docker_backend_builds_two_sources(tmp_path):
         pytest.skip(str(exc))
     cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), backend="docker", tracks=("vqa",), foci=("E2E", "S4"),
                         outcomes=("failure",), workers=2)
-    report = build_bank(cfg, progress=False)
+    report = build_bank(cfg, IMAGING, progress=False)
     assert report.rejected == {} and report.version == 1
     # failure variant: 12 responses (S1 3, S2 2, S3 3, S4 2, S5 2); S4 stage rollout 2; surrogate 12.
     assert report.sft_rows == 12 + 2 + 12 + 12
@@ -393,4 +412,5 @@ def test_docker_container_killed_mid_trajectory_rejects_the_source(tmp_path):
         return box
 
     cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), backend="docker", **ONE)
-    _assert_rejected(build_bank(cfg, progress=False, make_sandbox=killed), cfg.bank_dir, "sandbox_failure")
+    _assert_rejected(build_bank(cfg, IMAGING, progress=False, make_sandbox=killed), cfg.bank_dir,
+                     "sandbox_failure")

@@ -68,16 +68,20 @@ def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, sty
     """Issue 15: small policies get compact prompts, varied training layouts and the portable teacher; paper
     scale keeps the full prompts (PolicyConfig's default 'full') and the factory's default teacher."""
     from bat_jax.policy import PolicyConfig
+    from bat_jax.tasks.benchmark import ImagingBenchmark
 
     launch.parse_gin([name], [])
     bound = gin.get_bindings("policy.PolicyConfig")
     assert bound.get("prompt_style") == style
-    assert gin.get_bindings("factory.FactoryConfig").get("layouts") == layouts
+    assert gin.query_parameter("experiment.Components.benchmark").configurable.wrapped is ImagingBenchmark
+    assert gin.get_bindings("imaging.ImagingBenchmark").get("layouts") == layouts
+    assert "layouts" not in gin.get_bindings("factory.FactoryConfig")
     assert gin.get_bindings("factory.FactoryConfig").get("teacher") == ("portable" if style else "scripted")
     assert PolicyConfig().prompt_style == "full"
     if name == "bicurl_tiny.gin":  # the Data Factory job alone builds the same bank
         launch.parse_gin(["stage_bank_tiny.gin"], [])
-        assert gin.get_bindings("factory.FactoryConfig")["layouts"] == "varied"
+        assert gin.query_parameter("experiment.build_stage_bank.benchmark").configurable.wrapped is ImagingBenchmark
+        assert gin.get_bindings("imaging.ImagingBenchmark")["layouts"] == "varied"
         assert gin.get_bindings("factory.FactoryConfig")["teacher"] == "portable"
 
 
@@ -131,7 +135,7 @@ def assert_rounds_fit_the_tiny_bank(context: str) -> None:
     """With the parsed gin config, every round the run could route (any target stage) draws its
     `grpo_steps_per_round` batches from pools of the tiny bank's sizes (as `experiment.run` builds them,
     `experiment.mode_pools`: GRPO-E2E keeps the E2E pool only) without an error."""
-    from bat_jax.benchmark.stages import STAGES
+    from bat_jax.tasks.stages import STAGES
     from bat_jax.bicurl.experiment import BiCuRLConfig, mode_pools
     from bat_jax.stage_bank.pools import PoolConfig, build_round_view
     from test_pools import make_bank
@@ -139,7 +143,7 @@ def assert_rounds_fit_the_tiny_bank(context: str) -> None:
     run = BiCuRLConfig(**gin.get_bindings("bat_jax.bicurl.experiment.BiCuRLConfig"))
     rows, pools = mode_pools(make_bank(per_focus=TINY_BANK_ROWS_PER_FOCUS), run.mode,
                              PoolConfig(**gin.get_bindings("bat_jax.stage_bank.pools.PoolConfig")))
-    for stage in STAGES:
+    for stage in STAGES.ids:
         try:
             build_round_view(rows, stage, round_index=1, n_batches=run.grpo_steps_per_round, config=pools)
         except ValueError as e:

@@ -8,8 +8,12 @@ from bat_jax.benchmark.scoring import aggregate, overall_score
 from bat_jax.tasks.heldout import (
     HELDOUT_SEED_BASE, heldout_suite, manifest, manifest_strings, training_task, write_manifest)
 from bat_jax.rollout.play import play
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import TRACKS
+from bat_jax.tasks.stages import STAGES
 from bat_jax.tasks.teacher import DoNothingPolicy, RandomCommandPolicy, ScriptedExpert
+
+IMAGING = ImagingBenchmark()
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +65,15 @@ def test_manifest_lists_ids_paths_questions_answers_reports(suite, tmp_path):
 def test_expert_scores_at_least_90_on_every_track_and_baselines_at_most_10(suite):
     expert, nothing, random_cells = [], [], []
     for k, inst in enumerate(suite):
-        track = TRACKS[inst.track]
-        expert.append(play(track, inst, ScriptedExpert()).score.to_cell(inst.track, k))
-        nothing.append(play(track, inst, DoNothingPolicy()).score.to_cell(inst.track, k))
-        random_cells.append(play(track, inst, RandomCommandPolicy(seed=k, n_turns=4)).score.to_cell(inst.track, k))
-    summary = aggregate(expert)
+        expert.append(play(IMAGING, inst, ScriptedExpert()).score.to_cell(inst.track, k, STAGES))
+        nothing.append(play(IMAGING, inst, DoNothingPolicy()).score.to_cell(inst.track, k, STAGES))
+        random_cells.append(play(IMAGING, inst, RandomCommandPolicy(seed=k, n_turns=4)).score.to_cell(inst.track, k,
+                                                                                                    STAGES))
+    summary = aggregate(expert, STAGES)
     for name, row in summary.tracks.items():
         assert row["overall"] >= 0.90, (name, row)
     for cells in (nothing, random_cells):
-        assert all(overall_score(c.task, c.agentic()) <= 0.10 for c in cells)
+        assert all(overall_score(c.task, c.agentic(STAGES)) <= 0.10 for c in cells)
 
 
 def test_leakage_scanner_accepts_training_content_and_flags_heldout_content(suite):

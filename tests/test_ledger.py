@@ -9,13 +9,14 @@ import pytest
 from bat_jax.curriculum.controller import Controller, ControllerConfig, ControllerState, Evaluation
 from bat_jax.curriculum.router import route
 from bat_jax.ledger import GRPOStats, Ledger, LedgerError, RoundRecord
+from bat_jax.tasks.stages import STAGES
 
 
 def record(r, controller):
-    decision_in = route({"S1": 0.7, "S2": 0.55, "S3": 0.2, "S4": 0.45, "S5": 0.6}, round_index=r)
+    decision_in = route({"S1": 0.7, "S2": 0.55, "S3": 0.2, "S4": 0.45, "S5": 0.6}, STAGES, round_index=r)
     ev = Evaluation(0.3 + 0.01 * r, 0.25, {"S3": 0.2}, {"vqa": 0.3})
     d = controller.observe(r, f"ckpt-{r}", ev, kl=0.01 * r)
-    return RoundRecord(round=r, selected_stage=decision_in.target.value, routing_report=decision_in.report(),
+    return RoundRecord(round=r, selected_stage=decision_in.target, routing_report=decision_in.report(),
                        pool_counts={"target": 4, "mix": 2, "e2e": 2}, bank_version=3,
                        state_ids=[f"st-{r}-{i}" for i in range(8)], reward_version="rubric-v1",
                        controller_scores=ev.to_dict(), kl=d.kl, decision=d.decision,

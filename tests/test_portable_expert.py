@@ -11,18 +11,20 @@ import dataclasses
 
 import pytest
 
-from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.sandbox.types import Observation
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe, recipe
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.brief import VARIED_TEMPLATES
-from bat_jax.tasks.episode import Conversation, Turn
+from bat_jax.staged_benchmark.episode import Conversation, Turn
 from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite, training_task
 from bat_jax.tasks.portable_expert import NEXT, SCRIPT, SUBMIT_THOUGHT, THOUGHTS, PortableExpert
 from bat_jax.tasks.registry import TRACKS
 
 CODES = [code for _, _, code in SCRIPT]
+IMAGING = ImagingBenchmark()
 
 
 def _actions(result):
@@ -31,7 +33,7 @@ def _actions(result):
 
 def _assert_full_marks_with_the_fixed_script(result, inst):
     rewards = result.score.stage_rewards()
-    assert rewards == {s: 1.0 for s in STAGES}, (inst.task_id, rewards)
+    assert rewards == {s: 1.0 for s in STAGES.ids}, (inst.task_id, rewards)
     actions = _actions(result)
     assert [a[3].get("code") for a in actions[:-1]] == CODES
     assert [a[0] for a in actions] == [s for s, _, _ in SCRIPT] + [Stage.SUBMIT]
@@ -51,25 +53,25 @@ def test_same_actions_full_marks_on_a_varied_training_task_and_the_heldout_layou
     held = heldout_suite(1, ("failure",), tracks=(track,))[0]
     assert train.layout != held.layout
     for inst in (train, held):
-        _assert_full_marks_with_the_fixed_script(play(TRACKS[track], inst, PortableExpert()), inst)
+        _assert_full_marks_with_the_fixed_script(play(IMAGING, inst, PortableExpert()), inst)
     # the task metric: every usable case predicted with the provided method (the failure variant loses one)
-    assert play(TRACKS[track], train, PortableExpert()).score.task > 0.9
+    assert play(IMAGING, train, PortableExpert()).score.task > 0.9
 
 
-@pytest.mark.parametrize("focus", [s.value for s in STAGES[1:]])
+@pytest.mark.parametrize("focus", [s for s in STAGES.ids[1:]])
 def test_a_stage_from_the_literal_experts_boundary_gets_full_marks(focus):
     """Stage rows and the evaluator start later stages from the literal expert's prefix (rollout.play.play)."""
     inst = training_task(TRACKS["segmentation"], 8, "recovery", template=VARIED_TEMPLATES[1])
-    result = play(TRACKS["segmentation"], inst, PortableExpert(), focus=focus)
+    result = play(IMAGING, inst, PortableExpert(), focus=focus)
     assert result.score.reward == 1.0
-    expected = [code for stage, _, code in SCRIPT if stage.value == focus]
+    expected = [code for stage, _, code in SCRIPT if stage == focus]
     assert [t.action.arguments.get("code") for t in result.episode.turns if t.action.tool == "execute_code"] == expected
 
 
 def test_no_submit_call_when_coverage_is_incomplete():
     """The expert calls submit only after its S5 check printed complete coverage."""
     expert = PortableExpert()
-    conv = Conversation("Task id: x\n", "S5")
+    conv = Conversation("Task id: x\n", "S5", IMAGING.row_skill("S5"), STAGES)
     first = expert(conv)
     assert first.arguments["code"] == CODES[-1]
     conv.turns.append(Turn(0, Stage.SUBMIT, first, Observation(
@@ -79,8 +81,9 @@ def test_no_submit_call_when_coverage_is_incomplete():
 
 def test_factory_builds_a_portable_bank_and_refuses_to_mix_recipes(tmp_path):
     cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), tracks=("detection",), foci=("E2E", "S3"),
-                        outcomes=("recovery",), workers=2, teacher="portable", layouts="varied")
-    report = build_bank(cfg, progress=False)
+                        outcomes=("recovery",), workers=2, teacher="portable")
+    varied = ImagingBenchmark(layouts="varied")
+    report = build_bank(cfg, varied, progress=False)
     assert report.rejected == {} and report.sources_accepted == 2
     # 6 responses per full trajectory (S1..S5 + submit); the S3 source adds its 1-response stage rollout, the E2E
     # source its 6-response surrogate rollout
@@ -88,8 +91,11 @@ def test_factory_builds_a_portable_bank_and_refuses_to_mix_recipes(tmp_path):
     bank = StageBank(cfg.bank_dir)
     targets = {r.target.arguments.get("code") for r in bank.read().sft_rows if r.target.tool == "execute_code"}
     assert targets == set(CODES)
-    assert recipe(cfg) == "teacher=portable/v2 layouts=varied" and recipe(cfg) in bank.note(1)
-    check_recipe(bank, cfg)  # same recipe: accepted
-    with pytest.raises(ValueError, match=r"bank.*built with teacher=portable/v2 layouts=varied; this run asks for "
-                                         r"teacher=scripted layouts=varied"):
-        check_recipe(bank, dataclasses.replace(cfg, teacher="scripted"))
+    assert recipe(cfg, varied) == "benchmark=imaging teacher=portable/v2 layouts=varied"
+    assert recipe(cfg, varied) in bank.note(1)
+    check_recipe(bank, cfg, varied)  # same recipe: accepted
+    with pytest.raises(ValueError, match=r"bank.*built with benchmark=imaging teacher=portable/v2 layouts=varied; "
+                                         r"this run asks for benchmark=imaging teacher=scripted layouts=varied"):
+        check_recipe(bank, dataclasses.replace(cfg, teacher="scripted"), varied)
+    with pytest.raises(ValueError, match=r"this run asks for benchmark=imaging teacher=portable/v2 layouts=fixed"):
+        check_recipe(bank, cfg, ImagingBenchmark(layouts="fixed"))

@@ -39,13 +39,16 @@ def _same(a, b) -> None:
 def test_two_ray_workers_match_the_in_process_loop():
     ray = pytest.importorskip("ray")
     from bat_jax.policy import PolicyConfig, build_policy
-    from bat_jax.prompts import rl_request
+    from bat_jax.prompts import PromptFormat, rl_request
     from bat_jax.bicurl.engines import EngineConfig
     from bat_jax.bicurl.ray_workers import RayRollouts, WorkerSpec, host_params, install_params
     from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
     from bat_jax.tasks import heldout
+    from bat_jax.tasks.benchmark import ImagingBenchmark
     from bat_jax.tasks.registry import get_track
     from bat_jax.bicurl.reward import rollout_reward
+
+    imaging = ImagingBenchmark()
 
     rows, starts = [], []
     for seed, focus in ((3, "S1"), (4, "S2")):
@@ -56,7 +59,8 @@ def test_two_ray_workers_match_the_in_process_loop():
         rows.append(RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), focus, "do the stage",
                           (RubricSpec("x", "y"),), (), "skill", provenance))
         starts.append(state)
-    requests = [rl_request(row, st, f"st-{i}", "compact") for i, (row, st) in enumerate(zip(rows, starts))]
+    compact = PromptFormat.of(imaging, "compact")
+    requests = [rl_request(row, st, f"st-{i}", compact) for i, (row, st) in enumerate(zip(rows, starts))]
     # lockstep: the engine calls of a share are then the same in the worker and the reference, so the logprobs are
     # equal bit for bit (the continuous schedule batches by timing: the same ids, logprobs up to round-off)
     agent = AgentLoopConfig(episodes_per_state=4, max_assistant_turns=2, max_tokens_per_turn=8, max_context_tokens=2048,
@@ -90,8 +94,9 @@ def test_two_ray_workers_match_the_in_process_loop():
     assert len({t.ids.tobytes() for t in got}) == len(got)  # the 8 episodes sampled differently
     for a, b in zip(got, want):
         _same(a, b)
-    rewards = [rollout_reward(rows[i], t, starts[i]).reward for i, t in zip([0] * 4 + [1] * 4, got)]
-    assert rewards == [rollout_reward(rows[i], t, starts[i]).reward for i, t in zip([0] * 4 + [1] * 4, want)]
+    rewards = [rollout_reward(rows[i], t, starts[i], imaging).reward for i, t in zip([0] * 4 + [1] * 4, got)]
+    assert rewards == [rollout_reward(rows[i], t, starts[i], imaging).reward
+                       for i, t in zip([0] * 4 + [1] * 4, want)]
     assert all(r is not None for r in rewards)
 
     # one in-process call over all 8 episodes (other padding): same tokens, logprobs up to round-off

@@ -8,14 +8,17 @@ import time
 
 import pytest
 
-from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.benchmark.stages import E2E
+from bat_jax.tasks.stages import Stage
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.sandbox.tools import Action
 from bat_jax.rollout.play import play
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import DoNothingPolicy
 
+IMAGING = ImagingBenchmark()
 SEG = get_track("segmentation")
 
 
@@ -48,7 +51,7 @@ def test_comment_string_and_dead_code_earn_no_receipt_evidence(factory):
         f"if False:\n    import model\n    model.predict(model.load_input('{L.images_dir}/x'), {{}}, {{}})\n"
         f"s = '''model.predict( {L.pred_dir} {L.cases_csv} task.md'''",
     ]
-    result = play(SEG, inst, _Script([_py(c) for c in talk]), make_sandbox=factory)
+    result = play(IMAGING, inst, _Script([_py(c) for c in talk]), make_sandbox=factory)
     v = result.score.verdicts
     assert all(r.exit_code == 0 for r in result.evidence.receipts)
     assert v[Stage.SETUP].items["setup.env_checked"] is False
@@ -68,7 +71,7 @@ def test_a_call_that_really_runs_the_method_earns_the_receipts(factory):
            f"row = rows['{case.case_id}']\n"
            f"pred = model.predict(model.load_input(row['file']), row, model.load_config())\n"
            f"model.save_prediction(pred, '{L.validation_dir}', '{case.case_id}')\nprint('ok')")
-    result = play(SEG, inst, _Script([_py(run)]), make_sandbox=factory)
+    result = play(IMAGING, inst, _Script([_py(run)]), make_sandbox=factory)
     r = result.evidence.receipts[0]
     assert r.trace_complete and f"{L.method_dir}/model.py" in r.reads and case.file in r.reads
     assert any(p.startswith(L.validation_dir + "/") for p in r.writes)
@@ -126,7 +129,7 @@ def test_reading_the_method_and_writing_anything_else_is_not_a_method_run(factor
     replay of the method (tasks/method_replay.py)."""
     inst = SEG.generate(5, "success")
     L = inst.layout
-    result = play(SEG, inst, _Script([_forgeries(inst)[forgery]]), make_sandbox=factory)
+    result = play(IMAGING, inst, _Script([_forgeries(inst)[forgery]]), make_sandbox=factory)
     r = result.evidence.receipts[0]
     assert r.exit_code == 0 and f"{L.method_dir}/model.py" in r.reads and inst.cases[0].file in r.reads, r
     assert any(p.startswith(L.validation_dir + "/") for p in r.writes)
@@ -154,7 +157,7 @@ def test_method_replay_equals_the_method_run_in_the_sandbox_on_every_track(facto
                 f"        open(r['file'], 'wb').write(gzip.decompress(open(a, 'rb').read()))\n"
                 f"        x = model.load_input(r['file'])\n"
                 f"    model.save_prediction(model.predict(x, r, model.load_config()), '{L.pred_dir}', r['case_id'])\n")
-        result = play(track, inst, _Script([_py(code)]), make_sandbox=factory)
+        result = play(IMAGING, inst, _Script([_py(code)]), make_sandbox=factory)
         assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
         files = result.evidence.files
         spacing = inst.fault.case_id if inst.fault is not None and inst.fault.kind == "spacing" else None
@@ -172,8 +175,8 @@ def test_killing_the_executor_is_refused_and_scores_like_an_idle_agent(attack):
 
     factory = backend_factory("docker")
     inst = SEG.generate(5, "success")
-    idle = play(SEG, inst, DoNothingPolicy(), make_sandbox=factory).score
-    hit = play(SEG, inst, _Script([_bash(attack), _py("print(1)")]), make_sandbox=factory)
+    idle = play(IMAGING, inst, DoNothingPolicy(), make_sandbox=factory).score
+    hit = play(IMAGING, inst, _Script([_bash(attack), _py("print(1)")]), make_sandbox=factory)
     assert hit.score.reward is not None and hit.score.reward == idle.reward == 0.0
     assert hit.evidence.receipts[1].stdout == "1\n" and not hit.evidence.agent_error
 
@@ -192,7 +195,7 @@ def test_a_sandbox_that_dies_during_an_agent_call_is_scored_as_the_agents_failur
     inst = SEG.generate(5, "success")
     killer = threading.Timer(1.5, lambda: client.api.kill(boxes[0].container_id))
     killer.start()
-    result = play(SEG, inst, _Script([_bash(f"cat task.md; sleep 6"), _py("print(1)")]), make_sandbox=make)
+    result = play(IMAGING, inst, _Script([_bash(f"cat task.md; sleep 6"), _py("print(1)")]), make_sandbox=make)
     killer.join()
     assert boxes[0].fault == "agent"
     assert result.evidence.agent_error and not result.evidence.infra_error
@@ -210,7 +213,7 @@ def test_engine_failure_before_any_agent_action_is_unscored():
     def make(state):
         return DockerSandbox(connect(), DockerSandboxConfig(image="bat-sandbox:does-not-exist"), state=state)
 
-    result = play(SEG, SEG.generate(5, "success"), _Script([_bash("echo 1")]), make_sandbox=make)
+    result = play(IMAGING, SEG.generate(5, "success"), _Script([_bash("echo 1")]), make_sandbox=make)
     assert result.score.reward is None and result.evidence.infra_error
 
 

@@ -18,15 +18,18 @@ import zlib
 import numpy as np
 import pytest
 
-from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.benchmark.stages import E2E
+from bat_jax.tasks.stages import Stage
 from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.docker import state_to_tar
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.rollout.play import play
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert
 
+IMAGING = ImagingBenchmark()
 SEG, ENH, VQA, CLS = (get_track(n) for n in ("segmentation", "enhancement", "vqa", "classification"))
 
 
@@ -96,10 +99,10 @@ def test_odd_but_legal_names_are_workspace_paths_in_every_backend():
 @pytest.mark.parametrize("name", ["..x", "...", "..x/..y"])
 def test_an_odd_name_does_not_make_an_honest_failure_unscored(factory, name):
     inst = SEG.generate(5, "success")
-    base = play(SEG, inst, _Script([_bash("cat task.md")]), make_sandbox=factory).score
+    base = play(IMAGING, inst, _Script([_bash("cat task.md")]), make_sandbox=factory).score
     parent = name.rsplit("/", 1)[0] if "/" in name else ""
     code = f"cat task.md; {'mkdir -p ' + repr(parent) + '; ' if parent else ''}: > '{name}'; echo x > '{name}'"
-    hit = play(SEG, inst, _Script([_bash(code)]), make_sandbox=factory)
+    hit = play(IMAGING, inst, _Script([_bash(code)]), make_sandbox=factory)
     assert not hit.evidence.infra_error and hit.evidence.files[name] == b"x\n"
     assert hit.score.reward is not None and hit.score.reward == pytest.approx(base.reward)
     assert base.reward == pytest.approx(1 / 72)  # S1 = η 1/3 · items 1/3; E2E = 1/2 · 0.25 · (1/9) + 1/2 · 0
@@ -170,7 +173,7 @@ def test_deep_submission_through_play_and_the_rollout_scorer():
     L = inst.layout
     write = _py(f"import os\nos.makedirs('{L.outputs_dir}', exist_ok=True)\n"
                 f"open('{L.submission}', 'w').write('{{\"task_id\": ' + '[' * 100000 + ']' * 100000 + '}}')")
-    result = play(SEG, inst, _Script([write, _submit(L.submission)]))
+    result = play(IMAGING, inst, _Script([write, _submit(L.submission)]))
     # S5 only: its evidence (file, submit call) confirmed, 'submitted' passes, schema and coverage fail: 1/3
     assert result.score.task == 0.0 and result.score.reward == pytest.approx(0.5 * 0.10 * (1 / 3))  # S5 weight .10
     z = np.zeros(2, np.int32)
@@ -178,7 +181,7 @@ def test_deep_submission_through_play_and_the_rollout_scorer():
                       receipts=tuple(result.evidence.receipts), submitted=L.submission,
                       artefacts={L.submission: result.evidence.files[L.submission]})
     idle = dataclasses.replace(traj, episode=1, receipts=(), artefacts={}, submitted=None)
-    with RolloutScorer([_row(5, E2E, track="segmentation")] * 2, [inst.state()] * 2) as scorer:
+    with RolloutScorer([_row(5, E2E, track="segmentation")] * 2, [inst.state()] * 2, IMAGING) as scorer:
         scorer.submit(1, idle)
         scorer.submit(0, traj)
         got = scorer.results()
@@ -351,7 +354,7 @@ def _vqa_constant_answers(inst, out_dir, only_first=False):
 def test_constant_answers_are_not_a_smoke_run(seed):
     inst = VQA.generate(seed, "success")
     for only_first in (False, True):
-        result = play(VQA, inst, _Script([_vqa_constant_answers(inst, inst.layout.validation_dir, only_first)]),
+        result = play(IMAGING, inst, _Script([_vqa_constant_answers(inst, inst.layout.validation_dir, only_first)]),
                       focus="S3")
         assert result.evidence.receipts[0].exit_code == 0
         verdict = result.score.verdicts[Stage.VALIDATE]
@@ -397,13 +400,13 @@ def _seg_run(inst, cids, out_dir, zero_cids=()):
 def test_one_real_case_and_zero_masks_is_not_every_case_predicted(factory):
     inst = SEG.generate(8, "success")
     L, cids = inst.layout, inst.case_ids
-    honest = play(SEG, inst, _Script([_seg_run(inst, cids, L.pred_dir)]), focus="S4", make_sandbox=factory)
+    honest = play(IMAGING, inst, _Script([_seg_run(inst, cids, L.pred_dir)]), focus="S4", make_sandbox=factory)
     assert honest.score.reward == pytest.approx(1.0)
     real, zero = cids[1:2], cids[:1] + cids[2:]  # cids[0] is the smoke case: its output is in the start state
-    same_call = play(SEG, inst, _Script([_seg_run(inst, real, L.pred_dir, zero)]), focus="S4", make_sandbox=factory)
+    same_call = play(IMAGING, inst, _Script([_seg_run(inst, real, L.pred_dir, zero)]), focus="S4", make_sandbox=factory)
     v = same_call.score.verdicts[Stage.INFERENCE]
     assert v.evidence["receipt.inference"] is False and v.reward == 0.0  # a forged entry next to a real one
-    two_calls = play(SEG, inst, _Script([_seg_run(inst, real, L.pred_dir), _seg_run(inst, [], L.pred_dir, zero)]),
+    two_calls = play(IMAGING, inst, _Script([_seg_run(inst, real, L.pred_dir), _seg_run(inst, [], L.pred_dir, zero)]),
                      focus="S4", make_sandbox=factory)
     v = two_calls.score.verdicts[Stage.INFERENCE]
     assert v.items == {"inference.ran": True, "inference.all_usable": False} and v.reward == pytest.approx(0.5)
@@ -454,7 +457,7 @@ def _copies(inst):
 @pytest.mark.parametrize("kind", ["byte_copy", "reencoded", "staged_in_tmp"])
 def test_copying_the_smoke_runs_output_is_not_inference(factory, kind):
     inst = SEG.generate(8, "success")
-    result = play(SEG, inst, _Script(_copies(inst)[kind]), focus="S4", make_sandbox=factory)
+    result = play(IMAGING, inst, _Script(_copies(inst)[kind]), focus="S4", make_sandbox=factory)
     assert f"{inst.layout.validation_dir}/{inst.case_ids[0]}.nii.gz" in result.start_state.files
     assert all(r.exit_code == 0 for r in result.evidence.receipts)
     v = result.score.verdicts[Stage.INFERENCE]
@@ -469,7 +472,7 @@ def test_a_reserialised_json_entry_copy_is_not_inference():
     code = (f"import json, os\nopen('{L.method_dir}/model.py').read(); open('{inst.case(cid).file}', 'rb').read()\n"
             f"os.makedirs('{L.pred_dir}', exist_ok=True)\ne = json.load(open('{L.validation_json}'))['entry']\n"
             f"json.dump(dict(reversed(list(e.items()))), open('{L.pred_dir}/{cid}.json', 'w'), indent=3)")
-    result = play(CLS, inst, _Script([_py(code)]), focus="S4")
+    result = play(IMAGING, inst, _Script([_py(code)]), focus="S4")
     assert result.evidence.receipts[0].exit_code == 0
     assert result.score.verdicts[Stage.INFERENCE].evidence["receipt.inference"] is False
 
@@ -477,19 +480,19 @@ def test_a_reserialised_json_entry_copy_is_not_inference():
 def test_an_honest_rerun_of_the_smoke_case_still_counts():
     """The smoke case run again by the method in S4 is the method's own output of this call (a reduced task
     whose only usable case is the smoke case): novel because the call did not read the earlier output."""
-    from bat_jax.stage_bank import e2e_surrogate as e2e
+    from bat_jax.staged_benchmark.contract import Reduction
+    from bat_jax.tasks import e2e_reduce
 
     inst = SEG.generate(6, "failure")
-    reduced, _ = e2e.reduce_task(SEG, inst, e2e.Reduction(cases=2), 0)
+    reduced, _ = e2e_reduce.reduce_task(SEG, inst, Reduction(cases=2), 0)
     assert len(reduced.recoverable_ids()) == 1
-    result = play(SEG, reduced, ScriptedExpert())
-    assert {s.value: v.reward for s, v in result.score.verdicts.items()} == {s: 1.0 for s in
-                                                                               ("S1", "S2", "S3", "S4", "S5")}
+    result = play(IMAGING, reduced, ScriptedExpert())
+    assert {s: v.reward for s, v in result.score.verdicts.items()} == {s: 1.0 for s in ("S1", "S2", "S3", "S4", "S5")}
 
 
 def test_idle_policy_is_scored_zero_not_unscored(factory):
     inst = SEG.generate(5, "success")
-    result = play(SEG, inst, DoNothingPolicy(), make_sandbox=factory)
+    result = play(IMAGING, inst, DoNothingPolicy(), make_sandbox=factory)
     assert result.score.reward == 0.0
 
 
@@ -536,7 +539,7 @@ def test_a_scorer_exception_is_the_agents_failure_and_a_rebuild_failure_is_unsco
 
     task = heldout.training_task(VQA, 3, "success", 0)
     rows, trajs = [_row(3, "E2E")] * 3, [_trajectory(task, "E2E", k) for k in (1, 2, 3)]
-    with RolloutScorer(rows, [task.state()] * 3) as scorer:
+    with RolloutScorer(rows, [task.state()] * 3, IMAGING) as scorer:
         for i, t in enumerate(trajs):
             scorer.submit(i, t)
         plain = scorer.results()
@@ -548,14 +551,15 @@ def test_a_scorer_exception_is_the_agents_failure_and_a_rebuild_failure_is_unsco
         return broken(self, inst, files, submitted, limits)
 
     monkeypatch.setattr(type(VQA), "score_task", flaky)
-    with RolloutScorer(rows, [task.state()] * 3) as scorer:
+    with RolloutScorer(rows, [task.state()] * 3, IMAGING) as scorer:
         for i, t in enumerate(trajs):
             scorer.submit(i, t)
         got = scorer.results()
     assert got[1].reward == 0.0 and "MemoryError" in got[1].error  # trajectory 2 submitted
     assert [g.reward for g in (got[0], got[2])] == [plain[0].reward, plain[2].reward]
-    monkeypatch.setattr(row_reward, "row_task", lambda row: (_ for _ in ()).throw(KeyError("no such track")))
-    with RolloutScorer(rows, [task.state()] * 3) as scorer:
+    monkeypatch.setattr(row_reward, "row_task",
+                        lambda row, benchmark: (_ for _ in ()).throw(KeyError("no such track")))
+    with RolloutScorer(rows, [task.state()] * 3, IMAGING) as scorer:
         for i, t in enumerate(trajs):
             scorer.submit(i, t)
         got = scorer.results()

@@ -12,9 +12,12 @@ from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.types import Receipt
 from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
 from bat_jax.tasks import heldout
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
 from bat_jax.bicurl import reward as row_reward
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache, rollout_reward, score_rollouts, task_key
+
+IMAGING = ImagingBenchmark()
 
 
 def _row(seed, focus, variant="success", track="vqa"):
@@ -60,9 +63,9 @@ def batch():
 
 def test_cached_concurrent_scoring_equals_one_by_one(batch):
     rows, trajectories, starts = batch
-    plain = [rollout_reward(r, t, s) for r, t, s in zip(rows, trajectories, starts)]
-    cache = TaskCache(8)
-    cached = score_rollouts(rows, trajectories, starts, config=RewardConfig(max_workers=4), tasks=cache)
+    plain = [rollout_reward(r, t, s, IMAGING) for r, t, s in zip(rows, trajectories, starts)]
+    cache = TaskCache(IMAGING, 8)
+    cached = score_rollouts(rows, trajectories, starts, IMAGING, config=RewardConfig(max_workers=4), tasks=cache)
     assert cached == plain  # same values, same order (RolloutReward is a frozen dataclass: exact equality)
     # seed 3: S1 = mean of its 9 items (brief read, manifest read, plan ...); E2E = 0.5 x (Agentic-weighted stage
     # rewards: only S1 > 0, weight .25) + 0.5 x task, and rollout 2 adds the task metric 1/6
@@ -75,9 +78,9 @@ def test_scorer_takes_rollouts_out_of_order(batch):
     """`RolloutScorer` as the agent loop feeds it (positions in the order episodes end): the rewards of scoring
     one by one, in position order; a position given twice, out of range or never given is an error."""
     rows, trajectories, starts = batch
-    plain = [rollout_reward(r, t, s) for r, t, s in zip(rows, trajectories, starts)]
+    plain = [rollout_reward(r, t, s, IMAGING) for r, t, s in zip(rows, trajectories, starts)]
     order = list(np.random.default_rng(0).permutation(len(rows)))
-    with RolloutScorer(rows, starts, config=RewardConfig(max_workers=3)) as scorer:
+    with RolloutScorer(rows, starts, IMAGING, config=RewardConfig(max_workers=3)) as scorer:
         for i in order:
             scorer.submit(int(i), trajectories[i])
         assert scorer.results() == plain
@@ -85,12 +88,12 @@ def test_scorer_takes_rollouts_out_of_order(batch):
             scorer.submit(5, trajectories[5])
         with pytest.raises(ValueError, match="position 24 is out of range"):
             scorer.submit(24, trajectories[0])
-    with RolloutScorer(rows[:3], starts[:3]) as scorer:
+    with RolloutScorer(rows[:3], starts[:3], IMAGING) as scorer:
         scorer.submit(1, trajectories[1])
         with pytest.raises(ValueError, match=r"positions \[0, 2\] were never submitted"):
             scorer.results()
     with pytest.raises(ValueError, match="2 rows and 1 start states"):
-        RolloutScorer(rows[:2], starts[:1])
+        RolloutScorer(rows[:2], starts[:1], IMAGING)
 
 
 def test_the_task_is_built_once_per_distinct_provenance(batch, monkeypatch):
@@ -98,14 +101,15 @@ def test_the_task_is_built_once_per_distinct_provenance(batch, monkeypatch):
     calls, real = [], row_reward.row_task
     lock = threading.Lock()
 
-    def counting(row):
+    def counting(row, benchmark):
+        assert benchmark is IMAGING
         with lock:
             calls.append(task_key(row))
-        return real(row)
+        return real(row, benchmark)
 
     monkeypatch.setattr(row_reward, "row_task", counting)
     other = _row(3, "S1", variant="recovery")  # same seed, other variant: another task
-    score_rollouts(rows + [other], trajectories + [trajectories[0]], starts + [starts[0]],
+    score_rollouts(rows + [other], trajectories + [trajectories[0]], starts + [starts[0]], IMAGING,
                    config=RewardConfig(max_workers=8))
     assert sorted(calls) == sorted({task_key(rows[0]), task_key(rows[12]), task_key(other)})
     assert task_key(rows[0]) == task_key(rows[4]) != task_key(rows[12])  # S1 and E2E rows of seed 3 share it
@@ -113,13 +117,13 @@ def test_the_task_is_built_once_per_distinct_provenance(batch, monkeypatch):
 
 def test_the_cache_is_bounded_lru(batch, monkeypatch):
     rows = batch[0]
-    cache = TaskCache(maxsize=1)
+    cache = TaskCache(IMAGING, maxsize=1)
     first = cache.get(rows[0])
     assert cache.get(rows[1]) is first and cache.builds == 1
     cache.get(rows[12])  # evicts seed 3
     cache.get(rows[0])
     assert cache.builds == 3
-    assert first[1].state().digest() == cache.get(rows[0])[1].state().digest()
+    assert first.state().digest() == cache.get(rows[0]).state().digest()
 
 
 def test_config_errors_name_the_field(batch):
@@ -128,10 +132,10 @@ def test_config_errors_name_the_field(batch):
     with pytest.raises(ValueError, match="RewardConfig.task_cache_size"):
         RewardConfig(task_cache_size=0)
     with pytest.raises(ValueError, match="maxsize"):
-        TaskCache(0)
+        TaskCache(IMAGING, 0)
     rows, trajectories, starts = batch
     with pytest.raises(ValueError, match="2 rows, 1 trajectories"):
-        score_rollouts(rows[:2], trajectories[:1], starts[:2])
+        score_rollouts(rows[:2], trajectories[:1], starts[:2], IMAGING)
     assert dataclasses.asdict(RewardConfig()) == {
         "max_workers": 4, "task_cache_size": 32,
         "decode": {"max_json_bytes": 1 << 20, "max_json_depth": 32, "max_text_bytes": 1 << 20,

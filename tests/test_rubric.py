@@ -6,7 +6,7 @@ import random
 import pytest
 
 from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell
-from bat_jax.benchmark.stages import STAGES, Stage
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.sandbox.types import Receipt
 from bat_jax.verify.rubric import (
     REWARD_VERSION, Evidence, EvidenceRequirement, Rubric, RubricItem, ScorerError, e2e_reward, score, verify_stage)
@@ -29,7 +29,7 @@ def _rubric():
         RubricItem("logged", Stage.VALIDATE, "log ok", ("f.log",), lambda ev: True),
         RubricItem("claim", Stage.VALIDATE, "claims done", (), lambda ev: True),
     )
-    return Rubric(items, req)
+    return Rubric(items, req, STAGES)
 
 
 def test_reward_is_eta_times_item_mean():
@@ -65,63 +65,66 @@ def test_claim_without_evidence_is_discounted_by_eta():
 def test_infrastructure_failure_is_unscored_not_zero():
     ev = Evidence((), {}, infra_error="sandbox died")
     assert verify_stage(_rubric(), "S3", ev) is None
-    s = score(_rubric(), ev, task=None, stages=("S3",))
+    s = score(_rubric(), ev, task=None, focus="S3")
     assert s.reward is None and s.task is None and s.version == REWARD_VERSION
 
 
 def test_unknown_evidence_key_and_stage_without_items_raise():
     with pytest.raises(ValueError, match="unknown evidence"):
-        Rubric((RubricItem("x", Stage.PLAN, "x", ("nope",), lambda ev: True),), {})
+        Rubric((RubricItem("x", Stage.PLAN, "x", ("nope",), lambda ev: True),), {}, STAGES)
     with pytest.raises(ValueError, match="no items for stage S1"):
         verify_stage(_rubric(), "S1", Evidence((), {}))
+    with pytest.raises(ValueError, match="'x' is tagged with stage 'S6', which benchmark 'imaging' does not have"):
+        Rubric((RubricItem("x", "S6", "x", (), lambda ev: True),), {}, STAGES)
 
 
 def test_e2e_reward_released_code_formula_and_cell():
     rewards = {Stage.PLAN: 1.0, Stage.SETUP: 0.5, Stage.VALIDATE: 0.0, Stage.INFERENCE: 1.0, Stage.SUBMIT: 1.0}
     # released code: 0.5 * (.25 * 1 + .15 * .5 + .35 * 0 + .15 * 1 + .10 * 1) + 0.5 * task
-    assert e2e_reward(rewards, 0.6) == pytest.approx(0.5 * 0.575 + 0.5 * 0.6)
-    assert e2e_reward({**rewards, Stage.SETUP: None}, 0.6) is None
-    assert e2e_reward(rewards, None) is None
-    items = tuple(RubricItem(f"i{s.value}", s, "ok", ("f.out",), lambda ev: True) for s in STAGES)
-    rub = Rubric(items, {"f.out": EvidenceRequirement("f.out", "", lambda ev: "out.json" in ev.files)})
+    assert e2e_reward(rewards, 0.6, STAGES) == pytest.approx(0.5 * 0.575 + 0.5 * 0.6)
+    assert e2e_reward({**rewards, Stage.SETUP: None}, 0.6, STAGES) is None
+    assert e2e_reward(rewards, None, STAGES) is None
+    items = tuple(RubricItem(f"i{s}", s, "ok", ("f.out",), lambda ev: True) for s in STAGES.ids)
+    rub = Rubric(items, {"f.out": EvidenceRequirement("f.out", "", lambda ev: "out.json" in ev.files)}, STAGES)
     sc = score(rub, Evidence((), {"out.json": b"{}"}), task=0.4)
     assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4) and sc.version == "bat_rubric/v5"
-    cell = sc.to_cell("segmentation", 2)
-    assert isinstance(cell, Cell) and cell.task == 0.4 and cell.agentic() == pytest.approx(1.0)
-    single = score(rub, Evidence((), {}), task=0.4, stages=("S2",))
+    cell = sc.to_cell("segmentation", 2, STAGES)
+    assert isinstance(cell, Cell) and cell.task == 0.4 and cell.agentic(STAGES) == pytest.approx(1.0)
+    single = score(rub, Evidence((), {}), task=0.4, focus="S2")
     assert single.reward == 0.0 and list(single.verdicts) == [Stage.SETUP]
     with pytest.raises(ValueError, match="missing"):
-        single.to_cell("segmentation", 0)
+        single.to_cell("segmentation", 0, STAGES)
 
 
 def test_e2e_reward_weights_stages_by_the_agentic_weights_as_released():
     """All S1 items pass, every other item fails, task 0: released 0.5 * 0.25 = 0.125 (an unweighted stage mean
     would give 0.100)."""
-    items = tuple(RubricItem(f"i{s.value}", s, "ok", (), (lambda ev, s=s: s is Stage.PLAN)) for s in STAGES)
-    sc = score(Rubric(items, {}), Evidence((), {}), task=0.0)
+    items = tuple(RubricItem(f"i{s}", s, "ok", (), (lambda ev, s=s: s == Stage.PLAN)) for s in STAGES.ids)
+    sc = score(Rubric(items, {}, STAGES), Evidence((), {}), task=0.0)
     assert sc.stage_rewards() == {Stage.PLAN: 1.0, Stage.SETUP: 0.0, Stage.VALIDATE: 0.0, Stage.INFERENCE: 0.0,
                                   Stage.SUBMIT: 0.0}
     assert sc.reward == pytest.approx(0.125, abs=1e-15)
     # each stage alone passing: its weight / 2; random stage scores: the released weighted sum
     for stage, w in zip(STAGES, (0.25, 0.15, 0.35, 0.15, 0.10)):
-        assert e2e_reward({s: float(s is stage) for s in STAGES}, 0.0) == pytest.approx(w / 2)
+        assert e2e_reward({s: float(s == stage) for s in STAGES.ids}, 0.0, STAGES) == pytest.approx(w / 2)
     rng = random.Random(0)
     for _ in range(20):
-        r, task = {s: rng.random() for s in STAGES}, rng.random()
+        r, task = {s: rng.random() for s in STAGES.ids}, rng.random()
         released = 0.5 * sum(w * r[s] for s, w in zip(STAGES, (0.25, 0.15, 0.35, 0.15, 0.10))) + 0.5 * task
-        assert e2e_reward(r, task) == pytest.approx(released, abs=1e-12)
+        assert e2e_reward(r, task, STAGES) == pytest.approx(released, abs=1e-12)
 
 
 def test_e2e_reward_renormalises_over_applicable_stages_and_refuses_bad_scores():
     # S5 not applicable: S1's weight .25 over .90; only S1 and S3 given: .25 over .60
     r = {Stage.PLAN: 1.0, Stage.SETUP: 0.0, Stage.VALIDATE: 0.0, Stage.INFERENCE: 0.0, Stage.SUBMIT: NOT_APPLICABLE}
-    assert e2e_reward(r, 0.0) == pytest.approx(0.5 * 0.25 / 0.90)
-    assert e2e_reward({Stage.PLAN: 1.0, "S3": 0.0}, 1.0) == pytest.approx(0.5 * 0.25 / 0.60 + 0.5)
-    assert e2e_reward({}, 1.0) is None and e2e_reward(dict.fromkeys(STAGES, NOT_APPLICABLE), 1.0) is None
+    assert e2e_reward(r, 0.0, STAGES) == pytest.approx(0.5 * 0.25 / 0.90)
+    assert e2e_reward({Stage.PLAN: 1.0, "S3": 0.0}, 1.0, STAGES) == pytest.approx(0.5 * 0.25 / 0.60 + 0.5)
+    assert e2e_reward({}, 1.0, STAGES) is None
+    assert e2e_reward(dict.fromkeys(STAGES, NOT_APPLICABLE), 1.0, STAGES) is None
     with pytest.raises(ScorerError, match="task metric must be in"):
-        e2e_reward({Stage.PLAN: 1.0}, float("nan"))
+        e2e_reward({Stage.PLAN: 1.0}, float("nan"), STAGES)
     with pytest.raises(ValueError, match="S2"):
-        e2e_reward({Stage.SETUP: 1.5}, 0.0)
+        e2e_reward({Stage.SETUP: 1.5}, 0.0, STAGES)
 
 
 class _StubClient:
@@ -144,7 +147,7 @@ def _judged_rubric(judge):
     req = {"f.plan": EvidenceRequirement("f.plan", "plan exists", lambda ev: "plan.md" in ev.files)}
     item = judged_item("plan.recovery", Stage.PLAN, "the plan names a recovery step", ("f.plan",), judge,
                        lambda ev: render_evidence(ev, ("plan.md",)))
-    return Rubric((item,), req)
+    return Rubric((item,), req, STAGES)
 
 
 def test_llm_judge_items_and_unscored_on_judge_failure():

@@ -1097,11 +1097,14 @@ def test_dead_sandbox_keeps_receipts_and_answers_with_errors(client):
 # episode is. Contained means: the episode is scored (never "unscored" for what the agent wrote), the reward is
 # finite and earns nothing for the trick, and reading and scoring cost the host bounded memory and time.
 
-from bat_jax.benchmark.stages import Stage  # noqa: E402
 from bat_jax.sandbox.tools import Action  # noqa: E402
 from bat_jax.rollout.play import play, stage_start_state  # noqa: E402
+from bat_jax.tasks.benchmark import ImagingBenchmark  # noqa: E402
 from bat_jax.tasks.registry import get_track  # noqa: E402
+from bat_jax.tasks.stages import Stage  # noqa: E402
 from bat_jax.tasks.teacher import ScriptedExpert  # noqa: E402
+
+IMAGING = ImagingBenchmark()
 
 SEG_TRACK = get_track("segmentation")
 SEG_TASK = SEG_TRACK.generate(8, "success")
@@ -1128,12 +1131,12 @@ def make(client):
 @pytest.fixture(scope="module")
 def seg_s4_start(make):
     """The segmentation task's S4 start state (the expert's prefix: it holds the smoke run's output)."""
-    return stage_start_state(make, SEG_TASK.state(), SEG_TASK.brief, SEG_TASK.task_id, ScriptedExpert(), "S4")
+    return stage_start_state(make, IMAGING, SEG_TASK, ScriptedExpert(), "S4")
 
 
-def _played(track, inst, actions, make, **kw):
+def _played(inst, actions, make, **kw):
     with host_cost() as cost:
-        result = play(track, inst, _Script(actions), make_sandbox=make, **kw)
+        result = play(IMAGING, inst, _Script(actions), make_sandbox=make, **kw)
     assert not result.evidence.infra_error, result.evidence.infra_error
     assert result.score.reward is not None and math.isfinite(result.score.reward)
     assert cost.growth < HOST_RSS_LIMIT and cost.seconds < 4 * EVIDENCE_SECONDS, vars(cost)
@@ -1159,7 +1162,7 @@ def test_odd_names_are_read_back_and_scored_like_an_idle_episode(make, name):
     actions = [_act("bash", code)]
     if name in ("fifo-as-submission", "symlinks-out-and-loop"):
         actions.append(Action("", "submit", {"path": "outputs/submission.json"}))
-    result = _played(SEG_TRACK, SEG_TASK, actions, make)
+    result = _played(SEG_TASK, actions, make)
     assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
     assert result.score.reward == pytest.approx(ONE_READ)
     if len(actions) > 1:  # a FIFO or a symlink is not a regular file: the submit is refused, nothing hangs
@@ -1221,7 +1224,7 @@ def test_array_bombs_named_by_every_entry_cost_the_host_nothing(make, bomb):
             f"'{L.pred_dir}/bomb{ext}'}}\n    json.dump(preds[cid], open('{L.pred_dir}/' + cid + '.json', 'w'))\n"
             f"json.dump({{'task_id': '{inst.task_id}', 'predictions': preds}}, open('{L.submission}', 'w'))\n"
             f"print(len(data))")
-    result = _played(track, inst, [_act("python", code), Action("", "submit", {"path": L.submission})], make)
+    result = _played(inst, [_act("python", code), Action("", "submit", {"path": L.submission})], make)
     assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
     assert 0 < int(result.evidence.receipts[0].stdout) < 2 << 20  # a small file on the wire
     assert 0.0 <= result.score.task < 1e-6  # unreadable (0), or 1e308 noise: no structure in common
@@ -1250,7 +1253,7 @@ def test_json_bombs_in_the_submission_are_scored_not_crashed(make, bomb):
     L = inst.layout
     code = (f"import json, os\nS, T, C = '{L.submission}', '{inst.task_id}', '{inst.case_ids[0]}'\n"
             f"os.makedirs('{L.outputs_dir}', exist_ok=True)\n{write}")
-    result = _played(track, inst, [_act("python", code), Action("", "submit", {"path": L.submission})], make)
+    result = _played(inst, [_act("python", code), Action("", "submit", {"path": L.submission})], make)
     assert result.evidence.receipts[0].exit_code == 0 and result.evidence.submitted == L.submission
     assert 0.0 <= result.score.task <= 1.0 / len(inst.cases)  # at most the one case a report may hit
     assert result.score.verdicts[Stage.SUBMIT].items["submit.schema"] is (bomb == "report-of-900-kilobytes")
@@ -1275,7 +1278,7 @@ def _copy_attempts(inst):
 @pytest.mark.parametrize("kind", ["hard-link", "move", "symlink", "cat-redirect", "gzip-recompressed",
                                   "through-dev-shm"])
 def test_copies_of_the_smoke_output_are_not_inference(make, seg_s4_start, kind):
-    result = _played(SEG_TRACK, SEG_TASK, [_act("bash", _copy_attempts(SEG_TASK)[kind])], make, focus="S4",
+    result = _played(SEG_TASK, [_act("bash", _copy_attempts(SEG_TASK)[kind])], make, focus="S4",
                      start_state=seg_s4_start)
     assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
     verdict = result.score.verdicts[Stage.INFERENCE]
@@ -1288,7 +1291,7 @@ def test_another_cases_output_next_to_a_real_one_disqualifies_the_call(make, seg
             f"rows = {{r['case_id']: r for r in csv.DictReader(open('{L.cases_csv}'))}}\n"
             f"pred = model.predict(model.load_input(rows['{c1}']['file']), rows['{c1}'], model.load_config())\n"
             f"model.save_prediction(pred, '{L.pred_dir}', '{c1}')\nmodel.save_prediction(pred, '{L.pred_dir}', '{c2}')")
-    result = _played(SEG_TRACK, SEG_TASK, [_act("python", code)], make, focus="S4", start_state=seg_s4_start)
+    result = _played(SEG_TASK, [_act("python", code)], make, focus="S4", start_state=seg_s4_start)
     assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
     assert result.score.verdicts[Stage.INFERENCE].evidence["receipt.inference"] is False
 
@@ -1301,7 +1304,7 @@ def test_guessed_vqa_answer_with_typical_measurements_is_not_a_smoke_run(make):
     code = (f"import json, os\nopen('{L.method_dir}/model.py').read(); open('{case.file}', 'rb').read()\n"
             f"os.makedirs('{L.validation_dir}', exist_ok=True)\n"
             f"json.dump({guess!r}, open('{L.validation_dir}/{case.case_id}.json', 'w'))")
-    result = _played(vqa, inst, [_act("python", code)], make, focus="S3")
+    result = _played(inst, [_act("python", code)], make, focus="S3")
     assert result.evidence.receipts[0].exit_code == 0, result.evidence.receipts[0]
     assert result.score.verdicts[Stage.VALIDATE].evidence["receipt.smoke_run"] is False
 

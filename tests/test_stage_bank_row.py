@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from bat_jax.benchmark.stages import Stage
+from bat_jax.staged_benchmark.contract import BenchmarkError
+from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.tasks.stages import Stage
 from bat_jax.sandbox import tools
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import SandboxState
@@ -69,7 +71,7 @@ def test_state_id_is_stable_and_keyed_by_source_focus_state_outcome():
     assert rl_row(focus="S4").state_id != row.state_id
 
 
-def test_rl_row_roundtrip_and_stage_enum_focus():
+def test_rl_row_roundtrip_and_stage_id_focus():
     row = rl_row(focus=Stage.VALIDATE)
     assert row.focus == "S3" and row.track == "segmentation" and row.outcome == "success"
     back = rl_row_from_dict(json.loads(json.dumps(row.to_record())))
@@ -78,7 +80,7 @@ def test_rl_row_roundtrip_and_stage_enum_focus():
 
 
 @pytest.mark.parametrize("kw, field", [
-    (dict(focus="S9"), "focus"),
+    (dict(focus="S3 Validate"), "focus"), (dict(focus=""), "focus"), (dict(focus=3), "focus"),
     (dict(rubric=()), "rubric"),
     (dict(provenance=provenance(outcome="win")), "provenance.outcome"),
     (dict(provenance=provenance(track="Seg Track")), "provenance.track"),
@@ -91,6 +93,16 @@ def test_rl_row_validation_names_field(kw, field):
     with pytest.raises(RowValidationError) as e:
         rl_row(**kw)
     assert e.value.field == field and repr(field) in str(e.value)
+
+
+def test_a_focus_the_benchmark_lacks_is_refused_naming_the_row():
+    """A row's focus is a stage id of its bank's benchmark: 'S9' has the form of one, and the run that opens the bank
+    refuses it naming the row, the field and the benchmark's stages."""
+    imaging = ImagingBenchmark()
+    assert [imaging.check_focus(f, "row") for f in ("E2E", "S3", "Validate")] == ["E2E", "S3", "S3"]
+    with pytest.raises(BenchmarkError, match=r"bank rl row 3 field 'focus': focus 'S9' is not a stage of benchmark "
+                                             r"'imaging' \(stages \['S1', 'S2', 'S3', 'S4', 'S5'\], or 'E2E'\)"):
+        imaging.check_focus(rl_row(focus="S9").focus, "bank rl row 3 field 'focus'")
 
 
 def test_from_dict_error_names_file_row_and_field():

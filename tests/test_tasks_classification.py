@@ -8,9 +8,12 @@ from bat_jax.benchmark.scoring import overall_score
 from bat_jax.tasks.classification import CLASSES
 from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
+from bat_jax.tasks.stages import STAGES
 from bat_jax.tasks.teacher import DoNothingPolicy, RandomCommandPolicy, ScriptedExpert
 
+IMAGING = ImagingBenchmark()
 TRACK = get_track("classification")
 
 
@@ -50,23 +53,23 @@ def test_format_checker():
 
 def test_expert_scores_high_on_heldout_recovery_task(factory):
     inst = heldout_suite(1, ("recovery",), tracks=["classification"])[0]
-    result = play(TRACK, inst, ScriptedExpert(), make_sandbox=factory)
-    cell = result.score.to_cell("classification", 0)
-    assert cell.agentic() == pytest.approx(1.0) and cell.task == pytest.approx(1.0)
-    assert overall_score(cell.task, cell.agentic()) >= 0.9
+    result = play(IMAGING, inst, ScriptedExpert(), make_sandbox=factory)
+    cell = result.score.to_cell("classification", 0, STAGES)
+    assert cell.agentic(STAGES) == pytest.approx(1.0) and cell.task == pytest.approx(1.0)
+    assert overall_score(cell.task, cell.agentic(STAGES)) >= 0.9
 
 
 def test_expert_on_failure_variant_reports_the_lost_case():
     inst = TRACK.generate(4, "failure")
-    result = play(TRACK, inst, ScriptedExpert())
+    result = play(IMAGING, inst, ScriptedExpert())
     sub = json.loads(result.evidence.files[inst.layout.submission])
     assert list(sub["failed"]) == [inst.fault.case_id] and inst.fault.case_id not in sub["predictions"]
     assert result.score.task == pytest.approx(5 / 6)  # the lost case scores 0
-    assert result.score.to_cell("classification", 0).agentic() == pytest.approx(1.0)
+    assert result.score.to_cell("classification", 0, STAGES).agentic(STAGES) == pytest.approx(1.0)
 
 
 def test_baselines_score_at_most_ten_percent():
     inst = TRACK.generate(9)
     for policy in (DoNothingPolicy(), RandomCommandPolicy(seed=1, n_turns=6)):
-        cell = play(TRACK, inst, policy).score.to_cell("classification", 0)
-        assert overall_score(cell.task, cell.agentic()) <= 0.10
+        cell = play(IMAGING, inst, policy).score.to_cell("classification", 0, STAGES)
+        assert overall_score(cell.task, cell.agentic(STAGES)) <= 0.10

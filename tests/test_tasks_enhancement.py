@@ -10,9 +10,12 @@ from bat_jax.tasks.base import decode_array, encode_input
 from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.metrics import psnr, ssim
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
+from bat_jax.tasks.stages import STAGES
 from bat_jax.tasks.teacher import ScriptedExpert
 
+IMAGING = ImagingBenchmark()
 TRACK = get_track("enhancement")
 
 
@@ -46,11 +49,11 @@ def test_ssim_metric_on_hand_built_submissions():
 
 def test_expert_beats_the_noisy_input(factory):
     inst = heldout_suite(1, ("recovery",), tracks=["enhancement"])[0]
-    result = play(TRACK, inst, ScriptedExpert(), make_sandbox=factory)
-    cell = result.score.to_cell("enhancement", 0)
+    result = play(IMAGING, inst, ScriptedExpert(), make_sandbox=factory)
+    cell = result.score.to_cell("enhancement", 0, STAGES)
     sub = json.loads(result.evidence.files[inst.layout.submission])
     baseline = np.mean([ssim(c.target, decode_array(result.evidence.files[c.file], c.file), 1.0)
                         for c in inst.cases])
     assert set(sub["predictions"]) == set(inst.case_ids)
-    assert cell.task > baseline and cell.agentic() == pytest.approx(1.0)
-    assert overall_score(cell.task, cell.agentic()) >= 0.9
+    assert cell.task > baseline and cell.agentic(STAGES) == pytest.approx(1.0)
+    assert overall_score(cell.task, cell.agentic(STAGES)) >= 0.9

@@ -8,15 +8,18 @@ from openai_stub import FakeChatServer
 
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 
-from bat_jax.benchmark.stages import E2E, Stage
+from bat_jax.benchmark.stages import E2E
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.rollout.action_loop import run_action_episode
 from bat_jax.sandbox.tools import Action
-from bat_jax.tasks.episode import Conversation, PolicyError
+from bat_jax.staged_benchmark.episode import Conversation, PolicyError
 from bat_jax.sandbox.backends import local_sandbox
 from bat_jax.rollout.play import play, stage_start_state
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import ChatTeacher, RandomCommandPolicy, ScriptedExpert
 
+IMAGING = ImagingBenchmark()
 SEG = get_track("segmentation")
 
 
@@ -27,12 +30,11 @@ def recovery_task():
 
 @pytest.fixture(scope="module")
 def s3_start(recovery_task):
-    inst = recovery_task
-    return stage_start_state(local_sandbox, inst.state(), inst.brief, inst.task_id, ScriptedExpert(), "S3")
+    return stage_start_state(local_sandbox, IMAGING, recovery_task, ScriptedExpert(), "S3")
 
 
 def test_e2e_episode_records_stages_in_order(recovery_task):
-    result = play(SEG, recovery_task, ScriptedExpert())
+    result = play(IMAGING, recovery_task, ScriptedExpert())
     ep = result.episode
     bounds = ep.boundaries()
     assert list(bounds) == ["S1", "S2", "S3", "S4", "S5"]
@@ -53,15 +55,15 @@ def test_stage_start_state_is_the_boundary(recovery_task, s3_start):
 
 
 def test_stage_focus_is_scored_on_that_stage_only(recovery_task, s3_start):
-    result = play(SEG, recovery_task, ScriptedExpert(), focus="S3", start_state=s3_start)
+    result = play(IMAGING, recovery_task, ScriptedExpert(), focus="S3", start_state=s3_start)
     assert list(result.score.verdicts) == [Stage.VALIDATE] and result.score.task is None  # the metric is E2E's
     assert {t.stage for t in result.episode.turns} == {Stage.VALIDATE}
     assert result.score.reward == pytest.approx(1.0)
 
 
 def test_removing_the_diagnosis_step_loses_validate_credit(recovery_task, s3_start):
-    full = play(SEG, recovery_task, ScriptedExpert(), focus="S3", start_state=s3_start)
-    ablated = play(SEG, recovery_task, ScriptedExpert(diagnose=False), focus="S3", start_state=s3_start)
+    full = play(IMAGING, recovery_task, ScriptedExpert(), focus="S3", start_state=s3_start)
+    ablated = play(IMAGING, recovery_task, ScriptedExpert(diagnose=False), focus="S3", start_state=s3_start)
     v = ablated.score.verdicts[Stage.VALIDATE]
     assert v.items["validate.issues"] is False and v.eta == pytest.approx(1.0)
     # 3 of 4 Validate items pass with all evidence present → r = 1 · 3/4
@@ -71,8 +73,9 @@ def test_removing_the_diagnosis_step_loses_validate_credit(recovery_task, s3_sta
 def test_random_commands_score_at_most_ten_percent():
     for name in ("detection", "vqa"):
         track = get_track(name)
-        cell = play(track, track.generate(30), RandomCommandPolicy(seed=2, n_turns=5)).score.to_cell(name, 0)
-        assert cell.task == 0.0 and cell.agentic() <= 0.10
+        cell = play(IMAGING, track.generate(30), RandomCommandPolicy(seed=2, n_turns=5)).score.to_cell(name, 0,
+                                                                                                      STAGES)
+        assert cell.task == 0.0 and cell.agentic(STAGES) <= 0.10
 
 
 def test_action_parsing_names_bad_fields():
@@ -96,7 +99,7 @@ def test_chat_teacher_parses_actions_and_retries(monkeypatch):
     try:
         teacher = ChatTeacher(ChatEndpointConfig(server.url, "m1", "BAT_TEST_KEY", timeout_s=5,
                                                  max_retries=2, backoff_s=0.5), sleep=sleeps.append)
-        got = teacher(Conversation("brief", E2E))
+        got = teacher(Conversation("brief", E2E, IMAGING.row_skill(E2E), STAGES))
     finally:
         server.close()
     assert got.to_dict() == action and got.stage is None and sleeps == [0.5]
@@ -111,16 +114,17 @@ def test_chat_teacher_failures_are_rejections(recovery_task):
         teacher = ChatTeacher(ChatEndpointConfig(server.url, "m", "", timeout_s=5, max_retries=1,
                                                  backoff_s=0.1), sleep=lambda s: None)
         with pytest.raises(PolicyError, match="unreachable"):
-            teacher(Conversation("b", E2E))
+            teacher(Conversation("b", E2E, IMAGING.row_skill(E2E), STAGES))
         box = local_sandbox(recovery_task.state())
         try:
-            ep = run_action_episode(teacher, box, recovery_task.brief, recovery_task.task_id)
+            ep = run_action_episode(teacher, box, recovery_task.brief, recovery_task.task_id, STAGES,
+                                    IMAGING.row_skill(E2E))
         finally:
             box.close()
-        result = play(SEG, recovery_task, teacher)  # the server now answers 500: rejected → unscored
+        result = play(IMAGING, recovery_task, teacher)  # the server now answers 500: rejected → unscored
     finally:
         server.close()
     assert ep.end_reason == "rejected" and ep.rejected.startswith("teacher bad_reply")
     assert result.episode.rejected.startswith("teacher unreachable")
     assert result.score.reward is None and result.score.task is None
-    assert result.score.to_cell("segmentation", 0).scored() is False
+    assert result.score.to_cell("segmentation", 0, STAGES).scored(STAGES) is False

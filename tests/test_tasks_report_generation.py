@@ -7,10 +7,13 @@ from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite
 from bat_jax.tasks.layout import HELDOUT_LAYOUT
 from bat_jax.tasks.metrics import report_labels
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.report_generation import FINDINGS
+from bat_jax.tasks.stages import STAGES
 from bat_jax.tasks.teacher import ScriptedExpert
 
+IMAGING = ImagingBenchmark()
 TRACK = get_track("report")
 
 
@@ -39,6 +42,6 @@ def test_label_f1_on_hand_written_reports():
 
 def test_expert_scores_high_on_heldout_recovery_task(factory):
     inst = heldout_suite(1, ("recovery",), tracks=["report"])[0]
-    cell = play(TRACK, inst, ScriptedExpert(), make_sandbox=factory).score.to_cell("report", 0)
-    assert cell.agentic() == pytest.approx(1.0)
-    assert overall_score(cell.task, cell.agentic()) >= 0.9
+    cell = play(IMAGING, inst, ScriptedExpert(), make_sandbox=factory).score.to_cell("report", 0, STAGES)
+    assert cell.agentic(STAGES) == pytest.approx(1.0)
+    assert overall_score(cell.task, cell.agentic(STAGES)) >= 0.9

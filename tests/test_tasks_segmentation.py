@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 
 from bat_jax.benchmark.scoring import overall_score
-from bat_jax.benchmark.stages import Stage
+from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.tasks.base import decode_array, encode_input
 from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert
 
+IMAGING = ImagingBenchmark()
 TRACK = get_track("segmentation")
 
 
@@ -71,18 +73,18 @@ def test_format_checker_names_the_bad_field():
 def test_expert_scores_high_on_heldout_recovery_task(factory):
     inst = heldout_suite(1, ("recovery",), tracks=["segmentation"])[0]
     assert inst.fault is not None and inst.fault.recoverable
-    result = play(TRACK, inst, ScriptedExpert(), make_sandbox=factory)
-    cell = result.score.to_cell("segmentation", 0)
-    assert cell.agentic() == pytest.approx(1.0)
+    result = play(IMAGING, inst, ScriptedExpert(), make_sandbox=factory)
+    cell = result.score.to_cell("segmentation", 0, STAGES)
+    assert cell.agentic(STAGES) == pytest.approx(1.0)
     assert result.score.task >= 0.9
-    assert overall_score(cell.task, cell.agentic()) >= 0.9
+    assert overall_score(cell.task, cell.agentic(STAGES)) >= 0.9
 
 
 def test_do_nothing_scores_zero():
     inst = TRACK.generate(8, "success")
-    result = play(TRACK, inst, DoNothingPolicy())
-    cell = result.score.to_cell("segmentation", 0)
-    assert cell.task == 0.0 and cell.agentic() == 0.0
+    result = play(IMAGING, inst, DoNothingPolicy())
+    cell = result.score.to_cell("segmentation", 0, STAGES)
+    assert cell.task == 0.0 and cell.agentic(STAGES) == 0.0
 
 
 def test_wrong_voxel_spacing_is_diagnosed_and_repaired():
@@ -93,11 +95,11 @@ def test_wrong_voxel_spacing_is_diagnosed_and_repaired():
     victim = inst.case(inst.fault.case_id)
     header = nib.Nifti1Image.from_bytes(gzip.decompress(inst.files[victim.file])).header
     assert tuple(float(z) for z in header.get_zooms()) == (2.0, 2.0, 4.0)  # manifest says 1,1,2
-    full = play(TRACK, inst, ScriptedExpert())
+    full = play(IMAGING, inst, ScriptedExpert())
     issues = json.loads(full.evidence.files[inst.layout.validation_json])["issues"]
     assert issues == [{"case_id": victim.case_id, "kind": "spacing", "action": "repaired"}]
-    assert full.score.to_cell("segmentation", 0).agentic() == pytest.approx(1.0)
-    blind = play(TRACK, inst, ScriptedExpert(diagnose=False))
+    assert full.score.to_cell("segmentation", 0, STAGES).agentic(STAGES) == pytest.approx(1.0)
+    blind = play(IMAGING, inst, ScriptedExpert(diagnose=False))
     pred = json.loads(blind.evidence.files[f"{inst.layout.pred_dir}/{victim.case_id}.json"])["mask"]
     # unrepaired: the method resamples the volume by 2x → a 32x32x16 mask, which scores 0 for that case
     assert decode_array(blind.evidence.files[pred], pred).shape == (32, 32, 16)

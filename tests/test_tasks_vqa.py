@@ -8,10 +8,13 @@ import pytest
 from bat_jax.benchmark.scoring import overall_score
 from bat_jax.rollout.play import play
 from bat_jax.tasks.heldout import heldout_suite
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
+from bat_jax.tasks.stages import STAGES
 from bat_jax.tasks.teacher import ScriptedExpert
 from bat_jax.tasks.vqa import QUESTIONS
 
+IMAGING = ImagingBenchmark()
 TRACK = get_track("vqa")
 
 
@@ -35,6 +38,6 @@ def test_accuracy_on_hand_built_answers():
 def test_expert_scores_high_on_heldout_recovery_task(factory):
     inst = heldout_suite(1, ("recovery",), tracks=["vqa"])[0]
     assert all(c.meta["question"] in QUESTIONS[1].values() for c in inst.cases)
-    cell = play(TRACK, inst, ScriptedExpert(), make_sandbox=factory).score.to_cell("vqa", 0)
-    assert cell.agentic() == pytest.approx(1.0)
-    assert overall_score(cell.task, cell.agentic()) >= 0.9
+    cell = play(IMAGING, inst, ScriptedExpert(), make_sandbox=factory).score.to_cell("vqa", 0, STAGES)
+    assert cell.agentic(STAGES) == pytest.approx(1.0)
+    assert overall_score(cell.task, cell.agentic(STAGES)) >= 0.9

@@ -8,6 +8,10 @@ from tokenizers import Tokenizer
 
 from bat_jax.models import chat
 from bat_jax.models import tokenizer as tiny
+from bat_jax.tasks.heldout import sample_training_prompt
+
+#: The imaging suite's training-split first user turns: the brief maker the shipped tokenizer's corpus drew from.
+BRIEFS = sample_training_prompt
 
 SAMPLES = [
     "import numpy as np\nmask = (img > 0.5).astype(np.uint8)\nprint(mask.sum())\n",
@@ -72,7 +76,7 @@ def test_shipped_files_are_small_and_compress_task_text(auto):
 
 
 def test_train_save_load_small(tmp_path):
-    tok = tiny.train_tiny_tokenizer(tiny.generate_corpus(200, seed=3), vocab_size=512)
+    tok = tiny.train_tiny_tokenizer(tiny.generate_corpus(200, seed=3, brief_text=BRIEFS), vocab_size=512)
     assert tok.get_vocab_size() == 512
     assert tok.token_to_id(chat.ENDOFTEXT) == 512 - len(chat.QWEN3_5_SPECIAL_TOKENS)
     out = tiny.save_tiny_tokenizer(tok, tmp_path / "tok")
@@ -99,8 +103,9 @@ def test_tokenizer_digest(tmp_path):
 
 
 def test_corpus_is_deterministic_and_covers_the_glue():
-    docs = list(tiny.generate_corpus(40, seed=1))
-    assert docs == list(tiny.generate_corpus(40, seed=1)) != list(tiny.generate_corpus(40, seed=2))
+    docs = list(tiny.generate_corpus(40, seed=1, brief_text=BRIEFS))
+    assert docs == list(tiny.generate_corpus(40, seed=1, brief_text=BRIEFS)) != list(
+        tiny.generate_corpus(40, seed=2, brief_text=BRIEFS))
     joined = "".join(docs)
     for needle in ("import numpy as np", "<tool_call>\n<function=execute_code>", "</tool_response>", "nii.gz"):
         assert needle in joined, needle
@@ -110,8 +115,9 @@ def test_corpus_briefs_come_from_the_training_split_only():
     from bat_jax.tasks.brief import _OPENINGS, HELDOUT_TEMPLATE
     from bat_jax.tasks.layout import HELDOUT_LAYOUT
 
-    joined = "".join(tiny.generate_corpus(600, seed=0))
+    joined = "".join(tiny.generate_corpus(600, seed=0, brief_text=BRIEFS))
     assert joined.count("## Stage skill") == 100  # every 6th document is a brief with stage skills
+    assert "## Stage skill" not in "".join(tiny.generate_corpus(600, seed=0))  # briefs only when a maker is given
     assert "Task id: tr-" in joined and "Task id: hx-" not in joined
     assert _OPENINGS[HELDOUT_TEMPLATE].split("{")[0] not in joined
     assert f"`{HELDOUT_LAYOUT.cases_csv}`" not in joined
@@ -119,7 +125,7 @@ def test_corpus_briefs_come_from_the_training_split_only():
 
 def test_bad_sizes_raise():
     with pytest.raises(ValueError, match="too small"):
-        tiny.train_tiny_tokenizer(tiny.generate_corpus(10), vocab_size=280)
+        tiny.train_tiny_tokenizer(tiny.generate_corpus(10, brief_text=BRIEFS), vocab_size=280)
     with pytest.raises(ValueError, match="corpus too small"):
         tiny.train_tiny_tokenizer(iter(["abc abc"]), vocab_size=400)
     with pytest.raises(FileNotFoundError, match="train_tokenizer.py"):
@@ -128,7 +134,7 @@ def test_bad_sizes_raise():
 
 @pytest.mark.slow
 def test_shipped_tokenizer_is_reproducible():
-    tok = tiny.train_tiny_tokenizer(tiny.generate_corpus(3000, seed=0), tiny.TINY_VOCAB_SIZE)
+    tok = tiny.train_tiny_tokenizer(tiny.generate_corpus(3000, seed=0, brief_text=BRIEFS), tiny.TINY_VOCAB_SIZE)
     shipped = json.loads((tiny.TINY_TOKENIZER_DIR / "tokenizer.json").read_text())
     assert json.loads(tok.to_str()) == shipped
 

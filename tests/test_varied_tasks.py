@@ -11,7 +11,9 @@ from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageScanner
 from bat_jax.tasks.brief import VARIED_TEMPLATES
 from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, heldout_suite, manifest, manifest_strings, training_task
 from bat_jax.tasks.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, Layout, varied_naming
+from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import TRACKS
+from bat_jax.tasks.stages import STAGES
 
 
 def test_varied_naming_is_a_pure_function_of_the_seed_and_varies_widely():
@@ -71,18 +73,19 @@ def test_factory_sources_use_varied_templates_and_the_reward_rebuilds_the_same_t
     from bat_jax.stage_bank.slicing import transformation
     from bat_jax.bicurl.reward import row_task
 
-    cfg = FactoryConfig(tracks=("vqa",), outcomes=("recovery",), foci=("E2E", "S3"), layouts="varied")
-    grid = sources(cfg)
+    cfg = FactoryConfig(tracks=("vqa",), outcomes=("recovery",), foci=("E2E", "S3"))
+    varied = ImagingBenchmark(layouts="varied")
+    grid = sources(cfg, varied)
     assert {s.template for s in grid} <= set(VARIED_TEMPLATES)
-    assert [s.template - 10 for s in grid] == [s.template for s in sources(dataclasses.replace(cfg, layouts="fixed"))]
+    assert [s.template - 10 for s in grid] == [s.template for s in sources(cfg, ImagingBenchmark(layouts="fixed"))]
     src = grid[1]
     inst = training_task(TRACKS["vqa"], src.task_seed, src.outcome, src.template)
     prov = types.SimpleNamespace(track="vqa", transformations=(
         transformation("task_synthesis", seed=src.task_seed, variant=src.outcome, template=src.template),))
-    _, rebuilt = row_task(types.SimpleNamespace(state_id="s", provenance=prov))
+    rebuilt = row_task(types.SimpleNamespace(state_id="s", provenance=prov), varied)
     assert rebuilt.state().digest() == inst.state().digest() and rebuilt.layout == inst.layout
     with pytest.raises(ValueError, match="layouts"):
-        dataclasses.replace(cfg, layouts="random").validate()
+        dataclasses.replace(varied, layouts="random")
 
 
 def test_the_scripted_expert_solves_a_varied_task():
@@ -92,5 +95,5 @@ def test_the_scripted_expert_solves_a_varied_task():
 
     for track, seed in (("segmentation", 11), ("vqa", 12)):
         inst = training_task(TRACKS[track], seed, "recovery", template=11)
-        cell = play(TRACKS[track], inst, ScriptedExpert()).score.to_cell(track, 0)
-        assert overall_score(cell.task, cell.agentic()) >= 0.9, (track, cell)
+        cell = play(ImagingBenchmark(layouts="varied"), inst, ScriptedExpert()).score.to_cell(track, 0, STAGES)
+        assert overall_score(cell.task, cell.agentic(STAGES)) >= 0.9, (track, cell)

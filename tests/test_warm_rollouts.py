@@ -115,12 +115,12 @@ def test_the_experiment_loops_share_one_warm_pool_by_default(tmp_path):
 
     c = micro_config.components(tmp_path / "bank")
     assert ex.BiCuRLConfig().sandbox_pool is True
-    cells = eval_cells(c.evaluation)
+    cells = eval_cells(c.evaluation, c.benchmark)
     assert warm_pool_size(c.pools.batch_size * c.agent.episodes_per_state, cells) == 8  # 4 rows x K=2 > 1 cell
     assert warm_pool_size(1 * c.agent.episodes_per_state, cells) == 2
     assert warm_pool_size(0, cells) == 1  # rollouts on Ray workers: the evaluation's one cell
     policy = build_policy(c.policy)
-    loops = open_run_loops(policy, None, c.agent, c.evaluation, c.pools.batch_size, "docker")
+    loops = open_run_loops(policy, None, c.agent, c.evaluation, c.benchmark, c.pools.batch_size, "docker")
     pool = loops.sandboxes.pool
     try:
         assert pool.size == 8 and _docker_count(pool.owner) == 8
@@ -132,7 +132,8 @@ def test_the_experiment_loops_share_one_warm_pool_by_default(tmp_path):
     finally:
         loops.close()
     assert _docker_count(pool.owner) == 0
-    fresh = open_run_loops(policy, None, c.agent, c.evaluation, c.pools.batch_size, "docker", warm_pool=False)
+    fresh = open_run_loops(policy, None, c.agent, c.evaluation, c.benchmark, c.pools.batch_size, "docker",
+                           warm_pool=False)
     assert fresh.sandboxes.pool is None and fresh.rollouts.sandbox_release is None
     fresh.close()
 

@@ -48,11 +48,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from bat_jax.policy import PolicyConfig, build_policy, make_agent_loop
-    from bat_jax.prompts import rl_request
+    from bat_jax.prompts import PromptFormat, rl_request
     from bat_jax.rollout.agent_loop import AgentLoopConfig
     from bat_jax.rollout.continuous_batching import jax_engine
     from bat_jax.stage_bank.bank import StageBank
     from bat_jax.sandbox.backends import open_backend
+    from bat_jax.tasks.benchmark import ImagingBenchmark
 
     policy = build_policy(PolicyConfig(chat_family="qwen3_5", checkpoint_dir=args.policy, prompt_style="compact"))
     bank = StageBank(args.bank)
@@ -61,7 +62,8 @@ def main(argv=None) -> int:
         by_focus[row.focus].append(row)
     rows = list(itertools.islice((r for group in itertools.zip_longest(*by_focus.values()) for r in group if r),
                                  args.rows))
-    requests = [rl_request(r, bank.load_state(r.state), r.state_id, "compact") for r in rows]
+    prompt = PromptFormat.of(ImagingBenchmark(), "compact")  # the tiny bank's benchmark, the policy's style
+    requests = [rl_request(r, bank.load_state(r.state), r.state_id, prompt) for r in rows]
     base = AgentLoopConfig(episodes_per_state=args.k, max_assistant_turns=6, max_tool_calls=6, max_response_tokens=2304,
                            max_tokens_per_turn=832, max_context_tokens=3072, max_observation_chars=512, progress=False)
     modes = {"plain": (0, base),

@@ -218,15 +218,17 @@ def real_prompts(tokenizer, batch: int, length: int) -> list[list[int]]:
     generation prompt, the checkpoint's chat template) on one held-out-style E2E task per track, cycled over the
     seven tracks with seeds 11, 12, ..., left-cut to its last `length` tokens (so every row ends in the
     generation prompt). Raises ValueError when a prompt is shorter than `length`."""
-    from bat_jax.prompts import first_messages
-    from bat_jax.stage_bank.slicing import row_skill
+    from bat_jax.prompts import PromptFormat
+    from bat_jax.tasks.benchmark import ImagingBenchmark
     from bat_jax.tasks.registry import TRACKS
 
+    imaging = ImagingBenchmark()
+    compact = PromptFormat.of(imaging, "compact")
     names = list(TRACKS)
     out = []
     for i in range(batch):
         inst = TRACKS[names[i % len(names)]].generate(seed=11 + i // len(names))
-        messages, _ = first_messages(inst.brief, row_skill("E2E"), "compact")
+        messages, _ = compact.first_messages(inst.brief, imaging.row_skill("E2E"))
         ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
         if len(ids) < length:
             raise ValueError(f"real_prompts: the {names[i % len(names)]} prompt has {len(ids)} < {length} tokens")

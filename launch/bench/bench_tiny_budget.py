@@ -23,7 +23,6 @@ Usage: python launch/bench/bench_tiny_budget.py [--bank DIR] [--outcomes recover
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import tempfile
 import time
@@ -34,6 +33,13 @@ import numpy as np
 TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4, "max_position_embeddings": 8192}
 
 
+def imaging(layouts: str = "fixed"):
+    """The bundled imaging suite with training layouts `layouts`."""
+    from bat_jax.tasks.benchmark import ImagingBenchmark
+
+    return ImagingBenchmark(layouts=layouts)
+
+
 def sample_rows(args) -> list:
     """SFT rows of `--bank`, or of a sample bank built with the local backend."""
     from bat_jax.stage_bank.bank import StageBank
@@ -42,12 +48,10 @@ def sample_rows(args) -> list:
     if args.bank:
         return list(StageBank(args.bank).read().sft_rows)
     root = Path(tempfile.mkdtemp(prefix="bench_tiny_budget_"))
-    fields = {f.name for f in dataclasses.fields(FactoryConfig)}
-    extra = {"layouts": args.layouts} if "layouts" in fields else {}
     cfg = FactoryConfig(bank_dir=str(root / "bank"), backend="local", outcomes=tuple(args.outcomes.split(",")),
-                        workers=2, **extra)
+                        workers=2)
     t0 = time.perf_counter()
-    report = build_bank(cfg, progress=False)
+    report = build_bank(cfg, imaging(args.layouts), progress=False)
     print(f"sample bank: {report.sources_accepted}/{report.sources_total} sources, {report.sft_rows} SFT rows, "
           f"{time.perf_counter() - t0:.0f} s (local backend), rejected {report.rejected}")
     rows = list(StageBank(cfg.bank_dir).read().sft_rows)
@@ -58,17 +62,18 @@ def sample_rows(args) -> list:
 def prompt_tokens(policy, style: str) -> dict[str, float]:
     """Tokens of the held-out E2E prompt (mean over the 7 tracks) and of its parts in `style`."""
     from bat_jax.models.episode import EpisodeBuilder
-    from bat_jax.prompts import first_messages, prompt_head
-    from bat_jax.stage_bank.slicing import row_skill
+    from bat_jax.prompts import PromptFormat
     from bat_jax.tasks.heldout import heldout_suite
 
     def n(messages, tools):
         return len(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tools))
 
-    system, tools = prompt_head(style)
+    benchmark = imaging()
+    prompt = PromptFormat.of(benchmark, style)
+    system, tools = prompt.head()
     empty = n([{"role": "user", "content": "x"}], None)
     head = n([{"role": "system", "content": system}, {"role": "user", "content": "x"}], [dict(t) for t in tools])
-    totals = [n(*first_messages(task.brief, row_skill("E2E"), style))
+    totals = [n(*prompt.first_messages(task.brief, benchmark.row_skill("E2E")))
               for task in heldout_suite(1, ("recovery",))]
     return {"system+tools": head - empty, "brief+skills": float(np.mean(totals)) - head + empty,
             "total": float(np.mean(totals))}
@@ -76,8 +81,10 @@ def prompt_tokens(policy, style: str) -> dict[str, float]:
 
 def rendered(policy, rows, max_seq_len: int, obs_chars: int) -> list:
     from bat_jax.bicurl.sft_data import render_sft_row
+    from bat_jax.prompts import PromptFormat
 
-    return [e for e in (render_sft_row(r, policy, max_seq_len, obs_chars) for r in rows) if e is not None]
+    prompt = PromptFormat.of(imaging(), policy.prompt_style)
+    return [e for e in (render_sft_row(r, policy, prompt, max_seq_len, obs_chars) for r in rows) if e is not None]
 
 
 def sft_speed(tiny: dict, batches: list[dict], steps: int) -> tuple[float, float, float]:

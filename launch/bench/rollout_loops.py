@@ -68,23 +68,26 @@ def real_tasks(tracks: list[str], style: str = "full", expert: bool = True):
     """One E2E task per track (train layout, seed 11) with its agent-loop request (prompt style `style`: 'full'
     or 'compact', `bat_jax.policy.request`) and, with `expert`, the scripted expert's actions on it (recorded once
     with the local backend; the replay in another backend runs the same code; else an empty list)."""
-    from bat_jax.prompts import AGENT_SYSTEM_PROMPT, user_message
+    from bat_jax.prompts import PromptFormat
     from bat_jax.prompts import request as policy_request
     from bat_jax.rollout.agent_loop import RolloutRequest
-    from bat_jax.stage_bank.slicing import row_skill
     from bat_jax.rollout.play import play
+    from bat_jax.tasks.benchmark import ImagingBenchmark
     from bat_jax.tasks.registry import get_track
     from bat_jax.tasks.teacher import ScriptedExpert
 
+    imaging = ImagingBenchmark()
+    prompt = PromptFormat.of(imaging, style)
+    skill = imaging.row_skill("E2E")
     out = []
     for name in tracks:
         inst = get_track(name).generate(seed=11)
         if style == "full":
-            request = RolloutRequest(state_id=inst.task_id, state=inst.state(), system_prompt=AGENT_SYSTEM_PROMPT,
-                                     user_message=user_message(inst.brief, row_skill("E2E")), stage="E2E")
+            request = RolloutRequest(state_id=inst.task_id, state=inst.state(), system_prompt=imaging.system_prompt,
+                                     user_message=prompt.user_message(inst.brief, skill), stage="E2E")
         else:
-            request = policy_request(inst.task_id, inst.state(), inst.brief, row_skill("E2E"), "E2E", style)
-        turns = play(get_track(name), inst, ScriptedExpert()).episode.turns if expert else []
+            request = policy_request(inst.task_id, inst.state(), inst.brief, skill, "E2E", prompt)
+        turns = play(imaging, inst, ScriptedExpert()).episode.turns if expert else []
         actions = [t.action for t in turns if t.action.tool != "stop"]
         out.append((request, actions))
     return out
