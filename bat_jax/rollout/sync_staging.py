@@ -1,7 +1,7 @@
 """The layout of a weight sync through one fixed staging buffer: which tensor bytes travel in which bucket, where.
 
-No JAX here: the replica processes (`bat_jax.rollout.vllm_replica_worker`) import this module to read a bucket, and
-they never import JAX.
+No JAX here: the replica processes (`bat_jax.rollout.vllm_replica_worker`) import this module to read a
+bucket, and they never import JAX.
 
 A sync is planned once from the checkpoint's ``(name, shape, transfer dtype)`` list (`plan_sync`):
 
@@ -13,9 +13,10 @@ A sync is planned once from the checkpoint's ``(name, shape, transfer dtype)`` l
   rows straight into vLLM's parameter after the reload (`Piece.row0`);
 * every piece starts at a multiple of `ALIGN` bytes, and a bucket's bytes (padding included) stay within the bound.
 
-The parent holds one staging buffer of `SyncPlan.staging_bytes` per device for the whole sync (a CUDA tensor
-exported once by CUDA IPC, or one POSIX shared-memory segment on CPU), fills it bucket by bucket and waits until
-every replica has loaded a bucket before it writes the next one over it.
+The parent holds one staging buffer of `SyncPlan.staging_bytes` per device for the whole sync (`StagingBuffers`: a
+CUDA tensor exported once by CUDA IPC, or one POSIX shared-memory segment on CPU), fills it bucket by bucket and
+waits until every replica has loaded a bucket before it writes the next one over it; each side reads the buffer
+through `bucket_views`. `TorchAllocationPeak` measures what a sync allocates through torch on CPU.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
 ALIGN = 256
 """Byte alignment of every piece in the staging buffer (a float32 / bfloat16 view needs its offset aligned)."""
@@ -182,3 +184,65 @@ class TorchAllocationPeak:
                 peak = max(peak, int(event.extra_fields.total_allocated))
             stack.extend(event.children)
         self.peak = peak
+
+
+class StagingBuffers:
+    """(parent side) Context: the staging buffers of one sync of `nbytes` — on GPUs one torch CUDA tensor per
+    replica device (`gpus`: a `gpus.Gpu` per replica), exported once by CUDA IPC; on CPU one shared-memory segment
+    for every replica. `payloads[i]` is what replica i opens; `fill` writes one bucket into every buffer. On exit the buffers are freed (CUDA: ``ipc_collect`` +
+    ``empty_cache``; CPU: the segment unlinked)."""
+
+    def __init__(self, nbytes: int, gpus: Sequence[Any] | None, num_replicas: int):
+        self.nbytes, self.gpus, self.num_replicas = max(1, int(nbytes)), gpus, num_replicas
+        self.buffers: list[Any] = []  # per replica (GPU) or one (CPU)
+        self.payloads: dict[int, Any] = {}
+        self._shm = None
+
+    def __enter__(self) -> "StagingBuffers":
+        import torch
+
+        try:
+            if self.gpus is not None:
+                from torch.multiprocessing.reductions import reduce_tensor
+
+                for i, gpu in enumerate(self.gpus):
+                    buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=f"cuda:{gpu.ordinal}")
+                    self.buffers.append(buffer)
+                    self.payloads[i] = ("cuda", reduce_tensor(buffer))
+            else:
+                from multiprocessing import shared_memory
+
+                self._shm = shared_memory.SharedMemory(create=True, size=self.nbytes)
+                self.buffers.append(torch.frombuffer(self._shm.buf, dtype=torch.uint8))
+                self.payloads = {i: ("shm", self._shm.name) for i in range(self.num_replicas)}
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def fill(self, pieces, values, to_tensor) -> None:
+        """Writes one bucket (`weight_sync.stream_pieces`' pieces and values) into every staging buffer, each from
+        the copy on its own device: ``to_tensor(value, device ordinal or None, dtype)`` gives that copy as a torch
+        tensor (the caller's: it knows JAX arrays)."""
+        import torch
+
+        for i, buffer in enumerate(self.buffers):
+            ordinal = None if self.gpus is None else self.gpus[i].ordinal
+            for (piece, view), value in zip(bucket_views(buffer, pieces), values):
+                view.copy_(to_tensor(value, ordinal, piece.dtype).reshape(piece.shape))
+        if self.gpus is not None:
+            torch.cuda.synchronize()
+
+    def __exit__(self, *exc) -> None:
+        self.buffers.clear()
+        self.payloads.clear()
+        if self._shm is not None:
+            self._shm.close()
+            self._shm.unlink()
+            self._shm = None
+        if self.gpus is not None:
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.ipc_collect()
+            torch.cuda.empty_cache()

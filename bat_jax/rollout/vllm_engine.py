@@ -213,14 +213,13 @@ def write_rows(worker, rows: Iterator[tuple[str, int, Any]]) -> int:
     touched module's ``quant_method.process_weights_after_loading`` runs again afterwards (on GPU a no-op for
     unquantized embeddings; on CPU it rebuilds the packed GEMM copy of an output head). Runs on the worker through
     ``collective_rpc``, after the layer-wise reload has put every parameter back (source: vLLM's kernel-format
-    reload, ``reload.inplace.reload_weights(is_checkpoint_format=False)``, which copies into
-    ``get_parameter_for_reload(model, name)`` the same way).
+    reload, ``reload_weights(is_checkpoint_format=False)`` in vLLM 0.19–0.33, which copies into
+    ``model.get_parameter(name)`` the same way).
 
     Raises: ValueError naming the tensor when vLLM has no such parameter, its trailing shape differs, or the rows
     fall outside it.
     """
     import torch
-    from vllm.model_executor.model_loader.reload.inplace import get_parameter_for_reload
 
     model = worker.model_runner.get_model()
     mapper = getattr(model, "hf_to_vllm_mapper", None)
@@ -229,7 +228,7 @@ def write_rows(worker, rows: Iterator[tuple[str, int, Any]]) -> int:
         for name, row0, block in rows:
             target = (mapper._map_name(name) if mapper is not None and hasattr(mapper, "_map_name") else name) or name
             try:
-                param = get_parameter_for_reload(model, target)
+                param = model.get_parameter(target)
             except AttributeError:
                 raise ValueError(f"weight sync: tensor {name!r} travels in row chunks but vLLM has no parameter "
                                  f"{target!r} to write them into; raise sync_bucket_bytes above its size") from None

@@ -56,6 +56,7 @@ import numpy as np
 from bat_jax.rollout.engine import Completion, SamplingParams
 from bat_jax.rollout.gpus import Gpu, visible_gpus
 from bat_jax.rollout.replica_router import ReplicaRouter
+from bat_jax.rollout.sync_staging import StagingBuffers
 from bat_jax.rollout.vllm_engine import VLLMEngineConfig, check_request, checkpoint_tensor_shapes, write_checkpoint
 from bat_jax.rollout.weight_sync import (SYNC_BUCKET_BYTES, device_copy, named_weights, stream_pieces, sync_plan,
                                          to_torch)
@@ -365,7 +366,7 @@ class VLLMReplicaPool:
         done = {}
         measured = None
         try:
-            with _Staging(plan.staging_bytes, self.gpus, self.num_replicas) as staging:
+            with StagingBuffers(plan.staging_bytes, self.gpus, self.num_replicas) as staging:
                 for r in self._replicas:
                     done[r.index] = self._send(r, "sync", {"whole": whole, "chunk_buckets": chunk_buckets,
                                                           "staging": staging.payloads[r.index],
@@ -400,7 +401,7 @@ class VLLMReplicaPool:
     def _send_buckets(self, plan, values, staging, sync_id: str) -> None:
         """Each bucket into every device's staging buffer, then to every replica; waits for all their acks."""
         for pieces, bucket in stream_pieces(values, plan):
-            staging.fill(pieces, bucket)
+            staging.fill(pieces, bucket, lambda x, ordinal, dtype: to_torch(device_copy(x, ordinal), dtype))
             del bucket
             acks = [(r, self._send(r, "bucket", sync_id, pieces)) for r in self._replicas]
             for r, ack in acks:
@@ -442,66 +443,3 @@ def _cuda_available() -> bool:
         return torch.cuda.is_available()
     except ImportError:
         return False
-
-
-class _Staging:
-    """Context: the staging buffer of one sync (module docstring) — on GPUs one torch CUDA tensor per replica device,
-    exported once by CUDA IPC; on CPU one shared-memory segment for every replica. `payloads[i]` is what replica i
-    opens; `fill` writes one bucket into every buffer. On exit the buffers are freed (CUDA: ``ipc_collect`` +
-    ``empty_cache``; CPU: the segment unlinked)."""
-
-    def __init__(self, nbytes: int, gpus: Sequence[Gpu] | None, num_replicas: int):
-        self.nbytes, self.gpus, self.num_replicas = max(1, int(nbytes)), gpus, num_replicas
-        self.buffers: list[Any] = []  # per replica (GPU) or one (CPU)
-        self.payloads: dict[int, Any] = {}
-        self._shm = None
-
-    def __enter__(self) -> "_Staging":
-        import torch
-
-        try:
-            if self.gpus is not None:
-                from torch.multiprocessing.reductions import reduce_tensor
-
-                for i, gpu in enumerate(self.gpus):
-                    buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=f"cuda:{gpu.ordinal}")
-                    self.buffers.append(buffer)
-                    self.payloads[i] = ("cuda", reduce_tensor(buffer))
-            else:
-                from multiprocessing import shared_memory
-
-                self._shm = shared_memory.SharedMemory(create=True, size=self.nbytes)
-                self.buffers.append(torch.frombuffer(self._shm.buf, dtype=torch.uint8))
-                self.payloads = {i: ("shm", self._shm.name) for i in range(self.num_replicas)}
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def fill(self, pieces, values) -> None:
-        """Writes one bucket (`weight_sync.stream_pieces`' pieces and values) into every staging buffer, each from
-        the copy on its own device."""
-        import torch
-
-        from bat_jax.rollout.sync_staging import bucket_views
-
-        for i, buffer in enumerate(self.buffers):
-            ordinal = None if self.gpus is None else self.gpus[i].ordinal
-            for (piece, view), value in zip(bucket_views(buffer, pieces), values):
-                view.copy_(to_torch(device_copy(value, ordinal), piece.dtype).reshape(piece.shape))
-        if self.gpus is not None:
-            torch.cuda.synchronize()
-
-    def __exit__(self, *exc) -> None:
-        self.buffers.clear()
-        self.payloads.clear()
-        if self._shm is not None:
-            self._shm.close()
-            self._shm.unlink()
-            self._shm = None
-        if self.gpus is not None:
-            import torch
-
-            torch.cuda.synchronize()
-            torch.cuda.ipc_collect()
-            torch.cuda.empty_cache()

