@@ -166,9 +166,9 @@ def failing_items_table(stages: StageSet, final: Mapping[str, ItemRates], contro
                         key=lambda i: (2.0 if ranking.rate(stage, i) is None else ranking.rate(stage, i), i))
         shown += [(stage, i) for i in ranked[:per_stage]]
     label = lambda s: stages.label(s) if s in stages else s  # noqa: E731
-    cols = ["stage", "item", *(f"final {n}" for n in final), "controller r0→", "changed in"]
+    cols = ["stage", "item", *(f"final {n}" for n in final), f"controller r0→r{len(controller) - 1}", "changed in"]
     if any(rollouts):
-        cols.append("GRPO rollouts r1→")
+        cols.append(f"GRPO rollouts r1→r{len(rollouts)}")
     rows = []
     for stage, item in shown:
         moved = changes(controller, stage, item)
@@ -204,8 +204,7 @@ def heat_map(stages: StageSet, columns: Sequence[tuple[str, ItemRates | None]], 
     grid = np.array([[np.nan if not r or r.rate(s, i) is None else 100.0 * r.rate(s, i) for _, r in columns]
                      for s, i in keys])
     fig, ax = plt.subplots(figsize=(2.0 + 0.55 * len(columns), 1.2 + 0.28 * len(keys)), dpi=120)
-    cmap = matplotlib.colormaps["RdYlGn"].copy()
-    cmap.set_bad("lightgray")
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="lightgray")
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=100.0, aspect="auto")
     for (y, x), value in np.ndenumerate(grid):
         if value == value:

@@ -110,8 +110,9 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
             seen["rollouts"] += len(rewards)
             seen["rewards"] += [r for r in rewards if r is not None]
             seen["version"] = scored[0].version if scored else seen["version"]
-            seen["items"] += [(item.row.provenance.track, s.items) for item, s in
-                              zip((item for item in items for _ in range(k_rollouts)), scored) if s.reward is not None]
+            per_rollout = (item for item in items for _ in range(k_rollouts))  # the rows of `scored`, K a row
+            seen["items"] += [(item.row.provenance.track, s.items) for item, s in zip(per_rollout, scored)
+                              if s.reward is not None and s.items]
             if b == 0 and wave == 0:  # the pool reward before: the first batch's own rows, dropped ones too
                 before.extend(r for r in rewards if r is not None)
             return [(trajs[i * k_rollouts:(i + 1) * k_rollouts], scored[i * k_rollouts:(i + 1) * k_rollouts])
