@@ -237,9 +237,9 @@ class ScalarWriter:
         self._writer = SummaryWriter(str(self.log_dir))
 
     def summary(self, prefix: str, summary: Summary, step: int) -> None:
-        """Writes Overall/Agentic/Task, each stage and each rubric item's pass rate ('<prefix>/items/<stage>/<item>')
-        (0–100) at `step`; characters TensorBoard does not allow in
-        a tag (e.g. the spaces and parentheses of 'BiCuRL (retained)') become '_'."""
+        """Writes Overall/Agentic/Task, each stage and each rubric item's pass rate ('<prefix>/items/<stage>/<item>'),
+        all 0–100, at `step`; characters TensorBoard does not allow in a tag (e.g. the spaces and parentheses of
+        'BiCuRL (retained)') become '_'."""
         prefix = re.sub(r"[^A-Za-z0-9_./-]+", "_", prefix).strip("_")
         for key in ("overall", "agentic", "task"):
             value = getattr(summary, key)
