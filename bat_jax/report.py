@@ -369,7 +369,7 @@ def _item_section(run_dir: pathlib.Path, final: Mapping[str, Summary], records, 
         return []
     columns = ([(f"round {k}", r) for k, r in enumerate(controller)] + [(f"final {n}", r) for n, r in finals.items()]
                + [(f"GRPO r{rec.round}", r) for rec, r in zip(records, rollouts)])
-    heat_map(stages, columns, run_dir / "items.png", "rubric item pass rate (%): controller evaluation per round, "
+    heat_map(stages, columns, run_dir / "items.png", "rubric item pass rate (%)\ncontroller evaluation per round, "
              "final evaluation, GRPO rollouts")
     return ["", "Rubric items that fail most, per stage: pass rate (0–100, pooled over the cells that decided the "
             "item) in the final evaluation, the controller evaluation of each round, the rounds whose controller "

@@ -203,7 +203,7 @@ def heat_map(stages: StageSet, columns: Sequence[tuple[str, ItemRates | None]], 
         raise ValueError("heat_map: no rubric item was counted in any column")
     grid = np.array([[np.nan if not r or r.rate(s, i) is None else 100.0 * r.rate(s, i) for _, r in columns]
                      for s, i in keys])
-    fig, ax = plt.subplots(figsize=(2.0 + 0.55 * len(columns), 1.2 + 0.28 * len(keys)), dpi=120)
+    fig, ax = plt.subplots(figsize=(max(5.0, 2.6 + 0.55 * len(columns)), 1.6 + 0.28 * len(keys)), dpi=120)
     cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="lightgray")
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=100.0, aspect="auto")
     for (y, x), value in np.ndenumerate(grid):
