@@ -1,7 +1,6 @@
 """Held-out evaluator: only aggregates leave; disjoint controller/final runs; external adapter."""
 
 import dataclasses
-import json
 import sys
 
 import pytest
