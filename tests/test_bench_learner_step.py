@@ -1,14 +1,10 @@
 """launch/bench/bench_learner_step.py runs end to end at a small size, and its three settings agree in value."""
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch" / "bench"))
-
-import bench_learner_step  # noqa: E402
+from launch.bench import bench_learner_step
 
 
 @pytest.mark.slow

@@ -2,26 +2,21 @@
 simulated latency): every workload prints both loops and their ratio, and both loops finish the same episodes."""
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch" / "bench"))
-
-import bench_rollout  # noqa: E402
-import rollout_loops  # noqa: E402
+from launch.bench import bench_rollout, workloads
 
 
-def test_the_two_loops_are_what_issue_17_compares():
-    assert (rollout_loops.OLD.schedule, rollout_loops.OLD.max_workers, rollout_loops.OLD.warm,
-            rollout_loops.OLD.inflight) == ("lockstep", 16, False, False)
-    assert (rollout_loops.NEW.schedule, rollout_loops.NEW.max_workers, rollout_loops.NEW.warm,
-            rollout_loops.NEW.inflight) == ("continuous", 0, True, True)
+def test_the_old_loop_is_lockstep_on_fresh_containers_and_the_new_one_continuous_in_flight():
+    assert (workloads.OLD.schedule, workloads.OLD.max_workers, workloads.OLD.warm,
+            workloads.OLD.inflight) == ("lockstep", 16, False, False)
+    assert (workloads.NEW.schedule, workloads.NEW.max_workers, workloads.NEW.warm,
+            workloads.NEW.inflight) == ("continuous", 0, True, True)
     from bat_jax.rollout.agent_loop import AgentLoopConfig
 
-    new = rollout_loops.agent_config(rollout_loops.NEW, AgentLoopConfig(), 32)
-    old = rollout_loops.agent_config(rollout_loops.OLD, AgentLoopConfig(), 32)
+    new = workloads.agent_config(workloads.NEW, AgentLoopConfig(), 32)
+    old = workloads.agent_config(workloads.OLD, AgentLoopConfig(), 32)
     assert (new.max_generate_batch, new.max_concurrent_generate, new.workers(32)) == (1, 32, 32)
     assert (old.max_generate_batch, old.max_concurrent_generate, old.workers(32)) == (64, 1, 16)
 

@@ -1,4 +1,4 @@
-"""CI guard on the memory of the run's jitted steps (issue 14): `launch/bench/compile_probe.py` at reduced size
+"""CI guard on the memory of the run's jitted steps: `launch/bench/compile_probe.py` at reduced size
 (tiny Qwen3.5, 256 tokens, the bicurl_9b.gin batch shapes and micro-batches) on 8 fake CPU devices. A step whose
 per-device temp grows past its recorded bound fails; the unchunked configuration shows the guard bites.
 
@@ -6,14 +6,10 @@ The CPU backend's figures do not show remat, and they move with the jax version:
 (pyproject's pin). Re-record them (print `temp` from `probe`) when the pin moves or a step is meant to grow.
 """
 
-import sys
-from pathlib import Path
-
 import jax
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch" / "bench"))
-import compile_probe as cp  # noqa: E402
+from launch.bench import compile_probe as cp
 
 SEQ = 256
 SMALL = ("learner.MemoryConfig.logit_chunk = 64", "learner.MemoryConfig.attention_block = 64")

@@ -1,16 +1,11 @@
 """vLLM beside JAX (bat_jax/rollout/vllm_memory.py): cache bytes per rollout from the model config, the device
 split, and the refusals, against hand-computed values for the published Qwen3.5-9B / 4B text configs."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from bat_jax.models.configs import Qwen3Config
 from bat_jax.rollout import vllm_memory as vm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch" / "bench"))
-import compile_probe as cp  # noqa: E402
+from launch.bench import compile_probe as cp
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import pathlib
 import statistics
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bat_jax.tasks import heldout  # noqa: E402
-from bat_jax.sandbox.backends import open_backend  # noqa: E402
-from bat_jax.tasks.registry import get_track  # noqa: E402
+from bat_jax.tasks import heldout
+from bat_jax.sandbox.backends import open_backend
+from bat_jax.tasks.registry import get_track
 
 
 def _episode(backend, state) -> tuple[float, float]:

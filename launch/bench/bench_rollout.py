@@ -57,7 +57,8 @@ import time
 
 import numpy as np
 
-from rollout_loops import ExpertReplay, docker_answers, main_loops, real_tasks  # beside this file (sys.path[0] of a script)
+from launch.bench.rollout_loops import main_loops
+from launch.bench.workloads import ExpertReplay, docker_answers, real_tasks
 
 
 def throughput(tokens: int, times: list[float]) -> tuple[float, float]:

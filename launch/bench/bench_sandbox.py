@@ -33,19 +33,17 @@ import tarfile
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import docker
+import docker.errors
+import docker.types
 
-import docker  # noqa: E402
-import docker.errors  # noqa: E402
-import docker.types  # noqa: E402
-
-from bat_jax.sandbox import images  # noqa: E402
-from bat_jax.sandbox.docker import (LABEL, WORKSPACE, DockerSandbox, DockerSandboxConfig, SandboxError,  # noqa: E402
+from bat_jax.sandbox import images
+from bat_jax.sandbox.docker import (LABEL, WORKSPACE, DockerSandbox, DockerSandboxConfig, SandboxError,
                                     _Channel, connect, new_owner, remove_labelled, state_to_tar)
-from bat_jax.sandbox.pool import SandboxPool  # noqa: E402
-from bat_jax.sandbox.types import SandboxState  # noqa: E402
+from bat_jax.sandbox.pool import SandboxPool
+from bat_jax.sandbox.types import SandboxState
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository (git reads the baseline from it)
 BASELINE_REV = "546187d"  # the last commit before the privilege separation of issue 13
 BASELINE_REPO = "bat-sandbox-baseline"
 PRINT1 = ("python", "print(1)")

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,16 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from bat_jax.learn import grpo, kl, sft  # noqa: E402
-from bat_jax.learn import learner as learner_lib  # noqa: E402
-from bat_jax.models import mesh as mesh_lib  # noqa: E402
-from bat_jax.learn import train_state as ts  # noqa: E402
-from bat_jax.models.configs import Qwen3_5Config  # noqa: E402
-from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
-from bat_jax.rollout import weight_sync  # noqa: E402
+from bat_jax.learn import grpo, kl, sft
+from bat_jax.learn import learner as learner_lib
+from bat_jax.models import mesh as mesh_lib
+from bat_jax.learn import train_state as ts
+from bat_jax.models.configs import Qwen3_5Config
+from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+from bat_jax.rollout import weight_sync
 
 GB = 1e9
 _COMMON = dict(vocab_size=248_320, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256,

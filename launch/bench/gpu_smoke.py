@@ -1,5 +1,6 @@
 """GPU smoke test of the learner and rollout path; run by `launch/gpu_smoke.sh` (which installs what the box lacks
-from a wheel folder first). ``--tiny`` runs every stage's code on a CPU with tiny shapes (CI does).
+from a wheel folder first) as `python -m launch.bench.gpu_smoke` from the repository root. ``--tiny`` runs every
+stage's code on a CPU with tiny shapes (CI does).
 
 Stages, in this order, each printing one ``[smoke] <stage> ok|skipped|FAILED ...`` line:
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import importlib.metadata as md
 import os
 import sys
@@ -120,10 +122,8 @@ def stage_memory(args, device) -> None:
     import jax
     import jax.numpy as jnp
 
-    sys.path.insert(0, str(REPO / "launch" / "bench"))
-    import compile_probe as cp
-
     from bat_jax.models.mesh import MeshConfig
+    from launch.bench import compile_probe as cp
 
     t0 = time.perf_counter()
     run = cp.shapes_from_gin("bicurl_9b.gin")
@@ -185,7 +185,6 @@ def main(argv=None) -> int:
     import numpy as np
     from flax import nnx
 
-    sys.path.insert(0, str(REPO))
     from bat_jax.learn import grpo, sft
     from bat_jax.learn.learner import Learner, MemoryConfig
     from bat_jax.models.mesh import MeshConfig
@@ -325,7 +324,7 @@ def stage_replicas(args, learner, ids, cfg) -> None:
     t0 = time.perf_counter()
     try:
         import torch
-        import vllm  # noqa: F401
+        importlib.import_module("vllm")
     except ImportError:
         _line("replicas", t0, "skipped", reason="vllm_not_installed")
         return
@@ -386,12 +385,12 @@ def stage_vllm(args, learner, ids, cfg) -> None:
 
     t0 = time.perf_counter()
     try:
-        import vllm  # noqa: F401
+        importlib.import_module("vllm")
     except ImportError:
         _line("vllm", t0, "skipped", reason="vllm_not_installed")
         return
     try:  # vLLM's Qwen3.5 module imports its vision processor (transformers -> torchvision) even for text
-        import vllm.model_executor.models.qwen3_5  # noqa: F401
+        importlib.import_module("vllm.model_executor.models.qwen3_5")
     except ImportError as e:
         _line("vllm", t0, "skipped", reason=f"vllm_cannot_import_qwen3_5:{type(e).__name__}:{e.name}")
         return

@@ -1,4 +1,4 @@
-"""Rollouts on more devices, episodes per minute (`bench_rollout.py --loops --replicas`; beside rollout_loops.py).
+"""Rollouts on more devices, episodes per minute (`bench_rollout --loops --replicas`).
 
 Three comparisons, each the new agent loop (continuous schedule, one engine call per ready turn, a warm pool) on the
 same `episodes` episodes over one real E2E task per track, each timed run after an untimed one with the same seed:
@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 
-from rollout_loops import NEW, ExpertReplay, agent_config, real_tasks
+from launch.bench.workloads import NEW, ExpertReplay, agent_config, docker_answers, real_tasks, tiny_jax_engine
 
 
 class RoutedEngines:
@@ -81,11 +81,10 @@ def _measure(policy, engine, sandboxes, config, requests, seed):
 def nine_b_capacity() -> int:
     """Full-length (12,288-token) rollouts one vLLM replica of Qwen3.5-9B holds in bf16 at 0.3 of an 80 GiB GPU
     beside JAX's 0.6 (`rollout/vllm_memory.py`, bicurl_9b.gin's split)."""
-    import compile_probe as cp
-
     from bat_jax.rollout import vllm_memory as vm
+    from launch.bench import compile_probe
 
-    cache = vm.rollout_cache(cp.MODELS["9b"], "bfloat16")
+    cache = vm.rollout_cache(compile_probe.MODELS["9b"], "bfloat16")
     return vm.plan(cache, max_model_len=12_288, device_total=80 << 30, jax_fraction=0.6, vllm_fraction=0.3).rollouts_fit
 
 
@@ -98,7 +97,6 @@ def bench_replicas(model, backend: str, tracks: list[str], episodes: int, turns:
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.policy import Policy
     from bat_jax.rollout.agent_loop import AgentLoopConfig
-    from bat_jax.rollout.continuous_batching import jax_engine
     from bat_jax.rollout.mesh_sampler import SamplerMeshConfig
     from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
     from bat_jax.sandbox.backends import open_backend
@@ -135,8 +133,7 @@ def bench_replicas(model, backend: str, tracks: list[str], episodes: int, turns:
                         pool.close()
         for count in (1, 2):
             mesh = None if count == 1 else SamplerMeshConfig(devices=count)
-            timed("sampler", count, jax_engine(model, max_context=4096, max_batch=8, prefix_cache_rows=64, slots=16,
-                                               mesh=mesh))
+            timed("sampler", count, tiny_jax_engine(model, max_context=4096, mesh=mesh))
         tasks = real_tasks(tracks)
         requests = [request for request, _ in tasks]
         config = agent_config(NEW, dataclasses.replace(base, max_assistant_turns=max(len(a) for _, a in tasks) + 1,
@@ -155,12 +152,10 @@ def bench_replicas(model, backend: str, tracks: list[str], episodes: int, turns:
 
 
 def main_replicas(args, model) -> None:
-    """Prints the three ratios (`bench_rollout.py --loops --replicas`)."""
+    """Prints the three ratios (`bench_rollout --loops --replicas`)."""
     import os
 
     from bat_jax.rollout.simulated_engine import SimulatedLatency
-
-    from rollout_loops import docker_answers
 
     tracks = [t for t in args.tracks.split(",") if t]
     backend = args.backend or ("docker" if docker_answers() else "local")

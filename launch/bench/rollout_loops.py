@@ -1,6 +1,6 @@
-"""Agent-loop episodes per minute, the loop issue 17 found against the loop now (`bench_rollout.py --loops`).
+"""Agent-loop episodes per minute: the lockstep loop against the loop a run uses (`bench_rollout --loops`).
 
-The two loops differ in everything issue 17 changed about running a batch of episodes; the engine's cost, the
+The two loops (`workloads.OLD`, `workloads.NEW`) differ in how a batch of episodes is run; the engine's cost, the
 tasks, the actions and the tool calls stay the same:
 
   old  'lockstep' schedule (per turn, one engine call over every live episode, then all tool calls), 16 threads
@@ -9,8 +9,8 @@ tasks, the actions and the tool calls stay the same:
   new  'continuous' schedule (each episode queued for its next turn as soon as its tool call returns), one
        thread per episode, a warm pool of containers reset between episodes, and engine calls in flight: one
        call per ready turn (`max_generate_batch = 1`), served by the JAX sampler's continuous batcher with the
-       tiny default's settings (gin/bicurl_tiny.gin: 16 slots, 8-row prefill, 64 stored prefixes) or, for a
-       large model, a server batching in flight (vLLM through `bat_jax.rollout.inflight`).
+       tiny default's engine settings (read from gin/bicurl_tiny.gin) or, for a large model, a server batching in
+       flight (vLLM through `bat_jax.rollout.inflight`).
 
 Workloads (32 concurrent episodes over one real E2E task per track, Docker sandboxes): (a) the JAX sampler on a
 tiny random Qwen3 (compact prompts, `--turns` turns of <= 32 tokens; random weights make no valid tool call, so
@@ -31,100 +31,18 @@ import time
 
 import numpy as np
 
-
-@dataclasses.dataclass(frozen=True)
-class Loop:
-    """One way of running a batch of episodes (module docstring): schedule, sandbox threads (0 = one per episode),
-    warm pool or fresh containers, engine calls in flight (one call per ready turn) or one at a time."""
-
-    name: str
-    schedule: str
-    max_workers: int
-    warm: bool
-    inflight: bool
-
-
-OLD = Loop("old", "lockstep", 16, warm=False, inflight=False)
-NEW = Loop("new", "continuous", 0, warm=True, inflight=True)
-
-
-def agent_config(loop: Loop, base, episodes: int):
-    """`base` (an `AgentLoopConfig`) run as `loop` over `episodes` concurrent episodes."""
-    extra = dict(max_generate_batch=1, max_concurrent_generate=episodes) if loop.inflight else {}
-    return dataclasses.replace(base, schedule=loop.schedule, max_workers=loop.max_workers, **extra)
+from launch.bench.workloads import (NEW, OLD, ExpertReplay, Loop, agent_config, docker_answers, real_tasks,
+                                    tiny_default, tiny_jax_engine)
 
 
 def jax_engine_for(loop: Loop, model, episodes: int):
     """The JAX sampler of `loop`: plain (one call at a time, every episode in one call) or the tiny default's
-    continuous batcher (gin/bicurl_tiny.gin's `engines.EngineConfig`: 16 slots, 8 rows per call, 64 stored prefixes)."""
+    continuous batcher (`engines.EngineConfig` of gin/bicurl_tiny.gin: slots, rows per call, stored prefixes)."""
     from bat_jax.rollout.continuous_batching import jax_engine
 
     if loop.inflight:
-        return jax_engine(model, max_context=4096, max_batch=8, prefix_cache_rows=64, slots=16)
+        return tiny_jax_engine(model, max_context=4096)
     return jax_engine(model, max_context=4096, max_batch=episodes)
-
-
-def real_tasks(tracks: list[str], style: str = "full", expert: bool = True):
-    """One E2E task per track (train layout, seed 11) with its agent-loop request (prompt style `style`: 'full'
-    or 'compact', `bat_jax.policy.request`) and, with `expert`, the scripted expert's actions on it (recorded once
-    with the local backend; the replay in another backend runs the same code; else an empty list)."""
-    from bat_jax.prompts import PromptFormat
-    from bat_jax.prompts import request as policy_request
-    from bat_jax.rollout.agent_loop import RolloutRequest
-    from bat_jax.rollout.play import play
-    from bat_jax.tasks.benchmark import ImagingBenchmark
-    from bat_jax.tasks.registry import get_track
-    from bat_jax.tasks.teacher import ScriptedExpert
-
-    imaging = ImagingBenchmark()
-    prompt = PromptFormat.of(imaging, style)
-    skill = imaging.row_skill("E2E")
-    out = []
-    for name in tracks:
-        inst = get_track(name).generate(seed=11)
-        if style == "full":
-            request = RolloutRequest(state_id=inst.task_id, state=inst.state(), system_prompt=imaging.system_prompt,
-                                     user_message=prompt.user_message(inst.brief, skill), stage="E2E")
-        else:
-            request = policy_request(inst.task_id, inst.state(), inst.brief, skill, "E2E", prompt)
-        turns = play(imaging, inst, ScriptedExpert()).episode.turns if expert else []
-        actions = [t.action for t in turns if t.action.tool != "stop"]
-        out.append((request, actions))
-    return out
-
-
-class ExpertReplay:
-    """A token-level 'engine' that answers turn t of a task's episode with the expert's action t.
-
-    The task is found by its id in the decoded prompt; the turn by the number of `<|im_start|>` tokens (system,
-    user and the generation prompt, then two more per finished turn: the assistant's and the tool response's).
-    """
-
-    weight_version = 0
-
-    def __init__(self, tokenizer, family: str, tasks):
-        from bat_jax.models.chat import render_action
-
-        import threading
-
-        eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.tokenizer, self.im_start = tokenizer, tokenizer.convert_tokens_to_ids("<|im_start|>")
-        self.lock = threading.Lock()  # one tokenizer, calls from several generation threads
-        self.turn_ids = {request.state_id: [tokenizer.encode(render_action(a, family), add_special_tokens=False)
-                                            + [eot] for a in actions] for request, actions in tasks}
-
-    def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
-        from bat_jax.rollout.engine import Completion
-
-        out = []
-        for prompt in prompts:
-            with self.lock:
-                text = self.tokenizer.decode(prompt)
-            turns = next(ids for task_id, ids in self.turn_ids.items() if task_id in text)
-            t = (list(prompt).count(self.im_start) - 3) // 2
-            ids = turns[min(t, len(turns) - 1)]
-            out.append(Completion(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), "stop"))
-        return out
 
 
 def _clear_prefixes(engine) -> None:
@@ -278,7 +196,6 @@ def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int
 
     from bat_jax.policy import PolicyConfig
     from bat_jax.rollout.agent_loop import AgentLoopConfig
-    from bat_jax.bicurl.engines import EngineConfig
     from bat_jax.bicurl.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec
 
     per_task = max(1, episodes // len(tracks))
@@ -292,8 +209,7 @@ def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int
         for workers in (1, 2):
             share = -(-per_task * len(tracks) // workers)  # each worker's warm pool: its share of the episodes
             spec = WorkerSpec(PolicyConfig(architecture="qwen3", prompt_style="compact"), agent, backend,
-                              EngineConfig(max_batch=8, prefix_cache_rows=64, slots=16),
-                              warm_pool=share if backend == "docker" else 0)
+                              tiny_default().engine, warm_pool=share if backend == "docker" else 0)
             rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=workers, cpus_per_worker=0.5,
                                                                 start_timeout_s=900,
                                                                 worker_env={"JAX_PLATFORMS": "cpu"}))
@@ -312,8 +228,8 @@ def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int
 
 
 def main_loops(args, build_models) -> int:
-    """`bench_rollout.py --loops`: old vs new loop (JAX sampler, simulated large model), `--synthetic`, `--ray`.
-    `build_models(family, vocab, tmp)` makes the tiny random model (bench_rollout.py's)."""
+    """`bench_rollout --loops`: old vs new loop (JAX sampler, simulated large model), `--synthetic`, `--ray`.
+    `build_models(family, vocab, tmp)` makes the tiny random model (`bench_rollout.build_models`)."""
     import importlib.util
     import tempfile
 
@@ -357,18 +273,8 @@ def main_loops(args, build_models) -> int:
                   f"{ray_rows[2][0]:.1f} episodes/min; {os.cpu_count()} CPU cores shared by both workers' JAX "
                   f"samplers and the sandboxes)", flush=True)
     if getattr(args, "replicas", False):
-        from replica_loops import main_replicas
+        from launch.bench.replica_loops import main_replicas
 
         main_replicas(args, model)
     print(f"load average {os.getloadavg()[0]:.1f} at end", flush=True)
     return 0
-
-
-def docker_answers() -> bool:
-    """True when `docker info` answers within 30 s."""
-    import subprocess
-
-    try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False

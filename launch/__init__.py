@@ -1,0 +1,2 @@
+"""Launch-side tooling beside the `bat_jax` package: set-up scripts, sweeps and benchmarks, run from the repository
+root (`python -m launch.sweep`, `python -m launch.bench.<script>`)."""
