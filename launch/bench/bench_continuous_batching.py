@@ -3,21 +3,22 @@ batched (`bat_jax.rollout.continuous_batching`), in the same run.
 
 Workload: the RL rows of a Stage Bank (by default the tiny default's, `runs/stage_bank_tiny`; `--rows` rows taken
 round-robin over S1–S5 and E2E), K rollouts each, in a warm Docker pool, the policy a run exported
-(`runs/bicurl_tiny/export`, written by README's main command), the tiny default's agent limits (6 turns of ≤ 832
-tokens, 3,072-token context). A trained policy matters: its turns end at different lengths, which is what
+(`runs/bicurl_tiny/export`, written by README's main command), the tiny default's agent limits and engine (both
+read from `gin/bicurl_tiny.gin`: 6 turns of ≤ 832 tokens, a 3,072-token context, 8 rows per compiled call, 64 stored
+prefixes, 16 slots when this was written). A trained policy matters: its turns end at different lengths, which is what
 continuous batching exploits (a random model runs every turn to its budget).
 
-  * plain: `JaxSampler` (8 rows per compiled call, prefix store of 64 rows) under the continuous schedule with
-    one engine call at a time (`max_generate_batch` 64), as before `EngineConfig.slots`;
-  * continuous: `ContinuousBatchingSampler(slots=--slots)` with one engine call per episode turn
-    (`max_generate_batch` 1, `max_concurrent_generate` 64), as `gin/bicurl_tiny.gin`.
+  * plain: `JaxSampler` (the gin file's rows per compiled call and prefix store) under the continuous schedule
+    with one engine call at a time (`max_generate_batch` 64, `max_concurrent_generate` 1), no slots;
+  * continuous: `ContinuousBatchingSampler(slots=--slots, default the gin file's)` with the gin file's agent
+    settings (one engine call per episode turn: `max_generate_batch` 1, `max_concurrent_generate` 64).
 
 Each engine runs the batch `--repeats` times with the same seed; the first run compiles (reported apart), the
 last is the warm time. Prints seconds, sampled tokens and tokens/s per run, the warm ratio plain / continuous,
 and how many of the K·rows trajectories are token-identical between the two (draws agree up to float round-off
 of differently padded batches, so a rare draw can tip).
 
-  python launch/bench/bench_continuous_batching.py [--bank runs/stage_bank_tiny] [--policy runs/bicurl_tiny/export]
+  python -m launch.bench.bench_continuous_batching [--bank runs/stage_bank_tiny] [--policy runs/bicurl_tiny/export]
 
 Measured before this script existed, by a scratch script with the same two engines and agent limits on 8 rows
 taken by focus instead (4 S3, 2 S2, 2 E2E; 2 CPU cores, idle; the exported policy and bank of a tiny-default run):
@@ -41,40 +42,46 @@ def main(argv=None) -> int:
     ap.add_argument("--bank", default="runs/stage_bank_tiny")
     ap.add_argument("--policy", default="runs/bicurl_tiny/export", help="an exported (Hugging Face) checkpoint")
     ap.add_argument("--rows", type=int, default=8)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--k", type=int, default=None, help="rollouts per row (default: the tiny default's K)")
+    ap.add_argument("--slots", type=int, default=None, help="continuous-batching slots (default: the tiny default's)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--backend", default="docker", choices=["docker", "local"])
     args = ap.parse_args(argv)
 
     from bat_jax.policy import PolicyConfig, build_policy, make_agent_loop
     from bat_jax.prompts import PromptFormat, rl_request
-    from bat_jax.rollout.agent_loop import AgentLoopConfig
     from bat_jax.rollout.continuous_batching import jax_engine
     from bat_jax.stage_bank.bank import StageBank
     from bat_jax.sandbox.backends import open_backend
     from bat_jax.tasks.benchmark import ImagingBenchmark
+    from launch.bench.workloads import tiny_default
 
-    policy = build_policy(PolicyConfig(chat_family="qwen3_5", checkpoint_dir=args.policy, prompt_style="compact"))
+    tiny = tiny_default()
+    args.k = tiny.agent.episodes_per_state if args.k is None else args.k
+    args.slots = tiny.engine.slots if args.slots is None else args.slots
+
+    policy = build_policy(PolicyConfig(chat_family="qwen3_5", checkpoint_dir=args.policy,
+                                       prompt_style=tiny.policy.prompt_style))
     bank = StageBank(args.bank)
     by_focus = collections.defaultdict(list)
     for row in bank.read().rl_rows:
         by_focus[row.focus].append(row)
     rows = list(itertools.islice((r for group in itertools.zip_longest(*by_focus.values()) for r in group if r),
                                  args.rows))
-    prompt = PromptFormat.of(ImagingBenchmark(), "compact")  # the tiny bank's benchmark, the policy's style
+    prompt = PromptFormat.of(ImagingBenchmark(), tiny.policy.prompt_style)  # the tiny bank's benchmark, the policy's style
     requests = [rl_request(r, bank.load_state(r.state), r.state_id, prompt) for r in rows]
-    base = AgentLoopConfig(episodes_per_state=args.k, max_assistant_turns=6, max_tool_calls=6, max_response_tokens=2304,
-                           max_tokens_per_turn=832, max_context_tokens=3072, max_observation_chars=512, progress=False)
-    modes = {"plain": (0, base),
-             "continuous": (args.slots, dataclasses.replace(base, max_generate_batch=1, max_concurrent_generate=64))}
+    continuous = dataclasses.replace(tiny.agent, episodes_per_state=args.k, progress=False)
+    modes = {"plain": (0, dataclasses.replace(continuous, max_generate_batch=64, max_concurrent_generate=1)),
+             "continuous": (args.slots, continuous)}
     print(f"{len(rows)} rows ({', '.join(r.focus for r in rows)}) x K={args.k}, policy {args.policy}, "
           f"{args.backend} sandboxes", flush=True)
-    sandboxes = open_backend(args.backend, base.workers(len(rows) * args.k), warm=len(rows) * args.k if args.backend == "docker" else 0)
+    episodes = len(rows) * args.k
+    sandboxes = open_backend(args.backend, continuous.workers(episodes), warm=episodes if args.backend == "docker" else 0)
     warm, ids = {}, {}
     try:
         for name, (slots, config) in modes.items():
-            engine = jax_engine(policy.model, max_context=3072, max_batch=8, prefix_cache_rows=64, slots=slots)
+            engine = jax_engine(policy.model, max_context=continuous.max_context_tokens, max_batch=tiny.engine.max_batch,
+                                prefix_cache_rows=tiny.engine.prefix_cache_rows, slots=slots)
             loop = make_agent_loop(policy, engine, sandboxes.make, config, sandboxes.release)
             for rep in range(args.repeats):
                 t0 = time.perf_counter()

@@ -1,9 +1,9 @@
 """The GRPO block's learner time with the ratio's old logprobs recomputed by the learner (the default) vs the engine's
 (bypass mode), in the same run.
 
-`bicurl/grpo_round.grpo_block` on a real learner (the tiny default's Qwen3.5 shape: hidden 128, 4 layers, vocab
-3,584, random init; `gin/bicurl_tiny.gin`'s 128-query attention blocks and DeltaNet chunk 16) with stand-in
-rollouts: every batch is `--rows` rollouts (`--rows / 4` rows × K = 4) of `--seq` random tokens, loss on the second
+`bicurl/grpo_round.grpo_block` on a real learner (the tiny default's policy, learner memory settings and GRPO loss as
+`gin/bicurl_tiny.gin` binds them: Qwen3.5, hidden 128, 4 layers, vocab 3,584, random init) with stand-in
+rollouts: every batch is `--rows` rollouts (`--rows / K` rows × the gin file's K, 4) of `--seq` random tokens, loss on the second
 half, engine logprobs 0.1 nats off the learner's, rewards with variance. No sandbox and no generation: what is timed
 is the learner's share of the block — per batch the reference pass, the behaviour pass (recompute mode, from the
 second batch on; the first reuses the reference pass) and `--epochs` optimizer steps — plus the after-block pass.
@@ -11,7 +11,7 @@ Each mode runs once to compile, then `--repeats` timed blocks alternating the mo
 each (wall and process CPU seconds: the CPU time is steadier when other jobs share the cores), the ratios
 recompute / bypass and the extra seconds per batch.
 
-  python launch/bench/bench_old_logprobs.py [--rows 8] [--seq 1024] [--batches 3] [--micro 2] [--repeats 2]
+  python -m launch.bench.bench_old_logprobs [--rows 8] [--seq 1024] [--batches 3] [--micro 2] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class _Scorer:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=8, help="rollouts per batch (a multiple of 4: rows x K = 4)")
+    ap.add_argument("--rows", type=int, default=8, help="rollouts per batch (a multiple of the tiny default's K, 4)")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batches", type=int, default=3, help="GRPO steps (pool batches) per block")
     ap.add_argument("--epochs", type=int, default=1)
@@ -52,31 +52,31 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
 
-    from flax import nnx
+    import dataclasses
 
     from bat_jax.bicurl import grpo_round as gr
-    from bat_jax.learn import grpo
-    from bat_jax.learn.learner import Learner, MemoryConfig
-    from bat_jax.models.configs import Qwen3_5Config
+    from bat_jax.learn.learner import Learner
     from bat_jax.models.mesh import MeshConfig
-    from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+    from bat_jax.models.tokenizer import TINY_VOCAB_SIZE
+    from launch.bench.workloads import tiny_default, tiny_policy
 
-    model = Qwen3_5ForCausalLM(Qwen3_5Config(vocab_size=3584, hidden_size=128, intermediate_size=384,
-                                             num_hidden_layers=4, max_position_embeddings=8192, chunk_size=16),
-                               rngs=nnx.Rngs(0))
-    learner = Learner(model, MeshConfig(data=1, fsdp=1, tensor=1), MemoryConfig(attention_block=128))
+    tiny = tiny_default()
+    group = tiny.grpo.group_size
+    if args.rows % group:
+        raise SystemExit(f"--rows {args.rows} is not a multiple of the tiny default's K = {group}")
+    learner = Learner(tiny_policy().model, MeshConfig(data=1, fsdp=1, tensor=1), tiny.memory)
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, 3584, (args.rows, args.seq)).astype(np.int32)
+    ids = rng.integers(0, TINY_VOCAB_SIZE, (args.rows, args.seq)).astype(np.int32)
     loss_mask = np.zeros_like(ids)
     loss_mask[:, args.seq // 2:] = 1
     probe = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    engine_lp = (learner.logprobs(learner.params, probe, grpo.GRPOConfig(temperature=0.7)) - 0.1) * loss_mask
+    engine_lp = (learner.logprobs(learner.params, probe, tiny.grpo) - 0.1) * loss_mask
     trajectories = [types.SimpleNamespace(ids=ids[i], loss_mask=loss_mask[i], logprobs=engine_lp[i], agent_error=None)
                     for i in range(args.rows)]
 
     def run(requests, seed, on_trajectory):  # the same trajectories for every batch, one group per request
-        return [types.SimpleNamespace(**vars(trajectories[i * 4 + k]), state_id=r)
-                for i, r in enumerate(requests) for k in range(4)]
+        return [types.SimpleNamespace(**vars(trajectories[i * group + k]), state_id=r)
+                for i, r in enumerate(requests) for k in range(group)]
 
     gr.rl_request = lambda row, start, state_id, prompt: state_id
     gr.RolloutScorer = _Scorer
@@ -84,14 +84,14 @@ def main(argv=None) -> int:
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
     item = lambda b, i: types.SimpleNamespace(round_state_id=f"b{b}r{i}", pool="target",  # noqa: E731
                                               row=types.SimpleNamespace(state=None))
-    view = types.SimpleNamespace(batches=[[item(b, i) for i in range(args.rows // 4)] for b in range(args.batches)],
+    view = types.SimpleNamespace(batches=[[item(b, i) for i in range(args.rows // group)] for b in range(args.batches)],
                                  spares={})
     bank = types.SimpleNamespace(load_state=lambda state: None)
     start = learner.host_copy(learner.params)
 
     def block(mode: str) -> tuple[float, float]:
         learner.params = learner.on_mesh(start)
-        cfg = grpo.GRPOConfig(temperature=0.7, old_logprobs=mode, epochs=args.epochs)
+        cfg = dataclasses.replace(tiny.grpo, old_logprobs=mode, epochs=args.epochs)
         c = gr.GRPOBlockConfig(grpo=cfg, micro_batches=args.micro, max_context_tokens=args.seq)
         t, cpu = time.perf_counter(), time.process_time()
         stats = gr.grpo_block(learner, loop, bank, view, c, None, seed=1)  # no benchmark: `_Scorer` scores

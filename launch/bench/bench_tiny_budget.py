@@ -1,8 +1,7 @@
-"""What the tiny default's 2-core budget buys (issue 15): prompt tokens, SFT rows that fit, SFT tokens/s.
+"""What the tiny default's 2-core budget buys: prompt tokens, SFT rows that fit, SFT tokens/s, full vs compact prompts.
 
-Before = today's paper-style prompting as the tiny default used it (`prompt_style='full'`: the full system
-prompt, the chat template's tools block, the whole brief and stage skills; every SFT batch padded to
-`--before_seq` tokens). After = `prompt_style='compact'` with SFT batches padded only to their length bucket
+Before = paper-style prompting (`prompt_style='full'`: the full system prompt, the chat template's tools block,
+the whole brief and stage skills; every SFT batch padded to `--before_seq` tokens). After = `prompt_style='compact'` with SFT batches padded only to their length bucket
 (`policy.sft_batch`), at `--after_seq` tokens. Both are measured in the same run on the same rows, and the
 ratios are printed.
 
@@ -13,9 +12,10 @@ directory — every focus × track for the outcomes of `--outcomes` (default 're
 SFT tokens/s: `--steps` timed steps after one warm-up (compile) step on batches of `--batch` rows; "real"
 tokens are non-padding tokens. `--models` adds the tokens/s of other tiny sizes ('HIDDENxLAYERS', e.g.
 128x4,192x6) on the after batches, for picking the model the budget buys. Process CPU seconds are printed
-beside wall seconds because other jobs share the cores.
+beside wall seconds because other jobs share the cores. The model is the tiny default's shape
+(`policy.PolicyConfig.tiny` of `gin/bicurl_tiny.gin`).
 
-Usage: python launch/bench/bench_tiny_budget.py [--bank DIR] [--outcomes recovery] [--layouts varied]
+Usage: python -m launch.bench.bench_tiny_budget [--bank DIR] [--outcomes recovery] [--layouts varied]
          [--before_seq 2048] [--after_seq 2048] [--obs_chars 512] [--batch 4] [--steps 4] [--models 128x4]
          [--no_speed]
 """
@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4, "max_position_embeddings": 8192}
 
 
 def imaging(layouts: str = "fixed"):
@@ -159,18 +158,21 @@ def main() -> None:
     before_b = [pad_batch([before_rows[i] for i in rng.choice(len(before_rows), args.batch)], 1, args.before_seq)
                 for _ in range(n)]
     after_b = [sft_batch(after_rows, args.batch, rng, args.after_seq) for _ in range(n)]
-    b_wall, b_cpu, b_step = sft_speed(TINY, before_b, n)
-    a_wall, a_cpu, a_step = sft_speed(TINY, after_b, n)
+    from launch.bench.workloads import tiny_default
+
+    shape = dict(tiny_default().policy.tiny)
+    b_wall, b_cpu, b_step = sft_speed(shape, before_b, n)
+    a_wall, a_cpu, a_step = sft_speed(shape, after_b, n)
     pad_b = np.mean([b["attention_mask"].mean() for b in before_b])
     pad_a = np.mean([b["attention_mask"].mean() for b in after_b])
-    print(f"\nSFT step, tiny {TINY['hidden_size']}x{TINY['num_hidden_layers']}, batch {args.batch}, {n} timed steps:")
+    print(f"\nSFT step, tiny {shape['hidden_size']}x{shape['num_hidden_layers']}, batch {args.batch}, {n} timed steps:")
     print(f"  before: {b_wall:7.0f} real tok/s (cpu {b_cpu:6.0f}), {b_step:5.2f} s/step, {100 * pad_b:4.1f}% real tokens")
     print(f"  after:  {a_wall:7.0f} real tok/s (cpu {a_cpu:6.0f}), {a_step:5.2f} s/step, {100 * pad_a:4.1f}% real tokens")
     print(f"  ratio after/before: {a_wall / b_wall:.2f}x real tok/s (cpu {a_cpu / b_cpu:.2f}x); rows per second "
           f"{b_step / a_step:.2f}x")
     for spec in [m for m in args.models.split(",") if m]:
         hidden, layers = (int(x) for x in spec.split("x"))
-        tiny = {**TINY, "hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers}
+        tiny = {**shape, "hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers}
         wall, cpu, step = sft_speed(tiny, after_b, n)
         print(f"  model {spec}: {wall:7.0f} real tok/s (cpu {cpu:6.0f}), {step:5.2f} s/step on the after batches")
 
