@@ -10,7 +10,7 @@
 #
 # 1. nvidia-smi, then what this interpreter lacks of launch/constraints/box-wheels.txt is installed from $WHEELS
 #    with `pip --no-index --target $SITE` (nothing is fetched; nothing outside $SITE changes);
-# 2. launch/bench/gpu_smoke.py: versions (a version outside pyproject's range is a warning, not a stop), then the
+# 2. python -m launch.bench.gpu_smoke (from the repository root): versions (a version outside pyproject's range is a warning, not a stop), then the
 #    memory / sft / grpo / orbax / sampler / vllm / replicas stages, one "[smoke] <stage> ok|skipped ..." line each,
 #    then one table of every figure; the first failure exits non-zero.
 set -euo pipefail
@@ -60,5 +60,5 @@ export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 cd "$REPO"
 # vLLM and JAX share the GPU in one process: leave vLLM its 0.3 (as gin/bicurl_9b.gin does)
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.6}
-timeout "$LIMIT_S" "$PY" launch/bench/gpu_smoke.py --seq "$SEQ" --steps "$STEPS" "${EXTRA[@]}"
+timeout "$LIMIT_S" "$PY" -m launch.bench.gpu_smoke --seq "$SEQ" --steps "$STEPS" "${EXTRA[@]}"
 echo "[smoke] all stages passed"

@@ -1,4 +1,4 @@
-"""`launch/bench/gpu_smoke.py --tiny` on CPU: the sampler stage (JAX sampler, continuous batching, prefix cache)
+"""`python -m launch.bench.gpu_smoke --tiny` on CPU: the sampler stage (JAX sampler, continuous batching, prefix cache)
 runs and reports its figures, the replicas stage skips with its reason, and the closing table holds every figure.
 (The whole smoke through `launch/gpu_smoke.sh --tiny` on the box stack: tests/test_box_stack.py.)"""
 
@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_tiny_smoke_runs_the_sampler_stage_on_cpu():
-    out = subprocess.run([sys.executable, str(REPO / "launch" / "bench" / "gpu_smoke.py"), "--tiny", "--seq", "64",
-                          "--stages", "sampler,replicas"], capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"})
+    out = subprocess.run([sys.executable, "-m", "launch.bench.gpu_smoke", "--tiny", "--seq", "64",
+                          "--stages", "sampler,replicas"], capture_output=True, text=True, timeout=900, cwd=REPO,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = {ln.split()[1]: ln for ln in out.stdout.splitlines() if ln.startswith("[smoke] ") and len(ln.split()) > 2}
     sampler = dict(kv.split("=", 1) for kv in lines["sampler"].split()[5:])

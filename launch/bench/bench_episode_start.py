@@ -1,7 +1,7 @@
-"""Per-episode sandbox cost (issue 17): a fresh container per episode vs the warm pool the experiment uses by
+"""Per-episode sandbox cost: a fresh container per episode vs the warm pool the experiment uses by
 default, both through `bat_jax.sandbox.backends.open_backend` exactly as `bicurl/run_loops.py` builds them.
 
-Run (engine up, images built): python launch/bench/bench_episode_start.py [--episodes 8] [--track segmentation]
+Run (engine up, images built): python -m launch.bench.bench_episode_start [--episodes 8] [--track segmentation]
 
 Each episode starts from a real training task's initial state (`tasks.heldout.training_task`), gets its sandbox
 (`make(state)`: fresh = create + start a container + restore the state; warm = reset a pooled container + restore),

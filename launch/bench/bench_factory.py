@@ -1,6 +1,6 @@
-"""Stage Bank Data Factory: build the tiny bank (126 sources) and check the issue-5 targets.
+"""Stage Bank Data Factory: build the tiny bank (126 sources) and check its targets.
 
-Targets (issue 5 item 3): ≤ 15 min on the 2-core CPU box, ≥ 2,000 SFT rows, zero leakage hits against the
+Targets: ≤ 15 min on the 2-core CPU box, ≥ 2,000 SFT rows, zero leakage hits against the
 held-out suite's manifest, same seed ⇒ same digest. The baseline, measured in the same run, is one scripted-
 expert end-to-end episode (`rollout.play.play`) per source, i.e. the bare cost of 126 teacher trajectories;
 the script prints build time / baseline.
@@ -10,7 +10,7 @@ every file of the bank's versions and states directories against the held-out ma
 the same directory (resume path: every source cached, no new version, same digest); (5) with --twice, a
 second fresh build into another directory and a digest comparison.
 
-Usage: python launch/bench/bench_factory.py [--backend local|docker] [--workers 2] [--twice] [--keep DIR]
+Usage: python -m launch.bench.bench_factory [--backend local|docker] [--workers 2] [--twice] [--keep DIR]
 """
 
 from __future__ import annotations

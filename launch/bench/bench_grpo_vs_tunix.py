@@ -6,7 +6,7 @@ in its own subprocess so that peak memory (max RSS) is measured per side; Tunix 
 virtualenv (see launch/bench/README.md), ours in this interpreter. The parent prints tokens/s of each
 side, the ratio ours / Tunix (goal ≥ 1 on this CPU), and our peak memory.
 
-    python launch/bench/bench_grpo_vs_tunix.py [--tunix-python ~/.venvs/tunix/bin/python]
+    python -m launch.bench.bench_grpo_vs_tunix [--tunix-python ~/.venvs/tunix/bin/python]
 
 Tokens/s counts every position of the padded ``[batch, seq]`` input per optimizer step.
 """
@@ -163,12 +163,10 @@ def worker(args) -> None:
 
 
 def spawn(python: str, side: str, args) -> dict:
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, here, os.environ.get("PYTHONPATH", "")]))
-    cmd = [python, os.path.abspath(__file__), "--worker", side, "--batch", str(args.batch), "--seq", str(args.seq),
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    cmd = [python, "-m", "launch.bench.bench_grpo_vs_tunix", "--worker", side, "--batch", str(args.batch), "--seq", str(args.seq),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--loss-agg", args.loss_agg]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=args.timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"{side} worker failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")

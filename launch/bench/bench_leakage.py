@@ -5,7 +5,7 @@ manifest the size of AutoMedBench-Lite's public subsets (2,385 case ids, 500 pat
 100 reports), writes the rows as JSONL, and times `preflight` over the file. The baseline, measured in the same
 run on a subset, is the naive scan: `marker in text` for every identifier, path and held-out 8-word span.
 
-Usage: python launch/bench/bench_leakage.py [--rows 10000] [--baseline-rows 40] [--seed 0]
+Usage: python -m launch.bench.bench_leakage [--rows 10000] [--baseline-rows 40] [--seed 0]
 """
 
 from __future__ import annotations

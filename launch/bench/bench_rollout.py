@@ -3,7 +3,8 @@ episodes per minute in Docker sandboxes.
 
 One run, one tiny random model (same config, same weights: the NNX model is written with
 `bat_jax.models.hf_io.save_pretrained` and read back by transformers and by vLLM), same workload for every engine:
-B prompts of P random tokens, N new tokens per row sampled at temperature 0.7 with no stop token, timed after a
+B prompts of P random tokens, N new tokens per row sampled at the tiny default's temperature (0.7; read from
+`gin/bicurl_tiny.gin`, as the model's hidden size and depth) with no stop token, timed after a
 warm-up call (so JAX compile time and engine start-up are excluded and reported apart). Prints tokens/s of
 
   * the JAX sampler (`JaxSampler`: prefill + `lax.while_loop` decode in one jitted program),
@@ -23,24 +24,24 @@ on real tasks (one E2E task per `--tracks` entry, the evaluator's E2E prompt) in
   (b) a replay of the scripted expert's E2E actions as token-level turns (real `execute_code` calls through S1-S5
       and a `submit`: sandbox + loop overhead, no model).
 
-Real weights (`--real-weights DIR`, issue 16): the JAX sampler, transformers `generate` and vLLM CPU on a converted
+Real weights (`--real-weights DIR`): the JAX sampler, transformers `generate` and vLLM CPU on a converted
 checkpoint (SmolLM2-135M-Instruct: `python -m bat_jax.models.gguf_import`), same real prompts (the compact agent
 prompt of one task per track, cut to `--real-prompt` tokens), tokens/s and ratios; `--real-only` runs just those.
 
-Agent loops (`--loops`, issue 17; `rollout_loops.py` beside this file): episodes/min of `--episodes` concurrent
-episodes on real E2E tasks (one per `--tracks` entry) in Docker sandboxes, the loop issue 17 found ('lockstep',
-16 sandbox threads, fresh containers, one engine call at a time) against the loop now ('continuous', a thread per
-episode, a warm pool, engine calls in flight) in the same run, with (a) the JAX sampler (tiny random model,
+Agent loops (`--loops`, `launch.bench.rollout_loops`): episodes/min of `--episodes` concurrent episodes on real
+E2E tasks (one per `--tracks` entry) in Docker sandboxes, a lockstep loop (16 sandbox threads, fresh containers,
+one engine call at a time) against the loop a run uses ('continuous', a thread per episode, a warm pool, engine
+calls in flight) in the same run, with (a) the JAX sampler (tiny random model,
 compact prompts) and (b) `bat_jax.rollout.simulated_engine.SimulatedLatencyEngine` over the expert-action replay
 (default constants: a ~9B model on one A100, 50 ms prefill per call + 30 ms per decode step); prints each ratio
 new / old. `--synthetic` adds a heterogeneous workload without Docker; `--ray` adds 1 vs 2 Ray rollout workers
-(`RayRollouts`, the JAX sampler) and their ratio; `--replicas` adds rollouts on more devices (`replica_loops.py`):
+(`RayRollouts`, the JAX sampler) and their ratio; `--replicas` adds rollouts on more devices (`replica_loops`):
 1 vs 2 vLLM replica processes, the JAX sampler on 1 vs 2 devices, and the simulated 9B engine with one replica's
 KV capacity vs eight replicas'.
 
-  python launch/bench/bench_rollout.py [--family qwen3] [--batch 8] [--prompt 64] [--new 128] [--backend docker]
-  python launch/bench/bench_rollout.py --real-weights runs/smollm2-135m-instruct --real-only
-  python launch/bench/bench_rollout.py --loops --episodes 32 --tracks classification,segmentation,vqa,detection \
+  python -m launch.bench.bench_rollout [--family qwen3] [--batch 8] [--prompt 64] [--new 128] [--backend docker]
+  python -m launch.bench.bench_rollout --real-weights runs/smollm2-135m-instruct --real-only
+  python -m launch.bench.bench_rollout --loops --episodes 32 --tracks classification,segmentation,vqa,detection \
       --turns 3 [--synthetic] [--ray] [--replicas]
 
 Measured: launch/bench/README.md.
@@ -58,12 +59,17 @@ import time
 import numpy as np
 
 from launch.bench.rollout_loops import main_loops
-from launch.bench.workloads import ExpertReplay, docker_answers, real_tasks
+from launch.bench.workloads import ExpertReplay, docker_answers, real_tasks, tiny_default
 
 
 def throughput(tokens: int, times: list[float]) -> tuple[float, float]:
     """(best, worst) tokens/s over timed runs of `tokens` tokens each (seconds in `times`)."""
     return tokens / min(times), tokens / max(times)
+
+
+def temperature() -> float:
+    """The tiny default's sampling temperature (`agent_loop.AgentLoopConfig.temperature` of gin/bicurl_tiny.gin)."""
+    return tiny_default().agent.temperature
 
 
 def line(name: str, tps: tuple[float, float], note: str) -> str:
@@ -78,8 +84,9 @@ def build_models(family: str, vocab: int, tmp: str):
     from bat_jax.models.qwen3 import Qwen3ForCausalLM
     from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 
-    common = dict(vocab_size=vocab, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    tiny = tiny_default().policy.tiny  # the tiny default's hidden size and depth; 4 heads of 32 for every engine
+    common = dict(vocab_size=vocab, hidden_size=tiny["hidden_size"], intermediate_size=tiny["intermediate_size"],
+                  num_hidden_layers=tiny["num_hidden_layers"], num_attention_heads=4, num_key_value_heads=2, head_dim=32)
     if family == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**common), rngs=nnx.Rngs(0))
     else:
@@ -93,7 +100,7 @@ def bench_jax(model, prompts, new, repeats):
     from bat_jax.rollout.jax_sampler import JaxSampler
 
     sampler = JaxSampler(model, min_prompt_bucket=len(prompts[0]))
-    params = SamplingParams(temperature=0.7, max_new_tokens=new)
+    params = SamplingParams(temperature=temperature(), max_new_tokens=new)
     t0 = time.perf_counter()
     sampler.generate(prompts, params, seeds=range(len(prompts)))
     compile_s = time.perf_counter() - t0
@@ -118,9 +125,10 @@ def bench_jax_python_loop(model, prompts, new, repeats):
 
     graphdef, state = nnx.split(model)
     b, p = len(prompts), len(prompts[0])
+    t = temperature()
 
     def sample(logits, key):
-        logp = processed_logprobs(logits, 0.7)
+        logp = processed_logprobs(logits, t)
         tok = jax.random.categorical(key, logp).astype(jnp.int32)
         return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 
@@ -168,7 +176,7 @@ def bench_transformers(path, prompts, new, repeats, threads):
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor(np.asarray(prompts, np.int64))
-    kw = dict(do_sample=True, temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=new, min_new_tokens=new,
+    kw = dict(do_sample=True, temperature=temperature(), top_p=1.0, top_k=0, max_new_tokens=new, min_new_tokens=new,
               pad_token_id=0, eos_token_id=None)
     with torch.inference_mode():
         model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
@@ -201,7 +209,7 @@ def bench_vllm(model, work_dir: str | None, prompts, new, repeats, model_dir: st
               else VLLMEngine.from_model(model, work_dir, **options))
     start_s = time.perf_counter() - t0
     try:
-        params = SamplingParams(temperature=0.7, max_new_tokens=new)
+        params = SamplingParams(temperature=temperature(), max_new_tokens=new)
         engine.generate(prompts, params, seeds=range(len(prompts)))
         times = []
         for r in range(repeats):
@@ -241,7 +249,7 @@ def bench_real_weights(model_dir: str, batch: int, prompt: int, new: int, repeat
                        skip_vllm: bool) -> None:
     """The real-weights column set: the JAX sampler, transformers `generate` and vLLM CPU on one converted
     checkpoint (e.g. SmolLM2-135M-Instruct from `python -m bat_jax.models.gguf_import`), fp32, the same
-    `real_prompts`, T = 0.7, `new` tokens per row with no stop token, best of `repeats` after a warm-up call.
+    `real_prompts`, the tiny default's temperature, `new` tokens per row with no stop token, best of `repeats` after a warm-up call.
     Prints tokens/s and ratios to transformers."""
     from transformers import AutoTokenizer
 
@@ -253,7 +261,7 @@ def bench_real_weights(model_dir: str, batch: int, prompt: int, new: int, repeat
     cfg = model.config
     print(f"real weights: {model_dir} ({type(model).__name__}, {cfg.num_hidden_layers} layers, hidden "
           f"{cfg.hidden_size}, vocab {cfg.vocab_size}, fp32); workload: {batch} x ({prompt} prompt + {new} new) "
-          f"tokens, compact agent prompts of real tasks, T=0.7, no stop token, best of {repeats}", flush=True)
+          f"tokens, compact agent prompts of real tasks, T={temperature():g}, no stop token, best of {repeats}", flush=True)
     jax_tps, jax_compile = bench_jax(model, prompts, new, repeats)
     print(line("  jax sampler (while_loop):", jax_tps, f"first call incl. compile {jax_compile:.1f} s"), flush=True)
     hf_tps = bench_transformers(model_dir, prompts, new, repeats, threads)
@@ -343,7 +351,7 @@ def main(argv=None):
     ap.add_argument("--real-new", type=int, default=64)
     ap.add_argument("--loops", action="store_true",
                     help="only the agent-loop comparison: the old loop vs the new one, JAX sampler and simulated "
-                         "large model (use --episodes 32; rollout_loops.py)")
+                         "large model (use --episodes 32; launch/bench/rollout_loops.py)")
     ap.add_argument("--prefill-ms", type=float, default=50.0, help="simulated engine: prefill cost per call, ms")
     ap.add_argument("--decode-ms", type=float, default=30.0, help="simulated engine: cost per decode step, ms")
     ap.add_argument("--skip-jax", action="store_true", help="--loops without the JAX-sampler rows")
@@ -352,7 +360,7 @@ def main(argv=None):
     ap.add_argument("--ray", action="store_true", help="with --loops: also 1 vs 2 Ray rollout workers")
     ap.add_argument("--replicas", action="store_true",
                     help="with --loops: also 1 vs 2 vLLM replicas, 1 vs 2 sampler devices and the simulated 9B "
-                         "engine with one replica's KV capacity vs eight (replica_loops.py)")
+                         "engine with one replica's KV capacity vs eight (launch/bench/replica_loops.py)")
     ap.add_argument("--synthetic", action="store_true",
                     help="with --loops: also a heterogeneous synthetic workload (simulated engine, sleeping "
                          "sandboxes)")
@@ -384,8 +392,9 @@ def main(argv=None):
     prompts = rng.integers(0, 3000, size=(args.batch, args.prompt)).tolist()
     with tempfile.TemporaryDirectory() as tmp:
         model, path = build_models(args.family, TINY_VOCAB_SIZE, tmp)
-        print(f"model: tiny {args.family} (vocab {TINY_VOCAB_SIZE}, hidden 128, 4 layers, fp32), random weights; "
-              f"workload: {args.batch} x ({args.prompt} prompt + {args.new} new) tokens, T=0.7, no stop token, "
+        print(f"model: tiny {args.family} (vocab {TINY_VOCAB_SIZE}, hidden {model.config.hidden_size}, "
+              f"{model.config.num_hidden_layers} layers, fp32), random weights; workload: {args.batch} x "
+              f"({args.prompt} prompt + {args.new} new) tokens, T={temperature():g}, no stop token, "
               f"best of {args.repeats}", flush=True)
         jax_tps, jax_compile = bench_jax(model, prompts, args.new, args.repeats)
         print(line("jax sampler (while_loop):", jax_tps, f"first call incl. compile {jax_compile:.1f} s"), flush=True)

@@ -1,12 +1,12 @@
-"""Sandbox benchmark (issues 4, 13): tool-call latency vs plain `docker exec` and vs the pre-hardening sandbox,
+"""Sandbox benchmark: tool-call latency vs plain `docker exec` and vs the sandbox before privilege separation,
 snapshot restore, 8-way throughput.
 
-Run (engine up, images built): python launch/bench/bench_sandbox.py [--calls 50] [--concurrency 8]
-                                                                   [--baseline_rev 546187d | --baseline_rev none]
-                                                                   [--executor_rev REV]
+Run (engine up, images built): python -m launch.bench.bench_sandbox [--calls 50] [--concurrency 8]
+                                                                  [--baseline_rev 546187d | --baseline_rev none]
+                                                                  [--executor_rev REV]
 Goals: warm `execute_code('python', 'print(1)')` median <= 20 ms and >= 5x faster than a plain
-`docker exec python3 -c 'print(1)'` measured in the same run (issue 4); the privilege-separated sandbox costs at
-most 2x the warm median of the last sandbox before the hardening (issue 13), measured in the same run.
+`docker exec python3 -c 'print(1)'` measured in the same run; the privilege-separated sandbox costs at most 2x
+the warm median of the last sandbox before the hardening, measured in the same run.
 `--executor_rev REV` runs only an A/B of this tree's executor against revision REV's (same host code and
 settings, calls alternating): warm tool calls within 10 % (the receipts' write digests cost a call what hashing
 the files it wrote costs; the 1 MB write row shows it).
@@ -44,7 +44,7 @@ from bat_jax.sandbox.pool import SandboxPool
 from bat_jax.sandbox.types import SandboxState
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository (git reads the baseline from it)
-BASELINE_REV = "546187d"  # the last commit before the privilege separation of issue 13
+BASELINE_REV = "546187d"  # the last commit before the sandbox's privilege separation
 BASELINE_REPO = "bat-sandbox-baseline"
 PRINT1 = ("python", "print(1)")
 ECHO1 = ("bash", "echo 1")
@@ -187,7 +187,7 @@ class BaselineSandbox:
 def before_after(client: docker.DockerClient, image: str, rev: str, calls: int, think_s: float,
                  plain: dict[str, float]) -> bool:
     """Warm latency of the pre-hardening sandbox ("before") and the current one ("after"), alternating calls,
-    next to plain `docker exec`; prints the table and the issue-13 verdict. Returns whether it passed."""
+    next to plain `docker exec`; prints the table and the verdict (after <= 2 x before). Returns whether it passed."""
     owner = new_owner()
     base_tag = baseline_image(client, rev)
     rows = []
@@ -204,7 +204,7 @@ def before_after(client: docker.DockerClient, image: str, rev: str, calls: int, 
                 b, a = _paired_median_ms(lambda c=call: before.execute_code(*c),
                                          lambda c=call: after.execute_code(*c), calls, pause)
                 rows.append((name, b, a, plain.get(name)))
-            # Not part of the issue-13 gate (it is about tool calls), but paid once per pooled episode.
+            # Not part of the gate (it is about tool calls), but paid once per pooled episode.
             small = SandboxState(files={"notes.md": b"stage boundary\n", "mask.npy": os.urandom(200_000)})
             b, a = _paired_median_ms(lambda: before.reset(small), lambda: after.reset(small), max(5, calls // 3))
             rows.append(("reset to a 0.2 MB, 2-file state *", b, a, None))
@@ -226,7 +226,7 @@ def before_after(client: docker.DockerClient, image: str, rev: str, calls: int, 
         plain_text = f"{p:10.1f} ms" if p is not None else f"{'—':>13}"
         print(f"{name:<36}{b:7.2f} ms{a:7.2f} ms{plain_text}{a / b:13.2f}x")
     worst = max((r for r in rows if not r[0].endswith("*")), key=lambda r: r[2] / r[1])
-    print(f"issue 13 goal, execute_code after <= 2 x before on every row: {'PASS' if ok else 'FAIL'} "
+    print(f"goal, execute_code after <= 2 x before on every row: {'PASS' if ok else 'FAIL'} "
           f"(worst: {worst[0]}, {worst[2] / worst[1]:.2f}x; * = shown, not gated)")
     return ok
 

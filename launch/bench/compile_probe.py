@@ -1,10 +1,10 @@
-"""Compile (never run) the jitted steps of a paper-scale run and print their per-device memory (issue 14).
+"""Compile (never run) the jitted steps of a paper-scale run and print their per-device memory.
 
     # 9B / 4B on an 8-chip TPU v5p topology, from a CPU-only machine (libtpu in its own venv, README)
-    JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python launch/bench/compile_probe.py --model 9b
-    JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python launch/bench/compile_probe.py --model 4b
+    JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python -m launch.bench.compile_probe --model 9b
+    JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python -m launch.bench.compile_probe --model 4b
     # reduced size on 8 fake CPU devices (what tests/test_compile_probe.py guards)
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python launch/bench/compile_probe.py --model tiny --topology cpu
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m launch.bench.compile_probe --model tiny --topology cpu
 
 The model is the real Qwen3.5 text config (published dimensions, built abstractly: no weight is allocated); the
 settings come from the run's gin file (`experiment.Components` as that file binds it): mesh, `MemoryConfig`,
