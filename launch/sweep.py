@@ -1,6 +1,6 @@
 """Run a sweep of gin-binding sets, one after another, each into its own run directory.
 
-    python launch/sweep.py --gin_file=bicurl_tiny.gin --sweep=launch/sweeps/pool_ablations.json \
+    python -m launch.sweep --gin_file=bicurl_tiny.gin --sweep=launch/sweeps/pool_ablations.json \
         --runs_root=runs/sweeps [--only=no_s_mix,grpo_e2e_task_reward] [--init_from=runs/bicurl_tiny] [--dry_run]
 
 `--init_from=RUN_DIR` starts every entry from RUN_DIR's SFT cold start (Orbax step 0 and its round-0

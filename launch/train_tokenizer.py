@@ -1,6 +1,6 @@
 """(Re)builds the shipped tiny tokenizer (bat_jax/assets/tiny_tokenizer/).
 
-    python launch/train_tokenizer.py [--out bat_jax/assets/tiny_tokenizer] [--vocab_size 3584]
+    python -m launch.train_tokenizer [--out bat_jax/assets/tiny_tokenizer] [--vocab_size 3584]
         [--num_docs 3000] [--seed 0]
 
 Trains a byte-level BPE with `tokenizers` on a generated corpus (python/bash code, medical-imaging task text,

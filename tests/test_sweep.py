@@ -1,14 +1,11 @@
-import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
 
+from launch import sweep
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("sweep", REPO / "launch" / "sweep.py")
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
 
 
 def test_bundled_sweep_files_are_valid():
