@@ -33,7 +33,7 @@ class _Scorer:
         pass
 
     def results(self):
-        return [types.SimpleNamespace(reward=float(i % 2), version="bench") for i in range(self.n)]
+        return [types.SimpleNamespace(reward=float(i % 2), version="bench", items={}) for i in range(self.n)]
 
     def __enter__(self):
         return self
