@@ -22,8 +22,9 @@ TINY_GIN = "bicurl_tiny.gin"
 def tiny_default(bindings: tuple[str, ...] = ()):
     """`experiment.Components` as `gin/bicurl_tiny.gin` (plus `bindings`) binds it.
 
-    Parsed by `bat_jax.launch.parse_gin`, the launch's own parser; gin's global configuration is cleared again
-    afterwards, so nothing else in the process sees it. Cached per `bindings`.
+    Parsed by `bat_jax.launch.parse_gin`, the launch's own parser, which clears gin's global configuration first;
+    it is cleared again afterwards, so nothing else in the process sees the tiny file (a bench, never inside a
+    run). Cached per `bindings`.
     """
     import gin
 
