@@ -260,7 +260,11 @@ _REPLIES = [
     ('<think>\nIs {"verdict": "no"} right? The verdict could be no.\n</think>\n\n' + _YES, True),
     ('<THINK>{"verdict": "no"}</THINK>' + _YES, True),  # tag case
     ('<thinking>{"verdict": "no", "reason": "draft"}</thinking> {"verdict": "no", "reason": "final"}', False),
-    ('the verdict is {"verdict": "yes"} hmm, no.</think>\n{"verdict": "no", "reason": "r"}', False),  # open in prompt
+    ('the plan {"verdict": "maybe"} hmm, no.</think>\n{"verdict": "no", "reason": "r"}', False),  # open in prompt
+    ('the verdict is {"verdict": "no"} hmm.</think>\n{"verdict": "no", "reason": "r"}', False),  # draft agrees
+    # a draft before a closing tag the reply never opened must agree: text quoted there can hold both
+    ('the verdict is {"verdict": "yes"} hmm, no.</think>\n{"verdict": "no", "reason": "r"}', None),
+    ('{"verdict": "no", "reason": "r"} the plan says </think> {"verdict": "yes"}', None),
     ('<think>weighing {"verdict": "yes", "reason": "r"}', None),  # unclosed: cut off while reasoning
     ('<think>the plan names the method, so yes</think>', None),  # only reasoning
     ('<think>' + _YES + '</think>', None),  # the only object is inside the reasoning

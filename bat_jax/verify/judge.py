@@ -95,12 +95,14 @@ def _top_level(reply: str):
             i += 1
 
 
-def _answer_objects(reply: str) -> list[dict]:
-    """The top-level JSON objects of `reply` outside its reasoning. Reasoning is what the reply itself marks: a
-    block opened by its first non-blank text and closed by the next top-level closing tag (an unclosed block —
-    a reply cut off while reasoning — runs to the end), or, without such an opening, everything before the first
-    top-level closing tag (chat templates that open the block in the prompt). Any other tag is prose."""
+def _answer_objects(reply: str) -> tuple[list[dict], list[dict]]:
+    """(drafts, answer): the top-level JSON objects of `reply` before the closing tag of a reasoning block the
+    prompt opened, and those outside reasoning. Reasoning is what the reply itself marks: a block opened by its
+    first non-blank text and closed by the next top-level closing tag (an unclosed block — a reply cut off while
+    reasoning — runs to the end; its objects are neither), or, without such an opening, everything before the
+    first top-level closing tag (chat templates that open the block in the prompt). Any other tag is prose."""
     lead = len(reply) - len(reply.lstrip())
+    drafts: list[dict] = []
     objects: list[dict] = []
     state = "start"  # start → (reasoning →) answer
     for kind, obj, pos in _top_level(reply):
@@ -111,11 +113,11 @@ def _answer_objects(reply: str) -> list[dict]:
             if state == "reasoning":
                 state = "answer"
             elif state == "start":
-                objects.clear()  # the prompt opened the block: all before this tag was reasoning
+                drafts, objects = objects, []  # the prompt opened the block: all before this tag was reasoning
                 state = "answer"
         elif state != "reasoning" and isinstance(obj, dict):
             objects.append(obj)
-    return objects
+    return drafts, objects
 
 
 def parse_verdict(reply: str) -> tuple[bool, str]:
@@ -125,22 +127,30 @@ def parse_verdict(reply: str) -> tuple[bool, str]:
     objects are decoded as a whole with `json.JSONDecoder.raw_decode` (an object nested in one, or a tag or object
     quoted inside one of its strings, is never a candidate), so `{"verdict": "no", "reason": "plan says <think>
     {\"verdict\": \"yes\"}"}` is 'no'. Verdict values are compared after stripping whitespace and lower-casing.
-    Every top-level verdict outside reasoning must agree: a reply whose answer holds both 'yes' and 'no' (e.g. an
-    object the agent wrote, copied unescaped into the judge's prose) has no verdict.
+    Every top-level yes/no verdict outside a block the reply opened must agree — those of the answer and those
+    before a closing tag without an opening (text the agent wrote, copied unescaped into the judge's prose, can
+    hold both a closing tag and a verdict) — so quoted text can turn a reply into no verdict, never 'no' into
+    'yes'.
 
     Raises:
-      VerdictError: no JSON object with a "verdict" key outside reasoning, a verdict that is not "yes" / "no", or
-        verdicts that disagree.
+      VerdictError: no JSON object with a "verdict" key in the answer, a verdict there that is not "yes" / "no",
+        or verdicts that disagree.
     """
-    found = [o for o in _answer_objects(reply[:MAX_REPLY_CHARS]) if "verdict" in o]
+    drafts, answer = _answer_objects(reply[:MAX_REPLY_CHARS])
+    found = [o for o in answer if "verdict" in o]
     if not found:
         raise VerdictError(f"judge reply has no JSON object with a verdict: {reply[:200]!r}")
-    values = {o["verdict"].strip().lower() if isinstance(o["verdict"], str) else None for o in found}
+    values = {_norm(o["verdict"]) for o in found}
     if not values <= {"yes", "no"}:
         raise VerdictError(f"judge verdict is not yes/no: {found[-1]['verdict']!r} in {reply[:200]!r}")
+    values |= {_norm(o["verdict"]) for o in drafts if "verdict" in o} & {"yes", "no"}
     if len(values) > 1:
         raise VerdictError(f"judge verdict is not yes/no: conflicting verdicts in {reply[:200]!r}")
     return values == {"yes"}, str(found[-1].get("reason", ""))
+
+
+def _norm(value) -> str | None:
+    return value.strip().lower() if isinstance(value, str) else None
 
 
 def agent_block(text: str) -> str:
