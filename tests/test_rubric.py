@@ -87,7 +87,7 @@ def test_e2e_reward_released_code_formula_and_cell():
     items = tuple(RubricItem(f"i{s}", s, "ok", ("f.out",), lambda ev: True) for s in STAGES.ids)
     rub = Rubric(items, {"f.out": EvidenceRequirement("f.out", "", lambda ev: "out.json" in ev.files)}, STAGES)
     sc = score(rub, Evidence((), {"out.json": b"{}"}), task=0.4)
-    assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4) and sc.version == "bat_rubric/v5"
+    assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4) and sc.version == "bat_rubric/v6"
     cell = sc.to_cell("segmentation", 2, STAGES)
     assert isinstance(cell, Cell) and cell.task == 0.4 and cell.agentic(STAGES) == pytest.approx(1.0)
     single = score(rub, Evidence((), {}), task=0.4, focus="S2")
