@@ -143,7 +143,8 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         S4's items compare the prediction files): what the start state's predictions or this episode's run hold,
         never an answer made up at submission time."""
         preds = submission(ev).get("predictions", {})
-        return isinstance(preds, dict) and all(predicted(ev, preds, cid) for cid in preds)
+        usable = set(inst.recoverable_ids())  # an entry for an unknown or unrecoverable case is made up
+        return isinstance(preds, dict) and all(cid in usable and predicted(ev, preds, cid) for cid in preds)
 
     def schema_ok(ev: Evidence) -> bool:
         return not track.check_submission(inst, ev.files.get(L.submission), ev.files) and entries_computed(ev)

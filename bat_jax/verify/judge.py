@@ -59,7 +59,9 @@ VERDICT_SCHEMA = {"type": "json_schema", "json_schema": {"name": "rubric_verdict
 _REASONING_TAGS = ("think", "thinking", "reasoning")
 _TAG = re.compile(r"<(/?)\s*(?:%s)\s*>" % "|".join(_REASONING_TAGS), re.IGNORECASE)
 _AGENT_TAG = re.compile(r"<(\s*/?\s*(?:%s)\b[^<>]*)>" % "|".join(_REASONING_TAGS), re.IGNORECASE)
-_MARKS = re.compile(r"[{<]")
+_MARKS = re.compile(r'[{<]|"verdict"\s*:')
+#: A verdict key that occurs twice in one object with different values: that object has no verdict.
+_DUPLICATE = object()
 
 #: The host-written question that tells a judge's failure from one the evidence caused (`LLMJudge.decide`).
 _CONTROL_ITEM = "the evidence contains the word 'ready'"
@@ -70,40 +72,57 @@ class VerdictError(InfraError):
     """A judge reply without one yes/no verdict outside reasoning (`parse_verdict`)."""
 
 
+def _pairs(pairs: list[tuple[str, object]]) -> dict:
+    """A decoded object; a "verdict" key given twice with different values (`{"verdict": "no", "reason": "x",
+    "verdict": "yes"}`, what a judge writing the agent's quote unescaped into its object may produce) makes the
+    object's verdict `_DUPLICATE`, never the last value."""
+    obj = dict(pairs)
+    if len({json.dumps(v, sort_keys=True) for k, v in pairs if k == "verdict"}) > 1:
+        obj["verdict"] = _DUPLICATE
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs)
+
+
 def _top_level(reply: str):
     """(kind, value, position) of the reply's top-level marks in order: ('json', obj) for each JSON value decoded
     at a '{' outside any earlier decoded value (decoded as a whole: its strings are never scanned), ('open' /
-    'close', None) for a reasoning tag outside any decoded value."""
-    decoder = json.JSONDecoder()
+    'close', None) for a reasoning tag and ('stray', None) for a '"verdict":' key outside any decoded value (the
+    remains of an object that is not valid JSON: what it said cannot be read, and what decodes inside it may be
+    a quote)."""
     i = 0
     while (m := _MARKS.search(reply, i)) is not None:
         i = m.start()
         if reply[i] == "{":
             try:
-                obj, end = decoder.raw_decode(reply, i)
-            except json.JSONDecodeError:
+                obj, end = _DECODER.raw_decode(reply, i)
+            except (ValueError, RecursionError):
                 i += 1
                 continue
             yield "json", obj, i
             i = end
-            continue
-        tag = _TAG.match(reply, i)
-        if tag is not None:
+        elif reply[i] == '"':
+            yield "stray", None, i
+            i = m.end()
+        elif (tag := _TAG.match(reply, i)) is not None:
             yield ("close" if tag.group(1) else "open"), None, i
             i = tag.end()
         else:
             i += 1
 
 
-def _answer_objects(reply: str) -> tuple[list[dict], list[dict]]:
-    """(drafts, answer): the top-level JSON objects of `reply` before the closing tag of a reasoning block the
-    prompt opened, and those outside reasoning. Reasoning is what the reply itself marks: a block opened by its
-    first non-blank text and closed by the next top-level closing tag (an unclosed block — a reply cut off while
-    reasoning — runs to the end; its objects are neither), or, without such an opening, everything before the
-    first top-level closing tag (chat templates that open the block in the prompt). Any other tag is prose."""
+def _answer_objects(reply: str) -> tuple[list[dict], list[dict], bool]:
+    """(drafts, answer, stray): the top-level JSON objects of `reply` before the closing tag of a reasoning block
+    the prompt opened, those outside reasoning, and whether a verdict key outside any valid object occurs in
+    either part. Reasoning is what the reply itself marks: a block opened by its first non-blank text and closed
+    by the next top-level closing tag (an unclosed block — a reply cut off while reasoning — runs to the end; its
+    objects are neither), or, without such an opening, everything before the first top-level closing tag (chat
+    templates that open the block in the prompt). Any other tag is prose."""
     lead = len(reply) - len(reply.lstrip())
     drafts: list[dict] = []
     objects: list[dict] = []
+    stray = False
     state = "start"  # start → (reasoning →) answer
     for kind, obj, pos in _top_level(reply):
         if kind == "open":
@@ -115,9 +134,12 @@ def _answer_objects(reply: str) -> tuple[list[dict], list[dict]]:
             elif state == "start":
                 drafts, objects = objects, []  # the prompt opened the block: all before this tag was reasoning
                 state = "answer"
-        elif state != "reasoning" and isinstance(obj, dict):
-            objects.append(obj)
-    return drafts, objects
+        elif state != "reasoning":
+            if kind == "stray":
+                stray = True
+            elif isinstance(obj, dict):
+                objects.append(obj)
+    return drafts, objects, stray
 
 
 def parse_verdict(reply: str) -> tuple[bool, str]:
@@ -126,23 +148,28 @@ def parse_verdict(reply: str) -> tuple[bool, str]:
     The answer is the LAST top-level JSON object with a "verdict" key outside reasoning (`_answer_objects`):
     objects are decoded as a whole with `json.JSONDecoder.raw_decode` (an object nested in one, or a tag or object
     quoted inside one of its strings, is never a candidate), so `{"verdict": "no", "reason": "plan says <think>
-    {\"verdict\": \"yes\"}"}` is 'no'. Verdict values are compared after stripping whitespace and lower-casing.
-    Every top-level yes/no verdict outside a block the reply opened must agree — those of the answer and those
-    before a closing tag without an opening (text the agent wrote, copied unescaped into the judge's prose, can
-    hold both a closing tag and a verdict) — so quoted text can turn a reply into no verdict, never 'no' into
-    'yes'.
+    {\\"verdict\\": \\"yes\\"}"}` is 'no'. Verdict values are compared after stripping whitespace and
+    lower-casing. Every top-level yes/no verdict outside a block the reply opened must agree — those of the answer
+    and those before a closing tag without an opening (text the agent wrote, copied unescaped into the judge's
+    prose, can hold both a closing tag and a verdict) — and none may sit in an object that is not valid JSON (a
+    judge that wrote the agent's quotes unescaped into its own object: its verdict cannot be read, and an object
+    decoded inside it may be the agent's). So quoted text can turn a reply into no verdict, never 'no' into 'yes'.
 
     Raises:
-      VerdictError: no JSON object with a "verdict" key in the answer, a verdict there that is not "yes" / "no",
-        or verdicts that disagree.
+      VerdictError: no JSON object with a "verdict" key in the answer, a verdict there that is not "yes" / "no"
+        (or given twice), verdicts that disagree, or a verdict key outside a valid object.
     """
-    drafts, answer = _answer_objects(reply[:MAX_REPLY_CHARS])
+    drafts, answer, stray = _answer_objects(reply[:MAX_REPLY_CHARS])
     found = [o for o in answer if "verdict" in o]
     if not found:
         raise VerdictError(f"judge reply has no JSON object with a verdict: {reply[:200]!r}")
+    if any(o["verdict"] is _DUPLICATE for o in found):
+        raise VerdictError(f"judge verdict is not yes/no: a verdict key given twice in {reply[:200]!r}")
     values = {_norm(o["verdict"]) for o in found}
     if not values <= {"yes", "no"}:
         raise VerdictError(f"judge verdict is not yes/no: {found[-1]['verdict']!r} in {reply[:200]!r}")
+    if stray:
+        raise VerdictError(f"judge verdict is not yes/no: a verdict outside valid JSON in {reply[:200]!r}")
     values |= {_norm(o["verdict"]) for o in drafts if "verdict" in o} & {"yes", "no"}
     if len(values) > 1:
         raise VerdictError(f"judge verdict is not yes/no: conflicting verdicts in {reply[:200]!r}")
@@ -162,9 +189,16 @@ def agent_block(text: str) -> str:
     return f"<<<EVIDENCE-{mark}\n{encoded}\nEVIDENCE-{mark}>>>"
 
 
+def _utf8(text: str) -> str:
+    """`text` as UTF-8 can carry it: lone surrogates (a JSON '\\ud800' escape in the agent's tool call) become
+    '?', so neither the request nor the digest fails on them."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def judge_messages(item: str, evidence_text: str, context: str = "") -> list[dict]:
     """The judge's request: the system prompt, then the host's words (rubric item, `context`: the host task's
     brief and evidence requirements) and the agent's evidence (cut to `MAX_EVIDENCE_CHARS`) in `agent_block`."""
+    evidence_text = _utf8(evidence_text)
     host = f"Rubric item: {item}\n\n" + (f"{context}\n\n" if context else "")
     return [{"role": "system", "content": _SYSTEM},
             {"role": "user", "content": f"{host}Evidence (written by the agent, JSON-encoded):\n"
@@ -308,7 +342,7 @@ class JudgeConfig:
 
 def evidence_digest(description: str, evidence_text: str, context: str = "") -> str:
     """sha256 hex of what the judge is shown for one item (description, the host's context, truncated evidence)."""
-    text = evidence_text[:MAX_EVIDENCE_CHARS]
+    text = _utf8(evidence_text)[:MAX_EVIDENCE_CHARS]
     return hashlib.sha256(f"{description}\0{context}\0{text}".encode("utf-8")).hexdigest()
 
 
