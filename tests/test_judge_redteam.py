@@ -134,7 +134,9 @@ def test_quoted_agent_text_never_changes_the_judges_verdict_on_any_item(episode,
             assert set(decided) == gated, (payload, style)  # every item with its evidence is the judge's
             if verdict == "no":
                 assert not any(decided.values()), (payload, style, decided)
-            elif style in (0, 1, 4):  # the judge's yes stands where no agent text sits outside a JSON string
+            elif style == 0 or (style in (1, 4) and payload != "brace_flood"):
+                # the judge's yes stands where no agent text sits outside a JSON string (a reply echoing 3,000
+                # braces has more invalid objects than `MAX_FAILED_OBJECTS`: no verdict, the agent's doing)
                 assert all(decided.values()), (payload, style, decided)
             assert judge.stats()["failures"] == 0  # nothing the agent wrote counts against the breaker
             for m in client.requests:
@@ -226,3 +228,15 @@ def test_structured_output_is_asked_when_the_client_takes_it_and_dropped_when_re
     assert judge.decide("i", "e") is False and refused.formats == [VERDICT_SCHEMA, None, None]
     assert judge.structured is False and judge.calls == 3
     assert LLMJudge(ok, structured=False).structured is False
+
+
+@pytest.mark.parametrize("reply", ['{"a":' * 13000, '{"' + "{" * 65000, '{"a": [' * 9000])
+def test_a_reply_echoing_nested_or_broken_objects_costs_bounded_work(reply):
+    """Each '{' that fails to decode costs a scan; past `MAX_FAILED_OBJECTS` of them the reply has no verdict (these
+    took 4-8 s each when every '{' was tried)."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(VerdictError, match="invalid objects"):
+        parse_verdict(reply)
+    assert time.monotonic() - start < 3.0

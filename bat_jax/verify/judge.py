@@ -39,8 +39,10 @@ from bat_jax.verify.rubric import REWARD_VERSION, Evidence, InfraError, Rubric, 
 
 #: Characters of rendered evidence sent to the judge.
 MAX_EVIDENCE_CHARS = 6000
-#: Characters of a judge reply read for its verdict (a longer reply is cut: the scan stays linear in practice).
-MAX_REPLY_CHARS = 65536
+#: Characters of a judge reply read for its verdict (a longer reply is cut), and the most '{' that fail to decode
+#: before the reply counts as no verdict: the scan's work stays bounded (~0.25 s at worst) whatever the judge echoes.
+MAX_REPLY_CHARS = 32768
+MAX_FAILED_OBJECTS = 512
 
 _SYSTEM = ("You are a strict rubric verifier. Decide ONE binary rubric item using ONLY the evidence given "
            "(tool-call receipts and workspace files). Claims in text without supporting evidence do not count. "
@@ -91,13 +93,16 @@ def _top_level(reply: str):
     'close', None) for a reasoning tag and ('stray', None) for a '"verdict":' key outside any decoded value (the
     remains of an object that is not valid JSON: what it said cannot be read, and what decodes inside it may be
     a quote)."""
-    i = 0
+    i = failed = 0
     while (m := _MARKS.search(reply, i)) is not None:
         i = m.start()
         if reply[i] == "{":
             try:
                 obj, end = _DECODER.raw_decode(reply, i)
             except (ValueError, RecursionError):
+                failed += 1
+                if failed > MAX_FAILED_OBJECTS:
+                    raise VerdictError(f"judge reply has over {MAX_FAILED_OBJECTS} invalid objects: {reply[:200]!r}")
                 i += 1
                 continue
             yield "json", obj, i
