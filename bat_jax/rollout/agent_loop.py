@@ -405,7 +405,7 @@ class AgentLoop:
         ep.builder.add_tool_response(cut_observation(text, self.config.max_observation_chars))
         ep.ids = ep.builder.build().ids.tolist()  # the next prompt: everything so far, ending in the generation prompt
         if len(ep.ids) > self.config.max_context_tokens:
-            ep.kept = before
+            ep.kept, ep.ids = before, before[0].ids.tolist()
             ep.finish = tj.FINISH_MAX_CONTEXT
         elif len(ep.ids) >= self.config.max_context_tokens:
             ep.finish = tj.FINISH_MAX_CONTEXT

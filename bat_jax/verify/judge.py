@@ -12,7 +12,8 @@ What the agent wrote cannot steer the verdict:
 - the verdict is read from the judge's reply only, by `parse_verdict`: reasoning removed only where the reply
   itself opens it (at its start) or closes a block the prompt opened (its first closing tag); the answer is the
   last top-level JSON object outside reasoning, each object decoded as a whole (a tag or an object quoted inside a
-  JSON string is never seen); top-level verdicts that disagree are no verdict;
+  JSON string is never seen); top-level verdicts that disagree, a verdict key given twice or one outside valid
+  JSON (a judge that copied the agent's quotes unescaped into its own object) are no verdict;
 - a reply without a verdict is the judge's fault only when the judge also fails a host-written control question
   (then `InfraError`: the stage is unscored, and the failure counts towards the judge's breaker); when the judge
   answers the control question, the evidence made it fail and the item fails (the agent's failure, no breaker).
