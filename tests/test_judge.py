@@ -107,7 +107,7 @@ def test_unreachable_judge_leaves_judged_rollouts_unscored(task):
     assert plain.reward == 1.0 and plain.version == REWARD_VERSION  # all three S1 items pass programmatically
     out = rollout_reward(_row(task, "S1"), _trajectory(task, "S1", _good_plan(task)), task.state(), IMAGING, judge)
     assert out.reward is None and out.version == f"{REWARD_VERSION}+judge:judge-m[plan.written]"
-    assert judge.stats() == {"calls": 1, "cache_hits": 0, "failures": 1, "skipped": 0}
+    assert judge.stats() == {"calls": 1, "cache_hits": 0, "failures": 1, "skipped": 0, "evidence_faults": 0}
     # E2E rows include S1 → unscored too; an S3 row has no judged item → scored (0: no S3 evidence)
     assert rollout_reward(_row(task, "E2E"), _trajectory(task, "E2E", "p"), task.state(), IMAGING,
                           judge).reward is None
@@ -134,7 +134,7 @@ def test_judge_decides_its_items_and_caches_by_evidence_digest(task):
     assert "[file notes/plan.md]" in agent or f"[file {task.layout.plan_path}]" in agent
     # identical evidence (another rollout writing the same plan) is judged once
     assert rollout_reward(_row(task, "S1"), weak, task.state(), IMAGING, judge).reward == 1.0
-    assert judge.stats() == {"calls": 1, "cache_hits": 1, "failures": 0, "skipped": 0}
+    assert judge.stats() == {"calls": 1, "cache_hits": 1, "failures": 0, "skipped": 0, "evidence_faults": 0}
     # different evidence → a new request; the judge's 'no' fails a plan the predicate would pass
     good = _trajectory(task, "S1", _good_plan(task))
     assert rollout_reward(_row(task, "S1"), good, task.state(), IMAGING, judge).reward == pytest.approx(2 / 3)
@@ -158,7 +158,7 @@ def test_dead_endpoint_trips_and_recovers_after_cooldown(task):
         with pytest.raises(InfraError):
             item.check(ev)
     # requests: the unreachable one, then a reply without a verdict and the control question it failed too
-    assert judge.stats() == {"calls": 3, "cache_hits": 0, "failures": 3, "skipped": 1}
+    assert judge.stats() == {"calls": 3, "cache_hits": 0, "failures": 3, "skipped": 1, "evidence_faults": 0}
     now[0] = 61.0
     assert item.check(ev) is True and judge.llm.calls == 4
 
@@ -324,7 +324,7 @@ def test_replies_with_reasoning_do_not_trip_the_judge(task):
     judge = RubricJudge(_judge_config(base_url=CLOSED, model="m", trip_after=3), client=_Stub(*replies))
     item = [i for i in build_rubric(get_track("vqa"), task).items if i.item_id == "plan.written"][0]
     assert [judge.decide(item, f"evidence {i}") for i in range(3)] == [True, True, True]
-    assert judge.stats() == {"calls": 3, "cache_hits": 0, "failures": 0, "skipped": 0}
+    assert judge.stats() == {"calls": 3, "cache_hits": 0, "failures": 0, "skipped": 0, "evidence_faults": 0}
 
 
 def test_evidence_cannot_forge_the_verdict(task):

@@ -401,9 +401,10 @@ class RubricJudge:
         return True
 
     def stats(self) -> dict[str, int]:
-        """Counters: requests, cache hits, failures (InfraError raised), skipped (failed fast while down)."""
+        """Counters: requests, cache hits, failures (InfraError raised), skipped (failed fast while down), and
+        evidence_faults (items failed because the evidence left the judge without a verdict, `LLMJudge.decide`)."""
         return {"calls": self.llm.calls, "cache_hits": self.cache_hits, "failures": self.failures,
-                "skipped": self.skipped}
+                "skipped": self.skipped, "evidence_faults": self.llm.evidence_faults}
 
     def decide(self, item: RubricItem, evidence_text: str, context: str = "") -> bool:
         """The judge's verdict on `item` for this evidence text and the host's `context` (the task's brief and
