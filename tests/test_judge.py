@@ -174,6 +174,8 @@ def test_judge_over_a_local_http_endpoint(task):
         assert out.reward == 1.0 and judge.llm.reasons == {_description(task, "plan.written"): "stub"}
         ((_, _, body),) = server.requests
         assert body["temperature"] == 0.0 and body["model"] == "stub-judge"
+        # the real client takes response_format: the endpoint is asked to enforce the verdict schema
+        assert body["response_format"]["json_schema"]["schema"]["properties"]["verdict"]["enum"] == ["yes", "no"]
     finally:
         server.close()
 
