@@ -312,3 +312,59 @@ def test_jax_sampler_in_loop_learner_reproduces_logprobs():
         np.testing.assert_allclose(lp[sampled], traj.logprobs[1:][sampled], atol=1e-4)
     # episodes of one row differ (independent seeds)
     assert trajs[0].ids.tolist() != trajs[1].ids.tolist()
+
+
+class _Flood(FakeSandbox):
+    """Prints `chars` supplementary private-use characters per call (each several tokens of a byte-level BPE)."""
+
+    chars = 2048
+
+    def execute_code(self, language, code, timeout_s=None):
+        self.calls.append(code)
+        return Observation("\U000f0000" * self.chars, "", 0, 0.01)
+
+
+class _RealCall:
+    """Writes one execute_code call in the real template's form every turn (the tiny tokenizer's ids)."""
+
+    def __init__(self, builder):
+        action = Action("", "execute_code", {"language": "python", "code": "print(chr(0xF0000) * 4096)"})
+        self.turn = builder.encode(render_action(action, builder.family)) + [builder.eot_id]
+
+    def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+        return [Completion(np.asarray(self.turn[:b], np.int32), np.zeros(min(b, len(self.turn)), np.float32),
+                           "stop", 0) for b in max_new_tokens]
+
+
+@pytest.mark.parametrize("limit", [3072, 12288])
+def test_no_trajectory_outgrows_the_context_however_many_tokens_an_observation_encodes_to(limit):
+    """2,048 supplementary private-use characters pass the 2,048-character cut but encode to ~8,000 tokens: the
+    observation that would pass `max_context_tokens` ends the episode (scored, the agent's failure) with the
+    trajectory as it was before it, so no rollout is longer than the context the learner is compiled for."""
+    from bat_jax.models.episode import EpisodeBuilder
+    from bat_jax.models.tokenizer import load_tiny_tokenizer
+
+    tok = load_tiny_tokenizer()
+    builder = EpisodeBuilder(tok, "qwen3_5")
+    flood = builder.codec.encode_text("\U000f0000" * 2048)
+    assert len(flood) > 6000  # the issue's measure: ~4 tokens per character
+    config = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=6, max_context_tokens=limit, progress=False)
+    trajs = AgentLoop(_RealCall(builder), lambda: EpisodeBuilder(tok, "qwen3_5"), _Flood, config).run([REQUEST])
+    for t in trajs:
+        assert len(t.ids) <= limit and t.finish_reason == tj.FINISH_MAX_CONTEXT and not t.infra_error
+        assert len(t.ids) == len(t.loss_mask) == len(t.logprobs)
+        # the observation that did not fit is not in the trajectory: it ends with the last sampled turn's glue
+        assert t.messages[-1]["role"] == "assistant" and t.loss_mask[-2] == 1
+    # under 3,072 the first observation already does not fit (no observation in the trajectory); under 12,288
+    # exactly one fits (8,000+ tokens) and the second does not
+    assert [sum(m["role"] == "tool" for m in t.messages) for t in trajs] == [int(limit == 12288)] * 2
+
+
+def test_trailing_glue_past_the_context_is_dropped_and_sampled_tokens_never_are():
+    """A turn the context limit cut gets an end-of-turn as glue (mask 0): the trajectory is cut back to the
+    limit, never losing a sampled token."""
+    tok = WordTokenizer()
+    config = AgentLoopConfig(episodes_per_state=1, max_context_tokens=6, max_tokens_per_turn=50, progress=False)
+    (t,) = AgentLoop(ScriptedEngine([[11, 11, 11, 11, 11, 11, 11, EOT]]), lambda: StubBuilder(tok), FakeSandbox,
+                     config).run([REQUEST])
+    assert t.finish_reason == tj.FINISH_MAX_CONTEXT and len(t.ids) == 6 and t.loss_mask.tolist()[-1] == 1

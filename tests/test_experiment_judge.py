@@ -21,8 +21,8 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
     # Confirm the plan-file evidence on judged rubrics so every rollout whose stages include S1 reaches the judge.
     apply = RubricJudge.apply
 
-    def apply_with_plan_evidence(self, rubric):
-        out = apply(self, rubric)
+    def apply_with_plan_evidence(self, rubric, brief):
+        out = apply(self, rubric, brief)
         reqs = dict(out.requirements)
         reqs["file.plan"] = dataclasses.replace(reqs["file.plan"], check=lambda ev: True)
         return dataclasses.replace(out, requirements=reqs)

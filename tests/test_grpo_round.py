@@ -151,3 +151,18 @@ def test_first_update_ratios_start_at_one_on_a_real_learner():
     step_lp = grpo.sequence_logprobs(learner.apply_fn, learner.params, jax.numpy.asarray(ids),
                                      jax.numpy.asarray(host["attention_mask"]), *cfg.sampling)
     assert float(np.abs(np.asarray(step_lp) - lp)[loss_mask > 0].max()) < 1e-5
+
+
+def test_the_batch_refuses_a_rollout_longer_than_the_compiled_context_and_names_it():
+    c = gr.GRPOBlockConfig(max_context_tokens=8)
+
+    def traj(state_id, n, episode=0):
+        return types.SimpleNamespace(state_id=state_id, episode=episode, ids=np.arange(n, dtype=np.int32),
+                                     loss_mask=np.ones(n, np.int32), logprobs=np.zeros(n, np.float32),
+                                     finish_reason="max_context")
+
+    batch = gr._batch(FakeLearner(), [traj("st-a", 8), traj("st-b", 5)], c)
+    assert batch["input_ids"].shape[1] == 8  # the longest allowed: padded to the bound, no further
+    with pytest.raises(AssertionError, match=r"rollout st-b episode 3 has 9 tokens, more than max_context_tokens=8 "
+                                             r"\(finish 'max_context'\)"):
+        gr._batch(FakeLearner(), [traj("st-a", 8), traj("st-b", 9, episode=3)], c)

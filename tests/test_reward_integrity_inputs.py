@@ -174,8 +174,11 @@ def test_deep_submission_through_play_and_the_rollout_scorer():
     write = _py(f"import os\nos.makedirs('{L.outputs_dir}', exist_ok=True)\n"
                 f"open('{L.submission}', 'w').write('{{\"task_id\": ' + '[' * 100000 + ']' * 100000 + '}}')")
     result = play(IMAGING, inst, _Script([write, _submit(L.submission)]))
-    # S5 only: its evidence (file, submit call) confirmed, 'submitted' passes, schema and coverage fail: 1/3
-    assert result.score.task == 0.0 and result.score.reward == pytest.approx(0.5 * 0.10 * (1 / 3))  # S5 weight .10
+    # S5's evidence (file, submit call) is confirmed, but every S5 item needs the submitted entries to be the
+    # method's predictions, and an unreadable submission has none: all three fail, reward 0
+    s5 = result.score.verdicts["S5"]
+    assert s5.eta == 1.0 and not any(s5.items.values())
+    assert result.score.task == 0.0 and result.score.reward == 0.0
     z = np.zeros(2, np.int32)
     traj = Trajectory("s", 0, E2E, z, z, np.zeros(2, np.float32), 1, "submitted", False, 1, 2, 2,
                       receipts=tuple(result.evidence.receipts), submitted=L.submission,

@@ -87,7 +87,7 @@ def test_e2e_reward_released_code_formula_and_cell():
     items = tuple(RubricItem(f"i{s}", s, "ok", ("f.out",), lambda ev: True) for s in STAGES.ids)
     rub = Rubric(items, {"f.out": EvidenceRequirement("f.out", "", lambda ev: "out.json" in ev.files)}, STAGES)
     sc = score(rub, Evidence((), {"out.json": b"{}"}), task=0.4)
-    assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4) and sc.version == "bat_rubric/v5"
+    assert sc.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.4) and sc.version == "bat_rubric/v6"
     cell = sc.to_cell("segmentation", 2, STAGES)
     assert isinstance(cell, Cell) and cell.task == 0.4 and cell.agentic(STAGES) == pytest.approx(1.0)
     single = score(rub, Evidence((), {}), task=0.4, focus="S2")
@@ -156,7 +156,7 @@ def test_llm_judge_items_and_unscored_on_judge_failure():
 
     ev = Evidence((_receipt(0, "cat task.md", stdout="# Task"),), {"plan.md": b"restore from archive"})
     client = _StubClient(['ok {"verdict": "yes", "reason": "names restore"}', '{"verdict": "no"}',
-                          ChatError("unreachable", "down"), "maybe"])
+                          ChatError("unreachable", "down"), "maybe", "maybe"])
     judge = LLMJudge(client)
     rub = _judged_rubric(judge)
     assert verify_stage(rub, "S1", ev).reward == 1.0
@@ -166,9 +166,9 @@ def test_llm_judge_items_and_unscored_on_judge_failure():
     assert "cat task.md" in messages[1]["content"]
     assert verify_stage(rub, "S1", ev).reward == 0.0
     assert verify_stage(rub, "S1", ev) is None  # judge unreachable → unscored, not 0
-    assert verify_stage(rub, "S1", ev) is None  # no verdict → unscored
+    assert verify_stage(rub, "S1", ev) is None  # no verdict, nor to the control question → unscored
     # without the evidence file the judge is never asked and the item fails
-    assert verify_stage(rub, "S1", Evidence((), {})).reward == 0.0 and judge.calls == 4
+    assert verify_stage(rub, "S1", Evidence((), {})).reward == 0.0 and judge.calls == 5
 
 
 def test_receipt_evidence_is_the_kernel_trace_not_the_code_text():

@@ -207,7 +207,17 @@ def wave_seed(seed: int, batch: int, wave: int) -> int:
 def _batch(learner: Learner, trajectories: Sequence, c: GRPOBlockConfig) -> dict[str, np.ndarray]:
     """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded up
     to a multiple of devices × micro-batches rows, T to the longest rollout's length bucket (not the next power of
-    two). With dynamic sampling B varies between batches, so the step may compile once per padded size."""
+    two). With dynamic sampling B varies between batches, so the step may compile once per padded size.
+
+    Raises:
+      AssertionError: a rollout longer than `c.max_context_tokens` (the longest the step is compiled for; the agent
+        loop never makes one), naming its state id, episode, length and finish reason.
+    """
+    for t in trajectories:
+        if len(t.ids) > c.max_context_tokens:
+            raise AssertionError(f"GRPO batch: rollout {t.state_id} episode {t.episode} has {len(t.ids)} tokens, more "
+                                 f"than max_context_tokens={c.max_context_tokens} (finish {t.finish_reason!r}); "
+                                 "the learner's shapes do not allow it")
     rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
              "old_logprobs": t.logprobs} for t in trajectories]
     longest = max(len(t.ids) for t in trajectories)

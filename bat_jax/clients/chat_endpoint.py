@@ -71,8 +71,10 @@ class ChatClient:
         self.config = config
         self._sleep = sleep
 
-    def complete(self, messages: list[dict], temperature: float | None = None) -> str:
-        """The first choice's message content.
+    def complete(self, messages: list[dict], temperature: float | None = None,
+                 response_format: dict | None = None) -> str:
+        """The first choice's message content; `response_format` (e.g. a json_schema the endpoint enforces) is
+        sent as given.
 
         Raises:
           ChatError: non-retryable HTTP status, retries exhausted, or a reply without choices[0].message.content.
@@ -80,6 +82,8 @@ class ChatClient:
         cfg = self.config
         payload = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_tokens,
                    "temperature": cfg.temperature if temperature is None else temperature}
+        if response_format is not None:
+            payload["response_format"] = response_format
         headers = {"Content-Type": "application/json"}
         key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
         if key:

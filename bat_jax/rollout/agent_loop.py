@@ -156,6 +156,7 @@ class _Episode:
         self.weight_version = 0
         self.pending: Any = None  # Action to run, or None
         self.evidence: tuple = ((), None, {}, [])  # (receipts, submitted, artefacts, skipped), once collected
+        self.kept: tuple | None = None  # (episode, messages) before an observation that did not fit the context
 
 
 @dataclasses.dataclass
@@ -396,9 +397,17 @@ class AgentLoop:
                 ep.agent_error = ep.agent_error or f"the observation could not be appended: {type(exc).__name__}: {exc}"
 
     def _append_observation(self, ep: _Episode, text: str) -> None:
+        """Appends the observation (cut to `max_observation_chars`) and the next generation prompt. An observation
+        whose tokens would take the episode past `max_context_tokens` ends it (`FINISH_MAX_CONTEXT`, scored: the
+        agent's output outgrew its context) with the trajectory as it was before: no trajectory is ever longer than
+        the context the learner is compiled for, however many tokens the agent's output encodes to."""
+        before = (ep.builder.build(), ep.builder.messages())
         ep.builder.add_tool_response(cut_observation(text, self.config.max_observation_chars))
         ep.ids = ep.builder.build().ids.tolist()  # the next prompt: everything so far, ending in the generation prompt
-        if len(ep.ids) >= self.config.max_context_tokens:
+        if len(ep.ids) > self.config.max_context_tokens:
+            ep.kept, ep.ids = before, before[0].ids.tolist()
+            ep.finish = tj.FINISH_MAX_CONTEXT
+        elif len(ep.ids) >= self.config.max_context_tokens:
             ep.finish = tj.FINISH_MAX_CONTEXT
 
     def _collect(self, ep: _Episode) -> None:
@@ -455,14 +464,28 @@ class AgentLoop:
         return True
 
     def _finish(self, ep: _Episode, receipts, submitted, artefacts, skipped) -> tj.Trajectory:
-        episode = ep.builder.build()
+        """The ended episode's trajectory, never longer than `max_context_tokens`: trailing mask-0 glue past it (an
+        end-of-turn appended to a turn the limit cut, the template's closing newline; a prompt longer than the
+        context) is dropped.
+
+        Raises:
+          RuntimeError: a sampled token past the limit (a broken engine budget; the trajectory is then unscored).
+        """
+        episode, messages = ep.kept if ep.kept is not None else (ep.builder.build(), ep.builder.messages())
+        ids, mask, logprobs = episode.ids, episode.loss_mask, episode.logprobs
+        limit = self.config.max_context_tokens
+        if len(ids) > limit:
+            if np.any(np.asarray(mask[limit:]) != 0):
+                raise RuntimeError(f"episode {ep.k} of {ep.request.state_id} has sampled tokens past "
+                                   f"max_context_tokens={limit} ({len(ids)} tokens)")
+            ids, mask, logprobs = ids[:limit], mask[:limit], logprobs[:limit]
         template = episode.template.to_dict() if hasattr(episode.template, "to_dict") else {}
         return tj.Trajectory(
-            state_id=ep.request.state_id, episode=ep.k, stage=ep.request.stage, ids=episode.ids,
-            loss_mask=episode.loss_mask, logprobs=episode.logprobs, prompt_len=ep.prompt_len,
+            state_id=ep.request.state_id, episode=ep.k, stage=ep.request.stage, ids=ids,
+            loss_mask=mask, logprobs=logprobs, prompt_len=min(ep.prompt_len, limit),
             finish_reason=ep.finish, truncated=ep.truncated, num_turns=ep.turns, num_tool_calls=ep.tool_calls,
-            response_tokens=int(np.sum(episode.loss_mask)), receipts=receipts, artefacts=artefacts,
-            skipped_artefacts=tuple(skipped), submitted=submitted, messages=tuple(ep.builder.messages()),
+            response_tokens=int(np.sum(mask)), receipts=receipts, artefacts=artefacts,
+            skipped_artefacts=tuple(skipped), submitted=submitted, messages=tuple(messages),
             infra_error=ep.infra_error, agent_error=ep.agent_error, sandbox_errors=ep.sandbox_errors,
             weight_version=ep.weight_version,
             template=template)

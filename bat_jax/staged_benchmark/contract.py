@@ -212,7 +212,7 @@ class StagedBenchmark(abc.ABC):
         """
         rubric = self.rubric(task)
         if judge is not None:
-            rubric = judge.apply(rubric)
+            rubric = judge.apply(rubric, task.brief)  # the host's brief, never the workspace's
         metric = None
         if focus == E2E and not evidence.infra_error:
             metric = self.score_task(task, evidence.files, evidence.submitted, evidence.limits)

@@ -330,10 +330,15 @@ class Track:
             return [f"unreadable entry ({type(exc).__name__})"]
 
     def submission_predictions(self, instance: TaskInstance, files: Mapping[str, bytes]) -> dict:
-        """The predictions object of a parseable submission (read within `limits_of(files)`), else {}."""
+        """The predictions object of a parseable submission (read within `limits_of(files)`), else {}; entries for
+        a case the task declares unrecoverable are left out: such a case scores as declared failed, whatever is
+        submitted for it (no input to predict it from, so any entry is made up)."""
         sub = json_or_none(files.get(instance.layout.submission), instance.layout.submission, limits_of(files))
         preds = sub.get("predictions", {}) if isinstance(sub, dict) else {}
-        return preds if isinstance(preds, dict) else {}
+        if not isinstance(preds, dict):
+            return {}
+        usable = set(instance.recoverable_ids())
+        return {cid: entry for cid, entry in preds.items() if cid in usable}
 
     def score_task(self, instance: TaskInstance, files: Mapping[str, bytes], submitted: str | None,
                    limits: DecodeLimits | None = None) -> float:

@@ -6,7 +6,8 @@ what a call executed and produced, never the text of its code: "the method ran" 
 the method's `model.py` (importing it) and a case input, every case entry it wrote into the output directory
 equals the host's replay of the method on that case, and at least one of them is output only this call's run of
 the method could give — not guessable, not a copy of earlier output (`tasks/method_replay.py`). "Every usable
-case predicted" and "the fault handled" compare each entry's content with the replay, not only its format.
+case predicted" and "the fault handled" compare each entry's content with the replay, not only its format, and so
+do S5's items for every submitted entry (a submission of made-up answers earns no S5 credit).
 Items that rest on the hidden answer key (the fault set, expected shapes) are checked against the
 `TaskInstance`, which the policy never sees.
 """
@@ -137,17 +138,27 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
             return predicted(ev, entries, inst.fault.case_id, correct_only=True)
         return inst.fault.case_id not in entries
 
+    def entries_computed(ev: Evidence) -> bool:
+        """Every submitted prediction is the method's output on its case (content compared with the replay, as
+        S4's items compare the prediction files): what the start state's predictions or this episode's run hold,
+        never an answer made up at submission time."""
+        preds = submission(ev).get("predictions", {})
+        usable = set(inst.recoverable_ids())  # an entry for an unknown or unrecoverable case is made up
+        return isinstance(preds, dict) and all(cid in usable and predicted(ev, preds, cid) for cid in preds)
+
     def schema_ok(ev: Evidence) -> bool:
-        return not track.check_submission(inst, ev.files.get(L.submission), ev.files)
+        return not track.check_submission(inst, ev.files.get(L.submission), ev.files) and entries_computed(ev)
 
     def complete(ev: Evidence) -> bool:
+        if not entries_computed(ev):
+            return False
         sub = submission(ev)
         preds, failed = set(sub.get("predictions", {})), set(sub.get("failed", {}))
         unrecoverable = set(inst.case_ids) - set(inst.recoverable_ids())
         return preds | failed == set(inst.case_ids) and not preds & failed and failed == unrecoverable
 
     def submitted_ok(ev: Evidence) -> bool:
-        return ev.submitted == L.submission
+        return ev.submitted == L.submission and entries_computed(ev)
 
     S = Stage
     items = [
@@ -181,6 +192,7 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         items.append(RubricItem("inference.fault_handled", S.INFERENCE, desc, ("receipt.inference", "file.predictions"),
                                 fault_handled))
     items += [
+        # the public texts stay those the Stage Bank's rows store; each check also requires `entries_computed`
         RubricItem("submit.schema", S.SUBMIT, "the submission passes the format checker", ("file.submission",),
                    schema_ok),
         RubricItem("submit.complete", S.SUBMIT, "every case is predicted or failed (only unrecoverable ones)",
