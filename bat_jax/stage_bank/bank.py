@@ -262,8 +262,11 @@ class StageBank:
             out[kind] = rows
         return out["rl"], out["sft"]
 
-    def read(self, version: int | None = None) -> BankView:
+    def read(self, version: int | None = None, *, base: BankView | None = None) -> BankView:
         """Reads version `version` (default: latest) as the union of segments 1..version.
+
+        With `base` (a view of an earlier or the same version of this bank) only the segments after it are read:
+        a round moving to a newer version reads just the rows admitted since.
 
         Raises:
           BankError: unknown version or a segment whose bytes do not match its manifest.
@@ -276,11 +279,16 @@ class StageBank:
             return BankView(0, (), ())
         if version not in published:
             raise BankError(f"{self.root}: unknown version {version}; published {published}")
-        rl: list[RLRow] = []
-        sft: list[SFTRow] = []
+        if base is not None and base.version > version:
+            raise BankError(f"{self.root}: base view v{base.version} is newer than the version read, v{version}")
+        rl: list[RLRow] = list(base.rl_rows) if base is not None else []
+        sft: list[SFTRow] = list(base.sft_rows) if base is not None else []
+        start = base.version if base is not None else 0
         for v in published:
             if v > version:
                 break
+            if v <= start:
+                continue
             seg_rl, seg_sft = self._read_segment(v)
             rl += seg_rl
             sft += seg_sft
