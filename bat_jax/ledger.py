@@ -119,7 +119,8 @@ class RoundRecord:
       selected_stage: s*, one of the run's stage ids.
       routing_report: the router's audit report (`RoutingDecision.report()`).
       pool_counts: rows drawn per pool, e.g. {'target': 400, 'mix': 200, 'e2e': 200}.
-      bank_version: Stage Bank version the round drew from.
+      bank_version: Stage Bank version the round drew from (resolved at round start: the newest admitted or the
+        pinned one).
       state_ids: bank state_ids drawn, in draw order.
       reward_version: identity of the reward contract / verifier version.
       controller_scores: the controller evaluation of the candidate (`Evaluation.to_dict()`; overall None when
@@ -133,6 +134,9 @@ class RoundRecord:
       eval_cells, eval_unscored: cells of the round's controller evaluation, and those unscored.
       eval_agent_failed: scored controller-evaluation cells that were agent-caused sandbox failures.
       grpo: what the round's GRPO block did (`GRPOStats`).
+      bank_rows_new: RL rows in `bank_version` that the previous round's version (round 1: the cold start's) did not
+        have; None in ledgers written before rounds read versions.
+      factory: the line saying the Data Factory beside the run ended on its own during this round ('' otherwise).
     """
 
     round: int
@@ -152,6 +156,8 @@ class RoundRecord:
     eval_unscored: int | None = None
     eval_agent_failed: int | None = None
     grpo: GRPOStats = GRPOStats()
+    bank_rows_new: int | None = None
+    factory: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -237,6 +237,24 @@ class StageBank:
         except (OSError, json.JSONDecodeError) as e:
             raise BankError(f"{mpath}: unreadable manifest ({e})") from e
 
+    def rl_count(self, version: int) -> int:
+        """RL rows in version `version` (0 for version 0), from the manifests alone (no row is parsed).
+
+        Raises:
+          BankError: an unknown version or an unreadable manifest.
+        """
+        published = [v for v in self.versions() if v <= version]
+        if version and version not in published:
+            raise BankError(f"{self.root}: unknown version {version}; published {self.versions()}")
+        total = 0
+        for v in published:
+            mpath = self._version_dir(v) / "manifest.json"
+            try:
+                total += int(json.loads(mpath.read_text("utf-8"))["rl"]["count"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise BankError(f"{mpath}: unreadable manifest ({e})") from e
+        return total
+
     def _read_segment(self, version: int) -> tuple[list[RLRow], list[SFTRow]]:
         vdir = self._version_dir(version)
         mpath = vdir / "manifest.json"
