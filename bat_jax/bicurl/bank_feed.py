@@ -25,12 +25,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bat_jax.atomic_io import atomic_write
-from bat_jax.benchmark.stages import StageSet
 from bat_jax.errors import ConfigValueError
 from bat_jax.ledger import RoundRecord
 from bat_jax.stage_bank import steering
 from bat_jax.stage_bank.bank import BankView, StageBank
 from bat_jax.stage_bank.factory_loop import FactoryProcess
+from bat_jax.staged_benchmark.contract import StagedBenchmark
 
 VERSIONS_FILE = "bank_versions.json"
 
@@ -50,14 +50,17 @@ def check_bank_version(value: Any) -> str | int:
 class BankFeed:
     """The versions of one run's rounds (module docstring); `view(version)` reads and keeps the newest view."""
 
-    def __init__(self, bank: StageBank, run_dir: pathlib.Path, setting: str | int, stages: StageSet,
+    def __init__(self, bank: StageBank, run_dir: pathlib.Path, setting: str | int, benchmark: StagedBenchmark,
                  factory: FactoryProcess | None = None):
         self.bank = bank
         self.path = pathlib.Path(run_dir) / VERSIONS_FILE
         self.setting = check_bank_version(setting)
-        self.stages = stages
+        self.benchmark = benchmark
+        self.stages = benchmark.stages
+        self._steering_warned = False
         self.factory = factory
         self._view: BankView | None = None
+        self.last_round_start_s = 0.0
         self.factory_lines: list[str] = []
 
     def _recorded(self) -> dict[str, int]:
@@ -103,11 +106,28 @@ class BankFeed:
             self._view = view
         return view
 
-    def round_start(self, round_index: int) -> tuple[BankView, float]:
-        """(the round's bank view, seconds the resolution and read took)."""
+    def check_foci(self, view: BankView, start: int) -> None:
+        """RL rows of `view` from index `start` on must have foci of the run's benchmark.
+
+        Raises:
+          BenchmarkError: naming the bank, version, row, state id and field.
+        """
+        for i, row in enumerate(view.rl_rows[start:], start):
+            self.benchmark.check_focus(row.focus, f"Stage Bank {self.bank.root} v{view.version} RL row {i} "
+                                                  f"({row.state_id}) field 'focus'")
+
+    def round_start(self, round_index: int, base: BankView) -> BankView:
+        """The bank view round `round_index` reads; a version other than `base` (the cold start's) gets its new
+        rows' foci checked and one log line (version, new rows, how long resolving and reading took)."""
         t0 = time.perf_counter()
         view = self.view(self.version_for(round_index))
-        return view, time.perf_counter() - t0
+        self.last_round_start_s = time.perf_counter() - t0
+        if view.version != base.version:
+            self.check_foci(view, len(base.rl_rows) if view.version > base.version else 0)
+            print(f"[bat_jax] round {round_index} reads Stage Bank v{view.version} ({len(view.rl_rows)} RL rows, "
+                  f"{self.new_rows(round_index, view)} new since round {round_index - 1}; resolved in "
+                  f"{1000 * self.last_round_start_s:.0f} ms)", flush=True)
+        return view
 
     def new_rows(self, round_index: int, view: BankView) -> int:
         """RL rows in `view` that the version of the round before (round 0: the cold start's) did not have."""
@@ -123,9 +143,20 @@ class BankFeed:
             self.factory_lines.append(line)
         return line
 
-    def publish_steering(self, records: Sequence[RoundRecord], view: BankView) -> dict[str, Any]:
+    def publish_steering(self, records: Sequence[RoundRecord], view: BankView) -> dict[str, Any] | None:
         """Writes the steering record after the last of `records` (aggregates only; `view` holds every state id the
-        records name, versions being append-only)."""
+        records name, versions being append-only); returns it, or None when the bank directory cannot be written
+        (said once: a factory on this bank then builds unsteered)."""
+        try:
+            return self._publish(records, view)
+        except OSError as e:
+            if not self._steering_warned:
+                print(f"[bat_jax] steering record not written ({e}); a Data Factory on this bank builds unsteered",
+                      flush=True)
+                self._steering_warned = True
+            return None
+
+    def _publish(self, records: Sequence[RoundRecord], view: BankView) -> dict[str, Any]:
         last = records[-1]
         by_pool: Counter = Counter()
         by_focus: Counter = Counter()
