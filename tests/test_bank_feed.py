@@ -120,3 +120,27 @@ def test_a_round_reads_the_version_the_factory_admitted_during_the_round_before(
     assert new == ["S3"] * 4 + ["S4", "S5", "E2E", "S1"]
     rec2 = _record(2, view2, 2)
     assert feed.publish_steering([rec1, rec2], view2)["rows_by_pool"] == {"target": 4, "mix": 2, "e2e": 2}
+
+
+def test_a_crashed_factory_gives_one_log_line_and_the_run_keeps_its_versions(tmp_path, capsys):
+    from bat_jax.stage_bank.factory_loop import FactoryProcess
+
+    from test_factory_loop import crashing_build
+
+    config = FactoryConfig(bank_dir=str(tmp_path / "bank"), tracks=("vqa",), outcomes=("success",))
+    _admit(config, ["S1"])
+    feed = BankFeed(StageBank(config.bank_dir), tmp_path / "run", "latest", BENCH)
+    feed.factory = FactoryProcess(config, BENCH, FactoryLoopConfig(idle_s=0.1), build=crashing_build).start()
+    try:
+        deadline = time.time() + 120
+        while feed.factory.alive() and time.time() < deadline:
+            time.sleep(0.1)
+        line = feed.factory_line()
+        assert line.startswith("Data Factory (pid ") and "crashed (exit code 1)" in line
+        assert feed.factory_line() == ""  # one line, not one per round
+        assert capsys.readouterr().out.count("crashed (exit code 1)") == 1
+        base = feed.view(feed.version_for(0))
+        assert feed.round_start(1, base).version == 1  # training goes on on the last admitted version
+        assert feed.factory_lines == [line]
+    finally:
+        feed.close()

@@ -19,7 +19,7 @@ import micro_config
 
 
 @pytest.mark.slow
-def test_a_round_reads_the_version_the_factory_admitted_during_the_round_before(tmp_path, monkeypatch, capsys):
+def test_a_round_reads_the_version_the_factory_admitted_during_the_round_before(tmp_path, monkeypatch, capfd):
     comps = dataclasses.replace(micro_config.components(tmp_path / "bank"), factory_loop=FactoryLoopConfig(
         rule=steering.SteeringRule(sources_per_version=2, weak_share=0.5), idle_s=0.5, stop_timeout_s=60))
     bank = StageBank(tmp_path / "bank")
@@ -54,7 +54,7 @@ def test_a_round_reads_the_version_the_factory_admitted_during_the_round_before(
     assert record["rows_by_pool"] == {"target": 4, "mix": 2, "e2e": 2}  # two rounds of 2 / 1 / 1
     assert sum(record["rows_by_focus"].values()) == 8
     assert not (tmp_path / "bank" / "writer.lock").exists()  # the factory stopped with the run
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "Data Factory started beside training" in out and "Data Factory: generation 1: v2 admitted" in out
     assert f"round 2 reads Stage Bank v{second.bank_version}" in out
     assert "crashed" not in out

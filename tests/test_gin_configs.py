@@ -206,7 +206,7 @@ def test_the_tiny_default_turns_the_factory_on_with_one_binding():
     assert gin.get_configurable(experiment.Components)().factory_loop is None  # off by default
     launch.parse_gin(["bicurl_tiny.gin"], ["experiment.Components.factory_loop = @factory_loop.FactoryLoopConfig()"])
     components = gin.get_configurable(experiment.Components)()
-    assert components.factory_loop == FactoryLoopConfig(idle_s=30.0)
+    assert components.factory_loop == FactoryLoopConfig(idle_s=30.0, pause_s=60.0)
     assert gin.get_configurable(experiment.BiCuRLConfig)().bank_version == "latest"
     launch.parse_gin(["stage_bank_async_tiny.gin"], [])
     assert gin.query_parameter("steering.SteeringRule.weak_share") == 0.5

@@ -50,6 +50,8 @@ class FactoryLoopConfig:
       max_versions: stop after admitting this many versions (0: until stopped).
       idle_s: seconds to wait after an iteration that admitted nothing, and between tries for a writer lock held by
         a live process.
+      pause_s: seconds to wait after every admitted version (0: build the next at once); bounds how fast a fast
+        teacher grows the bank over a long run.
       stop_timeout_s: seconds `FactoryProcess.stop` waits after SIGTERM (the version in progress is abandoned:
         nothing partial is ever admitted) before SIGKILL.
     """
@@ -57,12 +59,14 @@ class FactoryLoopConfig:
     rule: steering.SteeringRule = steering.SteeringRule()
     max_versions: int = 0
     idle_s: float = 10.0
+    pause_s: float = 0.0
     stop_timeout_s: float = 30.0
 
     def __post_init__(self):
-        if self.max_versions < 0 or self.idle_s < 0 or self.stop_timeout_s <= 0:
-            raise ValueError(f"FactoryLoopConfig needs max_versions >= 0, idle_s >= 0 and stop_timeout_s > 0, got "
-                             f"{self.max_versions}, {self.idle_s}, {self.stop_timeout_s}")
+        if self.max_versions < 0 or self.idle_s < 0 or self.pause_s < 0 or self.stop_timeout_s <= 0:
+            raise ValueError(f"FactoryLoopConfig needs max_versions >= 0, idle_s >= 0, pause_s >= 0 and "
+                             f"stop_timeout_s > 0, got {self.max_versions}, {self.idle_s}, {self.pause_s}, "
+                             f"{self.stop_timeout_s}")
 
 
 def serve(config: FactoryConfig, benchmark: StagedBenchmark, loop: FactoryLoopConfig = FactoryLoopConfig(), *,
@@ -102,8 +106,7 @@ def serve(config: FactoryConfig, benchmark: StagedBenchmark, loop: FactoryLoopCo
                   + f"; {steer}; {time.perf_counter() - t0:.0f} s", flush=True)
             _write_status(config.bank_dir, generation, report, record)
             generation += 1
-            if not report.version:
-                stop.wait(loop.idle_s)
+            stop.wait(loop.pause_s if report.version else loop.idle_s)
     return reports
 
 
