@@ -110,3 +110,17 @@ def test_a_factory_waits_for_a_live_writer_and_stops_when_told(tmp_path, capsys)
         assert serve(config, ImagingBenchmark(), FactoryLoopConfig(idle_s=0.05), stop=stop, build=fake_build) == []
     assert f"waiting for the writer lock" in capsys.readouterr().out
     assert StageBank(config.bank_dir).versions() == []
+
+
+def test_a_benchmark_that_cannot_reach_the_factory_process_is_a_configuration_error(tmp_path):
+    import threading as th
+
+    from bat_jax.errors import ConfigValueError
+
+    class Unpicklable(ImagingBenchmark):
+        def __init__(self):
+            super().__init__()
+            self.lock = th.Lock()  # cannot be pickled
+
+    with pytest.raises(ConfigValueError, match="factory_loop: the Data Factory process needs the benchmark"):
+        FactoryProcess(_config(tmp_path), Unpicklable(), FactoryLoopConfig()).start()

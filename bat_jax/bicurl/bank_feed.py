@@ -149,7 +149,7 @@ class BankFeed:
         (said once: a factory on this bank then builds unsteered)."""
         try:
             return self._publish(records, view)
-        except OSError as e:
+        except (OSError, KeyError) as e:  # unwritable directory; a recorded state id the view lacks
             if not self._steering_warned:
                 print(f"[bat_jax] steering record not written ({e}); a Data Factory on this bank builds unsteered",
                       flush=True)

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import pickle
 import pathlib
 import signal
 import threading
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable
 
 from bat_jax.atomic_io import atomic_write
+from bat_jax.errors import ConfigValueError
 from bat_jax.stage_bank import steering
 from bat_jax.stage_bank.bank import BankLocked, StageBank
 from bat_jax.stage_bank.factory import BuildReport, FactoryConfig, build_bank
@@ -180,7 +182,12 @@ class FactoryProcess:
         self._reported = False
 
     def start(self) -> "FactoryProcess":
-        self._process.start()
+        """Starts the process. Raises ConfigValueError when the benchmark or config cannot be sent to it."""
+        try:
+            self._process.start()
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise ConfigValueError(f"experiment.Components.factory_loop: the Data Factory process needs the benchmark "
+                                   f"and factory config as picklable objects ({type(e).__name__}: {e})") from None
         print(f"[bat_jax] Data Factory started beside training (pid {self._process.pid})", flush=True)
         return self
 
