@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bat_jax.atomic_io import atomic_write
+from bat_jax.benchmark.items import ItemRates
 
 FORMAT = 2
 
@@ -74,6 +75,9 @@ class GRPOStats:
         on sampled tokens, nats; share of tokens truncated and rollouts masked by rollout correction, 0 without it),
         recorded whenever the learner's logprobs of the batch are at hand; None when not measured.
       judge: the LLM judge's counters over the round (`RubricJudge.stats()`), None without a judge.
+      items: rubric item pass counts over the round's scored rollouts (`benchmark.items.ItemRates.to_dict()`:
+        stage → item → track → [passed, decided]; a stage row's rollouts decide its stage's items only); None when
+        not recorded (an older ledger) or nothing was scored.
     """
 
     rollouts: int = 0
@@ -94,20 +98,28 @@ class GRPOStats:
     update_token_kl: float | None = None
     rollout_mismatch: Mapping[str, float] | None = None
     judge: Mapping[str, float] | None = None
+    items: Mapping[str, Any] | None = None
+
+    def item_rates(self) -> ItemRates:
+        """`items` as `ItemRates` (empty when not recorded)."""
+        return ItemRates.from_dict(self.items, "grpo.items")
 
     def scalars(self) -> dict[str, float]:
         """The numeric fields as TensorBoard scalars ('grpo/<name>'; None and mappings left out but the judge's and
-        the mismatch's numbers, prefixed)."""
+        the mismatch's numbers, prefixed, and the item pass rates as 'items/<stage>/<item>', 0–100)."""
         out = {k: float(v) for k, v in dataclasses.asdict(self).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
         out.update({f"rc_{k}": float(v) for k, v in (self.rollout_mismatch or {}).items()})
         out.update({f"judge_{k}": float(v) for k, v in (self.judge or {}).items()})
+        out.update({f"items/{k}": v for k, v in self.item_rates().scalars().items()})
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "GRPOStats":
-        """Raises TypeError on unexpected fields."""
-        return cls(**d)
+        """Raises TypeError on unexpected fields, ValueError on malformed item counts."""
+        stats = cls(**d)
+        stats.item_rates()
+        return stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +149,9 @@ class RoundRecord:
       bank_rows_new: RL rows in `bank_version` that the previous round's version (round 1: the cold start's) did not
         have; None in ledgers written before rounds read versions.
       factory: the line saying the Data Factory beside the run ended on its own during this round ('' otherwise).
+      eval_items: rubric item pass counts of the controller evaluation (`benchmark.items.ItemRates.to_dict()`:
+        aggregates only, like the stage scores); None when not recorded (an older ledger). The router never reads
+        them.
     """
 
     round: int
@@ -158,6 +173,11 @@ class RoundRecord:
     grpo: GRPOStats = GRPOStats()
     bank_rows_new: int | None = None
     factory: str = ""
+    eval_items: Mapping[str, Any] | None = None
+
+    def eval_item_rates(self) -> ItemRates:
+        """`eval_items` as `ItemRates` (empty when not recorded)."""
+        return ItemRates.from_dict(self.eval_items, "eval_items")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -179,7 +199,9 @@ class RoundRecord:
         if "grpo" in d:
             d["grpo"] = GRPOStats.from_dict(d["grpo"])
         d["decision_reasons"] = tuple(d.get("decision_reasons", ()))
-        return cls(**{k: d[k] for k in fields if k in d})
+        record = cls(**{k: d[k] for k in fields if k in d})
+        record.eval_item_rates()
+        return record
 
 
 #: Format-1 field → `GRPOStats` field (format 1 kept the GRPO block's figures flat in the round record).
@@ -227,7 +249,7 @@ class Ledger:
                 continue
             try:
                 rec = RoundRecord.from_dict(json.loads(line))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise LedgerError(f"{self.path}: line {i + 1}: malformed round record ({e})") from e
             if records and rec.round <= records[-1].round:
                 raise LedgerError(f"{self.path}: line {i + 1}: round {rec.round} after round {records[-1].round}")

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from bat_jax.atomic_io import atomic_file, atomic_write
-from bat_jax.benchmark.scoring import Summary, display, half_width, paired_comparison
+from bat_jax.benchmark.items import ItemRates, failing_items_table, heat_map
+from bat_jax.benchmark.scoring import Summary, display, half_width, min_detectable_difference, paired_comparison
 from bat_jax.benchmark.stages import StageSet
 
 
@@ -246,8 +247,9 @@ class ScalarWriter:
         self._writer = SummaryWriter(str(self.log_dir))
 
     def summary(self, prefix: str, summary: Summary, step: int) -> None:
-        """Writes Overall/Agentic/Task and each stage (0–100) at `step`; characters TensorBoard does not allow in
-        a tag (e.g. the spaces and parentheses of 'BiCuRL (retained)') become '_'."""
+        """Writes Overall/Agentic/Task, each stage and each rubric item's pass rate ('<prefix>/items/<stage>/<item>'),
+        all 0–100, at `step`; characters TensorBoard does not allow in a tag (e.g. the spaces and parentheses of
+        'BiCuRL (retained)') become '_'."""
         prefix = re.sub(r"[^A-Za-z0-9_./-]+", "_", prefix).strip("_")
         for key in ("overall", "agentic", "task"):
             value = getattr(summary, key)
@@ -257,6 +259,8 @@ class ScalarWriter:
             if value is not None:
                 tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{stage}_{self.stages.title(stage)}")
                 self._writer.add_scalar(f"{prefix}/{tag}", 100.0 * value, step)
+        for key, value in summary.items.scalars().items():  # rubric item pass rates, 0–100
+            self._writer.add_scalar(f"{prefix}/items/{re.sub(r'[^A-Za-z0-9_./-]+', '_', key)}", value, step)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         self._writer.add_scalar(tag, value, step)
@@ -274,7 +278,7 @@ def summary_dict(s: Summary) -> dict:
     return {"overall": s.overall, "agentic": s.agentic, "task": s.task, "overall_hw": s.overall_hw,
             "agentic_hw": s.agentic_hw, "task_hw": s.task_hw, "stages": dict(s.stages),
             "tracks": {t: dict(row) for t, row in s.tracks.items()}, "n_cells": s.n_cells,
-            "n_unscored": s.n_unscored, "cells": sorted([t, r] for t, r in s.cells)}
+            "n_unscored": s.n_unscored, "cells": sorted([t, r] for t, r in s.cells), "items": s.items.to_dict()}
 
 
 def summary_from_dict(d: Mapping) -> Summary:
@@ -283,26 +287,41 @@ def summary_from_dict(d: Mapping) -> Summary:
                    d.get("agentic_hw", 0.0), d.get("task_hw", 0.0),
                    dict(d.get("stages", {})), dict(d.get("tracks", {})),
                    int(d.get("n_cells", 0)), int(d.get("n_unscored", 0)),
-                   frozenset((str(t), int(r)) for t, r in d.get("cells", ())))
+                   frozenset((str(t), int(r)) for t, r in d.get("cells", ())),
+                   ItemRates.from_dict(d.get("items"), "summary items"))
+
+
+def mde_words(diff: float | None, mde: float | None, power: float = 0.8, confidence: float = 0.95) -> str:
+    """What a paired difference's minimum detectable difference says of it, in words (0–100 scale)."""
+    if mde is None or diff is None:
+        return "minimum detectable difference: — (fewer than 2 tracks)"
+    where = ("the difference is inside it: these cells cannot tell the two systems apart"
+             if abs(diff) <= mde else "the difference is larger than it")
+    return (f"minimum detectable difference {100 * mde:.1f} ({100 * confidence:.0f} % level, {100 * power:.0f} % "
+            f"power): {where}")
 
 
 def paired_line(candidate: str, a: Summary, baseline: str, b: Summary) -> str:
-    """'Paired track-level difference A − B (Overall): m ± hw (n tracks)' (0–100 scale)."""
+    """'Paired track-level difference A − B (Overall): m ± hw (n tracks); minimum detectable difference d (…):
+    …' (0–100 scale; `mde_words`)."""
     cmp = paired_comparison(a, b, "overall")
     return (f"Paired track-level difference {candidate} − {baseline} (Overall): {display(cmp.mean_diff)} ± "
-            f"{100 * cmp.half_width:.1f} ({len(cmp.per_track)} tracks)")
+            f"{100 * cmp.half_width:.1f} ({len(cmp.per_track)} tracks); {mde_words(cmp.mean_diff, cmp.mde)}")
 
 
 def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], records, round0, stages: StageSet,
-                     writer: ScalarWriter | None = None, note: str = "") -> dict:
-    """`report.md` (results table, paired differences SFT − untrained and last system − SFT, per-round stage
-    scores, GRPO signal, scoring counts), `staircase.png` and `summary.json` of a run; returns the summary.
+                     writer: ScalarWriter | None = None, note: str = "", round0_items: Mapping | None = None) -> dict:
+    """`report.md` (results table, paired differences SFT − untrained and last system − SFT with their minimum
+    detectable differences, per-round stage scores, the rubric items that fail most, GRPO signal, scoring counts),
+    `staircase.png`, `items.png` (item pass rates × rounds; when items were counted) and `summary.json` of a run;
+    returns the summary.
 
     Args:
       final: system name → final Summary, in display order ('untrained', 'SFT', then the trained system).
       records: the ledger's `RoundRecord`s; round0: the SFT policy's controller `Evaluation`.
       stages: the run's benchmark stages (the per-round stage table's columns).
       note: a line under the title (e.g. what the benchmark's held-out suite is).
+      round0_items: round 0's rubric item counts (`ItemRates.to_dict()`), None when not recorded.
     """
 
     run_dir = pathlib.Path(run_dir)
@@ -317,6 +336,7 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
     stage_rows = [("round 0", dict(round0.stage_scores))]
     stage_rows += [(f"round {rec.round}", dict(rec.controller_scores["stage_scores"])) for rec in records]
     lines += ["", "Controller evaluation per round:", "", "```", stage_table(stage_rows, stages), "```"]
+    lines += _item_section(run_dir, final, records, round0_items, stages)
     if records:
         signal = [RoundSignal(f"round {rec.round}", rec.selected_stage, rec.grpo.pool_reward_before,
                               rec.grpo.pool_reward_after, rec.grpo.groups_with_variance, rec.grpo.groups_scored,
@@ -350,6 +370,26 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
     return out
 
 
+def _item_section(run_dir: pathlib.Path, final: Mapping[str, Summary], records, round0_items: Mapping | None,
+                  stages: StageSet) -> list[str]:
+    """report.md's rubric item table and `items.png` (controller rounds, final systems, GRPO rollouts per round);
+    [] when no item was counted (e.g. an older run or an external evaluator)."""
+    controller = [ItemRates.from_dict(round0_items, "round 0 items")] + [rec.eval_item_rates() for rec in records]
+    rollouts = [rec.grpo.item_rates() for rec in records]
+    finals = {name: s.items for name, s in final.items()}
+    table = failing_items_table(stages, finals, controller, rollouts)
+    if not table:
+        return []
+    columns = ([(f"round {k}", r) for k, r in enumerate(controller)] + [(f"final {n}", r) for n, r in finals.items()]
+               + [(f"GRPO r{rec.round}", r) for rec, r in zip(records, rollouts)])
+    heat_map(stages, columns, run_dir / "items.png", "rubric item pass rate (%)\ncontroller evaluation per round, "
+             "final evaluation, GRPO rollouts")
+    return ["", "Rubric items that fail most, per stage: pass rate (0–100, pooled over the cells that decided the "
+            "item) in the final evaluation, the controller evaluation of each round, the rounds whose controller "
+            "evaluation changed it (points) and each round's GRPO rollouts (`items.png`: every item):", "", "```",
+            table, "```"]
+
+
 def sweep_report(runs: Sequence[tuple[str, Mapping]], confidence: float = 0.95,
                  groups: Mapping[str, str] | None = None) -> str:
     """One Table-2-style table over the runs of a sweep, then the paired differences.
@@ -373,11 +413,13 @@ def sweep_report(runs: Sequence[tuple[str, Mapping]], confidence: float = 0.95,
             cmp = paired_comparison(final[trained[-1]], final["SFT"], "overall")
             pooled.setdefault(groups.get(name, ""), []).extend(cmp.per_track.values())
             lines.append(f"  {name}: {trained[-1]} − SFT = {display(cmp.mean_diff)} ± {100 * cmp.half_width:.1f} "
-                         f"({len(cmp.per_track)} tracks)")
+                         f"({len(cmp.per_track)} tracks); {mde_words(cmp.mean_diff, cmp.mde)}")
     text = ["```", results_table(rows), "```", "", "Trained system − SFT, paired over tracks (Overall, 0–100):",
             *lines]
     for group, pairs in pooled.items():
         label = f"group {group!r}, pooled" if group else "pooled"
-        text.append(f"  {label} over {len(pairs)} (run, track) pairs: {display(sum(pairs) / len(pairs))} ± "
-                    f"{100 * half_width(pairs, confidence):.1f}")
+        mean = sum(pairs) / len(pairs)
+        text.append(f"  {label} over {len(pairs)} (run, track) pairs: {display(mean)} ± "
+                    f"{100 * half_width(pairs, confidence):.1f}; "
+                    f"{mde_words(mean, min_detectable_difference(pairs, confidence), confidence=confidence)}")
     return "\n".join(text) + "\n"

@@ -1,6 +1,6 @@
 """Held-out evaluator: only aggregates leave; disjoint controller/final runs; external adapter."""
 
-import json
+import dataclasses
 import sys
 
 import pytest
@@ -86,3 +86,22 @@ def test_external_evaluator_errors_name_the_record(tmp_path):
     failing = evaluator.ExternalEvaluator(argv=(sys.executable, "-c", "import sys; sys.exit(3)"))
     with pytest.raises(RuntimeError, match="exited 3"):
         failing("ck", tmp_path, STAGES)
+
+
+def test_final_repeats_apply_to_the_final_evaluation_only():
+    from bat_jax.bicurl.run_loops import eval_cells
+
+    cfg = evaluator.EvalConfig(repeats=1, final_repeats=4, tracks=("segmentation", "vqa"))
+    controller = evaluator.suite_jobs(cfg, IMAGING)
+    final = evaluator.suite_jobs(dataclasses.replace(cfg, purpose="final"), IMAGING)
+    assert len(controller) == 2 * 1 and len(final) == 2 * 4
+    assert [j.repeat for j in final if j.track == "vqa"] == [0, 1, 2, 3]
+    # 4 repeats over (success, recovery): two tasks of each variant per track, every repeat its own policy seed
+    assert [j.task.variant for j in final if j.track == "vqa"] == ["success", "recovery", "success", "recovery"]
+    assert len({j.task.task_id for j in final}) == 8 and len({j.seed for j in final}) == 4
+    # the held-out manifest guards the tasks of both purposes; the warm pool fits the larger evaluation
+    assert len(evaluator.heldout_manifest(cfg, IMAGING)["tasks"]) == 2 + 8
+    assert eval_cells(cfg, IMAGING) == 8
+    assert evaluator.EvalConfig(repeats=3).purpose_repeats == 3  # final_repeats None: repeats for both
+    with pytest.raises(ValueError, match="final_repeats"):
+        evaluator.EvalConfig(final_repeats=0)

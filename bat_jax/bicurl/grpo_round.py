@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from bat_jax.benchmark.items import ItemRates
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
 from bat_jax.bicurl.sft_data import sft_bucket
 from bat_jax.learn import grpo, rollout_correction
@@ -88,7 +89,8 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
                                         num_micro_batches=c.micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
     tasks = TaskCache(benchmark, c.reward.task_cache_size)  # the round's rebuilt tasks, shared by its rollouts
-    seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": ""}  # every drawn rollout
+    seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": "",  # every drawn rollout
+            "items": []}
     varied = grouped = drawn = dropped = trained = 0
     before, first, mismatch, trained_pools = [], None, [], collections.Counter()
     spares = SpareRows(round_view.spares)
@@ -108,6 +110,9 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
             seen["rollouts"] += len(rewards)
             seen["rewards"] += [r for r in rewards if r is not None]
             seen["version"] = scored[0].version if scored else seen["version"]
+            per_rollout = (item for item in items for _ in range(k_rollouts))  # the rows of `scored`, K a row
+            seen["items"] += [(item.row.provenance.track, s.items) for item, s in zip(per_rollout, scored)
+                              if s.reward is not None and s.items]
             if b == 0 and wave == 0:  # the pool reward before: the first batch's own rows, dropped ones too
                 before.extend(r for r in rewards if r is not None)
             return [(trajs[i * k_rollouts:(i + 1) * k_rollouts], scored[i * k_rollouts:(i + 1) * k_rollouts])
@@ -149,7 +154,8 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
         update_logp_shift_pos=_none_if_nan(shift["logp_shift_pos"]),
         update_logp_shift_neg=_none_if_nan(shift["logp_shift_neg"]), update_token_kl=_none_if_nan(shift["token_kl"]),
         rollout_mismatch=rollout_correction.merge_metrics(mismatch) or None,
-        judge={k: float(v) for k, v in judge.stats().items()} if judge is not None else None)
+        judge={k: float(v) for k, v in judge.stats().items()} if judge is not None else None,
+        items=ItemRates.tally(seen["items"]).to_dict() or None)
 
 
 def _mean(values: Sequence[float]) -> float | None:

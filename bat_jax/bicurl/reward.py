@@ -28,7 +28,7 @@ import dataclasses
 import hashlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.readers import DecodeLimits
@@ -43,12 +43,15 @@ from bat_jax.verify.rubric import REWARD_VERSION, Evidence, ScorerError
 class RolloutReward:
     """reward: 0–1 or None (unscored); version: the reward contract; focus: the row's stage or 'E2E'; error:
     why scoring failed when it did ('' otherwise): with reward None the failure was not the agent's (e.g. the
-    row's task could not be rebuilt), with reward 0 scoring the agent's artefacts raised (its failure)."""
+    row's task could not be rebuilt), with reward 0 scoring the agent's artefacts raised (its failure); items:
+    the rubric verifier's item decisions of the verified stages (stage id → item id → passed; None when the
+    rubric was not run: unscored, or a task-metric reward)."""
 
     reward: float | None
     version: str
     focus: str
     error: str = ""
+    items: Mapping[str, Mapping[str, bool]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,12 +176,14 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState, benc
     if evidence.infra_error:
         return RolloutReward(None, version, row.focus)
     task = tasks.get(row) if tasks is not None else row_task(row, benchmark)
-    error = ""
+    error, items = "", None
     try:  # reading and scoring what the agent wrote: whatever goes wrong here is the agent's failure
         if row.reward_source == "task_metric":
             reward = benchmark.score_task(task, evidence.files, evidence.submitted, decode)
         else:
-            reward = benchmark.score_episode(task, evidence, row.focus, judge).reward
+            episode = benchmark.score_episode(task, evidence, row.focus, judge)
+            reward = episode.reward
+            items = episode.item_decisions() if reward is not None else None
     except ScorerError:
         raise
     except Exception as exc:  # noqa: BLE001 - the readers are total; this is a last guard, scored 0
@@ -186,7 +191,7 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState, benc
     if reward is not None and not (isinstance(reward, (int, float)) and 0.0 <= reward <= 1.0):
         raise ScorerError(f"RL row {row.state_id} rollout {trajectory.episode}: reward {reward!r} is not a number "
                           "in [0, 1]")
-    return RolloutReward(reward, version, row.focus, error)
+    return RolloutReward(reward, version, row.focus, error, items)
 
 
 def _contained(row: RLRow, trajectory: Trajectory, start: SandboxState, benchmark: StagedBenchmark,

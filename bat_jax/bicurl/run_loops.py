@@ -24,8 +24,9 @@ from bat_jax.staged_benchmark.contract import StagedBenchmark
 
 
 def eval_cells(evaluation: EvalConfig, benchmark: StagedBenchmark) -> int:
-    """Cells of one held-out evaluation (= `len(evaluation.suite_jobs(...))`): tracks × repeats."""
-    return len(evaluation.tracks or benchmark.tracks) * evaluation.repeats
+    """Cells of the larger held-out evaluation, controller or final (= `len(evaluation.suite_jobs(...))`): tracks ×
+    repeats."""
+    return len(evaluation.tracks or benchmark.tracks) * max(evaluation.repeats, evaluation.final_repeats or 0)
 
 
 def warm_pool_size(batch_episodes: int, cells: int) -> int:

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+
+if TYPE_CHECKING:  # JAX is imported where it is used: the vLLM replica processes import this module without it
+    import jax
 
 #: Logprob given to tokens outside the truncated distribution (finite stand-in for -inf).
 MASKED_LOGPROB = -1e30
@@ -131,6 +132,9 @@ def processed_logprobs(logits: jax.Array, temperature: Any, top_p: Any = 1.0, to
     Returns: `[..., vocab] float32` log-probabilities; truncated tokens hold `MASKED_LOGPROB`.
     Source: module docstring (vLLM sampler order, processed logprobs).
     """
+    import jax
+    import jax.numpy as jnp
+
     z = logits.astype(jnp.float32)
     static = all(isinstance(x, (int, float)) for x in (temperature, top_p, top_k))
     if static and temperature == 0.0:
@@ -154,6 +158,9 @@ def processed_logprobs(logits: jax.Array, temperature: Any, top_p: Any = 1.0, to
 
 def _greedy(z: jax.Array) -> jax.Array:
     """One-hot limit of T -> 0: 0 at the argmax (first on ties), `MASKED_LOGPROB` elsewhere."""
+    import jax
+    import jax.numpy as jnp
+
     onehot = jax.nn.one_hot(jnp.argmax(z, axis=-1), z.shape[-1], dtype=bool)
     return jnp.where(onehot, 0.0, MASKED_LOGPROB).astype(jnp.float32)
 
@@ -162,6 +169,9 @@ def _keep_mask(z: jax.Array, top_p: Any, top_k: Any) -> jax.Array:
     """`[..., vocab] bool`: tokens kept by top-k then top-p on tempered logits z (ties at the cut kept).
 
     top_k <= 0 or >= vocab disables top-k; top_p >= 1 disables top-p (no round-off can drop the tail)."""
+    import jax
+    import jax.numpy as jnp
+
     vocab = z.shape[-1]
     desc = -jnp.sort(-z, axis=-1)  # descending
     k = jnp.asarray(top_k, jnp.int32)
@@ -189,5 +199,7 @@ def token_logprobs(logits: jax.Array, ids: jax.Array, temperature: Any, top_p: A
       temperature, top_p, top_k: the sampling parameters the ids were drawn with (see `processed_logprobs`).
     Returns: `[...] float32`.
     """
+    import jax.numpy as jnp
+
     logp = processed_logprobs(logits, temperature, top_p, top_k)
     return jnp.take_along_axis(logp, ids[..., None].astype(jnp.int32), axis=-1)[..., 0]

@@ -61,7 +61,6 @@ import numpy as np
 
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from bat_jax.rollout.inflight import InflightDriver
-from bat_jax.rollout.weight_sync import named_weights, stream_torch_weights
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
 CPU_KV_CACHE_BYTES = 256 << 20
@@ -204,6 +203,48 @@ def _refresh_tied_output_head(worker) -> bool:
         return False
     head.quant_method.process_weights_after_loading(head)
     return True
+
+
+def write_rows(worker, rows: Iterator[tuple[str, int, Any]]) -> int:
+    """Writes row blocks of checkpoint tensors straight into vLLM's parameters; returns the rows written.
+
+    For tensors larger than a sync bucket (the embedding and output head) that vLLM keeps as one row-major
+    parameter with the checkpoint's row layout (padded vocabulary rows past the end are left as they are). Each
+    touched module's ``quant_method.process_weights_after_loading`` runs again afterwards (on GPU a no-op for
+    unquantized embeddings; on CPU it rebuilds the packed GEMM copy of an output head). Runs on the worker through
+    ``collective_rpc``, after the layer-wise reload has put every parameter back (source: vLLM's kernel-format
+    reload, ``reload_weights(is_checkpoint_format=False)`` in vLLM 0.19–0.33, which copies into
+    ``model.get_parameter(name)`` the same way).
+
+    Raises: ValueError naming the tensor when vLLM has no such parameter, its trailing shape differs, or the rows
+    fall outside it.
+    """
+    import torch
+
+    model = worker.model_runner.get_model()
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    touched, written = {}, 0
+    with torch.no_grad():
+        for name, row0, block in rows:
+            target = (mapper._map_name(name) if mapper is not None and hasattr(mapper, "_map_name") else name) or name
+            try:
+                param = model.get_parameter(target)
+            except AttributeError:
+                raise ValueError(f"weight sync: tensor {name!r} travels in row chunks but vLLM has no parameter "
+                                 f"{target!r} to write them into; raise sync_bucket_bytes above its size") from None
+            if tuple(param.shape[1:]) != tuple(block.shape[1:]) or row0 + block.shape[0] > param.shape[0]:
+                raise ValueError(f"weight sync: rows {row0}:{row0 + block.shape[0]} of tensor {name!r} "
+                                 f"{tuple(block.shape)} do not fit vLLM's parameter {target!r} {tuple(param.shape)}; "
+                                 f"raise sync_bucket_bytes above its size")
+            param.data[row0:row0 + block.shape[0]].copy_(block)
+            written += int(block.shape[0])
+            module_name = target.rpartition(".")[0]
+            touched[module_name] = model.get_submodule(module_name)
+    for module in touched.values():
+        method = getattr(module, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(module)
+    return written
 
 
 class VLLMEngine:
@@ -383,16 +424,24 @@ class VLLMEngine:
         Source: vLLM ``Worker.reload_weights(weights_iterator=...)`` + ``LLM.reset_prefix_cache`` (module
         docstring).
         """
+        from bat_jax.rollout.weight_sync import named_weights, stream_torch_weights  # JAX: the learner's side
+
         named = named_weights(params, self._shapes, self.config.model_dir)
         return self.install_weights(stream_torch_weights(named, self.config.dtype))  # buckets of <= 1 GB
 
-    def install_weights(self, weights: Iterator[tuple[str, Any]]) -> int:
-        """`update_weights` after its checks: installs ``(name, torch tensor)`` pairs (every checkpoint tensor
-        once, in any order; consumed while vLLM reloads) and returns the new weight version. Raises RuntimeError
-        while requests are in flight (nothing is installed then) or if the prefix cache cannot be reset."""
+    def install_weights(self, weights: Iterator[tuple[str, Any]],
+                        rows: Iterator[tuple[str, int, Any]] | None = None) -> int:
+        """`update_weights` after its checks: installs ``(name, torch tensor)`` pairs (consumed while vLLM reloads:
+        ``model.load_weights`` inside vLLM's layer-wise reload), then writes ``(name, first row, torch tensor)`` row
+        blocks of the tensors that travel in row chunks straight into their parameters (`write_rows`); together
+        every checkpoint tensor once. Returns the new weight version. Raises RuntimeError while requests are in
+        flight (nothing is installed then) or if the prefix cache cannot be reset; ValueError naming a row-chunked
+        tensor whose vLLM parameter is not a plain row copy of it."""
         with self._driver.exclusive("update_weights"):  # never under a running request
             self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                                "is_checkpoint_format": True})
+            if rows is not None:
+                self._llm.collective_rpc(write_rows, args=(rows,))
             self._llm.collective_rpc(_refresh_tied_output_head)
             if not self._llm.reset_prefix_cache():
                 raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running)")

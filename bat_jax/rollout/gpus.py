@@ -1,0 +1,141 @@
+"""The GPUs this process may use, named by UUID, so that a replica process is pinned to the same physical GPU.
+
+A CUDA ordinal means "the i-th device of ``CUDA_VISIBLE_DEVICES``": a parent started with
+``CUDA_VISIBLE_DEVICES=4,5,6,7`` calls physical GPU 4 "cuda:0". A child given ``CUDA_VISIBLE_DEVICES=0`` would land
+on physical GPU 0, which may be another job's. A UUID names one physical device whatever the child's environment,
+so replicas get ``CUDA_VISIBLE_DEVICES=GPU-<uuid>`` (verl pairs its processes with GPUs the same way).
+
+`visible_gpus` resolves this process's ordinals to UUIDs:
+
+1. torch, where CUDA is available: ``torch.cuda.get_device_properties(i).uuid`` for ordinal i — exact, since torch
+   enumerates the devices as JAX and vLLM do;
+2. otherwise the driver's list (NVML through ``pynvml``, else ``nvidia-smi -L``) filtered by ``CUDA_VISIBLE_DEVICES``
+   as CUDA reads it: comma-separated physical indices, ``GPU-`` UUIDs or unique UUID prefixes; an entry that names
+   no device ends the list (CUDA ignores it and everything after it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+
+_SMI_LINE = re.compile(r"^GPU (\d+): (.*?) \(UUID: (GPU-[0-9a-fA-F-]+)\)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """One GPU as this process sees it.
+
+    Attributes:
+      ordinal: its CUDA ordinal in this process (``cuda:<ordinal>``; JAX's ``local_hardware_id``).
+      uuid: the driver's name for the physical device (``GPU-8c1b...``).
+      name: the product name, when known.
+    """
+
+    ordinal: int
+    uuid: str
+    name: str = ""
+
+
+def parse_nvidia_smi(text: str) -> list[tuple[int, str, str]]:
+    """``(physical index, name, uuid)`` per ``GPU <i>: <name> (UUID: GPU-...)`` line of ``nvidia-smi -L`` (MIG lines
+    below a GPU are skipped)."""
+    out = []
+    for line in text.splitlines():
+        m = _SMI_LINE.match(line.strip())
+        if m:
+            out.append((int(m.group(1)), m.group(2), m.group(3)))
+    return out
+
+
+def physical_gpus(run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[tuple[int, str, str]]:
+    """Every GPU the driver lists, ``(physical index, name, uuid)``, from NVML or else ``nvidia-smi -L``; [] when
+    neither is present."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            out = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name, uuid = pynvml.nvmlDeviceGetName(handle), pynvml.nvmlDeviceGetUUID(handle)
+                out.append((i, name.decode() if isinstance(name, bytes) else name,
+                            uuid.decode() if isinstance(uuid, bytes) else uuid))
+            return out
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 — no NVML (no driver, no pynvml): ask nvidia-smi
+        pass
+    try:
+        proc = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_nvidia_smi(proc.stdout) if proc.returncode == 0 else []
+
+
+def resolve_visible(physical: Sequence[tuple[int, str, str]], cuda_visible_devices: str | None) -> list[Gpu]:
+    """The GPUs `cuda_visible_devices` (None: unset) leaves visible, by ordinal, out of the driver's `physical` list.
+
+    Raises: ValueError when a UUID prefix matches more than one device (CUDA refuses it too)."""
+    if cuda_visible_devices is None:
+        return [Gpu(k, uuid, name) for k, (_, name, uuid) in enumerate(physical)]
+    by_index = {i: (name, uuid) for i, name, uuid in physical}
+    out: list[Gpu] = []
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        if entry.isdigit() and int(entry) in by_index:
+            name, uuid = by_index[int(entry)]
+        elif entry.upper().startswith("GPU-") or re.fullmatch(r"[0-9a-fA-F-]{4,}", entry):
+            wanted = entry if entry.upper().startswith("GPU-") else "GPU-" + entry
+            hits = [(n, u) for _, n, u in physical if u.lower().startswith(wanted.lower())]
+            if len(hits) > 1:
+                raise ValueError(f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(hits)} GPUs "
+                                 f"({', '.join(u for _, u in hits)})")
+            if not hits:
+                break
+            name, uuid = hits[0]
+        else:
+            break  # CUDA stops at the first entry that names no device
+        if any(g.uuid == uuid for g in out):
+            break  # a repeated device ends the list too
+        out.append(Gpu(len(out), uuid, name))
+    return out
+
+
+def visible_gpus(env: Mapping[str, str] | None = None,
+                 physical: Callable[[], Sequence[tuple[int, str, str]]] = physical_gpus,
+                 torch_uuids: Callable[[], list[tuple[str, str]] | None] | None = None) -> list[Gpu]:
+    """This process's GPUs by ordinal, each with its UUID (module docstring); [] without GPUs.
+
+    Args:
+      env: the environment to read ``CUDA_VISIBLE_DEVICES`` from (default: this process's).
+      physical: the driver's device list (tests pass a fake one).
+      torch_uuids: ``[(name, uuid)]`` by ordinal as torch sees them, or None where CUDA is unavailable (default:
+        torch's, when torch is importable).
+    """
+    env = os.environ if env is None else env
+    found = (torch_uuids or _torch_uuids)()
+    if found:
+        return [Gpu(i, uuid, name) for i, (name, uuid) in enumerate(found)]
+    return resolve_visible(physical(), env.get("CUDA_VISIBLE_DEVICES"))
+
+
+def _torch_uuids() -> list[tuple[str, str]] | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        out = []
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            uuid = str(getattr(props, "uuid", ""))
+            if not uuid:
+                return None
+            out.append((props.name, uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"))
+        return out
+    except ImportError:
+        return None
