@@ -144,3 +144,41 @@ def test_a_crashed_factory_gives_one_log_line_and_the_run_keeps_its_versions(tmp
         assert feed.factory_lines == [line]
     finally:
         feed.close()
+
+
+@pytest.mark.slow
+def test_the_factory_runs_as_a_ray_actor_when_the_run_is_on_ray(tmp_path):
+    ray = pytest.importorskip("ray")
+    import test_factory_loop
+
+    from bat_jax.bicurl.bank_feed import RayFactory
+
+    ray.cloudpickle.register_pickle_by_value(test_factory_loop)  # the stand-in builds travel to the actor by value
+    config = FactoryConfig(bank_dir=str(tmp_path / "bank"), tracks=("vqa", "segmentation"), outcomes=("success",))
+    bank = StageBank(config.bank_dir)
+    steering.publish(config.bank_dir, {"round": 1, "target_stage": "S3"}, BENCH.stages)
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        factory = RayFactory(config, BENCH, FactoryLoopConfig(idle_s=0.1, stop_timeout_s=20),
+                             build=test_factory_loop.slow_build).start()
+        deadline = time.time() + 120
+        while bank.latest() < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        assert bank.latest() >= 2 and factory.alive() and factory.exit_line() == ""
+        factory.stop()
+        assert factory.exit_line() == "" and not (tmp_path / "bank" / "writer.lock").exists()
+        from collections import Counter
+        first = bank.read(1).rl_rows
+        assert Counter(r.focus for r in first) == {"S3": 5, "E2E": 1, "S1": 1, "S2": 1}  # steered, generation 0
+
+        crashing = RayFactory(config, BENCH, FactoryLoopConfig(idle_s=0.1),
+                              build=test_factory_loop.crashing_build).start()
+        deadline = time.time() + 60
+        while crashing.alive() and time.time() < deadline:
+            time.sleep(0.2)
+        line = crashing.exit_line()
+        assert line.startswith("Data Factory (Ray actor, pid ") and "crashed (" in line
+        assert "crashed (RuntimeError: teacher endpoint went away)" in line and crashing.exit_line() == ""
+        crashing.stop()
+    finally:
+        ray.shutdown()

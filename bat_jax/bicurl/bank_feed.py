@@ -11,8 +11,9 @@ versions its ledger recorded.
 
 After each round the run publishes the steering record (`stage_bank.steering.publish`: the round, the version,
 the controller's Overall and stage scores, the routed stage, rows used so far per pool and per focus — nothing per
-task). With `experiment.Components.factory_loop` bound, the feed also owns the factory process started beside
-training (`stage_bank.factory_loop.FactoryProcess`) and stops it with the run.
+task). With `experiment.Components.factory_loop` bound, the feed also owns the factory started beside training —
+its own process (`stage_bank.factory_loop.FactoryProcess`), or a Ray actor (`RayFactory`) when the run's rollouts
+are on Ray (`Components.ray`) — and stops it with the run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from bat_jax.errors import ConfigValueError
 from bat_jax.ledger import RoundRecord
 from bat_jax.stage_bank import steering
 from bat_jax.stage_bank.bank import BankView, StageBank
-from bat_jax.stage_bank.factory_loop import FactoryProcess
+from bat_jax.stage_bank.factory import FactoryConfig, build_bank
+from bat_jax.stage_bank.factory_loop import Build, FactoryLoopConfig, FactoryProcess, serve
 from bat_jax.staged_benchmark.contract import StagedBenchmark
 
 VERSIONS_FILE = "bank_versions.json"
@@ -51,7 +53,7 @@ class BankFeed:
     """The versions of one run's rounds (module docstring); `view(version)` reads and keeps the newest view."""
 
     def __init__(self, bank: StageBank, run_dir: pathlib.Path, setting: str | int, benchmark: StagedBenchmark,
-                 factory: FactoryProcess | None = None):
+                 factory: "FactoryProcess | RayFactory | None" = None):
         self.bank = bank
         self.path = pathlib.Path(run_dir) / VERSIONS_FILE
         self.setting = check_bank_version(setting)
@@ -173,3 +175,81 @@ class BankFeed:
         """Stops the factory process (if any)."""
         if self.factory is not None:
             self.factory.stop()
+
+
+class _FactoryActor:
+    """The body of the Ray actor: `serve` on one thread, `stop` from another (the actor runs two at once)."""
+
+    def __init__(self, config: FactoryConfig, benchmark: StagedBenchmark, loop: FactoryLoopConfig, build: Build):
+        import threading
+
+        self._args = (config, benchmark, loop, build)
+        self._stop = threading.Event()
+
+    def serve(self) -> list[int]:
+        config, benchmark, loop, build = self._args
+        return [r.version for r in serve(config, benchmark, loop, stop=self._stop, build=build) if r.version]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayFactory:
+    """The long-running factory as a Ray actor (0 CPUs reserved: its work is sandbox subprocesses); the same
+    `start` / `alive` / `exit_line` / `stop` as `FactoryProcess`. Ray must be initialised (the run's rollout
+    workers did it)."""
+
+    def __init__(self, config: FactoryConfig, benchmark: StagedBenchmark, loop: FactoryLoopConfig,
+                 build: Build = build_bank):
+        self.loop = loop
+        self._args = (config, benchmark, loop, build)
+        self._actor = self._serving = self.pid = None
+        self._stopping = self._reported = False
+
+    def start(self) -> "RayFactory":
+        import ray
+
+        self._actor = ray.remote(num_cpus=0, max_concurrency=2)(_FactoryActor).remote(*self._args)
+        self._serving = self._actor.serve.remote()
+        self.pid = ray.get(self._actor.pid.remote())
+        print(f"[bat_jax] Data Factory started beside training (Ray actor, pid {self.pid})", flush=True)
+        return self
+
+    def alive(self) -> bool:
+        import ray
+
+        return self._serving is not None and not ray.wait([self._serving], timeout=0)[0]
+
+    def exit_line(self) -> str:
+        """'' while the actor serves (or after `stop`); once it has ended on its own, one line saying how."""
+        import ray
+
+        if self._stopping or self._reported or self.alive():
+            return ""
+        self._reported = True
+        try:
+            ray.get(self._serving)
+            how = "finished its versions"
+        except Exception as e:  # noqa: BLE001 — whatever ended the actor is reported, never raised into the run
+            cause = getattr(e, "cause", None) or e  # a RayTaskError carries the actor's own exception
+            how = f"crashed ({type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[-1]})"
+        return (f"Data Factory (Ray actor, pid {self.pid}) {how}; training continues on the last admitted Stage "
+                f"Bank version")
+
+    def stop(self) -> None:
+        """Asks the actor to stop after its version in progress, waits `loop.stop_timeout_s`, then kills it."""
+        import ray
+
+        self._stopping = True
+        if self._actor is None:
+            return
+        if self.alive():
+            self._actor.stop.remote()
+            ray.wait([self._serving], timeout=self.loop.stop_timeout_s)
+        ray.kill(self._actor)
+        self._actor = None

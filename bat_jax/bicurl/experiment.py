@@ -38,7 +38,7 @@ from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.bicurl import evaluation as ev
-from bat_jax.bicurl.bank_feed import BankFeed, check_bank_version
+from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
 from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
 from bat_jax.bicurl.grpo_round import GRPOBlockConfig, grpo_block
@@ -140,7 +140,8 @@ class Components:
     `reward` bounds the threads scoring a GRPO batch and the rebuilt tasks a round keeps (`bicurl/reward.py`).
     `dynamic_sampling` drops GRPO groups without reward variance and replaces them from the same pool
     (`learn/dynamic_sampling.py`); rollout correction is `grpo.tis_cap` / `grpo.seq_ratio_range`.
-    `factory_loop` (optional) runs the Data Factory beside training in its own process, admitting new versions of
+    `factory_loop` (optional) runs the Data Factory beside training in its own process (a Ray actor when `ray` is
+    set: `bank_feed.RayFactory`), admitting new versions of
     `bank` steered by the run's aggregate scores (`stage_bank/factory_loop.py`); it stops with the run, and rounds
     read whatever version is admitted when they start (`BiCuRLConfig.bank_version`). Unset = the bank is built once.
 
@@ -333,8 +334,9 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     if judge is not None:
         judge.check_endpoint()  # a rejected request (wrong model / key) stops here; unreachable only warns
     if components.factory_loop is not None:  # after the first build: the factory admits the versions after it
-        feed.factory = FactoryProcess(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)),
-                                      benchmark, components.factory_loop).start()
+        kind = RayFactory if components.ray is not None else FactoryProcess  # Ray is up: the rollout workers
+        feed.factory = kind(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark,
+                            components.factory_loop).start()
         resources.callback(feed.close)
     prompt = PromptFormat.of(benchmark, policy.prompt_style)
     block = GRPOBlockConfig(grpo=components.grpo, optimizer=components.grpo_optimizer,

@@ -10,6 +10,7 @@ build's leakage preflight. Rounds read only admitted versions and never wait for
 waits for a round.
 
 It runs three ways:
+  * as a Ray actor when the run's rollouts are on Ray (`bicurl/bank_feed.RayFactory`, the same interface);
   * in its own process started by the experiment (`experiment.Components.factory_loop = @factory_loop.FactoryLoopConfig()`;
     `FactoryProcess`: a spawned process, stopped with the run; a crash is reported once by `FactoryProcess.exit_line`
     and the run goes on training on the last admitted version);
