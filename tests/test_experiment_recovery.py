@@ -153,7 +153,7 @@ def test_sigkill_during_round_2_resumes_to_the_uninterrupted_ledger(micro, unint
 
 
 @pytest.mark.slow
-def test_a_version_admitted_while_the_run_was_down_leaves_the_redone_round_on_its_recorded_version(micro, uninterrupted):
+def test_a_version_admitted_while_the_run_was_down_leaves_the_round_on_its_recorded_version(micro, uninterrupted):
     """SIGKILL once round 2 has resolved its bank version, then a factory admits a new version before the rerun:
     round 2 is redone on the version it started on (run_dir/bank_versions.json), to the uninterrupted ledger."""
     from bat_jax.sandbox.types import SandboxState

@@ -34,7 +34,8 @@ def test_the_published_record_holds_only_aggregates_and_none_of_the_preflights_s
         assert marker not in text
     assert steering.read(tmp_path, STAGES) == clean
     # anything per task is refused before it is written: the old record stays
-    for bad, field in (({"state_ids": ["s-1"]}, "state_ids"), ({"rows_by_pool": {manifest.task_ids[0]: 1}}, "rows_by_pool"),
+    for bad, field in (({"state_ids": ["s-1"]}, "state_ids"),
+                       ({"rows_by_pool": {manifest.task_ids[0]: 1}}, "rows_by_pool"),
                        ({"rows_by_focus": {"S3": 1, "data/heldout/x.png": 1}}, "rows_by_focus"),
                        ({"target_stage": manifest.paths[0]}, "target_stage")):
         with pytest.raises(PrescriptionError, match=field):

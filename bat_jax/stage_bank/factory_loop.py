@@ -9,11 +9,12 @@ experiment published after its last round (aggregates only) and admits them with
 build's leakage preflight. Rounds read only admitted versions and never wait for the factory; the factory never
 waits for a round.
 
-It runs three ways:
-  * as a Ray actor when the run's rollouts are on Ray (`bicurl/bank_feed.RayFactory`, the same interface);
-  * in its own process started by the experiment (`experiment.Components.factory_loop = @factory_loop.FactoryLoopConfig()`;
+It runs:
+  * in its own process started by the experiment
+    (`experiment.Components.factory_loop = @factory_loop.FactoryLoopConfig()`;
     `FactoryProcess`: a spawned process, stopped with the run; a crash is reported once by `FactoryProcess.exit_line`
-    and the run goes on training on the last admitted version);
+    and the run goes on training on the last admitted version), or as a Ray actor when the run's rollouts are on
+    Ray (`bicurl/bank_feed.RayFactory`, the same interface);
   * on its own as a launch job, against a bank a running experiment reads (`gin/stage_bank_async_tiny.gin`:
     `launch.run.job = @factory_loop.serve_job`);
   * in a test, with a fake `build` step standing in for the teacher.
