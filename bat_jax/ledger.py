@@ -131,7 +131,8 @@ class RoundRecord:
       selected_stage: s*, one of the run's stage ids.
       routing_report: the router's audit report (`RoutingDecision.report()`).
       pool_counts: rows drawn per pool, e.g. {'target': 400, 'mix': 200, 'e2e': 200}.
-      bank_version: Stage Bank version the round drew from.
+      bank_version: Stage Bank version the round drew from (resolved at round start: the newest admitted or the
+        pinned one).
       state_ids: bank state_ids drawn, in draw order.
       reward_version: identity of the reward contract / verifier version.
       controller_scores: the controller evaluation of the candidate (`Evaluation.to_dict()`; overall None when
@@ -145,6 +146,9 @@ class RoundRecord:
       eval_cells, eval_unscored: cells of the round's controller evaluation, and those unscored.
       eval_agent_failed: scored controller-evaluation cells that were agent-caused sandbox failures.
       grpo: what the round's GRPO block did (`GRPOStats`).
+      bank_rows_new: RL rows in `bank_version` that the previous round's version (round 1: the cold start's) did not
+        have; None in ledgers written before rounds read versions.
+      factory: the line saying the Data Factory beside the run ended on its own during this round ('' otherwise).
       eval_items: rubric item pass counts of the controller evaluation (`benchmark.items.ItemRates.to_dict()`:
         aggregates only, like the stage scores); None when not recorded (an older ledger). The router never reads
         them.
@@ -167,6 +171,8 @@ class RoundRecord:
     eval_unscored: int | None = None
     eval_agent_failed: int | None = None
     grpo: GRPOStats = GRPOStats()
+    bank_rows_new: int | None = None
+    factory: str = ""
     eval_items: Mapping[str, Any] | None = None
 
     def eval_item_rates(self) -> ItemRates:

@@ -161,6 +161,16 @@ def groups_table(records: Sequence[Any]) -> str:
     return "\n".join(lines)
 
 
+def bank_table(records: Sequence[Any]) -> str:
+    """Per round: the Stage Bank version it read and the RL rows new since the previous round's version ('—' in
+    ledgers written before rounds read versions)."""
+    lines = [f"{'Round':<12}{'bank version':>14}{'new RL rows':>13}"]
+    for rec in records:
+        new = "—" if rec.bank_rows_new is None else str(rec.bank_rows_new)
+        lines.append(f"{'round ' + str(rec.round):<12}{'v' + str(rec.bank_version):>14}{new:>13}")
+    return "\n".join(lines)
+
+
 def best_so_far(values: Sequence[float | None]) -> list[float | None]:
     """Running maximum, skipping unscored (None) entries; None until the first scored value."""
     out: list[float | None] = []
@@ -339,6 +349,9 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
         lines += ["", "GRPO groups per round (dynamic sampling drops groups without reward variance and replaces "
                   "them from the same pool) and the learner / engine logprob mismatch on "
                   "sampled tokens:", "", "```", groups_table(records), "```"]
+        lines += ["", "Stage Bank version per round (resolved at round start) and RL rows new since the previous "
+                  "round:", "", "```", bank_table(records), "```"]
+        lines += [f"Data Factory, round {rec.round}: {rec.factory}" for rec in records if rec.factory]
         counts = [RoundCounts(f"round {rec.round}", rec.grpo.rollouts, rec.grpo.unscored, rec.grpo.agent_failed,
                               rec.eval_cells, rec.eval_unscored, rec.eval_agent_failed) for rec in records]
         lines += ["", "Rollouts and evaluation cells per round: agent-caused failures (scored) apart from "

@@ -162,3 +162,50 @@ def test_external_sigkill_during_continuous_writes_leaves_only_whole_versions(tm
         view = bank.read(v)
         assert len(view.rl_rows) == 100 * v
         assert [r.provenance.source_id for r in view.rl_rows[-3:]] == [f"src-{100 * v - k}" for k in (3, 2, 1)]
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is_reclaimed(tmp_path):
+    import json
+    import socket
+
+    from bat_jax.stage_bank.bank import BankLocked
+
+    bank = StageBank(tmp_path / "bank")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = tmp_path / "bank" / "writer.lock"
+        with bank.writer("factory A") as path:
+            assert path == lock
+            held = json.loads(lock.read_text())
+            assert held["pid"] == os.getpid() and held["owner"] == "factory A"
+            with pytest.raises(BankLocked, match=rf"pid {os.getpid()} on host {socket.gethostname()} \(factory A\)"):
+                with bank.writer("factory B"):
+                    pass
+        assert not lock.exists()  # released
+        # a live process on this host holds it: refused, naming that pid
+        lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "owner": "other run"}))
+        with pytest.raises(BankLocked, match=rf"pid {holder.pid} .*\(other run\)"):
+            with bank.writer():
+                pass
+        holder.kill()
+        holder.wait()
+        # the holder died (SIGKILL, no clean-up): its lock is stale and reclaimed
+        with bank.writer("factory C"):
+            assert json.loads(lock.read_text())["owner"] == "factory C"
+        assert not lock.exists()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+def test_a_build_is_refused_while_another_writer_holds_the_bank(tmp_path):
+    from bat_jax.stage_bank.bank import BankLocked
+    from bat_jax.stage_bank.factory import FactoryConfig, build_bank
+    from bat_jax.tasks.benchmark import ImagingBenchmark
+
+    config = FactoryConfig(bank_dir=str(tmp_path / "bank"), tracks=("vqa",), foci=("S1",), outcomes=("success",))
+    with StageBank(config.bank_dir).writer("the running factory"):
+        with pytest.raises(BankLocked, match=r"\(the running factory\)"):
+            build_bank(config, ImagingBenchmark(), progress=False)
+    assert StageBank(config.bank_dir).versions() == []

@@ -153,6 +153,45 @@ def test_sigkill_during_round_2_resumes_to_the_uninterrupted_ledger(micro, unint
 
 
 @pytest.mark.slow
+def test_a_version_admitted_while_the_run_was_down_leaves_the_round_on_its_recorded_version(micro, uninterrupted):
+    """SIGKILL once round 2 has resolved its bank version, then a factory admits a new version before the rerun:
+    round 2 is redone on the version it started on (run_dir/bank_versions.json), to the uninterrupted ledger."""
+    from bat_jax.sandbox.types import SandboxState
+    from bat_jax.stage_bank.bank import StageBank
+    from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec
+
+    root, bank_dir, _ = micro
+    own_bank = root / "bank_versions"
+    shutil.copytree(bank_dir, own_bank)
+    gin_file = _write_gin(root / "micro_versions.gin", own_bank)
+    run_dir = root / "killed_versions"
+    proc = _start(gin_file, run_dir)
+    versions = run_dir / "bank_versions.json"
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while not versions.exists() or "2" not in json.loads(versions.read_text()):  # round 2 started
+            assert proc.poll() is None, f"the run ended before round 2 (rc {proc.returncode}):\n{_log(run_dir)[-4000:]}"
+            assert time.monotonic() < deadline, "round 2 did not start in time"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert json.loads(versions.read_text()) == {"0": 1, "1": 1, "2": 1}
+    bank = StageBank(own_bank)
+    ref = bank.put_state(SandboxState({"task.md": b"a fictional task admitted while the run was down"}))
+    assert bank.admit([RLRow(ref, "S3", "Do the S3 step.", (RubricSpec("a", "item a"),), (), "skill",
+                             Provenance("src-late", "ab" * 32, "vqa", "success"), "rubric")]) == 2
+
+    _run_to_end(gin_file, run_dir)  # the same command again
+    _assert_same_run(run_dir, uninterrupted)
+    assert [r.bank_version for r in Ledger(run_dir / "ledger.jsonl").read()] == [1, 1]
+    assert json.loads(versions.read_text()) == {"0": 1, "1": 1, "2": 1}
+
+
+@pytest.mark.slow
 def test_kill_between_checkpoint_and_ledger_line_redoes_the_round(micro, uninterrupted, tmp_path):
     """The disk state of a kill after `checkpoints.save(2, ...)` and before `ledger.append(round 2)`: before the
     fix, every rerun died in Orbax with 'Checkpoint for step 2 already exists'."""

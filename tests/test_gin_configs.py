@@ -196,3 +196,17 @@ def test_released_preset_over_the_tiny_default_binds_the_released_objective():
     assert gin.get_bindings("grpo.GRPOConfig")["kl_coef"] == 1e-3
     assert "dual_clip" not in gin.get_bindings("grpo.GRPOConfig")
     assert gin.get_bindings("controller.ControllerConfig")["acceptance"] == "fallback"
+
+
+def test_the_tiny_default_turns_the_factory_on_with_one_binding():
+    from bat_jax.bicurl import experiment
+    from bat_jax.stage_bank.factory_loop import FactoryLoopConfig
+
+    launch.parse_gin(["bicurl_tiny.gin"], [])
+    assert gin.get_configurable(experiment.Components)().factory_loop is None  # off by default
+    launch.parse_gin(["bicurl_tiny.gin"], ["experiment.Components.factory_loop = @factory_loop.FactoryLoopConfig()"])
+    components = gin.get_configurable(experiment.Components)()
+    assert components.factory_loop == FactoryLoopConfig(idle_s=30.0, pause_s=60.0)
+    assert gin.get_configurable(experiment.BiCuRLConfig)().bank_version == "latest"
+    launch.parse_gin(["stage_bank_async_tiny.gin"], [])
+    assert gin.query_parameter("steering.SteeringRule.weak_share") == 0.5

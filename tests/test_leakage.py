@@ -183,3 +183,14 @@ def test_manifest_from_task_suite_format(tmp_path):
         reports=("No acute cardiopulmonary abnormality is seen on this film today.",))
     scan = LeakageScanner(got)
     assert scan.scan_text("cat task.md") == []
+
+
+def test_a_file_removed_while_the_preflight_runs_is_skipped_and_the_rest_still_scanned(tmp_path, monkeypatch):
+    """A Data Factory beside a run renames its staging directory while the run's preflight walks the bank."""
+    from bat_jax.stage_bank import leakage
+
+    (tmp_path / "kept.txt").write_text(f"copied {MANIFEST.task_ids[0]} here")
+    listed = [tmp_path / ".staging" / "v000002-x" / "rl.jsonl", tmp_path / "kept.txt"]  # the first is gone
+    monkeypatch.setattr(leakage, "_walk", lambda files: listed)
+    report = preflight(MANIFEST, files=[tmp_path])
+    assert report.files_scanned == 1 and [h.file for h in report.hits] == [str(tmp_path / "kept.txt")]

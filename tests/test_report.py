@@ -163,3 +163,26 @@ def test_sweep_report_pools_each_group_apart():
     assert "group 'BiCuRL', pooled over 6 (run, track) pairs: 6.7 ± 5.4" in text
     assert "group 'no S-mix', pooled over 3 (run, track) pairs: 6.7 ± 14.3" in text
     assert "  pooled over" not in text
+
+
+def test_run_report_prints_the_bank_version_and_new_rows_per_round_and_the_factory_line(tmp_path):
+    import dataclasses
+
+    from bat_jax.curriculum.controller import Evaluation
+    from bat_jax.ledger import RoundRecord
+
+    rec = RoundRecord(round=1, selected_stage="S1", routing_report={}, pool_counts={"target": 4}, bank_version=1,
+                      state_ids=["s"], reward_version="v", controller_scores=Evaluation(0.3, 0.2, {"S1": 0.4}, {})
+                      .to_dict(), kl=0.01, decision="accept", retained_checkpoint="ckpt-1", bank_rows_new=0)
+    rec2 = dataclasses.replace(rec, round=2, bank_version=3, bank_rows_new=16,
+                               factory="Data Factory (pid 7) crashed (exit code 1); training continues on the last "
+                                       "admitted Stage Bank version")
+    old = dataclasses.replace(rec, round=3, bank_rows_new=None)  # a ledger line from before versions per round
+    assert report.bank_table([rec, rec2, old]).splitlines() == [
+        "Round         bank version  new RL rows", "round 1                 v1            0",
+        "round 2                 v3           16", "round 3                 v1            —"]
+    report.write_run_report(tmp_path, _final(), [rec, rec2], Evaluation(0.2, 0.1, {"S1": 0.3}, {}), STAGES)
+    text = (tmp_path / "report.md").read_text()
+    assert "round 2                 v3           16" in text
+    assert ("Data Factory, round 2: Data Factory (pid 7) crashed (exit code 1); training continues on the last "
+            "admitted Stage Bank version") in text

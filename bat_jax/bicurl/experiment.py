@@ -1,14 +1,17 @@
 """The BiCuRL experiment, top to bottom (paper Section 2.2, Algorithm of Figure 1b):
 
   Stage Bank (build or reuse a version) → leakage preflight → SFT cold start (once) → evaluation →
-  rounds of: route to the weakest stage → round view (S-target / S-mix / E2E) → preflight of the view →
+  rounds of: route to the weakest stage → the round's bank version (newest admitted, or pinned) → round view
+  (S-target / S-mix / E2E) → preflight of the view →
   GRPO block (K rollouts per state in sandboxes, rubric rewards) → weight sync → evaluation →
   KL(candidate ‖ best) → accept or fall back → checkpoint → ledger → report
   → final evaluation on disjoint runs (untrained, SFT, retained best) → results table + staircase plot
   → HF export of the retained policy to run_dir/export/ (weights, config, tokenizer, chat template).
 Sandboxes: by default one warm Docker pool serves every GRPO rollout and evaluation episode, each container
 reset to a fresh state in between (`bicurl/run_loops.py`); it and the Ray workers are released when `run`
-returns or raises (also on Ctrl-C).
+returns or raises (also on Ctrl-C). With `Components.factory_loop` the Data Factory runs beside training in its own
+process (started after the first build, stopped with the run), steered by the aggregate record the run publishes
+after each round (`bicurl/bank_feed.py`, `stage_bank/factory_loop.py`).
 
 Gin binds `run` and the config dataclasses (gin/bicurl_*.gin); this module itself is plain Python. A killed run
 resumes from its ledger and checkpoints: finished rounds are read back, the retained checkpoint restored, and a
@@ -35,6 +38,7 @@ from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.bicurl import evaluation as ev
+from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
 from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
 from bat_jax.bicurl.grpo_round import GRPOBlockConfig, grpo_block
@@ -60,6 +64,7 @@ from bat_jax.rollout.engine import RolloutEngine
 from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.bank import BankView, StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
+from bat_jax.stage_bank.factory_loop import FactoryLoopConfig, FactoryProcess
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
 from bat_jax.stage_bank.row import RLRow, SFTRow
 from bat_jax.staged_benchmark.contract import BenchmarkError, StagedBenchmark
@@ -94,6 +99,9 @@ class BiCuRLConfig:
       sandbox_pool: Docker only: GRPO rollouts and evaluations take their sandboxes from one warm pool, each
         reset to a fresh state between episodes (`sandbox/pool.py`); False = a new container per episode.
       seed: run seed (paper: 42).
+      bank_version: the Stage Bank version each round reads: 'latest' (the newest admitted at the round's start:
+        versions a Data Factory admits while the run trains reach the next round) or a version number (pinned).
+        Each round's version is recorded before its first rollout (`bicurl/bank_feed.py`) and in the ledger.
     """
 
     mode: str = "bicurl"
@@ -104,8 +112,10 @@ class BiCuRLConfig:
     backend: str = "docker"
     sandbox_pool: bool = True
     seed: int = 42
+    bank_version: str | int = "latest"
 
     def __post_init__(self):
+        check_bank_version(self.bank_version)
         if self.mode not in MODES:
             raise ValueError(f"BiCuRLConfig.mode must be one of {MODES}, got {self.mode!r}")
         if self.sft_targets not in ("row", "trajectory"):
@@ -130,6 +140,10 @@ class Components:
     `reward` bounds the threads scoring a GRPO batch and the rebuilt tasks a round keeps (`bicurl/reward.py`).
     `dynamic_sampling` drops GRPO groups without reward variance and replaces them from the same pool
     (`learn/dynamic_sampling.py`); rollout correction is `grpo.tis_cap` / `grpo.seq_ratio_range`.
+    `factory_loop` (optional) runs the Data Factory beside training in its own process (a Ray actor when `ray` is
+    set: `bank_feed.RayFactory`), admitting new versions of
+    `bank` steered by the run's aggregate scores (`stage_bank/factory_loop.py`); it stops with the run, and rounds
+    read whatever version is admitted when they start (`BiCuRLConfig.bank_version`). Unset = the bank is built once.
 
     Raises:
       ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler); `grpo.group_size` other than
@@ -156,6 +170,7 @@ class Components:
     ray: RayRolloutConfig | None = None
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    factory_loop: FactoryLoopConfig | None = None
 
     def __post_init__(self):
         if self.grpo.group_size != self.agent.episodes_per_state:  # K: the loop rolls it, GRPO groups by it
@@ -194,7 +209,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
             last_scores = records[-1].controller_scores["stage_scores"] if records else round0.stage_scores
             decision = router.route(last_scores, exp.stages, round_index=r, held=controller.state.held,
                                     reference_scores=controller.state.reference_scores, config=components.router)
-            round_view = _round_view(exp, decision.target, r)
+            view = exp.feed.round_start(r, exp.view)  # resolved now, never waiting on a factory
+            round_view = _round_view(exp, view, decision.target, r)
             stats = grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
                                seed=config.seed * 1000 + r, judge=exp.judge)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
@@ -207,14 +223,16 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                 exp.learner.params = exp.restore(verdict.retained_checkpoint)
             record = RoundRecord(
                 round=r, selected_stage=decision.target, routing_report=decision.report(),
-                pool_counts=round_view.pool_counts(), bank_version=exp.view.version, state_ids=round_view.state_ids(),
+                pool_counts=round_view.pool_counts(), bank_version=view.version, state_ids=round_view.state_ids(),
                 reward_version=stats.reward_version, controller_scores=ctl.Evaluation.from_summary(summary).to_dict(),
                 kl=shift, decision=verdict.decision, decision_reasons=verdict.reasons,
                 retained_checkpoint=verdict.retained_checkpoint, controller_state=controller.state.to_dict(),
                 eval_cells=summary.n_cells, eval_unscored=summary.n_unscored, eval_agent_failed=agent_failed,
-                grpo=stats, eval_items=summary.items.to_dict() or None)
+                grpo=stats, eval_items=summary.items.to_dict() or None, bank_rows_new=exp.feed.new_rows(r, view),
+                factory=exp.feed.factory_line())
             exp.ledger.append(record)
             records.append(record)
+            exp.feed.publish_steering(records, view)
             _log_round(exp.writer, record, summary, time.perf_counter() - t_round)
 
         final = _final_evaluation(exp, config, {"untrained": untrained, "SFT": sft_params}, best_params, rounds)
@@ -238,6 +256,7 @@ class _Experiment:
     policy: Policy
     learner: Learner
     bank: StageBank
+    feed: BankFeed
     view: BankView
     manifest: HeldOutManifest
     engine: RolloutEngine
@@ -295,10 +314,9 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     if not bank.versions():
         built = build_bank(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark)
         print(f"[bat_jax] Stage Bank built: {built}")
-    view = bank.read()
-    for i, row in enumerate(view.rl_rows):  # a bank row of a stage this benchmark lacks stops here, named
-        benchmark.check_focus(row.focus, f"Stage Bank {components.bank.bank_dir} v{view.version} RL row {i} "
-                                         f"({row.state_id}) field 'focus'")
+    feed = BankFeed(bank, run_dir, config.bank_version, benchmark)
+    view = feed.view(feed.version_for(0))  # SFT and the KL probe set read this version, also after a resume
+    feed.check_foci(view, 0)
     preflight(manifest, files=[components.bank.bank_dir]).raise_if_leaky()
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
@@ -315,13 +333,19 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     judge = RubricJudge(components.judge) if components.judge is not None else None
     if judge is not None:
         judge.check_endpoint()  # a rejected request (wrong model / key) stops here; unreachable only warns
+    if components.factory_loop is not None:  # after the first build: the factory admits the versions after it
+        kind = RayFactory if components.ray is not None else FactoryProcess  # Ray is up: the rollout workers
+        feed.factory = kind(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark,
+                            components.factory_loop).start()
+        resources.callback(feed.close)
     prompt = PromptFormat.of(benchmark, policy.prompt_style)
     block = GRPOBlockConfig(grpo=components.grpo, optimizer=components.grpo_optimizer,
                             micro_batches=components.grpo_micro_batches, episodes_per_state=agent.episodes_per_state,
                             max_context_tokens=agent.max_context_tokens, prompt=prompt,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling,
                             max_response_tokens=agent.max_response_tokens)
-    return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, view, manifest, engine,
+    return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, manifest,
+                       engine,
                        loops, judge, Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
                        Ledger(run_dir / "ledger.jsonl"), report.ScalarWriter(run_dir / "tensorboard", benchmark.stages),
                        block)
@@ -378,10 +402,10 @@ def _resume(exp: _Experiment, round0: ctl.Evaluation) -> tuple[ctl.Controller, l
     return controller, records
 
 
-def _round_view(exp: _Experiment, target, round_index: int) -> pools.RoundView:
-    """The round's pool batches (and dynamic sampling's spare rows) for target stage `target`, after the leakage
-    preflight of every row they hold."""
-    rows, pool_config = mode_pools(exp.view.rl_rows, exp.config.mode, exp.components.pools)
+def _round_view(exp: _Experiment, view: BankView, target, round_index: int) -> pools.RoundView:
+    """The round's pool batches (and dynamic sampling's spare rows) for target stage `target` from bank version
+    `view`, after the leakage preflight of every row they hold (before the round's first rollout)."""
+    rows, pool_config = mode_pools(view.rl_rows, exp.config.mode, exp.components.pools)
     sampling = exp.components.dynamic_sampling
     spares = sampling.max_extra_rows * exp.config.grpo_steps_per_round if sampling.enabled else 0
     round_view = pools.build_round_view(rows, target, round_index=round_index,

@@ -11,23 +11,30 @@ Layout under `root`::
         rl.jsonl                  RL rows admitted in this version (one `RLRow.to_record()` per line)
         sft.jsonl                 SFT rows admitted in this version
     .staging/                     temp directories of writes in progress (ignored by readers)
+    writer.lock                   the one writer's pid, host and start time while it holds the bank
 
 Version N is the union of the rows admitted in versions 1..N. A version is written completely into a staging
 directory (files fsynced) and published with one `os.rename` of the directory, so a reader sees either the
 whole version or none of it; a writer killed before the rename leaves only an ignored staging directory.
+
+One writer at a time (`StageBank.writer()`, a lock file created with O_EXCL): a second writer is refused with a
+`BankLocked` error naming the holder; a lock left by a dead process on this host is reclaimed. Readers never take
+the lock and never wait: they see the versions admitted so far.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from bat_jax.atomic_io import atomic_write, fsync_dir
@@ -44,6 +51,74 @@ INDEX_KEYS: tuple[str, ...] = ("track", "focus", "outcome", "reward_source")
 
 class BankError(RuntimeError):
     """A bank operation failed (corrupt version, duplicate row, unknown version, concurrent writer)."""
+
+
+class BankLocked(BankError):
+    """Another writer holds the bank (the message names its pid, host and lock file)."""
+
+
+LOCK_FILE = "writer.lock"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def writer_lock(root: str | os.PathLike, owner: str = "") -> Iterator[Path]:
+    """Holds the bank's one writer lock (`<root>/writer.lock`, created with O_CREAT | O_EXCL) for the `with` block.
+
+    A lock held by a live process, or by a process on another host, refuses this writer; a lock whose pid is dead
+    on this host is stale (its writer was killed) and is reclaimed. The lock file is removed when the block ends.
+
+    Raises:
+      BankLocked: naming the holder (pid, host, what it said it was) and the lock file.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK_FILE
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "owner": owner, "since_unix": time.time()}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text("utf-8"))
+                pid, host = int(holder["pid"]), str(holder["host"])
+            except FileNotFoundError:
+                continue  # released meanwhile: try again
+            except (OSError, ValueError, KeyError, TypeError):
+                holder, pid, host = {}, -1, "?"  # a lock being written this instant, or garbage
+                if time.time() - path.stat().st_mtime < 5.0:
+                    raise BankLocked(f"{path}: the Stage Bank at {root} has another writer (lock being written); "
+                                     "one writer at a time") from None
+            if pid <= 0 or (host == me["host"] and not _pid_alive(pid)):
+                print(f"[bat_jax] {path}: reclaiming a stale writer lock (pid {pid} on {host} is gone)", flush=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            raise BankLocked(f"{path}: the Stage Bank at {root} is held by another writer: pid {pid} on host {host}"
+                             f"{' (' + holder['owner'] + ')' if holder.get('owner') else ''}; one writer at a time "
+                             "(stop it, or remove the lock file if that process is gone)") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+            f.flush()
+            os.fsync(f.fileno())
+        break
+    else:
+        raise BankLocked(f"{path}: could not take the Stage Bank writer lock after 3 tries")
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            if json.loads(path.read_text("utf-8")).get("pid") == me["pid"]:
+                os.unlink(path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +218,10 @@ class StageBank:
         v = self.versions()
         return v[-1] if v else 0
 
+    def writer(self, owner: str = "") -> contextlib.AbstractContextManager[Path]:
+        """The bank's one writer lock for a `with` block (`writer_lock`). Raises BankLocked naming the holder."""
+        return writer_lock(self.root, owner)
+
     def _version_dir(self, version: int) -> Path:
         return self._versions_dir / f"v{version:06d}"
 
@@ -157,6 +236,24 @@ class StageBank:
             return str(json.loads(mpath.read_text("utf-8")).get("note", ""))
         except (OSError, json.JSONDecodeError) as e:
             raise BankError(f"{mpath}: unreadable manifest ({e})") from e
+
+    def rl_count(self, version: int) -> int:
+        """RL rows in version `version` (0 for version 0), from the manifests alone (no row is parsed).
+
+        Raises:
+          BankError: an unknown version or an unreadable manifest.
+        """
+        published = [v for v in self.versions() if v <= version]
+        if version and version not in published:
+            raise BankError(f"{self.root}: unknown version {version}; published {self.versions()}")
+        total = 0
+        for v in published:
+            mpath = self._version_dir(v) / "manifest.json"
+            try:
+                total += int(json.loads(mpath.read_text("utf-8"))["rl"]["count"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise BankError(f"{mpath}: unreadable manifest ({e})") from e
+        return total
 
     def _read_segment(self, version: int) -> tuple[list[RLRow], list[SFTRow]]:
         vdir = self._version_dir(version)
@@ -183,8 +280,11 @@ class StageBank:
             out[kind] = rows
         return out["rl"], out["sft"]
 
-    def read(self, version: int | None = None) -> BankView:
+    def read(self, version: int | None = None, *, base: BankView | None = None) -> BankView:
         """Reads version `version` (default: latest) as the union of segments 1..version.
+
+        With `base` (a view of an earlier or the same version of this bank) only the segments after it are read:
+        a round moving to a newer version reads just the rows admitted since.
 
         Raises:
           BankError: unknown version or a segment whose bytes do not match its manifest.
@@ -197,11 +297,16 @@ class StageBank:
             return BankView(0, (), ())
         if version not in published:
             raise BankError(f"{self.root}: unknown version {version}; published {published}")
-        rl: list[RLRow] = []
-        sft: list[SFTRow] = []
+        if base is not None and base.version > version:
+            raise BankError(f"{self.root}: base view v{base.version} is newer than the version read, v{version}")
+        rl: list[RLRow] = list(base.rl_rows) if base is not None else []
+        sft: list[SFTRow] = list(base.sft_rows) if base is not None else []
+        start = base.version if base is not None else 0
         for v in published:
             if v > version:
                 break
+            if v <= start:
+                continue
             seg_rl, seg_sft = self._read_segment(v)
             rl += seg_rl
             sft += seg_sft

@@ -34,13 +34,14 @@ partial version), after a final leakage preflight over exactly those rows and th
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import inspect
 import json
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bat_jax.atomic_io import atomic_write
@@ -401,8 +402,12 @@ def load_manifest(config: FactoryConfig, benchmark: StagedBenchmark) -> HeldOutM
 
 def build_bank(config: FactoryConfig, benchmark: StagedBenchmark, progress: bool = True, *,
                make_sandbox: SandboxFactory | None = None,
-               on_source: Callable[[Source, str], None] | None = None) -> BuildReport:
+               on_source: Callable[[Source, str], None] | None = None,
+               grid: Sequence[Source] | None = None, hold_lock: bool = True) -> BuildReport:
     """Builds (or resumes) the bank described by `config` for `benchmark` and admits one new version.
+
+    The build holds the bank's writer lock (`StageBank.writer`) from start to admission, so a second writer on the
+    same bank is refused at once, naming the holder.
 
     Args:
       config: the factory settings.
@@ -410,6 +415,9 @@ def build_bank(config: FactoryConfig, benchmark: StagedBenchmark, progress: bool
       progress: show a tqdm progress bar over sources.
       make_sandbox: sandbox factory override (tests inject failing sandboxes); default from `config.backend`.
       on_source: called in the main thread after each source finishes with (source, reason or '').
+      grid: the sources to build (default: `sources(config, benchmark)`, the whole grid); the long-running
+        factory passes each version's steered sources (`stage_bank/steering.py`).
+      hold_lock: take the writer lock for the build; False when the caller already holds it (the factory loop).
 
     Returns:
       The BuildReport (also written to `<bank_dir>/work/build_report.json`).
@@ -420,18 +428,28 @@ def build_bank(config: FactoryConfig, benchmark: StagedBenchmark, progress: bool
       bat_jax.sandbox.backends.BackendUnavailable: the Docker backend cannot be used.
       bat_jax.stage_bank.leakage.LeakageError: the final preflight found held-out markers (nothing is
         admitted).
+      bat_jax.stage_bank.bank.BankLocked: another writer holds the bank.
     """
-    from tqdm import tqdm
-
-    t0 = time.time()
     benchmark.validate()
     config.validate(benchmark)
     bank = StageBank(config.bank_dir)
+    lock = bank.writer(f"stage bank build seed={config.seed}") if hold_lock else contextlib.nullcontext()
+    with lock:
+        return _build(config, benchmark, bank, progress, make_sandbox, on_source, grid)
+
+
+def _build(config: FactoryConfig, benchmark: StagedBenchmark, bank: StageBank, progress: bool,
+           make_sandbox: SandboxFactory | None, on_source: Callable[[Source, str], None] | None,
+           grid: Sequence[Source] | None) -> BuildReport:
+    """`build_bank`'s work, under the writer lock."""
+    from tqdm import tqdm
+
+    t0 = time.time()
     manifest = load_manifest(config, benchmark)
     salt = content_digest([dataclasses.asdict(manifest), code_fingerprint(benchmark)])  # manifest + code → cache key
     ctx = _Context(config, benchmark, bank, make_sandbox or backend_factory(config.backend), LeakageScanner(manifest))
     work = Path(config.bank_dir) / "work" / "sources"
-    grid = sources(config, benchmark)
+    grid = list(sources(config, benchmark) if grid is None else grid)
     results: dict[int, dict] = {}
     report = BuildReport(str(config.bank_dir), sources_total=len(grid))
     todo = []

@@ -302,8 +302,8 @@ class LeakageScanner:
           LeakageError: a .tar that cannot be read at all (an unscannable file must not pass the firewall).
         """
         name = str(path)
-        report.files_scanned += 1
         data = path.read_bytes()
+        report.files_scanned += 1
         if path.suffix == ".jsonl":
             for i, line in enumerate(data.decode("utf-8", errors="replace").splitlines()):
                 report.rows_scanned += 1
@@ -384,13 +384,19 @@ def preflight(
     Returns:
       A LeakageReport; call `raise_if_leaky()` to refuse a launch on any hit.
 
+    A file under a listed directory that disappears between the listing and its reading (a concurrent writer's
+    temporary or staging file) is skipped.
+
     Raises:
       FileNotFoundError: a listed path does not exist.
     """
     scanner = LeakageScanner(manifest, config)
     report = LeakageReport()
     for path in _walk(files):
-        scanner.scan_file(path, report)
+        try:
+            scanner.scan_file(path, report)
+        except FileNotFoundError:  # gone since the listing: a writer's temporary or staging file (a Data Factory
+            continue               # admitting beside a run); an admitted version's rows are preflighted by rows
     for i, row in enumerate(rows):
         report.rows_scanned += 1
         scanner.scan_value(row.to_dict(), file=source, row=i, field="", report=report)

@@ -68,6 +68,22 @@ def _counts(value: Any, field: str) -> dict[str, float]:
     return _track_map(value, field, integer=True)
 
 
+def _focus_counts(value: Any, field: str, stages: StageSet) -> dict[str, int]:
+    """Row counts per focus ('E2E' or a stage of `stages`)."""
+    if not isinstance(value, Mapping):
+        raise PrescriptionError(f"prescription field {field!r} must map foci to counts")
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise PrescriptionError(f"prescription field {field!r} must name foci, got {k!r}")
+        try:
+            focus = stages.parse_focus(k)
+        except ValueError as e:
+            raise PrescriptionError(f"prescription field {field!r}: {e}") from None
+        out[focus] = _round_index(v, f"{field}.{k}")
+    return out
+
+
 #: Router → data-side prescription fields and their checkers (aggregates only); the stage checkers also take the
 #: benchmark's `StageSet`.
 PRESCRIPTION_FIELDS: Mapping[str, Callable[..., Any]] = {
@@ -80,10 +96,13 @@ PRESCRIPTION_FIELDS: Mapping[str, Callable[..., Any]] = {
     "track_task_means": _track_map,
     "track_changes": _track_map,
     "counts": _counts,
+    "bank_version": _round_index,
+    "rows_by_pool": _counts,
+    "rows_by_focus": _focus_counts,
 }
 
 
-_STAGE_FIELDS = ("target_stage", "stage_scores", "stage_changes")
+_STAGE_FIELDS = ("target_stage", "stage_scores", "stage_changes", "rows_by_focus")
 
 
 def check_prescription(payload: Mapping[str, Any], stages: StageSet, *,
@@ -91,7 +110,7 @@ def check_prescription(payload: Mapping[str, Any], stages: StageSet, *,
     """Returns a clean copy of a router prescription, or raises if anything but aggregates would cross.
 
     Allowed fields: PRESCRIPTION_FIELDS (round, target_stage, overall, task_mean, stage_scores, stage_changes,
-    track_task_means, track_changes, counts); values are numbers or maps of stage/track names to numbers. Stage
+    track_task_means, track_changes, counts, bank_version, rows_by_pool, rows_by_focus); values are numbers or maps of stage/track names to numbers. Stage
     names must be stages of `stages` (ids or titles; ids come out). When `tracks` is given, the keys of
     track_task_means / track_changes must be among them.
 
