@@ -43,10 +43,11 @@ def test_unknown_teacher_is_refused():
 
 
 @pytest.mark.slow
-def test_its_whole_loop_runs_from_its_gin_file(tmp_path):
+@pytest.mark.parametrize("mode", ["bicurl", "grpo_e2e"])
+def test_its_whole_loop_runs_from_its_gin_file(tmp_path, mode):
     """`python -m bat_jax.launch --gin_file=tabular_tiny.gin`, shortened by bindings (micro model, local sandboxes,
-    2 of 3 families, 1 round of 1 GRPO step): bank → SFT → BiCuRL → final evaluation, and the ledger, the staircase
-    and the report name its stages."""
+    2 of 3 families, 1 round of 1 GRPO step): bank → SFT → BiCuRL (or the GRPO-E2E baseline, by one binding) → final
+    evaluation, and the ledger, the staircase and the report name its stages."""
     micro = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
              "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
@@ -62,7 +63,8 @@ def test_its_whole_loop_runs_from_its_gin_file(tmp_path):
                 "agent_loop.AgentLoopConfig.max_tokens_per_turn = 32",
                 "dynamic_sampling.DynamicSamplingConfig.enabled = False", "kl.PolicyShiftConfig.num_prompts = 2",
                 "kl.PolicyShiftConfig.batch_size = 2", "evaluation.EvalConfig.max_turns = 2",
-                "evaluation.EvalConfig.final_repeats = 1", "evaluation.EvalConfig.variants = ('mixed',)"]
+                "evaluation.EvalConfig.final_repeats = 1", "evaluation.EvalConfig.variants = ('mixed',)",
+                f"experiment.BiCuRLConfig.mode = '{mode}'"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "bat_jax.launch", f"--gin_search_paths={REPO / 'gin'}",
@@ -71,8 +73,14 @@ def test_its_whole_loop_runs_from_its_gin_file(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (record,) = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     stages = ["inspect", "clean", "analyse", "report"]
-    assert record["selected_stage"] in stages and set(record["routing_report"]["scores_in"]) == set(stages)
+    assert set(record["routing_report"]["scores_in"]) == set(stages)
+    if mode == "bicurl":
+        assert record["selected_stage"] in stages
     text = (run_dir / "report.md").read_text()
-    assert text.startswith("# BiCuRL run report: tabular")
-    assert all(s in text for s in stages) and "group_mean" in text and "top_corr" in text
+    assert text.startswith("# BiCuRL run report: tabular") and all(s in text for s in stages)
+    final = json.loads((run_dir / "summary.json").read_text())["final"]
+    assert list(final) == ["untrained", "SFT", "BiCuRL (retained)" if mode == "bicurl" else "GRPO (E2E task reward)"]
+    for system in final.values():  # every family is evaluated, in the benchmark's stages
+        assert sorted(system["tracks"]) == ["filtered_median", "group_mean", "top_corr"]
+        assert list(system["stages"]) == stages
     assert (run_dir / "staircase.png").stat().st_size > 0
