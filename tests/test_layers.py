@@ -18,7 +18,7 @@ LAYERS = (
                 "bat_jax.sandbox", "bat_jax.checkpoint", "bat_jax.ledger", "bat_jax.report")),
     ("mechanisms", ("bat_jax.verify", "bat_jax.staged_benchmark", "bat_jax.models", "bat_jax.rollout",
                     "bat_jax.learn", "bat_jax.stage_bank", "bat_jax.curriculum", "bat_jax.prompts", "bat_jax.policy")),
-    ("benchmarks", ("bat_jax.tasks",)),
+    ("benchmarks", ("bat_jax.tasks", "bat_jax.tabular")),
     ("composition", ("bat_jax.bicurl",)),
     ("edge", ("bat_jax.launch",)),
 )

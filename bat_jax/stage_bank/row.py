@@ -39,8 +39,6 @@ from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.row_validation import check_focus, check_hex, check_ident, check_text, fail
 
-#: Outcome labels of the teacher trajectory a row came from (released code: 3 outcome buckets).
-OUTCOMES: tuple[str, ...] = ("success", "recovery", "failure")
 #: Reward sources known today; others are accepted if they are lowercase identifiers.
 REWARD_SOURCES: tuple[str, ...] = ("rubric", "task_metric")
 #: Roles of SFT context messages.
@@ -123,7 +121,8 @@ class Provenance:
       source_id: identity of the fictional source task ξ (stable across versions).
       source_digest: SHA-256 of the source task content.
       track: task family, e.g. 'segmentation' (lowercase identifier).
-      outcome: teacher-trajectory outcome label, one of OUTCOMES.
+      outcome: teacher-trajectory outcome label: a variant of the row's benchmark (`StagedBenchmark.variants`,
+        e.g. the imaging suite's 'success' / 'recovery' / 'failure'), a lowercase identifier.
       transformations: ordered steps from source to row, each with its digest.
     """
 
@@ -167,8 +166,7 @@ def _validate_provenance(m: Any, field: str = "provenance") -> None:
     check_text(m.source_id, f"{field}.source_id")
     check_hex(m.source_digest, f"{field}.source_digest")
     check_ident(m.track, f"{field}.track")
-    if m.outcome not in OUTCOMES:
-        fail(f"must be one of {OUTCOMES}, got {m.outcome!r}", f"{field}.outcome")
+    check_ident(m.outcome, f"{field}.outcome")
     for i, t in enumerate(m.transformations):
         f = f"{field}.transformations[{i}]"
         if not isinstance(t, Transformation):

@@ -1,0 +1,87 @@
+"""The tabular data-analysis suite as a staged benchmark: four stages, three task families, a scripted teacher.
+
+What a run names in gin (`experiment.Components.benchmark = @tabular.TabularBenchmark()`, `gin/tabular_tiny.gin`):
+stages inspect → clean → analyse → report (weights .2/.3/.3/.2, `tabular/tasks.py`), the families group_mean,
+filtered_median and top_corr with their metrics (`tabular/tables.py`), four defect variants, the held-out suite and
+manifest of `tabular/tasks.py` (disjoint seeds, ids and vocabulary), the rubric and task metric of
+`tabular/rubric.py` and the scripted teacher of `tabular/teacher.py`. No E2E surrogate: E2E rows are whole tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+
+from bat_jax.clients.chat_endpoint import ChatEndpointConfig
+from bat_jax.sandbox.readers import DecodeLimits
+from bat_jax.staged_benchmark.contract import StagedBenchmark
+from bat_jax.staged_benchmark.episode import ActionPolicy
+from bat_jax.tabular import rubric as rubric_items
+from bat_jax.tabular import tasks
+from bat_jax.tabular.tables import FAMILIES, TOP_K, VARIANTS
+from bat_jax.tabular.tasks import TabularTask
+from bat_jax.tabular.teacher import VERSION as TEACHER_VERSION, ScriptedTeacher
+from bat_jax.verify.rubric import Rubric
+
+METRICS = {
+    "group_mean": "fraction of group means within 0.1%",
+    "filtered_median": "filtered median within 0.1% (1 or 0)",
+    "top_corr": f"top-{TOP_K} column overlap",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TabularBenchmark(StagedBenchmark):
+    """The bundled tabular data-analysis suite (no settings: its tables, families and variants are fixed)."""
+
+    name = "tabular"
+    late_stages = tasks.LATE_STAGES
+    teachers = ("scripted",)
+    training_seeds = tasks.HELDOUT_SEED_BASE
+    system_prompt = ("You are a data-analysis agent. Work through the stages of the task using the tools: "
+                     "execute_code runs python or bash in the workspace, submit hands in the final file.")
+    compact_system_prompt = ("Data agent. Tools: execute_code(language: python|bash, code) runs code in the "
+                             "workspace; submit(path) hands in the result.")
+    note = ("The bundled tabular suite: small generated CSV tables with seeded defects; held-out tables use their "
+            "own seeds, ids and column vocabulary.")
+
+    @property
+    def stages(self):
+        return tasks.STAGES
+
+    @property
+    def tracks(self) -> Mapping[str, str]:
+        return {f: METRICS[f] for f in FAMILIES}
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return VARIANTS
+
+    def training_task(self, track: str, seed: int, variant: str, template: int = 0) -> TabularTask:
+        return tasks.training_task(track, seed, variant, template)
+
+    def heldout_suite(self, n_per_track: int, variants: Sequence[str], suite_seed: int,
+                      tracks: Iterable[str] | None = None) -> list[TabularTask]:
+        return tasks.heldout_suite(n_per_track, variants, suite_seed, tracks)
+
+    def manifest(self, tasks_: Iterable[TabularTask]) -> dict:
+        return tasks.manifest(tasks_)
+
+    def rubric(self, task: TabularTask) -> Rubric:
+        return rubric_items.build_rubric(task)
+
+    def score_task(self, task: TabularTask, files: Mapping[str, bytes], submitted: str | None,
+                   limits: DecodeLimits) -> float | None:
+        return rubric_items.score_task(task, files, submitted, limits)
+
+    def stage_skill(self, stage: str) -> str:
+        return tasks.stage_skill(stage)
+
+    def teacher(self, kind: str, endpoint: ChatEndpointConfig | None = None) -> ActionPolicy:
+        if kind != "scripted":
+            raise ValueError(f"benchmark 'tabular' has no teacher {kind!r}; known: {self.teachers}")
+        return ScriptedTeacher()
+
+    def recipe(self, teacher: str) -> str:
+        """'teacher=scripted/<action texts version>'."""
+        return f"teacher={teacher}/{TEACHER_VERSION}"

@@ -1,0 +1,143 @@
+"""The tabular suite's rubric (items and evidence per stage) and its task metric.
+
+The same integrity rules as the imaging suite's (`verify/rubric.py`): credit only for work a call of the episode
+really did. A file is a call's work when a successful call whose kernel-observed trace read the stage's input left
+it with exactly the bytes the workspace holds at the end (`Receipt.write_digests`); a file that was already there,
+written by a failed call or changed afterwards earns nothing. Content is compared with the host's recomputation from
+the task's raw table (`tabular/tables.py`): the profile, the cleaned rows and counts, the answer — and the answer is
+also replayed on the cleaned table the analysing call read (the agent's own `clean.csv`), so a result that its own
+inputs do not give earns no analysis credit. Agent-written bytes are decoded by the bounded readers of the evidence
+(`Evidence.json` / `Evidence.text`, within `DecodeLimits`); what the agent wrote never raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+from bat_jax.sandbox.readers import DecodeLimits, json_or_none
+from bat_jax.sandbox.types import Receipt
+from bat_jax.tabular import tables
+from bat_jax.tabular.tasks import CLEAN_CSV, CLEAN_LOG, INSPECT, RAW, REPORT, RESULT, STAGES, TabularTask
+from bat_jax.verify.rubric import Evidence, EvidenceRequirement, Rubric, RubricItem
+
+
+def writers(ev: Evidence, path: str, reads: tuple[str, ...] = ()) -> list[Receipt]:
+    """Successful `execute_code` calls that read every path of `reads` and left `path` with the bytes the final
+    workspace holds (a call's write digest equal to the file's SHA-256)."""
+    data = ev.files.get(path)
+    if data is None:
+        return []
+    digest = hashlib.sha256(data).hexdigest()
+    return [r for r in ev.ran(reads) if r.written_digest(path) == digest]
+
+
+def _same_types(got, want: Mapping) -> bool:
+    """`got` is a dict holding every key of `want` with an equal value of the same type (no True for 1)."""
+    return isinstance(got, dict) and all(k in got and type(got[k]) is type(v) and got[k] == v
+                                         for k, v in want.items())
+
+
+def _rows_equal(header, rows, want_header, want_rows) -> bool:
+    """Same header and records in the same order; numeric cells compared as numbers (1.5 == 1.50)."""
+    if list(header) != list(want_header) or len(rows) != len(want_rows):
+        return False
+    for got, want in zip(rows, want_rows):
+        if len(got) != len(want) or got[:2] != want[:2]:
+            return False
+        if any(tables.number(a) != tables.number(b) for a, b in zip(got[2:], want[2:])):
+            return False
+    return True
+
+
+def _answer(ev: Evidence):
+    data = ev.json(RESULT)
+    if not isinstance(data, dict) or "answer" not in data:
+        raise ValueError(f"{RESULT} is not an object with an 'answer'")
+    return data["answer"]
+
+
+def build_rubric(task: TabularTask) -> Rubric:
+    """The reward contract (c, G) of one task over the stages inspect, clean, analyse, report."""
+    header = task.table.header
+
+    def profile_ok(ev: Evidence) -> bool:
+        return _same_types(ev.json(INSPECT), task.profile)
+
+    def rows_ok(ev: Evidence) -> bool:
+        got_header, got_rows = tables.parse_csv(ev.text(CLEAN_CSV) or "")
+        return _rows_equal(got_header, got_rows, header, task.cleaned[0])
+
+    def log_ok(ev: Evidence) -> bool:
+        return _same_types(ev.json(CLEAN_LOG), task.cleaned[1])
+
+    def replayed(ev: Evidence) -> bool:
+        """The answer equals the host's analysis of the clean.csv an analysing call read, unchanged since."""
+        calls = writers(ev, RESULT, (CLEAN_CSV,))
+        later = [r.index for r in ev.receipts if CLEAN_CSV in r.writes]
+        if not any(all(i <= c.index for i in later) for c in calls):
+            return False
+        got_header, got_rows = tables.parse_csv(ev.text(CLEAN_CSV) or "")
+        if list(got_header) != list(header):
+            return False
+        want = tables.analyse(task.track, got_header, got_rows, task.params)
+        return tables.answer_score(task.track, _answer(ev), want) == 1.0
+
+    def correct(ev: Evidence) -> bool:
+        return tables.answer_score(task.track, _answer(ev), task.answer) == 1.0
+
+    def report_ok(ev: Evidence) -> bool:
+        text = ev.text(REPORT) or ""
+        phrases = [task.task_id, f"{task.cleaned[1]['kept']} rows kept"]
+        return all(p in text for p in phrases + tables.answer_phrases(task.track, task.answer))
+
+    requirements = [
+        EvidenceRequirement("receipt.inspect", f"a successful call read task.md and {RAW} and printed the task id",
+                            lambda ev: any(task.task_id in r.stdout for r in ev.ran(("task.md", RAW)))),
+        EvidenceRequirement("file.inspect", f"{INSPECT} as a successful call that read {RAW} left it",
+                            lambda ev: bool(writers(ev, INSPECT, (RAW,))), INSPECT),
+        EvidenceRequirement("receipt.clean", f"{CLEAN_CSV} as a successful call that read {RAW} left it",
+                            lambda ev: bool(writers(ev, CLEAN_CSV, (RAW,))), CLEAN_CSV),
+        EvidenceRequirement("file.clean_log", f"{CLEAN_LOG} as a successful call that read {RAW} left it",
+                            lambda ev: bool(writers(ev, CLEAN_LOG, (RAW,))), CLEAN_LOG),
+        EvidenceRequirement("receipt.analyse", f"{RESULT} as a successful call that read {CLEAN_CSV} left it",
+                            lambda ev: bool(writers(ev, RESULT, (CLEAN_CSV,))), RESULT),
+        EvidenceRequirement("file.report", f"{REPORT} as a successful call left it",
+                            lambda ev: bool(writers(ev, REPORT)), REPORT),
+        EvidenceRequirement("receipt.submit", "a successful submit call",
+                            lambda ev: bool(ev.ok_receipts(tool="submit"))),
+    ]
+    items = (
+        RubricItem("inspect.read", "inspect", "the brief and the raw table were read", ("receipt.inspect",),
+                   lambda ev: True),
+        RubricItem("inspect.profile", "inspect", "inspect.json gives the raw table's row count, columns, duplicate "
+                   "ids and invalid records as the host counts them", ("receipt.inspect", "file.inspect"), profile_ok),
+        RubricItem("clean.ran", "clean", "a call cleaned the raw table into clean.csv", ("receipt.clean",),
+                   lambda ev: True),
+        RubricItem("clean.rows", "clean", "clean.csv holds exactly the records the cleaning rule keeps, in order",
+                   ("receipt.clean",), rows_ok),
+        RubricItem("clean.log", "clean", "clean.json's counts are the host's (kept, duplicates, invalid)",
+                   ("file.clean_log",), log_ok),
+        RubricItem("analyse.ran", "analyse", "a call analysed clean.csv into result.json", ("receipt.analyse",),
+                   lambda ev: True),
+        RubricItem("analyse.replayed", "analyse", "the answer is what the question gives on the clean.csv the call "
+                   "read (host replay)", ("receipt.analyse",), replayed),
+        RubricItem("analyse.correct", "analyse", "the answer equals the host's answer on the correctly cleaned table",
+                   ("receipt.analyse",), correct),
+        RubricItem("report.written", "report", "the report names the task id, the rows kept and the answer",
+                   ("file.report",), report_ok),
+        RubricItem("report.submitted", "report", "result.json was submitted", ("receipt.submit",),
+                   lambda ev: ev.submitted == RESULT and RESULT in ev.files),
+    )
+    return Rubric(items, {r.key: r for r in requirements}, STAGES)
+
+
+def score_task(task: TabularTask, files: Mapping[str, bytes], submitted: str | None, limits: DecodeLimits) -> float:
+    """The task metric, 0–1: the submitted result.json's answer against the host's (`tables.answer_score`); 0 when
+    another path (or nothing) was submitted or the file is not a JSON object with an 'answer'."""
+    if submitted != RESULT:
+        return 0.0
+    data = json_or_none(files.get(RESULT), RESULT, limits)
+    if not isinstance(data, dict) or "answer" not in data:
+        return 0.0
+    return tables.answer_score(task.track, data["answer"], task.answer)
