@@ -129,7 +129,7 @@ class GRPOConfig:
     adv_std_ddof: int = 1
     singleton_advantage: str = "zero"
     old_logprobs: str = "recompute"
-    temperature: float = 1.0
+    temperature: float = 0.7
     top_p: float = 1.0
     top_k: int = 0
     epochs: int = 1
