@@ -48,7 +48,8 @@ from bat_jax.errors import ConfigValueError
 from bat_jax.curriculum import router
 from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
-from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
+from bat_jax.learn.batching import pad_batch
+from bat_jax.learn.learner import Learner, MemoryConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.models.mesh import MeshConfig

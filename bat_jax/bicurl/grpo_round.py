@@ -22,10 +22,10 @@ from tqdm.auto import tqdm
 
 from bat_jax.benchmark.items import ItemRates
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
-from bat_jax.bicurl.sft_data import sft_bucket
 from bat_jax.learn import grpo, rollout_correction
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch, has_signal
-from bat_jax.learn.learner import Learner, pad_batch
+from bat_jax.learn.batching import grpo_bucket, pad_batch
+from bat_jax.learn.learner import Learner
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import GRPOStats
 from bat_jax.prompts import PromptFormat, rl_request
@@ -204,13 +204,13 @@ def wave_seed(seed: int, batch: int, wave: int) -> int:
 
 def _batch(learner: Learner, trajectories: Sequence, c: GRPOBlockConfig) -> dict[str, np.ndarray]:
     """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded up
-    to a multiple of devices × micro-batches rows, T to the longest rollout's length bucket (not the next power of
+    to a multiple of devices × micro-batches rows, T to the longest rollout's `grpo_bucket` (not the next power of
     two). With dynamic sampling B varies between batches, so the step may compile once per padded size."""
     rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
              "old_logprobs": t.logprobs} for t in trajectories]
     longest = max(len(t.ids) for t in trajectories)
     return pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.micro_batches,
-                     pad_to=sft_bucket(longest, max(longest, c.max_context_tokens)))
+                     pad_to=grpo_bucket(longest, c.max_context_tokens))
 
 
 def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], c: GRPOBlockConfig, seed: int,
