@@ -210,3 +210,22 @@ def test_the_tiny_default_turns_the_factory_on_with_one_binding():
     assert gin.get_configurable(experiment.BiCuRLConfig)().bank_version == "latest"
     launch.parse_gin(["stage_bank_async_tiny.gin"], [])
     assert gin.query_parameter("steering.SteeringRule.weak_share") == 0.5
+
+
+def test_a_sampling_binding_reaches_the_loop_and_grpo_or_fails_naming_both():
+    """`TEMPERATURE = 0.9` (the run file's macro) reaches the agent loop and GRPO alike; binding the loop's
+    temperature alone fails at Components construction naming both bindings; gin is cleared afterwards."""
+    from bat_jax.bicurl import experiment
+    from bat_jax.errors import ConfigValueError
+
+    try:
+        launch.parse_gin(["bicurl_tiny.gin"], ["TEMPERATURE = 0.9", "K = 2"])
+        comps = gin.get_configurable(experiment.Components)()
+        assert (comps.agent.temperature, comps.grpo.temperature) == (0.9, 0.9)
+        assert (comps.agent.episodes_per_state, comps.grpo.group_size) == (2, 2)
+        launch.parse_gin(["bicurl_tiny.gin"], ["agent_loop.AgentLoopConfig.temperature = 0.9"])
+        with pytest.raises(ConfigValueError,
+                           match=r"GRPOConfig.temperature = 0.7 but AgentLoopConfig.temperature = 0.9"):
+            gin.get_configurable(experiment.Components)()
+    finally:
+        gin.clear_config(clear_constants=True)

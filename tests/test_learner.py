@@ -7,7 +7,8 @@ from flax import nnx
 import pytest
 
 from bat_jax.learn import grpo, sft, train_state
-from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
+from bat_jax.learn.batching import pad_batch
+from bat_jax.learn.learner import Learner, MemoryConfig
 from bat_jax.models.mesh import MeshConfig
 from bat_jax.learn.optim import OptimizerConfig
 from bat_jax.models.configs import Qwen3Config
@@ -47,14 +48,6 @@ def test_sft_block_trains_and_sync_model_hands_the_parameters_to_the_model():
     model = learner.sync_model()
     model_params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), model_params, after)
-
-
-def test_pad_batch_pads_rows_and_length():
-    rows = [{"input_ids": np.array([1, 2, 3], np.int32), "w": np.float32(0.5)},
-            {"input_ids": np.array([4], np.int32), "w": np.float32(1.0)}]
-    out = pad_batch(rows, multiple=4)
-    assert out["input_ids"].shape == (4, 4) and out["w"].tolist() == [0.5, 1.0, 0.0, 0.0]
-    assert out["input_ids"][1].tolist() == [4, 0, 0, 0]
 
 
 def test_host_copy_needs_no_device_and_comes_back_sharded():

@@ -67,7 +67,8 @@ def test_bf16_engine_against_fp32_learner_mismatch_and_corrected_loss(tmp_path):
     pytest.importorskip("vllm")
     from flax import nnx
 
-    from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
+    from bat_jax.learn.batching import pad_batch
+    from bat_jax.learn.learner import Learner, MemoryConfig
     from bat_jax.models.mesh import MeshConfig
     from bat_jax.models.configs import Qwen3Config
     from bat_jax.models.qwen3 import Qwen3ForCausalLM

@@ -17,7 +17,8 @@ from conftest import REAL_PROMPT
 pytest.importorskip("vllm")
 
 from bat_jax.learn import grpo  # noqa: E402
-from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch  # noqa: E402
+from bat_jax.learn.batching import pad_batch  # noqa: E402
+from bat_jax.learn.learner import Learner, MemoryConfig  # noqa: E402
 from bat_jax.models.mesh import MeshConfig  # noqa: E402
 from bat_jax.learn.optim import OptimizerConfig  # noqa: E402
 from bat_jax.models import hf_io  # noqa: E402

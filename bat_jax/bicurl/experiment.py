@@ -52,7 +52,8 @@ from bat_jax.errors import ConfigValueError
 from bat_jax.curriculum import router
 from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
-from bat_jax.learn.learner import Learner, MemoryConfig, pad_batch
+from bat_jax.learn.batching import pad_batch
+from bat_jax.learn.learner import Learner, MemoryConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.models.mesh import MeshConfig
@@ -146,15 +147,16 @@ class Components:
     read whatever version is admitted when they start (`BiCuRLConfig.bank_version`). Unset = the bank is built once.
 
     Raises:
-      ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler); `grpo.group_size` other than
-        `agent.episodes_per_state` (both K).
+      ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler).
+      errors.ConfigValueError: K or the sampling transform bound differently for GRPO and the agent loop
+        (`_check_rollout_settings`).
     """
 
     benchmark: StagedBenchmark | None = None
     policy: PolicyConfig = PolicyConfig()
     bank: FactoryConfig | None = None
     sft: sft.SFTConfig = sft.SFTConfig()
-    grpo: grpo.GRPOConfig = grpo.GRPOConfig(temperature=0.7)
+    grpo: grpo.GRPOConfig = grpo.GRPOConfig()
     grpo_optimizer: OptimizerConfig = GRPO_OPTIMIZER
     pools: pools.PoolConfig = pools.PoolConfig()
     router: router.RouterConfig = router.RouterConfig()
@@ -173,11 +175,32 @@ class Components:
     factory_loop: FactoryLoopConfig | None = None
 
     def __post_init__(self):
-        if self.grpo.group_size != self.agent.episodes_per_state:  # K: the loop rolls it, GRPO groups by it
-            raise ValueError(f"Components: grpo.group_size ({self.grpo.group_size}) must equal "
-                             f"agent.episodes_per_state ({self.agent.episodes_per_state}), the K rollouts per state")
+        _check_rollout_settings(self.grpo, self.agent)
         if self.ray is not None and self.engine.kind != "jax":
             raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine kind 'jax'")
+
+
+_SHARED = (("group_size", "episodes_per_state"), ("temperature", "temperature"), ("top_p", "top_p"),
+           ("top_k", "top_k"))  # (GRPOConfig field, AgentLoopConfig field): one value, read by both
+
+
+def _check_rollout_settings(grpo_config: grpo.GRPOConfig, agent: AgentLoopConfig) -> None:
+    """Raises unless GRPO and the agent loop agree on K and on the sampling transform.
+
+    The loop rolls K episodes per state and samples them under (temperature, top_p, top_k); GRPO groups by K and
+    computes its logprobs under the same transform, so its first ratios start at exactly 1. A binding that
+    changes one side only fails here, at launch, naming both bindings.
+
+    Raises:
+      errors.ConfigValueError: the first disagreeing pair, e.g. `GRPOConfig.temperature` and
+        `AgentLoopConfig.temperature`.
+    """
+    for g_name, a_name in _SHARED:
+        g, a = getattr(grpo_config, g_name), getattr(agent, a_name)
+        if g != a:
+            raise ConfigValueError(
+                f"GRPOConfig.{g_name} = {g!r} but AgentLoopConfig.{a_name} = {a!r}: the rollouts and GRPO must "
+                f"share one value; bind both (the run files bind them through one macro)")
 
 
 def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components: Components = Components()) -> dict:
@@ -340,7 +363,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
         resources.callback(feed.close)
     prompt = PromptFormat.of(benchmark, policy.prompt_style)
     block = GRPOBlockConfig(grpo=components.grpo, optimizer=components.grpo_optimizer,
-                            micro_batches=components.grpo_micro_batches, episodes_per_state=agent.episodes_per_state,
+                            micro_batches=components.grpo_micro_batches,
                             max_context_tokens=agent.max_context_tokens, prompt=prompt,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling,
                             max_response_tokens=agent.max_response_tokens)

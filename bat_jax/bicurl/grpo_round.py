@@ -22,10 +22,10 @@ from tqdm.auto import tqdm
 
 from bat_jax.benchmark.items import ItemRates
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
-from bat_jax.bicurl.sft_data import sft_bucket
 from bat_jax.learn import grpo, rollout_correction
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch, has_signal
-from bat_jax.learn.learner import Learner, pad_batch
+from bat_jax.learn.batching import grpo_bucket, pad_batch
+from bat_jax.learn.learner import Learner
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.ledger import GRPOStats
 from bat_jax.prompts import PromptFormat, rl_request
@@ -46,7 +46,6 @@ class GRPOBlockConfig:
       grpo: the objective (`learn/grpo.GRPOConfig`; rollout correction through its `tis_cap` / `seq_ratio_range`).
       optimizer: the GRPO optimizer, fresh each block.
       micro_batches: gradient accumulation inside one step (the batch is padded to devices × micro_batches rows).
-      episodes_per_state: K, rollouts per row (`AgentLoopConfig.episodes_per_state`).
       max_context_tokens: longest rollout (tokens); batches are padded to their length bucket below it.
       max_response_tokens: the response budget (`AgentLoopConfig.max_response_tokens`): Dr.GRPO's constant C
         when `grpo.loss_scale_factor` is None (`objective`).
@@ -55,10 +54,9 @@ class GRPOBlockConfig:
       dynamic_sampling: groups without reward variance dropped and replaced (`learn/dynamic_sampling.py`).
     """
 
-    grpo: grpo.GRPOConfig = grpo.GRPOConfig(temperature=0.7)
+    grpo: grpo.GRPOConfig = grpo.GRPOConfig()
     optimizer: OptimizerConfig = GRPO_OPTIMIZER
     micro_batches: int = 4
-    episodes_per_state: int = 4
     max_context_tokens: int = 12288
     max_response_tokens: int = 16384
     prompt: PromptFormat = PromptFormat()
@@ -94,7 +92,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     varied = grouped = drawn = dropped = trained = 0
     before, first, mismatch, trained_pools = [], None, [], collections.Counter()
     spares = SpareRows(round_view.spares)
-    k_rollouts = c.episodes_per_state
+    k_rollouts = c.grpo.group_size
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
@@ -206,7 +204,7 @@ def wave_seed(seed: int, batch: int, wave: int) -> int:
 
 def _batch(learner: Learner, trajectories: Sequence, c: GRPOBlockConfig) -> dict[str, np.ndarray]:
     """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded up
-    to a multiple of devices × micro-batches rows, T to the longest rollout's length bucket (not the next power of
+    to a multiple of devices × micro-batches rows, T to the longest rollout's `grpo_bucket` (not the next power of
     two). With dynamic sampling B varies between batches, so the step may compile once per padded size.
 
     Raises:
@@ -222,7 +220,7 @@ def _batch(learner: Learner, trajectories: Sequence, c: GRPOBlockConfig) -> dict
              "old_logprobs": t.logprobs} for t in trajectories]
     longest = max(len(t.ids) for t in trajectories)
     return pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.micro_batches,
-                     pad_to=sft_bucket(longest, max(longest, c.max_context_tokens)))
+                     pad_to=grpo_bucket(longest, c.max_context_tokens))
 
 
 def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], c: GRPOBlockConfig, seed: int,
@@ -233,7 +231,7 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
     requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.prompt)
                 for item in batch]
-    per_rollout = [item for item in batch for _ in range(c.episodes_per_state)]  # the loop's order: K a row
+    per_rollout = [item for item in batch for _ in range(c.grpo.group_size)]  # the loop's order: K a row
     with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
                        tasks.benchmark, judge, c.reward, tasks) as scorer:
         trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)  # scored as they finish

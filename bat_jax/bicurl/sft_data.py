@@ -4,7 +4,7 @@ Eq. 9, Appendix A.4).
 Rows are model-neutral (DESIGN.md): `render_sft_row` renders one row's context and target action through the
 policy's `models.episode.EpisodeBuilder` in the run's prompt format (`prompts.PromptFormat`); `trajectory_examples` renders per
 teacher trajectory one sequence that carries the loss of every action; `sft_batch` draws a batch padded only to
-its length bucket (`sft_bucket`, also the GRPO batches' padding).
+its length bucket (`learn/batching.sft_bucket`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from bat_jax.learn.learner import pad_batch
+from bat_jax.learn.batching import pad_batch, sft_bucket
 from bat_jax.learn.sft import build_sft_example
 from bat_jax.models.chat import render_action
 from bat_jax.models.episode import EpisodeBuilder
@@ -93,21 +93,6 @@ def trajectory_examples(rows: Sequence[SFTRow], policy: Policy, prompt: PromptFo
         elif key[0] not in best or key[1] > best[key[0]][0]:
             best[key[0]] = (key[1], example)
     return out + [example for _, example in best.values()]
-
-
-def sft_bucket(length: int, max_seq_len: int) -> int:
-    """Tokens an SFT batch whose longest row has `length` tokens is padded to: the smallest of 256, 384, 512,
-    768, 1024, 1536, ... (powers of two and their 1.5 multiples) that holds it, at most `max_seq_len`.
-
-    Raises:
-      ValueError: `length` > `max_seq_len`.
-    """
-    if length > max_seq_len:
-        raise ValueError(f"an SFT row of {length} tokens exceeds max_seq_len={max_seq_len}")
-    size = 256
-    while size < length:
-        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3  # 256 → 384 → 512 → 768 → 1024 ...
-    return min(size, max_seq_len)
 
 
 def sft_batch(examples: Sequence[Mapping[str, np.ndarray]], batch_size: int, rng: np.random.Generator,

@@ -50,7 +50,8 @@ class GRPOConfig:
     is in brackets.
 
     Attributes:
-      group_size: rollouts per state, K = 4 [4].
+      group_size: rollouts per state, K = 4 [4]; the one K the GRPO block reads (`experiment.Components` checks
+        that the agent loop's `episodes_per_state` equals it).
       kl_coef: β on the KL penalty (Eq. 19), 1e-3 [0.006, verl ``kl_loss_coef``]. 0 disables the KL term
         (ref_logprobs not read).
       kl_estimator: ``'k1'`` (log r), ``'k2'`` (½ (log r)²) or ``'k3'`` (r⁻¹ − 1 + log r, Schulman's unbiased
@@ -93,8 +94,9 @@ class GRPOConfig:
         [``'recompute'``]. With ``'recompute'`` the first update's ratios start at 1 up to float round-off between
         two learner passes; with ``'bypass'`` they start at π_learner / π_engine, which is 1 only when engine
         and learner compute alike (the JAX sampler in float32), and the clip acts on their mismatch.
-      temperature, top_p, top_k: the sampling transform the rollouts were drawn with (paper: T = 0.7 [0.7]); the
-        learner computes its logprobs under the same transform.
+      temperature, top_p, top_k: the sampling transform the rollouts were drawn with (paper: T = 0.7 [0.7], as
+        `AgentLoopConfig`); the learner computes its logprobs under the same transform, so the first ratios start
+        at 1. `experiment.Components` checks the agent loop binds the same three.
       epochs: optimizer steps taken on each rollout batch (verl's ``ppo_epochs``) [1]. Steps after the first
         are off-policy by the earlier ones; the clipped ratio (Eq. 18) against the batch's behaviour logprobs
         bounds them.
@@ -129,7 +131,7 @@ class GRPOConfig:
     adv_std_ddof: int = 1
     singleton_advantage: str = "zero"
     old_logprobs: str = "recompute"
-    temperature: float = 1.0
+    temperature: float = 0.7
     top_p: float = 1.0
     top_k: int = 0
     epochs: int = 1

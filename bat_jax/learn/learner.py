@@ -204,39 +204,3 @@ class Learner:
         nnx.replace_by_pure_dict(param_state, self.on_mesh(self.params if params is None else params))
         nnx.update(self.model, param_state)
         return self.model
-
-
-def length_bucket(n: int, step: int = 4096) -> int:
-    """Padded length for ``n`` tokens: the next power of two ≤ ``step``, else the next multiple of ``step``."""
-    if n <= step:
-        return int(2 ** int(np.ceil(np.log2(max(n, 2)))))
-    return -(-n // step) * step
-
-
-def pad_batch(rows: list[Mapping[str, np.ndarray]], multiple: int, pad_to: int | None = None) -> dict[str, np.ndarray]:
-    """Right-pads `[T_i]` per-row arrays to one `[B, T]` batch; B padded to a multiple of `multiple` with
-    all-zero rows (no attention, no loss), T to `pad_to` or the longest row rounded up to a length bucket: a
-    power of two up to 4,096, a multiple of 4,096 above (a 12,288-token context stays 12,288, not 16,384;
-    a handful of compiled shapes either way)."""
-    if not rows:
-        raise ValueError("pad_batch: no rows")
-    longest = max(len(r["input_ids"]) for r in rows)
-    t = pad_to or length_bucket(longest)
-    if longest > t:
-        raise ValueError(f"pad_batch: a row of {longest} tokens exceeds pad_to={t}")
-    b = -(-len(rows) // multiple) * multiple
-    out: dict[str, np.ndarray] = {}
-    for key in rows[0]:
-        sample = np.asarray(rows[0][key])
-        if sample.ndim == 0:
-            arr = np.zeros((b,), sample.dtype)
-            for i, r in enumerate(rows):
-                arr[i] = r[key]
-        else:
-            arr = np.zeros((b, t), sample.dtype)
-            for i, r in enumerate(rows):
-                arr[i, : len(r[key])] = r[key]
-        out[key] = arr
-    return out
-
-

@@ -89,7 +89,7 @@ def run_ours(args) -> dict:
     state = train_state.create_train_state(params, tx, sh)
     batch = make_batch(args.batch, args.seq, MODEL["vocab_size"])
     bsh = {k: mesh_lib.batch_sharding(mesh, v.ndim) for k, v in batch.items()}
-    cfg = grpo.GRPOConfig(kl_coef=BETA, clip_eps=EPS, loss_agg=args.loss_agg)
+    cfg = grpo.GRPOConfig(kl_coef=BETA, clip_eps=EPS, loss_agg=args.loss_agg, temperature=1.0)  # as Tunix below
     step_fn = train_state.make_train_step(grpo.make_grpo_loss(apply_fn, cfg), grpo.grpo_normalizers, tx, sh, bsh)
     batch = jax.device_put(batch, bsh)
     holder = [state]

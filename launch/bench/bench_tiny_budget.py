@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--no_speed", action="store_true", help="prompt tokens and row fit only (no SFT timing)")
     args = ap.parse_args()
 
-    from bat_jax.learn.learner import pad_batch
+    from bat_jax.learn.batching import pad_batch
     from bat_jax.policy import PolicyConfig, build_policy
     from bat_jax.bicurl.sft_data import sft_batch
 
