@@ -1256,7 +1256,9 @@ def test_json_bombs_in_the_submission_are_scored_not_crashed(make, bomb):
     result = _played(inst, [_act("python", code), Action("", "submit", {"path": L.submission})], make)
     assert result.evidence.receipts[0].exit_code == 0 and result.evidence.submitted == L.submission
     assert 0.0 <= result.score.task <= 1.0 / len(inst.cases)  # at most the one case a report may hit
-    assert result.score.verdicts[Stage.SUBMIT].items["submit.schema"] is (bomb == "report-of-900-kilobytes")
+    # None of these entries is the method's output for its case (S5 compares content with the host's replay), so
+    # the schema item fails even for the well-formed 900 kB report.
+    assert result.score.verdicts[Stage.SUBMIT].items["submit.schema"] is False
 
 
 def _copy_attempts(inst):
