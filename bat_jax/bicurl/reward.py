@@ -241,15 +241,17 @@ class RolloutScorer:
                                                     self.starts[position], self.benchmark, self.judge, self.tasks,
                                                     self.decode)
 
-    def results(self) -> list[RolloutReward]:
-        """Every position's reward, in position order (waits for them). A rollout whose scoring raised is
+    def results(self, positions: Sequence[int] | None = None) -> list[RolloutReward]:
+        """Every position's reward (or those of `positions`: e.g. one process's share of a batch), in position order
+        (waits for them). A rollout whose scoring raised is
         unscored with `RolloutReward.error` set (the agent's artefacts cannot make scoring raise: they are read
         by total readers), never the batch's end — except a `ScorerError` (a non-finite reward: a bug of the
         scorer), which propagates. Raises ValueError if a position was never submitted."""
-        missing = [i for i in range(len(self.rows)) if i not in self._futures]
+        wanted = range(len(self.rows)) if positions is None else positions
+        missing = [i for i in wanted if i not in self._futures]
         if missing:
             raise ValueError(f"RolloutScorer.results: positions {missing[:8]} were never submitted")
-        return [self._futures[i].result() for i in range(len(self.rows))]
+        return [self._futures[i].result() for i in wanted]
 
     def __enter__(self) -> "RolloutScorer":
         return self
