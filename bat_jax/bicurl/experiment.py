@@ -361,8 +361,9 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     agent = components.agent
     multihost.check_config(ray=components.ray is not None, sampler_mesh=components.engine.sampler_mesh is not None,
                            engine_kind=components.engine.kind)
-    engine = multihost.local_engine(build_engine(policy, components.engine, agent.max_context_tokens, run_dir,
-                                                 batch_episodes=components.pools.batch_size * agent.episodes_per_state))
+    engine = multihost.local_engine(build_engine(  # with several processes: its own model copy, fed gathered weights
+        multihost.engine_policy(policy), components.engine, agent.max_context_tokens, run_dir,
+        batch_episodes=components.pools.batch_size * agent.episodes_per_state))
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None

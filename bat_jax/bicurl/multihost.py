@@ -32,6 +32,7 @@ the keys. With one process every function is the plain local computation.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import pickle
 import socket
@@ -264,6 +265,16 @@ class HostWeights:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
+
+
+def engine_policy(policy: Any) -> Any:
+    """`policy` with one process; with several, `policy` holding its own copy of the model (``nnx.clone``) for the
+    rollout engine: the JAX sampler keeps the model's variables, and the learner's weight sync writes arrays that
+    span every process into the learner's model, which would move the sampler onto the global mesh (a program
+    only process 0 runs, waiting forever for the others)."""
+    if jax.process_count() == 1:
+        return policy
+    return dataclasses.replace(policy, model=nnx.clone(policy.model))
 
 
 def local_engine(engine: Any) -> Any:
