@@ -173,8 +173,8 @@ sft.SFTConfig.global_batch_size = 4
 """
 
 
-def _micro_run_file(root: pathlib.Path) -> pathlib.Path:
-    """The micro run (tests/micro_config.py) shortened to one round of one GRPO step, learner mesh fsdp = 4 (one
+def _micro_run_file(root: pathlib.Path, rounds: int = 1) -> pathlib.Path:
+    """The micro run (tests/micro_config.py) with `rounds` rounds of one GRPO step, learner mesh fsdp = 4 (one
     mesh for 4 devices of one process or 2 of each of two), over a Stage Bank built here once."""
     import dataclasses
 
@@ -193,12 +193,13 @@ def _micro_run_file(root: pathlib.Path) -> pathlib.Path:
     text = micro_config.gin_text(root / "bank")
     head, rest = text.split("\n", 1)  # after `from __gin__ import dynamic_registration`
     path = root / "micro_multihost.gin"
-    path.write_text(head + "\n" + _MESH_IMPORT + rest + _SHORTER)
+    path.write_text(head + "\n" + _MESH_IMPORT + rest + _SHORTER.replace("rounds = 1", f"rounds = {rounds}"))
     return path
 
 
-def _launch(gin_file, run_dir, devices, process=None):
+def _launch(gin_file, run_dir, devices, process=None, extra_env=None, log_suffix=""):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    env.update(extra_env or {})
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     name = "ref"
@@ -206,7 +207,7 @@ def _launch(gin_file, run_dir, devices, process=None):
         address, index = process
         env.update(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index))
         name = f"p{index}"
-    log = open(run_dir.parent / f"{run_dir.name}.{name}.log", "w")
+    log = open(run_dir.parent / f"{run_dir.name}.{name}{'.' + log_suffix if log_suffix else ''}.log", "w")
     return subprocess.Popen([sys.executable, "-m", "bat_jax.launch", f"--gin_file={gin_file}",
                              f"--run_dir={run_dir}"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 
@@ -262,3 +263,42 @@ def test_two_processes_run_the_experiment_of_one(tmp_path):
                                    err_msg=k)
     assert len(list((tmp_path / "multi" / "tensorboard").rglob("events.out.tfevents*"))) == 1
     assert (tmp_path / "multi" / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_process_ends_the_run_and_a_restart_resumes_to_the_same_ledger(tmp_path):
+    """The micro run of two rounds as 2 processes × 2 devices: process 1 is killed (SIGKILL) once round 1 is in the
+    ledger; process 0 stops within the heartbeat timeout (10 s here) naming the task; the same two commands again
+    resume from the ledger and end with the ledger of an uninterrupted 1 process × 4 devices run."""
+    from bat_jax.ledger import Ledger
+
+    gin_file = _micro_run_file(tmp_path, rounds=2)
+    ref = _launch(gin_file, tmp_path / "ref", 4)
+    address = f"127.0.0.1:{_free_port()}"
+    env = {"BAT_JAX_HEARTBEAT_TIMEOUT_S": "10"}
+    first = [_launch(gin_file, tmp_path / "multi", 2, (address, i), env) for i in (0, 1)]
+    ledger = tmp_path / "multi" / "ledger.jsonl"
+    deadline = time.monotonic() + 2400
+    while not (ledger.exists() and ledger.read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in first), "round 1 never reached the ledger"
+        time.sleep(2)
+    first[1].kill()
+    killed_at = time.monotonic()
+    rc0 = first[0].wait(timeout=300)
+    stopped_s = time.monotonic() - killed_at
+    first[1].wait()
+    log0 = (tmp_path / "multi.p0.log").read_text()
+    assert rc0 != 0 and stopped_s < 120, (rc0, stopped_s)
+    assert "The following tasks are unhealthy (stopped sending heartbeats):\n1\n" in log0, log0[-3000:]
+    assert [r.round for r in Ledger(ledger).read()] == [1]
+    address = f"127.0.0.1:{_free_port()}"
+    second = [_launch(gin_file, tmp_path / "multi", 2, (address, i), env, log_suffix="again") for i in (0, 1)]
+    for p in second + [ref]:
+        p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    assert [p.returncode for p in second + [ref]] == [0, 0, 0], (tmp_path / "multi.p0.again.log").read_text()[-4000:]
+    a, b = Ledger(tmp_path / "ref" / "ledger.jsonl").read(), Ledger(ledger).read()
+    assert [r.round for r in a] == [r.round for r in b] == [1, 2]
+    for x, y in zip(a, b):
+        assert (x.selected_stage, x.decision, x.retained_checkpoint, x.state_ids, x.controller_state) == \
+               (y.selected_stage, y.decision, y.retained_checkpoint, y.state_ids, y.controller_state)
+        assert x.controller_scores == y.controller_scores and x.kl == pytest.approx(y.kl, abs=1e-5)

@@ -262,9 +262,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
 
         final = _final_evaluation(exp, config, {"untrained": untrained, "SFT": sft_params}, best_params, rounds)
         exp.close_engine()  # vLLM: free its memory and worker before the export and the reports
-        retained = multihost.model_for_export(exp.learner, best_params)  # SFT without rounds
-        if multihost.is_primary():
-            export_retained(retained, run_dir, exp.policy.tokenizer)
+        # SFT without rounds; with several processes all join the gathers and process 0 writes
+        export_retained(exp.learner.sync_model(best_params), run_dir, exp.policy.tokenizer)
         exp.loops.close()  # Ray rollout workers, the sandbox pool
         return multihost.on_primary(lambda: report.write_run_report(
             run_dir, final, records, round0, exp.stages, exp.writer, note=exp.benchmark.note,

@@ -40,7 +40,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
 
 from bat_jax.errors import ConfigError
@@ -280,19 +279,6 @@ def engine_policy(policy: Any) -> Any:
 def local_engine(engine: Any) -> Any:
     """`engine` with one process; else wrapped in :class:`HostWeights`."""
     return engine if jax.process_count() == 1 else HostWeights(engine)
-
-
-def model_for_export(learner, params: Any) -> nnx.Module:
-    """The learner's model holding `params` for the export: on the mesh with one process (`Learner.sync_model`);
-    with several, the host copy `params` itself (a sharded parameter is not readable from one process). Every
-    process calls it; the caller exports on process 0."""
-    if jax.process_count() == 1:
-        return learner.sync_model(params)
-    host = distributed.host_gather(params)
-    state = nnx.state(learner.model, nnx.Param)
-    nnx.replace_by_pure_dict(state, jax.tree.map(np.asarray, host))
-    nnx.update(learner.model, state)
-    return learner.model
 
 
 def check_config(*, ray: bool, sampler_mesh: bool, engine_kind: str) -> None:
