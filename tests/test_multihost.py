@@ -143,7 +143,8 @@ def test_a_host_without_docker_stops_every_process_naming_it(tmp_path):
     for p in (out[0], out[1]):
         kind, message = p["all_ok"]
         assert kind == "HostUnready"
-        assert message == (f"opening the sandboxes failed on 1 of 2 processes — process 1 ({host}): BackendUnavailable: "
+        assert message == (f"opening the sandboxes failed on 1 of 2 processes — process 1 ({host}): "
+                           "BackendUnavailable: "
                            "Docker engine not reachable (unix:///var/run/docker.sock)")
     assert out[0]["released"] == ["pool"] and out[1]["released"] == []  # process 0 closed what it had opened
 
@@ -232,7 +233,8 @@ def test_two_processes_run_the_experiment_of_one(tmp_path):
 
     gin_file = _micro_run_file(tmp_path)
     address = f"127.0.0.1:{_free_port()}"
-    procs = {"ref": _launch(gin_file, tmp_path / "ref", 4), "p0": _launch(gin_file, tmp_path / "multi", 2, (address, 0)),
+    procs = {"ref": _launch(gin_file, tmp_path / "ref", 4),
+             "p0": _launch(gin_file, tmp_path / "multi", 2, (address, 0)),
              "p1": _launch(gin_file, tmp_path / "multi", 2, (address, 1))}
     deadline = time.monotonic() + 2400
     try:

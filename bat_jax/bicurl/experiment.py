@@ -374,7 +374,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     judge = RubricJudge(components.judge) if components.judge is not None else None
     if judge is not None:
         judge.check_endpoint()  # a rejected request (wrong model / key) stops here; unreachable only warns
-    if components.factory_loop is not None and multihost.is_primary():  # after the first build: the factory admits the versions after it
+    # after the first build: the factory admits the versions after it (one factory: process 0's)
+    if components.factory_loop is not None and multihost.is_primary():
         kind = RayFactory if components.ray is not None else FactoryProcess  # Ray is up: the rollout workers
         feed.factory = kind(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark,
                             components.factory_loop).start()
