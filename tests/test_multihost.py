@@ -54,6 +54,24 @@ def test_elsewhere_writer_does_nothing():
     assert writer.scalar("grpo/reward", 0.5, 1) is None and writer.append(object()) is None
 
 
+def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(monkeypatch):
+    """With 2 processes (process 1 here, faked): Ray workers, the sampler mesh and vLLM are refused in one error
+    naming each binding; a writer is not even made on process 1."""
+    monkeypatch.setattr(multihost.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost.jax, "process_index", lambda: 1)
+    with pytest.raises(ConfigError) as e:
+        multihost.check_config(ray=True, sampler_mesh=True, engine_kind="vllm")
+    assert str(e.value) == (
+        "2 processes: experiment.Components.ray (Ray rollout workers): unset it; each host rolls out its share; "
+        "engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices; "
+        "engines.EngineConfig.kind = 'vllm': only 'jax' is run across hosts so far")
+    multihost.check_config(ray=False, sampler_mesh=False, engine_kind="jax")
+    made = []
+    writer = multihost.primary_only(lambda: made.append("ledger"))
+    assert isinstance(writer, multihost.Elsewhere) and made == [] and writer.append("line") is None
+    assert multihost.share(5) == range(3, 5)
+
+
 def test_one_process_scored_rollouts_runs_the_whole_batch():
     class Loop:
         def run(self, requests, *, seed, on_trajectory):
