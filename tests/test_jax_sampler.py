@@ -7,28 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bat_jax.models.configs import Qwen3_5Config, Qwen3Config
-from bat_jax.models.qwen3 import Qwen3ForCausalLM
-from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 from bat_jax.rollout.engine import MASKED_LOGPROB, SamplingParams, processed_logprobs, token_logprobs
 from bat_jax.rollout.jax_sampler import JaxSampler
-
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16)
-
-
-def tiny_model(family: str, seed: int = 0):
-    if family == "qwen3":
-        return Qwen3ForCausalLM(Qwen3Config(**TINY), rngs=nnx.Rngs(seed))
-    cfg = Qwen3_5Config(**TINY, full_attention_interval=2, linear_key_head_dim=16, linear_value_head_dim=16,
-                        linear_num_key_heads=2, linear_num_value_heads=4)  # layers: [DeltaNet, attention]
-    return Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(seed))
-
-
-# Compiles are the cost of these tests: every sampler here pads batches to >= 2 rows, prompts to 4 or 8
-# tokens and completions to 8, so each model family compiles two sampling programs.
-SAMPLER_KW = dict(min_prompt_bucket=4, min_batch_bucket=2)
-
+from doubles import SAMPLER_KW, tiny_model
 
 _CACHE = {}
 

@@ -18,7 +18,7 @@ owns those steps (`EpisodeSteps`); this module owns only their order (`AgentLoop
 Both schedules give the same trajectories when the engine's rows are independent of their batch (the
 `RolloutEngine.generate` contract: a row depends on its prompt, its seed and the weights): per-turn sampling
 seeds come from (round seed, request index, k, turn), never from the schedule. A fake engine that meets the
-contract exactly gives bit-identical trajectories (`tests/test_agent_loop_schedule.py`). The JAX sampler meets
+contract exactly gives bit-identical trajectories (`tests/test_schedule.py`). The JAX sampler meets
 it up to float32 round-off: a row's logits depend in the last bits on how its call was padded
 (`bat_jax.rollout.jax_sampler`), so recorded logprobs differ by ~1e-6 between schedules and a sampled id could
 differ where round-off tips a draw (not seen in the tests: ids, masks, messages identical).

@@ -163,7 +163,7 @@ def bucket_views(buffer, pieces: Sequence[Piece]) -> list[tuple[Piece, object]]:
 class TorchAllocationPeak:
     """Context: the peak of torch's CPU allocator above its level at entry, in bytes (`peak`), for allocations made
     on the entering thread (the profiler's memory events, ``total_allocated``; device allocations are not counted).
-    Used to measure what a sync holds on a CPU machine (tests/test_sync_memory.py)."""
+    Used to measure what a sync holds on a CPU machine (tests/test_vllm_memory_sync.py)."""
 
     def __enter__(self) -> "TorchAllocationPeak":
         from torch.profiler import ProfilerActivity, profile

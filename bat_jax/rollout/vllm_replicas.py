@@ -28,7 +28,7 @@ acknowledged after vLLM's ``load_weights`` has taken all of it (`vllm_replica_wo
   ``empty_cache()``. What a sync adds on a device (`vllm_memory.sync_memory`): the staging buffer, plus vLLM's
   layer-wise reload copy of one module (≤ the largest decoder layer). **Not run here** (no GPU on the development
   machines); `launch/gpu_smoke.sh`'s replicas stage runs it on ≥ 2 GPUs.
-* CPU: the staging buffer is one POSIX shared-memory segment every replica maps (tests/test_sync_memory.py measures
+* CPU: the staging buffer is one POSIX shared-memory segment every replica maps (tests/test_vllm_memory_sync.py measures
   what the parent and a replica hold during a sync against that plan).
 
 A replica that fails during a sync — an error, or its process gone — fails `update_weights` with its index named;
@@ -157,7 +157,7 @@ class VLLMReplicaPool:
       call_timeout_s: seconds to wait for one bucket's acknowledgement or one replica's sync result.
       sync_bucket_bytes: largest bucket of a weight sync (bytes in the engine dtype): the staging buffer's size.
       measure_sync: record the peak of torch's CPU allocator during each sync, here and in every replica
-        (`last_sync`; for tests/test_sync_memory.py).
+        (`last_sync`; for tests/test_vllm_memory_sync.py).
     Raises:
       ValueError: `num_replicas` < 1, fewer `gpus` than replicas, or an ordinal that is not visible.
       RuntimeError: a replica that fails to start (naming it and its error); the others are shut down.

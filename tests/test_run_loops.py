@@ -19,7 +19,7 @@ from bat_jax.sandbox.types import SandboxState
 from bat_jax.sandbox.backends import open_backend
 
 import micro_config
-from test_agent_loop import EOT, StubBuilder, WordTokenizer
+from doubles import EOT, StubBuilder, WordTokenizer
 
 pytestmark = pytest.mark.docker
 
