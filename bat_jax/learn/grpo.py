@@ -2,7 +2,7 @@
 
 Paper: Eq. 4 (reward), Eqs. 17–19 (ratio, clipped term, objective with −β·KL toward the round-start
 policy π_θ̄r). Defaults follow the paper; the released code's choices, verl's, DAPO's and Dr.GRPO's are options
-of :class:`GRPOConfig` (REFERENCE.md; README "Objective options"; ``gin/presets/released_bat.gin``). The
+of :class:`GRPOConfig` (README "Objective options"; ``gin/presets/released_bat.gin``). The
 per-token terms and aggregations live in :mod:`bat_jax.learn.objective`.
 
 **Batch record** (what rollouts hand to the learner; every per-token array is aligned with

@@ -68,9 +68,9 @@ def clipped_policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages
                         ) -> tuple[jax.Array, jax.Array]:
     """Per-token clipped surrogate loss (negated Eq. 18; verl ``compute_policy_loss_vanilla``), ``[B, T]`` each.
 
-    ``w = exp(clamp(logprobs − old_logprobs, ±log_ratio_clamp))`` (Eq. 17), ``A`` broadcast from ``[B]``;
-    loss = max(−w·A, −clip(w, 1 − ε_low, 1 + ε_high)·A) — the paper's symmetric clip when ε_low = ε_high (0.2),
-    DAPO's clip-higher with ε_high > ε_low (DAPO: 0.2 / 0.28); with ``dual_clip`` = c (> 1) the loss of a
+    ``w = exp(clamp(logprobs − old_logprobs, ±log_ratio_clamp))`` (Eq. 17), ``A`` broadcast from ``[B]``.
+    Loss = max(−w·A, −clip(w, 1 − ε_low, 1 + ε_high)·A) — the paper's symmetric clip when ε_low = ε_high (0.2),
+    DAPO's clip-higher with ε_high > ε_low (DAPO: 0.2 / 0.28). With ``dual_clip`` = c (> 1) the loss of a
     token with A < 0 is further capped at −c·A (dual-clip PPO; verl: ``clip_ratio_c`` = 3, on by default).
     Returns ``(loss, clipped)`` where ``clipped`` is 1.0 where the clipped branch is the larger (verl's
     ``pg_clipfrac`` numerator).

@@ -1,4 +1,4 @@
-"""Token-in/token-out assembly of a multi-turn agent episode (DESIGN.md "Token in, token out").
+"""Token-in/token-out assembly of a multi-turn agent episode.
 
 Sampled assistant ids are kept verbatim (loss mask 1, including the end-of-turn token `<|im_end|>` when the
 model sampled it); everything else is template glue, tokenised once and masked 0: the prompt, the newline
@@ -329,7 +329,7 @@ class EpisodeBuilder:
 
         Returns True when the ids equal the canonical encoding of the rendered text (`TextCodec`: template
         controls as ids, text as ordinary text), False when they decode to the same text with a different
-        (sampled, non-canonical) tokenisation — the sampled ids are kept; a sampled turn that spelled a tag
+        (sampled, non-canonical) tokenisation — the sampled ids are kept. A sampled turn that spelled a tag
         such as `</think>` with text tokens counts as such when the plain-text rendering matches. Raises
         TemplateMismatchError, with the first differing character, when the texts differ.
         """

@@ -7,7 +7,7 @@ Per value head, with l2-normalised ``q, k`` (``q`` also scaled by ``key_head_dim
 
     S_t = exp(g_t) * S_{t-1}
     S_t = S_t + k_t (beta_t * (v_t - S_t^T k_t))^T          # delta rule
-    o_t = S_t^T q_t
+    o_t = S_t^T q_t.
 
 ``S`` is ``[key_head_dim, value_head_dim]`` and kept in float32. Two equivalent forms:
 ``recurrent_gated_delta_rule`` (exact ``lax.scan`` over tokens, used for single-token decode) and

@@ -112,7 +112,7 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling=None, max_position_embe
     ``modeling_rope_utils`` (default, ``linear``, ``dynamic``, ``llama3``).
 
     ``scaling`` is a ``configs.RopeScaling`` or None (default RoPE). ``dynamic`` needs ``max_position_embeddings``
-    and ``seq_len`` (a traced int: longest position of the call + 1); as in transformers' stateless first call,
+    and ``seq_len`` (a traced int: longest position of the call + 1). As in transformers' stateless first call,
     the base becomes ``theta * (factor * L / max_pos - (factor - 1)) ** (d / (d - 2))`` with
     ``L = max(seq_len, max_pos)`` (so the default frequencies while ``seq_len <= max_pos``).
     """
@@ -217,7 +217,7 @@ def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
     (Python int) ``q_offset`` (training, fresh prompts) query block ``[lo, hi)`` reads only keys
     ``[0, q_offset + hi)``, the ones it may see: about half of the dense work at ``t = s`` (a tiny Qwen3.5 on CPU,
     ``[1, 3072]``, block 128: forward 319 → 114 ms, gradient 956 → 291 ms against one ``jax.lax.map`` over
-    1,024-query blocks); the blocks are unrolled, at most ``MAX_UNROLLED_BLOCKS`` of them (longer sequences get
+    1,024-query blocks). The blocks are unrolled, at most ``MAX_UNROLLED_BLOCKS`` of them (longer sequences get
     longer blocks). A traced ``q_offset`` (a prompt continuing a cache) maps over blocks that read every key.
     Every query row is the same softmax over the same keys as the dense form, so they agree to float round-off.
     Returns ``[b, t, H, d]`` in q's dtype.

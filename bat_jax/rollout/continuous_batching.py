@@ -28,7 +28,7 @@ float round-off, as between differently padded `generate` calls; tests/test_cont
 Cost of a rebuild: the batch's cache goes to host memory and back (tiny default: ~1.5 MB per 3,000-token row), so
 this engine is for the embedded CPU sampler; large models on GPUs use vLLM, whose scheduler batches continuously. On a
 rollout mesh (`JaxSampler(mesh=...)`, the TPU engine) the slots and the cache are split over the devices and the
-decode chunks run there; rebuilds still pass through the host (at Qwen3.5-9B: 12,288 × 32 KiB + 25 MiB ≈ 0.4 GB
+decode chunks run there. Rebuilds still pass through the host (at Qwen3.5-9B: 12,288 × 32 KiB + 25 MiB ≈ 0.4 GB
 per full-length row), once per admission, not per token.
 """
 
@@ -56,9 +56,14 @@ def _decode_chunk(state, cache, tok, live, steps, budgets, seeds, temperature, t
                   chunk, layout=None):
     """At most `chunk` decode steps of a running batch; stops early once no row is live.
 
-    cache: the batch's `DecodeCache`; tok `[B] int32` each row's last sampled (not yet fed) token; live `[B]` bool;
-    steps `[B] int32` tokens each row has sampled so far (= the completion index of its next draw); budgets `[B]`
-    int32; seeds `[B] uint32`; temperature / top_p float32 and top_k int32 scalars; stop `[S] int32` (-1 unused).
+    Args:
+      cache: the batch's `DecodeCache`.
+      tok: `[B] int32`, each row's last sampled (not yet fed) token.
+      live: `[B]` bool.
+      steps: `[B] int32`, tokens each row has sampled so far (= the completion index of its next draw).
+      budgets: `[B]` int32. seeds: `[B] uint32`.
+      temperature, top_p: float32 scalars. top_k: an int32 scalar. stop: `[S] int32` (-1 unused).
+
     Returns (cache, tok, live, steps, ids `[B, chunk] int32`, logprobs `[B, chunk] float32`, stopped `[B]` bool,
     steps run: int32). A row's new ids are the first (steps_after − steps_before) entries of its ids row.
     layout: None (one device) or the rollout mesh's `CacheLayout` (slots split over its devices)."""

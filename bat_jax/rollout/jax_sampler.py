@@ -18,7 +18,7 @@ Works with any model that has the `bat_jax.models.causal_lm` interface (`init_ca
 
 With `prefix_cache_rows` > 0 (prefix reuse, `bat_jax.rollout.prefix_cache`) a prompt that extends the tokens of
 a row of an earlier call (its prompt and completion: the next turn of the same episode) starts from that row's
-stored decode state; only the new tokens are left padded to P and prefilled, after the stored ones, in a cache
+stored decode state. Only the new tokens are left padded to P and prefilled, after the stored ones, in a cache
 of (stored + P + N) slots rounded up to `prompt_bucket_step`. Finished rows feed nothing during the rest of a
 call's decode loop, so the state a row leaves is that of its own tokens.
 
@@ -26,7 +26,7 @@ Randomness: row i's token at step s uses `fold_in(key(seed_i), s)`, so a row's c
 its prompt, its seed and the weights — not on the batch it was run in (up to float round-off in the logits
 of differently padded batches). Measured on CPU (tiny Qwen3 and Qwen3.5, 8 prompts of 9-300 tokens, 32 new
 tokens at T = 0.7, each row alone, in pairs and in triples vs in the batch of 8): the sampled ids are identical
-in all 48 comparisons, the logprobs differ by up to 2e-6 in most of them; padding every call to 8 rows
+in all 48 comparisons, the logprobs differ by up to 2e-6 in most of them. Padding every call to 8 rows
 (`min_batch_bucket=8`) does not remove it, because the prompt padding P still follows the longest prompt of the
 call. So schedules that batch differently (`bat_jax.rollout.schedule`) give the same ids and logprobs equal to
 round-off; a draw that round-off tips is possible in principle.
@@ -152,7 +152,7 @@ class JaxSampler:
     Args:
       model: the policy; its parameters are read at construction and replaced by `update_weights`.
       max_context: most tokens (prompt + new) one row may hold; default the config's
-        `max_position_embeddings` (REFERENCE.md context 12,288 for the paper's runs).
+        `max_position_embeddings` (12,288 in the paper's runs, App. A.7, Table 8).
       min_prompt_bucket: smallest padded prompt length (tokens); prompts pad to powers of two above it.
       prompt_bucket_step: above this many tokens prompts pad to its multiples instead of powers of two (fewer
         wasted positions for long multi-turn prompts; one more compiled program per step). 0 = powers of two.

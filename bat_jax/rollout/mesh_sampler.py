@@ -8,7 +8,7 @@ sampler spreads over the devices the learner uses:
   MLP channels and the vocabulary over groups of that many devices by the learner's logical-axis rules (the same
   rules with the fsdp axis of size 1), data = devices / tensor;
 * batch rows (the padded rows of a `generate` call, the slots of the continuous batcher) and their decode cache
-  are split over ``data``; attention K/V, DeltaNet conv and recurrent state are split over ``tensor`` along their
+  are split over ``data``. Attention K/V, DeltaNet conv and recurrent state are split over ``tensor`` along their
   head (channel) axis where it divides;
 * rollout weights in ``param_dtype`` (bf16 at scale; None keeps the model's), except the Gated DeltaNet tensors
   kept in float32 (`gated_deltanet.FLOAT32_PARAMS`, the same rule as the vLLM weight sync).

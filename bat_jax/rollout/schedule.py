@@ -10,7 +10,7 @@ owns those steps (`EpisodeSteps`); this module owns only their order (`AgentLoop
   turn. Every episode waits for the slowest sandbox call of its turn, and the engine idles while sandboxes run.
 * `run_continuous` (default) — after every sandbox is open (as in lockstep, so the first engine call batches all
   episodes), every episode advances on its own: as soon as its tool call returns it is queued
-  for its next generation; the scheduler repeatedly calls the engine on whatever episodes are queued (first come
+  for its next generation. The scheduler repeatedly calls the engine on whatever episodes are queued (first come
   first served, at most `max_generate_batch` per call, at most `max_concurrent_generate` calls in flight) while
   other episodes' tool calls run in the pool. Evidence is collected and the sandbox given back as soon as an
   episode ends, and the episode is handed on (`EpisodeSteps.done`: e.g. to reward scoring) while others still run.

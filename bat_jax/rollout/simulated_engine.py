@@ -5,7 +5,7 @@ expert's actions, ...) and makes each `generate` call last as long as the same c
 one accelerator, per `SimulatedLatency`'s cost model (all times in seconds):
 
     cost(call) = waves x prefill_s  +  sum over waves of (decode_s_per_step x longest completion of the wave)
-                 + prefill_s_per_token x (prompt tokens of the call)
+                 + prefill_s_per_token x (prompt tokens of the call).
 
 * a call of n rows runs in waves = ceil(n / max_batch) consecutive batches (max_batch = 0: one wave);
 * a wave pays one fixed prefill cost, then one decode step per token of its *longest* completion: a decode step

@@ -43,7 +43,7 @@ stand-in).
 engine scores tokens as the learner does.
 
 In flight: `generate` may be called from many threads at once. One driver thread (`bat_jax.rollout.inflight`)
-adds every call's requests to vLLM's `LLMEngine` as they come and steps it; a call returns when its own rows are
+adds every call's requests to vLLM's `LLMEngine` as they come and steps it. A call returns when its own rows are
 done while other calls' rows keep running, so vLLM's scheduler batches whatever episode turns are ready (the
 agent loop's continuous schedule with `max_generate_batch = 1` and `max_concurrent_generate` = episodes).
 `update_weights` refuses (RuntimeError) while requests are in flight.

@@ -8,7 +8,7 @@ estimate, `VLLMMemoryPlan.overhead`) and, in what is left, the cache. One rollou
 
   attention KV:      tokens × (attention layers × KV heads × head_dim × 2 [K and V] × bytes of the cache dtype)
   Gated DeltaNet:    per sequence, per linear-attention layer: conv state (2 · key_dim + value_dim) × (kernel − 1)
-                     and recurrent state value_heads × head_k_dim × head_v_dim, in the state dtype
+                     and recurrent state value_heads × head_k_dim × head_v_dim, in the state dtype.
 
 (vLLM's ``MambaStateShapeCalculator.gated_delta_net_state_shape``; the state dtype follows the model dtype unless
 ``mamba_ssm_cache_dtype`` says otherwise). Qwen3.5-9B in bf16: 8 attention layers × 4 KV heads × 256 × 2 × 2 B =
@@ -24,7 +24,7 @@ What neither fraction holds lives in the rest of the device (``1 − JAX − vLL
 (`DEFAULT_CONTEXT_BYTES`), vLLM's CUDA graphs when ``enforce_eager`` is off (`DEFAULT_CUDA_GRAPH_BYTES`), and the
 transient peak of a weight sync (`sync_memory`): for a replica pool, the parent's staging buffer (≤ the bucket
 bound; `sync_staging.plan_sync`) plus vLLM's layer-wise reload copy of one module (≤ the largest decoder layer;
-tensors above the bound travel in row chunks written in place); for one in-process engine, the reload copy of the
+tensors above the bound travel in row chunks written in place). For one in-process engine, the reload copy of the
 largest module, the embedding included (the gathered bucket itself sits in JAX's share). `check` refuses, with the
 numbers, when the rest cannot hold them.
 """

@@ -23,7 +23,7 @@ device's copy into that device's staging buffer, and waits until **every replica
 acknowledged after vLLM's ``load_weights`` has taken all of it (`vllm_replica_worker`) — before it writes the next:
 
 * GPU: the staging buffer is a torch CUDA tensor on the replica's device (XLA's allocations cannot be exported),
-  exported once by CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor``); the replica hands views of it to
+  exported once by CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor``). The replica hands views of it to
   vLLM's loader (no clone). At the end both sides free it and run ``torch.cuda.ipc_collect()`` +
   ``empty_cache()``. What a sync adds on a device (`vllm_memory.sync_memory`): the staging buffer, plus vLLM's
   layer-wise reload copy of one module (≤ the largest decoder layer). **Not run here** (no GPU on the development
@@ -31,8 +31,8 @@ acknowledged after vLLM's ``load_weights`` has taken all of it (`vllm_replica_wo
 * CPU: the staging buffer is one POSIX shared-memory segment every replica maps (tests/test_vllm_memory_sync.py measures
   what the parent and a replica hold during a sync against that plan).
 
-A replica that fails during a sync — an error, or its process gone — fails `update_weights` with its index named;
-the other replicas are told to abandon the sync (their loads stop midway), so the pool is marked inconsistent and
+A replica that fails during a sync — an error, or its process gone — fails `update_weights` with its index named.
+The other replicas are told to abandon the sync (their loads stop midway), so the pool is marked inconsistent and
 refuses `generate` / `score` (naming the replica) until a later sync succeeds on every replica: never a silently
 stale replica.
 """

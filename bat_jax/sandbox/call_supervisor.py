@@ -6,7 +6,7 @@ the status fd, runs the command as its child, waits for it, kills and reaps ever
 only then writes the command's `Popen.returncode`-style status (negative: killed by that signal) and a newline,
 and exits. SIGTERM, SIGHUP or SIGINT (the host's deadline) kills and reaps the whole call without a status. As
 PID 1 of its own PID namespace it kills with kill(-1) (the namespace only; every orphan is its child, so "no child
-left" means "none left"); otherwise it makes itself a child subreaper (orphans of the call are re-parented to it)
+left" means "none left"). Otherwise it makes itself a child subreaper (orphans of the call are re-parented to it)
 and stops, then kills, the descendants it finds in /proc.
 """
 

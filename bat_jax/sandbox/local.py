@@ -231,8 +231,8 @@ class LocalSandbox:
 
     Args:
       state: initial workspace files and environment variables (paper Eq. 2 state p).
-      timeout_s: default hard wall-clock limit per call, seconds (REFERENCE.md: 120 s).
-      max_output_chars: characters of stdout/stderr returned to the agent (REFERENCE.md: 2,048).
+      timeout_s: default hard wall-clock limit per call, seconds (120 s, the released code's).
+      max_output_chars: characters of stdout/stderr returned to the agent (2,048, the released code's).
       python: interpreter for 'python' calls; defaults to the host interpreter (`sys.executable`), which
         must provide numpy, scipy, nibabel and PIL like the Docker task image.
     """

@@ -13,9 +13,9 @@ from typing import Protocol
 
 #: Languages accepted by `execute_code`.
 LANGUAGES = ("python", "bash")
-#: Default characters of stdout/stderr returned to the agent (REFERENCE.md: 2,048 chars per observation).
+#: Default characters of stdout/stderr returned to the agent (2,048 per observation, the released code's).
 DEFAULT_MAX_OUTPUT_CHARS = 2048
-#: Default hard wall-clock limit of one tool call, seconds (REFERENCE.md: 120 s).
+#: Default hard wall-clock limit of one tool call, seconds (120 s, the released code's).
 DEFAULT_TIMEOUT_S = 120.0
 
 

@@ -2,7 +2,7 @@
 version's sources, admit a version atomically, repeat (paper: "the asynchronous Stage Bank data pipeline").
 
 `serve` is the loop. It holds the bank's writer lock (`StageBank.writer`) for its whole life, so a second factory or
-build on the same bank is refused naming it; a lock held by a live process is waited for (a restarted run's factory
+build on the same bank is refused naming it. A lock held by a live process is waited for (a restarted run's factory
 waits for the old one to finish its version), a dead holder's lock is reclaimed. Each iteration builds
 `SteeringRule.sources_per_version` sources chosen by `stage_bank.steering.steered_sources` from the record the
 experiment published after its last round (aggregates only) and admits them with one `StageBank.admit`, after the

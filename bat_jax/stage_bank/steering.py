@@ -14,7 +14,7 @@ The rule (`SteeringRule`, `steered_sources`): a version is built from `sources_p
 record they are spread uniformly over the foci; with one, `round(weak_share · n)` (half up) of them take the routed
 stage s* as their focus and the other n − that spread uniformly. "Uniformly" is a rotation: the j-th uniform source
 of generation g has focus foci[(g · u + j) mod |foci|] (u uniform sources per version), and the i-th source of the
-version track tracks[(g · n + i) mod |tracks|] and outcome outcomes[⌊(g · n + i) / |tracks|⌋ mod |outcomes|]; each
+version track tracks[(g · n + i) mod |tracks|] and outcome outcomes[⌊(g · n + i) / |tracks|⌋ mod |outcomes|]. Each
 source's task seed is derived from (config seed, g, i, focus, track, outcome), so every generation draws new tasks.
 Example (imaging: foci E2E, S1 … S5; n = 8, share 1/2, s* = S3, g = 0): four S3 sources, then E2E, S1, S2, S3 —
 five S3 sources, one each of E2E, S1 and S2.

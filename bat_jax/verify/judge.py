@@ -10,12 +10,12 @@ What the agent wrote cannot steer the verdict:
   agent's workspace) and the agent's (files, receipts) reach the judge apart: the agent's text as one JSON string
   (quotes, newlines and reasoning tags escaped) between markers derived from its own digest (`judge_messages`);
 - the verdict is read from the judge's reply only, by `parse_verdict`: reasoning removed only where the reply
-  itself opens it (at its start) or closes a block the prompt opened (its first closing tag); the answer is the
+  itself opens it (at its start) or closes a block the prompt opened (its first closing tag). The answer is the
   last top-level JSON object outside reasoning, each object decoded as a whole (a tag or an object quoted inside a
-  JSON string is never seen); top-level verdicts that disagree, a verdict key given twice or one outside valid
+  JSON string is never seen). Top-level verdicts that disagree, a verdict key given twice or one outside valid
   JSON (a judge that copied the agent's quotes unescaped into its own object) are no verdict;
 - a reply without a verdict is the judge's fault only when the judge also fails a host-written control question
-  (then `InfraError`: the stage is unscored, and the failure counts towards the judge's breaker); when the judge
+  (then `InfraError`: the stage is unscored, and the failure counts towards the judge's breaker). When the judge
   answers the control question, the evidence made it fail and the item fails (the agent's failure, no breaker).
 
 A run configures its judge with `JudgeConfig` (its chat endpoint, which items it decides); `RubricJudge` swaps
