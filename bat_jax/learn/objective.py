@@ -104,10 +104,10 @@ def loss_normalizers(loss_mask: jax.Array, attention_mask: jax.Array | None = No
     """Whole-batch denominators, computed before any micro-batch split (float32 scalars, each at least 1 so an
     empty batch gives loss 0, not NaN), using :func:`effective_loss_mask`:
 
-    * ``num_tokens``: Σ mask (verl ``batch_num_tokens``);
+    * ``num_tokens``: Σ mask (verl ``batch_num_tokens``).
     * ``num_rows``: rows that hold a sequence (any ``attention_mask`` position on; every row without
       ``attention_mask``), loss tokens or not — verl's ``global_batch_size`` (the mini-batch's rows) with the
-      rows added only to pad the batch to a device multiple left out;
+      rows added only to pad the batch to a device multiple left out.
     * ``num_seqs``: rows with ≥ 1 loss token (verl's fallback when no ``global_batch_size`` is passed).
     """
     m = effective_loss_mask(loss_mask)

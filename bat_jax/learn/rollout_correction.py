@@ -7,9 +7,9 @@ and sequence-level rejection by the geometric mean; slime ``--use-tis``; SkyRL `
 correction; AReaL's decoupled loss):
 
 * the **behaviour logprobs** of the PPO ratio (``old_logprobs``) are the learner's own, recomputed on the batch under
-  the parameters the rollouts were sampled with;
+  the parameters the rollouts were sampled with.
 * the engine's logprobs enter only through a per-token importance weight w_t = π_learner(y_t) / π_engine(y_t),
-  truncated at C (**TIS**: ``min(w_t, C)``, detached) that multiplies the token's policy loss;
+  truncated at C (**TIS**: ``min(w_t, C)``, detached) that multiplies the token's policy loss.
 * a rollout whose mean log ratio over its loss tokens (each log w_t clamped to ±20 first, as verl's current
   ``seq_mean_k1`` does) leaves the bounds is masked out of the loss (sequence-level rejection). The bounds come in
   two conventions: ``'geometric'`` bounds exp(mean_t log w_t), as verl ≤ 0.7's ``rollout_rs='geometric'`` did

@@ -6,7 +6,7 @@ sampler spreads over the devices the learner uses:
 * a rollout mesh of the same devices, axes (data, fsdp = 1, tensor) in `bat_jax.models.mesh`'s names:
   ``tensor`` = 1 keeps one full weight copy on every device (data = every device); ``tensor`` > 1 splits heads,
   MLP channels and the vocabulary over groups of that many devices by the learner's logical-axis rules (the same
-  rules with the fsdp axis of size 1), data = devices / tensor;
+  rules with the fsdp axis of size 1), data = devices / tensor.
 * batch rows (the padded rows of a `generate` call, the slots of the continuous batcher) and their decode cache
   are split over ``data``. Attention K/V, DeltaNet conv and recurrent state are split over ``tensor`` along their
   head (channel) axis where it divides;

@@ -7,7 +7,7 @@ its real slots, the Gated DeltaNet layers' recurrent state and conv history, its
 the tokens it holds (the prompt and the completion without its last token, which was sampled but never fed). A
 later prompt that extends such a token sequence starts from that state and prefills only the new tokens.
 
-* `RowState` — one row's decode state (host numpy arrays) and the tokens it holds;
+* `RowState` — one row's decode state (host numpy arrays) and the tokens it holds.
 * `PrefixCache` — at most `max_rows` of them, least recently stored first out; `pop_longest(prompt)` takes the
   longest stored sequence that is a strict prefix of the prompt (an entry continues one episode: it is removed
   when used). The sampler clears it when its weights change;

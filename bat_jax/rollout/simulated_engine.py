@@ -4,15 +4,15 @@
 expert's actions, ...) and makes each `generate` call last as long as the same call would on a large model on
 one accelerator, per `SimulatedLatency`'s cost model (all times in seconds):
 
-    cost(call) = waves x prefill_s  +  sum over waves of (decode_s_per_step x longest completion of the wave)
+    cost(call) = waves x prefill_s  +  sum over waves of (decode_s_per_step x longest completion of the wave).
                  + prefill_s_per_token x (prompt tokens of the call).
 
-* a call of n rows runs in waves = ceil(n / max_batch) consecutive batches (max_batch = 0: one wave);
+* a call of n rows runs in waves = ceil(n / max_batch) consecutive batches (max_batch = 0: one wave).
 * a wave pays one fixed prefill cost, then one decode step per token of its *longest* completion: a decode step
   costs the same for 1 row or max_batch rows (memory-bound decoding on a GPU), and rows that stopped early wait
-  for the longest one (the engine returns the call as a whole);
+  for the longest one (the engine returns the call as a whole).
 * `inflight=False` (default): one device running one call at a time, like the embedded JAX sampler: concurrent
-  calls (from several threads) queue and run one after the other;
+  calls (from several threads) queue and run one after the other.
 * `inflight=True`: a server that batches requests in flight, like vLLM: concurrent calls overlap, each lasting
   its own cost (new requests join the running decode batch at the next step; the small stall their prefill
   causes to the others is not modelled), with at most `max_batch` rows in flight in all (a call that would

@@ -7,7 +7,7 @@ A sync is planned once from the checkpoint's ``(name, shape, transfer dtype)`` l
 
 * tensors stay in checkpoint order. A bucket never splits one decoder layer (``model.layers.<i>.*``) when the layer
   fits, so by the time vLLM's loader has read a bucket, every layer in it is complete: vLLM's layer-wise reload
-  (``vllm.model_executor.model_loader.reload.layerwise``) has processed it and holds no reference to the bucket;
+  (``vllm.model_executor.model_loader.reload.layerwise``) has processed it and holds no reference to the bucket.
 * a tensor larger than the bound (a 9B model's ``embed_tokens`` / ``lm_head``: 1.89 GiB in bf16) travels in row
   chunks of at most the bound, in buckets of their own after every whole tensor. The replica writes each chunk's
   rows straight into vLLM's parameter after the reload (`Piece.row0`);

@@ -6,7 +6,7 @@ firewall, what the router may tell the data side, is `stage_bank.prescription`.
 
 Markers taken from the held-out manifest:
   * identifiers (task ids, case ids): matched case-insensitively as whole id tokens, or as a run of
-    '_', '-', '.'-separated parts inside a longer token ('ISIC_0024306' inside 'ISIC_0024306.jpg');
+    '_', '-', '.'-separated parts inside a longer token ('ISIC_0024306' inside 'ISIC_0024306.jpg').
   * paths: matched by whole '/'-separated components anywhere inside a path-like token (leading '/', './'
     and trailing '/' ignored), so 'data/heldout/x.png' is found inside 'cp /mnt/data/heldout/x.png .'.
     A one-component path ('questions.json') is matched like an identifier;

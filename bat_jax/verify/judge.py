@@ -8,12 +8,12 @@ enforce (`response_format` json_schema) when the client can send it.
 What the agent wrote cannot steer the verdict:
 - the host's words (the rubric item, the brief and evidence requirements of the host's `Task`, never a file of the
   agent's workspace) and the agent's (files, receipts) reach the judge apart: the agent's text as one JSON string
-  (quotes, newlines and reasoning tags escaped) between markers derived from its own digest (`judge_messages`);
+  (quotes, newlines and reasoning tags escaped) between markers derived from its own digest (`judge_messages`).
 - the verdict is read from the judge's reply only, by `parse_verdict`: reasoning removed only where the reply
   itself opens it (at its start) or closes a block the prompt opened (its first closing tag). The answer is the
   last top-level JSON object outside reasoning, each object decoded as a whole (a tag or an object quoted inside a
   JSON string is never seen). Top-level verdicts that disagree, a verdict key given twice or one outside valid
-  JSON (a judge that copied the agent's quotes unescaped into its own object) are no verdict;
+  JSON (a judge that copied the agent's quotes unescaped into its own object) are no verdict.
 - a reply without a verdict is the judge's fault only when the judge also fails a host-written control question
   (then `InfraError`: the stage is unscored, and the failure counts towards the judge's breaker). When the judge
   answers the control question, the evidence made it fail and the item fails (the agent's failure, no breaker).
