@@ -4,7 +4,7 @@ The rollout engine on a TPU slice (and the no-vLLM engine on GPUs). `SamplerMesh
 sampler spreads over the devices the learner uses:
 
 * a rollout mesh of the same devices, axes (data, fsdp = 1, tensor) in `bat_jax.models.mesh`'s names:
-  ``tensor`` = 1 keeps one full weight copy on every device (data = every device); ``tensor`` > 1 splits heads,
+  ``tensor`` = 1 keeps one full weight copy on every device (data = every device). ``tensor`` > 1 splits heads,
   MLP channels and the vocabulary over groups of that many devices by the learner's logical-axis rules (the same
   rules with the fsdp axis of size 1), data = devices / tensor.
 * batch rows (the padded rows of a `generate` call, the slots of the continuous batcher) and their decode cache

@@ -14,7 +14,7 @@ A sync is planned once from the checkpoint's ``(name, shape, transfer dtype)`` l
 * every piece starts at a multiple of `ALIGN` bytes, and a bucket's bytes (padding included) stay within the bound.
 
 The parent holds one staging buffer of `SyncPlan.staging_bytes` per device for the whole sync (`StagingBuffers`: a
-CUDA tensor exported once by CUDA IPC, or one POSIX shared-memory segment on CPU), fills it bucket by bucket and
+CUDA tensor exported once by CUDA IPC, or one POSIX shared-memory segment on CPU). It fills it bucket by bucket and
 waits until every replica has loaded a bucket before it writes the next one over it. Each side reads the buffer
 through `bucket_views`. `TorchAllocationPeak` measures what a sync allocates through torch on CPU.
 """

@@ -2,9 +2,9 @@
 
 `VLLMReplicaPool` is a `RolloutEngine` over `num_replicas` vLLM engines, each a `VLLMEngine` (in-process vLLM,
 tensor parallel 1) in its own process (`bat_jax.rollout.vllm_replica_worker`, a fresh interpreter that never
-imports JAX), pinned to its device: ``CUDA_VISIBLE_DEVICES`` = its GPU's UUID (`bat_jax.rollout.gpus`: replica i on
-this process's CUDA ordinal i by default, beside the learner's fsdp shard there, and a parent restricted to
-``CUDA_VISIBLE_DEVICES=4,5,6,7`` puts its replicas on physical GPUs 4–7), or on CPU its share of this process's
+imports JAX), pinned to its device. ``CUDA_VISIBLE_DEVICES`` is its GPU's UUID (`bat_jax.rollout.gpus`: replica i on
+this process's CUDA ordinal i by default, beside the learner's fsdp shard there. A parent restricted to
+``CUDA_VISIBLE_DEVICES=4,5,6,7`` puts its replicas on physical GPUs 4–7). On CPU a replica gets its share of this process's
 cores (``VLLM_CPU_OMP_THREADS_BIND``). The parent talks to each over a socket; every replica serves many calls at
 once through its own in-flight driver (`bat_jax.rollout.inflight`).
 
@@ -17,10 +17,10 @@ Weight sync (`update_weights`): refused while any call is in flight on the pool 
 made during a sync wait for it. The learner's tensors are checked by name and shape and planned into buckets of at
 most `sync_bucket_bytes` (`sync_staging.plan_sync`: a decoder layer never split when it fits; a tensor larger than
 the bound — a 9B model's embedding and output head — in row chunks). The parent allocates **one staging buffer per
-device for the whole sync** (`SyncPlan.staging_bytes` ≤ the bound) and, bucket by bucket, casts and all-gathers the
+device for the whole sync** (`SyncPlan.staging_bytes` ≤ the bound). Bucket by bucket, it casts and all-gathers the
 bucket on the learner's mesh (`weight_sync.stream_pieces`, compiled once per bucket signature), copies each
 device's copy into that device's staging buffer, and waits until **every replica has loaded the bucket** —
-acknowledged after vLLM's ``load_weights`` has taken all of it (`vllm_replica_worker`) — before it writes the next:
+acknowledged after vLLM's ``load_weights`` has taken all of it (`vllm_replica_worker`) — before it writes the next.
 
 * GPU: the staging buffer is a torch CUDA tensor on the replica's device (XLA's allocations cannot be exported),
   exported once by CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor``). The replica hands views of it to
