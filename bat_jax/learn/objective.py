@@ -124,10 +124,10 @@ def aggregate(values: jax.Array, mask: jax.Array, mode: str, normalizers: Mappin
               loss_scale_factor: float | None = None, seq_mean_rows: str = "all") -> jax.Array:
     """Reduce ``[B, T]`` per-token values to this (micro-)batch's share of the whole-batch loss (scalar float32).
 
-    With m the loss mask, N_tok the whole batch's ``num_tokens``, N the rollouts a sequence mean divides by
+    Let m be the loss mask and N_tok the whole batch's ``num_tokens``. N is the rollouts a sequence mean divides by
     (``seq_mean_rows``: ``'all'`` → ``num_rows``, every rollout of the batch, empty or unscored ones included,
     as verl's ``agg_loss`` with its ``global_batch_size``; ``'nonempty'`` → ``num_seqs``, the rollouts with loss
-    tokens) and rows with no loss token adding 0 to the numerator (names as verl's ``loss_agg_mode``):
+    tokens). Rows with no loss token add 0 to the numerator (names as verl's ``loss_agg_mode``):
 
     * ``token-mean``: Σ_{b,t} v·m / N_tok — every loss token of the batch weighs the same.
     * ``seq-mean-token-mean``: Σ_b (Σ_t v·m / Σ_t m) / N — each rollout's token mean, then the mean over

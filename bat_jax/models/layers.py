@@ -5,10 +5,10 @@ the transformers module tree) so that safetensors I/O is a plain rename. Every p
 logical axis names in its ``out_sharding`` metadata (``eager_sharding=False``: nothing is placed at
 construction); ``models/mesh.py`` maps them onto mesh axes. Logical names used:
 
-``vocab``, ``embed`` (hidden size), ``mlp`` (intermediate size), ``heads`` (q heads x head_dim,
+``vocab``; ``embed`` (hidden size); ``mlp`` (intermediate size). ``heads`` (q heads x head_dim,
 output of q_proj / input of o_proj), ``kv_heads`` (kv heads x head_dim), ``head_dim`` (per-head
-norms), ``linear_qkv`` (Gated DeltaNet fused q|k|v channels, also the conv channels),
-``linear_v`` (Gated DeltaNet value channels: z gate and out_proj input), ``linear_heads``
+norms). ``linear_qkv`` (Gated DeltaNet fused q|k|v channels, also the conv channels),
+``linear_v`` (Gated DeltaNet value channels: z gate and out_proj input). ``linear_heads``
 (Gated DeltaNet value heads: in_proj_a/b, A_log, dt_bias), ``conv`` (conv taps).
 A name of ``None`` means replicated.
 
@@ -178,7 +178,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array) -> jax.Ar
 
 
 def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, q_offset) -> jax.Array:
-    """One decode step's grouped-query attention over a cache in the ``[b, K, L, d]`` layout: the same softmax as
+    """One decode step's grouped-query attention over a cache in the ``[b, K, L, d]`` layout. It is the same softmax as
     ``attend(q, k', v', causal_valid(key_mask, q_offset, 1))`` with ``k'``/``v'`` in ``[b, L, K, d]``, without
     the per-step transposes (on CPU, 8 rows × 1,280 slots: 0.3 ms instead of 2.6 ms per step).
 
@@ -215,7 +215,7 @@ def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
     Blockwise, the float32 scores of one query block, ``[b, H, block, s]`` at most, are the largest buffer (never
     ``[b, H, t, s]``); each block is rematerialised in the backward pass (``jax.checkpoint``). With a static
     (Python int) ``q_offset`` (training, fresh prompts) query block ``[lo, hi)`` reads only keys
-    ``[0, q_offset + hi)``, the ones it may see: about half of the dense work at ``t = s`` (a tiny Qwen3.5 on CPU,
+    ``[0, q_offset + hi)``, the ones it may see. That is about half of the dense work at ``t = s`` (a tiny Qwen3.5 on CPU,
     ``[1, 3072]``, block 128: forward 319 → 114 ms, gradient 956 → 291 ms against one ``jax.lax.map`` over
     1,024-query blocks). The blocks are unrolled, at most ``MAX_UNROLLED_BLOCKS`` of them (longer sequences get
     longer blocks). A traced ``q_offset`` (a prompt continuing a cache) maps over blocks that read every key.
