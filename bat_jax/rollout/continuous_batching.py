@@ -13,10 +13,10 @@ GRPO block): 56 calls of up to 8 rows took 307 s for ~60k new tokens, i.e. about
    `AgentLoopConfig.max_concurrent_generate` > 1 and `max_generate_batch` = 1: every episode's turn is its own
    call). Its rows join a queue; the calling thread then either drives the batch (one thread at a time) or waits
    until another driver has finished its rows.
-2. Driving is a loop of: admit queued rows into free slots — prefill them (continuing stored prefixes,
-   `JaxSampler.prefill_rows`) and sample their first token — then rebuild the batch's decode cache from the
+2. Driving is a loop. Admit queued rows into free slots: prefill them (continuing stored prefixes,
+   `JaxSampler.prefill_rows`) and sample their first token. Then rebuild the batch's decode cache from the
    rows' states (`prefix_cache.extract_rows` / `assemble`: each row's real slots compacted, the write index at the
-   longest row), then run at most `chunk_steps` decode steps (one compiled `lax.while_loop`), hand finished rows
+   longest row). Then run at most `chunk_steps` decode steps (one compiled `lax.while_loop`). Hand finished rows
    their `Completion` and store their states for the next turn (`JaxSampler.prefix_cache`). The cache is rebuilt
    only when rows are admitted or its slots run out; between rebuilds chunks continue on the device cache.
 3. Rows of one batch share temperature, top-p, top-k and stop ids; a request with other values waits until the
@@ -345,9 +345,9 @@ def jax_engine(model: Any, *, max_context: int, max_batch: int, prefix_cache_row
                slots: int = 0, mesh: Any = None, devices: Any = None) -> JaxSampler | ContinuousBatchingSampler:
     """The embedded engine of a run or a Ray worker: a `JaxSampler` (rows per compiled call `max_batch`, prefix
     store of `prefix_cache_rows` rows; on a rollout mesh with `mesh`, a `mesh_sampler.SamplerMeshConfig`, over
-    `devices`), wrapped in a `ContinuousBatchingSampler` of `slots` rows when `slots` > 0
-    (then pair it with `AgentLoopConfig.max_generate_batch` = 1 and `max_concurrent_generate` >= the episodes in
-    flight, so every episode's turn joins the batch on its own)."""
+    `devices`). It is wrapped in a `ContinuousBatchingSampler` of `slots` rows when `slots` > 0.
+    Then pair it with `AgentLoopConfig.max_generate_batch` = 1 and `max_concurrent_generate` >= the episodes in
+    flight, so every episode's turn joins the batch on its own."""
     sampler = JaxSampler(model, max_context=max_context, max_batch=max_batch, prefix_cache_rows=prefix_cache_rows,
                          mesh=mesh, devices=devices)
     return ContinuousBatchingSampler(sampler, slots=slots) if slots > 0 else sampler

@@ -2,8 +2,8 @@
 
 Every turn of an agent episode sends the whole conversation again: the previous prompt, the sampled turn and the
 tool's observation. Without reuse the sampler prefills all of it every turn (a 6-turn episode of ~3,000 tokens
-prefills ~10,000). With reuse, the sampler keeps each finished row's decode state — the attention layers' K/V of
-its real slots, the Gated DeltaNet layers' recurrent state and conv history, its next RoPE position — keyed by
+prefills ~10,000). With reuse, the sampler keeps each finished row's decode state: the attention layers' K/V of
+its real slots, the Gated DeltaNet layers' recurrent state and conv history, its next RoPE position. It is keyed by
 the tokens it holds (the prompt and the completion without its last token, which was sampled but never fed). A
 later prompt that extends such a token sequence starts from that state and prefills only the new tokens.
 

@@ -3,8 +3,8 @@
 A call's kernel-observed reads and writes show which files it touched, not that it imported and called the
 method: `cat model.py case.npy > outputs/validation/x` touches the same files. What only a real run of the
 method gives is its output. The host holds the task's method (`model.py`, `config.json`) and the case inputs in
-the task's initial workspace (`TaskInstance.files`), so it runs the method itself on a case, the way the brief
-tells the agent to (`predict(load_input(file), row, load_config())`, then `save_prediction`), and an artefact
+the task's initial workspace (`TaskInstance.files`). So it runs the method itself on a case, the way the brief
+tells the agent to (`predict(load_input(file), row, load_config())`, then `save_prediction`). An artefact
 counts as the method's output only when it equals that replay: the same entry values and the same array content
 (within `ATOL`).
 
