@@ -6,10 +6,9 @@ after each `<|im_end|>`, the tool response turn and the next generation prompt. 
 re-rendered to rebuild training ids; `EpisodeBuilder.verify` only *checks* the assembled ids against the
 tokenizer's chat template.
 
-Text never becomes a control token (`TextCodec`): the template's own control tokens are inserted as ids, and
-all text — briefs, system prompts, tool output, thoughts, code — is encoded with the tokenizer's added
-tokens switched off, so a tool that prints `<|im_end|>` gives ordinary text ids that decode back to it.
-"""
+Text never becomes a control token (`TextCodec`): the template's own control tokens are inserted as ids. All text —
+briefs, system prompts, tool output, thoughts, code — is encoded with the tokenizer's added tokens switched off, so a
+tool that prints `<|im_end|>` gives ordinary text ids that decode back to it. """
 
 from __future__ import annotations
 

@@ -358,10 +358,10 @@ class DockerSandbox:
 
     @property
     def fault(self) -> str:
-        """Who a failure of this sandbox is charged to: '' (none), 'agent' (it died, hung or stopped answering
-        after the agent's code ran: scored as the agent's failure) or 'infra' (it could not start, the engine
-        is unreachable, it failed before any agent code ran, or it was called after it was closed: unscored).
-        Read it through `types.fault_of`."""
+        """Who a failure of this sandbox is charged to: '' (none), 'agent' or 'infra'. 'agent': it died, hung or stopped
+        answering after the agent's code ran: scored as the agent's failure. 'infra': it could not start, the engine is
+        unreachable, it failed before any agent code ran, or it was called after it was closed: unscored. Read it
+        through `types.fault_of`."""
         return self._fault
 
     @property
