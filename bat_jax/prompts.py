@@ -1,5 +1,6 @@
-"""The agent's prompts: the system prompt, the first user turn (task brief + stage skill κ) and the tools block,
-in one of two styles, and the agent-loop requests built from them.
+"""The agent's prompts in one of two styles, and the agent-loop requests built from them.
+
+The prompts are the system prompt, the first user turn (task brief + stage skill κ) and the tools block.
 
 A `PromptFormat` is one run's prompts. The prompt style (`policy.PolicyConfig.prompt_style`, one switch for SFT
 rendering, GRPO rollouts, evaluation and the KL probe) with the benchmark's words (`PromptFormat.of`). 'full'

@@ -44,3 +44,15 @@ def test_at_most_40_docstring_sentences_over_50_words():
 def test_docstrings_cite_the_paper_not_documents_outside_the_repository():
     found = [f"{f}:{line}: {m.group(0)}" for f, line, doc in docstrings() for m in OUTSIDE.finditer(doc)]
     assert found == [], found
+
+
+def test_every_module_docstring_opens_with_a_one_line_summary():
+    found = []
+    for path in sorted((REPO / "bat_jax").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        if doc is None:
+            continue
+        lines = doc.split("\n")
+        if not lines[0].rstrip().endswith((".", ":")) or (len(lines) > 1 and lines[1].strip()):
+            found.append(f"{path.relative_to(REPO)}: {lines[0][:60]}")
+    assert found == [], found

@@ -1,5 +1,6 @@
-"""The reward of one GRPO rollout from a Stage Bank RL row (paper Eq. 4, released code's E2E rule): the adapter
-from rollouts (`rollout.trajectory.Trajectory`) to the rubric verifier.
+"""The reward of one GRPO rollout from a Stage Bank RL row (paper Eq. 4, released code's E2E rule).
+
+This is the adapter from rollouts (`rollout.trajectory.Trajectory`) to the rubric verifier.
 
 A row stores only public contract text; the verifier's checks need the task's hidden answer key, which the run's
 benchmark regenerates deterministically from the row's provenance (`task_synthesis` seed / variant / template, and

@@ -1,5 +1,6 @@
-"""SFT data: Stage Bank SFT rows rendered in the policy's chat template and batched for the cold start (paper
-Eq. 9, Appendix A.4).
+"""SFT data: Stage Bank SFT rows rendered in the policy's chat template and batched for the cold start.
+
+Paper Eq. 9, Appendix A.4.
 
 Rows are model-neutral: `render_sft_row` renders one row's context and target action through the
 policy's `models.episode.EpisodeBuilder` in the run's prompt format (`prompts.PromptFormat`); `trajectory_examples` renders per

@@ -1,5 +1,6 @@
-"""The tool-call convention of chat families whose template has no tools block or tool role ('chatml',
-`chat.ChatFamily.inline_tools`; e.g. SmolLM2-Instruct's plain ChatML template).
+"""The tool-call convention of chat families whose template has no tools block or tool role.
+
+Family 'chatml', `chat.ChatFamily.inline_tools`; e.g. SmolLM2-Instruct's plain ChatML template.
 
 The template renders only `<|im_start|>ROLE\\nCONTENT<|im_end|>\\n` turns, so tools travel in ordinary messages.
 `inline_tools` appends `tool_convention` (tool schemas as JSON lines in a `<tools>` block and the call format) to

@@ -1,5 +1,6 @@
-"""Gated DeltaNet linear-attention layer of Qwen3.5 (Flax NNX), after transformers 5.19
-``Qwen3_5GatedDeltaNet`` and its torch fallbacks ``torch_recurrent_gated_delta_rule`` /
+"""Gated DeltaNet linear-attention layer of Qwen3.5 (Flax NNX), after transformers 5.19.
+
+It follows ``Qwen3_5GatedDeltaNet`` and its torch fallbacks ``torch_recurrent_gated_delta_rule`` /
 ``torch_chunk_gated_delta_rule`` (Yang et al., "Gated Delta Networks", 2024).
 
 Per value head, with l2-normalised ``q, k`` (``q`` also scaled by ``key_head_dim ** -0.5``),

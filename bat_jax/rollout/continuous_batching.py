@@ -1,5 +1,6 @@
-"""Continuous batching for the JAX sampler: rows join and leave a running decode batch between short chunks of
-decode steps.
+"""Continuous batching for the JAX sampler.
+
+Rows join and leave a running decode batch between short chunks of decode steps.
 
 `JaxSampler.generate` runs one compiled call until the longest row of the call is done, and the engine runs one
 call at a time. In a multi-turn rollout the rows of a call finish at very different times (one turn stops after

@@ -1,5 +1,7 @@
-"""Weight sync from the JAX learner to a rollout engine: the tensors by Hugging Face name, checked against the
-engine's checkpoint, cast and all-gathered on the learner's mesh in buckets of at most 1 GB, handed over by DLPack.
+"""Weight sync from the JAX learner to a rollout engine.
+
+The tensors go by Hugging Face name, checked against the engine's checkpoint, cast and all-gathered on the learner's
+mesh in buckets of at most 1 GB, and handed over by DLPack.
 
 Used by the in-process vLLM engine (`bat_jax.rollout.vllm_engine`: one consumer, the first device's copy,
 `stream_torch_weights`) and by the replica pool (`bat_jax.rollout.vllm_replicas`: `stream_pieces` over a

@@ -1,5 +1,7 @@
-"""The supervisor of one local-sandbox call: a script, run as `python -I -S call_supervisor.py STATUS_FD CMD...` by
-`bat_jax.sandbox.local.run_with_deadline` (standard library only; `-I` keeps this directory off `sys.path`).
+"""The supervisor of one local-sandbox call.
+
+A script, run as `python -I -S call_supervisor.py STATUS_FD CMD...` by `bat_jax.sandbox.local.run_with_deadline`
+(standard library only; `-I` keeps this directory off `sys.path`).
 
 It writes its host PID (read from the host's /proc, which it sees also inside a PID namespace) and a newline to
 the status fd, runs the command as its child and waits for it. It kills and reaps every other process of the call, and

@@ -1,5 +1,7 @@
-"""The Stage Bank Data Factory: fictional tasks → checked teacher trajectories → SFT slices, stage-boundary
-states and E2E surrogates → Accept() → leakage preflight → one new bank version (paper Appendix A.1).
+"""The Stage Bank Data Factory: fictional tasks in, one new bank version out (paper Appendix A.1).
+
+Fictional tasks → checked teacher trajectories → SFT slices, stage-boundary states and E2E surrogates → Accept() →
+leakage preflight → one new bank version.
 
 Source grid: every (focus, track, outcome) of `FactoryConfig.foci × tracks × outcomes` is one *source*: a fresh
 training task ξ of the run's benchmark (`staged_benchmark.contract.StagedBenchmark`; seed derived from the config

@@ -1,5 +1,7 @@
-"""The Data Factory as a long-running job beside training: read the latest steering record, build the next
-version's sources, admit a version atomically, repeat (paper: "the asynchronous Stage Bank data pipeline").
+"""The Data Factory as a long-running job beside training.
+
+It reads the latest steering record, builds the next version's sources, admits a version atomically and repeats
+(paper: "the asynchronous Stage Bank data pipeline").
 
 `serve` is the loop. It holds the bank's writer lock (`StageBank.writer`) for its whole life, so a second factory or
 build on the same bank is refused naming it. A lock held by a live process is waited for (a restarted run's factory

@@ -1,5 +1,7 @@
-"""Steering the Data Factory by aggregates only: the record a run publishes after each round, and the rule by which
-the factory's next sources favour the weak stage.
+"""Steering the Data Factory by aggregates only.
+
+The record a run publishes after each round, and the rule by which the factory's next sources favour the weak
+stage.
 
 Source: paper Sections 1, 2 and 6 ("aggregate recording statistics can guide synthesis, but raw evaluation content never
 enters a Stage Bank prompt or row"). The record crosses the same firewall as a router prescription
