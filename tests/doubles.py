@@ -19,9 +19,10 @@ from bat_jax.models.chat import render_action
 from bat_jax.rollout.agent_loop import RolloutRequest
 from bat_jax.rollout.engine import Completion
 from bat_jax.rollout.trajectory import Trajectory
-from bat_jax.sandbox.tools import Action
+from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import Observation, Receipt, SandboxState
-from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
+from bat_jax.stage_bank.row import (EvidenceSpec, Message, Provenance, RLRow, RubricSpec, SFTRow, StateRef,
+                                    Transformation)
 
 H = "ab" * 32
 
@@ -81,6 +82,38 @@ def assert_rounds_fit_the_tiny_bank(context: str) -> None:
             build_round_view(rows, stage, round_index=1, n_batches=run.grpo_steps_per_round, config=pools)
         except ValueError as e:
             raise AssertionError(f"{context}: a round targeting {stage} cannot be drawn: {e}") from None
+
+# --- example rows (test_stage_bank_row, test_row_parse) ------------------------------------------------------
+
+#: The example rows' start state.
+EXAMPLE_STATE = SandboxState(files={"task.md": b"Segment the fictional liver.", "data/x.txt": b"1"}, env={"SEED": "1"})
+
+
+def example_provenance(outcome="success", track="segmentation"):
+    return Provenance("seg-fict-0007", H, track, outcome, (Transformation("stage_slice", "cd" * 32, {"t": 3}),))
+
+
+def example_rl_row(**kw):
+    """An S3 RL row of a fictional segmentation task (`kw` replaces fields)."""
+    args = dict(state=StateRef.from_state(EXAMPLE_STATE, f"states/{EXAMPLE_STATE.digest()}.tar"), focus="S3",
+                prompt="Validate the model on the fictional split.",
+                rubric=(RubricSpec("s3.dice", "Reports Dice on the validation split"),),
+                evidence=(EvidenceSpec("s3.receipt", "receipt", {"pattern": "dice"}),),
+                skill="Validate: run the model on held-in cases first.", provenance=example_provenance(),
+                reward_source="rubric")
+    args.update(kw)
+    return RLRow(**args)
+
+
+def example_sft_row(**kw):
+    """An S1 SFT row: system, user, one execute_code call and its result, then the target (`kw` replaces fields)."""
+    args = dict(context=(Message("system", "You are an agent."), Message("user", "Plan the task."),
+                         Message("assistant", action=Action("", "execute_code", {"language": "bash", "code": "ls"})),
+                         Message("tool", "task.md\n[exit code 0]")),
+                target=Action("Plan: 1) load 2) train", STOP), focus="S1", provenance=example_provenance())
+    args.update(kw)
+    return SFTRow(**args)
+
 
 # --- Data Factory builds (test_factory_loop, test_bank_feed) ---------------------------------------------------
 
