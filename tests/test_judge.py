@@ -7,7 +7,7 @@ import json
 import pytest
 from openai_stub import FakeChatServer
 
-from bat_jax.clients.chat_endpoint import ChatEndpointConfig, ChatError
+from bat_jax.clients.chat_endpoint import ChatError
 from bat_jax.ledger import GRPOStats, Ledger, RoundRecord
 from bat_jax.report import scoring_table
 from bat_jax.sandbox.types import Receipt
@@ -15,7 +15,7 @@ from bat_jax.tasks import heldout
 from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
 from bat_jax.tasks.rubric_items import build_rubric
-from bat_jax.verify.judge import DEFAULT_ITEMS, JudgeConfig, RubricJudge, evidence_digest
+from bat_jax.verify.judge import DEFAULT_ITEMS, RubricJudge, evidence_digest
 from bat_jax.bicurl.reward import rollout_reward
 from bat_jax.verify.rubric import REWARD_VERSION
 from doubles import (JUDGED_SEED, JUDGED_TEMPLATE, JUDGED_VARIANT, judge_config, judged_row, judged_trajectory,
