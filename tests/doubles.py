@@ -115,6 +115,14 @@ def example_sft_row(**kw):
     return SFTRow(**args)
 
 
+# --- a micro policy (test_policy, test_prompts, test_sft_data) -------------------------------------------------
+
+#: `PolicyConfig.tiny` of a micro Qwen3.5 (2 layers, hidden 32) on the shipped tokenizer.
+MICRO_POLICY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                "linear_num_key_heads": 1, "linear_num_value_heads": 2}
+
+
 # --- Data Factory builds (test_factory_loop, test_bank_feed) ---------------------------------------------------
 
 

@@ -52,14 +52,12 @@ SUITES = {
 #: Modules without a test file of their own yet: the test file that exercises each.
 TESTED_IN = {
     "bat_jax/bicurl/engines.py": "test_vllm_memory.py",
-    "bat_jax/bicurl/sft_data.py": "test_policy.py",
     "bat_jax/clients/chat_endpoint.py": "test_judge.py",
     "bat_jax/learn/train_state.py": "test_learner.py",
     "bat_jax/models/cache.py": "test_jax_sampler.py",
     "bat_jax/models/causal_lm.py": "test_memory_parity.py",
     "bat_jax/models/episode.py": "test_chat.py",
     "bat_jax/models/layers.py": "test_memory_parity.py",
-    "bat_jax/prompts.py": "test_policy.py",
     "bat_jax/rollout/engine.py": "test_jax_sampler.py",
     "bat_jax/rollout/play.py": "test_tasks_framework.py",
     "bat_jax/sandbox/call_supervisor.py": "test_sandbox_local.py",
