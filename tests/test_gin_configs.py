@@ -66,7 +66,7 @@ def test_bicurl_files_carry_the_design_card_numbers(name):
                                                   ("bicurl_tiny.gin", "compact", "varied"),
                                                   ("bicurl_small.gin", "compact", "varied")])
 def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, style, layouts):
-    """Issue 15: small policies get compact prompts, varied training layouts and the portable teacher; paper
+    """Small policies get compact prompts, varied training layouts and the portable teacher; paper
     scale keeps the full prompts (PolicyConfig's default 'full') and the factory's default teacher."""
     from bat_jax.policy import PolicyConfig
     from bat_jax.tasks.benchmark import ImagingBenchmark

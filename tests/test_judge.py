@@ -1,4 +1,4 @@
-"""LLM judge wired into the reward (issue 9): gin config, judged items, cache by evidence digest, unreachable
+"""LLM judge wired into the reward: gin config, judged items, cache by evidence digest, unreachable
 endpoint → unscored rollouts, counts in the ledger and the report."""
 
 import dataclasses
@@ -223,7 +223,7 @@ def test_endpoint_check_stops_on_a_rejected_request_and_warns_when_unreachable()
         assert RubricJudge(closed).check_endpoint() is False
 
 
-# --- judge reply formats (issue 13): the verdict is the last JSON object with a "verdict" key, outside reasoning
+# --- judge reply formats: the verdict is the last JSON object with a "verdict" key, outside reasoning
 
 _YES = '{"verdict": "yes", "reason": "r"}'
 _REPLIES = [
