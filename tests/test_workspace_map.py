@@ -63,7 +63,6 @@ TESTED_IN = {
     "bat_jax/sandbox/call_supervisor.py": "test_sandbox_local.py",
     "bat_jax/sandbox/evidence.py": "test_reward_integrity.py",
     "bat_jax/sandbox/readers.py": "test_artefact_properties.py",
-    "bat_jax/stage_bank/e2e_surrogate.py": "test_factory.py",
     "bat_jax/stage_bank/slicing.py": "test_factory.py",
     "bat_jax/staged_benchmark/episode.py": "test_tasks_framework.py",
     "bat_jax/tasks/base.py": "test_factory.py",
