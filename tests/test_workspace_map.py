@@ -54,7 +54,6 @@ TESTED_IN = {
     "bat_jax/bicurl/engines.py": "test_vllm_memory.py",
     "bat_jax/clients/chat_endpoint.py": "test_judge.py",
     "bat_jax/learn/train_state.py": "test_learner.py",
-    "bat_jax/models/cache.py": "test_jax_sampler.py",
     "bat_jax/models/causal_lm.py": "test_memory_parity.py",
     "bat_jax/models/episode.py": "test_chat.py",
     "bat_jax/models/layers.py": "test_memory_parity.py",
