@@ -53,7 +53,6 @@ SUITES = {
 TESTED_IN = {
     "bat_jax/bicurl/engines.py": "test_vllm_memory.py",
     "bat_jax/clients/chat_endpoint.py": "test_judge.py",
-    "bat_jax/learn/train_state.py": "test_learner.py",
     "bat_jax/models/causal_lm.py": "test_memory_parity.py",
     "bat_jax/models/episode.py": "test_chat.py",
     "bat_jax/models/layers.py": "test_memory_parity.py",
@@ -65,7 +64,6 @@ TESTED_IN = {
     "bat_jax/staged_benchmark/episode.py": "test_tasks_framework.py",
     "bat_jax/tasks/base.py": "test_factory.py",
     "bat_jax/tasks/benchmark.py": "test_tasks_framework.py",
-    "bat_jax/tasks/brief.py": "test_varied_tasks.py",
     "bat_jax/tasks/e2e_reduce.py": "test_factory.py",
     "bat_jax/tasks/method_replay.py": "test_reward_integrity.py",
     "bat_jax/tasks/rubric_items.py": "test_reward_integrity_inputs.py",
