@@ -52,7 +52,6 @@ SUITES = {
 #: Modules without a test file of their own yet: the test file that exercises each.
 TESTED_IN = {
     "bat_jax/bicurl/engines.py": "test_vllm_memory.py",
-    "bat_jax/clients/chat_endpoint.py": "test_judge.py",
     "bat_jax/models/causal_lm.py": "test_memory_parity.py",
     "bat_jax/models/episode.py": "test_chat.py",
     "bat_jax/models/layers.py": "test_memory_parity.py",
