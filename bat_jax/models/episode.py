@@ -8,7 +8,8 @@ tokenizer's chat template.
 
 Text never becomes a control token (`TextCodec`): the template's own control tokens are inserted as ids. All text —
 briefs, system prompts, tool output, thoughts, code — is encoded with the tokenizer's added tokens switched off, so a
-tool that prints `<|im_end|>` gives ordinary text ids that decode back to it. """
+tool that prints `<|im_end|>` gives ordinary text ids that decode back to it.
+"""
 
 from __future__ import annotations
 

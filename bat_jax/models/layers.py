@@ -215,8 +215,8 @@ def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
     Blockwise, the float32 scores of one query block, ``[b, H, block, s]`` at most, are the largest buffer (never
     ``[b, H, t, s]``); each block is rematerialised in the backward pass (``jax.checkpoint``). With a static
     (Python int) ``q_offset`` (training, fresh prompts) query block ``[lo, hi)`` reads only keys
-    ``[0, q_offset + hi)``, the ones it may see. That is about half of the dense work at ``t = s`` (a tiny Qwen3.5 on CPU,
-    ``[1, 3072]``, block 128: forward 319 → 114 ms, gradient 956 → 291 ms against one ``jax.lax.map`` over
+    ``[0, q_offset + hi)``, the ones it may see. That is about half of the dense work at ``t = s`` (a tiny Qwen3.5 on
+    CPU, ``[1, 3072]``, block 128: forward 319 → 114 ms, gradient 956 → 291 ms against one ``jax.lax.map`` over
     1,024-query blocks). The blocks are unrolled, at most ``MAX_UNROLLED_BLOCKS`` of them (longer sequences get
     longer blocks). A traced ``q_offset`` (a prompt continuing a cache) maps over blocks that read every key.
     Every query row is the same softmax over the same keys as the dense form, so they agree to float round-off.

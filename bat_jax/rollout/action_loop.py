@@ -18,7 +18,8 @@ each stage. A `PolicyError` (or any other exception of the policy) → a rejecte
 a 'stop' action → end reason 'stop'; `max_turns` → 'max_turns'. An exception of the sandbox or of `on_stage_start` → end
 reason 'sandbox_error' with `RecordedEpisode.error` (`sandbox.types.fault_of` says whose failure it is). One episode's
 exception ends that episode only, never the others of the call. Recorded episodes, scores and bank digests on fixed
-seeds are pinned in `tests/test_action_loop.py`. """
+seeds are pinned in `tests/test_action_loop.py`.
+"""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ JAX and vLLM share each GPU in one process (`bicurl/engines.build_engine`): JAX 
 ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the device when it first touches it, and vLLM then asks for
 ``gpu_memory_utilization`` of the device's *total* memory and refuses to start when less than that is free. Inside its
 share vLLM holds the weights (engine dtype), its activation peak (measured by its start-up profile run; here an
-estimate, `VLLMMemoryPlan.overhead`) and, in what is left, the cache. One rollout of ``max_model_len`` tokens needs the following.
+estimate, `VLLMMemoryPlan.overhead`) and, in what is left, the cache. One rollout of ``max_model_len`` tokens needs the
+following.
 
   attention KV:      tokens × (attention layers × KV heads × head_dim × 2 [K and V] × bytes of the cache dtype)
   Gated DeltaNet:    per sequence, per linear-attention layer: conv state (2 · key_dim + value_dim) × (kernel − 1)
@@ -22,8 +23,8 @@ state per sequence when prefix caching is on.
 What neither fraction holds lives in the rest of the device (``1 − JAX − vLLM``, 0.1 at paper scale = 8 GiB of an
 80 GiB card). It holds the CUDA contexts of the learner and the replica with XLA's NCCL and cuBLAS workspaces
 (`DEFAULT_CONTEXT_BYTES`), vLLM's CUDA graphs when ``enforce_eager`` is off (`DEFAULT_CUDA_GRAPH_BYTES`), and the
-transient peak of a weight sync (`sync_memory`). For a replica pool that peak is the parent's staging buffer (≤ the bucket
-bound; `sync_staging.plan_sync`) plus vLLM's layer-wise reload copy of one module (≤ the largest decoder layer;
+transient peak of a weight sync (`sync_memory`). For a replica pool that peak is the parent's staging buffer (≤ the
+bucket bound; `sync_staging.plan_sync`) plus vLLM's layer-wise reload copy of one module (≤ the largest decoder layer;
 tensors above the bound travel in row chunks written in place). For one in-process engine, the reload copy of the
 largest module, the embedding included (the gathered bucket itself sits in JAX's share). `check` refuses, with the
 numbers, when the rest cannot hold them.
@@ -230,8 +231,8 @@ def check(cache: RolloutCache, *, max_model_len: int, device_total: int, device_
     Returns: the plan (print `describe()`).
     Raises:
       ValueError, naming both fractions and the numbers, when JAX's and vLLM's fractions leave less than
-      `CONTEXT_RESERVE_FRACTION` of the device. Also when that rest cannot hold the contexts, the CUDA graphs and a weight
-      sync's peak, when less is free than vLLM's share (vLLM would refuse to start), or when not one rollout of
+      `CONTEXT_RESERVE_FRACTION` of the device. Also when that rest cannot hold the contexts, the CUDA graphs and a
+      weight sync's peak, when less is free than vLLM's share (vLLM would refuse to start), or when not one rollout of
       `max_model_len` tokens fits in the cache. (The device checks apply only where `device_free` is known.)
     """
     p = plan(cache, max_model_len=max_model_len, device_total=device_total, jax_fraction=jax_fraction,

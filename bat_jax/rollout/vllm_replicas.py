@@ -4,9 +4,9 @@
 tensor parallel 1) in its own process (`bat_jax.rollout.vllm_replica_worker`, a fresh interpreter that never
 imports JAX), pinned to its device. ``CUDA_VISIBLE_DEVICES`` is its GPU's UUID (`bat_jax.rollout.gpus`: replica i on
 this process's CUDA ordinal i by default, beside the learner's fsdp shard there. A parent restricted to
-``CUDA_VISIBLE_DEVICES=4,5,6,7`` puts its replicas on physical GPUs 4–7). On CPU a replica gets its share of this process's
-cores (``VLLM_CPU_OMP_THREADS_BIND``). The parent talks to each over a socket; every replica serves many calls at
-once through its own in-flight driver (`bat_jax.rollout.inflight`).
+``CUDA_VISIBLE_DEVICES=4,5,6,7`` puts its replicas on physical GPUs 4–7). On CPU a replica gets its share of this
+process's cores (``VLLM_CPU_OMP_THREADS_BIND``). The parent talks to each over a socket; every replica serves many
+calls at once through its own in-flight driver (`bat_jax.rollout.inflight`).
 
 Routing (`bat_jax.rollout.replica_router`): each row goes to one replica; a turn that continues an episode goes to
 the replica that served the episode so far (its prefix cache holds the conversation), a new episode to the replica

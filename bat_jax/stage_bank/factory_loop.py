@@ -15,8 +15,8 @@ It runs:
   * in its own process started by the experiment
     (`experiment.Components.factory_loop = @factory_loop.FactoryLoopConfig()`;
     `FactoryProcess`: a spawned process, stopped with the run). A crash is reported once by
-    `FactoryProcess.exit_line` and the run goes on training on the last admitted version. Or as a Ray actor when the run's rollouts are on
-    Ray (`bicurl/bank_feed.RayFactory`, the same interface).
+    `FactoryProcess.exit_line` and the run goes on training on the last admitted version. Or as a Ray actor when the
+    run's rollouts are on Ray (`bicurl/bank_feed.RayFactory`, the same interface).
   * on its own as a launch job, against a bank a running experiment reads (`gin/stage_bank_async_tiny.gin`:
     `launch.run.job = @factory_loop.serve_job`).
   * in a test, with a fake `build` step standing in for the teacher.
