@@ -58,7 +58,6 @@ TESTED_IN = {
     "bat_jax/rollout/play.py": "test_tasks_framework.py",
     "bat_jax/sandbox/call_supervisor.py": "test_sandbox_local.py",
     "bat_jax/stage_bank/slicing.py": "test_factory.py",
-    "bat_jax/staged_benchmark/episode.py": "test_tasks_framework.py",
     "bat_jax/tasks/base.py": "test_factory.py",
     "bat_jax/tasks/benchmark.py": "test_tasks_framework.py",
     "bat_jax/tasks/e2e_reduce.py": "test_factory.py",
