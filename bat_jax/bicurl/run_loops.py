@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 
 from bat_jax.benchmark.scoring import Summary
-from bat_jax.bicurl.evaluation import EngineCells, EvalConfig, evaluate
+from bat_jax.bicurl import evaluation as ev
+from bat_jax.bicurl.evaluation import EvalConfig
 from bat_jax.bicurl.ray_workers import RayRollouts, RayRolloutConfig, WorkerSpec
 from bat_jax.policy import Policy, make_agent_loop
 from bat_jax.prompts import PromptFormat
@@ -54,8 +55,8 @@ class RunLoops:
         Returns: the aggregates (`evaluation.evaluate`, `config.purpose`'s runs) and the scored cells that were
         agent-caused sandbox failures.
         """
-        cells = EngineCells(self.evaluation, benchmark, judge, prompt=prompt)
-        return evaluate(cells, config, benchmark), cells.agent_failed
+        cells = ev.EngineCells(self.evaluation, benchmark, judge, prompt=prompt)
+        return ev.evaluate(cells, config, benchmark), cells.agent_failed
 
     def close(self) -> None:
         """Ends the Ray workers (if any) and removes the pool's containers (idempotent)."""
