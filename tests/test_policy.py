@@ -82,8 +82,8 @@ def test_the_tiny_qwen3_policy_renders_with_the_shipped_tokenizers_template():
 
     dense = {k: v for k, v in MICRO.items() if not k.startswith("linear_")}
     qwen3 = build_policy(PolicyConfig(architecture="qwen3", tiny=dense))
-    assert isinstance(qwen3.model, Qwen3ForCausalLM) and qwen3.family == "qwen3_5"
-    builder = EpisodeBuilder(qwen3.tokenizer, qwen3.family)  # raised TemplateMismatchError with family 'qwen3'
+    assert isinstance(qwen3.model, Qwen3ForCausalLM) and qwen3.chat_family == "qwen3_5"
+    builder = EpisodeBuilder(qwen3.tokenizer, qwen3.chat_family)  # raised TemplateMismatchError with family 'qwen3'
     builder.start([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
     from bat_jax.models.chat import get_family
 
@@ -100,7 +100,7 @@ def _e2e_prompt_tokens(style: str) -> int:
     policy = build_policy(PolicyConfig(tiny=MICRO, prompt_style=style))
     task = heldout_suite(1, ("recovery",), tracks=["segmentation"])[0]
     prompt = PromptFormat.of(IMAGING, style)
-    return len(EpisodeBuilder(policy.tokenizer, policy.family).start(*prompt.first_messages(task.brief,
+    return len(EpisodeBuilder(policy.tokenizer, policy.chat_family).start(*prompt.first_messages(task.brief,
                                                                                             IMAGING.row_skill("E2E"))))
 
 

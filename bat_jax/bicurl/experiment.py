@@ -457,12 +457,13 @@ def _log_round(writer: report.ScalarWriter, record: RoundRecord, summary: Summar
     writer.summary("controller_eval", summary, record.round)
     for key, value in record.grpo.scalars().items():
         writer.scalar(f"grpo/{key}", value, record.round)
-    g = record.grpo
+    stats = record.grpo
     fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"[bat_jax] round {record.round}: target {record.selected_stage}, Overall {display(summary.overall)}, "
           f"KL {record.kl:.4f}, {record.decision} → {record.retained_checkpoint}; reward on its pool "
-          f"{fmt(g.pool_reward_before)} → {fmt(g.pool_reward_after)}, groups with reward variance "
-          f"{g.groups_with_variance}/{g.groups_scored}, trained {g.groups_trained} of {g.groups_drawn} drawn "
+          f"{fmt(stats.pool_reward_before)} → {fmt(stats.pool_reward_after)}, groups with reward variance "
+          f"{stats.groups_with_variance}/{stats.groups_scored}, trained {stats.groups_trained} of "
+          f"{stats.groups_drawn} drawn "
           f"({seconds:.0f} s)", flush=True)
 
 
@@ -497,7 +498,7 @@ def _kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, con
     for row in list(rows)[: config.num_prompts]:
         messages, tools = prompt.first_messages(row.prompt, row.skill)
         # through the EpisodeBuilder: text in briefs and skills never becomes a control id
-        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tools)))
+        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.chat_family).start(messages, tools)))
     batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}
                        for p in prompts], multiple=1)
     return batch["input_ids"], batch["attention_mask"]
