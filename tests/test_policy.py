@@ -11,8 +11,8 @@ def test_the_tiny_qwen3_policy_renders_with_the_shipped_tokenizers_template():
 
     dense = {k: v for k, v in MICRO.items() if not k.startswith("linear_")}
     qwen3 = build_policy(PolicyConfig(architecture="qwen3", tiny=dense))
-    assert isinstance(qwen3.model, Qwen3ForCausalLM) and qwen3.family == "qwen3_5"
-    builder = EpisodeBuilder(qwen3.tokenizer, qwen3.family)  # family 'qwen3' would not match the template
+    assert isinstance(qwen3.model, Qwen3ForCausalLM) and qwen3.chat_family == "qwen3_5"
+    builder = EpisodeBuilder(qwen3.tokenizer, qwen3.chat_family)  # family 'qwen3' would not match the template
     builder.start([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
     from bat_jax.models.chat import get_family
 

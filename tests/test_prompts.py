@@ -18,7 +18,7 @@ def _e2e_prompt_tokens(style: str) -> int:
     policy = build_policy(PolicyConfig(tiny=MICRO, prompt_style=style))
     task = heldout_suite(1, ("recovery",), tracks=["segmentation"])[0]
     prompt = PromptFormat.of(IMAGING, style)
-    return len(EpisodeBuilder(policy.tokenizer, policy.family).start(*prompt.first_messages(task.brief,
+    return len(EpisodeBuilder(policy.tokenizer, policy.chat_family).start(*prompt.first_messages(task.brief,
                                                                                             IMAGING.row_skill("E2E"))))
 
 

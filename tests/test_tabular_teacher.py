@@ -28,7 +28,7 @@ def _failed(result) -> dict:
     return {s: sorted(k for k, ok in v.items.items() if not ok) for s, v in result.score.verdicts.items()}
 
 
-@pytest.mark.parametrize("family", tables.FAMILIES)
+@pytest.mark.parametrize("family", tables.TASK_FAMILIES)
 def test_the_teacher_passes_every_item_of_every_variant(family):
     for variant in tables.VARIANTS:
         result = play(BENCH, BENCH.training_task(family, 21, variant), BENCH.teacher("scripted"))
@@ -48,7 +48,7 @@ def test_the_teacher_passes_heldout_tasks_and_stage_rows():
 
 def test_its_action_texts_are_the_same_for_every_task():
     texts = set()
-    for family in tables.FAMILIES:
+    for family in tables.TASK_FAMILIES:
         result = play(BENCH, BENCH.training_task(family, 2, "missing"), BENCH.teacher("scripted"))
         texts.add(json.dumps([t.action.to_dict() for t in result.episode.turns]))
         assert [t.stage for t in result.episode.turns] == ["inspect", "clean", "analyse", "report", "report"]
@@ -93,6 +93,6 @@ def test_the_teacher_passes_every_item_in_docker():
         make = backend_factory("docker")
     except BackendUnavailable as exc:
         pytest.skip(str(exc))
-    for family in tables.FAMILIES:
+    for family in tables.TASK_FAMILIES:
         result = play(BENCH, BENCH.training_task(family, 30, "mixed"), BENCH.teacher("scripted"), make_sandbox=make)
         assert _failed(result) == {s: [] for s in PERFECT} and result.score.reward == 1.0, family

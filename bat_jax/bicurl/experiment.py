@@ -27,11 +27,10 @@ import dataclasses
 import json
 import pathlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
 
 from bat_jax import report
 from bat_jax.atomic_io import atomic_write
@@ -39,13 +38,13 @@ from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.bicurl import evaluation as ev
 from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
+from bat_jax.bicurl.cold_start import SFT_TARGETS, load_round0, round0_items, save_round0, sft_cold_start
 from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
 from bat_jax.bicurl.grpo_round import GRPOBlockConfig, grpo_block
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
 from bat_jax.bicurl.reward import RewardConfig
 from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
-from bat_jax.bicurl.sft_data import render_sft_row, sft_batch, trajectory_examples
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer, checkpoint_name, checkpoint_step
 from bat_jax.curriculum import controller as ctl
 from bat_jax.errors import ConfigValueError
@@ -67,7 +66,7 @@ from bat_jax.stage_bank.bank import BankView, StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.factory_loop import FactoryLoopConfig, FactoryProcess
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
-from bat_jax.stage_bank.row import RLRow, SFTRow
+from bat_jax.stage_bank.row import RLRow
 from bat_jax.staged_benchmark.contract import BenchmarkError, StagedBenchmark
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
 
@@ -119,8 +118,8 @@ class BiCuRLConfig:
         check_bank_version(self.bank_version)
         if self.mode not in MODES:
             raise ValueError(f"BiCuRLConfig.mode must be one of {MODES}, got {self.mode!r}")
-        if self.sft_targets not in ("row", "trajectory"):
-            raise ValueError(f"BiCuRLConfig.sft_targets must be 'row' or 'trajectory', got {self.sft_targets!r}")
+        if self.sft_targets not in SFT_TARGETS:
+            raise ValueError(f"BiCuRLConfig.sft_targets must be one of {SFT_TARGETS}, got {self.sft_targets!r}")
         if self.rounds < 0 or self.grpo_steps_per_round < 1:
             raise ValueError(f"BiCuRLConfig needs rounds >= 0 and grpo_steps_per_round >= 1, got "
                              f"{self.rounds}, {self.grpo_steps_per_round}")
@@ -263,7 +262,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         export_retained(exp.learner.sync_model(best_params), run_dir, exp.policy.tokenizer)  # SFT without rounds
         exp.loops.close()  # Ray rollout workers, the sandbox pool
         return report.write_run_report(run_dir, final, records, round0, exp.stages, exp.writer,
-                                       note=exp.benchmark.note, round0_items=_round0_items(run_dir))
+                                       note=exp.benchmark.note, round0_items=round0_items(run_dir))
 
 
 @dataclasses.dataclass
@@ -297,9 +296,8 @@ class _Experiment:
     def evaluate(self, params, purpose: str) -> tuple[Summary, int]:
         """(aggregates, scored cells that were agent-caused sandbox failures) of one held-out evaluation."""
         self.engine.update_weights(self.learner.sync_model(params))
-        cells = ev.EngineCells(self.loops.evaluation, self.benchmark, self.judge, prompt=self.prompt)
-        summary = ev.evaluate(cells, dataclasses.replace(self.components.evaluation, purpose=purpose), self.benchmark)
-        return summary, cells.agent_failed
+        return self.loops.evaluate(dataclasses.replace(self.components.evaluation, purpose=purpose), self.benchmark,
+                                   self.judge, self.prompt)
 
     def restore(self, name: str):
         """The parameters of checkpoint `name` (`checkpoint.checkpoint_name`), on the learner's mesh."""
@@ -368,8 +366,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling,
                             max_response_tokens=agent.max_response_tokens)
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, manifest,
-                       engine,
-                       loops, judge, Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
+                       engine, loops, judge,
+                       Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
                        Ledger(run_dir / "ledger.jsonl"), report.ScalarWriter(run_dir / "tensorboard", benchmark.stages),
                        block)
 
@@ -394,15 +392,16 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
     """SFT cold start once (checkpoint step 0) and its controller evaluation (round 0); restored on resume."""
     if 0 in exp.checkpoints.all_steps():
         exp.learner.params = exp.restore(checkpoint_name(0))
-        return _round0(exp.run_dir)
+        return load_round0(exp.run_dir)
     t0 = time.perf_counter()
-    _sft_cold_start(exp.learner, exp.policy, exp.prompt, exp.view.sft_rows, exp.components.sft, exp.config,
-                    exp.components.agent.max_observation_chars)
+    sft_cold_start(exp.learner, exp.policy, exp.prompt, list(exp.view.sft_rows)[: exp.config.sft_max_rows or None],
+                   exp.components.sft, exp.config.sft_targets, exp.config.seed,
+                   exp.components.agent.max_observation_chars)
     t1 = time.perf_counter()
     summary, _ = exp.evaluate(exp.learner.params, "controller")
     print(f"[bat_jax] SFT cold start done in {t1 - t0:.0f} s; controller evaluation Overall "
           f"{display(summary.overall)} ({time.perf_counter() - t1:.0f} s)", flush=True)
-    round0 = _round0(exp.run_dir, summary)
+    round0 = save_round0(exp.run_dir, summary)
     exp.checkpoints.save(0, {"params": exp.learner.params}, extra={"round": 0},
                          metrics=None if summary.overall is None else {"overall": summary.overall})
     return round0
@@ -458,12 +457,13 @@ def _log_round(writer: report.ScalarWriter, record: RoundRecord, summary: Summar
     writer.summary("controller_eval", summary, record.round)
     for key, value in record.grpo.scalars().items():
         writer.scalar(f"grpo/{key}", value, record.round)
-    g = record.grpo
+    stats = record.grpo
     fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"[bat_jax] round {record.round}: target {record.selected_stage}, Overall {display(summary.overall)}, "
           f"KL {record.kl:.4f}, {record.decision} → {record.retained_checkpoint}; reward on its pool "
-          f"{fmt(g.pool_reward_before)} → {fmt(g.pool_reward_after)}, groups with reward variance "
-          f"{g.groups_with_variance}/{g.groups_scored}, trained {g.groups_trained} of {g.groups_drawn} drawn "
+          f"{fmt(stats.pool_reward_before)} → {fmt(stats.pool_reward_after)}, groups with reward variance "
+          f"{stats.groups_with_variance}/{stats.groups_scored}, trained {stats.groups_trained} of "
+          f"{stats.groups_drawn} drawn "
           f"({seconds:.0f} s)", flush=True)
 
 
@@ -490,33 +490,6 @@ def mode_pools(rl_rows: Sequence[RLRow], mode: str, pool_config: pools.PoolConfi
     return rows, dataclasses.replace(pool_config, omit=("target", "mix"))
 
 
-def _sft_cold_start(learner: Learner, policy: Policy, prompt: PromptFormat, rows: Sequence[SFTRow],
-                    config: sft.SFTConfig, run: BiCuRLConfig, max_observation_chars: int) -> None:
-    """SFT on the bank's SFT rows: loss on the single target action (+ end of turn), paper Appendix A.4.
-    Observations in the context are cut to `max_observation_chars`, as rollouts cut them. Each batch is padded
-    to the length bucket of its rows (`sft_data.sft_batch`), not to `max_seq_len`."""
-    rows = list(rows)[: run.sft_max_rows or None]
-    if run.sft_targets == "trajectory":
-        examples = trajectory_examples(rows, policy, prompt, config.max_seq_len, max_observation_chars)
-    else:
-        examples = [e for e in (render_sft_row(row, policy, prompt, config.max_seq_len, max_observation_chars)
-                                for row in rows) if e is not None]
-    if not examples:
-        raise ValueError(f"no SFT row fits SFTConfig.max_seq_len={config.max_seq_len}")
-    targets = sum(int(np.sum(np.diff(e["loss_mask"], prepend=0) == 1)) for e in examples)
-    print(f"[bat_jax] SFT cold start: {len(examples)} sequences holding {targets} of the {len(rows)} rows' target "
-          f"actions within {config.max_seq_len} tokens; {config.total_steps} steps × {config.global_batch_size}",
-          flush=True)
-    step_fn, state = learner.sft_block(config, config.total_steps)
-    rng = np.random.default_rng(run.seed)
-    bar = tqdm(range(config.total_steps), desc="SFT", unit="step")
-    for i in bar:
-        state, metrics = step_fn(state, sft_batch(examples, config.global_batch_size, rng, config.max_seq_len))
-        if i % 10 == 9:
-            bar.set_postfix(nll=f"{float(metrics['nll']):.3f}")  # token-mean NLL of this batch's target actions
-    learner.adopt(state)
-
-
 def _kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, config: kl.PolicyShiftConfig
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the KL probe set: training rows, never
@@ -525,22 +498,7 @@ def _kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, con
     for row in list(rows)[: config.num_prompts]:
         messages, tools = prompt.first_messages(row.prompt, row.skill)
         # through the EpisodeBuilder: text in briefs and skills never becomes a control id
-        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tools)))
+        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.chat_family).start(messages, tools)))
     batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}
                        for p in prompts], multiple=1)
     return batch["input_ids"], batch["attention_mask"]
-
-
-def _round0(run_dir: pathlib.Path, summary: Summary | None = None) -> ctl.Evaluation:
-    """The SFT policy's controller evaluation (round 0), its rubric item counts beside it: written once, read back
-    on resume."""
-    path = run_dir / "round0_eval.json"
-    if summary is not None:
-        atomic_write(path, json.dumps({**ctl.Evaluation.from_summary(summary).to_dict(),
-                                       "items": summary.items.to_dict()}).encode())
-    return ctl.Evaluation.from_dict(json.loads(path.read_text()))
-
-
-def _round0_items(run_dir: pathlib.Path) -> Mapping | None:
-    """Round 0's rubric item counts (`ItemRates.to_dict()`), None when the run did not record them."""
-    return json.loads((run_dir / "round0_eval.json").read_text()).get("items")

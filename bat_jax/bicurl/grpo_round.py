@@ -74,7 +74,7 @@ class GRPOBlockConfig:
         return dataclasses.replace(self.grpo, loss_scale_factor=float(self.max_response_tokens))
 
 
-def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, c: GRPOBlockConfig,
+def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, block: GRPOBlockConfig,
                benchmark: StagedBenchmark, seed: int, judge: RubricJudge | None = None) -> GRPOStats:
     """Runs one round's GRPO block on `learner` and returns what it did (`ledger.GRPOStats`).
 
@@ -84,17 +84,17 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     one more pass after. The round's learner-vs-engine metrics (`GRPOStats.rollout_mismatch`) cover every trained
     batch with recomputed logprobs, the first one in bypass mode.
     """
-    cfg = c.objective
-    step_fn, state = learner.grpo_block(cfg, c.optimizer, total_steps=len(round_view.batches) * cfg.epochs,
-                                        num_micro_batches=c.micro_batches)
+    cfg = block.objective
+    step_fn, state = learner.grpo_block(cfg, block.optimizer, total_steps=len(round_view.batches) * cfg.epochs,
+                                        num_micro_batches=block.micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
-    tasks = TaskCache(benchmark, c.reward.task_cache_size)  # the round's rebuilt tasks, shared by its rollouts
+    tasks = TaskCache(benchmark, block.reward.task_cache_size)  # the round's rebuilt tasks, shared by its rollouts
     seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": "",  # every drawn rollout
             "items": []}
     varied = grouped = drawn = dropped = trained = 0
     before, first, mismatch, trained_pools = [], None, [], collections.Counter()
     spares = SpareRows(round_view.spares)
-    k_rollouts = c.grpo.group_size
+    k_rollouts = block.grpo.group_size
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
@@ -102,7 +102,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
 
         def roll(items, b=b, waves=waves):  # K rollouts per item, scored: one wave of the batch, its own seed
             wave = next(waves)
-            trajs, scored = rollouts(loop, bank, items, c, wave_seed(seed, b, wave), judge, tasks)
+            trajs, scored = rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, tasks)
             rewards = [s.reward for s in scored]
             n_unscored, n_agent_failed = rollout_counts(trajs, rewards)
             seen["unscored"] += n_unscored
@@ -119,7 +119,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
                     for i in range(len(items))]
 
         filled = fill_batch(list(batch), roll, lambda result: [s.reward for s in result[1]], spares,
-                            c.dynamic_sampling)
+                            block.dynamic_sampling)
         drawn, dropped, trained = drawn + filled.drawn, dropped + filled.dropped, trained + len(filled.groups)
         trained_pools.update(filled.pools)
         trajectories = [t for _, (trajs, _) in filled.groups for t in trajs]
@@ -128,7 +128,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
         varied, grouped = varied + k, grouped + n
         if not trajectories:  # every group dropped and none replaced: nothing to train on
             continue
-        host = _batch(learner, trajectories, c)
+        host = _batch(learner, trajectories, block)
         host["ref_logprobs"] = learner.logprobs(ref_params, host, cfg)
         groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
         host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rewards)), groups, cfg)
@@ -143,7 +143,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     else:
         shift = dict.fromkeys(SHIFT_KEYS, float("nan"))
     loop.engine.update_weights(learner.sync_model(learner.params))
-    _, probe = rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge, tasks)  # same rows, same seed
+    _, probe = rollouts(loop, bank, round_view.batches[0], block, seed * 100, judge, tasks)  # same rows, same seed
     after = [s.reward for s in probe if s.reward is not None]
     return GRPOStats(
         rollouts=seen["rollouts"], unscored=seen["unscored"], agent_failed=seen["agent_failed"],
@@ -204,38 +204,38 @@ def wave_seed(seed: int, batch: int, wave: int) -> int:
     return int(np.random.SeedSequence([seed, batch, wave]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def _batch(learner: Learner, trajectories: Sequence, c: GRPOBlockConfig) -> dict[str, np.ndarray]:
+def _batch(learner: Learner, trajectories: Sequence, block: GRPOBlockConfig) -> dict[str, np.ndarray]:
     """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded up
     to a multiple of devices × micro-batches rows, T to the longest rollout's `grpo_bucket` (not the next power of
     two). With dynamic sampling B varies between batches, so the step may compile once per padded size.
 
     Raises:
-      AssertionError: a rollout longer than `c.max_context_tokens` (the longest the step is compiled for; the agent
+      AssertionError: a rollout longer than `block.max_context_tokens` (the longest the step is compiled for; the agent
         loop never makes one), naming its state id, episode, length and finish reason.
     """
     for t in trajectories:
-        if len(t.ids) > c.max_context_tokens:
+        if len(t.ids) > block.max_context_tokens:
             raise AssertionError(f"GRPO batch: rollout {t.state_id} episode {t.episode} has {len(t.ids)} tokens, more "
-                                 f"than max_context_tokens={c.max_context_tokens} (finish {t.finish_reason!r}); "
+                                 f"than max_context_tokens={block.max_context_tokens} (finish {t.finish_reason!r}); "
                                  "the learner's shapes do not allow it")
     rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
              "old_logprobs": t.logprobs} for t in trajectories]
     longest = max(len(t.ids) for t in trajectories)
-    return pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.micro_batches,
-                     pad_to=grpo_bucket(longest, c.max_context_tokens))
+    return pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * block.micro_batches,
+                     pad_to=grpo_bucket(longest, block.max_context_tokens))
 
 
-def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], c: GRPOBlockConfig, seed: int,
+def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], block: GRPOBlockConfig, seed: int,
              judge: RubricJudge | None, tasks: TaskCache):
     """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; each
-    scored as soon as its episode ends, concurrently with the others' generation (`c.reward` threads), tasks
+    scored as soon as its episode ends, concurrently with the others' generation (`block.reward` threads), tasks
     rebuilt through `tasks`. Both lists hold K consecutive entries per item, in the batch's order."""
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
-    requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.prompt)
+    requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, block.prompt)
                 for item in batch]
-    per_rollout = [item for item in batch for _ in range(c.grpo.group_size)]  # the loop's order: K a row
+    per_rollout = [item for item in batch for _ in range(block.grpo.group_size)]  # the loop's order: K a row
     with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
-                       tasks.benchmark, judge, c.reward, tasks) as scorer:
+                       tasks.benchmark, judge, block.reward, tasks) as scorer:
         trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)  # scored as they finish
         return trajectories, scorer.results()
 

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from bat_jax.benchmark.scoring import Summary
+from bat_jax.bicurl import evaluation as ev
 from bat_jax.bicurl.evaluation import EvalConfig
 from bat_jax.bicurl.ray_workers import RayRollouts, RayRolloutConfig, WorkerSpec
 from bat_jax.policy import Policy, make_agent_loop
+from bat_jax.prompts import PromptFormat
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from bat_jax.rollout.engine import RolloutEngine
 from bat_jax.sandbox.backends import SandboxBackend, open_backend
 from bat_jax.staged_benchmark.contract import StagedBenchmark
+from bat_jax.verify.judge import RubricJudge
 
 
 def eval_cells(evaluation: EvalConfig, benchmark: StagedBenchmark) -> int:
@@ -45,6 +49,16 @@ class RunLoops:
     rollouts: AgentLoop | RayRollouts
     evaluation: AgentLoop
     sandboxes: SandboxBackend
+
+    def evaluate(self, config: EvalConfig, benchmark: StagedBenchmark, judge: RubricJudge | None,
+                 prompt: PromptFormat) -> tuple[Summary, int]:
+        """One held-out evaluation of the engine's current weights through the evaluation loop.
+
+        Returns: the aggregates (`evaluation.evaluate`, `config.purpose`'s runs) and the scored cells that were
+        agent-caused sandbox failures.
+        """
+        cells = ev.EngineCells(self.evaluation, benchmark, judge, prompt=prompt)
+        return ev.evaluate(cells, config, benchmark), cells.agent_failed
 
     def close(self) -> None:
         """Ends the Ray workers (if any) and removes the pool's containers (idempotent)."""

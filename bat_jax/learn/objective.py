@@ -120,8 +120,8 @@ def loss_normalizers(loss_mask: jax.Array, attention_mask: jax.Array | None = No
     }
 
 
-def aggregate(values: jax.Array, mask: jax.Array, mode: str, normalizers: Mapping[str, jax.Array],
-              loss_scale_factor: float | None = None, seq_mean_rows: str = "all") -> jax.Array:
+def aggregate_loss(values: jax.Array, mask: jax.Array, mode: str, normalizers: Mapping[str, jax.Array],
+                   loss_scale_factor: float | None = None, seq_mean_rows: str = "all") -> jax.Array:
     """Reduce ``[B, T]`` per-token values to this (micro-)batch's share of the whole-batch loss (scalar float32).
 
     Let m be the loss mask and N_tok the whole batch's ``num_tokens``. N is the rollouts a sequence mean divides by
@@ -158,7 +158,7 @@ def aggregate(values: jax.Array, mask: jax.Array, mode: str, normalizers: Mappin
         return vm.sum() / n
     if mode == "seq-mean-token-sum-norm":
         if loss_scale_factor is None:
-            raise ValueError("aggregate: 'seq-mean-token-sum-norm' needs loss_scale_factor, the constant C (tokens; "
-                             "verl and Dr.GRPO: the response budget)")
+            raise ValueError("aggregate_loss: 'seq-mean-token-sum-norm' needs loss_scale_factor, the constant C "
+                             "(tokens; verl and Dr.GRPO: the response budget)")
         return vm.sum() / (n * jnp.float32(loss_scale_factor))
     raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGGREGATIONS}")

@@ -95,7 +95,7 @@ class ChatFamily:
         return self.published_special_start_id + self.special_tokens.index(token)
 
 
-FAMILIES = {
+CHAT_FAMILIES = {
     "qwen3_5": ChatFamily("qwen3_5", QWEN3_5_SPECIAL_TOKENS, QWEN3_5_SPECIAL_START_ID,
                           f"{IM_START}assistant\n<think>\n", strips_content=True),
     "qwen3": ChatFamily("qwen3", QWEN3_SPECIAL_TOKENS, QWEN3_SPECIAL_START_ID,
@@ -103,7 +103,7 @@ FAMILIES = {
     "chatml": ChatFamily("chatml", CHATML_SPECIAL_TOKENS, 0, f"{IM_START}assistant\n", strips_content=False,
                          inline_tools=True),
 }  # fmt: skip
-#: The chat family of each model family's own template (`configs.*Config.family` -> `FAMILIES` key).
+#: The chat family of each model family's own template (`configs.*Config.family` -> `CHAT_FAMILIES` key).
 MODEL_CHAT_FAMILY = {"qwen3_5": "qwen3_5", "qwen3": "qwen3", "llama": "chatml"}
 
 
@@ -111,9 +111,9 @@ def get_family(family: str | ChatFamily) -> ChatFamily:
     """The `ChatFamily` named `family`. Raises ValueError naming the known families."""
     if isinstance(family, ChatFamily):
         return family
-    if family not in FAMILIES:
-        raise ValueError(f"unknown chat family {family!r}; known: {sorted(FAMILIES)}")
-    return FAMILIES[family]
+    if family not in CHAT_FAMILIES:
+        raise ValueError(f"unknown chat family {family!r}; known: {sorted(CHAT_FAMILIES)}")
+    return CHAT_FAMILIES[family]
 
 
 class Control(str):

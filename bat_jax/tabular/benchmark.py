@@ -18,7 +18,7 @@ from bat_jax.staged_benchmark.contract import StagedBenchmark
 from bat_jax.staged_benchmark.episode import ActionPolicy
 from bat_jax.tabular import rubric as rubric_items
 from bat_jax.tabular import tasks
-from bat_jax.tabular.tables import FAMILIES, TOP_K, VARIANTS
+from bat_jax.tabular.tables import TASK_FAMILIES, TOP_K, VARIANTS
 from bat_jax.tabular.tasks import TabularTask
 from bat_jax.tabular.teacher import VERSION as TEACHER_VERSION, ScriptedTeacher
 from bat_jax.verify.rubric import Rubric
@@ -51,7 +51,7 @@ class TabularBenchmark(StagedBenchmark):
 
     @property
     def tracks(self) -> Mapping[str, str]:
-        return {f: METRICS[f] for f in FAMILIES}
+        return {f: METRICS[f] for f in TASK_FAMILIES}
 
     @property
     def variants(self) -> tuple[str, ...]:
