@@ -1,0 +1,63 @@
+"""A weight sync with engine calls in flight (bat_jax/rollout/weight_gate.py): the sync waits for the call in
+flight, a call arriving during the sync waits for it, and every completion carries the one version it ran on."""
+
+import threading
+import time
+
+import numpy as np
+
+from bat_jax.rollout.engine import Completion, SamplingParams
+from bat_jax.rollout.weight_gate import WeightGate
+
+
+class SlowEngine:
+    """Each call blocks until `release` is set; its rows record the version installed when the call began and when
+    it ended (an engine swapped mid-call would report two)."""
+
+    def __init__(self):
+        self.weight_version, self.release, self.started = 0, threading.Event(), threading.Event()
+        self.calls = []
+
+    def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+        began = self.weight_version
+        self.started.set()
+        self.release.wait(5)
+        self.calls.append((began, self.weight_version))
+        return [Completion(np.array([1], np.int32), np.array([-0.5], np.float32), "stop", began) for _ in prompts]
+
+    def update_weights(self, params):
+        self.weight_version += 1
+        return self.weight_version
+
+
+def test_a_sync_waits_for_the_call_in_flight_and_holds_new_calls_until_it_is_done():
+    inner = SlowEngine()
+    gate = WeightGate(inner)
+    out = {}
+    first = threading.Thread(target=lambda: out.setdefault("first", gate.generate([[1]], SamplingParams())))
+    first.start()
+    assert inner.started.wait(5)
+    sync = threading.Thread(target=lambda: out.setdefault("version", gate.update_weights(None)))
+    sync.start()
+    time.sleep(0.1)
+    assert inner.weight_version == 0 and "version" not in out  # the sync waits for the turn in flight
+    inner.started.clear()
+    second = threading.Thread(target=lambda: out.setdefault("second", gate.generate([[2]], SamplingParams())))
+    second.start()
+    time.sleep(0.1)
+    assert not inner.started.is_set()  # a call arriving while the sync waits does not start
+    inner.release.set()
+    for t in (first, sync, second):
+        t.join(5)
+    assert out["version"] == 1 and gate.syncs_waited == 1
+    assert inner.calls == [(0, 0), (1, 1)]  # no call saw its weights change under it
+    assert out["first"][0].weight_version == 0 and out["second"][0].weight_version == 1
+    assert gate.weight_version == 1 and gate.calls is inner.calls  # anything else is the inner engine's
+
+
+def test_a_sync_without_calls_in_flight_does_not_wait():
+    inner = SlowEngine()
+    inner.release.set()
+    gate = WeightGate(inner)
+    assert gate.generate([[1]], SamplingParams())[0].weight_version == 0
+    assert gate.update_weights(None) == 1 and gate.syncs_waited == 0
