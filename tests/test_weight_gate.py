@@ -61,3 +61,35 @@ def test_a_sync_without_calls_in_flight_does_not_wait():
     gate = WeightGate(inner)
     assert gate.generate([[1]], SamplingParams())[0].weight_version == 0
     assert gate.update_weights(None) == 1 and gate.syncs_waited == 0
+
+
+def test_an_episode_continues_across_syncs_and_each_turn_keeps_its_version():
+    """on_sync='continue' in the agent loop: a learner sync during each tool call; the episode's next turn samples on
+    the new weights, and the trajectory records 3, 4, 5 (`staleness.judge_group` then aborts it under 'abort')."""
+    from bat_jax.learn.staleness import StalenessConfig, judge_group
+    from bat_jax.rollout.agent_loop import AgentLoopConfig
+
+    from test_agent_loop import ACTION, REQUEST, FakeSandbox, ScriptedEngine, _loop
+
+    class Versioned(ScriptedEngine):
+        def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
+            out = super().generate(prompts, params, max_new_tokens=max_new_tokens, seeds=seeds)
+            return [Completion(c.token_ids, c.logprobs, c.finish_reason, self.weight_version) for c in out]
+
+        def update_weights(self, params):
+            self.weight_version += 1
+            return self.weight_version
+
+    gate = WeightGate(Versioned([ACTION] * 3))
+
+    class SyncingSandbox(FakeSandbox):
+        def execute_code(self, language, code, timeout_s=None):
+            gate.update_weights(None)  # the learner syncs while the tool call runs
+            return super().execute_code(language, code, timeout_s)
+
+    config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=3, progress=False)
+    (traj,) = _loop(gate, config, sandbox_factory=SyncingSandbox).run([REQUEST])
+    assert traj.turn_versions == (3, 4, 5) and traj.weight_version == 5 and traj.began_version == 3
+    verdicts = [judge_group([traj.turn_versions], [traj.weight_version], [False], 6,
+                            StalenessConfig(max_staleness=3, on_sync=mode)).action for mode in ("continue", "abort")]
+    assert verdicts == ["train", "aborted"]
