@@ -93,3 +93,23 @@ def test_an_episode_continues_across_syncs_and_each_turn_keeps_its_version():
     verdicts = [judge_group([traj.turn_versions], [traj.weight_version], [False], 6,
                             StalenessConfig(max_staleness=3, on_sync=mode)).action for mode in ("continue", "abort")]
     assert verdicts == ["train", "aborted"]
+
+
+def test_an_engine_that_swaps_between_decode_steps_is_not_waited_for():
+    class Swapping(SlowEngine):
+        swaps_in_flight = True
+
+        def update_weights(self, params, *, in_flight=False):
+            self.in_flight = in_flight
+            return super().update_weights(params)
+
+    inner = Swapping()
+    gate = WeightGate(inner)
+    call = threading.Thread(target=lambda: gate.generate([[1]], SamplingParams()))
+    call.start()
+    assert inner.started.wait(5)
+    assert gate.update_weights(None) == 1 and inner.in_flight  # returned while the call is still in flight
+    assert call.is_alive() and gate.syncs_waited == 0
+    inner.release.set()
+    call.join(5)
+    assert inner.calls == [(0, 1)]  # the call began on 0 and ended on 1: the engine's own in-flight swap

@@ -8,6 +8,11 @@ report one of them. `WeightGate` wraps any `RolloutEngine` so that a sync waits 
 calls cannot starve a sync), and then lets them in on the new weights. Every completion therefore carries the one
 version its turn was sampled on, and an episode that spans a sync goes on with its next turn on the new weights
 (`Trajectory.turn_versions` records both). Calls still overlap one another exactly as the wrapped engine allows.
+
+An engine that can swap its weights between two decode steps (`swaps_in_flight = True`: the continuously batched JAX
+sampler, `update_weights(params, in_flight=True)`: between decode chunks) is not waited for: the sync goes to it
+at once, the rows in flight finish on the new weights and each completion reports the version it was admitted on
+(the older one: a turn that spans a sync counts as begun on it).
 """
 
 from __future__ import annotations
@@ -50,7 +55,18 @@ class WeightGate:
 
     def update_weights(self, params: Any) -> int:
         """Waits for the calls in flight to return (new ones wait), installs `params` on `inner` and returns the
-        new weight version. Syncs from several threads run one after the other."""
+        new weight version (an engine with `swaps_in_flight` swaps between its decode steps instead, without
+        waiting). Syncs from several threads run one after the other."""
+        if getattr(self.inner, "swaps_in_flight", False):
+            with self._cond:
+                self._cond.wait_for(lambda: not self._syncing)
+                self._syncing = True
+            try:
+                return self.inner.update_weights(params, in_flight=True)
+            finally:
+                with self._cond:
+                    self._syncing = False
+                    self._cond.notify_all()
         with self._cond:
             self._cond.wait_for(lambda: not self._syncing)
             self._syncing = True
