@@ -354,7 +354,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None
-    loops = open_run_loops(policy, engine, agent, components.evaluation, benchmark, components.pools.batch_size,
+    rows_in_flight = components.pools.batch_size * (1 + components.staleness.max_staleness)  # s later batches too
+    loops = open_run_loops(policy, engine, agent, components.evaluation, benchmark, rows_in_flight,
                            config.backend, warm_pool=config.sandbox_pool, ray=components.ray, worker=worker)
     resources.callback(loops.close)
     judge = RubricJudge(components.judge) if components.judge is not None else None
