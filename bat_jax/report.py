@@ -170,8 +170,8 @@ def staleness_table(records: Sequence[Any]) -> str:
     for rec in records:
         g = rec.grpo
         cell = lambda v, fmt: "—" if v is None else format(v, fmt)  # noqa: E731
-        lines.append(f"{f'round {rec.round}':<12}{g.groups_dropped_stale:>7d}{g.groups_evicted:>9d}{g.groups_aborted:>9d}"
-                     f"{g.groups_refilled:>10d}{cell(g.staleness_mean, '.2f'):>10}{cell(g.staleness_max, 'd'):>9}")
+        lines.append(f"{f'round {rec.round}':<12}{g.groups_dropped_stale:>7d}{g.groups_evicted:>9d}"
+                     f"{g.groups_aborted:>9d}{g.groups_refilled:>10d}{cell(g.staleness_mean, '.2f'):>10}{cell(g.staleness_max, 'd'):>9}")
     return "\n".join(lines)
 
 

@@ -219,7 +219,8 @@ def measure(s: int, steps: int, rows: int, scale: float, turn_tokens: int) -> di
         start = time.monotonic()
         stats = async_block.run_grpo_block(learner, loop, bank, view, c, None, seed=11)
     wall = learner.last_step_end - start
-    return {"s": s, "wall_s": wall, "steps_per_hour": steps / wall * 3600, "engine_busy": learner.engine_at_last_step[0] / wall,
+    return {"s": s, "wall_s": wall, "steps_per_hour": steps / wall * 3600,
+            "engine_busy": learner.engine_at_last_step[0] / wall,
             "episodes_decoding": learner.engine_at_last_step[1] / wall,
             "learner_busy": learner.busy_s / wall, "trained": stats.groups_trained,
             "staleness_mean": stats.staleness_mean, "staleness_max": stats.staleness_max,
@@ -246,7 +247,8 @@ def main(argv=None) -> list[dict]:
         lag = "—" if r["staleness_mean"] is None else f"{r['staleness_mean']:.2f}"
         print(f"{r['s']:>3}{r['wall_s']:>9.1f}{r['steps_per_hour']:>10.0f}"
               f"{r['steps_per_hour'] / base['steps_per_hour']:>7.2f}x{r['engine_busy']:>12.0%}"
-              f"{r['learner_busy']:>14.0%}{r['episodes_decoding']:>10.1f}{lag:>10}{'—' if r['staleness_max'] is None else r['staleness_max']:>9}"
+              f"{r['learner_busy']:>14.0%}{r['episodes_decoding']:>10.1f}{lag:>10}"
+              f"{'—' if r['staleness_max'] is None else r['staleness_max']:>9}"
               f"{r['dropped_stale']:>7}")
     return results
 
