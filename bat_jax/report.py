@@ -163,6 +163,20 @@ def groups_table(records: Sequence[Any]) -> str:
     return "\n".join(lines)
 
 
+def staleness_table(records: Sequence[Any]) -> str:
+    """Per-round bounded-staleness GRPO counts (`ledger.GRPOStats`): groups dropped as too stale, evicted for an
+    infrastructure failure, aborted after a sync, refills rolled out, and the mean / max staleness (weight versions)
+    of the trained groups. '—' = not recorded (the synchronous block)."""
+    lines = [f"{'Round':<12}{'stale':>7}{'evicted':>9}{'aborted':>9}{'refilled':>10}{'mean lag':>10}{'max lag':>9}"]
+    lines.append("-" * len(lines[0]))
+    for rec in records:
+        g = rec.grpo
+        cell = lambda v, fmt: "—" if v is None else format(v, fmt)  # noqa: E731
+        lines.append(f"{f'round {rec.round}':<12}{g.groups_dropped_stale:>7d}{g.groups_evicted:>9d}"
+                     f"{g.groups_aborted:>9d}{g.groups_refilled:>10d}{cell(g.staleness_mean, '.2f'):>10}{cell(g.staleness_max, 'd'):>9}")
+    return "\n".join(lines)
+
+
 def bank_table(records: Sequence[Any]) -> str:
     """Per round: the Stage Bank version it read and the RL rows new since the previous round's version ('—' in
     ledgers written before rounds read versions)."""
@@ -351,6 +365,11 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
         lines += ["", "GRPO groups per round (dynamic sampling drops groups without reward variance and replaces "
                   "them from the same pool) and the learner / engine logprob mismatch on "
                   "sampled tokens:", "", "```", groups_table(records), "```"]
+        if any(rec.grpo.staleness_mean is not None or rec.grpo.groups_evicted or rec.grpo.groups_refilled
+               for rec in records):
+            lines += ["", "Bounded-staleness GRPO per round: groups dropped as too stale, evicted (infrastructure "
+                      "failure), aborted after a sync, refills rolled out, and the staleness trained on (weight "
+                      "versions):", "", "```", staleness_table(records), "```"]
         lines += ["", "Stage Bank version per round (resolved at round start) and RL rows new since the previous "
                   "round:", "", "```", bank_table(records), "```"]
         lines += [f"Data Factory, round {rec.round}: {rec.factory}" for rec in records if rec.factory]

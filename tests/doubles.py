@@ -561,3 +561,11 @@ class FakeLearner:
     def adopt(self, state):
         self.params = state.params
 
+
+
+def scripted_agent_loop(engine, config, sandbox_factory=FakeSandbox, **kw):
+    """An `AgentLoop` over `engine` with the word tokenizer's stub builder (the agent loop's tests' loop)."""
+    from bat_jax.rollout.agent_loop import AgentLoop
+
+    tok = WordTokenizer()
+    return AgentLoop(engine, lambda: StubBuilder(tok), sandbox_factory, config, extra_stop_ids=(IM_START,), **kw)

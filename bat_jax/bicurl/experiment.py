@@ -41,6 +41,7 @@ from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
 from bat_jax.bicurl.cold_start import SFT_TARGETS, load_round0, round0_items, save_round0, sft_cold_start
 from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
+from bat_jax.bicurl.async_block import async_grpo_block
 from bat_jax.bicurl.grpo_round import GRPOBlockConfig, grpo_block
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
 from bat_jax.bicurl.reward import RewardConfig
@@ -54,6 +55,7 @@ from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
 from bat_jax.learn.batching import pad_batch
 from bat_jax.learn.learner import Learner, MemoryConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
+from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.models.mesh import MeshConfig
 from bat_jax.models.episode import EpisodeBuilder
@@ -171,6 +173,7 @@ class Components:
     ray: RayRolloutConfig | None = None
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    staleness: StalenessConfig = StalenessConfig()  # bounded-staleness GRPO (learn/staleness.py); 0 = synchronous
     factory_loop: FactoryLoopConfig | None = None
 
     def __post_init__(self):
@@ -233,8 +236,9 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                                     reference_scores=controller.state.reference_scores, config=components.router)
             view = exp.feed.round_start(r, exp.view)  # resolved now, never waiting on a factory
             round_view = _round_view(exp, view, decision.target, r)
-            stats = grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
-                               seed=config.seed * 1000 + r, judge=exp.judge)
+            block = grpo_block if exp.block.max_staleness == 0 else async_grpo_block  # learn/staleness.py
+            stats = block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
+                          seed=config.seed * 1000 + r, judge=exp.judge)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
                                        *kl_prompts, config=components.policy_shift)
@@ -348,7 +352,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None
-    loops = open_run_loops(policy, engine, agent, components.evaluation, benchmark, components.pools.batch_size,
+    rows_in_flight = components.pools.batch_size * (1 + components.staleness.max_staleness)  # s later batches too
+    loops = open_run_loops(policy, engine, agent, components.evaluation, benchmark, rows_in_flight,
                            config.backend, warm_pool=config.sandbox_pool, ray=components.ray, worker=worker)
     resources.callback(loops.close)
     judge = RubricJudge(components.judge) if components.judge is not None else None
@@ -364,7 +369,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                             micro_batches=components.grpo_micro_batches,
                             max_context_tokens=agent.max_context_tokens, prompt=prompt,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling,
-                            max_response_tokens=agent.max_response_tokens)
+                            max_response_tokens=agent.max_response_tokens, staleness=components.staleness)
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, manifest,
                        engine, loops, judge,
                        Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),

@@ -29,6 +29,7 @@ from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fil
 from bat_jax.learn.batching import grpo_bucket, pad_batch
 from bat_jax.learn.learner import Learner
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
+from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.ledger import GRPOStats
 from bat_jax.prompts import PromptFormat, rl_request
 from bat_jax.rollout.agent_loop import AgentLoop
@@ -54,6 +55,8 @@ class GRPOBlockConfig:
       prompt: the prompts of the rollout requests (`prompts.PromptFormat`: the policy's style, the benchmark's words).
       reward: scoring threads and the round's task cache (`bicurl/reward.RewardConfig`).
       dynamic_sampling: groups without reward variance dropped and replaced (`learn/dynamic_sampling.py`).
+      staleness: bounded-staleness rollouts (`learn/staleness.py`; max_staleness 0: this synchronous block, s > 0:
+        `bicurl/async_block.py`).
     """
 
     grpo: grpo.GRPOConfig = grpo.GRPOConfig()
@@ -64,6 +67,12 @@ class GRPOBlockConfig:
     prompt: PromptFormat = PromptFormat()
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    staleness: StalenessConfig = StalenessConfig()
+
+    @property
+    def max_staleness(self) -> int:
+        """s: weight versions a trained rollout may have begun before the learner's (0 = synchronous)."""
+        return self.staleness.max_staleness
 
     @property
     def objective(self) -> grpo.GRPOConfig:

@@ -154,6 +154,7 @@ class _Episode:
         self.infra_error = ""
         self.agent_error = ""
         self.weight_version = 0
+        self.turn_versions: list[int] = []  # the weight version of each sampled turn
         self.pending: Any = None  # Action to run, or None
         self.evidence: tuple = ((), None, {}, [])  # (receipts, submitted, artefacts, skipped), once collected
         self.kept: tuple | None = None  # (episode, messages) before an observation that did not fit the context
@@ -334,6 +335,7 @@ class AgentLoop:
         if im_start is not None and ids and ids[-1] == im_start:
             ids, logprobs = ids[:-1], logprobs[:-1]
         ep.weight_version = comp.weight_version
+        ep.turn_versions.append(int(comp.weight_version))
         ep.turns += 1
         if not ids:
             ep.finish = tj.FINISH_INVALID_TURN
@@ -487,7 +489,7 @@ class AgentLoop:
             response_tokens=int(np.sum(mask)), receipts=receipts, artefacts=artefacts,
             skipped_artefacts=tuple(skipped), submitted=submitted, messages=tuple(messages),
             infra_error=ep.infra_error, agent_error=ep.agent_error, sandbox_errors=ep.sandbox_errors,
-            weight_version=ep.weight_version,
+            weight_version=ep.weight_version, turn_versions=tuple(ep.turn_versions),
             template=template)
 
     def _artefacts(self, ep: _Episode) -> tuple[dict[str, bytes], list[str]]:

@@ -109,6 +109,7 @@ class _Row:
     finish: str | None = None
     error: BaseException | None = None
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    version: int | None = None  # the weight version the row was admitted (prefilled) on
 
     def fed(self) -> np.ndarray:
         """Tokens the row's decode state holds: its prompt and completion without the last (unfed) token."""
@@ -153,6 +154,7 @@ class ContinuousBatchingSampler:
         self._lock = threading.Lock()  # guards the queue
         self._drive = threading.Lock()  # held by the one thread that drives the batch
         self._progress = threading.Condition()
+        self._swap = threading.Event()  # a weight sync waits for the driver to stop between two chunks
         self._rows: list[_Row | None] = [None] * self.slots
         self._cache = None  # the batch's device DecodeCache (None: no row decoding)
         self._host_cache = None  # its numpy copy, once read back after a chunk (`_cache_on_host`)
@@ -164,12 +166,29 @@ class ContinuousBatchingSampler:
     def weight_version(self) -> int:
         return self.sampler.weight_version
 
-    def update_weights(self, params: Any) -> int:
-        """`JaxSampler.update_weights` (clears the prefix store). Raises RuntimeError while rows are in flight."""
-        with self._lock:
-            if self._queue or any(r is not None for r in self._rows):
-                raise RuntimeError("ContinuousBatchingSampler.update_weights: rows are still being generated")
-            return self.sampler.update_weights(params)
+    swaps_in_flight = True  # `update_weights(..., in_flight=True)` (`rollout/weight_gate.WeightGate` uses it)
+
+    def update_weights(self, params: Any, *, in_flight: bool = False) -> int:
+        """`JaxSampler.update_weights` (clears the prefix store); returns the new weight version.
+
+        Without `in_flight` it raises RuntimeError while rows are in flight. With it the sync waits for the driving
+        thread to end its decode chunk, swaps the parameters between two chunks, and the rows in flight go on
+        decoding on the new weights over the cache their old weights built (as an in-flight weight update does on an
+        inference server); each row's `Completion.weight_version` stays the version it was admitted on, and its
+        logprobs are as sampled (rollout correction weighs every token by them)."""
+        if not in_flight:
+            with self._lock:
+                if self._queue or any(r is not None for r in self._rows):
+                    raise RuntimeError("ContinuousBatchingSampler.update_weights: rows are still being generated")
+                return self.sampler.update_weights(params)
+        self._swap.set()  # the driver hands the batch over after its current chunk
+        try:
+            with self._drive, self._lock:
+                return self.sampler.update_weights(params)
+        finally:
+            self._swap.clear()
+            with self._progress:
+                self._progress.notify_all()
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  max_new_tokens: Sequence[int] | None = None,
@@ -185,7 +204,7 @@ class ContinuousBatchingSampler:
         while not all(r.done.is_set() for r in rows):
             if self._drive.acquire(blocking=False):
                 try:
-                    while not all(r.done.is_set() for r in rows):
+                    while not all(r.done.is_set() for r in rows) and not self._swap.is_set():
                         self._step()
                 except BaseException as exc:
                     self._fail_all(exc)
@@ -202,7 +221,8 @@ class ContinuousBatchingSampler:
                 raise RuntimeError("ContinuousBatchingSampler: decoding failed in another request") from r.error
         version = self.sampler.weight_version
         return [Completion(token_ids=np.asarray(r.ids, np.int32), logprobs=np.asarray(r.logprobs, np.float32),
-                           finish_reason=r.finish, weight_version=version) for r in rows]
+                           finish_reason=r.finish, weight_version=version if r.version is None else r.version)
+                for r in rows]
 
     # -- driving (one thread at a time) --------------------------------------------------------------------
 
@@ -277,7 +297,7 @@ class ContinuousBatchingSampler:
                 [r.prompt for r in group], group[0].params, [r.seed for r in group], min_rows=self.admit_rows,
                 min_prompt=self.min_prompt, slot_step=self.slot_step)
             for r, c, state in zip(group, completions, states):
-                r.ids, r.logprobs = c.token_ids.tolist(), c.logprobs.tolist()
+                r.ids, r.logprobs, r.version = c.token_ids.tolist(), c.logprobs.tolist(), c.weight_version
                 if c.finish_reason == FINISH_STOP or r.budget == 1:
                     r.finish = c.finish_reason
                     if state is not None and self.sampler.prefix_cache is not None:
