@@ -21,7 +21,7 @@ PERFECT = {"inspect": 1.0, "clean": 1.0, "analyse": 1.0, "report": 1.0}
 class WrongTeacher(ScriptedTeacher):
     """Keeps records whose id appeared earlier (the cleaning rule half applied)."""
 
-    script = {**SCRIPT, "clean": (_code("clean", CLEAN.replace("    if r[0] in seen:", "    if False:")),)}
+    script = {**SCRIPT, "clean": (_code("clean", CLEAN.replace("    if rec[0] in seen:", "    if False:")),)}
 
 
 def _failed(result) -> dict:
