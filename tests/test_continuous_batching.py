@@ -11,7 +11,7 @@ from bat_jax.rollout.continuous_batching import ContinuousBatchingSampler
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, SamplingParams
 from bat_jax.rollout.jax_sampler import JaxSampler
 
-from test_jax_sampler import SAMPLER_KW, tiny_model
+from doubles import SAMPLER_KW, tiny_model
 
 _MODELS = {}
 

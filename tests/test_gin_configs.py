@@ -7,6 +7,7 @@ import gin
 import pytest
 
 from bat_jax import launch
+from doubles import assert_rounds_fit_the_tiny_bank
 
 GIN_DIR = launch.DEFAULT_GIN_DIR
 ALL = sorted(str(p.relative_to(GIN_DIR)) for p in GIN_DIR.rglob("*.gin"))
@@ -65,7 +66,7 @@ def test_bicurl_files_carry_the_design_card_numbers(name):
                                                   ("bicurl_tiny.gin", "compact", "varied"),
                                                   ("bicurl_small.gin", "compact", "varied")])
 def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, style, layouts):
-    """Issue 15: small policies get compact prompts, varied training layouts and the portable teacher; paper
+    """Small policies get compact prompts, varied training layouts and the portable teacher; paper
     scale keeps the full prompts (PolicyConfig's default 'full') and the factory's default teacher."""
     from bat_jax.policy import PolicyConfig
     from bat_jax.tasks.benchmark import ImagingBenchmark
@@ -125,29 +126,6 @@ def test_bicurl_small_trains_the_pretrained_smollm2_in_its_own_chatml_template()
     config = PolicyConfig(**bound)
     assert (config.chat_family, config.checkpoint_dir, dict(config.tiny)) == ("chatml", "runs/smollm2-135m-instruct", {})
     assert gin.query_parameter("sft/optim.OptimizerConfig.learning_rate") == 1e-4
-
-
-#: RL rows per focus (S1–S5, E2E) of the tiny Stage Bank the tiny run files train on (README: 126 RL rows).
-TINY_BANK_ROWS_PER_FOCUS = 21
-
-
-def assert_rounds_fit_the_tiny_bank(context: str) -> None:
-    """With the parsed gin config, every round the run could route (any target stage) draws its
-    `grpo_steps_per_round` batches from pools of the tiny bank's sizes (as `experiment.run` builds them,
-    `experiment.mode_pools`: GRPO-E2E keeps the E2E pool only) without an error."""
-    from bat_jax.tasks.stages import STAGES
-    from bat_jax.bicurl.experiment import BiCuRLConfig, mode_pools
-    from bat_jax.stage_bank.pools import PoolConfig, build_round_view
-    from test_pools import make_bank
-
-    run = BiCuRLConfig(**gin.get_bindings("bat_jax.bicurl.experiment.BiCuRLConfig"))
-    rows, pools = mode_pools(make_bank(per_focus=TINY_BANK_ROWS_PER_FOCUS), run.mode,
-                             PoolConfig(**gin.get_bindings("bat_jax.stage_bank.pools.PoolConfig")))
-    for stage in STAGES.ids:
-        try:
-            build_round_view(rows, stage, round_index=1, n_batches=run.grpo_steps_per_round, config=pools)
-        except ValueError as e:
-            raise AssertionError(f"{context}: a round targeting {stage} cannot be drawn: {e}") from None
 
 
 @pytest.mark.parametrize("name", ["bicurl_tiny.gin", "baseline_grpo_e2e_tiny.gin"])

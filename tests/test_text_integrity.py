@@ -1,4 +1,4 @@
-"""Reward integrity at the text ⇄ ids boundary (issue 13, items 6 and 7).
+"""Reward integrity at the text ⇄ ids boundary.
 
 6. Text (tool output, system prompt, brief, stage skill, teacher thoughts and code, tool schemas) never becomes a
    control token: every added token typed as text encodes as ordinary text ids and decodes back to the same

@@ -2,7 +2,7 @@
 
 It gives the "pretrained, untrained" row of a real checkpoint (e.g. SmolLM2-135M-Instruct zero-shot,
 `gin/evaluate_small.gin`) on the run's benchmark by the same path a BiCuRL run's final evaluation takes
-(`bicurl.experiment.run`): the
+(`bicurl.experiment.run`). It uses the
 policy of `Components.policy`, the rollout engine of `engines.build_engine`, one E2E episode per held-out cell
 through the agent loop (`evaluation.EngineCells`, prompts in the policy's prompt style), the rubric verifier and
 the task metric, aggregated by `evaluation.evaluate`. Only aggregates are written (the firewall of

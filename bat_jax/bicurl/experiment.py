@@ -86,7 +86,7 @@ def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig, benchmark: St
 
 @dataclasses.dataclass(frozen=True)
 class BiCuRLConfig:
-    """Outer-loop settings (paper defaults; REFERENCE.md). Component settings are their own dataclasses.
+    """Outer-loop settings (paper defaults, App. A.4 and A.7). Component settings are their own dataclasses.
 
     Attributes:
       mode: 'bicurl' (paper), 'sft_only' or 'grpo_e2e' (baselines).

@@ -1,11 +1,13 @@
-"""One round's GRPO block (paper Section 2.2, Eq. 16–19): rollouts of the round view's batches, rubric rewards,
-optional dynamic sampling and rollout correction, `GRPOConfig.epochs` optimizer steps per batch.
+"""One round's GRPO block (paper Section 2.2, Eq. 16–19).
+
+Rollouts of the round view's batches, rubric rewards, optional dynamic sampling and rollout correction,
+`GRPOConfig.epochs` optimizer steps per batch.
 
 Per pool batch: the learner's weights go to the rollout engine → K rollouts per row in sandboxes, each scored as
-its episode ends (`bicurl/reward.py`) → with `DynamicSamplingConfig.enabled`, groups without reward variance are
-replaced from the same pool's spare rows (`learn/dynamic_sampling.py`) → group-normalised advantages → the ratio's
-behaviour logprobs: the learner's own, recomputed before the update (`GRPOConfig.old_logprobs = 'recompute'`), or the
-engine's ('bypass') → with rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) truncated importance
+its episode ends (`bicurl/reward.py`). With `DynamicSamplingConfig.enabled`, groups without reward variance are
+replaced from the same pool's spare rows (`learn/dynamic_sampling.py`). Then come group-normalised advantages and the
+ratio's behaviour logprobs: the learner's own, recomputed before the update (`GRPOConfig.old_logprobs = 'recompute'`),
+or the engine's ('bypass'). With rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) truncated importance
 weights and masked rollouts (`learn/rollout_correction.py`) → optimizer steps. After the block: the same first batch
 rolled out again with the same seed (the pool reward after) and how the block moved its logprobs.
 """
@@ -195,7 +197,7 @@ def behaviour_logprobs(learner: Learner, host: dict, cfg: grpo.GRPOConfig, param
 
 def wave_seed(seed: int, batch: int, wave: int) -> int:
     """Sampling seed of one wave of rollouts: wave 0 of batch `batch` is ``seed * 100 + batch`` (the batch seed of a
-    run without dynamic sampling); replacement waves take a seed derived from (seed, batch, wave) by NumPy's
+    run without dynamic sampling). Replacement waves take a seed derived from (seed, batch, wave) by NumPy's
     `SeedSequence`, so no wave repeats another batch's, round's or run seed's draws. Returns an int in [0, 2**31)."""
     if wave == 0:
         return seed * 100 + batch

@@ -1,7 +1,8 @@
-"""SFT data: Stage Bank SFT rows rendered in the policy's chat template and batched for the cold start (paper
-Eq. 9, Appendix A.4).
+"""SFT data: Stage Bank SFT rows rendered in the policy's chat template and batched for the cold start.
 
-Rows are model-neutral (DESIGN.md): `render_sft_row` renders one row's context and target action through the
+Paper Eq. 9, Appendix A.4.
+
+Rows are model-neutral: `render_sft_row` renders one row's context and target action through the
 policy's `models.episode.EpisodeBuilder` in the run's prompt format (`prompts.PromptFormat`); `trajectory_examples` renders per
 teacher trajectory one sequence that carries the loss of every action; `sft_batch` draws a batch padded only to
 its length bucket (`learn/batching.sft_bucket`).

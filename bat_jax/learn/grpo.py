@@ -2,7 +2,7 @@
 
 Paper: Eq. 4 (reward), Eqs. 17–19 (ratio, clipped term, objective with −β·KL toward the round-start
 policy π_θ̄r). Defaults follow the paper; the released code's choices, verl's, DAPO's and Dr.GRPO's are options
-of :class:`GRPOConfig` (REFERENCE.md; README "Objective options"; ``gin/presets/released_bat.gin``). The
+of :class:`GRPOConfig` (README "Objective options"; ``gin/presets/released_bat.gin``). The
 per-token terms and aggregations live in :mod:`bat_jax.learn.objective`.
 
 **Batch record** (what rollouts hand to the learner; every per-token array is aligned with
@@ -89,8 +89,8 @@ class GRPOConfig:
         or ``'reward'`` (verl: mean 0 and std 1, so r / (1 + ε), or r without std normalisation) [``'reward'``].
       old_logprobs: the ratio's denominator (Eq. 17): ``'recompute'`` — the learner's logprobs of the batch under
         the parameters the rollouts were sampled with, computed before the update (verl's default; the round's
-        first batch reuses the round-start reference pass, later batches cost one more learner pass) — or
-        ``'bypass'``: the rollout engine's logprobs as sampled (verl's ``rollout_correction.bypass_mode``)
+        first batch reuses the round-start reference pass, later batches cost one more learner pass).
+        Or ``'bypass'``: the rollout engine's logprobs as sampled (verl's ``rollout_correction.bypass_mode``)
         [``'recompute'``]. With ``'recompute'`` the first update's ratios start at 1 up to float round-off between
         two learner passes; with ``'bypass'`` they start at π_learner / π_engine, which is 1 only when engine
         and learner compute alike (the JAX sampler in float32), and the clip acts on their mismatch.
@@ -296,8 +296,9 @@ def update_shift(old_logprobs: Any, new_logprobs: Any, loss_mask: Any, advantage
       advantages: ``[B]`` the rows' GRPO advantages.
     Returns:
       ``logp_shift_pos`` / ``logp_shift_neg``: mean over rollouts with A > 0 / A < 0 of their token-mean
-      ``new − old`` logprob (nats per token; NaN when no such rollout) — an ascent step raises the first and
-      lowers the second; ``token_kl``: KL(old ‖ new) per loss token, Schulman's k3 estimate
+      ``new − old`` logprob (nats per token; NaN when no such rollout). An ascent step raises the first and
+      lowers the second.
+      ``token_kl``: KL(old ‖ new) per loss token, Schulman's k3 estimate
       ``r − 1 − log r`` with ``r = π_new / π_old`` on the sampled tokens (unbiased: they were drawn from old).
     Raises:
       ValueError: shapes that do not match.

@@ -1,5 +1,7 @@
-"""Tasks of the tabular suite: its four stages, the workspace paths, briefs and stage skills, training tasks, and
-the held-out suite with its manifest.
+"""Tasks of the tabular suite.
+
+Its four stages, the workspace paths, briefs and stage skills, training tasks, and the held-out suite with its
+manifest.
 
 The held-out suite is disjoint from every training task by construction: its seeds are ≥ `HELDOUT_SEED_BASE`
 (training seeds are below), its task ids start with 'ho-' (training: 'tr-'), and its tables draw their column names
