@@ -338,7 +338,9 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     check_recipe(bank, components.bank, benchmark)  # another benchmark's or recipe's bank is refused, never mixed
     if not bank.versions():
         built = build_bank(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark)
-        print(f"[bat_jax] Stage Bank built: {built}")
+        print(f"[bat_jax] Stage Bank v{built.version} built in {built.elapsed_s:.0f} s: {built.sources_accepted} of "
+              f"{built.sources_total} sources accepted, {built.rl_rows} RL rows, {built.sft_rows} SFT rows, digest "
+              f"{built.digest[:8]}…" + (f"; rejected {built.rejected}" if built.rejected else ""))
     feed = BankFeed(bank, run_dir, config.bank_version, benchmark)
     view = feed.view(feed.version_for(0))  # SFT and the KL probe set read this version, also after a resume
     feed.check_foci(view, 0)
