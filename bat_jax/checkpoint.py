@@ -1,5 +1,7 @@
-"""Orbax checkpoints for the learner: latest-N and best-by-Overall kept by separate rules, restore onto
-any mesh, resume with optimizer state and data cursor, fallback past a corrupted newest step.
+"""Orbax checkpoints for the learner.
+
+Latest-N and best-by-Overall are kept by separate rules; a step restores onto any mesh; a run resumes with its
+optimizer state and data cursor, falling back past a corrupted newest step.
 
 Layout: ``<directory>/<step>/state`` (the train-state pytree, OCDBT/tensorstore) and
 ``<directory>/<step>/extra`` (JSON: data cursor, round, anything small). Orbax writes every step into a

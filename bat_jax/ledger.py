@@ -1,7 +1,7 @@
 """The round ledger: one JSON line per BiCuRL round, read back on restart.
 
 Source: paper Section 2.2.2 ("BaT records each round's Stage Bank states, pool mixture, reward version,
-controller scores, and retained checkpoint"); DESIGN.md ("A killed run resumes from the ledger and Orbax").
+controller scores, and retained checkpoint"). A killed run resumes from the ledger and its Orbax checkpoints.
 
 Each append rewrites the file all or nothing (`atomic_io.atomic_write`), so the ledger on disk is always a complete
 sequence of rounds (rounds are few; the rewrite cost is negligible). Rounds must strictly increase.
@@ -78,6 +78,13 @@ class GRPOStats:
       items: rubric item pass counts over the round's scored rollouts (`benchmark.items.ItemRates.to_dict()`:
         stage → item → track → [passed, decided]; a stage row's rollouts decide its stage's items only); None when
         not recorded (an older ledger) or nothing was scored.
+      groups_dropped_stale, groups_evicted, groups_aborted, groups_refilled: bounded-staleness GRPO
+        (`learn/staleness.py`, `bicurl/async_block.py`; 0 in the synchronous block): groups dropped as older than
+        `max_staleness`, evicted for an infrastructure-failed rollout, re-queued after a sync under on_sync='abort',
+        and groups rolled out to refill those slots.
+      staleness_mean, staleness_max: weight versions between the start of a trained group's oldest rollout and the
+        step that trained it, mean and max over the round's trained groups; None in the synchronous block (0 by
+        construction) or when nothing was trained.
     """
 
     rollouts: int = 0
@@ -99,6 +106,12 @@ class GRPOStats:
     rollout_mismatch: Mapping[str, float] | None = None
     judge: Mapping[str, float] | None = None
     items: Mapping[str, Any] | None = None
+    groups_dropped_stale: int = 0
+    groups_evicted: int = 0
+    groups_aborted: int = 0
+    groups_refilled: int = 0
+    staleness_mean: float | None = None
+    staleness_max: int | None = None
 
     def item_rates(self) -> ItemRates:
         """`items` as `ItemRates` (empty when not recorded)."""

@@ -35,7 +35,7 @@ class PolicyConfig:
     Attributes:
       architecture: the tiny default's model, 'qwen3_5' (paper: Qwen3.5 hybrid) or 'qwen3' (dense). A checkpoint's
         architecture comes from its config.json.
-      chat_family: the chat family of a checkpoint's template (`models.chat.FAMILIES`: 'qwen3_5', 'qwen3',
+      chat_family: the chat family of a checkpoint's template (`models.chat.CHAT_FAMILIES`: 'qwen3_5', 'qwen3',
         'chatml'); None = the model family's own (`models.chat.MODEL_CHAT_FAMILY`, e.g. 'chatml' for the Llama
         SmolLM2 of `python -m bat_jax.models.gguf_import`). The tiny default always renders turns with the shipped
         tokenizer's Qwen3.5 template.
@@ -64,8 +64,8 @@ class PolicyConfig:
             if self.checkpoint_dir is None:
                 raise ValueError("PolicyConfig.chat_family names a checkpoint's template; the tiny default renders "
                                  "with the shipped tokenizer's Qwen3.5 template (set checkpoint_dir, or leave it None)")
-            if self.chat_family not in chat.FAMILIES:
-                raise ValueError(f"PolicyConfig.chat_family must be one of {sorted(chat.FAMILIES)}, got "
+            if self.chat_family not in chat.CHAT_FAMILIES:
+                raise ValueError(f"PolicyConfig.chat_family must be one of {sorted(chat.CHAT_FAMILIES)}, got "
                                  f"{self.chat_family!r}")
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(f"PolicyConfig.prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}")
@@ -73,13 +73,13 @@ class PolicyConfig:
 
 @dataclasses.dataclass
 class Policy:
-    """A model with its tokenizer, the chat family of the tokenizer's template (`family`: how turns and
+    """A model with its tokenizer, the chat family of the tokenizer's template (`chat_family`: how turns and
     tool calls are rendered; the shipped tiny tokenizer carries the Qwen3.5 template whatever the model) and
     the prompt style its turns are rendered in (`PROMPT_STYLES`)."""
 
     model: nnx.Module
     tokenizer: Any
-    family: str
+    chat_family: str
     prompt_style: str = "full"
 
 
@@ -141,5 +141,5 @@ def make_agent_loop(policy: Policy, engine: RolloutEngine, make_sandbox: Sandbox
     `sandbox_release`: where episodes get and give back sandboxes (`sandbox.backends.SandboxBackend.make` /
     `.release`; release None = close each one)."""
     im_start = policy.tokenizer.convert_tokens_to_ids("<|im_start|>")
-    return AgentLoop(engine, lambda: EpisodeBuilder(policy.tokenizer, policy.family), make_sandbox, config,
+    return AgentLoop(engine, lambda: EpisodeBuilder(policy.tokenizer, policy.chat_family), make_sandbox, config,
                      sandbox_release=sandbox_release, extra_stop_ids=(im_start,))

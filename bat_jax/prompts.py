@@ -1,10 +1,11 @@
-"""The agent's prompts: the system prompt, the first user turn (task brief + stage skill κ) and the tools block,
-in one of two styles, and the agent-loop requests built from them.
+"""The agent's prompts in one of two styles, and the agent-loop requests built from them.
 
-A `PromptFormat` is one run's prompts: the prompt style (`policy.PolicyConfig.prompt_style`, one switch for SFT
-rendering, GRPO rollouts, evaluation and the KL probe) with the benchmark's words (`PromptFormat.of`): 'full'
+The prompts are the system prompt, the first user turn (task brief + stage skill κ) and the tools block.
+
+A `PromptFormat` is one run's prompts. The prompt style (`policy.PolicyConfig.prompt_style`, one switch for SFT
+rendering, GRPO rollouts, evaluation and the KL probe) with the benchmark's words (`PromptFormat.of`). 'full'
 (paper scale) prompts with the benchmark's system prompt, the chat template's tools block and the brief + stage
-skills as written; 'compact' (small policies) with its compact system prompt naming the two tools (no tools block)
+skills as written. 'compact' (small policies) with its compact system prompt naming the two tools (no tools block)
 and the first user turn rewritten by the benchmark's `compact_user_message`. Either way the turn is rendered
 through `models.episode.EpisodeBuilder`: its text never becomes control ids.
 """

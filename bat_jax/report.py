@@ -1,6 +1,8 @@
-"""Reports of a run: the Table-2-style results table, per-round stage scores, GRPO signal per round, the
-best-so-far staircase plot (paper Figure 1(c)), TensorBoard scalars, `report.md` / `summary.json` of a run
-(`write_run_report`) and the one-table report of a sweep over runs (`sweep_report`).
+"""Reports of a run and of a sweep over runs.
+
+The Table-2-style results table, per-round stage scores, GRPO signal per round, the best-so-far staircase plot
+(paper Figure 1(c)), TensorBoard scalars, `report.md` / `summary.json` of a run (`write_run_report`) and the
+one-table report of a sweep over runs (`sweep_report`).
 
 All inputs are 0–1 scores (unrounded); tables print them on the paper's 0–100 scale with one decimal.
 """
@@ -116,7 +118,7 @@ class RoundSignal(NamedTuple):
 def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
     """Per-round GRPO signal: mean reward (0–1, three decimals) of the round's first pool batch before and after
     its update (same rows, same seed), the change, and the groups whose rewards vary out of the scored groups
-    (with their share), then how the update moved the first batch's own rollouts: token-mean logprob change
+    (with their share). Then how the update moved the first batch's own rollouts: token-mean logprob change
     (nats) of those with positive / negative advantage and KL(old ‖ new) per token (`grpo.update_shift`);
     None prints '—'."""
     cols = [("target", 8), ("reward before", 15), ("after", 9), ("change", 9), ("groups with variance", 22),
@@ -142,7 +144,7 @@ def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
 
 
 def groups_table(records: Sequence[Any]) -> str:
-    """Per-round GRPO groups (drawn / dropped without reward variance / trained; dynamic sampling), the mismatch
+    """Per-round GRPO groups (drawn / dropped without reward variance / trained; dynamic sampling). The mismatch
     between the learner's and the engine's logprobs of the sampled tokens (mean and max |Δ log π|, nats; with
     rollout correction, tokens whose importance weight was truncated and rollouts masked) and the trained groups
     per pool. '—' = not recorded."""
@@ -158,6 +160,20 @@ def groups_table(records: Sequence[Any]) -> str:
                      f"{cell(mm.get('mismatch_max_abs'), '.4f'):>13}{cell(mm.get('tis_truncated_frac'), '.1%'):>11}"
                      f"{cell(None if 'seq_masked' not in mm else int(mm['seq_masked']), 'd'):>8}"
                      f"  {' · '.join(f'{k} {v}' for k, v in g.trained_pool_counts.items()) or '—'}")
+    return "\n".join(lines)
+
+
+def staleness_table(records: Sequence[Any]) -> str:
+    """Per-round bounded-staleness GRPO counts (`ledger.GRPOStats`): groups dropped as too stale, evicted for an
+    infrastructure failure, aborted after a sync, refills rolled out, and the mean / max staleness (weight versions)
+    of the trained groups. '—' = not recorded (the synchronous block)."""
+    lines = [f"{'Round':<12}{'stale':>7}{'evicted':>9}{'aborted':>9}{'refilled':>10}{'mean lag':>10}{'max lag':>9}"]
+    lines.append("-" * len(lines[0]))
+    for rec in records:
+        g = rec.grpo
+        cell = lambda v, fmt: "—" if v is None else format(v, fmt)  # noqa: E731
+        lines.append(f"{f'round {rec.round}':<12}{g.groups_dropped_stale:>7d}{g.groups_evicted:>9d}"
+                     f"{g.groups_aborted:>9d}{g.groups_refilled:>10d}{cell(g.staleness_mean, '.2f'):>10}{cell(g.staleness_max, 'd'):>9}")
     return "\n".join(lines)
 
 
@@ -349,6 +365,11 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
         lines += ["", "GRPO groups per round (dynamic sampling drops groups without reward variance and replaces "
                   "them from the same pool) and the learner / engine logprob mismatch on "
                   "sampled tokens:", "", "```", groups_table(records), "```"]
+        if any(rec.grpo.staleness_mean is not None or rec.grpo.groups_evicted or rec.grpo.groups_refilled
+               for rec in records):
+            lines += ["", "Bounded-staleness GRPO per round: groups dropped as too stale, evicted (infrastructure "
+                      "failure), aborted after a sync, refills rolled out, and the staleness trained on (weight "
+                      "versions):", "", "```", staleness_table(records), "```"]
         lines += ["", "Stage Bank version per round (resolved at round start) and RL rows new since the previous "
                   "round:", "", "```", bank_table(records), "```"]
         lines += [f"Data Factory, round {rec.round}: {rec.factory}" for rec in records if rec.factory]
@@ -398,8 +419,8 @@ def sweep_report(runs: Sequence[tuple[str, Mapping]], confidence: float = 0.95,
       runs: (entry name, that run's summary.json dict) in sweep order.
       confidence: of the Student-t half-widths.
       groups: entry name -> group (e.g. the seeds of one method); None or an entry left out = the group ''.
-    Returns the text: every system of every run as one row 'entry: system'; per run, the paired track-level
-    difference of its trained system (its last one) − its SFT; per group (in order of first appearance), the
+    Returns the text: every system of every run as one row 'entry: system'. Per run, the paired track-level
+    difference of its trained system (its last one) − its SFT. Per group (in order of first appearance), the
     pooled difference over its runs with a trained system (mean over every (run, track) pair, Student-t
     half-width over those pairs) — with no groups, one pooled line over all runs.
     """

@@ -1,4 +1,4 @@
-"""The episode the chat tests share (test_chat.py, test_chatml.py): system + user prompt, an action, its tool
+"""The episode the chat tests share (test_chat.py, test_chatml_tools.py): system + user prompt, an action, its tool
 response, a submit action; assembled turn by turn as sampled canonical ids, or written as model-neutral rows.
 
 The first action is each test's own (`action_1`): its code differs between the two files.

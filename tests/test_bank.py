@@ -15,21 +15,10 @@ from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank.bank import BankError, StageBank
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.stage_bank.row import (Message, Provenance, RLRow, RubricSpec, SFTRow, StateRef)
+from doubles import make_rows
 
 REPO = Path(__file__).resolve().parents[1]
 H = "ab" * 32
-
-
-def make_rows(bank, n, *, start=0, tracks=("vqa", "segmentation"), foci=("S1", "S3", "E2E")):
-    rows = []
-    for i in range(start, start + n):
-        state = SandboxState({"task.md": f"fictional task {i}".encode()})
-        ref = bank.put_state(state)
-        rows.append(RLRow(ref, foci[i % len(foci)], f"Do step for task {i}.", (RubricSpec("a", "item a"),), (),
-                          "skill", Provenance(f"src-{i}", H, tracks[i % len(tracks)],
-                                              ("success", "recovery", "failure")[i % 3]),
-                          ("rubric", "task_metric")[i % 2]))
-    return rows
 
 
 def sft(i):
@@ -116,7 +105,7 @@ def test_injected_sigkill_between_staging_and_rename_keeps_previous_version(tmp_
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(REPO)!r}); sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_bank import make_rows
+        from doubles import make_rows
         from bat_jax.stage_bank.bank import StageBank
         bank = StageBank({str(tmp_path)!r})
         rows = make_rows(bank, 50, start=100)
@@ -136,7 +125,7 @@ def test_external_sigkill_during_continuous_writes_leaves_only_whole_versions(tm
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r}); sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_bank import make_rows
+        from doubles import make_rows
         from bat_jax.stage_bank.bank import StageBank
         bank = StageBank({str(tmp_path)!r})
         i = 0

@@ -17,7 +17,7 @@ from bat_jax.stage_bank.factory import FactoryConfig, Source
 from bat_jax.stage_bank.factory_loop import FactoryLoopConfig, serve
 from bat_jax.tasks.benchmark import ImagingBenchmark
 
-from test_factory_loop import fake_build
+from doubles import fake_build
 
 BENCH = ImagingBenchmark()
 
@@ -125,7 +125,7 @@ def test_a_round_reads_the_version_the_factory_admitted_during_the_round_before(
 def test_a_crashed_factory_gives_one_log_line_and_the_run_keeps_its_versions(tmp_path, capsys):
     from bat_jax.stage_bank.factory_loop import FactoryProcess
 
-    from test_factory_loop import crashing_build
+    from doubles import crashing_build
 
     config = FactoryConfig(bank_dir=str(tmp_path / "bank"), tracks=("vqa",), outcomes=("success",))
     _admit(config, ["S1"])
@@ -149,18 +149,18 @@ def test_a_crashed_factory_gives_one_log_line_and_the_run_keeps_its_versions(tmp
 @pytest.mark.slow
 def test_the_factory_runs_as_a_ray_actor_when_the_run_is_on_ray(tmp_path):
     ray = pytest.importorskip("ray")
-    import test_factory_loop
+    import doubles
 
     from bat_jax.bicurl.bank_feed import RayFactory
 
-    ray.cloudpickle.register_pickle_by_value(test_factory_loop)  # the stand-in builds travel to the actor by value
+    ray.cloudpickle.register_pickle_by_value(doubles)  # the stand-in builds travel to the actor by value
     config = FactoryConfig(bank_dir=str(tmp_path / "bank"), tracks=("vqa", "segmentation"), outcomes=("success",))
     bank = StageBank(config.bank_dir)
     steering.publish(config.bank_dir, {"round": 1, "target_stage": "S3"}, BENCH.stages)
     ray.init(num_cpus=1, include_dashboard=False)
     try:
         factory = RayFactory(config, BENCH, FactoryLoopConfig(idle_s=0.1, stop_timeout_s=20),
-                             build=test_factory_loop.slow_build).start()
+                             build=doubles.slow_build).start()
         deadline = time.time() + 120
         while bank.latest() < 2 and time.time() < deadline:
             time.sleep(0.2)
@@ -172,7 +172,7 @@ def test_the_factory_runs_as_a_ray_actor_when_the_run_is_on_ray(tmp_path):
         assert Counter(r.focus for r in first) == {"S3": 5, "E2E": 1, "S1": 1, "S2": 1}  # steered, generation 0
 
         crashing = RayFactory(config, BENCH, FactoryLoopConfig(idle_s=0.1),
-                              build=test_factory_loop.crashing_build).start()
+                              build=doubles.crashing_build).start()
         deadline = time.time() + 60
         while crashing.alive() and time.time() < deadline:
             time.sleep(0.2)

@@ -197,7 +197,7 @@ def test_template_identity(tiny):
 
 
 def test_qwen3_published_special_ids_and_template(qwen3):
-    fam = chat.FAMILIES["qwen3"]
+    fam = chat.CHAT_FAMILIES["qwen3"]
     for token in chat.QWEN3_SPECIAL_TOKENS:
         assert qwen3.convert_tokens_to_ids(token) == fam.published_id(token), token
     assert (fam.published_id("<|im_start|>"), fam.published_id("<|im_end|>")) == (151644, 151645)
@@ -236,7 +236,7 @@ class _TiktokenQwen3_5:
 
 
 def test_qwen3_5_published_vocabulary(tiny, qwen3_5_tiktoken):
-    fam = chat.FAMILIES["qwen3_5"]
+    fam = chat.CHAT_FAMILIES["qwen3_5"]
     for token in chat.QWEN3_5_SPECIAL_TOKENS:
         assert qwen3_5_tiktoken.encode(token) == [fam.published_id(token)], token
     assert (fam.published_id("<|im_start|>"), fam.published_id("<|im_end|>")) == (248045, 248046)
@@ -326,7 +326,7 @@ def test_parser_never_raises_on_garbage():
                 "\n", "{", "}", '"', "submit", "path", "</think>", "x", " ", "é"]  # fmt: skip
     for _ in range(300):
         text = "".join(rng.choices(alphabet, k=rng.randint(0, 30)))
-        for family in chat.FAMILIES:
+        for family in chat.CHAT_FAMILIES:
             assert isinstance(chat.parse_tool_call(text, family), (chat.Action, chat.ParseError))
 
 

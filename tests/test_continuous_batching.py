@@ -11,7 +11,7 @@ from bat_jax.rollout.continuous_batching import ContinuousBatchingSampler
 from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, SamplingParams
 from bat_jax.rollout.jax_sampler import JaxSampler
 
-from test_jax_sampler import SAMPLER_KW, tiny_model
+from doubles import SAMPLER_KW, tiny_model
 
 _MODELS = {}
 
@@ -119,3 +119,35 @@ def test_bad_requests_and_bounds_raise_clear_errors():
     with pytest.raises(ValueError, match="slots"):
         ContinuousBatchingSampler(engine.sampler, slots=0)
     assert engine.update_weights(engine.sampler._state) == 1 and engine.weight_version == 1
+
+
+def test_a_sync_with_rows_in_flight_swaps_between_chunks():
+    """After the first decode chunk of a 16-token greedy row, a plain sync is refused (rows in flight) and an
+    `in_flight` sync swaps the weights between two chunks: the row finishes, reports the version it was admitted on,
+    and (the same weights installed) samples what `generate` samples; the next call reports the new version."""
+    from flax import nnx
+
+    model = _model("qwen3")
+    engine = ContinuousBatchingSampler(JaxSampler(model, **SAMPLER_KW), slots=2, chunk_steps=2)
+    prompts, params = [[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_new_tokens=16)
+    want = JaxSampler(model, **SAMPLER_KW).generate(prompts, params, seeds=[1])
+    seen, real_step = {}, engine._step
+
+    def step():
+        real_step()
+        if engine.chunks == 1 and "sync" not in seen:
+            seen["in_flight"] = any(r is not None for r in engine._rows)
+            with pytest.raises(RuntimeError, match="rows are still being generated"):
+                engine.update_weights(nnx.state(model))
+            seen["sync"] = threading.Thread(target=lambda: seen.setdefault(
+                "version", engine.update_weights(nnx.state(model), in_flight=True)))
+            seen["sync"].start()
+            assert engine._swap.wait(5)  # the driver stops after this chunk
+
+    engine._step = step
+    got = engine.generate(prompts, params, seeds=[1])
+    seen["sync"].join(5)
+    assert seen["in_flight"] and seen["version"] == 1 and engine.weight_version == 1
+    assert got[0].weight_version == 0 and len(got[0].token_ids) == 16 and engine.chunks > 1
+    _assert_same(want, got)
+    assert engine.generate(prompts, params, seeds=[1])[0].weight_version == 1

@@ -26,6 +26,9 @@ def _launch(tmp_path, *args, env=None):
     (["--gin_file=bicurl_tiny.gin"], {"DOCKER_HOST": "unix:///nonexistent/docker.sock"},
      "docker backend unavailable"),
     (["--gin_file=no_such_file.gin"], None, "gin file 'no_such_file.gin' not found on the search path"),
+    (["--gin_file=bicurl_paper_base.gin", "--gin_bindings=launch.run.job = @launch.show_config"], None,
+     "bind no launch.run.run_name: bicurl_paper_base.gin is a base file that run files include; run one of them "
+     "(bicurl_4b.gin, bicurl_9b.gin)"),
 ])
 def test_a_configuration_error_is_one_line(tmp_path, args, env, message):
     code, lines = _launch(tmp_path, *args, env=env)

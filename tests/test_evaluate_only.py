@@ -3,6 +3,7 @@ final rows (`evaluation.evaluate` over `evaluation.EngineCells`, one E2E episode
 policy with the local backend and one track; and its gin file (gin/evaluate_small.gin) binds the SmolLM2 policy."""
 
 import dataclasses
+import inspect
 import json
 
 import gin
@@ -51,7 +52,8 @@ def test_evaluate_small_gin_binds_the_smollm2_policy_and_the_final_slice():
     launch.parse_gin(["evaluate_small.gin"], [])
     job = gin.query_parameter("launch.run.job").scoped_configurable_fn  # gin's wrapper of the function
     assert (job.__module__, job.__name__) == ("bat_jax.bicurl.evaluate_only", "run")
-    assert gin.query_parameter("evaluate_only.run.purpose") == "final"
+    assert "purpose" not in gin.get_bindings("evaluate_only.run")  # the job's default, 'final'
+    assert inspect.signature(evaluate_only.run).parameters["purpose"].default == "final"
     assert gin.query_parameter("experiment.Components.benchmark").configurable.wrapped is ImagingBenchmark
     assert gin.query_parameter("policy.PolicyConfig.chat_family") == "chatml"
     assert gin.query_parameter("policy.PolicyConfig.prompt_style") == "compact"

@@ -1,5 +1,5 @@
 """The micro BiCuRL run (tests/micro_config.py) with an unreachable LLM judge: judged rollouts and cells are
-unscored, the run goes on, and the counts reach the ledger and report.md (issue 9)."""
+unscored, the run goes on, and the counts reach the ledger and report.md."""
 
 import dataclasses
 

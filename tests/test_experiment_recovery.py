@@ -1,4 +1,4 @@
-"""Issue 9: a killed BiCuRL run resumes to the same result, and a held-out leak in the Stage Bank stops the launch.
+"""A killed BiCuRL run resumes to the same result, and a held-out leak in the Stage Bank stops the launch.
 
 All runs use the micro configuration of tests/micro_config.py (local sandbox backend) through the command a
 user reruns, `python -m bat_jax.launch --gin_file=<micro gin> --run_dir=<dir>`, in subprocesses:

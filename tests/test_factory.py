@@ -1,4 +1,4 @@
-"""Stage Bank Data Factory (issue 5 item 3): grid, R_λ, Accept, SFT slicing, builds, resume, rejections.
+"""Stage Bank Data Factory (bat_jax/stage_bank/factory.py): grid, R_λ, Accept, SFT slicing, builds, resume, rejections.
 
 Builds use the local (non-isolated) backend and tiny grids (1–2 sources of the scripted expert); the full
 126-source build is in launch/bench/bench_factory.py. The Docker path has one @pytest.mark.docker test.

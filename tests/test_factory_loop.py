@@ -8,41 +8,13 @@ from collections import Counter
 
 import pytest
 
-from bat_jax.sandbox.types import SandboxState
 from bat_jax.stage_bank import steering
 from bat_jax.stage_bank.bank import BankLocked, StageBank
-from bat_jax.stage_bank.factory import BuildReport, FactoryConfig, build_bank
+from bat_jax.stage_bank.factory import FactoryConfig, build_bank
 from bat_jax.stage_bank.factory_loop import FactoryLoopConfig, FactoryProcess, serve
-from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec
 from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.stages import STAGES
-
-H = "ab" * 32
-
-
-def fake_build(config, benchmark, progress=True, *, grid, hold_lock=True, delay_s=0.0, crash_after=0):
-    """A stand-in for `build_bank`: one RL row per source (its focus, track, outcome, seed), admitted as one version
-    after `delay_s`; raises once the bank holds `crash_after` versions (0: never)."""
-    bank = StageBank(config.bank_dir)
-    if crash_after and bank.latest() >= crash_after:
-        raise RuntimeError("teacher endpoint went away")
-    time.sleep(delay_s)
-    rows = []
-    for src in grid:
-        ref = bank.put_state(SandboxState({"task.md": f"task {src.track} seed {src.task_seed}".encode()}))
-        rows.append(RLRow(ref, src.focus, f"Do {src.focus} of task {src.task_seed}.", (RubricSpec("a", "item a"),), (),
-                          "skill", Provenance(f"src-{src.task_seed}-{src.index}", H, src.track, src.outcome), "rubric"))
-    version = bank.admit(rows, note="fake factory")
-    return BuildReport(config.bank_dir, version=version, sources_total=len(grid), sources_accepted=len(grid),
-                       rl_rows=len(rows), admitted_rl=len(rows), rl_by_focus=dict(Counter(r.focus for r in rows)))
-
-
-def slow_build(*args, **kwargs):
-    return fake_build(*args, delay_s=0.3, **kwargs)
-
-
-def crashing_build(*args, **kwargs):
-    return fake_build(*args, crash_after=1, **kwargs)
+from doubles import crashing_build, fake_build, slow_build
 
 
 def _config(tmp_path):

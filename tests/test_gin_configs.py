@@ -7,6 +7,7 @@ import gin
 import pytest
 
 from bat_jax import launch
+from doubles import assert_rounds_fit_the_tiny_bank
 
 GIN_DIR = launch.DEFAULT_GIN_DIR
 ALL = sorted(str(p.relative_to(GIN_DIR)) for p in GIN_DIR.rglob("*.gin"))
@@ -14,6 +15,17 @@ ALL = sorted(str(p.relative_to(GIN_DIR)) for p in GIN_DIR.rglob("*.gin"))
 #: the top-level run files.
 RUN_FILES = [name for name in ALL
              if re.search(r"^(launch\.run\.|  )(job|run_name)\s*=", (GIN_DIR / name).read_text(), re.M)]
+
+
+def resolved(binding: str):
+    """The value `binding` (e.g. 'pools.PoolConfig.target') has in the parsed configuration: its bound value (a
+    macro followed), else the parameter's default in the code."""
+    try:
+        value = gin.query_parameter(binding)
+    except ValueError:  # not bound: the dataclass's (or function's) default
+        selector, param = binding.rsplit(".", 1)
+        return default_of(selector, param)
+    return gin.query_parameter(str(value)) if str(value).startswith("%") else value
 
 
 def test_gin_tree_has_the_design_card_files():
@@ -54,10 +66,7 @@ GRPO_LR = {"bicurl_9b.gin": 1e-6, "bicurl_4b.gin": 1e-6, "bicurl_tiny.gin": 1e-4
 def test_bicurl_files_carry_the_design_card_numbers(name):
     launch.parse_gin([name], [])
     for binding, expected in PAPER_NUMBERS.items():
-        value = gin.query_parameter(binding)
-        if isinstance(value, gin.config.ConfigurableReference) or str(value).startswith("%"):
-            value = gin.query_parameter(str(value)) if str(value).startswith("%") else value
-        assert value == expected, binding
+        assert resolved(binding) == expected, binding
     assert gin.query_parameter("grpo/optim.OptimizerConfig.learning_rate") == GRPO_LR[name]
 
 
@@ -65,7 +74,7 @@ def test_bicurl_files_carry_the_design_card_numbers(name):
                                                   ("bicurl_tiny.gin", "compact", "varied"),
                                                   ("bicurl_small.gin", "compact", "varied")])
 def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, style, layouts):
-    """Issue 15: small policies get compact prompts, varied training layouts and the portable teacher; paper
+    """Small policies get compact prompts, varied training layouts and the portable teacher; paper
     scale keeps the full prompts (PolicyConfig's default 'full') and the factory's default teacher."""
     from bat_jax.policy import PolicyConfig
     from bat_jax.tasks.benchmark import ImagingBenchmark
@@ -76,7 +85,7 @@ def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, sty
     assert gin.query_parameter("experiment.Components.benchmark").configurable.wrapped is ImagingBenchmark
     assert gin.get_bindings("imaging.ImagingBenchmark").get("layouts") == layouts
     assert "layouts" not in gin.get_bindings("factory.FactoryConfig")
-    assert gin.get_bindings("factory.FactoryConfig").get("teacher") == ("portable" if style else "scripted")
+    assert resolved("factory.FactoryConfig.teacher") == ("portable" if style else "scripted")
     assert PolicyConfig().prompt_style == "full"
     if name == "bicurl_tiny.gin":  # the Data Factory job alone builds the same bank
         launch.parse_gin(["stage_bank_tiny.gin"], [])
@@ -97,7 +106,7 @@ def test_paper_scale_files_roll_out_on_vllm_and_the_tiny_default_on_the_jax_samp
     if engine == "vllm":
         assert gin.query_parameter("engines.EngineConfig.vllm_options")["dtype"] == "bfloat16"
         # turns served in flight: one call per ready turn, at least a GRPO batch's episodes (rows x K) at once
-        episodes = gin.query_parameter("pools.PoolConfig.batch_size") * gin.query_parameter("%K")
+        episodes = resolved("pools.PoolConfig.batch_size") * gin.query_parameter("%K")
         assert gin.query_parameter("agent_loop.AgentLoopConfig.max_generate_batch") == 1
         assert gin.query_parameter("agent_loop.AgentLoopConfig.max_concurrent_generate") >= episodes
 
@@ -125,29 +134,6 @@ def test_bicurl_small_trains_the_pretrained_smollm2_in_its_own_chatml_template()
     config = PolicyConfig(**bound)
     assert (config.chat_family, config.checkpoint_dir, dict(config.tiny)) == ("chatml", "runs/smollm2-135m-instruct", {})
     assert gin.query_parameter("sft/optim.OptimizerConfig.learning_rate") == 1e-4
-
-
-#: RL rows per focus (S1–S5, E2E) of the tiny Stage Bank the tiny run files train on (README: 126 RL rows).
-TINY_BANK_ROWS_PER_FOCUS = 21
-
-
-def assert_rounds_fit_the_tiny_bank(context: str) -> None:
-    """With the parsed gin config, every round the run could route (any target stage) draws its
-    `grpo_steps_per_round` batches from pools of the tiny bank's sizes (as `experiment.run` builds them,
-    `experiment.mode_pools`: GRPO-E2E keeps the E2E pool only) without an error."""
-    from bat_jax.tasks.stages import STAGES
-    from bat_jax.bicurl.experiment import BiCuRLConfig, mode_pools
-    from bat_jax.stage_bank.pools import PoolConfig, build_round_view
-    from test_pools import make_bank
-
-    run = BiCuRLConfig(**gin.get_bindings("bat_jax.bicurl.experiment.BiCuRLConfig"))
-    rows, pools = mode_pools(make_bank(per_focus=TINY_BANK_ROWS_PER_FOCUS), run.mode,
-                             PoolConfig(**gin.get_bindings("bat_jax.stage_bank.pools.PoolConfig")))
-    for stage in STAGES.ids:
-        try:
-            build_round_view(rows, stage, round_index=1, n_batches=run.grpo_steps_per_round, config=pools)
-        except ValueError as e:
-            raise AssertionError(f"{context}: a round targeting {stage} cannot be drawn: {e}") from None
 
 
 @pytest.mark.parametrize("name", ["bicurl_tiny.gin", "baseline_grpo_e2e_tiny.gin"])
@@ -193,9 +179,9 @@ def test_released_preset_over_the_tiny_default_binds_the_released_objective():
     assert gin.get_configurable(Components)().dynamic_sampling.enabled is False
     # the run file alone keeps the paper's objective
     launch.parse_gin(["bicurl_tiny.gin"], [])
-    assert gin.get_bindings("grpo.GRPOConfig")["kl_coef"] == 1e-3
+    assert resolved("grpo.GRPOConfig.kl_coef") == 1e-3
     assert "dual_clip" not in gin.get_bindings("grpo.GRPOConfig")
-    assert gin.get_bindings("controller.ControllerConfig")["acceptance"] == "fallback"
+    assert resolved("controller.ControllerConfig.acceptance") == "fallback"
 
 
 def test_the_tiny_default_turns_the_factory_on_with_one_binding():
@@ -209,7 +195,7 @@ def test_the_tiny_default_turns_the_factory_on_with_one_binding():
     assert components.factory_loop == FactoryLoopConfig(idle_s=30.0, pause_s=60.0)
     assert gin.get_configurable(experiment.BiCuRLConfig)().bank_version == "latest"
     launch.parse_gin(["stage_bank_async_tiny.gin"], [])
-    assert gin.query_parameter("steering.SteeringRule.weak_share") == 0.5
+    assert resolved("steering.SteeringRule.weak_share") == 0.5
 
 
 def test_a_sampling_binding_reaches_the_loop_and_grpo_or_fails_naming_both():
@@ -227,5 +213,114 @@ def test_a_sampling_binding_reaches_the_loop_and_grpo_or_fails_naming_both():
         with pytest.raises(ConfigValueError,
                            match=r"GRPOConfig.temperature = 0.7 but AgentLoopConfig.temperature = 0.9"):
             gin.get_configurable(experiment.Components)()
+    finally:
+        gin.clear_config(clear_constants=True)
+
+
+#: The files the default check reads: the run files and their bases, at the top of gin/. The overlays in its
+#: folders (mesh/, rollout/, presets/) are given after or inside a run file and state their whole setting, defaults
+#: included, because the run file may bind those fields otherwise (e.g. `rollout/mesh_sampler.gin`'s engine kind
+#: 'jax' over paper scale's 'vllm').
+TOP_LEVEL = [name for name in ALL if "/" not in name]
+
+
+def _config_snapshot() -> dict:
+    """gin's parsed bindings, (scope, selector) -> {parameter: value}, copied."""
+    return {key: dict(params) for key, params in gin.config._CONFIG.items()}
+
+
+def own_bindings(name: str, gin_dir: pathlib.Path = GIN_DIR) -> list[tuple[str, str, object, bool]]:
+    """(selector, parameter, value, overrides) of each binding gin file `name` makes itself: a value its includes
+    do not already give that parameter (bindings of gin macros and configurable references included); `overrides`:
+    an include binds the parameter to another value."""
+    text = (gin_dir / name).read_text()
+    includes = re.findall(r"^include '([^']+)'", text, re.M)
+    if includes:
+        launch.parse_gin(includes, [], [str(gin_dir)])
+    else:
+        gin.clear_config(clear_constants=True)
+    before = _config_snapshot()
+    launch.parse_gin([name], [], [str(gin_dir)])
+    after = _config_snapshot()
+    out = []
+    for (scope, selector), params in after.items():
+        old = before.get((scope, selector), {})
+        for param, value in params.items():
+            if param not in old or not _same(old[param], value):
+                out.append(((f"{scope}/" if scope else "") + selector, param, value, param in old))
+    return out
+
+
+def _same(a, b) -> bool:
+    """Equal values of the same kind (True is not 1, 1 is not 1.0 when one of them is a bool)."""
+    if isinstance(a, bool) != isinstance(b, bool):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # e.g. arrays
+        return False
+
+
+def default_of(selector: str, param: str):
+    """The default of `param` of the configurable gin knows as `selector` (a dataclass field's default or a
+    function's keyword default); `inspect.Parameter.empty` when it has none."""
+    import dataclasses
+    import inspect
+
+    fn = gin.config._REGISTRY.get_match(selector.split("/")[-1]).wrapped
+    if dataclasses.is_dataclass(fn):
+        field = {f.name: f for f in dataclasses.fields(fn)}.get(param)
+        if field is None:
+            return inspect.Parameter.empty
+        if field.default is not dataclasses.MISSING:
+            return field.default
+        if field.default_factory is not dataclasses.MISSING:
+            return field.default_factory()
+        return inspect.Parameter.empty
+    parameter = inspect.signature(fn).parameters.get(param)
+    return inspect.Parameter.empty if parameter is None else parameter.default
+
+
+def restated_defaults(name: str, gin_dir: pathlib.Path = GIN_DIR) -> list[str]:
+    """The bindings of `name` (its own, not its includes') whose value is the bound parameter's default."""
+    import inspect
+
+    found = []
+    for selector, param, value, overrides in own_bindings(name, gin_dir):
+        if overrides or isinstance(value, gin.config.ConfigurableReference):
+            continue  # a reference wires a component so its own bindings apply; a macro is one shared value
+        default = default_of(selector, param)
+        if default is not inspect.Parameter.empty and _same(value, default):
+            found.append(f"{selector}.{param} = {value!r}")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("name", TOP_LEVEL)
+def test_no_binding_restates_a_default(name):
+    """A run file binds what differs from the code's defaults; a value equal to the default is said only to
+    override an included file's other value (e.g. `tabular_tiny.gin`'s teacher 'scripted' over the tiny default's
+    'portable')."""
+    assert restated_defaults(name) == [], f"{name} restates defaults"
+    gin.clear_config(clear_constants=True)
+
+
+def test_the_default_check_sees_a_restated_default_and_an_override_back_to_it(tmp_path):
+    """Hand-built files: `rounds = 10` (BiCuRLConfig's default) alone is a restatement; `rounds = 10` after an
+    include binding 3 is an override; `rounds = 3` is neither; a reference (`@pools.PoolConfig()`) never is."""
+    from bat_jax.bicurl.experiment import BiCuRLConfig
+    from bat_jax.learn.grpo import GRPOConfig
+
+    assert BiCuRLConfig().rounds == 10 and GRPOConfig().clip_eps == 0.2
+    head = ("from __gin__ import dynamic_registration\nimport bat_jax.bicurl.experiment as experiment\n"
+            "import bat_jax.learn.grpo as grpo\nimport bat_jax.stage_bank.pools as pools\n")
+    (tmp_path / "three.gin").write_text(head + "experiment.BiCuRLConfig.rounds = 3\n")
+    (tmp_path / "restated.gin").write_text(head + "experiment.BiCuRLConfig.rounds = 10\ngrpo.GRPOConfig.clip_eps = 0.2\n"
+                                           "experiment.Components.pools = @pools.PoolConfig()\n")
+    (tmp_path / "back.gin").write_text(head + "include 'three.gin'\nexperiment.BiCuRLConfig.rounds = 10\n")
+    try:
+        assert restated_defaults("restated.gin", tmp_path) == ["bat_jax.bicurl.experiment.BiCuRLConfig.rounds = 10",
+                                                               "bat_jax.learn.grpo.GRPOConfig.clip_eps = 0.2"]
+        assert restated_defaults("back.gin", tmp_path) == []
+        assert restated_defaults("three.gin", tmp_path) == []
     finally:
         gin.clear_config(clear_constants=True)

@@ -99,15 +99,15 @@ def test_token_mean_exact_under_micro_batching():
     values[0, 1:3] = 1.0
     norms = objective.loss_normalizers(jnp.asarray(mask))
     assert float(norms["num_tokens"]) == 10.0
-    whole = objective.aggregate(jnp.asarray(values), jnp.asarray(mask), "token-mean", norms)
-    part_a = objective.aggregate(jnp.asarray(values[:1]), jnp.asarray(mask[:1]), "token-mean", norms)
-    part_b = objective.aggregate(jnp.asarray(values[1:]), jnp.asarray(mask[1:]), "token-mean", norms)
+    whole = objective.aggregate_loss(jnp.asarray(values), jnp.asarray(mask), "token-mean", norms)
+    part_a = objective.aggregate_loss(jnp.asarray(values[:1]), jnp.asarray(mask[:1]), "token-mean", norms)
+    part_b = objective.aggregate_loss(jnp.asarray(values[1:]), jnp.asarray(mask[1:]), "token-mean", norms)
     assert float(whole) == pytest.approx(0.2, abs=1e-7)
     assert float(part_a + part_b) == pytest.approx(0.2, abs=1e-7)
     # seq-mean-token-mean: (1 + 0) / 2 sequences, also exact when split
-    whole_s = objective.aggregate(jnp.asarray(values), jnp.asarray(mask), "seq-mean-token-mean", norms)
-    a = objective.aggregate(jnp.asarray(values[:1]), jnp.asarray(mask[:1]), "seq-mean-token-mean", norms)
-    b = objective.aggregate(jnp.asarray(values[1:]), jnp.asarray(mask[1:]), "seq-mean-token-mean", norms)
+    whole_s = objective.aggregate_loss(jnp.asarray(values), jnp.asarray(mask), "seq-mean-token-mean", norms)
+    a = objective.aggregate_loss(jnp.asarray(values[:1]), jnp.asarray(mask[:1]), "seq-mean-token-mean", norms)
+    b = objective.aggregate_loss(jnp.asarray(values[1:]), jnp.asarray(mask[1:]), "seq-mean-token-mean", norms)
     assert float(whole_s) == pytest.approx(0.5) and float(a + b) == pytest.approx(0.5)
 
 
@@ -123,7 +123,7 @@ def test_padding_garbage_does_not_leak(mode):
     values = np.ones((2, 5), np.float32)
     values[0, 3:] = np.nan  # garbage on padding must not leak
     norms = objective.loss_normalizers(jnp.asarray(mask))
-    got = float(objective.aggregate(jnp.asarray(values), jnp.asarray(mask), mode, norms, 5.0))
+    got = float(objective.aggregate_loss(jnp.asarray(values), jnp.asarray(mask), mode, norms, 5.0))
     assert got == pytest.approx(PADDED_VALUE[mode], rel=1e-6)
 
 
@@ -197,7 +197,7 @@ def test_tool_positions_contribute_exactly_zero():
 
     def loss(lp):
         t = grpo.grpo_token_terms(lp, batch, cfg)
-        return objective.aggregate(t["total"], t["mask"], "seq-mean-token-mean",
+        return objective.aggregate_loss(t["total"], t["mask"], "seq-mean-token-mean",
                                    objective.loss_normalizers(batch["loss_mask"]))
 
     g = jax.jit(jax.grad(loss))(lp)
@@ -210,7 +210,7 @@ def test_token_logprobs_shift():
     # logits at position t-1 predict token t
     logits = jnp.log(jnp.array([[[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3]]]))
     ids = jnp.array([[2, 1, 2]])
-    lp = grpo.token_logprobs(logits, ids)
+    lp = grpo.shifted_token_logprobs(logits, ids)
     np.testing.assert_allclose(lp, [[0.0, math.log(0.2), math.log(0.8)]], rtol=1e-5)
 
 
@@ -302,15 +302,15 @@ def test_learner_logprobs_use_the_rollout_sampling_transform():
     rng = np.random.default_rng(3)
     logits = jnp.asarray(rng.normal(size=(2, 5, 11)), jnp.float32)
     ids = jnp.asarray(rng.integers(0, 11, size=(2, 5)), jnp.int32)
-    plain = grpo.token_logprobs(logits, ids)
+    plain = grpo.shifted_token_logprobs(logits, ids)
     expected_plain = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), ids[:, 1:, None], axis=-1)[..., 0]
     np.testing.assert_allclose(plain[:, 1:], expected_plain, atol=1e-6)
     assert np.all(np.asarray(plain[:, 0]) == 0.0)
-    tempered = grpo.token_logprobs(logits, ids, 0.7)
+    tempered = grpo.shifted_token_logprobs(logits, ids, 0.7)
     expected_t = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1] / 0.7), ids[:, 1:, None], axis=-1)[..., 0]
     np.testing.assert_allclose(tempered[:, 1:], expected_t, atol=1e-5)
     cfg = grpo.GRPOConfig(temperature=0.6, top_p=0.8)
-    nucleus = grpo.token_logprobs(logits, ids, *cfg.sampling)
+    nucleus = grpo.shifted_token_logprobs(logits, ids, *cfg.sampling)
     np.testing.assert_array_equal(nucleus[:, 1:], engine.token_logprobs(logits[:, :-1], ids[:, 1:], 0.6, 0.8, 0))
 
 

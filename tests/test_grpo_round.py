@@ -1,7 +1,8 @@
-"""The GRPO block's behaviour logprobs (bat_jax/bicurl/grpo_round.py): recomputed by the learner before each update
-(the round-start reference pass reused only while no step has been taken) or the engine's in bypass mode; the
-learner-vs-engine mismatch reported per round without rollout correction; and, on a real learner, the first
-update's ratios at 1."""
+"""One round's GRPO block (bat_jax/bicurl/grpo_round.py): rollout and group counts, epochs of optimizer steps per
+pool batch and the round's signal diagnostics, dynamic sampling with rollout correction, the behaviour logprobs
+(recomputed by the learner before each update, the round-start reference pass reused only while no step has been
+taken, or the engine's in bypass mode), the learner-vs-engine mismatch and, on a real learner, the first update's
+ratios at 1."""
 
 import types
 
@@ -11,37 +12,11 @@ import pytest
 from bat_jax.bicurl import grpo_round as gr
 from bat_jax.learn import grpo
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
+from bat_jax.tasks.benchmark import ImagingBenchmark
+from doubles import FakeLearner, failed_trajectory, patch_rollout_scoring
 
-from test_experiment import _patch_rollout_scoring
-
+IMAGING = ImagingBenchmark()
 ENGINE = np.array([0, 0, -0.2, -0.5, -2.0, 0], np.float32)  # the engine's logprobs of one rollout's tokens
-
-
-class FakeLearner:
-    """Logprobs of the sampled tokens: −0.5 − 0.1 · params (params = optimizer steps taken); records each pass."""
-    mesh = types.SimpleNamespace(devices=np.zeros((1,)))
-    params = 0
-
-    def __init__(self):
-        self.calls, self.seen, self.config = [], [], None
-
-    def grpo_block(self, config, optimizer, total_steps, num_micro_batches):
-        self.config = config
-        return self.step, types.SimpleNamespace(params=0)
-
-    def step(self, state, host):
-        self.seen.append({k: np.asarray(v).copy() for k, v in host.items()})
-        return types.SimpleNamespace(params=state.params + 1), {}
-
-    def sync_model(self, params):
-        return params
-
-    def logprobs(self, params, host, config):
-        self.calls.append(params)
-        return np.where(np.asarray(host["loss_mask"]) > 0, -0.5 - 0.1 * params, 0.0).astype(np.float32)
-
-    def adopt(self, state):
-        self.params = state.params
 
 
 def run_block(monkeypatch, cfg, rewards, batches=(("s0", "s1"), ("s2", "s3")), dynamic=DynamicSamplingConfig()):
@@ -53,7 +28,7 @@ def run_block(monkeypatch, cfg, rewards, batches=(("s0", "s1"), ("s2", "s3")), d
             on_trajectory(position, t)
         return out
 
-    _patch_rollout_scoring(monkeypatch, lambda rows: [rewards[row.name][i % 4] for i, row in enumerate(rows)])
+    patch_rollout_scoring(monkeypatch, lambda rows: [rewards[row.name][i % 4] for i, row in enumerate(rows)])
     loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
     item = lambda name: types.SimpleNamespace(round_state_id=name, pool="target",  # noqa: E731
                                               row=types.SimpleNamespace(state=None, name=name))
@@ -166,3 +141,194 @@ def test_the_batch_refuses_a_rollout_longer_than_the_compiled_context_and_names_
     with pytest.raises(AssertionError, match=r"rollout st-b episode 3 has 9 tokens, more than max_context_tokens=8 "
                                              r"\(finish 'max_context'\)"):
         gr._batch(FakeLearner(), [traj("st-a", 8), traj("st-b", 9, episode=3)], c)
+
+
+# --- agent-caused failures (scored) apart from infrastructure failures (unscored) -------------------
+
+def test_rollout_counts_keep_agent_failures_apart_from_unscored():
+    died = "sandbox died after agent code"
+    trajectories = [failed_trajectory("a"), failed_trajectory("b", agent_error=died),
+                    failed_trajectory("c", agent_error="executor hung"),
+                    failed_trajectory("d", infra_error="engine down"), failed_trajectory("e", agent_error=died)]
+    # e: agent-failed but unscored for another reason (judge down) → counted as unscored only
+    assert gr.rollout_counts(trajectories, [0.5, 0.0, 0.25, None, None]) == (2, 2)
+    assert gr.rollout_counts([], []) == (0, 0)
+    with pytest.raises(ValueError):
+        gr.rollout_counts(trajectories, [0.5])
+
+
+def test_group_variance_counts_groups_whose_scored_rewards_differ():
+    rewards = [0.0, 0.0, 0.5, 0.0, None, 0.25, 1.0, None, None, 0.3]
+    groups = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e"]
+    # a: equal; b: varies; c and e: one scored reward each (no group); d: one scored
+    assert gr.group_variance(rewards, groups) == (1, 2)
+    assert gr.group_variance([], []) == (0, 0)
+    with pytest.raises(ValueError):
+        gr.group_variance([0.1], ["a", "b"])
+
+
+def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_signal(monkeypatch):
+    """`GRPOConfig.epochs` optimizer steps per pool batch, each on the same host batch (same advantages);
+    the signal diagnostics come from the first batch before and the re-rollout after."""
+    import types
+
+    import numpy as np
+
+    from bat_jax.learn import grpo
+
+    class FakeLearner:
+        mesh = types.SimpleNamespace(devices=np.zeros((1,)))
+        params = "p0"
+
+        def grpo_block(self, config, optimizer, total_steps, num_micro_batches):
+            self.total_steps = total_steps
+            return self.step, types.SimpleNamespace(params=0)
+
+        def step(self, state, host):
+            seen.append((state.params, host["advantages"].tolist()))
+            return types.SimpleNamespace(params=state.params + 1), {}
+
+        def sync_model(self, params):
+            return params
+
+        def logprobs(self, params, host, config):  # after the block the sampled tokens of s0's rollout 0 gain
+            out = np.zeros(host["input_ids"].shape, np.float32)
+            out[0, 2:5] = 0.3 if params == 6 else 0.0
+            return out
+
+        def adopt(self, state):
+            self.params = state.params
+
+    rewards = iter([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5,  # batch 0: one group with variance, one without
+                    0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0,  # batch 1
+                    1.0, 1.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])  # batch 0 again, after the block
+
+    def run(requests, seed, on_trajectory):
+        out = [types.SimpleNamespace(state_id=r, ids=np.arange(6, dtype=np.int32), agent_error=None,
+                                     loss_mask=np.array([0, 0, 1, 1, 1, 0], np.int32),
+                                     logprobs=np.zeros(6, np.float32)) for r in requests for _ in range(4)]
+        for position in reversed(range(len(out))):  # handed over out of order, as episodes end
+            on_trajectory(position, out[position])
+        return out
+
+    benchmarks = patch_rollout_scoring(monkeypatch, lambda rows: [next(rewards) for _ in rows],
+                                        lambda row, r: {"S3": {"validate.smoke_run": r == 1.0}, "S4": None})
+    loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
+    track = lambda i: types.SimpleNamespace(track="vqa" if i < 2 else "segmentation")  # noqa: E731
+    item = lambda i: types.SimpleNamespace(round_state_id=f"s{i}", pool="target",  # noqa: E731
+                                           row=types.SimpleNamespace(state=None, provenance=track(i)))
+    view = types.SimpleNamespace(batches=[[item(0), item(1)], [item(2), item(3)]], spares={})
+    bank = types.SimpleNamespace(load_state=lambda state: None)
+    comps = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(epochs=3), micro_batches=1)
+    learner, seen = FakeLearner(), []
+    stats = gr.grpo_block(learner, loop, bank, view, comps, IMAGING, seed=7)
+
+    assert learner.total_steps == 6 and learner.params == 6  # 2 batches x 3 epochs, state threaded through
+    assert benchmarks == [IMAGING] * 3  # batches 0 and 1, then batch 0 again after the block
+    assert [s for s, _ in seen] == [0, 1, 2, 3, 4, 5]
+    first = seen[0][1]  # group s0 = (1, 0, 0, 0): mean 0.25, sample std 0.5 -> (1.5, -0.5, -0.5, -0.5); s1 all 0
+    np.testing.assert_allclose(first[:8], [1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0], atol=1e-5)
+    assert seen[1][1] == seen[2][1] == first  # the same host batch every epoch
+    assert stats.pool_reward_before == 0.375 and stats.pool_reward_after == 0.5
+    assert (stats.groups_with_variance, stats.groups_scored) == (2, 4)
+    # update check on batch 0: rollout 0 (A = 1.5) +0.3 per token, the three A = -0.5 rollouts unchanged
+    assert stats.update_logp_shift_pos == pytest.approx(0.3) and stats.update_logp_shift_neg == 0.0
+    assert stats.update_token_kl == pytest.approx((np.expm1(0.3) - 0.3) * 3 / 24)
+    # the learner's behaviour logprobs (recomputed, the default) equal the engine's (0) on both trained batches:
+    # 2 batches x 2 rows x K=4 rollouts of 3 sampled tokens, no mismatch, nothing truncated or masked
+    assert stats.rollout_mismatch == {"mismatch_mean_abs": 0.0, "tis_truncated_frac": 0.0, "mismatch_max_abs": 0.0,
+                                      "seq_masked": 0.0, "rollouts": 16.0, "tokens": 48.0}
+    assert stats.judge is None
+    # rubric items over the 16 drawn rollouts (the probe after the block not counted): reward 1.0 passes the item;
+    # vqa rows s0, s1 (batch 0) 1 of 8, segmentation rows s2, s3 (batch 1) 2 of 8; S4 not verified, not counted
+    assert stats.items == {"S3": {"validate.smoke_run": {"vqa": [1, 8], "segmentation": [2, 8]}}}
+    assert stats.scalars()["items/S3/validate.smoke_run"] == pytest.approx(100 * 3 / 16)
+    with pytest.raises(ValueError, match="epochs"):
+        grpo.GRPOConfig(epochs=0)
+
+
+def test_grpo_block_with_dynamic_sampling_and_rollout_correction(monkeypatch):
+    """Dynamic sampling replaces batch 0's group without reward variance (s1, pool 'mix') by the mix pool's spare
+    (x1) and trains on groups with signal only; rollout correction gives the step the learner's behaviour
+    logprobs (the round-start reference pass for batch 0) and importance weights min(exp(learner - engine), C)."""
+    import types
+
+    import numpy as np
+
+    from bat_jax.learn import grpo
+    from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
+
+    class FakeLearner:
+        mesh = types.SimpleNamespace(devices=np.zeros((1,)))
+        params = 0
+        calls = []
+
+        def grpo_block(self, config, optimizer, total_steps, num_micro_batches):
+            return self.step, types.SimpleNamespace(params=0)
+
+        def step(self, state, host):
+            seen.append({k: np.asarray(v).copy() for k, v in host.items()})
+            return types.SimpleNamespace(params=state.params + 1), {}
+
+        def sync_model(self, params):
+            return params
+
+        def logprobs(self, params, host, config):  # the learner's numerics: sampled tokens at -0.5
+            self.calls.append(params)
+            out = np.zeros(host["input_ids"].shape, np.float32)
+            out[:, 2:5] = -0.5
+            return out
+
+        def adopt(self, state):
+            self.params = state.params
+
+    rewards = {"s0": [1.0, 0.0, 0.0, 0.0], "s1": [0.5] * 4, "x1": [0.0, 1.0, 1.0, 1.0],
+               "s2": [0.0, 1.0, 0.0, 1.0], "s3": [1.0, 0.0, 1.0, 1.0]}
+    order, seeds = [], []
+
+    def run(requests, seed, on_trajectory):
+        order.append(list(requests))
+        seeds.append(seed)
+        out = [types.SimpleNamespace(state_id=r, ids=np.arange(6, dtype=np.int32), agent_error=None,
+                                     loss_mask=np.array([0, 0, 1, 1, 1, 0], np.int32),
+                                     logprobs=np.array([0, 0, -0.2, -0.5, -2.0, 0], np.float32))  # the engine's
+               for r in requests for _ in range(4)]
+        for position, t in enumerate(out):
+            on_trajectory(position, t)
+        return out
+
+    benchmarks = patch_rollout_scoring(monkeypatch,
+                                        lambda rows: [rewards[row.name][i % 4] for i, row in enumerate(rows)])
+    loop = types.SimpleNamespace(run=run, engine=types.SimpleNamespace(update_weights=lambda model: None))
+    item = lambda name, pool: types.SimpleNamespace(round_state_id=name, pool=pool,  # noqa: E731
+                                                    row=types.SimpleNamespace(state=None, name=name))
+    view = types.SimpleNamespace(batches=[[item("s0", "target"), item("s1", "mix")],
+                                          [item("s2", "target"), item("s3", "mix")]],
+                                 spares={"mix": (item("x1", "mix"),), "target": ()})
+    comps = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(tis_cap=1.5, kl_coef=0.0), micro_batches=1,
+                               dynamic_sampling=DynamicSamplingConfig(enabled=True, max_extra_rows=2))
+    learner, seen = FakeLearner(), []
+    stats = gr.grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, comps, IMAGING,
+                          seed=7)
+
+    assert order[:3] == [["s0", "s1"], ["x1"], ["s2", "s3"]]  # s1 (no variance) replaced by x1 from 'mix'
+    assert benchmarks and set(map(id, benchmarks)) == {id(IMAGING)}
+    assert (stats.groups_drawn, stats.groups_dropped, stats.groups_trained) == (5, 1, 4)
+    assert stats.trained_pool_counts == {"target": 2, "mix": 2}
+    assert stats.rollouts == 20  # every drawn group's rollouts, the dropped s1 included
+    assert stats.reward_mean == pytest.approx(np.mean(sum(rewards.values(), [])))
+    # batch seeds as without dynamic sampling; the replacement wave's seed is no other batch's or run's
+    assert seeds[0] == 700 and seeds[2] == 701 and seeds[1] == gr.wave_seed(7, 0, 1)
+    assert gr.wave_seed(7, 0, 1) not in {gr.wave_seed(s, b, 0) for s in range(10_000) for b in range(100)}
+    assert (stats.groups_with_variance, stats.groups_scored) == (4, 4)  # every trained group varies
+    batch0 = seen[0]
+    np.testing.assert_allclose(batch0["advantages"][:8], [1.5, -0.5, -0.5, -0.5, -1.5, 0.5, 0.5, 0.5], atol=1e-5)
+    np.testing.assert_allclose(batch0["old_logprobs"][0, :6], [0, 0, -0.5, -0.5, -0.5, 0])  # the learner's
+    # weights: exp(-0.5 - -0.2) = 0.741, exp(0) = 1, exp(-0.5 + 2.0) = 4.48 -> C = 1.5
+    np.testing.assert_allclose(batch0["is_weights"][0, :6], [0, 0, np.exp(-0.3), 1.0, 1.5, 0], rtol=1e-6)
+    assert learner.calls[:2] == [0, 0]  # batch 0: the reference pass (round start) is the behaviour pass
+    mismatch = stats.rollout_mismatch
+    assert mismatch["mismatch_mean_abs"] == pytest.approx((0.3 + 0.0 + 1.5) / 3)
+    assert mismatch["mismatch_max_abs"] == pytest.approx(1.5)
+    assert mismatch["tis_truncated_frac"] == pytest.approx(1 / 3) and mismatch["seq_masked"] == 0.0
+    assert stats.scalars()["rc_mismatch_max_abs"] == pytest.approx(1.5) and stats.scalars()["groups_trained"] == 4

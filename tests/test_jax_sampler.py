@@ -1,5 +1,5 @@
-"""Tests of the logprob-as-sampled definition (engine.py) and the embedded JAX sampler (jax_sampler.py),
-on tiny random Qwen3 (dense, KV cache) and Qwen3.5 (hybrid: Gated DeltaNet state + gated attention) models."""
+"""The embedded JAX sampler (bat_jax/rollout/jax_sampler.py) on tiny random Qwen3 (dense, KV cache) and Qwen3.5
+(hybrid: Gated DeltaNet state + gated attention) models; the learner reproduces its sampled logprobs."""
 
 import jax
 import jax.numpy as jnp
@@ -7,28 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bat_jax.models.configs import Qwen3_5Config, Qwen3Config
-from bat_jax.models.qwen3 import Qwen3ForCausalLM
-from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
-from bat_jax.rollout.engine import MASKED_LOGPROB, SamplingParams, processed_logprobs, token_logprobs
+from bat_jax.rollout.engine import SamplingParams, token_logprobs
 from bat_jax.rollout.jax_sampler import JaxSampler
-
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16)
-
-
-def tiny_model(family: str, seed: int = 0):
-    if family == "qwen3":
-        return Qwen3ForCausalLM(Qwen3Config(**TINY), rngs=nnx.Rngs(seed))
-    cfg = Qwen3_5Config(**TINY, full_attention_interval=2, linear_key_head_dim=16, linear_value_head_dim=16,
-                        linear_num_key_heads=2, linear_num_value_heads=4)  # layers: [DeltaNet, attention]
-    return Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(seed))
-
-
-# Compiles are the cost of these tests: every sampler here pads batches to >= 2 rows, prompts to 4 or 8
-# tokens and completions to 8, so each model family compiles two sampling programs.
-SAMPLER_KW = dict(min_prompt_bucket=4, min_batch_bucket=2)
-
+from doubles import SAMPLER_KW, tiny_model
 
 _CACHE = {}
 
@@ -44,74 +25,6 @@ def model_and_sampler(family):
 @pytest.fixture(scope="module")
 def qwen3_sampler():
     return model_and_sampler("qwen3")[1]
-
-
-def _reference_logprobs(z, temperature, top_p, top_k):
-    """Plain numpy restatement of engine.py's module docstring, for one logits row."""
-    z = np.asarray(z, np.float64) / temperature
-    order = np.argsort(-z, kind="stable")
-    keep = np.zeros(z.shape, bool)
-    cand = order[:top_k] if top_k else order
-    p = np.exp(z[cand] - z[cand].max())
-    p /= p.sum()
-    mass = 0.0
-    for idx, pi in zip(cand, p):
-        if mass >= top_p:
-            break
-        keep[idx] = True
-        mass += pi
-    out = np.full(z.shape, -np.inf)
-    out[keep] = z[keep] - np.log(np.exp(z[keep]).sum())
-    return out
-
-
-@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.6, 0.8, 0), (1.0, 0.8, 0),
-                                                     (0.7, 1.0, 3), (0.5, 0.9, 4)])
-def test_processed_logprobs_match_reference(temperature, top_p, top_k):
-    rng = np.random.default_rng(0)
-    logits = rng.normal(size=(3, 11)).astype(np.float32) * 2
-    got = np.asarray(processed_logprobs(jnp.asarray(logits), temperature, top_p, top_k))
-    for row, g in zip(logits, got):
-        ref = _reference_logprobs(row, temperature, top_p, top_k)
-        np.testing.assert_array_equal(np.isfinite(ref), g > MASKED_LOGPROB / 2)
-        np.testing.assert_allclose(g[np.isfinite(ref)], ref[np.isfinite(ref)], atol=1e-5)
-
-
-def test_traced_parameters_give_the_static_result():
-    """The sampler traces temperature/top-p/top-k; the learner passes Python numbers: same numbers out."""
-    logits = jnp.asarray(np.random.default_rng(2).normal(size=(2, 64)) * 3, jnp.float32)
-    traced = jax.jit(processed_logprobs)
-    for t, p, k in [(0.6, 0.8, 0), (0.7, 1.0, 0), (1.0, 1.0, 5), (0.0, 1.0, 0), (0.5, 0.9, 7)]:
-        got = traced(logits, jnp.float32(t), jnp.float32(p), jnp.int32(k))
-        np.testing.assert_allclose(np.asarray(got), np.asarray(processed_logprobs(logits, t, p, k)), atol=1e-6)
-
-
-def test_token_logprobs_hand_computed():
-    # softmax([3, 2, 1, 0, -1]) = [.6364, .2341, .0861, .0317, .0117]; top_p 0.8 keeps tokens 0 and 1 (mass
-    # before token 1 is .636 < .8, before token 2 it is .870 >= .8); renormalised p(1) = .2341 / .8705.
-    logits = jnp.asarray([[3.0, 2.0, 1.0, 0.0, -1.0]])
-    lp = token_logprobs(logits, jnp.asarray([1]), 1.0, 0.8, 0)
-    assert float(lp[0]) == pytest.approx(np.log(0.2341 / 0.8705), abs=1e-3)
-    # top_k 3 at T = 0.5: logits / T = [6, 4, 2]; p(2) = e^2 / (e^6 + e^4 + e^2).
-    lp = token_logprobs(logits, jnp.asarray([2]), 0.5, 1.0, 3)
-    assert float(lp[0]) == pytest.approx(2 - np.log(np.exp(6) + np.exp(4) + np.exp(2)), abs=1e-5)
-    assert float(token_logprobs(logits, jnp.asarray([3]), 0.5, 1.0, 3)[0]) == pytest.approx(MASKED_LOGPROB)
-    # greedy: the argmax has logprob 0
-    assert float(token_logprobs(logits, jnp.asarray([0]), 0.0)[0]) == 0.0
-
-
-def test_token_logprobs_gradient_is_finite():
-    logits = jnp.asarray(np.random.default_rng(1).normal(size=(4, 32)), jnp.float32)
-    ids = jnp.asarray([0, 5, 9, 31])
-    grad = jax.grad(lambda z: token_logprobs(z, ids, 0.6, 0.8, 0).sum())(logits)
-    assert np.all(np.isfinite(np.asarray(grad)))
-
-
-def test_sampling_params_validation():
-    with pytest.raises(ValueError, match="top_p"):
-        SamplingParams(top_p=0.0)
-    with pytest.raises(ValueError, match="temperature"):
-        SamplingParams(temperature=-1.0)
 
 
 def _learner_logprobs(model, prompts, completions, temperature, top_p, top_k):

@@ -41,7 +41,7 @@ def test_policy_shift_mean_per_token_over_prompts():
 
 def test_too_few_prompts_is_an_error():
     ids = np.zeros((3, 4), np.int32)
-    with pytest.raises(ValueError, match="3 held-out prompts given, num_prompts=256"):
+    with pytest.raises(ValueError, match="3 probe prompts given, num_prompts=256"):
         kl.policy_shift_kl(table_lm, jnp.zeros((2, 2)), jnp.zeros((2, 2)), ids, np.ones_like(ids))
 
 

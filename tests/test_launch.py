@@ -25,6 +25,18 @@ def test_malformed_binding_is_named():
         launch.parse_gin(["bicurl_tiny.gin"], ["experiment.BiCuRLConfig.roundz = 3"])
 
 
+def test_a_base_file_run_alone_names_the_run_files_that_include_it():
+    with pytest.raises(launch.LaunchError, match=r"bind no launch\.run\.job / launch\.run\.run_name: "
+                                                 r"bicurl_base\.gin is a base file that run files include; run one "
+                                                 r"of them \(bicurl_paper_base\.gin, bicurl_tiny\.gin\)"):
+        launch.launch(["bicurl_base.gin"])
+    with pytest.raises(launch.LaunchError, match=r"bind no launch\.run\.run_name: .*\(bicurl_4b\.gin, bicurl_9b\.gin\)"):
+        launch.launch(["bicurl_paper_base.gin"], ["launch.run.job = @launch.show_config"])
+    with pytest.raises(launch.LaunchError, match=r"bind no launch\.run\.job: a top-level gin file imports "
+                                                 r"bat_jax\.launch as launch and binds launch\.run\.job"):
+        launch.launch(["mesh/cpu.gin"], ["launch.run.run_name = 'x'"])
+
+
 def test_no_gin_file_is_an_error():
     with pytest.raises(launch.LaunchError, match="no --gin_file"):
         launch.parse_gin([], [])
@@ -51,7 +63,7 @@ def test_cli_from_another_directory_writes_resolved_config(tmp_path):
     config = (run_dir / "config.gin").read_text()
     assert "experiment.BiCuRLConfig.rounds = 2" in config
     assert "launch.run.job = @launch.show_config" in config
-    assert "pools.PoolConfig.target = 0.5" in config
+    assert "grpo/optim.OptimizerConfig.schedule = 'constant'" in config  # from bicurl_base.gin, an include
     assert "experiment.BiCuRLConfig.rounds = 2" in proc.stdout
     assert (run_dir / "operative_config.gin").is_file()
     # library INFO lines (absl format 'I1130 ...') are off unless --verbosity asks for them

@@ -30,7 +30,7 @@ def test_chunked_logprobs_equal_one_call_and_use_the_rollout_transform():
     whole = learner.logprobs(learner.params, batch, cfg, rows_per_call=6)
     np.testing.assert_allclose(chunked, whole, atol=1e-5)
     logits = learner.apply_fn(learner.params, batch["input_ids"], batch["attention_mask"])
-    np.testing.assert_allclose(whole, grpo.token_logprobs(logits, batch["input_ids"], 0.7), atol=1e-5)
+    np.testing.assert_allclose(whole, grpo.shifted_token_logprobs(logits, batch["input_ids"], 0.7), atol=1e-5)
 
 
 def test_sft_block_trains_and_sync_model_hands_the_parameters_to_the_model():
@@ -112,7 +112,7 @@ def test_chunked_head_entropy_and_micro_batched_gradients_are_exact(mode):
     lp, ent = grpo.sequence_logprobs(learner.apply_fn, learner.params, batch["input_ids"], batch["attention_mask"],
                                      *gcfg.sampling, with_entropy=True)
     logits = learner.apply_fn(learner.params, batch["input_ids"], batch["attention_mask"])
-    lp_full, ent_full = grpo.token_logprobs_and_entropy(logits, batch["input_ids"], *gcfg.sampling)
+    lp_full, ent_full = grpo.shifted_token_logprobs_and_entropy(logits, batch["input_ids"], *gcfg.sampling)
     np.testing.assert_allclose(lp, lp_full, atol=1e-5)
     np.testing.assert_allclose(ent, ent_full, atol=1e-5)
     assert float(ent[:, 1:].min()) > 3.0  # near-uniform over 64 tokens at init: ln 64 = 4.16

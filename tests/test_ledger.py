@@ -115,7 +115,9 @@ def test_grpo_stats_nest_in_the_record_and_round_trip(tmp_path):
     assert stats.scalars() == {"rollouts": 36.0, "unscored": 3.0, "agent_failed": 2.0, "reward_mean": 0.25,
                                "pool_reward_before": 0.125, "pool_reward_after": 0.3125, "groups_with_variance": 5.0,
                                "groups_scored": 8.0, "groups_drawn": 9.0, "groups_dropped": 1.0,
-                               "groups_trained": 8.0, "rc_mismatch_mean_abs": 0.01, "judge_requests": 3.0}
+                               "groups_trained": 8.0, "groups_dropped_stale": 0.0, "groups_evicted": 0.0,
+                               "groups_aborted": 0.0, "groups_refilled": 0.0, "rc_mismatch_mean_abs": 0.01,
+                               "judge_requests": 3.0}
 
 
 def test_a_format_1_ledger_reads_into_the_nested_record(tmp_path):

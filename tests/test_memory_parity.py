@@ -1,4 +1,4 @@
-"""Memory features change memory, not values (issue 14): chunked output head (GRPO / SFT / reference logprobs /
+"""Memory features change memory, not values: chunked output head (GRPO / SFT / reference logprobs /
 policy-shift KL), per-layer remat, blockwise attention, batch-sharded activations; 1 vs 8 fake CPU devices."""
 
 import jax

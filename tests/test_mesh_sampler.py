@@ -17,7 +17,7 @@ from bat_jax.rollout.engine import SamplingParams
 from bat_jax.rollout.jax_sampler import JaxSampler
 from bat_jax.rollout.mesh_sampler import SamplerMeshConfig
 
-from test_jax_sampler import tiny_model
+from doubles import tiny_model
 
 KW = dict(min_prompt_bucket=16, min_batch_bucket=8)
 PARAMS = SamplingParams(temperature=0.7, max_new_tokens=16, stop_token_ids=(46,))

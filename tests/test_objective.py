@@ -78,7 +78,8 @@ def test_default_config_clamps_one_outlier_token_out_of_the_loss_gradient():
 
     def loss(lp):
         t = grpo.grpo_token_terms(lp, batch, cfg)
-        return objective.aggregate(t["total"], t["mask"], cfg.loss_agg, objective.loss_normalizers(batch["loss_mask"]))
+        return objective.aggregate_loss(t["total"], t["mask"], cfg.loss_agg,
+                                        objective.loss_normalizers(batch["loss_mask"]))
 
     k = math.exp(0.1) - 1 - 0.1
     assert float(loss(lp)) == pytest.approx((k + 10.0) / 2, rel=1e-5)
@@ -155,9 +156,9 @@ def _agg_case():
 def test_aggregations_hand_values_and_micro_batch_sums(mode, scale, rows, expected):
     values, mask = _agg_case()
     norms = objective.loss_normalizers(mask, jnp.ones_like(mask))
-    whole = objective.aggregate(values, mask, mode, norms, scale, rows)
+    whole = objective.aggregate_loss(values, mask, mode, norms, scale, rows)
     assert float(whole) == pytest.approx(expected, rel=1e-6)
-    parts = sum(objective.aggregate(values[i:i + 1], mask[i:i + 1], mode, norms, scale, rows) for i in range(3))
+    parts = sum(objective.aggregate_loss(values[i:i + 1], mask[i:i + 1], mode, norms, scale, rows) for i in range(3))
     assert float(parts) == pytest.approx(expected, rel=1e-6)
 
 
@@ -170,9 +171,9 @@ def test_rows_count_every_rollout_but_not_device_padding():
     assert (float(norms["num_rows"]), float(norms["num_seqs"]), float(norms["num_tokens"])) == (2.0, 2.0, 6.0)
     assert float(objective.loss_normalizers(mask)["num_rows"]) == 3.0  # no attention mask: every row
     with pytest.raises(ValueError, match="loss_scale_factor"):
-        objective.aggregate(values, mask, "seq-mean-token-sum-norm", norms)
+        objective.aggregate_loss(values, mask, "seq-mean-token-sum-norm", norms)
     with pytest.raises(ValueError, match="seq_mean_rows"):
-        objective.aggregate(values, mask, "seq-mean-token-mean", norms, None, "scored")
+        objective.aggregate_loss(values, mask, "seq-mean-token-mean", norms, None, "scored")
 
 
 def test_aggregations_equal_verl_agg_loss():
@@ -190,7 +191,7 @@ def test_aggregations_equal_verl_agg_loss():
                 "seq-mean-token-sum-norm": (seq_sum * nonempty).sum() / denominator / 4.0}
         norms = objective.loss_normalizers(mask, jnp.ones_like(mask))
         for mode, ref in verl.items():
-            got = float(objective.aggregate(values, mask, mode, norms, 4.0, rows))
+            got = float(objective.aggregate_loss(values, mask, mode, norms, 4.0, rows))
             assert got == pytest.approx(ref, rel=1e-6), (mode, rows)
 
 
@@ -201,17 +202,17 @@ def test_entropy_hand_values_under_the_sampling_transform():
     logits = jnp.log(jnp.array([[[0.5, 0.25, 0.25]]]))
     ids = jnp.array([[0, 0]])
     two = jnp.concatenate([logits, logits], axis=1)  # [1, 2, 3]: position 0 predicts id 1
-    _, ent = grpo.token_logprobs_and_entropy(two, ids)
+    _, ent = grpo.shifted_token_logprobs_and_entropy(two, ids)
     assert float(ent[0, 0]) == 0.0 and float(ent[0, 1]) == pytest.approx(1.5 * math.log(2), rel=1e-6)
     # T = 0.5: p ∝ p^2 = (2/3, 1/6, 1/6)
-    _, ent_t = grpo.token_logprobs_and_entropy(two, ids, 0.5)
+    _, ent_t = grpo.shifted_token_logprobs_and_entropy(two, ids, 0.5)
     h = -(2 / 3 * math.log(2 / 3) + 2 / 6 * math.log(1 / 6))
     assert float(ent_t[0, 1]) == pytest.approx(h, rel=1e-5)
     # top-k 1: one token left, entropy 0; top-p 0.6 over (.5, .3, .2) keeps (.625, .375)
-    assert float(grpo.token_logprobs_and_entropy(two, ids, 1.0, 1.0, 1)[1][0, 1]) == 0.0
+    assert float(grpo.shifted_token_logprobs_and_entropy(two, ids, 1.0, 1.0, 1)[1][0, 1]) == 0.0
     nuc = jnp.log(jnp.array([[[0.5, 0.3, 0.2]] * 2]))
     h_p = -(0.625 * math.log(0.625) + 0.375 * math.log(0.375))
-    assert float(grpo.token_logprobs_and_entropy(nuc, ids, 1.0, 0.6)[1][0, 1]) == pytest.approx(h_p, rel=1e-5)
+    assert float(grpo.shifted_token_logprobs_and_entropy(nuc, ids, 1.0, 0.6)[1][0, 1]) == pytest.approx(h_p, rel=1e-5)
 
 
 def test_entropy_gradient_is_minus_p_times_logp_plus_h():
@@ -265,14 +266,14 @@ def test_gradients_wrt_logprobs_and_logits_are_exact_under_micro_batching(mode):
 
     def loss_from_logits(logits, rows):
         sub = {k: v[rows] for k, v in batch.items()}
-        lp, ent = grpo.token_logprobs_and_entropy(logits, sub["input_ids"])
+        lp, ent = grpo.shifted_token_logprobs_and_entropy(logits, sub["input_ids"])
         t = grpo.grpo_token_terms(lp, sub, cfg, ent)
-        return objective.aggregate(t["total"], t["mask"], mode, norms, cfg.loss_scale_factor, cfg.seq_mean_rows)
+        return objective.aggregate_loss(t["total"], t["mask"], mode, norms, cfg.loss_scale_factor, cfg.seq_mean_rows)
 
     def loss_from_logprobs(lp, rows):
         sub = {k: v[rows] for k, v in batch.items()}
         t = grpo.grpo_token_terms(lp, sub, cfg, jnp.ones_like(lp))
-        return objective.aggregate(t["total"], t["mask"], mode, norms, cfg.loss_scale_factor, cfg.seq_mean_rows)
+        return objective.aggregate_loss(t["total"], t["mask"], mode, norms, cfg.loss_scale_factor, cfg.seq_mean_rows)
 
     every = np.arange(4)
     splits = [np.array([0, 2]), np.array([1, 3])]  # the train step's interleaved micro-batches of 2

@@ -29,7 +29,7 @@ def loss_and_grad(lp, batch, cfg):
     def loss(x, rows):
         sub = {k: v[rows] for k, v in batch.items()}
         t = grpo.grpo_token_terms(x[rows], sub, cfg)
-        return objective.aggregate(t["total"], t["mask"], cfg.loss_agg, norms, cfg.loss_scale_factor,
+        return objective.aggregate_loss(t["total"], t["mask"], cfg.loss_agg, norms, cfg.loss_scale_factor,
                                    cfg.seq_mean_rows)
 
     rows = np.arange(lp.shape[0])

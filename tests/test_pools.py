@@ -15,21 +15,7 @@ import pytest
 from bat_jax.tasks.stages import STAGES, Stage
 from bat_jax.stage_bank.pools import (PoolConfig, batch_counts, build_round_view, max_batches, partition_pools,
                                       round_state_id)
-from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef
-
-H = "ab" * 32
-TRACKS = ("classification", "detection", "enhancement", "report", "segmentation", "synthesis", "vqa")
-OUTCOMES = ("success", "recovery", "failure")
-
-
-def make_bank(per_focus=400, foci=STAGES.foci):
-    rows = []
-    for focus in foci:
-        for i in range(per_focus):
-            digest = hashlib.sha256(f"{focus}-{i}".encode()).hexdigest()
-            rows.append(RLRow(StateRef(digest, f"states/{digest}.tar"), focus, "p", (RubricSpec("a", "b"),), (),
-                              "k", Provenance(f"{focus}-src-{i}", H, TRACKS[i % 7], OUTCOMES[(i // 7) % 3])))
-    return rows
+from doubles import make_bank
 
 
 BANK = make_bank()
@@ -129,7 +115,7 @@ def test_round_state_id_derivation():
 
 
 def test_same_view_in_fresh_processes_with_different_hash_seeds():
-    code = ("import sys; sys.path.insert(0, 'tests'); from test_pools import BANK; "
+    code = ("import sys; sys.path.insert(0, 'tests'); from doubles import make_bank; BANK = make_bank(); "
             "from bat_jax.stage_bank.pools import build_round_view; "
             "print(','.join(build_round_view(BANK, 'S2', round_index=1, n_batches=5).state_ids()))")
     outs = [subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True,

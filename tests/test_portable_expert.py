@@ -1,4 +1,4 @@
-"""The portable scripted expert (issue 15): the same action texts for every task, full marks on every track.
+"""The portable scripted expert (bat_jax/tasks/portable_expert.py): one set of action texts, full marks on every track.
 
 The tiny default's teacher must be learnable by heart by a tiny model: every action except the submit path is
 the same text whatever the task, track, layout or outcome, and the expert still earns every stage's full

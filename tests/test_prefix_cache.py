@@ -11,7 +11,7 @@ from bat_jax.rollout.engine import SamplingParams
 from bat_jax.rollout.jax_sampler import JaxSampler
 from bat_jax.rollout.prefix_cache import PrefixCache, RowState
 
-from test_jax_sampler import SAMPLER_KW, tiny_model
+from doubles import SAMPLER_KW, tiny_model
 
 
 def _row(tokens):

@@ -1,4 +1,4 @@
-"""Reward integrity (issue 13): rubric evidence is what a call executed, a sandbox the agent brings down is the
+"""Reward integrity: rubric evidence is what a call executed, a sandbox the agent brings down is the
 agent's failure (scored), and evidence collection is bounded whatever the workspace holds."""
 
 import json

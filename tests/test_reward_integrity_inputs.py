@@ -164,7 +164,7 @@ def test_odd_submission_json_scores_zero_and_never_raises(kind):
 def test_deep_submission_through_play_and_the_rollout_scorer():
     """The whole episode: an agent writes a 100,000-deep submission and submits it; `play` and the GRPO scorer
     both give a finite reward (this episode's E2E reward), and the batch's other rollout is scored too."""
-    from test_row_reward import _row
+    from doubles import reward_row
 
     from bat_jax.tasks import heldout
     from bat_jax.bicurl.reward import RolloutScorer
@@ -184,7 +184,7 @@ def test_deep_submission_through_play_and_the_rollout_scorer():
                       receipts=tuple(result.evidence.receipts), submitted=L.submission,
                       artefacts={L.submission: result.evidence.files[L.submission]})
     idle = dataclasses.replace(traj, episode=1, receipts=(), artefacts={}, submitted=None)
-    with RolloutScorer([_row(5, E2E, track="segmentation")] * 2, [inst.state()] * 2, IMAGING) as scorer:
+    with RolloutScorer([reward_row(5, E2E, track="segmentation")] * 2, [inst.state()] * 2, IMAGING) as scorer:
         scorer.submit(1, idle)
         scorer.submit(0, traj)
         got = scorer.results()
@@ -256,7 +256,7 @@ def test_parse_tool_call_is_total(family, kind):
 def test_a_crashing_turn_ends_one_episode_never_the_batch():
     """Two episodes in one batch: one model writes a tool call nested 1,000 deep, the other a normal call; both
     finish. A turn whose processing raises (here: a builder that cannot take it) ends its own episode only."""
-    from test_agent_loop import EOT, REQUEST, ScriptedEngine, StubBuilder, WordTokenizer, FakeSandbox
+    from doubles import EOT, REQUEST, ScriptedEngine, StubBuilder, WordTokenizer, FakeSandbox
 
     from bat_jax.rollout import trajectory as tj
     from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
@@ -293,7 +293,7 @@ def test_a_crashing_turn_ends_one_episode_never_the_batch():
 
 
 def test_a_failed_engine_call_ends_its_episodes_unscored_not_the_batch():
-    from test_agent_loop import REQUEST, ScriptedEngine, StubBuilder, WordTokenizer, FakeSandbox
+    from doubles import REQUEST, ScriptedEngine, StubBuilder, WordTokenizer, FakeSandbox
 
     from bat_jax.rollout import trajectory as tj
     from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
@@ -534,14 +534,14 @@ def test_a_scorer_exception_is_the_agents_failure_and_a_rebuild_failure_is_unsco
     """One rule for blame in the GRPO scorer: an exception while reading or scoring the rollout's artefacts gives
     reward 0 (with the error), one before them (the row's task cannot be rebuilt) leaves it unscored; the
     batch's other rollouts are scored either way."""
-    from test_row_reward import _row, _trajectory
+    from doubles import reward_row, reward_trajectory
 
     from bat_jax.tasks import heldout
     from bat_jax.bicurl import reward as row_reward
     from bat_jax.bicurl.reward import RolloutScorer
 
     task = heldout.training_task(VQA, 3, "success", 0)
-    rows, trajs = [_row(3, "E2E")] * 3, [_trajectory(task, "E2E", k) for k in (1, 2, 3)]
+    rows, trajs = [reward_row(3, "E2E")] * 3, [reward_trajectory(task, "E2E", k) for k in (1, 2, 3)]
     with RolloutScorer(rows, [task.state()] * 3, IMAGING) as scorer:
         for i, t in enumerate(trajs):
             scorer.submit(i, t)

@@ -1,4 +1,4 @@
-"""Docker sandbox: tool calls, receipts, limits and the red-team checks of issue 4 (needs a running engine)."""
+"""Docker sandbox: tool calls, receipts, limits and its red-team checks (needs a running engine)."""
 
 import hashlib
 import threading

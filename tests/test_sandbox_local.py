@@ -1,4 +1,5 @@
-"""The local backend's wall-clock limit covers every process of a call (issue 13).
+"""The local backend's wall-clock limit covers every process of a call (sandbox/local.py and the supervisor each
+call runs under, sandbox/call_supervisor.py).
 
 Each call's processes append their host PID (read from the host's /proc, which they see also inside a PID
 namespace) to a file, and carry a marker in their environment; after the call no process may carry the marker.

@@ -1,4 +1,4 @@
-"""Red-team tests of the Docker sandbox (issue 13, "reward integrity"): escape attempts an agent could make.
+"""Red-team tests of the Docker sandbox and of reward integrity: escape attempts an agent could make.
 
 Every test makes one attempt from inside a sandbox (agent code through `execute_code`) and asserts two things:
 the attempt is contained, and the sandbox (or the next pooled episode) still works afterwards. The target

@@ -1,4 +1,4 @@
-"""Tool dispatch, workspace tars and snapshot files (no engine needed)."""
+"""Tool dispatch, actions and workspace tars (bat_jax/sandbox/tools.py; no engine needed)."""
 
 import io
 import tarfile
@@ -6,7 +6,7 @@ import tarfile
 import pytest
 
 from bat_jax.tasks.stages import Stage
-from bat_jax.sandbox import snapshot, tools
+from bat_jax.sandbox import tools
 from bat_jax.sandbox.docker import state_to_tar
 from bat_jax.sandbox.types import Observation, SandboxState
 
@@ -48,28 +48,6 @@ def test_state_tar_round_trip_and_bad_paths():
     for bad in ("/etc/passwd", "../x", "a/../../x", "."):
         with pytest.raises(ValueError, match="must be relative"):
             state_to_tar(SandboxState(files={bad: b"x"}))
-
-
-def test_snapshot_save_load_and_tampering(tmp_path):
-    state = SandboxState(files={"a": b"x", "out/m.npy": bytes(range(200))}, env={"SEED": "3"})
-    path = tmp_path / "snaps" / "s.tar"
-    assert snapshot.save(state, path) == state.digest()
-    assert list(path.parent.iterdir()) == [path]  # no temp file left behind
-    loaded = snapshot.load(path)
-    assert dict(loaded.files) == dict(state.files) and loaded.env == {"SEED": "3"}
-    assert loaded.digest() == state.digest()
-    with tarfile.open(path) as tar:
-        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
-    with tarfile.open(path, "w") as tar:
-        for member, data in members:
-            tar.addfile(member, io.BytesIO(b"y" if member.name == "files/a" else data))
-    with pytest.raises(ValueError, match="s.tar: content digest"):
-        snapshot.load(path)
-    (tmp_path / "junk.tar").write_bytes(b"not a tar")
-    with pytest.raises(ValueError, match="junk.tar: not a snapshot"):
-        snapshot.load(tmp_path / "junk.tar")
-    with pytest.raises(FileNotFoundError):
-        snapshot.load(tmp_path / "absent.tar")
 
 
 def test_action_is_validated_when_built_and_round_trips():

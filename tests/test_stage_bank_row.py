@@ -10,40 +10,14 @@ from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.stages import Stage
 from bat_jax.sandbox import tools
 from bat_jax.sandbox.tools import STOP, Action
-from bat_jax.sandbox.types import SandboxState
-from bat_jax.stage_bank.row import (EvidenceSpec, Message, Provenance, RLRow, RubricSpec, SFTRow,
-                                    StateRef, Transformation, canonical_json)
+from bat_jax.stage_bank.row import EvidenceSpec, Message, StateRef, canonical_json
 from bat_jax.stage_bank.row_parse import rl_row_from_dict, sft_row_from_dict
 from bat_jax.stage_bank.row_validation import RowValidationError
+from doubles import EXAMPLE_STATE as STATE
+from doubles import example_provenance as provenance, example_rl_row as rl_row, example_sft_row as sft_row
 
-H = "ab" * 32
-#: digest of `sft_row()` as the code before the one action type computed it (commit d41b7f7)
+#: digest of `sft_row()`, pinned: the stored form of a row never changes under a bank
 SFT_ROW_DIGEST = "e8a41190dbf36a242af9cf86a664f96d4076e74359c41625706680488b54e16a"
-STATE = SandboxState(files={"task.md": b"Segment the fictional liver.", "data/x.txt": b"1"}, env={"SEED": "1"})
-
-
-def provenance(outcome="success", track="segmentation"):
-    return Provenance("seg-fict-0007", H, track, outcome, (Transformation("stage_slice", "cd" * 32, {"t": 3}),))
-
-
-def rl_row(**kw):
-    args = dict(state=StateRef.from_state(STATE, f"states/{STATE.digest()}.tar"), focus="S3",
-                prompt="Validate the model on the fictional split.",
-                rubric=(RubricSpec("s3.dice", "Reports Dice on the validation split"),),
-                evidence=(EvidenceSpec("s3.receipt", "receipt", {"pattern": "dice"}),),
-                skill="Validate: run the model on held-in cases first.", provenance=provenance(),
-                reward_source="rubric")
-    args.update(kw)
-    return RLRow(**args)
-
-
-def sft_row(**kw):
-    args = dict(context=(Message("system", "You are an agent."), Message("user", "Plan the task."),
-                         Message("assistant", action=Action("", "execute_code", {"language": "bash", "code": "ls"})),
-                         Message("tool", "task.md\n[exit code 0]")),
-                target=Action("Plan: 1) load 2) train", STOP), focus="S1", provenance=provenance())
-    args.update(kw)
-    return SFTRow(**args)
 
 
 def test_state_ref_uses_sandbox_state_digest():
@@ -110,27 +84,6 @@ def test_a_focus_the_benchmark_lacks_is_refused_naming_the_row():
         imaging.check_focus(rl_row(focus="S9").focus, "bank rl row 3 field 'focus'")
 
 
-def test_from_dict_error_names_file_row_and_field():
-    rec = rl_row().to_record()
-    rec["rubric"][0]["text"] = 5
-    with pytest.raises(RowValidationError) as e:
-        rl_row_from_dict(rec, file="bank/rl.jsonl", row=17)
-    assert (e.value.file, e.value.row, e.value.field) == ("bank/rl.jsonl", 17, "rubric[0].text")
-    assert str(e.value).startswith("bank/rl.jsonl: row 17: field 'rubric[0].text'")
-    rec = rl_row().to_record()
-    del rec["provenance"]["source_digest"]
-    with pytest.raises(RowValidationError, match="provenance.source_digest"):
-        rl_row_from_dict(rec, file="f", row=0)
-
-
-def test_tampered_row_is_rejected_by_digest():
-    rec = rl_row().to_record()
-    rec["prompt"] = "tampered"
-    with pytest.raises(RowValidationError) as e:
-        rl_row_from_dict(rec, file="f.jsonl", row=2)
-    assert e.value.field == "digest"
-
-
 def test_sft_row_roundtrip_and_digest():
     row = sft_row()
     back = sft_row_from_dict(json.loads(json.dumps(row.to_record())))
@@ -153,33 +106,11 @@ def test_sft_row_validation_names_field(kw, field):
     assert e.value.field == field
 
 
-@pytest.mark.parametrize("target, field", [
-    ({"text": "", "tool": "execute_code", "arguments": {"language": "python"}}, "target.arguments"),
-    ({"text": "x", "tool": "rm_rf", "arguments": {}}, "target.tool"),
-    ({"text": "x", "tool": "", "arguments": {"path": "a"}}, "target.arguments"),
-    ({"text": 3, "tool": "", "arguments": {}}, "target.text"),
-    ({"text": "", "tool": "", "arguments": {}}, "target"),
-])
-def test_stored_action_records_are_checked_and_name_the_field(target, field):
-    record = sft_row().to_dict()
-    record["target"] = target
-    with pytest.raises(RowValidationError) as e:
-        sft_row_from_dict(record)
-    assert e.value.field == field
-
-
 def test_rows_hold_the_one_agent_action_and_keep_their_stored_form_and_digest():
-    # the same record and digest as when rows had their own action type (text / tool '' / arguments), so banks
-    # built before stay valid; the digest was computed by that code (commit d41b7f7)
+    # the stored form (text / tool '' / arguments) and the digest are pinned, so banks already built stay valid
     row = sft_row()
     assert isinstance(row.target, tools.Action) and row.target.tool == STOP
     assert row.to_dict()["target"] == {"text": "Plan: 1) load 2) train", "tool": "", "arguments": {}}
     assert row.to_dict()["context"][2]["action"] == {"text": "", "tool": "execute_code",
                                                      "arguments": {"language": "bash", "code": "ls"}}
     assert row.digest == SFT_ROW_DIGEST
-
-
-def test_sft_parse_rejects_rl_kind():
-    with pytest.raises(RowValidationError) as e:
-        sft_row_from_dict(rl_row().to_record(), file="sft.jsonl", row=0)
-    assert e.value.field == "kind"

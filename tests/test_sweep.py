@@ -104,7 +104,7 @@ def test_bundled_sweep_bindings_configure_the_tiny_default(sweep_file):
     from bat_jax import launch
     from bat_jax.bicurl.experiment import BiCuRLConfig
     from bat_jax.stage_bank.pools import PoolConfig
-    from test_gin_configs import assert_rounds_fit_the_tiny_bank
+    from doubles import assert_rounds_fit_the_tiny_bank
 
     for entry in sweep.load_sweep(REPO / "launch" / "sweeps" / sweep_file):
         launch.parse_gin(["bicurl_tiny.gin"] + entry.get("gin_files", []), entry.get("bindings", []))

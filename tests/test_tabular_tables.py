@@ -75,7 +75,7 @@ def test_answer_phrases():
     assert tables.answer_phrases("top_corr", ["a", "d"]) == ["a", "d"]
 
 
-@pytest.mark.parametrize("family", tables.FAMILIES)
+@pytest.mark.parametrize("family", tables.TASK_FAMILIES)
 def test_generation_is_deterministic_well_posed_and_has_its_variants_defects(family):
     for variant in tables.VARIANTS:
         table, params = tables.generate(family, 3, variant, tables.TRAIN_VOCAB)

@@ -47,7 +47,7 @@ def test_training_tasks_refuse_heldout_seeds_templates_and_unknown_names():
 
 def test_the_heldout_suite_is_disjoint_by_construction():
     suite = tasks.heldout_suite(2, ("clean", "mixed"), 0)
-    assert len(suite) == 3 * 2 * 2 and [t.track for t in suite[::4]] == list(tables.FAMILIES)
+    assert len(suite) == 3 * 2 * 2 and [t.track for t in suite[::4]] == list(tables.TASK_FAMILIES)
     assert len({t.task_id for t in suite}) == len(suite)
     held_names = set(tables.HELDOUT_VOCAB.categories + tables.HELDOUT_VOCAB.numeric)
     for t in suite:

@@ -3,6 +3,7 @@ of every family and variant, held-out tasks included, from the start and from a 
 the same for every task; a teacher that keeps duplicate records, a guess written without reading the clean table and
 a policy that does nothing fail the items that rest on the work they skipped."""
 
+import itertools
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from bat_jax.sandbox.tools import Action
 from bat_jax.tabular import tables
 from bat_jax.tabular.benchmark import TabularBenchmark
 from bat_jax.tabular.tasks import RESULT, heldout_suite
-from bat_jax.tabular.teacher import CLEAN, SCRIPT, ScriptedTeacher, _code
+from bat_jax.tabular.teacher import CLEAN, PREAMBLE, SCRIPT, ScriptedTeacher, _code, shared_span
 
 BENCH = TabularBenchmark()
 PERFECT = {"inspect": 1.0, "clean": 1.0, "analyse": 1.0, "report": 1.0}
@@ -21,14 +22,14 @@ PERFECT = {"inspect": 1.0, "clean": 1.0, "analyse": 1.0, "report": 1.0}
 class WrongTeacher(ScriptedTeacher):
     """Keeps records whose id appeared earlier (the cleaning rule half applied)."""
 
-    script = {**SCRIPT, "clean": (_code("clean", CLEAN.replace("    if r[0] in seen:", "    if False:")),)}
+    script = {**SCRIPT, "clean": (_code("clean", CLEAN.replace("    if rec[0] in seen:", "    if False:")),)}
 
 
 def _failed(result) -> dict:
     return {s: sorted(k for k, ok in v.items.items() if not ok) for s, v in result.score.verdicts.items()}
 
 
-@pytest.mark.parametrize("family", tables.FAMILIES)
+@pytest.mark.parametrize("family", tables.TASK_FAMILIES)
 def test_the_teacher_passes_every_item_of_every_variant(family):
     for variant in tables.VARIANTS:
         result = play(BENCH, BENCH.training_task(family, 21, variant), BENCH.teacher("scripted"))
@@ -48,11 +49,34 @@ def test_the_teacher_passes_heldout_tasks_and_stage_rows():
 
 def test_its_action_texts_are_the_same_for_every_task():
     texts = set()
-    for family in tables.FAMILIES:
+    for family in tables.TASK_FAMILIES:
         result = play(BENCH, BENCH.training_task(family, 2, "missing"), BENCH.teacher("scripted"))
         texts.add(json.dumps([t.action.to_dict() for t in result.episode.turns]))
         assert [t.stage for t in result.episode.turns] == ["inspect", "clean", "analyse", "report", "report"]
     assert len(texts) == 1
+
+
+def test_shared_span():
+    assert shared_span("abcde", "xbcdy") == "bcd"
+    assert shared_span("abc", "xyz") == ""
+    assert shared_span("print(T, P)\n", "print(A)\n") == "print("
+
+
+def test_no_stretch_of_one_stage_body_appears_in_another():
+    """A policy writes an action token by token: text two stages share mid-action is where it loses which stage it
+    is in. The SFT policy of the v1 texts (60 steps, nll 0.256) went on after inspect's `T = re.search(...)` line —
+    shared with report — with report's next line, and no action it wrote ran (Overall 0.0 on every stage). Every
+    action is its stage's own body, then the text all of them share (`PREAMBLE`, ending with the call)."""
+    own = {}
+    for stage, actions in SCRIPT.items():
+        code = actions[0].arguments["code"]
+        assert code.startswith(f"def run():\n    # {stage}: ") and code.endswith(PREAMBLE), stage
+        own[stage] = code[: -len(PREAMBLE)]
+    spans = {(a, b): len(shared_span(own[a], own[b])) for a, b in itertools.combinations(own, 2)}
+    # longest: ' = table("data/raw.csv")\n    ' (inspect / clean); v1 shared 243 characters (inspect / clean: the
+    # raw-table read and the record check) and 71 (inspect / report: the task-id line)
+    assert max(spans.values()) == 29 and spans[("inspect", "clean")] == 29
+    assert spans[("inspect", "report")] == 18
 
 
 def test_a_teacher_that_keeps_duplicates_fails_the_items_that_rest_on_cleaning():
@@ -93,6 +117,6 @@ def test_the_teacher_passes_every_item_in_docker():
         make = backend_factory("docker")
     except BackendUnavailable as exc:
         pytest.skip(str(exc))
-    for family in tables.FAMILIES:
+    for family in tables.TASK_FAMILIES:
         result = play(BENCH, BENCH.training_task(family, 30, "mixed"), BENCH.teacher("scripted"), make_sandbox=make)
         assert _failed(result) == {s: [] for s in PERFECT} and result.score.reward == 1.0, family

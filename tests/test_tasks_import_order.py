@@ -1,4 +1,4 @@
-"""The task framework's imports go one way: `tasks.base` → `tasks.brief` → `tasks.layout` (issue 17: no circle).
+"""The task framework's imports go one way: `tasks.base` → `tasks.brief` → `tasks.layout` (no circle).
 
 Checked statically (every import statement of the module, at any depth, including `TYPE_CHECKING` blocks and
 imports inside functions) and by importing each module first in a fresh interpreter.

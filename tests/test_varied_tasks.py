@@ -1,4 +1,4 @@
-"""Seed-drawn training layouts and ids (issue 15): paths and ids vary widely between training tasks and never
+"""Seed-drawn training layouts and ids: paths and ids vary widely between training tasks and never
 spell a held-out path or id; the factory, the reward's task rebuild and the scripted expert all follow them."""
 
 import dataclasses

@@ -9,7 +9,6 @@ The reference is `bat_jax.models.qwen3.Qwen3ForCausalLM` on the same parameters,
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -21,30 +20,14 @@ pytest.importorskip("vllm")
 
 from bat_jax.models import hf_io  # noqa: E402
 from bat_jax.models.configs import Qwen3Config  # noqa: E402
-from bat_jax.models.qwen3 import Qwen3ForCausalLM  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams, token_logprobs  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
+from doubles import VLLM_TINY, vllm_reference_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-CFG = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
-                  tie_word_embeddings=True)
+CFG = Qwen3Config(**VLLM_TINY, tie_word_embeddings=True)
 PAD_LEN = 64  # reference batches are left-padded to this many tokens (one compile)
-
-
-def _model(seed: int, tied: bool = True, vocab_size: int = CFG.vocab_size) -> Qwen3ForCausalLM:
-    """Random tiny Qwen3; the output head is scaled x10 so next-token distributions are peaked (logit std ~2-3)
-    and temperature / top-p visibly change the logprobs. With a tied head the scaled embedding would dominate the
-    residual stream (every model would just repeat its input token), so the attention outputs are scaled x100."""
-    model = Qwen3ForCausalLM(dataclasses.replace(CFG, tie_word_embeddings=tied, vocab_size=vocab_size),
-                             rngs=nnx.Rngs(seed))
-    head = model.model.embed_tokens.weight if tied else model.lm_head.weight
-    head.set_value(head.get_value() * 10.0)
-    if tied:
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.set_value(layer.self_attn.o_proj.weight.get_value() * 100.0)
-    return model
 
 
 @nnx.jit
@@ -82,7 +65,7 @@ GREEDY_PROMPTS = _prompts(2, seed=0) + [np.random.default_rng(3).integers(0, CFG
 
 def _start(tmp_path_factory, tied: bool):
     """(engine started on weights A, model A, model B, greedy completions of a fresh engine on A)."""
-    model_a, model_b = _model(1, tied), _model(2, tied)
+    model_a, model_b = vllm_reference_model(1, tied), vllm_reference_model(2, tied)
     ckpt = hf_io.save_pretrained(model_a, tmp_path_factory.mktemp("vllm") / "weights_a")
     engine = VLLMEngine(VLLMEngineConfig(model_dir=str(ckpt), dtype="float32", max_model_len=128,
                                          kv_cache_memory_bytes=32 << 20, max_num_seqs=32,
@@ -247,12 +230,12 @@ def test_bad_input_raises(setup):
 def test_from_model_greedy_equals_jax_sampler(tmp_path):
     """`VLLMEngine.from_model` on an in-memory model over the tiny tokenizer's vocabulary: the checkpoint (with
     the tokenizer files) lands in work_dir/checkpoint, and greedy completions equal the JAX sampler's token for
-    token (fp32 both sides; the peaked head of `_model` keeps near-ties out)."""
+    token (fp32 both sides; the peaked head of `vllm_reference_model` keeps near-ties out)."""
     from bat_jax.models.tokenizer import TINY_VOCAB_SIZE, load_tiny_tokenizer
     from bat_jax.rollout.jax_sampler import JaxSampler
 
     tokenizer = load_tiny_tokenizer()
-    model = _model(4, tied=True, vocab_size=TINY_VOCAB_SIZE)
+    model = vllm_reference_model(4, tied=True, vocab_size=TINY_VOCAB_SIZE)
     prompts = [tokenizer.encode("import numpy as np\nprint(np.load('x.npy').shape)", add_special_tokens=False),
                tokenizer.encode("Validate the input cases before inference.", add_special_tokens=False)]
     engine = VLLMEngine.from_model(model, tmp_path / "work", tokenizer=tokenizer, kv_cache_memory_bytes=32 << 20,
@@ -277,7 +260,7 @@ def test_from_model_greedy_equals_jax_sampler(tmp_path):
 
 
 def test_from_model_rejects_bad_overrides(tmp_path):
-    model = _model(4)
+    model = vllm_reference_model(4)
     with pytest.raises(ValueError, match="other than model_dir"):
         VLLMEngine.from_model(model, tmp_path, model_dir="/elsewhere")
     with pytest.raises(ValueError, match=r"\['max_len'\]"):

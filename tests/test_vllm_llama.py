@@ -1,4 +1,4 @@
-"""VLLMEngine (bat_jax.rollout.vllm_engine) on the real SmolLM2-135M-Instruct Llama (issue 16): the converted GGUF
+"""VLLMEngine (bat_jax.rollout.vllm_engine) on the real SmolLM2-135M-Instruct Llama: the converted GGUF
 checkpoint (conftest `smollm2_dir`, float32) loads in vLLM's CPU engine, greedy decoding agrees with the JAX
 sampler and transformers, and a weight sync after one real GRPO step in the JAX learner makes vLLM score a fixed
 completion as JAX does.

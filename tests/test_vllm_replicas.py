@@ -27,7 +27,7 @@ from bat_jax.rollout.engine import SamplingParams  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
 from bat_jax.rollout.vllm_replicas import VLLMReplicaPool  # noqa: E402
 
-from test_vllm_engine import _model  # noqa: E402
+from doubles import vllm_reference_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -44,9 +44,9 @@ PROMPTS = _prompts(8, seed=5)
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """(2-replica pool, 1 in-process engine, model) on one checkpoint of `_model(1)`; the pool starts first (its
-    processes start while this one loads its engine)."""
-    model = _model(1)
+    """(2-replica pool, 1 in-process engine, model) on one checkpoint of `vllm_reference_model(1)`; the pool starts
+    first (its processes start while this one loads its engine)."""
+    model = vllm_reference_model(1)
     ckpt = hf_io.save_pretrained(model, tmp_path_factory.mktemp("replicas") / "ckpt")
     config = VLLMEngineConfig(model_dir=str(ckpt), dtype="float32", max_model_len=128,
                               kv_cache_memory_bytes=16 << 20, max_num_seqs=16, block_size=32)
@@ -92,7 +92,7 @@ def test_update_weights_refuses_while_calls_are_in_flight(setup):
         while pool._in_flight == 0 and worker.is_alive():
             pass
         with pytest.raises(RuntimeError, match="calls are in flight"):
-            pool.update_weights(_model(1))
+            pool.update_weights(vllm_reference_model(1))
     finally:
         worker.join(120)
 
@@ -107,7 +107,8 @@ def test_grpo_step_then_sync_reaches_both_replicas(setup):
     batch = {"input_ids": np.asarray([seq, seq], np.int32), "attention_mask": np.ones((2, len(seq)), np.int32),
              "loss_mask": np.asarray([[0] * len(prompt) + [1] * len(completion)] * 2, np.int32),
              "advantages": np.asarray([1.0, -0.5], np.float32)}
-    learner = Learner(_model(1), MeshConfig(data=1, fsdp=2, tensor=1), MemoryConfig(attention_block=0, logit_chunk=0))
+    learner = Learner(vllm_reference_model(1), MeshConfig(data=1, fsdp=2, tensor=1),
+                      MemoryConfig(attention_block=0, logit_chunk=0))
     before = np.asarray(learner.logprobs(learner.params, batch, SCORE))[0, len(prompt):len(seq)]
     batch.update(old_logprobs=np.asarray(learner.logprobs(learner.params, batch, SCORE)))
     batch["ref_logprobs"] = batch["old_logprobs"]

@@ -1,4 +1,4 @@
-"""Weight sync to vLLM streams bf16 buckets of at most 1 GB (issue 14); needs torch, not vLLM."""
+"""Weight sync to vLLM streams bf16 buckets of at most 1 GB; needs torch, not vLLM."""
 
 import jax
 import jax.numpy as jnp

@@ -106,7 +106,7 @@ def policy_loss(ca, mode: str) -> dict[str, float]:
 
     def ours(x):
         t = grpo.grpo_token_terms(x, jbatch, cfg)
-        return objective.aggregate(t["total"], t["mask"], mode, norms, c_norm, cfg.seq_mean_rows)
+        return objective.aggregate_loss(t["total"], t["mask"], mode, norms, c_norm, cfg.seq_mean_rows)
 
     value, grad = jax.value_and_grad(ours)(jnp.asarray(lp))
     m = torch.tensor(np.asarray(objective.effective_loss_mask(jnp.asarray(mask))), dtype=torch.float64)

@@ -186,7 +186,7 @@ def failing_items_table(stages: StageSet, final: Mapping[str, ItemRates], contro
 def heat_map(stages: StageSet, columns: Sequence[tuple[str, ItemRates | None]], path, title: str = ""):
     """Writes a PNG heat map of item pass rates: one row per item (stages in workflow order), one column per
     evaluation or rollout set (`columns`: label → counts; None = not recorded), 0–100 from red to green, grey
-    where the item was not decided; returns the path (written via a temp file, then renamed).
+    where the item was not decided. Returns the path (written via a temp file, then renamed).
 
     Raises:
       ValueError: no column counted any item.

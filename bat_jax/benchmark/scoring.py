@@ -3,7 +3,7 @@
 All scores inside the library are on a 0–1 scale; `display()` turns one into the paper's 0–100 scale with
 one decimal. Differences are always computed from unrounded values (paper Section 3).
 
-Rules (paper Section 3 and REFERENCE.md):
+Rules (paper §3.1 and App. A.6):
   * Agentic = Σ_s w_s · e_s over the *applicable* stages, weights renormalised over them.
   * Overall = (Task + Agentic) / 2 from unrounded values.
   * An unscored cell (a stage or the task is `None`: missing evidence, infrastructure failure) is excluded

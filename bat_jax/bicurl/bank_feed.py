@@ -1,5 +1,6 @@
-"""The Stage Bank versions a run's rounds read, and what the run tells the Data Factory (paper Sections 1, 2 and 6:
-"the policy-update loop reads only versioned, executable states").
+"""The Stage Bank versions a run's rounds read, and what the run tells the Data Factory.
+
+Paper Sections 1, 2 and 6: "the policy-update loop reads only versioned, executable states".
 
 `BankFeed` resolves each round's version at round start: the newest admitted one (`BiCuRLConfig.bank_version =
 'latest'`) or a pinned one (an int). Resolving lists the published version directories and reads the segments

@@ -112,7 +112,7 @@ def check_vllm_memory(model_config: Any, options: dict[str, Any],
                       replicas: int = 1) -> list[vllm_memory.VLLMMemoryPlan]:
     """Before vLLM starts beside JAX: each replica's device split and how many full-length rollouts its cache holds
     (`rollout/vllm_memory.py`; replica i on device i), from `options` (`VLLMEngineConfig` fields;
-    ``max_model_len`` required) and JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset); the
+    ``max_model_len`` required) and JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset). The
     rest of each device must hold the contexts, vLLM's CUDA graphs (unless ``enforce_eager``) and a weight sync's
     peak (`vllm_memory.sync_memory`).
     Returns one `VLLMMemoryPlan` per replica.

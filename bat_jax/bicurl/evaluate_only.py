@@ -2,7 +2,7 @@
 
 It gives the "pretrained, untrained" row of a real checkpoint (e.g. SmolLM2-135M-Instruct zero-shot,
 `gin/evaluate_small.gin`) on the run's benchmark by the same path a BiCuRL run's final evaluation takes
-(`bicurl.experiment.run`): the
+(`bicurl.experiment.run`). It uses the
 policy of `Components.policy`, the rollout engine of `engines.build_engine`, one E2E episode per held-out cell
 through the agent loop (`evaluation.EngineCells`, prompts in the policy's prompt style), the rubric verifier and
 the task metric, aggregated by `evaluation.evaluate`. Only aggregates are written (the firewall of
@@ -23,11 +23,11 @@ import time
 
 from bat_jax import report
 from bat_jax.atomic_io import atomic_write
-from bat_jax.benchmark.scoring import Summary, display
-from bat_jax.bicurl import evaluation as ev
+from bat_jax.benchmark.scoring import display
 from bat_jax.bicurl.engines import build_engine
 from bat_jax.bicurl.experiment import Components
 from bat_jax.bicurl.run_loops import open_run_loops
+from bat_jax.errors import ConfigValueError
 from bat_jax.policy import build_policy
 from bat_jax.prompts import PromptFormat
 from bat_jax.verify.judge import RubricJudge
@@ -54,7 +54,7 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
     """
     benchmark = components.benchmark
     if benchmark is None:
-        raise ValueError("Components.benchmark (the staged benchmark to evaluate on) is required")
+        raise ConfigValueError("experiment.Components.benchmark (the staged benchmark to evaluate on) is required")
     benchmark.validate()
     run_dir = pathlib.Path(run_dir)
     evaluation = dataclasses.replace(components.evaluation, purpose=purpose)  # validates purpose
@@ -66,10 +66,9 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
                                backend=backend, warm_pool=sandbox_pool)
         try:
             judge = RubricJudge(components.judge) if components.judge is not None else None
-            cells = ev.EngineCells(loops.evaluation, benchmark, judge,
-                                   prompt=PromptFormat.of(benchmark, policy.prompt_style))
             t1 = time.perf_counter()
-            summary: Summary = ev.evaluate(cells, evaluation, benchmark)
+            summary, agent_failed = loops.evaluate(evaluation, benchmark, judge,
+                                                   PromptFormat.of(benchmark, policy.prompt_style))
             t2 = time.perf_counter()
         finally:
             loops.close()
@@ -78,7 +77,7 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
             engine.close()
     out = {"system": system, "purpose": purpose, "backend": backend, "policy": dataclasses.asdict(components.policy),
            "engine": components.engine.kind, "setup_s": round(t1 - t0, 1), "eval_s": round(t2 - t1, 1),
-           "summary": report.summary_dict(summary), "agent_failed": cells.agent_failed}
+           "summary": report.summary_dict(summary), "agent_failed": agent_failed}
     table = report.results_table([(system, summary)])
     atomic_write(run_dir / "evaluation.json", json.dumps(out, indent=2, default=str).encode())
     atomic_write(run_dir / "evaluation.md", (table + "\n").encode())

@@ -27,11 +27,10 @@ import dataclasses
 import json
 import pathlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
 
 from bat_jax import report
 from bat_jax.atomic_io import atomic_write
@@ -40,13 +39,14 @@ from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.bicurl import evaluation as ev
 from bat_jax.bicurl import multihost
 from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
+from bat_jax.bicurl.cold_start import SFT_TARGETS, load_round0, round0_items, save_round0, sft_cold_start
 from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
+from bat_jax.bicurl.async_block import async_grpo_block
 from bat_jax.bicurl.grpo_round import GRPOBlockConfig, grpo_block
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
 from bat_jax.bicurl.reward import RewardConfig
 from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
-from bat_jax.bicurl.sft_data import render_sft_row, sft_batch, trajectory_examples
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer, checkpoint_name, checkpoint_step
 from bat_jax.curriculum import controller as ctl
 from bat_jax.errors import ConfigValueError
@@ -56,6 +56,7 @@ from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
 from bat_jax.learn.batching import pad_batch
 from bat_jax.learn.learner import Learner, MemoryConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
+from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.models.mesh import MeshConfig
 from bat_jax.models.episode import EpisodeBuilder
@@ -68,7 +69,7 @@ from bat_jax.stage_bank.bank import BankView, StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.factory_loop import FactoryLoopConfig, FactoryProcess
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
-from bat_jax.stage_bank.row import RLRow, SFTRow
+from bat_jax.stage_bank.row import RLRow
 from bat_jax.staged_benchmark.contract import BenchmarkError, StagedBenchmark
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
 
@@ -87,7 +88,7 @@ def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig, benchmark: St
 
 @dataclasses.dataclass(frozen=True)
 class BiCuRLConfig:
-    """Outer-loop settings (paper defaults; REFERENCE.md). Component settings are their own dataclasses.
+    """Outer-loop settings (paper defaults, App. A.4 and A.7). Component settings are their own dataclasses.
 
     Attributes:
       mode: 'bicurl' (paper), 'sft_only' or 'grpo_e2e' (baselines).
@@ -120,8 +121,8 @@ class BiCuRLConfig:
         check_bank_version(self.bank_version)
         if self.mode not in MODES:
             raise ValueError(f"BiCuRLConfig.mode must be one of {MODES}, got {self.mode!r}")
-        if self.sft_targets not in ("row", "trajectory"):
-            raise ValueError(f"BiCuRLConfig.sft_targets must be 'row' or 'trajectory', got {self.sft_targets!r}")
+        if self.sft_targets not in SFT_TARGETS:
+            raise ValueError(f"BiCuRLConfig.sft_targets must be one of {SFT_TARGETS}, got {self.sft_targets!r}")
         if self.rounds < 0 or self.grpo_steps_per_round < 1:
             raise ValueError(f"BiCuRLConfig needs rounds >= 0 and grpo_steps_per_round >= 1, got "
                              f"{self.rounds}, {self.grpo_steps_per_round}")
@@ -173,6 +174,7 @@ class Components:
     ray: RayRolloutConfig | None = None
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    staleness: StalenessConfig = StalenessConfig()  # bounded-staleness GRPO (learn/staleness.py); 0 = synchronous
     factory_loop: FactoryLoopConfig | None = None
 
     def __post_init__(self):
@@ -235,8 +237,9 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                                     reference_scores=controller.state.reference_scores, config=components.router)
             view = exp.feed.round_start(r, exp.view)  # resolved now, never waiting on a factory
             round_view = _round_view(exp, view, decision.target, r)
-            stats = grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
-                               seed=config.seed * 1000 + r, judge=exp.judge)
+            block = grpo_block if exp.block.max_staleness == 0 else async_grpo_block  # learn/staleness.py
+            stats = block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
+                          seed=config.seed * 1000 + r, judge=exp.judge)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
                                        *kl_prompts, config=components.policy_shift)
@@ -267,7 +270,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         exp.loops.close()  # Ray rollout workers, the sandbox pool
         return multihost.on_primary(lambda: report.write_run_report(
             run_dir, final, records, round0, exp.stages, exp.writer, note=exp.benchmark.note,
-            round0_items=_round0_items(run_dir)), "run report")
+            round0_items=round0_items(run_dir)), "run report")
 
 
 @dataclasses.dataclass
@@ -301,13 +304,10 @@ class _Experiment:
     def evaluate(self, params, purpose: str) -> tuple[Summary, int]:
         """(aggregates, scored cells that were agent-caused sandbox failures) of one held-out evaluation."""
         self.engine.update_weights(self.learner.sync_model(params))  # every process (a collective with several)
-
-        def evaluate() -> tuple[Summary, int]:  # on process 0 alone; its aggregates go to every process
-            cells = ev.EngineCells(self.loops.evaluation, self.benchmark, self.judge, prompt=self.prompt)
-            config = dataclasses.replace(self.components.evaluation, purpose=purpose)
-            return ev.evaluate(cells, config, self.benchmark), cells.agent_failed
-
-        return multihost.on_primary(evaluate, f"{purpose} evaluation")
+        config = dataclasses.replace(self.components.evaluation, purpose=purpose)
+        # on process 0 alone; its aggregates go to every process
+        return multihost.on_primary(lambda: self.loops.evaluate(config, self.benchmark, self.judge, self.prompt),
+                                    f"{purpose} evaluation")
 
     def restore(self, name: str):
         """The parameters of checkpoint `name` (`checkpoint.checkpoint_name`), on the learner's mesh."""
@@ -347,7 +347,9 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
         check_recipe(bank, components.bank, benchmark)  # another benchmark's or recipe's bank is refused, never mixed
         if not bank.versions():
             built = build_bank(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark)
-            print(f"[bat_jax] Stage Bank built: {built}")
+            print(f"[bat_jax] Stage Bank v{built.version} built in {built.elapsed_s:.0f} s: {built.sources_accepted} "
+                  f"of {built.sources_total} sources accepted, {built.rl_rows} RL rows, {built.sft_rows} SFT rows, "
+                  f"digest {built.digest[:8]}…" + (f"; rejected {built.rejected}" if built.rejected else ""))
 
     multihost.on_primary(check_or_build, "Stage Bank check and build")
     feed = BankFeed(bank, run_dir, config.bank_version, benchmark)
@@ -366,8 +368,9 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None
+    rows_in_flight = components.pools.batch_size * (1 + components.staleness.max_staleness)  # s later batches too
     loops = multihost.all_ok(  # every host opens its own sandboxes; one that cannot stops every process, named
-        lambda: open_run_loops(policy, engine, agent, components.evaluation, benchmark, components.pools.batch_size,
+        lambda: open_run_loops(policy, engine, agent, components.evaluation, benchmark, rows_in_flight,
                                config.backend, warm_pool=config.sandbox_pool, ray=components.ray, worker=worker),
         "opening the sandboxes", release=lambda opened: opened.close())
     resources.callback(loops.close)
@@ -385,10 +388,10 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                             micro_batches=components.grpo_micro_batches,
                             max_context_tokens=agent.max_context_tokens, prompt=prompt,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling,
-                            max_response_tokens=agent.max_response_tokens)
+                            max_response_tokens=agent.max_response_tokens, staleness=components.staleness)
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, manifest,
-                       engine,
-                       loops, judge, Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
+                       engine, loops, judge,
+                       Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
                        multihost.primary_only(lambda: Ledger(run_dir / "ledger.jsonl")),  # writers: process 0
                        multihost.primary_only(lambda: report.ScalarWriter(run_dir / "tensorboard", benchmark.stages)),
                        block)
@@ -414,15 +417,16 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
     """SFT cold start once (checkpoint step 0) and its controller evaluation (round 0); restored on resume."""
     if 0 in exp.checkpoints.all_steps():
         exp.learner.params = exp.restore(checkpoint_name(0))
-        return multihost.on_primary(lambda: _round0(exp.run_dir), "round 0 evaluation")
+        return multihost.on_primary(lambda: load_round0(exp.run_dir), "round 0 evaluation")
     t0 = time.perf_counter()
-    _sft_cold_start(exp.learner, exp.policy, exp.prompt, exp.view.sft_rows, exp.components.sft, exp.config,
-                    exp.components.agent.max_observation_chars)
+    sft_cold_start(exp.learner, exp.policy, exp.prompt, list(exp.view.sft_rows)[: exp.config.sft_max_rows or None],
+                   exp.components.sft, exp.config.sft_targets, exp.config.seed,
+                   exp.components.agent.max_observation_chars)
     t1 = time.perf_counter()
     summary, _ = exp.evaluate(exp.learner.params, "controller")
     print(f"[bat_jax] SFT cold start done in {t1 - t0:.0f} s; controller evaluation Overall "
           f"{display(summary.overall)} ({time.perf_counter() - t1:.0f} s)", flush=True)
-    round0 = multihost.on_primary(lambda: _round0(exp.run_dir, summary), "round 0 evaluation")
+    round0 = multihost.on_primary(lambda: save_round0(exp.run_dir, summary), "round 0 evaluation")
     exp.checkpoints.save(0, {"params": exp.learner.params}, extra={"round": 0},
                          metrics=None if summary.overall is None else {"overall": summary.overall})
     return round0
@@ -478,12 +482,13 @@ def _log_round(writer: report.ScalarWriter, record: RoundRecord, summary: Summar
     writer.summary("controller_eval", summary, record.round)
     for key, value in record.grpo.scalars().items():
         writer.scalar(f"grpo/{key}", value, record.round)
-    g = record.grpo
+    stats = record.grpo
     fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"[bat_jax] round {record.round}: target {record.selected_stage}, Overall {display(summary.overall)}, "
           f"KL {record.kl:.4f}, {record.decision} → {record.retained_checkpoint}; reward on its pool "
-          f"{fmt(g.pool_reward_before)} → {fmt(g.pool_reward_after)}, groups with reward variance "
-          f"{g.groups_with_variance}/{g.groups_scored}, trained {g.groups_trained} of {g.groups_drawn} drawn "
+          f"{fmt(stats.pool_reward_before)} → {fmt(stats.pool_reward_after)}, groups with reward variance "
+          f"{stats.groups_with_variance}/{stats.groups_scored}, trained {stats.groups_trained} of "
+          f"{stats.groups_drawn} drawn "
           f"({seconds:.0f} s)", flush=True)
 
 
@@ -510,33 +515,6 @@ def mode_pools(rl_rows: Sequence[RLRow], mode: str, pool_config: pools.PoolConfi
     return rows, dataclasses.replace(pool_config, omit=("target", "mix"))
 
 
-def _sft_cold_start(learner: Learner, policy: Policy, prompt: PromptFormat, rows: Sequence[SFTRow],
-                    config: sft.SFTConfig, run: BiCuRLConfig, max_observation_chars: int) -> None:
-    """SFT on the bank's SFT rows: loss on the single target action (+ end of turn), paper Appendix A.4.
-    Observations in the context are cut to `max_observation_chars`, as rollouts cut them. Each batch is padded
-    to the length bucket of its rows (`sft_data.sft_batch`), not to `max_seq_len`."""
-    rows = list(rows)[: run.sft_max_rows or None]
-    if run.sft_targets == "trajectory":
-        examples = trajectory_examples(rows, policy, prompt, config.max_seq_len, max_observation_chars)
-    else:
-        examples = [e for e in (render_sft_row(row, policy, prompt, config.max_seq_len, max_observation_chars)
-                                for row in rows) if e is not None]
-    if not examples:
-        raise ValueError(f"no SFT row fits SFTConfig.max_seq_len={config.max_seq_len}")
-    targets = sum(int(np.sum(np.diff(e["loss_mask"], prepend=0) == 1)) for e in examples)
-    print(f"[bat_jax] SFT cold start: {len(examples)} sequences holding {targets} of the {len(rows)} rows' target "
-          f"actions within {config.max_seq_len} tokens; {config.total_steps} steps × {config.global_batch_size}",
-          flush=True)
-    step_fn, state = learner.sft_block(config, config.total_steps)
-    rng = np.random.default_rng(run.seed)
-    bar = tqdm(range(config.total_steps), desc="SFT", unit="step")
-    for i in bar:
-        state, metrics = step_fn(state, sft_batch(examples, config.global_batch_size, rng, config.max_seq_len))
-        if i % 10 == 9:
-            bar.set_postfix(nll=f"{float(metrics['nll']):.3f}")  # token-mean NLL of this batch's target actions
-    learner.adopt(state)
-
-
 def _kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, config: kl.PolicyShiftConfig
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the KL probe set: training rows, never
@@ -545,22 +523,7 @@ def _kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, con
     for row in list(rows)[: config.num_prompts]:
         messages, tools = prompt.first_messages(row.prompt, row.skill)
         # through the EpisodeBuilder: text in briefs and skills never becomes a control id
-        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tools)))
+        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.chat_family).start(messages, tools)))
     batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}
                        for p in prompts], multiple=1)
     return batch["input_ids"], batch["attention_mask"]
-
-
-def _round0(run_dir: pathlib.Path, summary: Summary | None = None) -> ctl.Evaluation:
-    """The SFT policy's controller evaluation (round 0), its rubric item counts beside it: written once, read back
-    on resume."""
-    path = run_dir / "round0_eval.json"
-    if summary is not None:
-        atomic_write(path, json.dumps({**ctl.Evaluation.from_summary(summary).to_dict(),
-                                       "items": summary.items.to_dict()}).encode())
-    return ctl.Evaluation.from_dict(json.loads(path.read_text()))
-
-
-def _round0_items(run_dir: pathlib.Path) -> Mapping | None:
-    """Round 0's rubric item counts (`ItemRates.to_dict()`), None when the run did not record them."""
-    return json.loads((run_dir / "round0_eval.json").read_text()).get("items")

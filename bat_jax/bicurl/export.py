@@ -1,8 +1,8 @@
-"""The end of a run: the retained policy exported as a Hugging Face checkpoint directory, `run_dir/export/`
-(safetensors weights, config.json, tokenizer files, chat template), loadable as it is by transformers and vLLM
-and by `policy.PolicyConfig(checkpoint_dir=...)`. Written all or nothing (`models.hf_io.save_pretrained`); a
-previous export of the same run is replaced.
-"""
+"""The end of a run: the retained policy exported as a Hugging Face checkpoint directory, `run_dir/export/`.
+
+The directory holds safetensors weights, config.json, tokenizer files and the chat template; it loads as it is in
+transformers and vLLM and by `policy.PolicyConfig(checkpoint_dir=...)`. Written all or nothing
+(`models.hf_io.save_pretrained`); a previous export of the same run is replaced."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""One round's GRPO block (paper Section 2.2, Eq. 16–19): rollouts of the round view's batches, rubric rewards,
-optional dynamic sampling and rollout correction, `GRPOConfig.epochs` optimizer steps per batch.
+"""One round's GRPO block (paper Section 2.2, Eq. 16–19).
+
+Rollouts of the round view's batches, rubric rewards, optional dynamic sampling and rollout correction,
+`GRPOConfig.epochs` optimizer steps per batch.
 
 Per pool batch: the learner's weights go to the rollout engine → K rollouts per row in sandboxes, each scored as
-its episode ends (`bicurl/reward.py`) → with `DynamicSamplingConfig.enabled`, groups without reward variance are
-replaced from the same pool's spare rows (`learn/dynamic_sampling.py`) → group-normalised advantages → the ratio's
-behaviour logprobs: the learner's own, recomputed before the update (`GRPOConfig.old_logprobs = 'recompute'`), or the
-engine's ('bypass') → with rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) truncated importance
+its episode ends (`bicurl/reward.py`). With `DynamicSamplingConfig.enabled`, groups without reward variance are
+replaced from the same pool's spare rows (`learn/dynamic_sampling.py`). Then come group-normalised advantages and the
+ratio's behaviour logprobs: the learner's own, recomputed before the update (`GRPOConfig.old_logprobs = 'recompute'`),
+or the engine's ('bypass'). With rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) truncated importance
 weights and masked rollouts (`learn/rollout_correction.py`) → optimizer steps. After the block: the same first batch
 rolled out again with the same seed (the pool reward after) and how the block moved its logprobs.
 """
@@ -28,6 +30,7 @@ from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fil
 from bat_jax.learn.batching import grpo_bucket, pad_batch
 from bat_jax.learn.learner import Learner
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
+from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.ledger import GRPOStats
 from bat_jax.prompts import PromptFormat, rl_request
 from bat_jax.rollout.agent_loop import AgentLoop
@@ -53,6 +56,8 @@ class GRPOBlockConfig:
       prompt: the prompts of the rollout requests (`prompts.PromptFormat`: the policy's style, the benchmark's words).
       reward: scoring threads and the round's task cache (`bicurl/reward.RewardConfig`).
       dynamic_sampling: groups without reward variance dropped and replaced (`learn/dynamic_sampling.py`).
+      staleness: bounded-staleness rollouts (`learn/staleness.py`; max_staleness 0: this synchronous block, s > 0:
+        `bicurl/async_block.py`).
     """
 
     grpo: grpo.GRPOConfig = grpo.GRPOConfig()
@@ -63,6 +68,12 @@ class GRPOBlockConfig:
     prompt: PromptFormat = PromptFormat()
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    staleness: StalenessConfig = StalenessConfig()
+
+    @property
+    def max_staleness(self) -> int:
+        """s: weight versions a trained rollout may have begun before the learner's (0 = synchronous)."""
+        return self.staleness.max_staleness
 
     @property
     def objective(self) -> grpo.GRPOConfig:
@@ -73,7 +84,7 @@ class GRPOBlockConfig:
         return dataclasses.replace(self.grpo, loss_scale_factor=float(self.max_response_tokens))
 
 
-def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, c: GRPOBlockConfig,
+def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, block: GRPOBlockConfig,
                benchmark: StagedBenchmark, seed: int, judge: RubricJudge | None = None) -> GRPOStats:
     """Runs one round's GRPO block on `learner` and returns what it did (`ledger.GRPOStats`).
 
@@ -83,17 +94,17 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     one more pass after. The round's learner-vs-engine metrics (`GRPOStats.rollout_mismatch`) cover every trained
     batch with recomputed logprobs, the first one in bypass mode.
     """
-    cfg = c.objective
-    step_fn, state = learner.grpo_block(cfg, c.optimizer, total_steps=len(round_view.batches) * cfg.epochs,
-                                        num_micro_batches=c.micro_batches)
+    cfg = block.objective
+    step_fn, state = learner.grpo_block(cfg, block.optimizer, total_steps=len(round_view.batches) * cfg.epochs,
+                                        num_micro_batches=block.micro_batches)
     ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
-    tasks = TaskCache(benchmark, c.reward.task_cache_size)  # the round's rebuilt tasks, shared by its rollouts
+    tasks = TaskCache(benchmark, block.reward.task_cache_size)  # the round's rebuilt tasks, shared by its rollouts
     seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": "",  # every drawn rollout
             "items": []}
     varied = grouped = drawn = dropped = trained = 0
     before, first, mismatch, trained_pools = [], None, [], collections.Counter()
     spares = SpareRows(round_view.spares)
-    k_rollouts = c.grpo.group_size
+    k_rollouts = block.grpo.group_size
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
@@ -101,7 +112,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
 
         def roll(items, b=b, waves=waves):  # K rollouts per item, scored: one wave of the batch, its own seed
             wave = next(waves)
-            trajs, scored = rollouts(loop, bank, items, c, wave_seed(seed, b, wave), judge, tasks)
+            trajs, scored = rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, tasks)
             rewards = [s.reward for s in scored]
             n_unscored, n_agent_failed = rollout_counts(trajs, rewards)
             seen["unscored"] += n_unscored
@@ -118,7 +129,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
                     for i in range(len(items))]
 
         filled = fill_batch(list(batch), roll, lambda result: [s.reward for s in result[1]], spares,
-                            c.dynamic_sampling)
+                            block.dynamic_sampling)
         drawn, dropped, trained = drawn + filled.drawn, dropped + filled.dropped, trained + len(filled.groups)
         trained_pools.update(filled.pools)
         trajectories = [t for _, (trajs, _) in filled.groups for t in trajs]
@@ -127,7 +138,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
         varied, grouped = varied + k, grouped + n
         if not trajectories:  # every group dropped and none replaced: nothing to train on
             continue
-        host = _batch(learner, trajectories, c)
+        host = _batch(learner, trajectories, block)
         host["ref_logprobs"] = learner.logprobs(ref_params, host, cfg)
         groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
         host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rewards)), groups, cfg)
@@ -142,7 +153,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     else:
         shift = dict.fromkeys(SHIFT_KEYS, float("nan"))
     loop.engine.update_weights(learner.sync_model(learner.params))
-    _, probe = rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge, tasks)  # same rows, same seed
+    _, probe = rollouts(loop, bank, round_view.batches[0], block, seed * 100, judge, tasks)  # same rows, same seed
     after = [s.reward for s in probe if s.reward is not None]
     return GRPOStats(
         rollouts=seen["rollouts"], unscored=seen["unscored"], agent_failed=seen["agent_failed"],
@@ -196,45 +207,45 @@ def behaviour_logprobs(learner: Learner, host: dict, cfg: grpo.GRPOConfig, param
 
 def wave_seed(seed: int, batch: int, wave: int) -> int:
     """Sampling seed of one wave of rollouts: wave 0 of batch `batch` is ``seed * 100 + batch`` (the batch seed of a
-    run without dynamic sampling); replacement waves take a seed derived from (seed, batch, wave) by NumPy's
+    run without dynamic sampling). Replacement waves take a seed derived from (seed, batch, wave) by NumPy's
     `SeedSequence`, so no wave repeats another batch's, round's or run seed's draws. Returns an int in [0, 2**31)."""
     if wave == 0:
         return seed * 100 + batch
     return int(np.random.SeedSequence([seed, batch, wave]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def _batch(learner: Learner, trajectories: Sequence, c: GRPOBlockConfig) -> dict[str, np.ndarray]:
+def _batch(learner: Learner, trajectories: Sequence, block: GRPOBlockConfig) -> dict[str, np.ndarray]:
     """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded up
     to a multiple of devices × micro-batches rows, T to the longest rollout's `grpo_bucket` (not the next power of
     two). With dynamic sampling B varies between batches, so the step may compile once per padded size.
 
     Raises:
-      AssertionError: a rollout longer than `c.max_context_tokens` (the longest the step is compiled for; the agent
+      AssertionError: a rollout longer than `block.max_context_tokens` (the longest the step is compiled for; the agent
         loop never makes one), naming its state id, episode, length and finish reason.
     """
     for t in trajectories:
-        if len(t.ids) > c.max_context_tokens:
+        if len(t.ids) > block.max_context_tokens:
             raise AssertionError(f"GRPO batch: rollout {t.state_id} episode {t.episode} has {len(t.ids)} tokens, more "
-                                 f"than max_context_tokens={c.max_context_tokens} (finish {t.finish_reason!r}); "
+                                 f"than max_context_tokens={block.max_context_tokens} (finish {t.finish_reason!r}); "
                                  "the learner's shapes do not allow it")
     rows = [{"input_ids": t.ids, "attention_mask": np.ones_like(t.ids), "loss_mask": t.loss_mask,
              "old_logprobs": t.logprobs} for t in trajectories]
     longest = max(len(t.ids) for t in trajectories)
-    return pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * c.micro_batches,
-                     pad_to=grpo_bucket(longest, c.max_context_tokens))
+    return pad_batch(rows, multiple=int(np.prod(learner.mesh.devices.shape)) * block.micro_batches,
+                     pad_to=grpo_bucket(longest, block.max_context_tokens))
 
 
-def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], c: GRPOBlockConfig, seed: int,
+def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], block: GRPOBlockConfig, seed: int,
              judge: RubricJudge | None, tasks: TaskCache):
     """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; each
-    scored as soon as its episode ends, concurrently with the others' generation (`c.reward` threads), tasks
+    scored as soon as its episode ends, concurrently with the others' generation (`block.reward` threads), tasks
     rebuilt through `tasks`. Both lists hold K consecutive entries per item, in the batch's order."""
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
-    requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, c.prompt)
+    requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, block.prompt)
                 for item in batch]
-    per_rollout = [item for item in batch for _ in range(c.grpo.group_size)]  # the loop's order: K a row
+    per_rollout = [item for item in batch for _ in range(block.grpo.group_size)]  # the loop's order: K a row
     with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
-                       tasks.benchmark, judge, c.reward, tasks) as scorer:
+                       tasks.benchmark, judge, block.reward, tasks) as scorer:
         # scored as they finish; with several processes each rolls out and scores its share, then all gather
         return multihost.scored_rollouts(loop, requests, seed, scorer)
 

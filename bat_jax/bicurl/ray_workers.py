@@ -3,10 +3,10 @@
 The single-process default is one `AgentLoop` (engine + sandboxes) in the learner's process. With Ray, each
 `RolloutWorker` actor holds its own policy copy, rollout engine (the embedded JAX sampler) and sandbox backend,
 and runs `AgentLoop.run_episodes` on its share of a batch's episodes. `RayRollouts` is the learner-side
-dispatcher; it stands in for an `AgentLoop` where the experiment uses one:
+dispatcher. It stands in for an `AgentLoop` where the experiment uses one:
 
 * `rollouts.run(requests, seed=s)` — episode (i, k) (request i of the batch, rollout k of K) goes to worker
-  `(i·K + k) mod W`, so the K rollouts of one state run on different workers; every worker derives the
+  `(i·K + k) mod W`, so the K rollouts of one state run on different workers. Every worker derives the
   episode's sampling seed from (s, i, k) exactly as the in-process loop does. Trajectories come back ordered by
   request, then k — the same records, in the same order, as `AgentLoop.run`.
 * `rollouts.engine.update_weights(model_or_params)` — the learner pushes its parameters to every worker: one

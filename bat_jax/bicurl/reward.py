@@ -1,5 +1,6 @@
-"""The reward of one GRPO rollout from a Stage Bank RL row (paper Eq. 4, released code's E2E rule): the adapter
-from rollouts (`rollout.trajectory.Trajectory`) to the rubric verifier.
+"""The reward of one GRPO rollout from a Stage Bank RL row (paper Eq. 4, released code's E2E rule).
+
+This is the adapter from rollouts (`rollout.trajectory.Trajectory`) to the rubric verifier.
 
 A row stores only public contract text; the verifier's checks need the task's hidden answer key, which the run's
 benchmark regenerates deterministically from the row's provenance (`task_synthesis` seed / variant / template, and
@@ -11,7 +12,8 @@ With a `RubricJudge` its items are decided by the LLM judge and the version name
 An infrastructure failure (sandbox, or the judge unreachable) gives None (unscored), never 0. What the agent
 wrote is read within `RewardConfig.decode` by total readers: an artefact that cannot be read scores 0 (the
 agent's failure), and a reward that is not a finite number is a `ScorerError`, never "unscored". An exception
-while scoring one rollout costs that rollout only (`RolloutReward.error`), never the batch.
+while scoring one rollout costs that rollout only (`RolloutReward.error`), never the batch. It scores 0 when reading
+the agent's artefacts raised, and leaves the rollout unscored when rebuilding the row's task raised.
 
 Rebuilding a task regenerates its data (images, volumes), so a round shares the rebuilt tasks: `TaskCache` keeps
 them in a bounded LRU keyed by `task_key` (a digest of the provenance steps the rebuild reads), so the K rollouts
@@ -242,11 +244,17 @@ class RolloutScorer:
                                                     self.decode)
 
     def results(self, positions: Sequence[int] | None = None) -> list[RolloutReward]:
-        """Every position's reward (or those of `positions`: e.g. one process's share of a batch), in position order
-        (waits for them). A rollout whose scoring raised is
-        unscored with `RolloutReward.error` set (the agent's artefacts cannot make scoring raise: they are read
-        by total readers), never the batch's end — except a `ScorerError` (a non-finite reward: a bug of the
-        scorer), which propagates. Raises ValueError if a position was never submitted."""
+        """Every position's reward (or those of `positions`: one process's share of a batch), in position order
+        (waits for them).
+
+        A rollout whose scoring raised costs that rollout only, with `RolloutReward.error` set: reward 0 when
+        reading the agent's artefacts raised (the agent's failure, as `rollout_reward` says), None (unscored) when
+        something before them raised (rebuilding the row's task: not the agent's doing).
+
+        Raises:
+          ScorerError: a reward that is not a finite number in [0, 1] (a bug of the scorer).
+          ValueError: a position was never submitted.
+        """
         wanted = range(len(self.rows)) if positions is None else positions
         missing = [i for i in wanted if i not in self._futures]
         if missing:

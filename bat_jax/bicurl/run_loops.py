@@ -1,12 +1,14 @@
-"""The rollout side of one run: its agent loops and what they hold — the sandbox backend (by default a warm
-Docker pool whose containers are reset to a fresh state between episodes), the GRPO rollout loop (in this
-process, or on Ray workers) and the held-out evaluation loop. `RunLoops.close()` ends the Ray workers and removes
-the pool's containers; `experiment.run` calls it when it returns or raises (also on Ctrl-C).
+"""The rollout side of one run: its agent loops and what they hold.
 
-The pool holds the most sandboxes a run uses at once: `AgentLoop.run` opens every episode's sandbox before its first
-engine call (both schedules; the continuous one gives each back as its episode ends), so a GRPO batch holds rows × K
+That is the sandbox backend (by default a warm Docker pool whose containers are reset to a fresh state between
+episodes), the GRPO rollout loop (in this process, or on Ray workers) and the held-out evaluation loop.
+`RunLoops.close()` ends the Ray workers and removes the pool's containers; `experiment.run` calls it when it returns
+or raises (also on Ctrl-C).
+
+The pool holds the most sandboxes a run uses at once. `AgentLoop.run` opens every episode's sandbox before its first
+engine call (both schedules; the continuous one gives each back as its episode ends). So a GRPO batch holds rows × K
 (`PoolConfig.batch_size` × `AgentLoopConfig.episodes_per_state`; none in this process when the rollouts run on Ray
-workers: each worker keeps its own warm pool of its share, rows × K / workers rounded up) and an evaluation one
+workers, where each worker keeps its own warm pool of its share, rows × K / workers rounded up) and an evaluation one
 per held-out cell (its cells are one batch).
 """
 
@@ -14,13 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from bat_jax.benchmark.scoring import Summary
+from bat_jax.bicurl import evaluation as ev
 from bat_jax.bicurl.evaluation import EvalConfig
 from bat_jax.bicurl.ray_workers import RayRollouts, RayRolloutConfig, WorkerSpec
 from bat_jax.policy import Policy, make_agent_loop
+from bat_jax.prompts import PromptFormat
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from bat_jax.rollout.engine import RolloutEngine
 from bat_jax.sandbox.backends import SandboxBackend, open_backend
 from bat_jax.staged_benchmark.contract import StagedBenchmark
+from bat_jax.verify.judge import RubricJudge
 
 
 def eval_cells(evaluation: EvalConfig, benchmark: StagedBenchmark) -> int:
@@ -43,6 +49,16 @@ class RunLoops:
     rollouts: AgentLoop | RayRollouts
     evaluation: AgentLoop
     sandboxes: SandboxBackend
+
+    def evaluate(self, config: EvalConfig, benchmark: StagedBenchmark, judge: RubricJudge | None,
+                 prompt: PromptFormat) -> tuple[Summary, int]:
+        """One held-out evaluation of the engine's current weights through the evaluation loop.
+
+        Returns: the aggregates (`evaluation.evaluate`, `config.purpose`'s runs) and the scored cells that were
+        agent-caused sandbox failures.
+        """
+        cells = ev.EngineCells(self.evaluation, benchmark, judge, prompt=prompt)
+        return ev.evaluate(cells, config, benchmark), cells.agent_failed
 
     def close(self) -> None:
         """Ends the Ray workers (if any) and removes the pool's containers (idempotent)."""

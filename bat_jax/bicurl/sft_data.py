@@ -1,7 +1,8 @@
-"""SFT data: Stage Bank SFT rows rendered in the policy's chat template and batched for the cold start (paper
-Eq. 9, Appendix A.4).
+"""SFT data: Stage Bank SFT rows rendered in the policy's chat template and batched for the cold start.
 
-Rows are model-neutral (DESIGN.md): `render_sft_row` renders one row's context and target action through the
+Paper Eq. 9, Appendix A.4.
+
+Rows are model-neutral: `render_sft_row` renders one row's context and target action through the
 policy's `models.episode.EpisodeBuilder` in the run's prompt format (`prompts.PromptFormat`); `trajectory_examples` renders per
 teacher trajectory one sequence that carries the loss of every action; `sft_batch` draws a batch padded only to
 its length bucket (`learn/batching.sft_bucket`).
@@ -41,7 +42,7 @@ def render_sft_row(row: SFTRow, policy: Policy, prompt: PromptFormat, max_seq_le
     Returns `{'input_ids','attention_mask','loss_mask'}` `[max_seq_len]` int32, or None when the row does not
     fit in `max_seq_len` tokens (never truncated: a cut action would teach the model to stop mid-call).
     """
-    builder = EpisodeBuilder(policy.tokenizer, policy.family)
+    builder = EpisodeBuilder(policy.tokenizer, policy.chat_family)
     users = [m for m in row.context if m.role == "user"]
     if not users:
         raise ValueError(f"SFT row {row.row_id}: context has no user message")
@@ -52,13 +53,13 @@ def render_sft_row(row: SFTRow, policy: Policy, prompt: PromptFormat, max_seq_le
     rest = row.context[start:]
     for message in rest:
         if message.role == "assistant":
-            builder.add_assistant_text(render_action(message.action, policy.family))
+            builder.add_assistant_text(render_action(message.action, policy.chat_family))
         else:
             builder.add_tool_response(message.content if max_observation_chars is None
                                       else cut_observation(message.content, max_observation_chars))
     context = builder.build()
     prompt_ids = context.ids.tolist()
-    response = builder.encode(render_action(row.target, policy.family))
+    response = builder.encode(render_action(row.target, policy.chat_family))
     if len(prompt_ids) + len(response) + 1 > max_seq_len:
         return None
     example = build_sft_example(prompt_ids, response, builder.eot_id, max_seq_len)

@@ -1,6 +1,6 @@
 """The BiCuRL checkpoint controller: every acceptance decision of a run, and the best checkpoint θ*.
 
-Two acceptance rules (`ControllerConfig.acceptance`; REFERENCE.md "Acceptance"):
+Two acceptance rules (`ControllerConfig.acceptance`):
 
 'fallback' — paper Eq. 6 (default). A counter of consecutive Overall drops,
     c_{r+1} = c_r + 1 if M_{r+1} < M_r else 0,

@@ -1,7 +1,7 @@
 """The curriculum router: pick the target stage s* from held-out stage scores and write an auditable report.
 
 Source: paper Section 2.2.2 ("The curriculum router reads e_r and writes an auditable report that selects target
-stage s*_r"); released code (REFERENCE.md): weakest stage, ties → earliest stage; after a held candidate →
+stage s*_r"); the released code: weakest stage, ties → earliest stage; after a held candidate →
 the stage with the largest positive regression.
 
 Rules:

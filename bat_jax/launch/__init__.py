@@ -172,18 +172,48 @@ gin.external_configurable(show_config, name="show_config", module="launch")
 
 def launch(files: Sequence[str], bindings: Sequence[str] = (), extra_paths: Sequence[str] = (),
            run_dir: str | None = None, runs_root: str = "runs") -> Launched:
-    """Programmatic entry point (what `main` calls): parse gin, then `run` with the directory overrides."""
+    """Programmatic entry point (what `main` calls): parse gin, then `run` with the directory overrides.
+
+    Raises:
+      LaunchError: besides `parse_gin`'s, files that bind no job or run name (a base file given alone: the message
+        names the run files that include it).
+    """
     parse_gin(files, bindings, extra_paths)
     try:
         configured_run = gin.get_configurable(run)
-    except ValueError as e:
-        raise LaunchError(
-            f"the gin files {list(files)} do not configure bat_jax.launch.run; a top-level gin file must "
-            "`import bat_jax.launch as launch` and bind `launch.run.job` and `launch.run.run_name`") from e
+    except ValueError:
+        missing = ["job", "run_name"]  # not even imported: bat_jax.launch.run is unknown to gin
+    else:
+        missing = [name for name in ("job", "run_name") if not _bound(f"launch.run.{name}")]
+    if missing:
+        raise LaunchError(f"the gin files {list(files)} bind no {' / '.join('launch.run.' + m for m in missing)}: "
+                          + _base_file_hint(files[-1], search_paths(extra_paths)))
     overrides = {"runs_root": runs_root}
     if run_dir:
         overrides["run_dir"] = run_dir
     return configured_run(**overrides)
+
+
+def _bound(binding: str) -> bool:
+    """Whether the parsed gin configuration binds `binding` (e.g. 'launch.run.job')."""
+    try:
+        gin.query_parameter(binding)
+    except ValueError:
+        return False
+    return True
+
+
+def _base_file_hint(name: str, paths: Sequence[pathlib.Path]) -> str:
+    """What to run instead of `name` when it names no job: the run files that include it, if any."""
+    base = pathlib.PurePath(name).name
+    including = [other for other in available_gin_files(paths)
+                 if any(f"include '{base}'" in (root / other).read_text(errors="replace")
+                        for root in paths if (root / other).is_file())]
+    if including:
+        return (f"{base} is a base file that run files include; run one of them ({', '.join(including)}) or bind "
+                f"both in --gin_bindings")
+    return ("a top-level gin file imports bat_jax.launch as launch and binds launch.run.job and launch.run.run_name "
+            "(or add them with --gin_bindings)")
 
 
 def main(argv: Sequence[str]) -> None:

@@ -1,7 +1,7 @@
 """Multi-host learner: start ``jax.distributed``, assemble global batches, read sharded results back.
 
 JAX runs multi-host as *multi-controller*: every process runs the same program, owns its local devices, and
-``jax.devices()`` lists the devices of all processes, so the ``Learner``'s mesh (``mesh.build_mesh``) is the
+``jax.devices()`` lists the devices of all processes. So the ``Learner``'s mesh (``mesh.build_mesh``) is the
 global mesh and its jitted, sharded steps (``train_state.make_train_step``) run unchanged over it (parameters
 placed from the same host values on every process). What changes is only
 

@@ -1,11 +1,11 @@
 """Dynamic sampling (DAPO; verl ``filter_groups``, slime, SkyRL, OpenRLHF): train only on groups with signal.
 
-A GRPO group (the K rollouts of one state) whose scored rewards are all equal — or with fewer than two scored —
-has zero advantage everywhere: it adds nothing to the gradient and only dilutes the step. With dynamic sampling
-such a group is dropped and replaced by a fresh state's group **from the same pool**, rolled out in waves, until the
-batch holds its size in groups with signal or a cap on extra generation is spent. When the cap cannot replace
-every dropped group, the replacements go to the pools furthest below their share of the batch, so the pool mix
-½ / ¼ / ¼ is kept over the trained groups as far as the pools' signal allows. Replacement states come from the round view's spare rows
+A GRPO group (the K rollouts of one state) whose scored rewards are all equal — or with fewer than two scored — has zero
+advantage everywhere: it adds nothing to the gradient and only dilutes the step. With dynamic sampling such a group is
+dropped and replaced by a fresh state's group **from the same pool**, rolled out in waves, until the batch holds its
+size in groups with signal or a cap on extra generation is spent. When the cap cannot replace every dropped group, the
+replacements go to the pools furthest below their share of the batch, so the pool mix ½ / ¼ / ¼ is kept over the trained
+groups as far as the pools' signal allows. Replacement states come from the round view's spare rows
 (`stage_bank.pools.build_round_view(spares_per_pool=...)`), drawn after the batches' own rows.
 
 :func:`fill_batch` is the loop; the caller gives it a function that rolls out and scores a list of rows.
@@ -28,7 +28,7 @@ class DynamicSamplingConfig:
     """Attributes:
       enabled: drop groups without reward variance and replace them (off: every drawn group is trained, as the
         paper and the released run do).
-      max_extra_rows: per batch, at most this many replacement rows (each K more rollouts) — the cap of extra
+      max_extra_rows: per batch, at most this many replacement rows (each K more rollouts). It caps extra
         generation (verl ``max_num_gen_batches`` counts whole generation batches and stops the run when they
         cannot fill the batch; here rows, so the cost is bounded per batch and a batch may train on fewer
         groups). 0 drops groups without replacing them.
@@ -143,9 +143,11 @@ def fill_batch(rows: Sequence[Any], roll: Callable[[list[Any]], list[Any]], rewa
 
 def _replacements(rows: Sequence[Any], kept: Sequence[tuple[Any, Any]], lost: Sequence[Any], spares: SpareRows,
                   budget: int) -> list[Any]:
-    """Spare rows for the next wave: at most one per lost row of the same pool and `budget` in all, handed one at a
-    time to the pool missing the largest share of its count in `rows` (counting kept groups and the wave so far;
-    ties to the pool that comes first in `rows`): a 4 / 2 / 2 batch without signal and a budget of 4 trains 2 / 1 / 1."""
+    """Spare rows for the next wave: at most one per lost row of the same pool and `budget` in all.
+
+    They are handed one at a time to the pool missing the largest share of its count in `rows` (counting kept
+    groups and the wave so far; ties to the pool that comes first in `rows`). A 4 / 2 / 2 batch without signal
+    and a budget of 4 trains 2 / 1 / 1."""
     quota = collections.Counter(row.pool for row in rows)
     order = list(dict.fromkeys(row.pool for row in rows))
     have = collections.Counter(row.pool for row, _ in kept)

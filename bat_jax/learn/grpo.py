@@ -2,7 +2,7 @@
 
 Paper: Eq. 4 (reward), Eqs. 17–19 (ratio, clipped term, objective with −β·KL toward the round-start
 policy π_θ̄r). Defaults follow the paper; the released code's choices, verl's, DAPO's and Dr.GRPO's are options
-of :class:`GRPOConfig` (REFERENCE.md; README "Objective options"; ``gin/presets/released_bat.gin``). The
+of :class:`GRPOConfig` (README "Objective options"; ``gin/presets/released_bat.gin``). The
 per-token terms and aggregations live in :mod:`bat_jax.learn.objective`.
 
 **Batch record** (what rollouts hand to the learner; every per-token array is aligned with
@@ -18,7 +18,7 @@ per-token terms and aggregations live in :mod:`bat_jax.learn.objective`.
   ``GRPOConfig.old_logprobs = 'bypass'`` the rollout engine's, as sampled (verl's bypass mode).
 * ``ref_logprobs`` ``[B, T] float32`` — the reference policy's logprob of token ``t``. The reference is the
   round-start policy π_θ̄r (Eq. 19: "a KL penalty toward the current policy"); the learner computes it
-  once per round block with :func:`token_logprobs` on the round-start parameters.
+  once per round block with :func:`shifted_token_logprobs` on the round-start parameters.
 * ``advantages`` ``[B] float32`` — from :func:`group_advantages` over ``state_id`` groups.
 * ``is_weights`` ``[B, T] float32`` — only with rollout correction (``GRPOConfig.tis_cap`` /
   ``seq_ratio_range``): the truncated importance weight π_learner / π_engine of each sampled token
@@ -67,7 +67,7 @@ class GRPOConfig:
         ``clip_ratio_low`` / ``clip_ratio_high``). None = ``clip_eps`` [None, None].
       dual_clip: None, or c > 1 for dual-clip PPO: for negative advantages the token loss is capped at −c·A.
         None (paper) [3.0: verl's ``clip_ratio_c``, always on in its vanilla policy loss].
-      loss_agg: how per-token terms become the batch loss (:func:`objective.aggregate`, verl ``loss_agg_mode``):
+      loss_agg: how per-token terms become the batch loss (:func:`objective.aggregate_loss`, verl ``loss_agg_mode``):
         ``'seq-mean-token-mean'`` (paper Eq. 19: each rollout's token mean, then the mean over rollouts; equal
         to Eq. 19's mean over groups of group means whenever every group keeps all K rollouts)
         [``'seq-mean-token-mean'``], ``'token-mean'`` (all loss tokens of the batch weighted equally; DAPO),
@@ -89,8 +89,8 @@ class GRPOConfig:
         or ``'reward'`` (verl: mean 0 and std 1, so r / (1 + ε), or r without std normalisation) [``'reward'``].
       old_logprobs: the ratio's denominator (Eq. 17): ``'recompute'`` — the learner's logprobs of the batch under
         the parameters the rollouts were sampled with, computed before the update (verl's default; the round's
-        first batch reuses the round-start reference pass, later batches cost one more learner pass) — or
-        ``'bypass'``: the rollout engine's logprobs as sampled (verl's ``rollout_correction.bypass_mode``)
+        first batch reuses the round-start reference pass, later batches cost one more learner pass).
+        Or ``'bypass'``: the rollout engine's logprobs as sampled (verl's ``rollout_correction.bypass_mode``)
         [``'recompute'``]. With ``'recompute'`` the first update's ratios start at 1 up to float round-off between
         two learner passes; with ``'bypass'`` they start at π_learner / π_engine, which is 1 only when engine
         and learner compute alike (the JAX sampler in float32), and the clip acts on their mismatch.
@@ -296,8 +296,9 @@ def update_shift(old_logprobs: Any, new_logprobs: Any, loss_mask: Any, advantage
       advantages: ``[B]`` the rows' GRPO advantages.
     Returns:
       ``logp_shift_pos`` / ``logp_shift_neg``: mean over rollouts with A > 0 / A < 0 of their token-mean
-      ``new − old`` logprob (nats per token; NaN when no such rollout) — an ascent step raises the first and
-      lowers the second; ``token_kl``: KL(old ‖ new) per loss token, Schulman's k3 estimate
+      ``new − old`` logprob (nats per token; NaN when no such rollout). An ascent step raises the first and
+      lowers the second.
+      ``token_kl``: KL(old ‖ new) per loss token, Schulman's k3 estimate
       ``r − 1 − log r`` with ``r = π_new / π_old`` on the sampled tokens (unbiased: they were drawn from old).
     Raises:
       ValueError: shapes that do not match.
@@ -320,9 +321,9 @@ def update_shift(old_logprobs: Any, new_logprobs: Any, loss_mask: Any, advantage
             "token_kl": float(k3.sum() / max(mask.sum(), 1))}
 
 
-def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0, top_p: float = 1.0,
-                   top_k: int = 0) -> jax.Array:
-    """``[B, T, V]`` logits, ``[B, T] int32`` ids → ``[B, T] float32`` logprobs, shifted.
+def shifted_token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0,
+                           top_p: float = 1.0, top_k: int = 0) -> jax.Array:
+    """``[B, T, V]`` logits, ``[B, T] int32`` ids → ``[B, T] float32`` logprobs, shifted one position right.
 
     ``out[:, t] = log π(input_ids[:, t] | logits[:, t − 1])`` for t ≥ 1 and ``out[:, 0] = 0``, where π is the
     distribution the rollout engine *sampled from*: tempered and top-k / top-p truncated, renormalised
@@ -334,9 +335,9 @@ def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float =
     return jnp.pad(lp, ((0, 0), (1, 0)))
 
 
-def token_logprobs_and_entropy(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0,
-                               top_p: float = 1.0, top_k: int = 0) -> tuple[jax.Array, jax.Array]:
-    """:func:`token_logprobs` and the entropy of the same distribution, ``[B, T] float32`` each, shifted alike.
+def shifted_token_logprobs_and_entropy(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0,
+                                       top_p: float = 1.0, top_k: int = 0) -> tuple[jax.Array, jax.Array]:
+    """:func:`shifted_token_logprobs` and the entropy of the same distribution, ``[B, T] float32`` each.
 
     ``entropy[:, t]`` = H(π(· | input_ids[:, :t])) in nats, π the sampling distribution (tempered, truncated,
     renormalised; verl: the entropy of ``logits / temperature``, which is the same without top-k / top-p);
@@ -379,8 +380,8 @@ def sequence_logprobs(apply_fn: Callable, params: Any, input_ids: jax.Array, att
                       temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                       with_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Shifted logprobs ``[B, T] float32`` of ``input_ids [B, T] int32`` under the model (same values as
-    :func:`token_logprobs` of the model's logits); with ``with_entropy`` also the shifted entropy ``[B, T]
-    float32`` of the sampling distribution (:func:`token_logprobs_and_entropy`), from the same logits.
+    :func:`shifted_token_logprobs` of the model's logits); with ``with_entropy`` also the shifted entropy ``[B, T]
+    float32`` of the sampling distribution (:func:`shifted_token_logprobs_and_entropy`), from the same logits.
 
     With an ``apply_fn`` that has ``hidden`` / ``head`` / ``logit_chunk``
     (:class:`bat_jax.learn.train_state.ModelApply`) the output head runs ``logit_chunk`` positions at a time
@@ -391,8 +392,8 @@ def sequence_logprobs(apply_fn: Callable, params: Any, input_ids: jax.Array, att
     if not hasattr(apply_fn, "hidden"):
         logits = apply_fn(params, input_ids, attention_mask)
         if with_entropy:
-            return token_logprobs_and_entropy(logits, input_ids, *sampling)
-        return token_logprobs(logits, input_ids, *sampling)
+            return shifted_token_logprobs_and_entropy(logits, input_ids, *sampling)
+        return shifted_token_logprobs(logits, input_ids, *sampling)
     h = apply_fn.hidden(params, input_ids, attention_mask)
     targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1)))  # position t predicts id t + 1
 
@@ -468,7 +469,7 @@ def make_grpo_loss(
                                 with_entropy=bool(config.entropy_coef))
         lp, ent = out if config.entropy_coef else (out, None)
         t = grpo_token_terms(lp, batch, config, ent)
-        agg = lambda v: objective.aggregate(v, t["mask"], config.loss_agg, normalizers,  # noqa: E731
+        agg = lambda v: objective.aggregate_loss(v, t["mask"], config.loss_agg, normalizers,  # noqa: E731
                                             config.loss_scale_factor, config.seq_mean_rows)
         metrics = {"pg_loss": agg(t["pg"]), "kl": agg(t["kl"]), "clip_frac": agg(t["clipped"])}
         if config.entropy_coef:

@@ -1,9 +1,10 @@
 """Policy-shift estimate for checkpoint fallback (paper Eq. 6, Appendix A.4 "Fallback KL threshold").
 
-``D_KL(π_candidate ‖ π_best)`` is estimated as the mean per-token KL over held-out Stage Bank prompts
-(default 256): at every prompt position the two models' full next-token distributions are compared
-exactly, ``Σ_v p_c(v) (log p_c(v) − log p_b(v))``, and the values are averaged over all valid positions
-of all prompts (each token weighs the same). Teacher forcing on the prompt tokens makes the estimate
+``D_KL(π_candidate ‖ π_best)`` is estimated as the mean per-token KL over the run's KL probe prompts (default
+256: Stage Bank RL rows the run also trains on, not the held-out suite; the paper holds its 256 prompts out of
+training). At every prompt position the two models' full next-token distributions are compared exactly,
+``Σ_v p_c(v) (log p_c(v) − log p_b(v))``, and the values are averaged over all valid positions of all prompts
+(each token weighs the same). Teacher forcing on the prompt tokens makes the estimate
 deterministic (no sampling noise), so the τ = 0.1 test in the controller is reproducible.
 """
 
@@ -24,7 +25,7 @@ ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
 @dataclasses.dataclass(frozen=True)
 class PolicyShiftConfig:
     """Attributes:
-    num_prompts: held-out prompts used, 256 (paper).
+    num_prompts: probe prompts used, 256 (paper).
     batch_size: prompts per forward pass.
     """
 
@@ -78,7 +79,7 @@ def policy_shift_kl(
     attention_mask: np.ndarray,
     config: PolicyShiftConfig = PolicyShiftConfig(),
 ) -> float:
-    """Mean per-token KL(candidate ‖ best) over the first ``config.num_prompts`` held-out prompts.
+    """Mean per-token KL(candidate ‖ best) over the first ``config.num_prompts`` probe prompts.
 
     Args:
       apply_fn: ``(params, input_ids [b, T] int32, attention_mask [b, T]) -> logits [b, T, V]``.
@@ -96,7 +97,7 @@ def policy_shift_kl(
         raise ValueError(f"policy_shift_kl: input_ids {input_ids.shape} and attention_mask {attention_mask.shape} must be equal [N, T]")
     n = config.num_prompts
     if input_ids.shape[0] < n:
-        raise ValueError(f"policy_shift_kl: {input_ids.shape[0]} held-out prompts given, num_prompts={n} required")
+        raise ValueError(f"policy_shift_kl: {input_ids.shape[0]} probe prompts given, num_prompts={n} required")
     fn = make_kl_sum_fn(apply_fn)
     total, count = 0.0, 0.0
     bs = config.batch_size

@@ -68,9 +68,9 @@ def clipped_policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages
                         ) -> tuple[jax.Array, jax.Array]:
     """Per-token clipped surrogate loss (negated Eq. 18; verl ``compute_policy_loss_vanilla``), ``[B, T]`` each.
 
-    ``w = exp(clamp(logprobs − old_logprobs, ±log_ratio_clamp))`` (Eq. 17), ``A`` broadcast from ``[B]``;
-    loss = max(−w·A, −clip(w, 1 − ε_low, 1 + ε_high)·A) — the paper's symmetric clip when ε_low = ε_high (0.2),
-    DAPO's clip-higher with ε_high > ε_low (DAPO: 0.2 / 0.28); with ``dual_clip`` = c (> 1) the loss of a
+    ``w = exp(clamp(logprobs − old_logprobs, ±log_ratio_clamp))`` (Eq. 17), ``A`` broadcast from ``[B]``.
+    Loss = max(−w·A, −clip(w, 1 − ε_low, 1 + ε_high)·A) — the paper's symmetric clip when ε_low = ε_high (0.2),
+    DAPO's clip-higher with ε_high > ε_low (DAPO: 0.2 / 0.28). With ``dual_clip`` = c (> 1) the loss of a
     token with A < 0 is further capped at −c·A (dual-clip PPO; verl: ``clip_ratio_c`` = 3, on by default).
     Returns ``(loss, clipped)`` where ``clipped`` is 1.0 where the clipped branch is the larger (verl's
     ``pg_clipfrac`` numerator).
@@ -104,10 +104,10 @@ def loss_normalizers(loss_mask: jax.Array, attention_mask: jax.Array | None = No
     """Whole-batch denominators, computed before any micro-batch split (float32 scalars, each at least 1 so an
     empty batch gives loss 0, not NaN), using :func:`effective_loss_mask`:
 
-    * ``num_tokens``: Σ mask (verl ``batch_num_tokens``);
+    * ``num_tokens``: Σ mask (verl ``batch_num_tokens``).
     * ``num_rows``: rows that hold a sequence (any ``attention_mask`` position on; every row without
       ``attention_mask``), loss tokens or not — verl's ``global_batch_size`` (the mini-batch's rows) with the
-      rows added only to pad the batch to a device multiple left out;
+      rows added only to pad the batch to a device multiple left out.
     * ``num_seqs``: rows with ≥ 1 loss token (verl's fallback when no ``global_batch_size`` is passed).
     """
     m = effective_loss_mask(loss_mask)
@@ -120,14 +120,14 @@ def loss_normalizers(loss_mask: jax.Array, attention_mask: jax.Array | None = No
     }
 
 
-def aggregate(values: jax.Array, mask: jax.Array, mode: str, normalizers: Mapping[str, jax.Array],
-              loss_scale_factor: float | None = None, seq_mean_rows: str = "all") -> jax.Array:
+def aggregate_loss(values: jax.Array, mask: jax.Array, mode: str, normalizers: Mapping[str, jax.Array],
+                   loss_scale_factor: float | None = None, seq_mean_rows: str = "all") -> jax.Array:
     """Reduce ``[B, T]`` per-token values to this (micro-)batch's share of the whole-batch loss (scalar float32).
 
-    With m the loss mask, N_tok the whole batch's ``num_tokens``, N the rollouts a sequence mean divides by
+    Let m be the loss mask and N_tok the whole batch's ``num_tokens``. N is the rollouts a sequence mean divides by
     (``seq_mean_rows``: ``'all'`` → ``num_rows``, every rollout of the batch, empty or unscored ones included,
     as verl's ``agg_loss`` with its ``global_batch_size``; ``'nonempty'`` → ``num_seqs``, the rollouts with loss
-    tokens) and rows with no loss token adding 0 to the numerator (names as verl's ``loss_agg_mode``):
+    tokens). Rows with no loss token add 0 to the numerator (names as verl's ``loss_agg_mode``):
 
     * ``token-mean``: Σ_{b,t} v·m / N_tok — every loss token of the batch weighs the same.
     * ``seq-mean-token-mean``: Σ_b (Σ_t v·m / Σ_t m) / N — each rollout's token mean, then the mean over
@@ -158,7 +158,7 @@ def aggregate(values: jax.Array, mask: jax.Array, mode: str, normalizers: Mappin
         return vm.sum() / n
     if mode == "seq-mean-token-sum-norm":
         if loss_scale_factor is None:
-            raise ValueError("aggregate: 'seq-mean-token-sum-norm' needs loss_scale_factor, the constant C (tokens; "
-                             "verl and Dr.GRPO: the response budget)")
+            raise ValueError("aggregate_loss: 'seq-mean-token-sum-norm' needs loss_scale_factor, the constant C "
+                             "(tokens; verl and Dr.GRPO: the response budget)")
         return vm.sum() / (n * jnp.float32(loss_scale_factor))
     raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGGREGATIONS}")

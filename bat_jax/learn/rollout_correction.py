@@ -4,12 +4,12 @@ vLLM samples in bf16 with its own kernels; the JAX learner computes in its own n
 π_learner / π_engine of a sampled token starts away from 1 before any update, and a PPO clip made for policy drift
 absorbs it. The correction the peers ship (verl ``rollout_correction``: token-level truncated importance sampling
 and sequence-level rejection by the geometric mean; slime ``--use-tis``; SkyRL ``tis_ratio_type``; OpenRLHF's vLLM IS
-correction; AReaL's decoupled loss):
+correction; AReaL's decoupled loss).
 
 * the **behaviour logprobs** of the PPO ratio (``old_logprobs``) are the learner's own, recomputed on the batch under
-  the parameters the rollouts were sampled with;
+  the parameters the rollouts were sampled with.
 * the engine's logprobs enter only through a per-token importance weight w_t = π_learner(y_t) / π_engine(y_t),
-  truncated at C (**TIS**: ``min(w_t, C)``, detached) that multiplies the token's policy loss;
+  truncated at C (**TIS**: ``min(w_t, C)``, detached) that multiplies the token's policy loss.
 * a rollout whose mean log ratio over its loss tokens (each log w_t clamped to ±20 first, as verl's current
   ``seq_mean_k1`` does) leaves the bounds is masked out of the loss (sequence-level rejection). The bounds come in
   two conventions: ``'geometric'`` bounds exp(mean_t log w_t), as verl ≤ 0.7's ``rollout_rs='geometric'`` did
@@ -56,8 +56,9 @@ def correct(learner_logprobs: Any, engine_logprobs: Any, loss_mask: Any, *, tis_
     Returns:
       ``(is_weights [B, T] float32, keep [B] bool, metrics)``; weights are 0 off the loss mask. Metrics (floats):
       ``mismatch_mean_abs`` / ``mismatch_max_abs`` — mean / max of |log π_learner − log π_engine| over sampled
-      tokens (nats; each difference clamped to ±20 first, as the ratio's log is); ``tis_truncated_frac`` — share of sampled tokens whose weight was cut to C;
-      ``seq_masked`` — rollouts masked by the geometric-mean bounds; ``rollouts`` — rows with sampled tokens;
+      tokens (nats; each difference clamped to ±20 first, as the ratio's log is).
+  ``tis_truncated_frac`` — share of sampled tokens whose weight was cut to C.
+      ``seq_masked`` — rollouts masked by the geometric-mean bounds. ``rollouts`` — rows with sampled tokens.
       ``tokens`` — sampled tokens.
     Raises:
       ValueError: shapes that differ, a non-positive cap, bounds with not 0 < lo ≤ 1 ≤ hi, or an unknown

@@ -94,7 +94,7 @@ def stack_examples(examples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np
 
 def sft_token_nll(logits: jax.Array, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """Per-token negative log-likelihood ``[B, T] float32`` (0 off the loss mask) and the effective mask."""
-    lp = grpo.token_logprobs(logits, batch["input_ids"])
+    lp = grpo.shifted_token_logprobs(logits, batch["input_ids"])
     mask = objective.effective_loss_mask(batch["loss_mask"])
     return jnp.where(mask > 0, -lp, 0.0), mask
 
@@ -115,7 +115,7 @@ def make_sft_loss(
         lp = grpo.sequence_logprobs(apply_fn, params, batch["input_ids"], batch["attention_mask"])
         mask = objective.effective_loss_mask(batch["loss_mask"])
         nll = jnp.where(mask > 0, -lp, 0.0)
-        loss = objective.aggregate(nll, mask, "token-mean", normalizers)
+        loss = objective.aggregate_loss(nll, mask, "token-mean", normalizers)
         return loss, {"nll": loss, "num_tokens": mask.sum()}
 
     return loss_fn

@@ -53,8 +53,8 @@ class ModelApply:
     """``apply_fn(params, input_ids [B, T] int32, attention_mask [B, T] 0/1) -> logits [B, T, V] float32`` of an
     nnx language model, plus the two halves the learner's losses use so that full float32 logits never exist:
 
-    * ``hidden(params, input_ids, attention_mask) -> [B, T, embed]`` (compute dtype, after the final norm);
-    * ``head(params, h [..., embed]) -> [..., V] float32``;
+    * ``hidden(params, input_ids, attention_mask) -> [B, T, embed]`` (compute dtype, after the final norm).
+    * ``head(params, h [..., embed]) -> [..., V] float32``.
     * ``logit_chunk``: tokens per sequence chunk when the losses apply ``head`` (0 = whole sequence).
 
     ``options`` (``causal_lm.ForwardOptions``) set remat, the attention block and the activation sharding.

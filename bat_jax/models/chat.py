@@ -3,7 +3,8 @@
 Both families use `<|im_start|>ROLE\\n ... <|im_end|>\\n` turns and return tool output to the model as a user
 turn wrapped in `<tool_response>\\n ... \\n</tool_response>`:
 
-- ``qwen3_5`` (Qwen3.5's published template, `QWEN3_5_CHAT_TEMPLATE`, from `assets/chat_templates/qwen3_5.jinja`): tools as JSON lines in
+- ``qwen3_5`` (Qwen3.5's published template, `QWEN3_5_CHAT_TEMPLATE`, from `assets/chat_templates/qwen3_5.jinja`): tools
+as JSON lines in
   a `<tools>` block of the system turn; tool calls as XML
   `<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>`; the
   generation prompt opens the thinking block (`<|im_start|>assistant\\n<think>\\n`).
@@ -16,10 +17,10 @@ turn wrapped in `<tool_response>\\n ... \\n</tool_response>`:
   (no thinking block; the tags are ordinary text), a tool result is a user turn
   `<tool_response>\\n ... \\n</tool_response>`. Only `<|im_start|>`, `<|im_end|>`, `<|endoftext|>` are controls.
 
-Actions are model-neutral (`bat_jax.sandbox.tools.Action`, the one action type); `render_action` turns one into the text a family's
-template renders after the generation prompt (without the end-of-turn token), and `parse_tool_call` turns
-sampled text back into an `Action`, or into a `ParseError` whose `observation` is shown to the agent
-(a malformed call never raises). Token-level episode assembly is `bat_jax.models.episode.EpisodeBuilder`.
+Actions are model-neutral (`bat_jax.sandbox.tools.Action`, the one action type). `render_action` turns one into the text
+a family's template renders after the generation prompt (without the end-of-turn token). `parse_tool_call` turns sampled
+text back into an `Action`, or into a `ParseError` whose `observation` is shown to the agent (a malformed call never
+raises). Token-level episode assembly is `bat_jax.models.episode.EpisodeBuilder`.
 
 Text never becomes a control token: rendered glue is a `Rendered` string whose `parts` mark the template's own
 control tokens (`Control`); everything else (thoughts, code, briefs, tool output) is ordinary text, encoded
@@ -94,7 +95,7 @@ class ChatFamily:
         return self.published_special_start_id + self.special_tokens.index(token)
 
 
-FAMILIES = {
+CHAT_FAMILIES = {
     "qwen3_5": ChatFamily("qwen3_5", QWEN3_5_SPECIAL_TOKENS, QWEN3_5_SPECIAL_START_ID,
                           f"{IM_START}assistant\n<think>\n", strips_content=True),
     "qwen3": ChatFamily("qwen3", QWEN3_SPECIAL_TOKENS, QWEN3_SPECIAL_START_ID,
@@ -102,7 +103,7 @@ FAMILIES = {
     "chatml": ChatFamily("chatml", CHATML_SPECIAL_TOKENS, 0, f"{IM_START}assistant\n", strips_content=False,
                          inline_tools=True),
 }  # fmt: skip
-#: The chat family of each model family's own template (`configs.*Config.family` -> `FAMILIES` key).
+#: The chat family of each model family's own template (`configs.*Config.family` -> `CHAT_FAMILIES` key).
 MODEL_CHAT_FAMILY = {"qwen3_5": "qwen3_5", "qwen3": "qwen3", "llama": "chatml"}
 
 
@@ -110,9 +111,9 @@ def get_family(family: str | ChatFamily) -> ChatFamily:
     """The `ChatFamily` named `family`. Raises ValueError naming the known families."""
     if isinstance(family, ChatFamily):
         return family
-    if family not in FAMILIES:
-        raise ValueError(f"unknown chat family {family!r}; known: {sorted(FAMILIES)}")
-    return FAMILIES[family]
+    if family not in CHAT_FAMILIES:
+        raise ValueError(f"unknown chat family {family!r}; known: {sorted(CHAT_FAMILIES)}")
+    return CHAT_FAMILIES[family]
 
 
 class Control(str):
@@ -332,8 +333,8 @@ def parse_tool_call(text: str, family: str | ChatFamily) -> Action | ParseError:
     is taken; when it is followed by a `<tool_call>` the turn is 'multiple_calls', and when it is followed by
     other text, a valid reading through the last `</tool_call>` wins. So `render_action` arguments come back
     byte for byte, except an XML value holding a complete call end then `<tool_call>` (read as two calls) and a
-    thought holding `</think>` — unless `text` is a `Rendered` string with `Control` tags (`render_action`
-    output, `TextCodec.decode` of sampled ids): then only those tags count (a tag never sampled as a control is
+    thought holding `</think>`. That is, unless `text` is a `Rendered` string with `Control` tags (`render_action`
+    output, `TextCodec.decode` of sampled ids). Then only those tags count (a tag never sampled as a control is
     looked for in the text) and nothing is ambiguous.
     XML values lose the one newline the template puts on each side. Never raises for model output: whatever
     breaks the reading (JSON nested past the recursion limit, a number too long to convert) is a 'malformed'

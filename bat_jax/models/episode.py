@@ -1,4 +1,4 @@
-"""Token-in/token-out assembly of a multi-turn agent episode (DESIGN.md "Token in, token out").
+"""Token-in/token-out assembly of a multi-turn agent episode.
 
 Sampled assistant ids are kept verbatim (loss mask 1, including the end-of-turn token `<|im_end|>` when the
 model sampled it); everything else is template glue, tokenised once and masked 0: the prompt, the newline
@@ -6,9 +6,9 @@ after each `<|im_end|>`, the tool response turn and the next generation prompt. 
 re-rendered to rebuild training ids; `EpisodeBuilder.verify` only *checks* the assembled ids against the
 tokenizer's chat template.
 
-Text never becomes a control token (`TextCodec`): the template's own control tokens are inserted as ids, and
-all text — briefs, system prompts, tool output, thoughts, code — is encoded with the tokenizer's added
-tokens switched off, so a tool that prints `<|im_end|>` gives ordinary text ids that decode back to it.
+Text never becomes a control token (`TextCodec`): the template's own control tokens are inserted as ids. All text —
+briefs, system prompts, tool output, thoughts, code — is encoded with the tokenizer's added tokens switched off, so a
+tool that prints `<|im_end|>` gives ordinary text ids that decode back to it.
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ class EpisodeBuilder:
 
         Returns True when the ids equal the canonical encoding of the rendered text (`TextCodec`: template
         controls as ids, text as ordinary text), False when they decode to the same text with a different
-        (sampled, non-canonical) tokenisation — the sampled ids are kept; a sampled turn that spelled a tag
+        (sampled, non-canonical) tokenisation — the sampled ids are kept. A sampled turn that spelled a tag
         such as `</think>` with text tokens counts as such when the plain-text rendering matches. Raises
         TemplateMismatchError, with the first differing character, when the texts differ.
         """

@@ -1,9 +1,9 @@
 """GGUF file -> Hugging Face checkpoint directory (safetensors, config, tokenizer, chat template).
 
 ``import_gguf(gguf_path, out_dir)`` checks the file's architecture and tensor quantisation types (read with
-the ``gguf`` package's ``GGUFReader``, metadata only), then lets transformers 5.19 read it
+the ``gguf`` package's ``GGUFReader``, metadata only). Then transformers 5.19 reads it
 (``from_pretrained(..., gguf_file=...)``: tensors dequantised to float32, llama.cpp's q/k row permutation
-undone, the tokenizer and chat template rebuilt from the GGUF metadata) and writes the directory that
+undone, the tokenizer and chat template rebuilt from the GGUF metadata). It writes the directory that
 ``PolicyConfig.checkpoint_dir`` / ``hf_io.load_pretrained`` / transformers / vLLM read: ``model.safetensors``,
 ``config.json``, ``generation_config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
 ``chat_template.jinja``. The directory is written next to ``out_dir`` and renamed into place (all or nothing).

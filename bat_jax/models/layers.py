@@ -5,10 +5,10 @@ the transformers module tree) so that safetensors I/O is a plain rename. Every p
 logical axis names in its ``out_sharding`` metadata (``eager_sharding=False``: nothing is placed at
 construction); ``models/mesh.py`` maps them onto mesh axes. Logical names used:
 
-``vocab``, ``embed`` (hidden size), ``mlp`` (intermediate size), ``heads`` (q heads x head_dim,
+``vocab``; ``embed`` (hidden size); ``mlp`` (intermediate size). ``heads`` (q heads x head_dim,
 output of q_proj / input of o_proj), ``kv_heads`` (kv heads x head_dim), ``head_dim`` (per-head
-norms), ``linear_qkv`` (Gated DeltaNet fused q|k|v channels, also the conv channels),
-``linear_v`` (Gated DeltaNet value channels: z gate and out_proj input), ``linear_heads``
+norms). ``linear_qkv`` (Gated DeltaNet fused q|k|v channels, also the conv channels),
+``linear_v`` (Gated DeltaNet value channels: z gate and out_proj input). ``linear_heads``
 (Gated DeltaNet value heads: in_proj_a/b, A_log, dt_bias), ``conv`` (conv taps).
 A name of ``None`` means replicated.
 
@@ -112,7 +112,7 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling=None, max_position_embe
     ``modeling_rope_utils`` (default, ``linear``, ``dynamic``, ``llama3``).
 
     ``scaling`` is a ``configs.RopeScaling`` or None (default RoPE). ``dynamic`` needs ``max_position_embeddings``
-    and ``seq_len`` (a traced int: longest position of the call + 1); as in transformers' stateless first call,
+    and ``seq_len`` (a traced int: longest position of the call + 1). As in transformers' stateless first call,
     the base becomes ``theta * (factor * L / max_pos - (factor - 1)) ** (d / (d - 2))`` with
     ``L = max(seq_len, max_pos)`` (so the default frequencies while ``seq_len <= max_pos``).
     """
@@ -178,7 +178,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array) -> jax.Ar
 
 
 def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, q_offset) -> jax.Array:
-    """One decode step's grouped-query attention over a cache in the ``[b, K, L, d]`` layout: the same softmax as
+    """One decode step's grouped-query attention over a cache in the ``[b, K, L, d]`` layout. It is the same softmax as
     ``attend(q, k', v', causal_valid(key_mask, q_offset, 1))`` with ``k'``/``v'`` in ``[b, L, K, d]``, without
     the per-step transposes (on CPU, 8 rows × 1,280 slots: 0.3 ms instead of 2.6 ms per step).
 
@@ -215,9 +215,9 @@ def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
     Blockwise, the float32 scores of one query block, ``[b, H, block, s]`` at most, are the largest buffer (never
     ``[b, H, t, s]``); each block is rematerialised in the backward pass (``jax.checkpoint``). With a static
     (Python int) ``q_offset`` (training, fresh prompts) query block ``[lo, hi)`` reads only keys
-    ``[0, q_offset + hi)``, the ones it may see: about half of the dense work at ``t = s`` (a tiny Qwen3.5 on CPU,
-    ``[1, 3072]``, block 128: forward 319 → 114 ms, gradient 956 → 291 ms against one ``jax.lax.map`` over
-    1,024-query blocks); the blocks are unrolled, at most ``MAX_UNROLLED_BLOCKS`` of them (longer sequences get
+    ``[0, q_offset + hi)``, the ones it may see. That is about half of the dense work at ``t = s`` (a tiny Qwen3.5 on
+    CPU, ``[1, 3072]``, block 128: forward 319 → 114 ms, gradient 956 → 291 ms against one ``jax.lax.map`` over
+    1,024-query blocks). The blocks are unrolled, at most ``MAX_UNROLLED_BLOCKS`` of them (longer sequences get
     longer blocks). A traced ``q_offset`` (a prompt continuing a cache) maps over blocks that read every key.
     Every query row is the same softmax over the same keys as the dense form, so they agree to float round-off.
     Returns ``[b, t, H, d]`` in q's dtype.

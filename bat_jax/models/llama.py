@@ -1,7 +1,8 @@
-"""Llama dense decoder (Flax NNX), matching transformers 5.19 ``LlamaForCausalLM``: GQA attention without
-q/k norm, full RoPE (default or scaled: ``linear``, ``dynamic``, ``llama3``; ``configs.RopeScaling``), SwiGLU
-MLP, RMSNorm ``w * x``; tied or untied output head. Parameter paths equal the HF keys. Interface: see
-``bat_jax.models.causal_lm``."""
+"""Llama dense decoder (Flax NNX), matching transformers 5.19 ``LlamaForCausalLM``.
+
+GQA attention without q/k norm, full RoPE (default or scaled: ``linear``, ``dynamic``, ``llama3``;
+``configs.RopeScaling``), SwiGLU MLP, RMSNorm ``w * x``; tied or untied output head. Parameter paths equal the HF
+keys. Interface: see ``bat_jax.models.causal_lm``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Qwen3 dense decoder (Flax NNX), matching transformers 5.19 ``Qwen3ForCausalLM``: GQA attention
-with per-head q/k RMSNorm (``w * x``), full RoPE, SwiGLU MLP; tied or untied output head.
+"""Qwen3 dense decoder (Flax NNX), matching transformers 5.19 ``Qwen3ForCausalLM``.
+
+GQA attention with per-head q/k RMSNorm (``w * x``), full RoPE, SwiGLU MLP; tied or untied output head.
 Interface: see ``bat_jax.models.causal_lm``."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Qwen3.5 hybrid text decoder (Flax NNX), matching transformers 5.19 ``Qwen3_5ForCausalLM``:
+"""Qwen3.5 hybrid text decoder (Flax NNX), matching transformers 5.19 ``Qwen3_5ForCausalLM``.
+
 Gated DeltaNet layers (``gated_deltanet.py``) interleaved with gated full-attention layers (every
 ``full_attention_interval``-th layer by default): q_proj carries a per-head sigmoid output gate,
 zero-centred ``(1 + w)`` RMSNorms everywhere except the DeltaNet output norm, partial RoPE on

@@ -168,7 +168,7 @@ def _task_text(rng: random.Random) -> str:
 
 def _episode_text(rng: random.Random) -> str:
     """A rendered agent episode (Qwen3.5 glue), so that template glue strings become tokens."""
-    fam = chat.FAMILIES["qwen3_5"]
+    fam = chat.CHAT_FAMILIES["qwen3_5"]
     text = f"{chat.IM_START}system\n# Tools\n\n<tools>\n"
     text += "\n".join(json.dumps(t, ensure_ascii=False) for t in chat.tool_schemas())
     text += f"\n</tools>{chat.IM_END}\n{chat.IM_START}user\n{_task_text(rng)}{chat.IM_END}\n{fam.generation_prompt}"

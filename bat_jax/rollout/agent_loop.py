@@ -1,17 +1,17 @@
-"""Multi-turn agent rollouts: a policy engine talking to sandboxes through the two tools (paper §RL rollouts).
+"""Multi-turn agent rollouts: a policy engine talking to sandboxes through the two tools (paper App. A.2).
 
-For each RL row, K episodes (default 4, REFERENCE.md) start in fresh sandboxes restored from the row's state. The
-prompt is the agent's system prompt (with the tool schemas in the template's tools block, or naming the tools in the
-compact style; `bat_jax.prompts`), then the task brief and the stage skill κ as the first user turn. Generations are
-batched across episodes (one engine call samples the next turn of many episodes) and tool calls run concurrently in
-a thread pool (sandbox calls wait on subprocesses / Docker and release the GIL); `AgentLoopConfig.schedule` picks
-the order (`bat_jax.rollout.schedule`): 'continuous' (default: each episode advances on its own, the engine samples
-whatever episodes are ready while other episodes' tool calls run) or 'lockstep' (per turn, one engine call over
-every live episode, then all their tool calls). Both give the same trajectories (per-turn seeds depend on the
-episode and turn only). Token in, token out: sampled ids go verbatim into an `EpisodeBuilder`
+For each RL row, K episodes (default 4, paper App. A.7, Table 8) start in fresh sandboxes restored from the row's
+state. The prompt is the agent's system prompt (with the tool schemas in the template's tools block, or naming the
+tools in the compact style; `bat_jax.prompts`), then the task brief and the stage skill κ as the first user turn.
+Generations are batched across episodes (one engine call samples the next turn of many episodes) and tool calls run
+concurrently in a thread pool (sandbox calls wait on subprocesses / Docker and release the GIL).
+`AgentLoopConfig.schedule` picks the order (`bat_jax.rollout.schedule`): 'continuous' (default: each episode advances
+on its own, the engine samples whatever episodes are ready while other episodes' tool calls run) or 'lockstep' (per
+turn, one engine call over every live episode, then all their tool calls). Both give the same trajectories (per-turn
+seeds depend on the episode and turn only). Token in, token out: sampled ids go verbatim into an `EpisodeBuilder`
 (`bat_jax.models.episode`) with loss mask 1; observations are appended as template glue with mask 0.
 
-Limits (`AgentLoopConfig`, defaults from REFERENCE.md's released-code column): assistant turns, tool calls,
+Limits (`AgentLoopConfig`, defaults from the released code): assistant turns, tool calls,
 cumulative sampled (response) tokens, tokens per turn, context tokens and characters per observation. The
 response-token budget is over the whole trajectory: a turn is asked for at most what is left, and anything an
 engine returns beyond it is cut — ids, loss mask and logprobs at the same place — and the episode ends with
@@ -154,6 +154,7 @@ class _Episode:
         self.infra_error = ""
         self.agent_error = ""
         self.weight_version = 0
+        self.turn_versions: list[int] = []  # the weight version of each sampled turn
         self.pending: Any = None  # Action to run, or None
         self.evidence: tuple = ((), None, {}, [])  # (receipts, submitted, artefacts, skipped), once collected
         self.kept: tuple | None = None  # (episode, messages) before an observation that did not fit the context
@@ -334,6 +335,7 @@ class AgentLoop:
         if im_start is not None and ids and ids[-1] == im_start:
             ids, logprobs = ids[:-1], logprobs[:-1]
         ep.weight_version = comp.weight_version
+        ep.turn_versions.append(int(comp.weight_version))
         ep.turns += 1
         if not ids:
             ep.finish = tj.FINISH_INVALID_TURN
@@ -487,7 +489,7 @@ class AgentLoop:
             response_tokens=int(np.sum(mask)), receipts=receipts, artefacts=artefacts,
             skipped_artefacts=tuple(skipped), submitted=submitted, messages=tuple(messages),
             infra_error=ep.infra_error, agent_error=ep.agent_error, sandbox_errors=ep.sandbox_errors,
-            weight_version=ep.weight_version,
+            weight_version=ep.weight_version, turn_versions=tuple(ep.turn_versions),
             template=template)
 
     def _artefacts(self, ep: _Episode) -> tuple[dict[str, bytes], list[str]]:

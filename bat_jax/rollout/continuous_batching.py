@@ -1,5 +1,6 @@
-"""Continuous batching for the JAX sampler: rows join and leave a running decode batch between short chunks of
-decode steps.
+"""Continuous batching for the JAX sampler.
+
+Rows join and leave a running decode batch between short chunks of decode steps.
 
 `JaxSampler.generate` runs one compiled call until the longest row of the call is done, and the engine runs one
 call at a time. In a multi-turn rollout the rows of a call finish at very different times (one turn stops after
@@ -13,10 +14,10 @@ GRPO block): 56 calls of up to 8 rows took 307 s for ~60k new tokens, i.e. about
    `AgentLoopConfig.max_concurrent_generate` > 1 and `max_generate_batch` = 1: every episode's turn is its own
    call). Its rows join a queue; the calling thread then either drives the batch (one thread at a time) or waits
    until another driver has finished its rows.
-2. Driving is a loop of: admit queued rows into free slots — prefill them (continuing stored prefixes,
-   `JaxSampler.prefill_rows`) and sample their first token — then rebuild the batch's decode cache from the
+2. Driving is a loop. Admit queued rows into free slots: prefill them (continuing stored prefixes,
+   `JaxSampler.prefill_rows`) and sample their first token. Then rebuild the batch's decode cache from the
    rows' states (`prefix_cache.extract_rows` / `assemble`: each row's real slots compacted, the write index at the
-   longest row), then run at most `chunk_steps` decode steps (one compiled `lax.while_loop`), hand finished rows
+   longest row). Then run at most `chunk_steps` decode steps (one compiled `lax.while_loop`). Hand finished rows
    their `Completion` and store their states for the next turn (`JaxSampler.prefix_cache`). The cache is rebuilt
    only when rows are admitted or its slots run out; between rebuilds chunks continue on the device cache.
 3. Rows of one batch share temperature, top-p, top-k and stop ids; a request with other values waits until the
@@ -28,7 +29,7 @@ float round-off, as between differently padded `generate` calls; tests/test_cont
 Cost of a rebuild: the batch's cache goes to host memory and back (tiny default: ~1.5 MB per 3,000-token row), so
 this engine is for the embedded CPU sampler; large models on GPUs use vLLM, whose scheduler batches continuously. On a
 rollout mesh (`JaxSampler(mesh=...)`, the TPU engine) the slots and the cache are split over the devices and the
-decode chunks run there; rebuilds still pass through the host (at Qwen3.5-9B: 12,288 × 32 KiB + 25 MiB ≈ 0.4 GB
+decode chunks run there. Rebuilds still pass through the host (at Qwen3.5-9B: 12,288 × 32 KiB + 25 MiB ≈ 0.4 GB
 per full-length row), once per admission, not per token.
 """
 
@@ -56,9 +57,14 @@ def _decode_chunk(state, cache, tok, live, steps, budgets, seeds, temperature, t
                   chunk, layout=None):
     """At most `chunk` decode steps of a running batch; stops early once no row is live.
 
-    cache: the batch's `DecodeCache`; tok `[B] int32` each row's last sampled (not yet fed) token; live `[B]` bool;
-    steps `[B] int32` tokens each row has sampled so far (= the completion index of its next draw); budgets `[B]`
-    int32; seeds `[B] uint32`; temperature / top_p float32 and top_k int32 scalars; stop `[S] int32` (-1 unused).
+    Args:
+      cache: the batch's `DecodeCache`.
+      tok: `[B] int32`, each row's last sampled (not yet fed) token.
+      live: `[B]` bool.
+      steps: `[B] int32`, tokens each row has sampled so far (= the completion index of its next draw).
+      budgets: `[B]` int32. seeds: `[B] uint32`.
+      temperature, top_p: float32 scalars. top_k: an int32 scalar. stop: `[S] int32` (-1 unused).
+
     Returns (cache, tok, live, steps, ids `[B, chunk] int32`, logprobs `[B, chunk] float32`, stopped `[B]` bool,
     steps run: int32). A row's new ids are the first (steps_after − steps_before) entries of its ids row.
     layout: None (one device) or the rollout mesh's `CacheLayout` (slots split over its devices)."""
@@ -103,6 +109,7 @@ class _Row:
     finish: str | None = None
     error: BaseException | None = None
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    version: int | None = None  # the weight version the row was admitted (prefilled) on
 
     def fed(self) -> np.ndarray:
         """Tokens the row's decode state holds: its prompt and completion without the last (unfed) token."""
@@ -147,6 +154,7 @@ class ContinuousBatchingSampler:
         self._lock = threading.Lock()  # guards the queue
         self._drive = threading.Lock()  # held by the one thread that drives the batch
         self._progress = threading.Condition()
+        self._swap = threading.Event()  # a weight sync waits for the driver to stop between two chunks
         self._rows: list[_Row | None] = [None] * self.slots
         self._cache = None  # the batch's device DecodeCache (None: no row decoding)
         self._host_cache = None  # its numpy copy, once read back after a chunk (`_cache_on_host`)
@@ -158,12 +166,29 @@ class ContinuousBatchingSampler:
     def weight_version(self) -> int:
         return self.sampler.weight_version
 
-    def update_weights(self, params: Any) -> int:
-        """`JaxSampler.update_weights` (clears the prefix store). Raises RuntimeError while rows are in flight."""
-        with self._lock:
-            if self._queue or any(r is not None for r in self._rows):
-                raise RuntimeError("ContinuousBatchingSampler.update_weights: rows are still being generated")
-            return self.sampler.update_weights(params)
+    swaps_in_flight = True  # `update_weights(..., in_flight=True)` (`rollout/weight_gate.WeightGate` uses it)
+
+    def update_weights(self, params: Any, *, in_flight: bool = False) -> int:
+        """`JaxSampler.update_weights` (clears the prefix store); returns the new weight version.
+
+        Without `in_flight` it raises RuntimeError while rows are in flight. With it the sync waits for the driving
+        thread to end its decode chunk, swaps the parameters between two chunks, and the rows in flight go on
+        decoding on the new weights over the cache their old weights built (as an in-flight weight update does on an
+        inference server); each row's `Completion.weight_version` stays the version it was admitted on, and its
+        logprobs are as sampled (rollout correction weighs every token by them)."""
+        if not in_flight:
+            with self._lock:
+                if self._queue or any(r is not None for r in self._rows):
+                    raise RuntimeError("ContinuousBatchingSampler.update_weights: rows are still being generated")
+                return self.sampler.update_weights(params)
+        self._swap.set()  # the driver hands the batch over after its current chunk
+        try:
+            with self._drive, self._lock:
+                return self.sampler.update_weights(params)
+        finally:
+            self._swap.clear()
+            with self._progress:
+                self._progress.notify_all()
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  max_new_tokens: Sequence[int] | None = None,
@@ -179,7 +204,7 @@ class ContinuousBatchingSampler:
         while not all(r.done.is_set() for r in rows):
             if self._drive.acquire(blocking=False):
                 try:
-                    while not all(r.done.is_set() for r in rows):
+                    while not all(r.done.is_set() for r in rows) and not self._swap.is_set():
                         self._step()
                 except BaseException as exc:
                     self._fail_all(exc)
@@ -196,7 +221,8 @@ class ContinuousBatchingSampler:
                 raise RuntimeError("ContinuousBatchingSampler: decoding failed in another request") from r.error
         version = self.sampler.weight_version
         return [Completion(token_ids=np.asarray(r.ids, np.int32), logprobs=np.asarray(r.logprobs, np.float32),
-                           finish_reason=r.finish, weight_version=version) for r in rows]
+                           finish_reason=r.finish, weight_version=version if r.version is None else r.version)
+                for r in rows]
 
     # -- driving (one thread at a time) --------------------------------------------------------------------
 
@@ -271,7 +297,7 @@ class ContinuousBatchingSampler:
                 [r.prompt for r in group], group[0].params, [r.seed for r in group], min_rows=self.admit_rows,
                 min_prompt=self.min_prompt, slot_step=self.slot_step)
             for r, c, state in zip(group, completions, states):
-                r.ids, r.logprobs = c.token_ids.tolist(), c.logprobs.tolist()
+                r.ids, r.logprobs, r.version = c.token_ids.tolist(), c.logprobs.tolist(), c.weight_version
                 if c.finish_reason == FINISH_STOP or r.budget == 1:
                     r.finish = c.finish_reason
                     if state is not None and self.sampler.prefix_cache is not None:
@@ -340,9 +366,9 @@ def jax_engine(model: Any, *, max_context: int, max_batch: int, prefix_cache_row
                slots: int = 0, mesh: Any = None, devices: Any = None) -> JaxSampler | ContinuousBatchingSampler:
     """The embedded engine of a run or a Ray worker: a `JaxSampler` (rows per compiled call `max_batch`, prefix
     store of `prefix_cache_rows` rows; on a rollout mesh with `mesh`, a `mesh_sampler.SamplerMeshConfig`, over
-    `devices`), wrapped in a `ContinuousBatchingSampler` of `slots` rows when `slots` > 0
-    (then pair it with `AgentLoopConfig.max_generate_batch` = 1 and `max_concurrent_generate` >= the episodes in
-    flight, so every episode's turn joins the batch on its own)."""
+    `devices`). It is wrapped in a `ContinuousBatchingSampler` of `slots` rows when `slots` > 0.
+    Then pair it with `AgentLoopConfig.max_generate_batch` = 1 and `max_concurrent_generate` >= the episodes in
+    flight, so every episode's turn joins the batch on its own."""
     sampler = JaxSampler(model, max_context=max_context, max_batch=max_batch, prefix_cache_rows=prefix_cache_rows,
                          mesh=mesh, devices=devices)
     return ContinuousBatchingSampler(sampler, slots=slots) if slots > 0 else sampler

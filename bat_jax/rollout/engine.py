@@ -4,8 +4,8 @@ A `RolloutEngine` turns a batch of token-id prompts into completions: the sample
 *as sampled*, and a finish reason per row. `update_weights` installs new policy parameters and returns the new
 weight version (rollouts record it so the learner knows which policy produced them).
 
-Logprob as sampled (the quantity GRPO's importance ratio divides by, REFERENCE.md "token-level ratio vs
-rollout policy"): for next-token logits z (float32, vocabulary V),
+Logprob as sampled (the quantity GRPO's importance ratio divides by, paper App. A.2, Eq. 17:
+the token-level ratio against the rollout policy): for next-token logits z (float32, vocabulary V),
 
 1. temper: z' = z / T (T > 0; T == 0 means greedy, see below);
 2. top-k (k > 0): keep the k largest z' (ties at the k-th value are all kept), the rest get -inf;
@@ -49,10 +49,10 @@ class SamplingParams:
     """How to sample one batch of completions.
 
     Attributes:
-      temperature: T >= 0; 0 is greedy. Default 0.7 (REFERENCE.md, paper and released code).
+      temperature: T >= 0; 0 is greedy. Default 0.7 (paper App. A.7, Table 8; the released code).
       top_p: nucleus mass in (0, 1]; 1 disables it.
       top_k: keep the k most likely tokens; 0 disables it.
-      max_new_tokens: most tokens generated per row (tokens; REFERENCE.md response limit 2,048).
+      max_new_tokens: most tokens generated per row (tokens; the paper's response limit is 2,048, App. A.7, Table 8).
       stop_token_ids: ids that end a row (the chat template's end-of-turn tokens); the stop token is kept as
         the row's last token, with its logprob, so the learner trains on it.
       seed: base PRNG seed; rows get independent streams (see `RolloutEngine.generate`).

@@ -6,7 +6,7 @@ Works with any model that has the `bat_jax.models.causal_lm` interface (`init_ca
 
 1. left-pads the prompts to a common length P (the next power of two >= the longest prompt, at least
    `min_prompt_bucket`; above `prompt_bucket_step` the next multiple of it instead, so a 2,500-token prompt
-   pays for 2,560 positions rather than 4,096) and the batch to B rows (next power of two; filler rows stop
+   pays for 2,560 positions rather than 4,096). It pads the batch to B rows (next power of two; filler rows stop
    at once);
 2. runs one jitted program: prefill, sample the first token, then a `lax.while_loop` of
    `decode_step` + sample until every row has hit a stop token or its token budget (N = next power of two >=
@@ -18,15 +18,15 @@ Works with any model that has the `bat_jax.models.causal_lm` interface (`init_ca
 
 With `prefix_cache_rows` > 0 (prefix reuse, `bat_jax.rollout.prefix_cache`) a prompt that extends the tokens of
 a row of an earlier call (its prompt and completion: the next turn of the same episode) starts from that row's
-stored decode state; only the new tokens are left padded to P and prefilled, after the stored ones, in a cache
+stored decode state. Only the new tokens are left padded to P and prefilled, after the stored ones, in a cache
 of (stored + P + N) slots rounded up to `prompt_bucket_step`. Finished rows feed nothing during the rest of a
 call's decode loop, so the state a row leaves is that of its own tokens.
 
 Randomness: row i's token at step s uses `fold_in(key(seed_i), s)`, so a row's completion depends only on
 its prompt, its seed and the weights — not on the batch it was run in (up to float round-off in the logits
 of differently padded batches). Measured on CPU (tiny Qwen3 and Qwen3.5, 8 prompts of 9-300 tokens, 32 new
-tokens at T = 0.7, each row alone, in pairs and in triples vs in the batch of 8): the sampled ids are identical
-in all 48 comparisons, the logprobs differ by up to 2e-6 in most of them; padding every call to 8 rows
+tokens at T = 0.7, each row alone, in pairs and in triples vs in the batch of 8). The sampled ids are identical
+in all 48 comparisons, the logprobs differ by up to 2e-6 in most of them. Padding every call to 8 rows
 (`min_batch_bucket=8`) does not remove it, because the prompt padding P still follows the longest prompt of the
 call. So schedules that batch differently (`bat_jax.rollout.schedule`) give the same ids and logprobs equal to
 round-off; a draw that round-off tips is possible in principle.
@@ -88,8 +88,8 @@ def _sample(logits, keys, step, temperature, top_p, top_k):
 
 
 def draw(logits, keys, step, column, live, out_ids, out_lp, stop, temperature, top_p, top_k):
-    """One sampling step of a batch, shared by `_generate` and the continuous batcher's decode chunk: each row's
-    token drawn at completion index `step` (scalar or `[B]` int32; `_sample`), written with its logprob into
+    """One sampling step of a batch, shared by `_generate` and the continuous batcher's decode chunk. Each row's
+    token is drawn at completion index `step` (scalar or `[B]` int32; `_sample`), written with its logprob into
     column `column` of `out_ids` `[B, N] int32` / `out_lp` `[B, N] float32` (0 for rows not `live`, `[B]` bool).
     Returns (tokens `[B] int32`, out_ids, out_lp, hit_stop `[B]` bool: a live row drew one of `stop`)."""
     tok, lp = _sample(logits, keys, step, temperature, top_p, top_k)
@@ -103,8 +103,8 @@ def draw(logits, keys, step, column, live, out_ids, out_lp, stop, temperature, t
 def _generate(state, cache, prompt_ids, prompt_mask, budgets, seeds, temperature, top_p, top_k, stop, *, graphdef,
               max_new, max_len, cache_dtype, return_cache, layout=None):
     """Prefill + while-loop decode. cache: None (an empty cache of `max_len` slots is made) or a `DecodeCache`
-    holding earlier tokens (prefix reuse); prompt_ids/prompt_mask `[B, P]` int32 (left padded; with a cache, the
-    tokens after the cached ones), budgets `[B]` int32 (1..max_new), seeds `[B]` uint32, temperature/top_p
+    holding earlier tokens (prefix reuse). prompt_ids/prompt_mask `[B, P]` int32 (left padded; with a cache, the
+    tokens after the cached ones). budgets `[B]` int32 (1..max_new), seeds `[B]` uint32, temperature/top_p
     float32 and top_k int32 scalars, stop `[S]` int32 (-1 = unused slot). Finished rows feed nothing more
     (`decode_step(live=...)`), so the final cache holds each row's prompt and completion without its last token.
     layout: None (one device) or the rollout mesh's `CacheLayout` (rows split over its devices).
@@ -152,7 +152,7 @@ class JaxSampler:
     Args:
       model: the policy; its parameters are read at construction and replaced by `update_weights`.
       max_context: most tokens (prompt + new) one row may hold; default the config's
-        `max_position_embeddings` (REFERENCE.md context 12,288 for the paper's runs).
+        `max_position_embeddings` (12,288 in the paper's runs, App. A.7, Table 8).
       min_prompt_bucket: smallest padded prompt length (tokens); prompts pad to powers of two above it.
       prompt_bucket_step: above this many tokens prompts pad to its multiples instead of powers of two (fewer
         wasted positions for long multi-turn prompts; one more compiled program per step). 0 = powers of two.

@@ -4,11 +4,11 @@ The rollout engine on a TPU slice (and the no-vLLM engine on GPUs). `SamplerMesh
 sampler spreads over the devices the learner uses:
 
 * a rollout mesh of the same devices, axes (data, fsdp = 1, tensor) in `bat_jax.models.mesh`'s names:
-  ``tensor`` = 1 keeps one full weight copy on every device (data = every device); ``tensor`` > 1 splits heads,
+  ``tensor`` = 1 keeps one full weight copy on every device (data = every device). ``tensor`` > 1 splits heads,
   MLP channels and the vocabulary over groups of that many devices by the learner's logical-axis rules (the same
-  rules with the fsdp axis of size 1), data = devices / tensor;
+  rules with the fsdp axis of size 1), data = devices / tensor.
 * batch rows (the padded rows of a `generate` call, the slots of the continuous batcher) and their decode cache
-  are split over ``data``; attention K/V, DeltaNet conv and recurrent state are split over ``tensor`` along their
+  are split over ``data``. Attention K/V, DeltaNet conv and recurrent state are split over ``tensor`` along their
   head (channel) axis where it divides;
 * rollout weights in ``param_dtype`` (bf16 at scale; None keeps the model's), except the Gated DeltaNet tensors
   kept in float32 (`gated_deltanet.FLOAT32_PARAMS`, the same rule as the vLLM weight sync).

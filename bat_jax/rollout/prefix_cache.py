@@ -2,12 +2,12 @@
 
 Every turn of an agent episode sends the whole conversation again: the previous prompt, the sampled turn and the
 tool's observation. Without reuse the sampler prefills all of it every turn (a 6-turn episode of ~3,000 tokens
-prefills ~10,000). With reuse, the sampler keeps each finished row's decode state — the attention layers' K/V of
-its real slots, the Gated DeltaNet layers' recurrent state and conv history, its next RoPE position — keyed by
+prefills ~10,000). With reuse, the sampler keeps each finished row's decode state: the attention layers' K/V of
+its real slots, the Gated DeltaNet layers' recurrent state and conv history, its next RoPE position. It is keyed by
 the tokens it holds (the prompt and the completion without its last token, which was sampled but never fed). A
 later prompt that extends such a token sequence starts from that state and prefills only the new tokens.
 
-* `RowState` — one row's decode state (host numpy arrays) and the tokens it holds;
+* `RowState` — one row's decode state (host numpy arrays) and the tokens it holds.
 * `PrefixCache` — at most `max_rows` of them, least recently stored first out; `pop_longest(prompt)` takes the
   longest stored sequence that is a strict prefix of the prompt (an entry continues one episode: it is removed
   when used). The sampler clears it when its weights change;

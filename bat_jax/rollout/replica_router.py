@@ -1,5 +1,6 @@
-"""Which rollout replica serves a row: an episode stays on one replica for its whole life, new episodes go to the
-replica holding the fewest live tokens.
+"""Which rollout replica serves a row.
+
+An episode stays on one replica for its whole life; new episodes go to the replica holding the fewest live tokens.
 
 An agent episode calls the engine once per turn, and each turn's prompt is the previous turn's prompt, its
 completion and the tool's answer: it extends the token sequence the replica served last time. Sending it to that

@@ -1,10 +1,10 @@
 """The record one multi-turn rollout leaves for the verifier and the learner.
 
-A `Trajectory` is token-in/token-out (DESIGN.md): `ids` are the prompt, the sampled assistant turns verbatim
+A `Trajectory` is token-in/token-out: `ids` are the prompt, the sampled assistant turns verbatim
 and the tokenised template glue (tool responses, generation prompts) — never a re-rendered transcript.
 `loss_mask` is 1 exactly on sampled tokens and `logprobs` holds their logprob as sampled
 (`bat_jax.rollout.engine`), 0 elsewhere. Receipts and artefacts are host-side evidence for the rubric
-verifier (DESIGN.md "Evidence over prose").
+verifier (evidence over prose).
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ class Trajectory:
         failure the agent causes is its own failure, never "unscored".
       sandbox_errors: tool calls that raised inside the sandbox backend (shown to the agent as observations).
       weight_version: policy weight version of the engine at the last turn.
+      turn_versions: the weight version each assistant turn was sampled on, in turn order (an engine's
+        `Completion.weight_version`; a turn that spanned a weight sync carries the version it began on). Under
+        bounded-staleness GRPO (`learn/staleness.py`) the first entry is the version the rollout began on.
       template: identity of the chat template of the glue (`ChatTemplate.to_dict()`), {} if unknown.
     """
 
@@ -90,6 +93,7 @@ class Trajectory:
     agent_error: str = ""
     sandbox_errors: int = 0
     weight_version: int = 0
+    turn_versions: tuple[int, ...] = ()
     template: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -100,6 +104,11 @@ class Trajectory:
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"Trajectory {self.state_id}#{self.episode}: unknown finish_reason "
                              f"{self.finish_reason!r}; expected one of {FINISH_REASONS}")
+
+    @property
+    def began_version(self) -> int:
+        """The weight version of the rollout's first turn (`weight_version` when no turn was sampled)."""
+        return self.turn_versions[0] if self.turn_versions else self.weight_version
 
     @property
     def scored(self) -> bool:

@@ -1,17 +1,17 @@
 """`RolloutEngine` backed by vLLM, with in-process weight sync from the JAX learner.
 
 The vLLM engine runs in this Python process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker, no tensor
-parallelism), so weight sync is a direct call, with no disk round trip and no serialisation:
+parallelism), so weight sync is a direct call, with no disk round trip and no serialisation.
 
   JAX params (``nnx.State`` / ``nnx.Module`` / ``{hf_name: array}``)
     -> buckets of at most 1 GB (``stream_torch_weights``): each sharded array is cast to the engine dtype on the
-       mesh (the DeltaNet ``A_log`` / norm stay float32), then gathered onto one device, one bucket at a time
-    -> ``torch.from_dlpack`` (zero copy)
+       mesh (the DeltaNet ``A_log`` / norm stay float32), then gathered onto one device, one bucket at a time.
+    -> ``torch.from_dlpack`` (zero copy).
     -> ``worker.reload_weights(weights_iterator=...)`` (vLLM's in-place reload: ``model.load_weights`` wrapped
        in the layer-wise reload that re-runs each layer's ``process_weights_after_loading``, so the CPU
-       backend's repacked GEMM weights are rebuilt; plain ``model.load_weights`` is not enough there)
+       backend's repacked GEMM weights are rebuilt; plain ``model.load_weights`` is not enough there).
     -> a tied output head is re-processed explicitly (`_refresh_tied_output_head`: vLLM 0.32's reload leaves
-       its CPU kernel state on the old weights)
+       its CPU kernel state on the old weights).
     -> ``llm.reset_prefix_cache()`` (cached KV blocks were computed with the old weights).
 
 Single-process JAX only: a sharded array must be fully addressable (no multi-host gather here).
@@ -43,7 +43,7 @@ stand-in).
 engine scores tokens as the learner does.
 
 In flight: `generate` may be called from many threads at once. One driver thread (`bat_jax.rollout.inflight`)
-adds every call's requests to vLLM's `LLMEngine` as they come and steps it; a call returns when its own rows are
+adds every call's requests to vLLM's `LLMEngine` as they come and steps it. A call returns when its own rows are
 done while other calls' rows keep running, so vLLM's scheduler batches whatever episode turns are ready (the
 agent loop's continuous schedule with `max_generate_batch = 1` and `max_concurrent_generate` = episodes).
 `update_weights` refuses (RuntimeError) while requests are in flight.

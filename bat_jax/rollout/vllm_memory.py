@@ -4,11 +4,12 @@ JAX and vLLM share each GPU in one process (`bicurl/engines.build_engine`): JAX 
 ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the device when it first touches it, and vLLM then asks for
 ``gpu_memory_utilization`` of the device's *total* memory and refuses to start when less than that is free. Inside its
 share vLLM holds the weights (engine dtype), its activation peak (measured by its start-up profile run; here an
-estimate, `VLLMMemoryPlan.overhead`) and, in what is left, the cache. One rollout of ``max_model_len`` tokens needs
+estimate, `VLLMMemoryPlan.overhead`) and, in what is left, the cache. One rollout of ``max_model_len`` tokens needs the
+following.
 
   attention KV:      tokens × (attention layers × KV heads × head_dim × 2 [K and V] × bytes of the cache dtype)
   Gated DeltaNet:    per sequence, per linear-attention layer: conv state (2 · key_dim + value_dim) × (kernel − 1)
-                     and recurrent state value_heads × head_k_dim × head_v_dim, in the state dtype
+                     and recurrent state value_heads × head_k_dim × head_v_dim, in the state dtype.
 
 (vLLM's ``MambaStateShapeCalculator.gated_delta_net_state_shape``; the state dtype follows the model dtype unless
 ``mamba_ssm_cache_dtype`` says otherwise). Qwen3.5-9B in bf16: 8 attention layers × 4 KV heads × 256 × 2 × 2 B =
@@ -20,11 +21,11 @@ floor: vLLM's block tables round each sequence up to whole blocks, and its hybri
 state per sequence when prefix caching is on.
 
 What neither fraction holds lives in the rest of the device (``1 − JAX − vLLM``, 0.1 at paper scale = 8 GiB of an
-80 GiB card): the CUDA contexts of the learner and the replica with XLA's NCCL and cuBLAS workspaces
+80 GiB card). It holds the CUDA contexts of the learner and the replica with XLA's NCCL and cuBLAS workspaces
 (`DEFAULT_CONTEXT_BYTES`), vLLM's CUDA graphs when ``enforce_eager`` is off (`DEFAULT_CUDA_GRAPH_BYTES`), and the
-transient peak of a weight sync (`sync_memory`): for a replica pool, the parent's staging buffer (≤ the bucket
-bound; `sync_staging.plan_sync`) plus vLLM's layer-wise reload copy of one module (≤ the largest decoder layer;
-tensors above the bound travel in row chunks written in place); for one in-process engine, the reload copy of the
+transient peak of a weight sync (`sync_memory`). For a replica pool that peak is the parent's staging buffer (≤ the
+bucket bound; `sync_staging.plan_sync`) plus vLLM's layer-wise reload copy of one module (≤ the largest decoder layer;
+tensors above the bound travel in row chunks written in place). For one in-process engine, the reload copy of the
 largest module, the embedding included (the gathered bucket itself sits in JAX's share). `check` refuses, with the
 numbers, when the rest cannot hold them.
 """
@@ -230,8 +231,8 @@ def check(cache: RolloutCache, *, max_model_len: int, device_total: int, device_
     Returns: the plan (print `describe()`).
     Raises:
       ValueError, naming both fractions and the numbers, when JAX's and vLLM's fractions leave less than
-      `CONTEXT_RESERVE_FRACTION` of the device, when that rest cannot hold the contexts, the CUDA graphs and a weight
-      sync's peak, when less is free than vLLM's share (vLLM would refuse to start), or when not one rollout of
+      `CONTEXT_RESERVE_FRACTION` of the device. Also when that rest cannot hold the contexts, the CUDA graphs and a
+      weight sync's peak, when less is free than vLLM's share (vLLM would refuse to start), or when not one rollout of
       `max_model_len` tokens fits in the cache. (The device checks apply only where `device_free` is known.)
     """
     p = plan(cache, max_model_len=max_model_len, device_total=device_total, jax_fraction=jax_fraction,
@@ -280,7 +281,7 @@ def check_replicas(cache: RolloutCache, *, num_replicas: int, max_model_len: int
                    devices: list[tuple[int, int | None]], jax_fraction: float, vllm_fraction: float,
                    kv_cache_memory_bytes: int | None = None, overhead: int = DEFAULT_OVERHEAD_BYTES,
                    **outside: Any) -> list[VLLMMemoryPlan]:
-    """`check` for every replica of a pool, replica i on device i (`devices[i]` = (total, free) bytes): each must
+    """`check` for every replica of a pool, replica i on device i (`devices[i]` = (total, free) bytes). Each must
     hold its weights and at least one full-length rollout beside JAX's share of its device, and the rest of the
     device the contexts, CUDA graphs and a sync's peak (`outside`: `check`'s sync / cuda_graph_bytes /
     context_bytes).

@@ -12,9 +12,9 @@ Messages on the socket (pickled tuples, `multiprocessing.connection.Connection`)
 * in: ``("config", fields)``, then ``(op, call_id, ...)`` for op in generate / score / sync / bucket / abort /
   close; out: ``("ok" | "error", call_id, ...)``.
 * a sync: ``("sync", sync_id, info)`` opens the parent's staging buffer once (a CUDA IPC handle or a shared-memory
-  name) and starts vLLM's reload on a thread; each ``("bucket", call_id, sync_id, pieces)`` is read as views of the
+  name) and starts vLLM's reload on a thread. Each ``("bucket", call_id, sync_id, pieces)`` is read as views of the
   staging buffer (no copy) and acknowledged **after** vLLM's ``load_weights`` has taken every tensor of it (the
-  generator feeding vLLM is resumed past the bucket's last tensor); row-chunk buckets are written into the
+  generator feeding vLLM is resumed past the bucket's last tensor). Row-chunk buckets are written into the
   parameters after the reload and acknowledged after the write. Should vLLM's layer-wise reload still hold a view of
   the staging buffer when a bucket ends (a layer split across buckets, or one with padded rows that vLLM processes
   at the end), that view is cloned before the acknowledgement, since the parent then writes the next bucket over

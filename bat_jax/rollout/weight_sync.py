@@ -1,5 +1,7 @@
-"""Weight sync from the JAX learner to a rollout engine: the tensors by Hugging Face name, checked against the
-engine's checkpoint, cast and all-gathered on the learner's mesh in buckets of at most 1 GB, handed over by DLPack.
+"""Weight sync from the JAX learner to a rollout engine.
+
+The tensors go by Hugging Face name, checked against the engine's checkpoint, cast and all-gathered on the learner's
+mesh in buckets of at most 1 GB, and handed over by DLPack.
 
 Used by the in-process vLLM engine (`bat_jax.rollout.vllm_engine`: one consumer, the first device's copy,
 `stream_torch_weights`) and by the replica pool (`bat_jax.rollout.vllm_replicas`: `stream_pieces` over a
@@ -116,8 +118,8 @@ def _on_mesh(x: Any) -> bool:
 
 def stream_pieces(named: Mapping[str, Any], plan: Any) -> Iterator[tuple[list[Any], list[Any]]]:
     """The values of a `sync_staging.SyncPlan`, one bucket at a time: per bucket ``(pieces, values)``, value i being
-    piece i (its rows for a row chunk) — mesh-sharded jax arrays cast and all-gathered by :func:`gather_bucket_fn`
-    (every device of the mesh holds a copy), other values as given (sliced to the piece's rows). At most one
+    piece i (its rows for a row chunk). Mesh-sharded jax arrays are cast and all-gathered by :func:`gather_bucket_fn`
+    (every device of the mesh holds a copy); other values are as given (sliced to the piece's rows). At most one
     bucket of gathered copies exists at once when the consumer drops each before asking for the next."""
     for pieces in plan.buckets:
         values: list[Any] = [None] * len(pieces)

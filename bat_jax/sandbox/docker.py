@@ -85,8 +85,8 @@ class DockerSandboxConfig:
       tmp_size, workspace_size: sizes of the tmpfs /tmp (and /dev/shm) and the tmpfs workspace volume.
       max_inodes: files + directories each of /workspace, /tmp and /dev/shm may hold (tmpfs `nr_inodes`): the
         kernel memory of a million empty files would otherwise be pinned in the container's memory limit.
-      timeout_s: default hard wall-clock limit of one tool call, seconds (REFERENCE.md: 120 s).
-      max_output_chars: characters of stdout/stderr returned per call (REFERENCE.md: 2,048).
+      timeout_s: default hard wall-clock limit of one tool call, seconds (120 s, the released code's).
+      max_output_chars: characters of stdout/stderr returned per call (2,048, the released code's).
       start_timeout_s: limit for a container to start and answer its first ping, seconds.
       engine_timeout_s: timeout of engine API calls and of the connection check at start, seconds.
       max_pool_size: HTTP connections the docker-py client keeps to the engine; at least the number of threads
@@ -358,10 +358,10 @@ class DockerSandbox:
 
     @property
     def fault(self) -> str:
-        """Who a failure of this sandbox is charged to: '' (none), 'agent' (it died, hung or stopped answering
-        after the agent's code ran: scored as the agent's failure) or 'infra' (it could not start, the engine
-        is unreachable, it failed before any agent code ran, or it was called after it was closed: unscored).
-        Read it through `types.fault_of`."""
+        """Who a failure of this sandbox is charged to: '' (none), 'agent' or 'infra'. 'agent': it died, hung or stopped
+        answering after the agent's code ran: scored as the agent's failure. 'infra': it could not start, the engine is
+        unreachable, it failed before any agent code ran, or it was called after it was closed: unscored. Read it
+        through `types.fault_of`."""
         return self._fault
 
     @property

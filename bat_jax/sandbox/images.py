@@ -3,8 +3,8 @@
 Recipe files live in `sandboxes/` at the repository root:
   packages.txt      Debian packages of the base image (the one list; task families rely on exactly these)
   task/Dockerfile   task image = base + the in-sandbox executor (no RUN steps, so no network is needed)
-  task/executor.py  the long-lived executor process (see bat_jax/sandbox/docker.py for the protocol)
-  + bat_jax/sandbox/file_trace.py, copied next to the executor (kernel file events for receipts; stdlib only)
+  task/executor.py  the long-lived executor process (see bat_jax/sandbox/docker.py for the protocol).
+  + bat_jax/sandbox/file_trace.py, copied next to the executor (kernel file events for receipts; stdlib only).
 
 Tags are content addressed: the base tag hashes this module's recipe constants and the package list, the task
 tag hashes the base tag and every file of `sandboxes/task/`. `ensure_images` builds only what is missing, so a

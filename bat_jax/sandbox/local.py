@@ -9,7 +9,7 @@ It implements the `bat_jax.sandbox.types.Sandbox` protocol so the task families,
 the rubric verifier can be exercised quickly without Docker. Receipts are kept host-side in this object.
 
 The wall-clock limit covers every process a call starts, also those that leave the call's process
-group or session (`setsid`, double fork, `nohup … &`, `disown`, `os.setsid()`, `start_new_session=True`):
+group or session (`setsid`, double fork, `nohup … &`, `disown`, `os.setsid()`, `start_new_session=True`).
 `run_with_deadline` runs each call under a small supervisor (`call_supervisor.py`, run as `python -I -S`, ~20 ms
 per call) that is the parent of the code and, in order of preference:
 
@@ -231,8 +231,8 @@ class LocalSandbox:
 
     Args:
       state: initial workspace files and environment variables (paper Eq. 2 state p).
-      timeout_s: default hard wall-clock limit per call, seconds (REFERENCE.md: 120 s).
-      max_output_chars: characters of stdout/stderr returned to the agent (REFERENCE.md: 2,048).
+      timeout_s: default hard wall-clock limit per call, seconds (120 s, the released code's).
+      max_output_chars: characters of stdout/stderr returned to the agent (2,048, the released code's).
       python: interpreter for 'python' calls; defaults to the host interpreter (`sys.executable`), which
         must provide numpy, scipy, nibabel and PIL like the Docker task image.
     """

@@ -13,9 +13,9 @@ from typing import Protocol
 
 #: Languages accepted by `execute_code`.
 LANGUAGES = ("python", "bash")
-#: Default characters of stdout/stderr returned to the agent (REFERENCE.md: 2,048 chars per observation).
+#: Default characters of stdout/stderr returned to the agent (2,048 per observation, the released code's).
 DEFAULT_MAX_OUTPUT_CHARS = 2048
-#: Default hard wall-clock limit of one tool call, seconds (REFERENCE.md: 120 s).
+#: Default hard wall-clock limit of one tool call, seconds (120 s, the released code's).
 DEFAULT_TIMEOUT_S = 120.0
 
 
@@ -144,9 +144,9 @@ class SandboxState:
 
 
 def fault_of(sandbox: object) -> tuple[str, str]:
-    """Whose failure a sandbox's failure is, and its text — the one rule for blame every episode loop applies:
-    ('', '') while it works; ('agent', text) when it died, hung or stopped answering after the agent's code ran
-    (the episode is scored from what was gathered until then: the agent's failure); ('infra', text) when it could
+    """Whose failure a sandbox's failure is, and its text — the one rule for blame every episode loop applies.
+    ('', '') while it works. ('agent', text) when it died, hung or stopped answering after the agent's code ran
+    (the episode is scored from what was gathered until then: the agent's failure). ('infra', text) when it could
     not start, its engine is unreachable, it failed before any agent code ran, or it was called after the host
     closed it (unscored: null is not zero). Reads the backend's `fault` / `failure` (both backends keep them); a
     sandbox without them (a test double) reports ('', '')."""

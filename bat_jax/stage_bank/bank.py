@@ -6,12 +6,12 @@ Appendix A.1 ("Stage Bank is a versioned set Z of rows").
 Layout under `root`::
 
     states/<digest>.tar           stored sandbox states (`bat_jax.sandbox.snapshot` tar format)
-    versions/v000001/             one directory per admitted version; never modified after its rename
+    versions/v000001/             one directory per admitted version. Never modified after its rename
         manifest.json             version, parent, per-file SHA-256 and row counts
         rl.jsonl                  RL rows admitted in this version (one `RLRow.to_record()` per line)
         sft.jsonl                 SFT rows admitted in this version
     .staging/                     temp directories of writes in progress (ignored by readers)
-    writer.lock                   the one writer's pid, host and start time while it holds the bank
+    writer.lock                   the one writer's pid, host and start time while it holds the bank.
 
 Version N is the union of the rows admitted in versions 1..N. A version is written completely into a staging
 directory (files fsynced) and published with one `os.rename` of the directory, so a reader sees either the

@@ -1,5 +1,7 @@
-"""The Stage Bank Data Factory: fictional tasks → checked teacher trajectories → SFT slices, stage-boundary
-states and E2E surrogates → Accept() → leakage preflight → one new bank version (paper Appendix A.1).
+"""The Stage Bank Data Factory: fictional tasks in, one new bank version out (paper Appendix A.1).
+
+Fictional tasks → checked teacher trajectories → SFT slices, stage-boundary states and E2E surrogates → Accept() →
+leakage preflight → one new bank version.
 
 Source grid: every (focus, track, outcome) of `FactoryConfig.foci × tracks × outcomes` is one *source*: a fresh
 training task ξ of the run's benchmark (`staged_benchmark.contract.StagedBenchmark`; seed derived from the config
@@ -24,8 +26,8 @@ teacher action tagged with a stage the benchmark does not have stops the build (
 
 Resumable: each finished source is cached as JSON under `<bank_dir>/work/sources/<key>.json` (key = digest of
 the source, the task seed, every setting that changes its rows — the benchmark's included —, the held-out manifest
-and `code_fingerprint`);
-an accepted source's state is stored in the bank's states/ directory at once (content-addressed, unreferenced
+and `code_fingerprint`).
+An accepted source's state is stored in the bank's states/ directory at once (content-addressed, unreferenced
 until admitted). Infrastructure rejections (teacher endpoint, sandbox failure) are not cached and are retried
 on the next run. All accepted rows are admitted with one `StageBank.admit` (atomic: a killed build leaves no
 partial version), after a final leakage preflight over exactly those rows and their states.
@@ -77,7 +79,7 @@ class FactoryConfig:
       foci: row foci, 'E2E' and stage ids of the benchmark (None: 'E2E' and every stage).
       outcomes: teacher-trajectory outcome buckets, variants of the benchmark (None: all of them).
       e2e_cases, e2e_input_fraction, e2e_validation_passes: the E2E reduction λ (Eq. 12).
-      horizon: rollout limit H in assistant turns (REFERENCE.md: 24); also the teacher's turn cap.
+      horizon: rollout limit H in assistant turns (24, the released code's); also the teacher's turn cap.
       backend: sandbox backend, 'local' (non-isolated, tests/dev) or 'docker'.
       teacher: one of the benchmark's teachers (`StagedBenchmark.teachers`; the imaging suite's: 'scripted', the
         scripted expert; 'portable', the scripted expert whose action texts are the same for every task, the tiny

@@ -1,7 +1,8 @@
-"""Reading stored Stage Bank rows back: `rl_row_from_dict` / `sft_row_from_dict` parse a row record (the
-JSON form `RLRow.to_record()` / `SFTRow.to_record()` write), validate it, and recompute its digest (and, for
-RL rows, its `state_id`), rejecting a mismatch. Errors are `RowValidationError`s naming file, row and field.
-"""
+"""Reading stored Stage Bank rows back.
+
+`rl_row_from_dict` / `sft_row_from_dict` parse a row record (the JSON form `RLRow.to_record()` /
+`SFTRow.to_record()` write), validate it, and recompute its digest (and, for RL rows, its `state_id`), rejecting a
+mismatch. Errors are `RowValidationError`s naming file, row and field."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Validation of Stage Bank rows: the error that names file, row and field, and the field checks the row types
-(`stage_bank.row`) and the row parser (`stage_bank.row_parse`) share.
-"""
+"""Validation of Stage Bank rows.
+
+The error that names file, row and field, and the field checks the row types (`stage_bank.row`) and the row parser
+(`stage_bank.row_parse`) share."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Action-level episodes: the conversation a policy sees, the policy protocol, the recorded episode, and the
-host-side evidence of a finished episode.
+"""Action-level episodes.
+
+The conversation a policy sees, the policy protocol, the recorded episode, and the host-side evidence of a finished
+episode.
 
 An *action policy* (`ActionPolicy`) maps the conversation so far (task brief + stage skill + previous
 actions/observations) to the next structured action (`bat_jax.sandbox.tools.Action`, the one action type:

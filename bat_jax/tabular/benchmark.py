@@ -1,8 +1,8 @@
 """The tabular data-analysis suite as a staged benchmark: four stages, three task families, a scripted teacher.
 
-What a run names in gin (`experiment.Components.benchmark = @tabular.TabularBenchmark()`, `gin/tabular_tiny.gin`):
-stages inspect → clean → analyse → report (weights .2/.3/.3/.2, `tabular/tasks.py`), the families group_mean,
-filtered_median and top_corr with their metrics (`tabular/tables.py`), four defect variants, the held-out suite and
+What a run names in gin (`experiment.Components.benchmark = @tabular.TabularBenchmark()`, `gin/tabular_tiny.gin`).
+Stages inspect → clean → analyse → report (weights .2/.3/.3/.2, `tabular/tasks.py`), the families group_mean,
+filtered_median and top_corr with their metrics (`tabular/tables.py`); four defect variants. The held-out suite and
 manifest of `tabular/tasks.py` (disjoint seeds, ids and vocabulary), the rubric and task metric of
 `tabular/rubric.py` and the scripted teacher of `tabular/teacher.py`. No E2E surrogate: E2E rows are whole tasks.
 """
@@ -18,7 +18,7 @@ from bat_jax.staged_benchmark.contract import StagedBenchmark
 from bat_jax.staged_benchmark.episode import ActionPolicy
 from bat_jax.tabular import rubric as rubric_items
 from bat_jax.tabular import tasks
-from bat_jax.tabular.tables import FAMILIES, TOP_K, VARIANTS
+from bat_jax.tabular.tables import TASK_FAMILIES, TOP_K, VARIANTS
 from bat_jax.tabular.tasks import TabularTask
 from bat_jax.tabular.teacher import VERSION as TEACHER_VERSION, ScriptedTeacher
 from bat_jax.verify.rubric import Rubric
@@ -51,7 +51,7 @@ class TabularBenchmark(StagedBenchmark):
 
     @property
     def tracks(self) -> Mapping[str, str]:
-        return {f: METRICS[f] for f in FAMILIES}
+        return {f: METRICS[f] for f in TASK_FAMILIES}
 
     @property
     def variants(self) -> tuple[str, ...]:

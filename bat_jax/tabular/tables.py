@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Sequence
 
 #: Task families, each with its analysis (`analyse`) and its metric (`answer_score`).
-FAMILIES = ("group_mean", "filtered_median", "top_corr")
+TASK_FAMILIES = ("group_mean", "filtered_median", "top_corr")
 #: Outcome variants: which defects the raw table carries.
 VARIANTS = ("clean", "missing", "duplicates", "mixed")
 #: Spellings of a missing numeric cell the generator writes (any non-number is invalid under the rule).
@@ -151,7 +151,7 @@ def analyse(family: str, header: Sequence[str], rows: Sequence[Sequence[str]], p
     if family == "top_corr":
         r = correlations(header, rows, params["target"], params["candidates"])
         return sorted(r, key=lambda c: -abs(r[c]))[:params["k"]]
-    raise ValueError(f"tabular: unknown task family {family!r}; known: {FAMILIES}")
+    raise ValueError(f"tabular: unknown task family {family!r}; known: {TASK_FAMILIES}")
 
 
 def _close(got, want: float) -> bool:
@@ -177,7 +177,7 @@ def answer_score(family: str, got, want) -> float:
         if not isinstance(got, list) or not all(isinstance(c, str) for c in got):
             return 0.0
         return len(set(got) & set(want)) / max(len(want), len(set(got)))
-    raise ValueError(f"tabular: unknown task family {family!r}; known: {FAMILIES}")
+    raise ValueError(f"tabular: unknown task family {family!r}; known: {TASK_FAMILIES}")
 
 
 def answer_phrases(family: str, answer) -> list[str]:
@@ -215,7 +215,7 @@ def _draw(family: str, rng: random.Random, vocab: Vocabulary) -> tuple[list[str]
         cols[0] = [sum(w * c[i] for w, c in zip(weights, cols[1:])) + rng.gauss(0.0, 1.5) for i in range(n)]
         params = {"target": names[0], "candidates": names[1:], "k": TOP_K}
     else:
-        raise ValueError(f"tabular: unknown task family {family!r}; known: {FAMILIES}")
+        raise ValueError(f"tabular: unknown task family {family!r}; known: {TASK_FAMILIES}")
     rows = [[f"r{i + 1:03d}", groups[i]] + [round(c[i], 2) for c in cols] for i in range(n)]
     return ["id", category] + names, rows, params
 

@@ -1,5 +1,7 @@
-"""Tasks of the tabular suite: its four stages, the workspace paths, briefs and stage skills, training tasks, and
-the held-out suite with its manifest.
+"""Tasks of the tabular suite.
+
+Its four stages, the workspace paths, briefs and stage skills, training tasks, and the held-out suite with its
+manifest.
 
 The held-out suite is disjoint from every training task by construction: its seeds are ≥ `HELDOUT_SEED_BASE`
 (training seeds are below), its task ids start with 'ho-' (training: 'tr-'), and its tables draw their column names
@@ -17,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from bat_jax.benchmark.stages import StageSet
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.tabular import tables
-from bat_jax.tabular.tables import FAMILIES, VARIANTS, Table
+from bat_jax.tabular.tables import TASK_FAMILIES, VARIANTS, Table
 
 #: The suite's stages in workflow order, with their Agentic weights (ids are their own titles).
 STAGES = StageSet.of([("inspect", "inspect", 0.2), ("clean", "clean", 0.3), ("analyse", "analyse", 0.3),
@@ -115,8 +117,8 @@ def make_task(family: str, seed: int, variant: str) -> TabularTask:
     """The task of (family, seed, variant): a held-out one ('ho-' id, held-out vocabulary) when seed ≥
     `HELDOUT_SEED_BASE`, else a training one ('tr-'). Raises ValueError for an unknown family, variant or a
     negative seed."""
-    if family not in FAMILIES:
-        raise ValueError(f"benchmark 'tabular' has no task family {family!r}; known: {FAMILIES}")
+    if family not in TASK_FAMILIES:
+        raise ValueError(f"benchmark 'tabular' has no task family {family!r}; known: {TASK_FAMILIES}")
     if variant not in VARIANTS:
         raise ValueError(f"benchmark 'tabular' has no variant {variant!r}; known: {VARIANTS}")
     if seed < 0:
@@ -139,9 +141,9 @@ def training_task(family: str, seed: int, variant: str, template: int = 0) -> Ta
 
 def heldout_suite(n_per_track: int, variants: Sequence[str], suite_seed: int,
                   tracks: Iterable[str] | None = None) -> list[TabularTask]:
-    """Per family (in `FAMILIES` order, or `tracks`), `n_per_track` tasks per variant; `suite_seed` selects a
+    """Per family (in `TASK_FAMILIES` order, or `tracks`), `n_per_track` tasks per variant; `suite_seed` selects a
     disjoint block of seeds (100,000 per suite seed)."""
-    families = tuple(tracks) if tracks is not None else FAMILIES
+    families = tuple(tracks) if tracks is not None else TASK_FAMILIES
     base = HELDOUT_SEED_BASE + 100_000 * suite_seed
     return [make_task(f, base + 1000 * fi + 100 * vi + k, v)
             for fi, f in enumerate(families) for vi, v in enumerate(variants) for k in range(n_per_track)]

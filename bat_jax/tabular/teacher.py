@@ -3,77 +3,88 @@
 Its code reads the task id and the question's parameters out of `task.md` when it runs, so every task — every
 family, variant and held-out table — gets the same five action texts (inspect, clean, analyse, report, submit): a
 small policy learns one workflow rather than copying literals from the prompt. Stdlib only (csv, json, re,
-statistics), so it runs the same in the Docker sandbox image (Debian's python3) and the local backend. Each step
-prints the next step's name first, and the next thought repeats it.
+statistics), so it runs the same in the Docker sandbox image (Debian's python3) and the local backend.
+
+The texts are laid out for a small policy that writes them token by token (as `tasks/portable_expert.py`): each
+action is its stage's own body first, as `run()`, then the text every action shares (`PREAMBLE`: reading task.md,
+the table reader and the record check) and the call. A policy decides the stage at the thought (read off the
+previous observation's first line: each step prints the next step's name first) and the body's first line, and no
+stretch of one stage's body appears in another's (`shared_span`), so it never has to carry that decision across
+shared text — a tiny model that does mixes the stages' code and runs nothing.
 """
 
 from __future__ import annotations
+
+import textwrap
 
 from bat_jax.sandbox.tools import Action
 from bat_jax.staged_benchmark.episode import Conversation
 from bat_jax.tabular.tasks import RESULT
 
 #: Version of the action texts (a Stage Bank recipe names it: rows of two versions are not trained on together).
-VERSION = "v1"
+#: v2: each stage's own body first, the shared text after it (v1 shared whole lines between stages mid-action).
+VERSION = "v2"
 
-_VALID = """def num(c):
+#: Ends every action after its body: the brief's task id T and parameters Q, the table reader and the record check.
+#: Reading task.md is every action's; only a body that calls `table` reads a table.
+PREAMBLE = """import csv, json, os, re, statistics as st
+B = open("task.md").read()
+T = re.search(r"Task id: (\\S+)", B).group(1)
+Q = json.loads(re.search(r"Parameters: (.+)", B).group(1))
+table = lambda p: list(csv.reader(open(p)))
+def num(c):
     try:
         return abs(float(c)) < float("inf")
     except ValueError:
         return False
-ok = lambda r: len(r) == len(H) and r[1].strip() != "" and all(num(c) for c in r[2:])
+ok = lambda h, r: len(r) == len(h) and r[1].strip() != "" and all(num(c) for c in r[2:])
+os.makedirs("work", exist_ok=True)
+run()
 """
 
 INSPECT = """# inspect: profile the raw table
 print("next: clean")
-import csv, json, os, re
-T = re.search(r"Task id: (\\S+)", open("task.md").read()).group(1)
-H, *D = list(csv.reader(open("data/raw.csv")))
-""" + _VALID + """ids = [r[0] for r in D]
+H, *D = table("data/raw.csv")
+ids = [r[0] for r in D]
 P = {"rows": len(D), "columns": H, "duplicate_ids": sum(ids[i] in ids[:i] for i in range(len(ids))),
-     "invalid_rows": sum(not ok(r) for r in D)}
-os.makedirs("work", exist_ok=True)
+     "invalid_rows": sum(not ok(H, r) for r in D)}
 json.dump(P, open("work/inspect.json", "w"))
 print(T, P)
 """
 
 CLEAN = """# clean: apply the cleaning rule
 print("next: analyse")
-import csv, json, os
-H, *D = list(csv.reader(open("data/raw.csv")))
-""" + _VALID + """seen, K, dup, bad = set(), [], 0, 0
-for r in D:
-    if r[0] in seen:
+head, *raw = table("data/raw.csv")
+seen, kept, dup, bad = set(), [], 0, 0
+for rec in raw:
+    if rec[0] in seen:
         dup += 1
         continue
-    seen.add(r[0])
-    if ok(r):
-        K.append(r)
+    seen.add(rec[0])
+    if ok(head, rec):
+        kept.append(rec)
     else:
         bad += 1
-os.makedirs("work", exist_ok=True)
 with open("work/clean.csv", "w", newline="") as f:
-    csv.writer(f).writerows([H] + K)
-json.dump({"kept": len(K), "dropped_duplicates": dup, "dropped_invalid": bad}, open("work/clean.json", "w"))
-print(len(K), "rows kept")
+    csv.writer(f).writerows([head] + kept)
+json.dump({"kept": len(kept), "dropped_duplicates": dup, "dropped_invalid": bad}, open("work/clean.json", "w"))
+print(len(kept), "rows kept")
 """
 
 ANALYSE = """# analyse: answer the question on the clean table
 print("next: report")
-import csv, json, re, statistics as st
-Q = json.loads(re.search(r"Parameters: (.+)", open("task.md").read()).group(1))
-H, *D = list(csv.reader(open("work/clean.csv")))
-col = lambda n: [float(r[H.index(n)]) for r in D]
+C, *K = table("work/clean.csv")
+col = lambda n: [float(x[C.index(n)]) for x in K]
 if Q["family"] == "group_mean":
     g = {}
-    for r in D:
-        g.setdefault(r[H.index(Q["group"])], []).append(float(r[H.index(Q["value"])]))
+    for x in K:
+        g.setdefault(x[C.index(Q["group"])], []).append(float(x[C.index(Q["value"])]))
     A = {k: st.fmean(v) for k, v in sorted(g.items())}
 elif Q["family"] == "filtered_median":
     v = col(Q["value"])
     m = st.median(v)
-    d = st.median([abs(x - m) for x in v])
-    A = st.median([x for x in v if abs(x - m) <= Q["mad_k"] * d] if d > 0 else v)
+    d = st.median([abs(y - m) for y in v])
+    A = st.median([y for y in v if abs(y - m) <= Q["mad_k"] * d] if d > 0 else v)
 else:
     c = {n: abs(st.correlation(col(n), col(Q["target"]))) for n in Q["candidates"]}
     A = sorted(c, key=lambda n: -c[n])[:Q["k"]]
@@ -83,21 +94,43 @@ print(A)
 
 REPORT = """# report: write the report
 print("next: submit")
-import json, re
-T = re.search(r"Task id: (\\S+)", open("task.md").read()).group(1)
-A = json.load(open("work/result.json"))["answer"]
+ans = json.load(open("work/result.json"))["answer"]
 n = json.load(open("work/clean.json"))["kept"]
-if isinstance(A, dict):
-    s = "\\n".join(f"- {k}: {v:.2f}" for k, v in A.items())
+if isinstance(ans, dict):
+    s = "\\n".join(f"- {k}: {v:.2f}" for k, v in ans.items())
 else:
-    s = ", ".join(A) if isinstance(A, list) else f"{A:.2f}"
+    s = ", ".join(ans) if isinstance(ans, list) else f"{ans:.2f}"
 open("work/report.md", "w").write(f"# Report {T}\\n{n} rows kept\\nAnswer:\\n{s}\\n")
 print(open("work/report.md").read())
 """
 
+#: Each stage's own body, in workflow order.
+BODIES = {"inspect": INSPECT, "clean": CLEAN, "analyse": ANALYSE, "report": REPORT}
 
-def _code(stage: str, code: str) -> Action:
-    return Action(f"Next: {stage}.", "execute_code", {"language": "python", "code": code}, stage)
+
+def action_code(body: str) -> str:
+    """An action's code: `body` as `run()`, then the shared `PREAMBLE` (which ends with the call)."""
+    return "def run():\n" + textwrap.indent(body, "    ") + "\n" + PREAMBLE
+
+
+def shared_span(a: str, b: str) -> str:
+    """The longest stretch of text (characters) that both `a` and `b` contain: what a policy writing one of them
+    would have to get past without mistaking it for the other."""
+    best = ""
+    previous = [0] * (len(b) + 1)
+    for i in range(1, len(a) + 1):
+        current = [0] * (len(b) + 1)
+        for j in range(1, len(b) + 1):
+            if a[i - 1] == b[j - 1]:
+                current[j] = previous[j - 1] + 1
+                if current[j] > len(best):
+                    best = a[i - current[j]:i]
+        previous = current
+    return best
+
+
+def _code(stage: str, body: str) -> Action:
+    return Action(f"Next: {stage}.", "execute_code", {"language": "python", "code": action_code(body)}, stage)
 
 
 #: The teacher's actions per stage, in order.
@@ -114,4 +147,3 @@ class ScriptedTeacher:
     def __call__(self, conversation: Conversation) -> Action | None:
         todo = [a for s in conversation.stages for a in self.script[s]]
         return todo[len(conversation.turns)] if len(conversation.turns) < len(todo) else None
-

@@ -3,7 +3,7 @@
 Disjoint from training tasks by construction:
   * seeds: held-out seeds are >= HELDOUT_SEED_BASE, training seeds must be below it;
   * templates: brief template HELDOUT_TEMPLATE and question/report phrasing 1 are used only here;
-  * identifiers: task and case ids start with HELDOUT_PREFIX ('hx'); training uses TRAIN_PREFIX ('tr'), or for
+  * identifiers: task and case ids start with HELDOUT_PREFIX ('hx'). Training uses TRAIN_PREFIX ('tr'), or for
     the varied templates a seed-drawn two-letter prefix that is never 'hx';
   * paths: HELDOUT_LAYOUT (study/, tools/method/, results/) differs from TRAIN_LAYOUT (data/, method/, outputs/)
     and from every seed-drawn training layout (`layout.varied_naming`: name pools without a held-out component).

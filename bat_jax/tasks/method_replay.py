@@ -3,8 +3,8 @@
 A call's kernel-observed reads and writes show which files it touched, not that it imported and called the
 method: `cat model.py case.npy > outputs/validation/x` touches the same files. What only a real run of the
 method gives is its output. The host holds the task's method (`model.py`, `config.json`) and the case inputs in
-the task's initial workspace (`TaskInstance.files`), so it runs the method itself on a case, the way the brief
-tells the agent to (`predict(load_input(file), row, load_config())`, then `save_prediction`), and an artefact
+the task's initial workspace (`TaskInstance.files`). So it runs the method itself on a case, the way the brief
+tells the agent to (`predict(load_input(file), row, load_config())`, then `save_prediction`). An artefact
 counts as the method's output only when it equals that replay: the same entry values and the same array content
 (within `ATOL`).
 
@@ -214,10 +214,10 @@ def entry_files(entry) -> list[str]:
 
 def information_bits(value) -> float:
     """A rough count of the bits an agent must get right to write `value` without running the method:
-    None / bool 1; a string 4 (an answer from a small vocabulary, or text written from a few decisions); an
-    integer log2(2 + |v|); a float on the `ROUND_STEP` grid log2(2 + |v| / ROUND_STEP); any other float
-    log2(1 / (2 · ATOL)) (pinned to ±`ATOL`); an array its value's bits when constant, else unbounded (inf);
-    a dict or list the sum over its values (keys are fixed by the output format)."""
+    None / bool 1. A string 4 (an answer from a small vocabulary, or text written from a few decisions). An
+    integer log2(2 + |v|). A float on the `ROUND_STEP` grid log2(2 + |v| / ROUND_STEP). Any other float
+    log2(1 / (2 · ATOL)) (pinned to ±`ATOL`). An array its value's bits when constant, else unbounded (inf).
+    A dict or list the sum over its values (keys are fixed by the output format)."""
     if value is None or isinstance(value, bool):
         return 1.0
     if isinstance(value, str):

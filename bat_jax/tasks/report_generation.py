@@ -1,5 +1,6 @@
-"""Report-generation track (track name "report", as in banks and digests): fictional chest radiograph PNGs; metric
-label F1 of the findings in the report."""
+"""Report-generation track (track name "report", as in banks and digests).
+
+Fictional chest radiograph PNGs; metric label F1 of the findings in the report."""
 
 from __future__ import annotations
 

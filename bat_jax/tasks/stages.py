@@ -1,7 +1,7 @@
 """The imaging suite's five stages: S1 Plan, S2 Setup, S3 Validate, S4 Inference, S5 Submit.
 
 Source: paper Section 3 ("Agentic scores completion of Plan, Setup, Validate, Inference, and Submit"); weights
-.25/.15/.35/.15/.10 from the paper's AutoMedBench-Lite protocol (REFERENCE.md).
+.25/.15/.35/.15/.10 from the paper's AutoMedBench-Lite protocol (App. A.6, Table 7).
 """
 
 from __future__ import annotations

@@ -7,15 +7,15 @@ enforce (`response_format` json_schema) when the client can send it.
 
 What the agent wrote cannot steer the verdict:
 - the host's words (the rubric item, the brief and evidence requirements of the host's `Task`, never a file of the
-  agent's workspace) and the agent's (files, receipts) reach the judge apart: the agent's text as one JSON string
-  (quotes, newlines and reasoning tags escaped) between markers derived from its own digest (`judge_messages`);
+  agent's workspace) and the agent's (files, receipts) reach the judge apart. The agent's text is one JSON string
+  (quotes, newlines and reasoning tags escaped) between markers derived from its own digest (`judge_messages`).
 - the verdict is read from the judge's reply only, by `parse_verdict`: reasoning removed only where the reply
-  itself opens it (at its start) or closes a block the prompt opened (its first closing tag); the answer is the
+  itself opens it (at its start) or closes a block the prompt opened (its first closing tag). The answer is the
   last top-level JSON object outside reasoning, each object decoded as a whole (a tag or an object quoted inside a
-  JSON string is never seen); top-level verdicts that disagree, a verdict key given twice or one outside valid
-  JSON (a judge that copied the agent's quotes unescaped into its own object) are no verdict;
+  JSON string is never seen). Top-level verdicts that disagree, a verdict key given twice or one outside valid
+  JSON (a judge that copied the agent's quotes unescaped into its own object) are no verdict.
 - a reply without a verdict is the judge's fault only when the judge also fails a host-written control question
-  (then `InfraError`: the stage is unscored, and the failure counts towards the judge's breaker); when the judge
+  (then `InfraError`: the stage is unscored, and the failure counts towards the judge's breaker). When the judge
   answers the control question, the evidence made it fail and the item fails (the agent's failure, no breaker).
 
 A run configures its judge with `JudgeConfig` (its chat endpoint, which items it decides); `RubricJudge` swaps
@@ -89,10 +89,10 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_pairs)
 
 
 def _top_level(reply: str):
-    """(kind, value, position) of the reply's top-level marks in order: ('json', obj) for each JSON value decoded
+    """(kind, value, position) of the reply's top-level marks in order. ('json', obj) for each JSON value decoded
     at a '{' outside any earlier decoded value (decoded as a whole: its strings are never scanned), ('open' /
-    'close', None) for a reasoning tag and ('stray', None) for a '"verdict":' key outside any decoded value (the
-    remains of an object that is not valid JSON: what it said cannot be read, and what decodes inside it may be
+    'close', None) for a reasoning tag. ('stray', None) for a '"verdict":' key outside any decoded value (the
+    remains of an object that is not valid JSON). What it said cannot be read, and what decodes inside it may be
     a quote)."""
     i = failed = 0
     while (m := _MARKS.search(reply, i)) is not None:
@@ -123,7 +123,7 @@ def _answer_objects(reply: str) -> tuple[list[dict], list[dict], bool]:
     the prompt opened, those outside reasoning, and whether a verdict key outside any valid object occurs in
     either part. Reasoning is what the reply itself marks: a block opened by its first non-blank text and closed
     by the next top-level closing tag (an unclosed block — a reply cut off while reasoning — runs to the end; its
-    objects are neither), or, without such an opening, everything before the first top-level closing tag (chat
+    objects are neither). Without such an opening it is everything before the first top-level closing tag (chat
     templates that open the block in the prompt). Any other tag is prose."""
     lead = len(reply) - len(reply.lstrip())
     drafts: list[dict] = []
@@ -151,13 +151,13 @@ def _answer_objects(reply: str) -> tuple[list[dict], list[dict], bool]:
 def parse_verdict(reply: str) -> tuple[bool, str]:
     """The judge's (verdict, reason) from its reply text.
 
-    The answer is the LAST top-level JSON object with a "verdict" key outside reasoning (`_answer_objects`):
-    objects are decoded as a whole with `json.JSONDecoder.raw_decode` (an object nested in one, or a tag or object
+    The answer is the LAST top-level JSON object with a "verdict" key outside reasoning (`_answer_objects`).
+    Objects are decoded as a whole with `json.JSONDecoder.raw_decode` (an object nested in one, or a tag or object
     quoted inside one of its strings, is never a candidate), so `{"verdict": "no", "reason": "plan says <think>
     {\\"verdict\\": \\"yes\\"}"}` is 'no'. Verdict values are compared after stripping whitespace and
-    lower-casing. Every top-level yes/no verdict outside a block the reply opened must agree — those of the answer
+    lower-casing. Every top-level yes/no verdict outside a block the reply opened must agree: those of the answer
     and those before a closing tag without an opening (text the agent wrote, copied unescaped into the judge's
-    prose, can hold both a closing tag and a verdict) — and none may sit in an object that is not valid JSON (a
+    prose, can hold both a closing tag and a verdict). None may sit in an object that is not valid JSON (a
     judge that wrote the agent's quotes unescaped into its own object: its verdict cannot be read, and an object
     decoded inside it may be the agent's). So quoted text can turn a reply into no verdict, never 'no' into 'yes'.
 
@@ -188,7 +188,7 @@ def _norm(value) -> str | None:
 
 def agent_block(text: str) -> str:
     """`text` (written by the agent) as the judge is shown it: one JSON string (quotes, backslashes, newlines and
-    control characters escaped; the '<' / '>' of reasoning tags as \\u003c / \\u003e) between markers that name
+    control characters escaped; the '<' / '>' of reasoning tags as \\u003c / \\u003e). Markers around it name
     the sha256 of that string, which the text cannot contain (it would have to contain its own digest)."""
     encoded = _AGENT_TAG.sub(lambda m: "\\u003c" + m.group(1) + "\\u003e", json.dumps(text, ensure_ascii=False))
     mark = hashlib.sha256(encoded.encode("utf-8")).hexdigest()[:16]
@@ -321,7 +321,7 @@ class JudgeConfig:
         task without a fault) is skipped for that task.
       trip_after: consecutive failed decisions (endpoint errors, or replies without a verdict to the item and to
         the host's control question: never a failure the agent's evidence caused) after which the judge counts
-        as down for `cooldown_s` seconds: judged items then fail fast (unscored, no request), so a dead endpoint
+        as down for `cooldown_s` seconds. Judged items then fail fast (unscored, no request), so a dead endpoint
         cannot stall the run on timeouts; 0 = never.
       structured: ask the endpoint to enforce `VERDICT_SCHEMA` (`response_format`); an endpoint that refuses it
         is asked in plain text from then on (a warning), and the reply is parsed the same way either way.

@@ -25,13 +25,7 @@ from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.sandbox.readers import DEFAULT_LIMITS, DecodeLimits, Workspace, json_or_none, text_or_none
 from bat_jax.sandbox.types import Receipt
 
-#: Version of the reward contract; bump when items, evidence or the formula change. v2: receipt evidence from
-#: kernel file traces; v3: "the method ran" = an entry equal to the host's replay of the method; v4: the E2E
-#: reward weights its stage part by the Agentic weights (released code); v5: every case a call wrote checked
-#: against its replay, guessable and earlier outputs are not a call's evidence, "every case predicted" and
-#: "fault handled" compare content with the replay; v6: S5's items compare every submitted entry with the replay,
-#: a case the task declares unrecoverable scores as failed whatever is submitted for it, and an LLM judge reads the
-#: host's brief and decides from its own words only.
+#: Version of the reward contract; bump when items, evidence or the formula change (README, "Reward versions").
 REWARD_VERSION = "bat_rubric/v6"
 
 

@@ -14,7 +14,7 @@ half), random advantages; `--micro` micro-batches per step. Settings (`learner.M
 Query blocks read only the keys they may see (`models/layers.attend_causal`), so smaller blocks do less work.
 Per setting: the first step (compiles) and the mean of `--steps` more, one logprob pass after a warm-up; then each
 warm time as a ratio of the baseline's. Values agree to float round-off across settings (tests/test_memory_parity.py
-checks the blockwise attention; tests/test_deltanet.py the chunk sizes); the bench prints the largest logprob
+checks the blockwise attention; tests/test_gated_deltanet.py the chunk sizes); the bench prints the largest logprob
 difference to the baseline.
 
   python -m launch.bench.bench_learner_step [--rows 8] [--seq 3072] [--micro 2] [--steps 2]

@@ -321,7 +321,7 @@ def bench_episodes(model, make_sandbox, tracks: list[str], episodes: int, turns:
     max_actions = max(len(actions) for _, actions in tasks)
     config = AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=max_actions + 1,
                              max_response_tokens=10 ** 6, progress=False)
-    rows["expert"] = measure(ExpertReplay(policy.tokenizer, policy.family, tasks), config, seed=0)
+    rows["expert"] = measure(ExpertReplay(policy.tokenizer, policy.chat_family, tasks), config, seed=0)
     return rows
 
 

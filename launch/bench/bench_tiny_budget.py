@@ -65,7 +65,7 @@ def prompt_tokens(policy, style: str) -> dict[str, float]:
     from bat_jax.tasks.heldout import heldout_suite
 
     def n(messages, tools):
-        return len(EpisodeBuilder(policy.tokenizer, policy.family).start(messages, tools))
+        return len(EpisodeBuilder(policy.tokenizer, policy.chat_family).start(messages, tools))
 
     benchmark = imaging()
     prompt = PromptFormat.of(benchmark, style)

@@ -141,8 +141,8 @@ def bench_replicas(model, backend: str, tracks: list[str], episodes: int, turns:
         capacity = nine_b_capacity()
         one = dataclasses.replace(latency, inflight=True, max_batch=capacity)
         for count in (1, replicas):
-            engine = RoutedEngines([SimulatedLatencyEngine(ExpertReplay(policy.tokenizer, policy.family, tasks), one)
-                                    for _ in range(count)])
+            engine = RoutedEngines([SimulatedLatencyEngine(ExpertReplay(policy.tokenizer, policy.chat_family, tasks),
+                                                           one) for _ in range(count)])
             rows["simulated", count] = _measure(policy, engine, sandboxes, config, requests, seed=0)
             print(f"  simulated x {count}: {rows['simulated', count][0]:7.1f} episodes/min (each replica holds "
                   f"{capacity} rollouts)", flush=True)

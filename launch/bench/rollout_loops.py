@@ -110,7 +110,7 @@ def bench_loops(model, backend: str, tracks: list[str], episodes: int, turns: in
             config = dataclasses.replace(base, max_assistant_turns=max(len(a) for _, a in tasks) + 1,
                                          max_response_tokens=10 ** 6)
             for loop in order:
-                engine = SimulatedLatencyEngine(ExpertReplay(policy.tokenizer, policy.family, tasks),
+                engine = SimulatedLatencyEngine(ExpertReplay(policy.tokenizer, policy.chat_family, tasks),
                                                 dataclasses.replace(latency, inflight=loop.inflight))
                 rows["simulated", loop.name] = measure(loop, engine, agent_config(loop, config, n), requests, seed=0,
                                                        calls=lambda: engine.calls)

@@ -7,7 +7,7 @@ import pytest
 from bat_jax.rollout import mesh_sampler as ms
 from bat_jax.rollout.jax_sampler import JaxSampler
 
-from test_jax_sampler import tiny_model
+from doubles import tiny_model
 
 MiB = 1 << 20
 

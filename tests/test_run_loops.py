@@ -1,8 +1,9 @@
-"""Warm sandboxes by default for GRPO rollouts and held-out evaluation (issue 17), against the real engine:
-an agent-loop rollout served by the warm pool after a dirty episode in the same container sees exactly what a
-fresh container shows (files, environment, processes, /tmp, /dev/shm, IPC: the executor's fingerprint and the
-agent's own view); the experiment's loops take their sandboxes from one pool by default, sized to the
-rollout concurrency, and `experiment.run` removes its containers when it raises."""
+"""Warm sandboxes by default for GRPO rollouts and held-out evaluation (bat_jax/bicurl/run_loops.py).
+
+Against the real engine: an agent-loop rollout served by the warm pool after a dirty episode in the same container
+sees exactly what a fresh container shows (files, environment, processes, /tmp, /dev/shm, IPC: the executor's
+fingerprint and the agent's own view); the experiment's loops take their sandboxes from one pool by default, sized
+to the rollout concurrency, and `experiment.run` removes its containers when it raises."""
 
 import dataclasses
 import json
@@ -19,7 +20,7 @@ from bat_jax.sandbox.types import SandboxState
 from bat_jax.sandbox.backends import open_backend
 
 import micro_config
-from test_agent_loop import EOT, StubBuilder, WordTokenizer
+from doubles import EOT, StubBuilder, WordTokenizer
 
 pytestmark = pytest.mark.docker
 

@@ -1,50 +1,20 @@
-"""Rollout rewards share rebuilt tasks (issue 17): `TaskCache` rebuilds each distinct provenance once, and
+"""Rollout rewards (bicurl/reward.py) share rebuilt tasks: `TaskCache` rebuilds each distinct provenance once, and
 `score_rollouts` (concurrent, cached) returns exactly the rewards of scoring one by one without a cache."""
 
 import dataclasses
-import json
 import threading
 
 import numpy as np
 import pytest
 
-from bat_jax.rollout.trajectory import Trajectory
-from bat_jax.sandbox.types import Receipt
-from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
 from bat_jax.tasks import heldout
 from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
 from bat_jax.bicurl import reward as row_reward
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache, rollout_reward, score_rollouts, task_key
+from doubles import reward_row, reward_trajectory
 
 IMAGING = ImagingBenchmark()
-
-
-def _row(seed, focus, variant="success", track="vqa"):
-    syn = Transformation("task_synthesis", "ab" * 32, {"seed": seed, "variant": variant, "template": 0})
-    state = heldout.training_task(get_track(track), seed, variant, 0).state()
-    return RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), focus, "do the stage",
-                 (RubricSpec("x", "y"),), (), "skill", Provenance(f"src-{seed}", "cd" * 32, track, variant, (syn,)))
-
-
-def _trajectory(task, focus, k):
-    """Rollout k: reads the brief (and the manifest when k is odd); writes a plan naming the method when k % 3;
-    rollout 2 submits the answer key's first case (E2E task metric above 0)."""
-    L = task.layout
-    receipts = [Receipt(0, "execute_code", "bash", "cat task.md", 0, "", "", 0.0, 1.0, False, task.brief,
-                        reads=("task.md",), trace_complete=True)]
-    if k % 2:
-        receipts.append(Receipt(1, "execute_code", "bash", f"cat {L.cases_csv}", 0, "", "", 0.0, 1.0, False,
-                                task.case_ids[0], reads=(L.cases_csv,), trace_complete=True))
-    artefacts = {L.plan_path: f"Run {L.method_dir}/model.py over {len(task.cases)} cases.".encode()} if k % 3 else {}
-    submitted = None
-    if k == 2:
-        case = task.cases[0]
-        artefacts[L.submission] = json.dumps({"predictions": {case.case_id: {"answer": case.target}}}).encode()
-        submitted = L.submission
-    ids = np.zeros(4, np.int32)
-    return Trajectory("st-x", k, focus, ids, ids, np.zeros(4, np.float32), 2, "max_turns", False, 1, 2, 0,
-                      receipts=tuple(receipts), artefacts=artefacts, submitted=submitted)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +25,8 @@ def batch():
         task = heldout.training_task(get_track("vqa"), seed, "success", 0)
         for focus in ("S1", "E2E", "S2"):
             for k in range(4):
-                rows.append(_row(seed, focus))
-                trajectories.append(_trajectory(task, focus, k))
+                rows.append(reward_row(seed, focus))
+                trajectories.append(reward_trajectory(task, focus, k))
                 starts.append(task.state())
     return rows, trajectories, starts
 
@@ -108,7 +78,7 @@ def test_the_task_is_built_once_per_distinct_provenance(batch, monkeypatch):
         return real(row, benchmark)
 
     monkeypatch.setattr(row_reward, "row_task", counting)
-    other = _row(3, "S1", variant="recovery")  # same seed, other variant: another task
+    other = reward_row(3, "S1", variant="recovery")  # same seed, other variant: another task
     score_rollouts(rows + [other], trajectories + [trajectories[0]], starts + [starts[0]], IMAGING,
                    config=RewardConfig(max_workers=8))
     assert sorted(calls) == sorted({task_key(rows[0]), task_key(rows[12]), task_key(other)})

@@ -1,4 +1,5 @@
-"""Held-out evaluator: only aggregates leave; disjoint controller/final runs; external adapter."""
+"""The held-out evaluator (bicurl/evaluation.py): only aggregates leave; disjoint controller / final runs; cell runners
+count scored agent failures apart from unscored cells; the external adapter."""
 
 import dataclasses
 import sys
@@ -11,6 +12,7 @@ from bat_jax.sandbox.backends import local_sandbox
 from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.stages import STAGES
 from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert
+from doubles import failed_trajectory
 
 IMAGING = ImagingBenchmark()
 
@@ -105,3 +107,54 @@ def test_final_repeats_apply_to_the_final_evaluation_only():
     assert evaluator.EvalConfig(repeats=3).purpose_repeats == 3  # final_repeats None: repeats for both
     with pytest.raises(ValueError, match="final_repeats"):
         evaluator.EvalConfig(final_repeats=0)
+
+
+class _Loop:
+    """An AgentLoop stand-in: returns one prepared trajectory per request, in request order."""
+
+    def __init__(self, errors):
+        self.errors = errors
+
+    def run(self, requests, seed=0):
+        return [failed_trajectory(req.state_id, *self.errors[i]) for i, req in enumerate(requests)]
+
+
+def test_engine_cells_count_scored_agent_failed_cells():
+    from bat_jax.bicurl.evaluation import EngineCells
+
+    jobs = evaluator.suite_jobs(evaluator.EvalConfig(repeats=4, tracks=("vqa",)), IMAGING)
+    errors = [("", ""), ("sandbox died after agent code", ""), ("", "engine down"),
+              ("sandbox died after agent code", "engine down")]
+    runner = EngineCells(_Loop(errors), IMAGING)
+    cells = runner(jobs)
+    assert [c.scored(STAGES) for c in cells] == [True, True, False, False]
+    assert runner.agent_failed == 1  # the agent-failed cell is scored; the one also hit by infra is unscored
+    config = evaluator.EvalConfig(repeats=4, tracks=("vqa",))
+    summary = evaluator.evaluate(EngineCells(_Loop(errors), IMAGING), config, IMAGING)
+    assert (summary.n_cells, summary.n_unscored) == (4, 2)
+    assert runner(jobs[:1]) and runner.agent_failed == 0  # reset by each call
+
+
+def test_policy_cells_count_scored_agent_failed_cells(monkeypatch):
+    from types import SimpleNamespace
+
+    from bat_jax.verify.rubric import Evidence
+
+    outcomes = iter([("", 0.5), ("sandbox died after agent code", 0.0), ("sandbox died after agent code", None)])
+
+    def fake_play(benchmark, task, policy, make_sandbox=None, max_turns=24):
+        assert benchmark is IMAGING and task.track == "vqa"
+        agent_error, value = next(outcomes)
+
+        def cell(track, repeat, stages):
+            return Cell(track, repeat, {s: value for s in stages.ids}, task=value)
+
+        return SimpleNamespace(evidence=Evidence((), {}, None, agent_error=agent_error),
+                               score=SimpleNamespace(to_cell=cell))
+
+    monkeypatch.setattr(evaluator, "play", fake_play)
+    runner = evaluator.PolicyCells(IMAGING, lambda seed: None, None, max_workers=1, progress=False)
+    cells = runner(evaluator.suite_jobs(evaluator.EvalConfig(repeats=3, tracks=("vqa",)), IMAGING))
+    assert [c.scored(STAGES) for c in cells] == [True, True, False] and runner.agent_failed == 1
+
+

@@ -1,0 +1,248 @@
+"""One round's GRPO block with bounded staleness: rollouts of later steps run while the learner trains.
+
+`run_grpo_block` is what a round calls: with `GRPOBlockConfig.staleness.max_staleness == 0` it is
+`grpo_round.grpo_block`, the synchronous block, unchanged; with s > 0 it is `async_grpo_block`:
+
+* every slot of every pool batch (row i of batch j) is one unit of work: its K episodes, scored as they end. Work
+  of batch j is handed to a pool of `StalenessConfig.concurrent_groups` threads once the learner has synced the
+  weights of step j − s (admission, AReaL's `max_head_offpolicyness`), so while step j trains, the groups of
+  steps j+1 … j+s roll out on the engine (their long tails keep running into the next steps);
+* step j starts as soon as *its own* slots are settled, not when every episode drawn has ended. A finished group is
+  judged at the learner's current version (`learn/staleness.judge_group`): trained; evicted (an infrastructure-failed
+  rollout), dropped as too stale, or aborted (a sync crossed under `on_sync='abort'`) — each of those refilled one
+  for one (a spare row of the same pool; an aborted group re-queues its own row) within `max_refills`;
+  with dynamic sampling a group without reward variance is dropped and replaced from the same pool's spares as in
+  the synchronous block (`max_extra_rows` per batch);
+* weight syncs go through `rollout/weight_gate.WeightGate`: a sync waits for the engine calls in flight (one turn
+  each), so every turn is sampled on one version and recorded with it (`Trajectory.turn_versions`);
+* the ratio's behaviour logprobs are the learner's under its current parameters (`GRPOConfig.old_logprobs =
+  'recompute'`: AReaL's proximal policy) and rollout correction (`tis_cap` / `seq_ratio_range`) weighs each token
+  by π_learner / π_engine with the engine's logprobs as each turn was sampled — that weight carries the
+  staleness, so bind a `tis_cap` with s > 0 (AReaL's decoupled loss, verl's fully-async recipe do the same).
+
+The round's counts of dropped-stale, evicted, aborted and refilled groups and the mean / max staleness trained on go
+to `ledger.GRPOStats`. Everything else (signal diagnostics, mismatch, the after-block probe) is as in the
+synchronous block.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bat_jax.benchmark.items import ItemRates
+from bat_jax.bicurl import grpo_round as gr
+from bat_jax.bicurl.reward import TaskCache
+from bat_jax.learn import grpo, rollout_correction
+from bat_jax.learn.dynamic_sampling import SpareRows
+from bat_jax.learn.learner import Learner
+from bat_jax.learn.staleness import StaleCounts, judge_group
+from bat_jax.ledger import GRPOStats
+from bat_jax.rollout.agent_loop import AgentLoop
+from bat_jax.rollout.weight_gate import WeightGate
+from bat_jax.stage_bank import pools
+from bat_jax.stage_bank.bank import StageBank
+from bat_jax.staged_benchmark.contract import StagedBenchmark
+from bat_jax.verify.judge import RubricJudge
+
+
+def run_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
+                   c: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
+                   judge: RubricJudge | None = None) -> GRPOStats:
+    """The round's GRPO block: `grpo_round.grpo_block` when `c.staleness.max_staleness == 0`, else
+    `async_grpo_block` (module docstring)."""
+    if c.staleness.max_staleness == 0:
+        return gr.grpo_block(learner, loop, bank, round_view, c, benchmark, seed, judge)
+    return async_grpo_block(learner, loop, bank, round_view, c, benchmark, seed, judge)
+
+
+@dataclasses.dataclass
+class _Slot:
+    """Row `index` of pool batch `batch`: the item rolled out now, how many times it was (the wave of its seed),
+    its extra rows spent (dynamic sampling) and, once settled, the group trained (None: left empty)."""
+
+    batch: int
+    index: int
+    item: Any
+    wave: int = 0
+    future: concurrent.futures.Future | None = None
+    group: tuple | None = None
+    settled: bool = False
+
+
+def _roll_group(loop: AgentLoop, bank: StageBank, item: pools.RoundItem, index: int, c: gr.GRPOBlockConfig,
+                seed: int, judge: RubricJudge | None, tasks: TaskCache) -> tuple[list, list]:
+    """(trajectories, `RolloutReward`s) of the K episodes of one row, sampled with `seed` as row `index` of its
+    batch (the same draws as `grpo_round.rollouts` over the batch; a loop without `run_episodes`, e.g. Ray
+    rollouts, samples it as row 0 of its own call)."""
+    start = bank.load_state(item.row.state)
+    request = gr.rl_request(item.row, start, item.round_state_id, c.prompt)
+    k_rollouts = c.grpo.group_size
+    with gr.RolloutScorer([item.row] * k_rollouts, [start] * k_rollouts, tasks.benchmark, judge, c.reward,
+                          tasks) as scorer:
+        if hasattr(loop, "run_episodes"):
+            trajs = loop.run_episodes([(request, index, k) for k in range(k_rollouts)], seed=seed,
+                                      on_trajectory=scorer.submit)
+        else:
+            trajs = loop.run([request], seed=seed, on_trajectory=scorer.submit)
+        return trajs, scorer.results()
+
+
+def gated(loop: AgentLoop) -> AgentLoop:
+    """`loop` with its engine behind a `WeightGate` (a shallow copy; the engine itself is shared)."""
+    if isinstance(loop.engine, WeightGate):
+        return loop
+    out = copy.copy(loop)
+    out.engine = WeightGate(loop.engine)
+    return out
+
+
+def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
+                     c: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
+                     judge: RubricJudge | None = None) -> GRPOStats:
+    """Runs one round's GRPO block with bounded staleness (module docstring) and returns what it did.
+
+    Raises: whatever a rollout, scorer or learner step raises (the rollouts in flight are waited for first).
+    """
+    cfg, rules = c.objective, c.staleness
+    s = rules.max_staleness
+    batches = [list(b) for b in round_view.batches]
+    step_fn, state = learner.grpo_block(cfg, c.optimizer, total_steps=len(batches) * cfg.epochs,
+                                        num_micro_batches=c.micro_batches)
+    ref_params = learner.params
+    tasks = TaskCache(benchmark, c.reward.task_cache_size)
+    loop = gated(loop)
+    spares = SpareRows(round_view.spares)
+    counts = StaleCounts()
+    seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": "", "items": []}
+    varied = grouped = drawn = dropped = trained = 0
+    extra = collections.Counter()  # batch → replacement rows for lack of signal (dynamic sampling)
+    before, first, mismatch, trained_pools = [], None, [], collections.Counter()
+    slots = [[_Slot(b, i, item) for i, item in enumerate(batch)] for b, batch in enumerate(batches)]
+    workers = rules.concurrent_groups or max(1, max((len(b) for b in batches), default=1) * (1 + s))
+    admitted = 0  # batches whose work has been handed to the pool
+
+    def submit(slot: _Slot) -> None:
+        slot.future = pool.submit(_roll_group, loop, bank, slot.item, slot.index, c,
+                                  gr.wave_seed(seed, slot.batch, slot.wave), judge, tasks)
+
+    def refill(slot: _Slot, same_row: bool) -> bool:
+        """Re-queues the slot (its own row, or a spare of its pool); False when no refill is left."""
+        if counts.refilled >= rules.max_refills:
+            return False
+        item = slot.item if same_row else spares.take(slot.item.pool)
+        if item is None:
+            return False
+        counts.refilled += 1
+        slot.item, slot.wave = item, slot.wave + 1
+        submit(slot)
+        return True
+
+    def settle(slot: _Slot, current: int) -> None:
+        """Judges a finished group at version `current`: trained, or dropped and refilled (main thread)."""
+        nonlocal drawn, dropped
+        trajs, scored = slot.future.result()
+        slot.future = None
+        drawn += 1
+        rewards = [r.reward for r in scored]
+        n_unscored, n_agent_failed = gr.rollout_counts(trajs, rewards)
+        seen["unscored"] += n_unscored
+        seen["agent_failed"] += n_agent_failed
+        seen["rollouts"] += len(rewards)
+        seen["rewards"] += [r for r in rewards if r is not None]
+        seen["version"] = scored[0].version if scored else seen["version"]
+        seen["items"] += [(slot.item.row.provenance.track, r.items) for r in scored
+                          if r.reward is not None and r.items]
+        if slot.batch == 0 and slot.wave == 0:  # the pool reward before: the first batch's own rows
+            before.extend(r for r in rewards if r is not None)
+        verdict = judge_group([getattr(t, "turn_versions", ()) for t in trajs],
+                              [getattr(t, "weight_version", 0) for t in trajs],
+                              [bool(getattr(t, "infra_error", "")) for t in trajs], current, rules)
+        if verdict.action != "train":
+            counts.count(verdict)
+            if not refill(slot, same_row=verdict.action == "aborted"):
+                slot.settled = True
+            return
+        ds = c.dynamic_sampling
+        if ds.enabled and not ds.keeps(rewards):
+            dropped += 1
+            if extra[slot.batch] < ds.max_extra_rows and spares.available(slot.item.pool):
+                extra[slot.batch] += 1
+                slot.item, slot.wave = spares.take(slot.item.pool), slot.wave + 1
+                submit(slot)
+            else:
+                slot.settled = True
+            return
+        counts.count(verdict)
+        slot.group, slot.settled = (trajs, scored), True
+
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="grpo-group") as pool:
+        try:
+            for b in range(len(batches)):
+                learner.params = state.params
+                current = loop.engine.update_weights(learner.sync_model(state.params))
+                while admitted < len(batches) and admitted <= b + s:  # admission: batches up to b + s
+                    for slot in slots[admitted]:
+                        submit(slot)
+                    admitted += 1
+                while unsettled := [slot for slot in slots[b] if not slot.settled]:
+                    concurrent.futures.wait([slot.future for slot in unsettled],
+                                            return_when=concurrent.futures.FIRST_COMPLETED)
+                    for slot in unsettled:
+                        if slot.future is not None and slot.future.done():
+                            settle(slot, current)
+                groups = [slot for slot in slots[b] if slot.group is not None]
+                trained += len(groups)
+                trained_pools.update(slot.item.pool for slot in groups)
+                trajectories = [t for slot in groups for t in slot.group[0]]
+                rewards = [r.reward for slot in groups for r in slot.group[1]]
+                k, n = gr.group_variance(rewards, [t.state_id for t in trajectories])
+                varied, grouped = varied + k, grouped + n
+                if not trajectories:
+                    continue
+                host = gr._batch(learner, trajectories, c)
+                host["ref_logprobs"] = learner.logprobs(ref_params, host, cfg)
+                ids = [t.state_id for t in trajectories]
+                ids += [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
+                host = grpo.with_advantages(host, rewards + [None] * (len(ids) - len(rewards)), ids, cfg)
+                mismatch += gr.behaviour_logprobs(learner, host, cfg, state.params, at_round_start=first is None)
+                first = host if first is None else first
+                for _ in range(cfg.epochs):
+                    state, _ = step_fn(state, host)
+        finally:  # an error: let the groups in flight end before their sandboxes and scorers go
+            for row in slots:
+                for slot in row:
+                    if slot.future is not None:
+                        slot.future.cancel()
+    learner.adopt(state)
+    if first is not None:
+        shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, cfg),
+                                  first["loss_mask"], first["advantages"])
+    else:
+        shift = dict.fromkeys(gr.SHIFT_KEYS, float("nan"))
+    loop.engine.update_weights(learner.sync_model(learner.params))
+    _, probe = gr.rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge, tasks)
+    after = [r.reward for r in probe if r.reward is not None]
+    return GRPOStats(
+        rollouts=seen["rollouts"], unscored=seen["unscored"], agent_failed=seen["agent_failed"],
+        reward_mean=_mean(seen["rewards"]), reward_version=seen["version"] or "none",
+        pool_reward_before=_mean(before), pool_reward_after=_mean(after),
+        groups_with_variance=varied, groups_scored=grouped, groups_drawn=drawn, groups_dropped=dropped,
+        groups_trained=trained, trained_pool_counts=dict(trained_pools),
+        update_logp_shift_pos=gr._none_if_nan(shift["logp_shift_pos"]),
+        update_logp_shift_neg=gr._none_if_nan(shift["logp_shift_neg"]),
+        update_token_kl=gr._none_if_nan(shift["token_kl"]),
+        rollout_mismatch=rollout_correction.merge_metrics(mismatch) or None,
+        judge={k: float(v) for k, v in judge.stats().items()} if judge is not None else None,
+        items=ItemRates.tally(seen["items"]).to_dict() or None, **counts.summary())
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    """Mean of `values`; None when there are none."""
+    return float(np.mean(values)) if len(values) else None

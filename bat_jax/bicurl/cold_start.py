@@ -1,0 +1,93 @@
+"""The SFT cold start (paper Appendix A.4) and the round-0 evaluation a resumed run reads back.
+
+`sft_cold_start` trains the learner once on the bank's SFT rows, before the first round; `save_round0` writes the
+SFT policy's controller evaluation (round 0 of the ledger's story) beside its rubric item counts, and
+`load_round0` / `round0_items` read them back when a killed run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from bat_jax.atomic_io import atomic_write
+from bat_jax.benchmark.scoring import Summary
+from bat_jax.bicurl.sft_data import render_sft_row, sft_batch, trajectory_examples
+from bat_jax.curriculum.controller import Evaluation
+from bat_jax.learn.learner import Learner
+from bat_jax.learn.sft import SFTConfig
+from bat_jax.policy import Policy
+from bat_jax.prompts import PromptFormat
+from bat_jax.stage_bank.row import SFTRow
+
+#: The round-0 evaluation's file in the run directory.
+ROUND0_FILE = "round0_eval.json"
+#: What each sequence of the cold start holds (`BiCuRLConfig.sft_targets`).
+SFT_TARGETS = ("row", "trajectory")
+
+
+def sft_examples(rows: Sequence[SFTRow], policy: Policy, prompt: PromptFormat, config: SFTConfig, targets: str,
+                 max_observation_chars: int) -> list[dict[str, np.ndarray]]:
+    """The cold start's tokenised sequences: one per row ('row', paper Eq. 9) or per teacher trajectory
+    ('trajectory'); rows or trajectories longer than `config.max_seq_len` are left out.
+
+    Raises:
+      ValueError: no row fits `config.max_seq_len`.
+    """
+    if targets == "trajectory":
+        examples = trajectory_examples(rows, policy, prompt, config.max_seq_len, max_observation_chars)
+    else:
+        examples = [e for e in (render_sft_row(row, policy, prompt, config.max_seq_len, max_observation_chars)
+                                for row in rows) if e is not None]
+    if not examples:
+        raise ValueError(f"no SFT row fits SFTConfig.max_seq_len={config.max_seq_len}")
+    return examples
+
+
+def sft_cold_start(learner: Learner, policy: Policy, prompt: PromptFormat, rows: Sequence[SFTRow],
+                   config: SFTConfig, targets: str, seed: int, max_observation_chars: int) -> None:
+    """SFT on the bank's SFT rows: loss on each target action (+ end of turn), paper Appendix A.4.
+
+    Observations in the context are cut to `max_observation_chars`, as rollouts cut them. Each batch is padded
+    to the length bucket of its rows (`sft_data.sft_batch`), not to `max_seq_len`; `seed` draws the batches.
+    The learner adopts the final parameters.
+
+    Raises:
+      ValueError: no row fits `config.max_seq_len`.
+    """
+    rows = list(rows)
+    examples = sft_examples(rows, policy, prompt, config, targets, max_observation_chars)
+    actions = sum(int(np.sum(np.diff(e["loss_mask"], prepend=0) == 1)) for e in examples)
+    print(f"[bat_jax] SFT cold start: {len(examples)} sequences holding {actions} of the {len(rows)} rows' target "
+          f"actions within {config.max_seq_len} tokens; {config.total_steps} steps × {config.global_batch_size}",
+          flush=True)
+    step_fn, state = learner.sft_block(config, config.total_steps)
+    rng = np.random.default_rng(seed)
+    bar = tqdm(range(config.total_steps), desc="SFT", unit="step")
+    for i in bar:
+        state, metrics = step_fn(state, sft_batch(examples, config.global_batch_size, rng, config.max_seq_len))
+        if i % 10 == 9:
+            bar.set_postfix(nll=f"{float(metrics['nll']):.3f}")  # token-mean NLL of this batch's target actions
+    learner.adopt(state)
+
+
+def save_round0(run_dir: pathlib.Path, summary: Summary) -> Evaluation:
+    """Writes the SFT policy's controller evaluation (round 0) and its rubric item counts; returns the
+    evaluation as `load_round0` reads it back."""
+    atomic_write(pathlib.Path(run_dir) / ROUND0_FILE, json.dumps({**Evaluation.from_summary(summary).to_dict(),
+                                                                  "items": summary.items.to_dict()}).encode())
+    return load_round0(run_dir)
+
+
+def load_round0(run_dir: pathlib.Path) -> Evaluation:
+    """The round-0 evaluation `save_round0` wrote in `run_dir`."""
+    return Evaluation.from_dict(json.loads((pathlib.Path(run_dir) / ROUND0_FILE).read_text()))
+
+
+def round0_items(run_dir: pathlib.Path) -> Mapping | None:
+    """Round 0's rubric item counts (`ItemRates.to_dict()`), None when the run did not record them."""
+    return json.loads((pathlib.Path(run_dir) / ROUND0_FILE).read_text()).get("items")

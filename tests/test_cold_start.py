@@ -1,0 +1,64 @@
+"""The SFT cold start's sequences and the round-0 evaluation file (bicurl/cold_start.py)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bat_jax.benchmark.scoring import Cell, aggregate
+from bat_jax.bicurl.cold_start import ROUND0_FILE, load_round0, round0_items, save_round0, sft_examples
+from bat_jax.learn.sft import SFTConfig
+from bat_jax.policy import PolicyConfig, build_policy
+from bat_jax.prompts import PromptFormat
+from bat_jax.sandbox.tools import Action
+from bat_jax.stage_bank.row import Message, Provenance, SFTRow
+from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.tasks.stages import STAGES
+
+MICRO = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+         "linear_num_key_heads": 1, "linear_num_value_heads": 2}
+
+
+def _cell(track: str, value: float | None) -> Cell:
+    return Cell(track, 0, {s: value for s in STAGES.ids}, value)
+
+
+def test_round0_is_written_once_and_read_back_with_its_items(tmp_path):
+    """Tracks a (all 0.2) and b (all 0.4): Overall per track (Task + Agentic) / 2 = 0.2 and 0.4, mean 0.3."""
+    evaluation = save_round0(tmp_path, aggregate([_cell("a", 0.2), _cell("b", 0.4)], STAGES))
+    assert evaluation.overall == pytest.approx(0.3)
+    assert evaluation.track_scores == pytest.approx({"a": 0.2, "b": 0.4})
+    assert load_round0(tmp_path) == evaluation
+    assert round0_items(tmp_path) == {}  # no cell recorded item decisions
+    record = json.loads((tmp_path / ROUND0_FILE).read_text())
+    (tmp_path / ROUND0_FILE).write_text(json.dumps({k: v for k, v in record.items() if k != "items"}))
+    assert round0_items(tmp_path) is None  # a run that did not record them
+
+
+def test_an_unscored_round0_stays_unscored(tmp_path):
+    evaluation = save_round0(tmp_path, aggregate([_cell("a", None)], STAGES))
+    assert evaluation.overall is None and load_round0(tmp_path).overall is None
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return build_policy(PolicyConfig(tiny=MICRO))
+
+
+def _row() -> SFTRow:
+    first = Action("Read the brief first.", "execute_code", {"language": "bash", "code": "cat task.md"})
+    target = Action("Inventory the manifest.", "execute_code", {"language": "bash", "code": "head -n 3 cases.csv"})
+    return SFTRow(context=(Message("system", "teacher system prompt"), Message("user", "# Task tr-1\nbrief text"),
+                           Message("assistant", action=first), Message("tool", "case_id,file\n")),
+                  target=target, focus="S1", provenance=Provenance("src-1", "0" * 64, "classification", "success"))
+
+
+def test_row_targets_give_one_sequence_per_row_with_one_target_and_none_fit_fails(policy):
+    prompt = PromptFormat.of(ImagingBenchmark(), policy.prompt_style)
+    examples = sft_examples([_row(), _row()], policy, prompt, SFTConfig(max_seq_len=4096), "row", 512)
+    assert len(examples) == 2
+    for e in examples:  # the loss mask turns on once: the one target action (+ end of turn)
+        assert int(np.sum(np.diff(e["loss_mask"], prepend=0) == 1)) == 1
+    with pytest.raises(ValueError, match=r"no SFT row fits SFTConfig.max_seq_len=8"):
+        sft_examples([_row()], policy, prompt, SFTConfig(max_seq_len=8), "row", 512)
