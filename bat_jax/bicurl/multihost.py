@@ -281,7 +281,7 @@ def local_engine(engine: Any) -> Any:
     return engine if jax.process_count() == 1 else HostWeights(engine)
 
 
-def check_config(*, ray: bool, sampler_mesh: bool, engine_kind: str) -> None:
+def check_config(*, ray: bool, sampler_mesh: bool, engine_kind: str, max_staleness: int = 0) -> None:
     """Refuses, with several processes, what this module does not split over hosts: Ray rollout workers, the
     sampler on the global mesh (`EngineConfig.sampler_mesh`: each host's sampler must use its own devices) and
     vLLM (not run multi-host yet).
@@ -296,6 +296,9 @@ def check_config(*, ray: bool, sampler_mesh: bool, engine_kind: str) -> None:
         problems.append("experiment.Components.ray (Ray rollout workers): unset it; each host rolls out its share")
     if sampler_mesh:
         problems.append("engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices")
+    if max_staleness:
+        problems.append(f"experiment.Components.staleness.max_staleness = {max_staleness}: bounded-staleness GRPO "
+                        "(bicurl/async_block.py) is not split over hosts yet; bind 0")
     if engine_kind != "jax":
         problems.append(f"engines.EngineConfig.kind = {engine_kind!r}: only 'jax' is run across hosts so far")
     if problems:
