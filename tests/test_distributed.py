@@ -46,6 +46,15 @@ def test_config_from_env():
     assert distributed.initialize(DistributedConfig()) is False  # one process: nothing to start
 
 
+def test_heartbeat_timeout_from_env():
+    """How long a run outlives a dead process: JAX's heartbeat timeout, 100 s unless BAT_JAX_HEARTBEAT_TIMEOUT_S."""
+    base = {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+    assert DistributedConfig.from_env(base).heartbeat_timeout_s == 100
+    assert DistributedConfig.from_env(dict(base, BAT_JAX_HEARTBEAT_TIMEOUT_S="15")).heartbeat_timeout_s == 15
+    with pytest.raises(ValueError, match="BAT_JAX_HEARTBEAT_TIMEOUT_S='soon'"):
+        DistributedConfig.from_env(dict(base, BAT_JAX_HEARTBEAT_TIMEOUT_S="soon"))
+
+
 def test_initialize_from_the_environment_is_a_noop_for_one_process():
     """What `python -m bat_jax.launch` runs first: nothing without a coordinator or with one process."""
     assert distributed.initialize(DistributedConfig.from_env({})) is False

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bat_jax.atomic_io import atomic_write
+from bat_jax.bicurl import multihost
 from bat_jax.errors import ConfigValueError
 from bat_jax.ledger import RoundRecord
 from bat_jax.stage_bank import steering
@@ -82,6 +83,10 @@ class BankFeed:
         Raises:
           ConfigValueError: the pinned version is not published in this bank, or the bank is empty.
         """
+        # process 0 resolves and records it; with several processes every one gets its answer
+        return multihost.on_primary(lambda: self._resolve(round_index), f"bank version of round {round_index}")
+
+    def _resolve(self, round_index: int) -> int:
         recorded = self._recorded()
         if str(round_index) in recorded:
             return recorded[str(round_index)]

@@ -37,6 +37,7 @@ from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.bicurl import evaluation as ev
+from bat_jax.bicurl import multihost
 from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
 from bat_jax.bicurl.cold_start import SFT_TARGETS, load_round0, round0_items, save_round0, sft_cold_start
 from bat_jax.bicurl.engines import EngineConfig, build_engine
@@ -242,7 +243,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
                                        *kl_prompts, config=components.policy_shift)
-            verdict = _judge_candidate(exp, controller, r, summary, shift)
+            verdict = multihost.agree(_judge_candidate(exp, controller, r, summary, shift), f"round {r} decision")
             if verdict.new_best:
                 best_params = exp.learner.host_copy(exp.learner.params)
             if verdict.retained_checkpoint != checkpoint_name(r):
@@ -258,15 +259,18 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                 factory=exp.feed.factory_line())
             exp.ledger.append(record)
             records.append(record)
-            exp.feed.publish_steering(records, view)
+            if multihost.is_primary():
+                exp.feed.publish_steering(records, view)
             _log_round(exp.writer, record, summary, time.perf_counter() - t_round)
 
         final = _final_evaluation(exp, config, {"untrained": untrained, "SFT": sft_params}, best_params, rounds)
         exp.close_engine()  # vLLM: free its memory and worker before the export and the reports
-        export_retained(exp.learner.sync_model(best_params), run_dir, exp.policy.tokenizer)  # SFT without rounds
+        # SFT without rounds; with several processes all join the gathers and process 0 writes
+        export_retained(exp.learner.sync_model(best_params), run_dir, exp.policy.tokenizer)
         exp.loops.close()  # Ray rollout workers, the sandbox pool
-        return report.write_run_report(run_dir, final, records, round0, exp.stages, exp.writer,
-                                       note=exp.benchmark.note, round0_items=round0_items(run_dir))
+        return multihost.on_primary(lambda: report.write_run_report(
+            run_dir, final, records, round0, exp.stages, exp.writer, note=exp.benchmark.note,
+            round0_items=round0_items(run_dir)), "run report")
 
 
 @dataclasses.dataclass
@@ -299,9 +303,11 @@ class _Experiment:
 
     def evaluate(self, params, purpose: str) -> tuple[Summary, int]:
         """(aggregates, scored cells that were agent-caused sandbox failures) of one held-out evaluation."""
-        self.engine.update_weights(self.learner.sync_model(params))
-        return self.loops.evaluate(dataclasses.replace(self.components.evaluation, purpose=purpose), self.benchmark,
-                                   self.judge, self.prompt)
+        self.engine.update_weights(self.learner.sync_model(params))  # every process (a collective with several)
+        config = dataclasses.replace(self.components.evaluation, purpose=purpose)
+        # on process 0 alone; its aggregates go to every process
+        return multihost.on_primary(lambda: self.loops.evaluate(config, self.benchmark, self.judge, self.prompt),
+                                    f"{purpose} evaluation")
 
     def restore(self, name: str):
         """The parameters of checkpoint `name` (`checkpoint.checkpoint_name`), on the learner's mesh."""
@@ -332,15 +338,20 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     policy = build_policy(components.policy)
     learner = Learner(policy.model, components.mesh, components.memory)
 
-    manifest_path = ev.write_heldout_manifest(run_dir / "heldout_manifest.json", components.evaluation, benchmark)
+    manifest_path = multihost.on_primary(lambda: ev.write_heldout_manifest(
+        run_dir / "heldout_manifest.json", components.evaluation, benchmark), "held-out manifest")
     manifest = HeldOutManifest.load(manifest_path)
     bank = StageBank(components.bank.bank_dir)
-    check_recipe(bank, components.bank, benchmark)  # another benchmark's or recipe's bank is refused, never mixed
-    if not bank.versions():
-        built = build_bank(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark)
-        print(f"[bat_jax] Stage Bank v{built.version} built in {built.elapsed_s:.0f} s: {built.sources_accepted} of "
-              f"{built.sources_total} sources accepted, {built.rl_rows} RL rows, {built.sft_rows} SFT rows, digest "
-              f"{built.digest[:8]}…" + (f"; rejected {built.rejected}" if built.rejected else ""))
+
+    def check_or_build() -> None:  # process 0 alone; the others wait, then read the bank
+        check_recipe(bank, components.bank, benchmark)  # another benchmark's or recipe's bank is refused, never mixed
+        if not bank.versions():
+            built = build_bank(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark)
+            print(f"[bat_jax] Stage Bank v{built.version} built in {built.elapsed_s:.0f} s: {built.sources_accepted} "
+                  f"of {built.sources_total} sources accepted, {built.rl_rows} RL rows, {built.sft_rows} SFT rows, "
+                  f"digest {built.digest[:8]}…" + (f"; rejected {built.rejected}" if built.rejected else ""))
+
+    multihost.on_primary(check_or_build, "Stage Bank check and build")
     feed = BankFeed(bank, run_dir, config.bank_version, benchmark)
     view = feed.view(feed.version_for(0))  # SFT and the KL probe set read this version, also after a resume
     feed.check_foci(view, 0)
@@ -349,19 +360,25 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
           f"leakage preflight clean")
 
     agent = components.agent
-    engine = build_engine(policy, components.engine, agent.max_context_tokens, run_dir,
-                          batch_episodes=components.pools.batch_size * agent.episodes_per_state)
+    multihost.check_config(ray=components.ray is not None, sampler_mesh=components.engine.sampler_mesh is not None,
+                           engine_kind=components.engine.kind, max_staleness=components.staleness.max_staleness)
+    engine = multihost.local_engine(build_engine(  # with several processes: its own model copy, fed gathered weights
+        multihost.engine_policy(policy), components.engine, agent.max_context_tokens, run_dir,
+        batch_episodes=components.pools.batch_size * agent.episodes_per_state))
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None
     rows_in_flight = components.pools.batch_size * (1 + components.staleness.max_staleness)  # s later batches too
-    loops = open_run_loops(policy, engine, agent, components.evaluation, benchmark, rows_in_flight,
-                           config.backend, warm_pool=config.sandbox_pool, ray=components.ray, worker=worker)
+    loops = multihost.all_ok(  # every host opens its own sandboxes; one that cannot stops every process, named
+        lambda: open_run_loops(policy, engine, agent, components.evaluation, benchmark, rows_in_flight,
+                               config.backend, warm_pool=config.sandbox_pool, ray=components.ray, worker=worker),
+        "opening the sandboxes", release=lambda opened: opened.close())
     resources.callback(loops.close)
     judge = RubricJudge(components.judge) if components.judge is not None else None
     if judge is not None:
         judge.check_endpoint()  # a rejected request (wrong model / key) stops here; unreachable only warns
-    if components.factory_loop is not None:  # after the first build: the factory admits the versions after it
+    # after the first build: the factory admits the versions after it (one factory: process 0's)
+    if components.factory_loop is not None and multihost.is_primary():
         kind = RayFactory if components.ray is not None else FactoryProcess  # Ray is up: the rollout workers
         feed.factory = kind(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark,
                             components.factory_loop).start()
@@ -375,7 +392,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, manifest,
                        engine, loops, judge,
                        Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
-                       Ledger(run_dir / "ledger.jsonl"), report.ScalarWriter(run_dir / "tensorboard", benchmark.stages),
+                       multihost.primary_only(lambda: Ledger(run_dir / "ledger.jsonl")),  # writers: process 0
+                       multihost.primary_only(lambda: report.ScalarWriter(run_dir / "tensorboard", benchmark.stages)),
                        block)
 
 
@@ -399,7 +417,7 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
     """SFT cold start once (checkpoint step 0) and its controller evaluation (round 0); restored on resume."""
     if 0 in exp.checkpoints.all_steps():
         exp.learner.params = exp.restore(checkpoint_name(0))
-        return load_round0(exp.run_dir)
+        return multihost.on_primary(lambda: load_round0(exp.run_dir), "round 0 evaluation")
     t0 = time.perf_counter()
     sft_cold_start(exp.learner, exp.policy, exp.prompt, list(exp.view.sft_rows)[: exp.config.sft_max_rows or None],
                    exp.components.sft, exp.config.sft_targets, exp.config.seed,
@@ -408,7 +426,7 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
     summary, _ = exp.evaluate(exp.learner.params, "controller")
     print(f"[bat_jax] SFT cold start done in {t1 - t0:.0f} s; controller evaluation Overall "
           f"{display(summary.overall)} ({time.perf_counter() - t1:.0f} s)", flush=True)
-    round0 = save_round0(exp.run_dir, summary)
+    round0 = multihost.on_primary(lambda: save_round0(exp.run_dir, summary), "round 0 evaluation")
     exp.checkpoints.save(0, {"params": exp.learner.params}, extra={"round": 0},
                          metrics=None if summary.overall is None else {"overall": summary.overall})
     return round0
@@ -417,7 +435,7 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
 def _resume(exp: _Experiment, round0: ctl.Evaluation) -> tuple[ctl.Controller, list[RoundRecord]]:
     """The controller and the ledger's rounds of a resumed run (a new run: round 0 observed). A checkpoint saved
     by a round killed before its ledger line is deleted: that round is redone."""
-    records = exp.ledger.read()
+    records = multihost.on_primary(exp.ledger.read, "ledger")
     for step in exp.checkpoints.all_steps():
         if step > (records[-1].round if records else 0):
             print(f"[bat_jax] dropping checkpoint {step}: its round is not in the ledger (killed run)", flush=True)

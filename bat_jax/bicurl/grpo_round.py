@@ -23,6 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from bat_jax.benchmark.items import ItemRates
+from bat_jax.bicurl import multihost
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
 from bat_jax.learn import grpo, rollout_correction
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch, has_signal
@@ -245,8 +246,8 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
     per_rollout = [item for item in batch for _ in range(block.grpo.group_size)]  # the loop's order: K a row
     with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
                        tasks.benchmark, judge, block.reward, tasks) as scorer:
-        trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)  # scored as they finish
-        return trajectories, scorer.results()
+        # scored as they finish; with several processes each rolls out and scores its share, then all gather
+        return multihost.scored_rollouts(loop, requests, seed, scorer)
 
 
 def group_variance(rewards, groups) -> tuple[int, int]:

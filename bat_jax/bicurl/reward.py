@@ -243,8 +243,9 @@ class RolloutScorer:
                                                     self.starts[position], self.benchmark, self.judge, self.tasks,
                                                     self.decode)
 
-    def results(self) -> list[RolloutReward]:
-        """Every position's reward, in position order (waits for them).
+    def results(self, positions: Sequence[int] | None = None) -> list[RolloutReward]:
+        """Every position's reward (or those of `positions`: one process's share of a batch), in position order
+        (waits for them).
 
         A rollout whose scoring raised costs that rollout only, with `RolloutReward.error` set: reward 0 when
         reading the agent's artefacts raised (the agent's failure, as `rollout_reward` says), None (unscored) when
@@ -254,10 +255,11 @@ class RolloutScorer:
           ScorerError: a reward that is not a finite number in [0, 1] (a bug of the scorer).
           ValueError: a position was never submitted.
         """
-        missing = [i for i in range(len(self.rows)) if i not in self._futures]
+        wanted = range(len(self.rows)) if positions is None else positions
+        missing = [i for i in wanted if i not in self._futures]
         if missing:
             raise ValueError(f"RolloutScorer.results: positions {missing[:8]} were never submitted")
-        return [self._futures[i].result() for i in range(len(self.rows))]
+        return [self._futures[i].result() for i in wanted]
 
     def __enter__(self) -> "RolloutScorer":
         return self

@@ -49,6 +49,9 @@ class DistributedConfig:
       local_device_ids: devices this process uses (None = all it sees).
       cpu_collectives: cross-process collectives of the CPU backend, ``'gloo'`` or ``'mpi'``.
       initialization_timeout_s: seconds ``jax.distributed.initialize`` waits for all processes.
+      heartbeat_timeout_s: seconds without a heartbeat after which the coordination service declares a process
+        dead and ends every other one with an error naming it (JAX's ``heartbeat_timeout_seconds``; env
+        ``BAT_JAX_HEARTBEAT_TIMEOUT_S``): the bound on how long a run outlives one of its processes.
       auto: let JAX detect everything (Cloud TPU / SLURM / Open MPI); the other fields are then ignored.
     Raises:
       ValueError: a process count < 1, a process id out of range, more than one process without a
@@ -61,6 +64,7 @@ class DistributedConfig:
     local_device_ids: tuple[int, ...] | None = None
     cpu_collectives: str = "gloo"
     initialization_timeout_s: int = 300
+    heartbeat_timeout_s: int = 100
     auto: bool = False
 
     def __post_init__(self):
@@ -88,6 +92,12 @@ class DistributedConfig:
         """
         env = os.environ if env is None else env
         fields = dict(defaults)
+        if env.get("BAT_JAX_HEARTBEAT_TIMEOUT_S"):
+            try:
+                fields["heartbeat_timeout_s"] = int(env["BAT_JAX_HEARTBEAT_TIMEOUT_S"])
+            except ValueError as e:
+                raise ValueError(f"BAT_JAX_HEARTBEAT_TIMEOUT_S={env['BAT_JAX_HEARTBEAT_TIMEOUT_S']!r}: expected an "
+                                 "integer number of seconds") from e
         if env.get("JAX_CPU_COLLECTIVES"):
             fields["cpu_collectives"] = env["JAX_CPU_COLLECTIVES"]
         if env.get("JAX_AUTO_DISTRIBUTED") == "1":
@@ -120,7 +130,8 @@ def initialize(config: DistributedConfig) -> bool:
         return False
     jax.config.update("jax_cpu_collectives_implementation", config.cpu_collectives)
     if config.auto:
-        jax.distributed.initialize(initialization_timeout=config.initialization_timeout_s)
+        jax.distributed.initialize(initialization_timeout=config.initialization_timeout_s,
+                                   heartbeat_timeout_seconds=config.heartbeat_timeout_s)
         return True
     jax.distributed.initialize(
         coordinator_address=config.coordinator_address,
@@ -128,6 +139,7 @@ def initialize(config: DistributedConfig) -> bool:
         process_id=config.process_id,
         local_device_ids=None if config.local_device_ids is None else list(config.local_device_ids),
         initialization_timeout=config.initialization_timeout_s,
+        heartbeat_timeout_seconds=config.heartbeat_timeout_s,
     )
     return True
 

@@ -1,0 +1,305 @@
+"""One BiCuRL run over several processes (``jax.distributed``): who writes, what every process agrees on, how a
+batch's rollouts are split over the hosts.
+
+JAX runs multi-host as *multi-controller*: every process runs the whole of ``experiment.run``, owns its local
+devices, and the learner's jitted steps run over the global mesh (``learn/distributed.py``). Run files, bank and run
+directory are the same for all: ``bank_dir`` and the run directory must be storage every host sees (NFS,
+Filestore, a GCS mount), as Orbax's multi-host checkpoints need anyway. On top of that, this module decides:
+
+* **Writers.** Process 0 alone builds or checks the Stage Bank, records the round's bank version, writes the
+  held-out manifest, the ledger, ``report.md``, the staircase, TensorBoard, the steering record and the export
+  (:func:`on_primary`: the others wait for its result, or for its error, which they raise naming process 0;
+  :func:`primary_only`: an object whose methods do nothing on the other processes).
+* **Agreement.** The controller evaluation runs on process 0 (its sandboxes and engine) and its aggregates are
+  sent to every process; the controller's decision is taken on every process from the same inputs and checked
+  against process 0's (:func:`agree`: a process that decided otherwise stops, naming both decisions), so every
+  process keeps or falls back to the same checkpoint.
+* **Rollouts.** A GRPO batch's K·rows episodes are split into contiguous shares by process index; each process
+  rolls out its share on its own engine (the JAX sampler on its local devices) and sandboxes, scores it, and the
+  trajectories and rewards are gathered so that every process builds the same global batch
+  (:func:`scored_rollouts`). Episode (i, k) samples with the seed of (round seed, i, k) wherever it runs
+  (``AgentLoop.run_episodes``), so the split changes no draw.
+* **Start-up.** Every process opens its sandboxes; a host without Docker or without the sandbox image makes every
+  process fail at start with an error naming that host (:func:`all_ok`).
+* **Faults.** A process that dies stops sending heartbeats; the coordination service then ends every other process
+  within ``DistributedConfig.heartbeat_timeout_s`` (JAX's own error names the missing task), and a process waiting
+  here on a peer's value gives up after ``wait_timeout_s`` with an error naming the peer and what it waited for.
+
+Values cross processes pickled, through the coordinator's key-value store (``jax.distributed``'s client); every
+process calls these functions in the same order (the run is the same program everywhere), which is what numbers
+the keys. With one process every function is the plain local computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import pickle
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from flax import nnx
+
+from bat_jax.errors import ConfigError
+from bat_jax.learn import distributed
+
+WAIT_TIMEOUT_S = 24 * 3600  # a peer may be evaluating or rolling out for hours; deaths are caught by heartbeats
+
+
+class PeerError(RuntimeError):
+    """Another process of the run failed, or did not answer in time; the message names it."""
+
+
+class HostUnready(ConfigError):
+    """A host cannot take part in the run (no Docker engine, no sandbox image, ...); the message names it."""
+
+
+_sequence = itertools.count()
+
+
+def process_index() -> int:
+    return jax.process_index()
+
+
+def process_count() -> int:
+    return jax.process_count()
+
+
+def is_primary() -> bool:
+    """True on process 0 (the one that writes the run's records)."""
+    return jax.process_index() == 0
+
+
+def host_label(index: int | None = None, hostname: str | None = None) -> str:
+    """'process <i> (<hostname>)': how errors name a process (default: this one)."""
+    return f"process {jax.process_index() if index is None else index} ({hostname or socket.gethostname()})"
+
+
+def _client():
+    from jax._src import distributed as jax_distributed  # the client jax.distributed.initialize connected
+
+    client = jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError(f"{jax.process_count()} processes but jax.distributed is not initialised")
+    return client
+
+
+def _key(name: str) -> str:
+    return f"bat_jax/{next(_sequence)}/{name}"
+
+
+def _get(client, key: str, what: str, source: int, timeout_s: float) -> Any:
+    try:
+        return pickle.loads(client.blocking_key_value_get_bytes(key, int(timeout_s * 1000)))
+    except Exception as e:  # noqa: BLE001 - JAX raises XlaRuntimeError (deadline, peer gone)
+        raise PeerError(f"{host_label()} waited {timeout_s:.0f} s for {what} from process {source} and got none: "
+                        f"{type(e).__name__}: {str(e)[:300]}") from e
+
+
+def barrier(name: str, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+    """Returns when every process has reached barrier `name` (one process: at once).
+
+    Raises:
+      PeerError: not every process arrived within `timeout_s`.
+    """
+    if jax.process_count() == 1:
+        return
+    key = _key(name)
+    try:
+        _client().wait_at_barrier(key, int(timeout_s * 1000))
+    except Exception as e:  # noqa: BLE001
+        raise PeerError(f"{host_label()}: not every process reached {name!r} within {timeout_s:.0f} s: "
+                        f"{type(e).__name__}: {str(e)[:300]}") from e
+
+
+def broadcast(value: Any, name: str, timeout_s: float = WAIT_TIMEOUT_S) -> Any:
+    """Process 0's `value` on every process (the others' own `value` is ignored)."""
+    return on_primary(lambda: value, name, timeout_s)
+
+
+def on_primary(fn: Callable[[], Any], name: str, timeout_s: float = WAIT_TIMEOUT_S) -> Any:
+    """`fn()` run on process 0 alone; its result (pickled) returned on every process.
+
+    Raises:
+      PeerError: on the other processes, when `fn` raised on process 0 (its error named), or no result came within
+        `timeout_s`. On process 0, what `fn` raised (after the others have been told).
+    """
+    if jax.process_count() == 1:
+        return fn()
+    client, key = _client(), _key(name)
+    if is_primary():
+        try:
+            result = fn()
+        except BaseException as e:
+            client.key_value_set_bytes(key, pickle.dumps(("error", f"{type(e).__name__}: {e}", host_label())))
+            raise
+        client.key_value_set_bytes(key, pickle.dumps(("ok", result, host_label())))
+        return result
+    status, payload, who = _get(client, key, name, 0, timeout_s)
+    if status == "error":
+        raise PeerError(f"{name} failed on {who}: {payload}")
+    return payload
+
+
+def agree(value: Any, name: str, timeout_s: float = WAIT_TIMEOUT_S) -> Any:
+    """Process 0's `value`, after checking that this process computed the same (`==`).
+
+    Raises:
+      PeerError: this process's `value` differs from process 0's (both shown).
+    """
+    primary = broadcast(value, name, timeout_s)
+    if primary != value:
+        raise PeerError(f"{name}: {host_label()} has {value!r} but process 0 has {primary!r}; the processes of one "
+                        "run must agree")
+    return primary
+
+
+def allgather(value: Any, name: str, timeout_s: float = WAIT_TIMEOUT_S) -> list[Any]:
+    """Every process's `value`, in process order, on every process (one process: ``[value]``). The coordinator
+    drops the entries once all have read them.
+
+    Raises:
+      PeerError: a process's value did not come within `timeout_s` (naming it).
+    """
+    if jax.process_count() == 1:
+        return [value]
+    client, key = _client(), _key(name)
+    mine = jax.process_index()
+    client.key_value_set_bytes(f"{key}/{mine}", pickle.dumps(value))
+    values = [value if p == mine else _get(client, f"{key}/{p}", name, p, timeout_s)
+              for p in range(jax.process_count())]
+    barrier(f"{name}/read", timeout_s)
+    client.key_value_delete(f"{key}/{mine}")
+    return values
+
+
+def all_ok(fn: Callable[[], Any], name: str, release: Callable[[Any], Any] | None = None,
+           timeout_s: float = WAIT_TIMEOUT_S) -> Any:
+    """`fn()` on every process; returns this process's result once every process has succeeded (when another
+    failed, `release(result)` first frees what this process opened).
+
+    Raises:
+      HostUnready: on every process, when `fn` raised a `ConfigError` (e.g. `BackendUnavailable`: no Docker engine,
+        no image) on one or more processes, naming each failing process, its host and its error.
+      PeerError: the same for any other exception.
+    """
+    error: BaseException | None = None
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001 - reported to every process below
+        error, result = e, None
+    if jax.process_count() == 1:
+        if error is not None:
+            raise error
+        return result
+    failures = allgather(None if error is None else (host_label(), type(error).__name__, str(error),
+                                                     isinstance(error, ConfigError)), name, timeout_s)
+    failed = [f for f in failures if f is not None]
+    if failed:
+        if result is not None and release is not None:
+            release(result)
+        text = "; ".join(f"{who}: {kind}: {message}" for who, kind, message, _ in failed)
+        kind = HostUnready if all(config for *_, config in failed) else PeerError
+        raise kind(f"{name} failed on {len(failed)} of {len(failures)} processes — {text}") from error
+    return result
+
+
+class Elsewhere:
+    """What a writer is on processes other than 0: every method does nothing and returns None."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, attribute: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def primary_only(make: Callable[[], Any]) -> Any:
+    """`make()` on process 0 (a writer: the ledger, the TensorBoard writer); on the others an :class:`Elsewhere`
+    whose methods do nothing (`make` is not called: no file is opened there)."""
+    return make() if is_primary() else Elsewhere(getattr(make, "__name__", "writer"))
+
+
+def share(n: int, index: int | None = None, count: int | None = None) -> range:
+    """The contiguous positions of `n` items that process `index` of `count` takes (the first ``n % count``
+    processes one more): ``share(10, 1, 4) == range(3, 6)``."""
+    index = jax.process_index() if index is None else index
+    count = jax.process_count() if count is None else count
+    base, extra = divmod(n, count)
+    start = index * base + min(index, extra)
+    return range(start, start + base + (index < extra))
+
+
+def scored_rollouts(loop, requests: Sequence[Any], seed: int, scorer) -> tuple[list, list]:
+    """(trajectories, rewards) of `loop.run(requests, seed=seed)` scored by `scorer` (a `reward.RolloutScorer`
+    over every position): with one process exactly that; with several, each process rolls out and scores its
+    :func:`share` of the episodes (``loop.run_episodes``: the same seeds as the whole batch) and both lists are
+    gathered, in position order, on every process."""
+    if jax.process_count() == 1:
+        trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)
+        return trajectories, scorer.results()
+    k = loop.config.episodes_per_state
+    episodes = [(request, i, j) for i, request in enumerate(requests) for j in range(k)]
+    mine = share(len(episodes))
+    trajectories = loop.run_episodes([episodes[p] for p in mine], seed=seed,
+                                     on_trajectory=lambda p, t: scorer.submit(mine.start + p, t))
+    rewards = scorer.results(positions=mine)
+    parts = allgather((trajectories, rewards), "rollouts")
+    return [t for ts, _ in parts for t in ts], [r for _, rs in parts for r in rs]
+
+
+class HostWeights:
+    """A rollout engine on this process's own devices, fed the learner's weights gathered to the host: the
+    learner's parameters span every process, the engine's copy must be whole and local. `update_weights` is then a
+    collective (every process calls it, as the loop does); everything else is the engine's."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def update_weights(self, params: Any) -> int:
+        state = nnx.state(params) if isinstance(params, nnx.Module) else params
+        return self.engine.update_weights(distributed.host_gather(state))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+def engine_policy(policy: Any) -> Any:
+    """`policy` with one process; with several, `policy` holding its own copy of the model (``nnx.clone``) for the
+    rollout engine: the JAX sampler keeps the model's variables, and the learner's weight sync writes arrays that
+    span every process into the learner's model, which would move the sampler onto the global mesh (a program
+    only process 0 runs, waiting forever for the others)."""
+    if jax.process_count() == 1:
+        return policy
+    return dataclasses.replace(policy, model=nnx.clone(policy.model))
+
+
+def local_engine(engine: Any) -> Any:
+    """`engine` with one process; else wrapped in :class:`HostWeights`."""
+    return engine if jax.process_count() == 1 else HostWeights(engine)
+
+
+def check_config(*, ray: bool, sampler_mesh: bool, engine_kind: str, max_staleness: int = 0) -> None:
+    """Refuses, with several processes, what this module does not split over hosts: Ray rollout workers, the
+    sampler on the global mesh (`EngineConfig.sampler_mesh`: each host's sampler must use its own devices) and
+    vLLM (not run multi-host yet).
+
+    Raises:
+      errors.ConfigError: naming the binding to change.
+    """
+    if jax.process_count() == 1:
+        return
+    problems = []
+    if ray:
+        problems.append("experiment.Components.ray (Ray rollout workers): unset it; each host rolls out its share")
+    if sampler_mesh:
+        problems.append("engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices")
+    if max_staleness:
+        problems.append(f"experiment.Components.staleness.max_staleness = {max_staleness}: bounded-staleness GRPO "
+                        "(bicurl/async_block.py) is not split over hosts yet; bind 0")
+    if engine_kind != "jax":
+        problems.append(f"engines.EngineConfig.kind = {engine_kind!r}: only 'jax' is run across hosts so far")
+    if problems:
+        raise ConfigError(f"{jax.process_count()} processes: " + "; ".join(problems))

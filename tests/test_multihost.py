@@ -1,0 +1,326 @@
+"""bat_jax/bicurl/multihost.py: with one process every piece is the local computation; (slow) two processes joined
+by jax.distributed on CPU agree on process 0's values, see its errors, gather each other's rollouts, write only on
+process 0, stop together when one host has no Docker, and a dead process ends the other within a bounded time."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bat_jax.bicurl import multihost
+from bat_jax.errors import ConfigError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+WORKER = REPO / "tests" / "multihost_pieces_worker.py"
+
+
+def test_share_splits_positions_contiguously():
+    assert [multihost.share(10, i, 4) for i in range(4)] == [range(0, 3), range(3, 6), range(6, 8), range(8, 10)]
+    assert [multihost.share(3, i, 2) for i in range(2)] == [range(0, 2), range(2, 3)]
+    assert [multihost.share(1, i, 3) for i in range(3)] == [range(0, 1), range(1, 1), range(1, 1)]
+    assert multihost.share(5) == range(0, 5)  # one process: everything
+
+
+def test_one_process_is_the_local_computation(tmp_path):
+    assert multihost.is_primary() and multihost.process_count() == 1
+    assert multihost.broadcast(3, "x") == 3
+    assert multihost.on_primary(lambda: [1, 2], "y") == [1, 2]
+    assert multihost.agree({"a": 1}, "z") == {"a": 1}
+    assert multihost.allgather("v", "w") == ["v"]
+    multihost.barrier("nothing to wait for")
+    with pytest.raises(KeyError):
+        multihost.on_primary(lambda: {}["missing"], "lookup")
+    released = []
+    with pytest.raises(ConfigError, match="no docker"):
+        multihost.all_ok(lambda: (_ for _ in ()).throw(ConfigError("no docker")), "open", release=released.append)
+    assert multihost.all_ok(lambda: "pool", "open") == "pool" and released == []
+    made = multihost.primary_only(lambda: open(tmp_path / "ledger.jsonl", "w"))
+    made.write("x")
+    made.close()
+    assert (tmp_path / "ledger.jsonl").read_text() == "x"
+    engine = object()
+    assert multihost.local_engine(engine) is engine
+    multihost.check_config(ray=True, sampler_mesh=True, engine_kind="vllm")  # nothing to refuse with one process
+    assert multihost.host_label(2, "node-b") == "process 2 (node-b)"
+
+
+def test_elsewhere_writer_does_nothing():
+    writer = multihost.Elsewhere("ScalarWriter")
+    assert writer.scalar("grpo/reward", 0.5, 1) is None and writer.append(object()) is None
+
+
+def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(monkeypatch):
+    """With 2 processes (process 1 here, faked): Ray workers, the sampler mesh and vLLM are refused in one error
+    naming each binding; a writer is not even made on process 1."""
+    monkeypatch.setattr(multihost.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost.jax, "process_index", lambda: 1)
+    with pytest.raises(ConfigError) as e:
+        multihost.check_config(ray=True, sampler_mesh=True, engine_kind="vllm")
+    assert str(e.value) == (
+        "2 processes: experiment.Components.ray (Ray rollout workers): unset it; each host rolls out its share; "
+        "engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices; "
+        "engines.EngineConfig.kind = 'vllm': only 'jax' is run across hosts so far")
+    multihost.check_config(ray=False, sampler_mesh=False, engine_kind="jax")
+    made = []
+    writer = multihost.primary_only(lambda: made.append("ledger"))
+    assert isinstance(writer, multihost.Elsewhere) and made == [] and writer.append("line") is None
+    assert multihost.share(5) == range(3, 5)
+
+
+def test_one_process_scored_rollouts_runs_the_whole_batch():
+    class Loop:
+        def run(self, requests, *, seed, on_trajectory):
+            out = [f"{r}@{seed}" for r in requests]
+            for i, t in enumerate(out):
+                on_trajectory(i, t)
+            return out
+
+    class Scorer:
+        def __init__(self):
+            self.got = {}
+
+        def submit(self, i, t):
+            self.got[i] = len(t)
+
+        def results(self):
+            return [self.got[i] for i in sorted(self.got)]
+
+    assert multihost.scored_rollouts(Loop(), ["a", "bb"], 5, Scorer()) == (["a@5", "bb@5"], [3, 4])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_pair(tmp_path, scenario, timeout_s=240, heartbeat_s=100):
+    """Both processes of `scenario`; returns ({index: output or None}, {index: rc}, {index: log}, seconds)."""
+    address = f"127.0.0.1:{_free_port()}"
+    procs, logs = {}, {}
+    t0 = time.monotonic()
+    for index in (0, 1):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+                   PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), JAX_COORDINATOR_ADDRESS=address,
+                   JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index), BAT_JAX_HEARTBEAT_TIMEOUT_S=str(heartbeat_s))
+        logs[index] = tmp_path / f"{scenario}.{index}.log"
+        with open(logs[index], "w") as log:
+            procs[index] = subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / f"{scenario}.{index}.json"),
+                                             scenario], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for p in procs.values():
+            p.wait(timeout=max(1.0, t0 + timeout_s - time.monotonic()))
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    seconds = time.monotonic() - t0
+    outputs = {i: json.loads((tmp_path / f"{scenario}.{i}.json").read_text())
+               if (tmp_path / f"{scenario}.{i}.json").exists() else None for i in procs}
+    return outputs, {i: p.returncode for i, p in procs.items()}, {i: logs[i].read_text() for i in procs}, seconds
+
+
+@pytest.mark.slow
+def test_two_processes_agree_gather_and_write_once(tmp_path):
+    out, rc, logs, _ = _run_pair(tmp_path, "pieces")
+    assert rc == {0: 0, 1: 0}, logs
+    p0, p1 = out[0], out[1]
+    assert (p0["index"], p0["count"], p0["primary"]) == (0, 2, True) and (p1["index"], p1["primary"]) == (1, False)
+    for p in (p0, p1):
+        assert p["broadcast"] == {"from": 0}
+        assert p["on_primary"] == ["made by", 0]
+        assert p["agree_same"] == ["ok", ["accept", "ckpt-1"]]
+        assert p["allgather"] == [0, 10]
+        assert p["files"] == ["written_by_0.txt"]  # the writer exists on process 0 only
+        # 3 requests × K=2 = 6 episodes: process 0 runs positions 0-2, process 1 positions 3-5, seeds unchanged
+        assert p["trajectories"] == ["a/0@7", "a/1@7", "b/0@7", "b/1@7", "c/0@7", "c/1@7"]
+        assert p["rewards"] == [5, 5, 5, 1005, 1005, 1005]  # each scored where it ran, then gathered
+    assert p0["ran"] == [[0, 0], [0, 1], [1, 0]] and p1["ran"] == [[1, 1], [2, 0], [2, 1]]
+    assert (tmp_path / "written_by_0.txt").read_text() == "ledger line\n"
+    assert p0["on_primary_error"] == ["ValueError", "the bank is broken"]
+    kind, message = p1["on_primary_error"]
+    assert kind == "PeerError" and "bank check failed on process 0 (" in message and "the bank is broken" in message
+    assert p0["agree_different"] == ["ok", ["accept", "ckpt-0"]]
+    kind, message = p1["agree_different"]
+    assert kind == "PeerError" and "round 3 decision: process 1 (" in message
+    assert "('fallback', 'ckpt-0') but process 0 has ('accept', 'ckpt-0')" in message
+
+
+@pytest.mark.slow
+def test_a_host_without_docker_stops_every_process_naming_it(tmp_path):
+    out, rc, logs, _ = _run_pair(tmp_path, "no_docker")
+    assert rc == {0: 0, 1: 0}, logs
+    host = socket.gethostname()
+    for p in (out[0], out[1]):
+        kind, message = p["all_ok"]
+        assert kind == "HostUnready"
+        assert message == (f"opening the sandboxes failed on 1 of 2 processes — process 1 ({host}): "
+                           "BackendUnavailable: "
+                           "Docker engine not reachable (unix:///var/run/docker.sock)")
+    assert out[0]["released"] == ["pool"] and out[1]["released"] == []  # process 0 closed what it had opened
+
+
+@pytest.mark.slow
+def test_a_dead_process_ends_the_other_within_the_heartbeat_timeout(tmp_path):
+    out, rc, logs, seconds = _run_pair(tmp_path, "die", timeout_s=180, heartbeat_s=5)
+    assert rc[1] == 3
+    assert rc[0] != 0 or out[0]["waited"][0] != "ok", logs[0]
+    assert seconds < 90, f"process 0 took {seconds:.0f} s to stop"
+    # JAX's coordination service ends process 0 naming the task that stopped: "… (stopped sending heartbeats):\n1"
+    assert rc[0] != 0 and out[0] is None, logs[0][-3000:]
+    assert "The following tasks are unhealthy (stopped sending heartbeats):\n1\n" in logs[0], logs[0][-3000:]
+
+
+# ------------------------------------------------------------------------------ the whole run, 2 × 2 vs 1 × 4
+
+_MESH_IMPORT = "import bat_jax.models.mesh as mesh\n"
+_SHORTER = """\
+experiment.Components.mesh = @mesh.MeshConfig()
+mesh.MeshConfig:
+  data = 1
+  fsdp = 4
+  tensor = 1
+experiment.BiCuRLConfig.rounds = 1
+sft.SFTConfig.global_batch_size = 4
+"""
+
+
+def _micro_run_file(root: pathlib.Path, rounds: int = 1) -> pathlib.Path:
+    """The micro run (tests/micro_config.py) with `rounds` rounds of one GRPO step, learner mesh fsdp = 4 (one
+    mesh for 4 devices of one process or 2 of each of two), over a Stage Bank built here once."""
+    import dataclasses
+
+    import micro_config
+    from bat_jax.bicurl import evaluation as ev
+    from bat_jax.stage_bank.factory import build_bank
+    from bat_jax.tasks.heldout import manifest
+
+    components = micro_config.components(root / "bank")
+    jobs = [job.task for purpose in ev.PURPOSES
+            for job in ev.suite_jobs(dataclasses.replace(components.evaluation, purpose=purpose),
+                                     components.benchmark)]
+    (root / "heldout_manifest.json").write_text(json.dumps(manifest(jobs)))
+    build_bank(dataclasses.replace(components.bank, heldout_manifest=str(root / "heldout_manifest.json")),
+               components.benchmark)
+    text = micro_config.gin_text(root / "bank")
+    head, rest = text.split("\n", 1)  # after `from __gin__ import dynamic_registration`
+    path = root / "micro_multihost.gin"
+    path.write_text(head + "\n" + _MESH_IMPORT + rest + _SHORTER.replace("rounds = 1", f"rounds = {rounds}"))
+    return path
+
+
+def _launch(gin_file, run_dir, devices, process=None, extra_env=None, log_suffix=""):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    env.update(extra_env or {})
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    name = "ref"
+    if process is not None:
+        address, index = process
+        env.update(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index))
+        name = f"p{index}"
+    log = open(run_dir.parent / f"{run_dir.name}.{name}{'.' + log_suffix if log_suffix else ''}.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "bat_jax.launch", f"--gin_file={gin_file}",
+                             f"--run_dir={run_dir}"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _export_params(run_dir):
+    from safetensors.numpy import load_file
+
+    out = {}
+    for path in sorted((run_dir / "export").glob("*.safetensors")):
+        out.update(load_file(path))
+    return out
+
+
+@pytest.mark.slow
+def test_two_processes_run_the_experiment_of_one(tmp_path):
+    """The micro run (one round, one GRPO step, one evaluation track, local sandboxes) as 2 processes × 2 CPU
+    devices in one run directory ends with the ledger, round-0 evaluation and exported parameters (to 1e-5) of
+    1 process × 4 devices; process 0 alone wrote the records (one TensorBoard event file)."""
+    import numpy as np
+
+    from bat_jax.ledger import Ledger
+
+    gin_file = _micro_run_file(tmp_path)
+    address = f"127.0.0.1:{_free_port()}"
+    procs = {"ref": _launch(gin_file, tmp_path / "ref", 4),
+             "p0": _launch(gin_file, tmp_path / "multi", 2, (address, 0)),
+             "p1": _launch(gin_file, tmp_path / "multi", 2, (address, 1))}
+    deadline = time.monotonic() + 2400
+    try:
+        for p in procs.values():
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in procs}
+    assert {n: p.returncode for n, p in procs.items()} == {"ref": 0, "p0": 0, "p1": 0}, logs
+    ref, multi = (Ledger(tmp_path / name / "ledger.jsonl").read() for name in ("ref", "multi"))
+    assert [r.round for r in ref] == [r.round for r in multi] == [1]
+    for a, b in zip(ref, multi):
+        assert (a.selected_stage, a.decision, a.retained_checkpoint, a.state_ids, a.bank_version) == \
+               (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.bank_version)
+        assert a.controller_state == b.controller_state
+        assert a.controller_scores == b.controller_scores
+        assert a.grpo.rollouts == b.grpo.rollouts and a.grpo.reward_mean == pytest.approx(b.grpo.reward_mean, abs=1e-6)
+        assert a.kl == pytest.approx(b.kl, abs=1e-5)
+    assert json.loads((tmp_path / "ref" / "round0_eval.json").read_text()) == \
+           json.loads((tmp_path / "multi" / "round0_eval.json").read_text())
+    p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
+    assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
+    for k in p_ref:
+        np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
+                                   err_msg=k)
+    assert len(list((tmp_path / "multi" / "tensorboard").rglob("events.out.tfevents*"))) == 1
+    assert (tmp_path / "multi" / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_process_ends_the_run_and_a_restart_resumes_to_the_same_ledger(tmp_path):
+    """The micro run of two rounds as 2 processes × 2 devices: process 1 is killed (SIGKILL) once round 1 is in the
+    ledger; process 0 stops within the heartbeat timeout (10 s here) naming the task; the same two commands again
+    resume from the ledger and end with the ledger of an uninterrupted 1 process × 4 devices run."""
+    from bat_jax.ledger import Ledger
+
+    gin_file = _micro_run_file(tmp_path, rounds=2)
+    ref = _launch(gin_file, tmp_path / "ref", 4)
+    address = f"127.0.0.1:{_free_port()}"
+    env = {"BAT_JAX_HEARTBEAT_TIMEOUT_S": "10"}
+    first = [_launch(gin_file, tmp_path / "multi", 2, (address, i), env) for i in (0, 1)]
+    ledger = tmp_path / "multi" / "ledger.jsonl"
+    deadline = time.monotonic() + 2400
+    while not (ledger.exists() and ledger.read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in first), "round 1 never reached the ledger"
+        time.sleep(2)
+    first[1].kill()
+    killed_at = time.monotonic()
+    rc0 = first[0].wait(timeout=300)
+    stopped_s = time.monotonic() - killed_at
+    first[1].wait()
+    log0 = (tmp_path / "multi.p0.log").read_text()
+    assert rc0 != 0 and stopped_s < 120, (rc0, stopped_s)
+    # the coordination service names the dead task; a gloo collective in flight may fail first, naming its peer
+    assert ("The following tasks are unhealthy (stopped sending heartbeats):\n1\n" in log0
+            or "gloo" in log0.lower()), log0[-3000:]
+    assert [r.round for r in Ledger(ledger).read()] == [1]
+    address = f"127.0.0.1:{_free_port()}"
+    second = [_launch(gin_file, tmp_path / "multi", 2, (address, i), env, log_suffix="again") for i in (0, 1)]
+    for p in second + [ref]:
+        p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    assert [p.returncode for p in second + [ref]] == [0, 0, 0], (tmp_path / "multi.p0.again.log").read_text()[-4000:]
+    a, b = Ledger(tmp_path / "ref" / "ledger.jsonl").read(), Ledger(ledger).read()
+    assert [r.round for r in a] == [r.round for r in b] == [1, 2]
+    for x, y in zip(a, b):
+        assert (x.selected_stage, x.decision, x.retained_checkpoint, x.state_ids, x.controller_state) == \
+               (y.selected_stage, y.decision, y.retained_checkpoint, y.state_ids, y.controller_state)
+        assert x.controller_scores == y.controller_scores and x.kl == pytest.approx(y.kl, abs=1e-5)
