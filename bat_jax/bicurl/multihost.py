@@ -1,5 +1,6 @@
-"""One BiCuRL run over several processes (``jax.distributed``): who writes, what every process agrees on, how a
-batch's rollouts are split over the hosts.
+"""One BiCuRL run over several processes (``jax.distributed``).
+
+Who writes, what every process agrees on, how a batch's rollouts are split over the hosts.
 
 JAX runs multi-host as *multi-controller*: every process runs the whole of ``experiment.run``, owns its local
 devices, and the learner's jitted steps run over the global mesh (``learn/distributed.py``). Run files, bank and run
