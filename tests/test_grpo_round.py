@@ -136,11 +136,11 @@ def test_the_batch_refuses_a_rollout_longer_than_the_compiled_context_and_names_
                                      loss_mask=np.ones(n, np.int32), logprobs=np.zeros(n, np.float32),
                                      finish_reason="max_context")
 
-    batch = gr._batch(FakeLearner(), [traj("st-a", 8), traj("st-b", 5)], c)
+    batch = gr.batch_rows(FakeLearner(), [traj("st-a", 8), traj("st-b", 5)], c)
     assert batch["input_ids"].shape[1] == 8  # the longest allowed: padded to the bound, no further
     with pytest.raises(AssertionError, match=r"rollout st-b episode 3 has 9 tokens, more than max_context_tokens=8 "
                                              r"\(finish 'max_context'\)"):
-        gr._batch(FakeLearner(), [traj("st-a", 8), traj("st-b", 9, episode=3)], c)
+        gr.batch_rows(FakeLearner(), [traj("st-a", 8), traj("st-b", 9, episode=3)], c)
 
 
 # --- agent-caused failures (scored) apart from infrastructure failures (unscored) -------------------

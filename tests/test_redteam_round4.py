@@ -283,7 +283,7 @@ def test_20_a_prompt_longer_than_the_context_is_cut_and_fits_the_batch():
     config = AgentLoopConfig(episodes_per_state=1, max_context_tokens=16, progress=False)
     (t,) = AgentLoop(ScriptedEngine([[10, 2]]), lambda: StubBuilder(tok), FakeSandbox, config).run([long])
     assert len(t.ids) == 16 and not t.loss_mask.any() and t.finish_reason == tj.FINISH_MAX_CONTEXT
-    assert gr._batch(FakeLearner(), [t], gr.GRPOBlockConfig(max_context_tokens=16))["input_ids"].shape[1] == 16
+    assert gr.batch_rows(FakeLearner(), [t], gr.GRPOBlockConfig(max_context_tokens=16))["input_ids"].shape[1] == 16
 
 
 _OBS = st.lists(st.sampled_from(["\U000f0000", "\U0010fffd", "é", "a", " ", "\n", "<|im_end|>", "<tool_call>",

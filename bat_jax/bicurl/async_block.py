@@ -31,15 +31,11 @@ import collections
 import concurrent.futures
 import copy
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from bat_jax.benchmark.items import ItemRates
 from bat_jax.bicurl import grpo_round as gr
 from bat_jax.bicurl.reward import TaskCache
-from bat_jax.learn import grpo, rollout_correction
+from bat_jax.learn import grpo
 from bat_jax.learn.dynamic_sampling import SpareRows
 from bat_jax.learn.learner import Learner
 from bat_jax.learn.staleness import StaleCounts, judge_group
@@ -53,13 +49,13 @@ from bat_jax.verify.judge import RubricJudge
 
 
 def run_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
-                   c: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
+                   block: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
                    judge: RubricJudge | None = None) -> GRPOStats:
-    """The round's GRPO block: `grpo_round.grpo_block` when `c.staleness.max_staleness == 0`, else
+    """The round's GRPO block: `grpo_round.grpo_block` when `block.staleness.max_staleness == 0`, else
     `async_grpo_block` (module docstring)."""
-    if c.staleness.max_staleness == 0:
-        return gr.grpo_block(learner, loop, bank, round_view, c, benchmark, seed, judge)
-    return async_grpo_block(learner, loop, bank, round_view, c, benchmark, seed, judge)
+    if block.staleness.max_staleness == 0:
+        return gr.grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge)
+    return async_grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge)
 
 
 @dataclasses.dataclass
@@ -76,15 +72,15 @@ class _Slot:
     settled: bool = False
 
 
-def _roll_group(loop: AgentLoop, bank: StageBank, item: pools.RoundItem, index: int, c: gr.GRPOBlockConfig,
+def _roll_group(loop: AgentLoop, bank: StageBank, item: pools.RoundItem, index: int, block: gr.GRPOBlockConfig,
                 seed: int, judge: RubricJudge | None, tasks: TaskCache) -> tuple[list, list]:
     """(trajectories, `RolloutReward`s) of the K episodes of one row, sampled with `seed` as row `index` of its
     batch (the same draws as `grpo_round.rollouts` over the batch; a loop without `run_episodes`, e.g. Ray
     rollouts, samples it as row 0 of its own call)."""
     start = bank.load_state(item.row.state)
-    request = gr.rl_request(item.row, start, item.round_state_id, c.prompt)
-    k_rollouts = c.grpo.group_size
-    with gr.RolloutScorer([item.row] * k_rollouts, [start] * k_rollouts, tasks.benchmark, judge, c.reward,
+    request = gr.rl_request(item.row, start, item.round_state_id, block.prompt)
+    k_rollouts = block.grpo.group_size
+    with gr.RolloutScorer([item.row] * k_rollouts, [start] * k_rollouts, tasks.benchmark, judge, block.reward,
                           tasks) as scorer:
         if hasattr(loop, "run_episodes"):
             trajs = loop.run_episodes([(request, index, k) for k in range(k_rollouts)], seed=seed,
@@ -104,19 +100,19 @@ def gated(loop: AgentLoop) -> AgentLoop:
 
 
 def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
-                     c: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
+                     block: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
                      judge: RubricJudge | None = None) -> GRPOStats:
     """Runs one round's GRPO block with bounded staleness (module docstring) and returns what it did.
 
     Raises: whatever a rollout, scorer or learner step raises (the rollouts in flight are waited for first).
     """
-    cfg, rules = c.objective, c.staleness
+    cfg, rules = block.objective, block.staleness
     s = rules.max_staleness
     batches = [list(b) for b in round_view.batches]
-    step_fn, state = learner.grpo_block(cfg, c.optimizer, total_steps=len(batches) * cfg.epochs,
-                                        num_micro_batches=c.micro_batches)
+    step_fn, state = learner.grpo_block(cfg, block.optimizer, total_steps=len(batches) * cfg.epochs,
+                                        num_micro_batches=block.micro_batches)
     ref_params = learner.params
-    tasks = TaskCache(benchmark, c.reward.task_cache_size)
+    tasks = TaskCache(benchmark, block.reward.task_cache_size)
     loop = gated(loop)
     spares = SpareRows(round_view.spares)
     counts = StaleCounts()
@@ -129,7 +125,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
     admitted = 0  # batches whose work has been handed to the pool
 
     def submit(slot: _Slot) -> None:
-        slot.future = pool.submit(_roll_group, loop, bank, slot.item, slot.index, c,
+        slot.future = pool.submit(_roll_group, loop, bank, slot.item, slot.index, block,
                                   gr.wave_seed(seed, slot.batch, slot.wave), judge, tasks)
 
     def refill(slot: _Slot, same_row: bool) -> bool:
@@ -169,7 +165,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
             if not refill(slot, same_row=verdict.action == "aborted"):
                 slot.settled = True
             return
-        ds = c.dynamic_sampling
+        ds = block.dynamic_sampling
         if ds.enabled and not ds.keeps(rewards):
             dropped += 1
             if extra[slot.batch] < ds.max_extra_rows and spares.available(slot.item.pool):
@@ -206,7 +202,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
                 varied, grouped = varied + k, grouped + n
                 if not trajectories:
                     continue
-                host = gr._batch(learner, trajectories, c)
+                host = gr.batch_rows(learner, trajectories, block)
                 host["ref_logprobs"] = learner.logprobs(ref_params, host, cfg)
                 ids = [t.state_id for t in trajectories]
                 ids += [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
@@ -221,28 +217,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
                     if slot.future is not None:
                         slot.future.cancel()
     learner.adopt(state)
-    if first is not None:
-        shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, cfg),
-                                  first["loss_mask"], first["advantages"])
-    else:
-        shift = dict.fromkeys(gr.SHIFT_KEYS, float("nan"))
-    loop.engine.update_weights(learner.sync_model(learner.params))
-    _, probe = gr.rollouts(loop, bank, round_view.batches[0], c, seed * 100, judge, tasks)
-    after = [r.reward for r in probe if r.reward is not None]
-    return GRPOStats(
-        rollouts=seen["rollouts"], unscored=seen["unscored"], agent_failed=seen["agent_failed"],
-        reward_mean=_mean(seen["rewards"]), reward_version=seen["version"] or "none",
-        pool_reward_before=_mean(before), pool_reward_after=_mean(after),
-        groups_with_variance=varied, groups_scored=grouped, groups_drawn=drawn, groups_dropped=dropped,
-        groups_trained=trained, trained_pool_counts=dict(trained_pools),
-        update_logp_shift_pos=gr._none_if_nan(shift["logp_shift_pos"]),
-        update_logp_shift_neg=gr._none_if_nan(shift["logp_shift_neg"]),
-        update_token_kl=gr._none_if_nan(shift["token_kl"]),
-        rollout_mismatch=rollout_correction.merge_metrics(mismatch) or None,
-        judge={k: float(v) for k, v in judge.stats().items()} if judge is not None else None,
-        items=ItemRates.tally(seen["items"]).to_dict() or None, **counts.summary())
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    """Mean of `values`; None when there are none."""
-    return float(np.mean(values)) if len(values) else None
+    return gr.round_end(learner, loop, bank, round_view, block, judge, tasks, seed=seed, first=first, seen=seen,
+                        before=before, mismatch=mismatch, trained_pools=trained_pools,
+                        group_counts=dict(groups_with_variance=varied, groups_scored=grouped, groups_drawn=drawn,
+                                          groups_dropped=dropped, groups_trained=trained), **counts.summary())

@@ -138,7 +138,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
         varied, grouped = varied + k, grouped + n
         if not trajectories:  # every group dropped and none replaced: nothing to train on
             continue
-        host = _batch(learner, trajectories, block)
+        host = batch_rows(learner, trajectories, block)
         host["ref_logprobs"] = learner.logprobs(ref_params, host, cfg)
         groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
         host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rewards)), groups, cfg)
@@ -147,25 +147,42 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
         for _ in range(cfg.epochs):
             state, _ = step_fn(state, host)
     learner.adopt(state)
-    if first is not None:  # round start → round end, on the first trained batch's own rollouts
+    return round_end(learner, loop, bank, round_view, block, judge, tasks, seed=seed, first=first, seen=seen,
+                     before=before, mismatch=mismatch, trained_pools=trained_pools,
+                     group_counts=dict(groups_with_variance=varied, groups_scored=grouped, groups_drawn=drawn,
+                                       groups_dropped=dropped, groups_trained=trained))
+
+
+def round_end(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
+              block: GRPOBlockConfig, judge: RubricJudge | None, tasks: TaskCache, *, seed: int,
+              first: dict | None, seen: dict, before: Sequence[float], mismatch: list,
+              trained_pools: collections.Counter, group_counts: dict[str, int], **extra) -> GRPOStats:
+    """The round's GRPO record, after its last update (both the synchronous and the bounded-staleness block).
+
+    Syncs the learner's weights to the engine and rolls out the round's first pool batch again (same rows, same
+    seed as before the updates): the pool reward after. The log-probability shift is measured on the first trained
+    batch's own rollouts (`first`; None where no batch trained). `seen` holds the block's rollout tallies,
+    `before` the first batch's rewards before the updates, `group_counts` the GRPOStats group fields, `extra`
+    any further GRPOStats fields (the bounded-staleness counts).
+    """
+    cfg = block.objective
+    if first is not None:
         shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, cfg),
                                   first["loss_mask"], first["advantages"])
     else:
         shift = dict.fromkeys(SHIFT_KEYS, float("nan"))
     loop.engine.update_weights(learner.sync_model(learner.params))
-    _, probe = rollouts(loop, bank, round_view.batches[0], block, seed * 100, judge, tasks)  # same rows, same seed
+    _, probe = rollouts(loop, bank, round_view.batches[0], block, seed * 100, judge, tasks)
     after = [s.reward for s in probe if s.reward is not None]
     return GRPOStats(
         rollouts=seen["rollouts"], unscored=seen["unscored"], agent_failed=seen["agent_failed"],
         reward_mean=_mean(seen["rewards"]), reward_version=seen["version"] or "none",
-        pool_reward_before=_mean(before), pool_reward_after=_mean(after),
-        groups_with_variance=varied, groups_scored=grouped, groups_drawn=drawn, groups_dropped=dropped,
-        groups_trained=trained, trained_pool_counts=dict(trained_pools),
+        pool_reward_before=_mean(before), pool_reward_after=_mean(after), trained_pool_counts=dict(trained_pools),
         update_logp_shift_pos=_none_if_nan(shift["logp_shift_pos"]),
         update_logp_shift_neg=_none_if_nan(shift["logp_shift_neg"]), update_token_kl=_none_if_nan(shift["token_kl"]),
         rollout_mismatch=rollout_correction.merge_metrics(mismatch) or None,
         judge={k: float(v) for k, v in judge.stats().items()} if judge is not None else None,
-        items=ItemRates.tally(seen["items"]).to_dict() or None)
+        items=ItemRates.tally(seen["items"]).to_dict() or None, **group_counts, **extra)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -214,7 +231,7 @@ def wave_seed(seed: int, batch: int, wave: int) -> int:
     return int(np.random.SeedSequence([seed, batch, wave]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def _batch(learner: Learner, trajectories: Sequence, block: GRPOBlockConfig) -> dict[str, np.ndarray]:
+def batch_rows(learner: Learner, trajectories: Sequence, block: GRPOBlockConfig) -> dict[str, np.ndarray]:
     """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded up
     to a multiple of devices × micro-batches rows, T to the longest rollout's `grpo_bucket` (not the next power of
     two). With dynamic sampling B varies between batches, so the step may compile once per padded size.
