@@ -10,6 +10,7 @@ import time
 import pytest
 
 from bat_jax.bicurl import experiment as ex
+from bat_jax.bicurl import grpo_round as gr
 from bat_jax.ledger import Ledger
 from bat_jax.stage_bank import steering
 from bat_jax.stage_bank.bank import StageBank
@@ -23,7 +24,7 @@ def test_a_round_reads_the_version_the_factory_admitted_during_the_round_before(
     comps = dataclasses.replace(micro_config.components(tmp_path / "bank"), factory_loop=FactoryLoopConfig(
         rule=steering.SteeringRule(sources_per_version=2, weak_share=0.5), idle_s=0.5, stop_timeout_s=60))
     bank = StageBank(tmp_path / "bank")
-    real_block = ex.grpo_block
+    real_block = gr.grpo_block
     waited = {}
 
     def block_after_a_new_version(learner, rollouts, bank_, round_view, *args, **kwargs):
@@ -35,7 +36,7 @@ def test_a_round_reads_the_version_the_factory_admitted_during_the_round_before(
             waited["s"] = time.time() - t0
         return real_block(learner, rollouts, bank_, round_view, *args, **kwargs)
 
-    monkeypatch.setattr(ex, "grpo_block", block_after_a_new_version)
+    monkeypatch.setattr(gr, "grpo_block", block_after_a_new_version)  # what run_grpo_block calls at s = 0
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     ex.run(run_dir, ex.BiCuRLConfig(rounds=2, grpo_steps_per_round=1, backend="local"), comps)

@@ -42,8 +42,8 @@ from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
 from bat_jax.bicurl.cold_start import SFT_TARGETS, load_round0, round0_items, save_round0, sft_cold_start
 from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
-from bat_jax.bicurl.async_block import async_grpo_block
-from bat_jax.bicurl.grpo_round import GRPOBlockConfig, grpo_block
+from bat_jax.bicurl.async_block import run_grpo_block
+from bat_jax.bicurl.grpo_round import GRPOBlockConfig
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
 from bat_jax.bicurl.reward import RewardConfig
 from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
@@ -237,9 +237,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                                     reference_scores=controller.state.reference_scores, config=components.router)
             view = exp.feed.round_start(r, exp.view)  # resolved now, never waiting on a factory
             round_view = _round_view(exp, view, decision.target, r)
-            block = grpo_block if exp.block.max_staleness == 0 else async_grpo_block  # learn/staleness.py
-            stats = block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
-                          seed=config.seed * 1000 + r, judge=exp.judge)
+            stats = run_grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
+                                   seed=config.seed * 1000 + r, judge=exp.judge)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
                                        *kl_prompts, config=components.policy_shift)
