@@ -35,6 +35,7 @@ from typing import Any
 
 from bat_jax.bicurl import grpo_round as gr
 from bat_jax.bicurl.reward import TaskCache
+from bat_jax.bicurl.round_journal import RoundJournal
 from bat_jax.learn import grpo
 from bat_jax.learn.dynamic_sampling import SpareRows
 from bat_jax.learn.learner import Learner
@@ -50,12 +51,12 @@ from bat_jax.verify.judge import RubricJudge
 
 def run_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
                    block: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
-                   judge: RubricJudge | None = None) -> GRPOStats:
+                   judge: RubricJudge | None = None, journal: RoundJournal | None = None) -> GRPOStats:
     """The round's GRPO block: `grpo_round.grpo_block` when `block.staleness.max_staleness == 0`, else
-    `async_grpo_block` (module docstring)."""
+    `async_grpo_block` (module docstring); `journal` keeps what it rolls out (`bicurl/round_journal.py`)."""
     if block.staleness.max_staleness == 0:
-        return gr.grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge)
-    return async_grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge)
+        return gr.grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge, journal=journal)
+    return async_grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge, journal=journal)
 
 
 @dataclasses.dataclass
@@ -101,8 +102,10 @@ def gated(loop: AgentLoop) -> AgentLoop:
 
 def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
                      block: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
-                     judge: RubricJudge | None = None) -> GRPOStats:
-    """Runs one round's GRPO block with bounded staleness (module docstring) and returns what it did.
+                     judge: RubricJudge | None = None, journal: RoundJournal | None = None) -> GRPOStats:
+    """Runs one round's GRPO block with bounded staleness (module docstring) and returns what it did; each group
+    goes through `journal` (`bicurl/round_journal.py`: a resumed round reuses the groups it finished before the
+    kill and rolls out the rest; None keeps nothing).
 
     Raises: whatever a rollout, scorer or learner step raises (the rollouts in flight are waited for first).
     """
@@ -123,10 +126,15 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
     slots = [[_Slot(b, i, item) for i, item in enumerate(batch)] for b, batch in enumerate(batches)]
     workers = rules.concurrent_groups or max(1, max((len(b) for b in batches), default=1) * (1 + s))
     admitted = 0  # batches whose work has been handed to the pool
+    journal = journal if journal is not None else RoundJournal(None)
+    base_version = 0  # the engine's version at step 0's sync (the journal's versions count from it)
 
     def submit(slot: _Slot) -> None:
-        slot.future = pool.submit(_roll_group, loop, bank, slot.item, slot.index, block,
-                                  gr.wave_seed(seed, slot.batch, slot.wave), judge, tasks)
+        group_seed, item = gr.wave_seed(seed, slot.batch, slot.wave), slot.item
+        slot.future = pool.submit(
+            journal.rolled_out, f"b{slot.batch:04d}-i{slot.index:03d}-w{slot.wave:03d}", [item.round_state_id],
+            group_seed, base_version,
+            lambda: _roll_group(loop, bank, item, slot.index, block, group_seed, judge, tasks))
 
     def refill(slot: _Slot, same_row: bool) -> bool:
         """Re-queues the slot (its own row, or a spare of its pool); False when no refill is left."""
@@ -183,6 +191,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
             for b in range(len(batches)):
                 learner.params = state.params
                 current = loop.engine.update_weights(learner.sync_model(state.params))
+                base_version = int(current) if b == 0 else base_version
                 while admitted < len(batches) and admitted <= b + s:  # admission: batches up to b + s
                     for slot in slots[admitted]:
                         submit(slot)
