@@ -102,16 +102,16 @@ def stand_in_scoring():
 
 
 def policy_kl(staleness=(0, 1, 2), steps: int = 8, rows: int = 4, tokens: int = 16, prompt_len: int = 12,
-              probes: int = 16, learning_rate: float = 3e-4, seed: int = 5) -> dict:
+              probes: int = 16, learning_rate: float | None = None, seed: int = 5) -> dict:
     """Trains the tiny default's policy for `steps` GRPO steps of `rows` rows × K at each max_staleness in
-    `staleness` (plus s = 0 with another rollout seed) from the same weights on the same rows; returns
+    `staleness` (plus s = 0 with another rollout seed) from the same weights on the same rows (the tiny default's
+    GRPO optimizer, at `learning_rate` when given); returns
     {'kl': {s: KL(π_s=0 ‖ π_s)}, 'kl_untrained': KL(π_s=0 ‖ π_init), 'kl_other_seed': KL(π_s=0 ‖ π_s=0'),
     'reward': {s: mean reward of the block's rollouts}, 'staleness_mean': {s: ...}, 'seconds': wall seconds}."""
     from bat_jax.bicurl import async_block
     from bat_jax.bicurl import grpo_round as gr
     from bat_jax.learn import kl
     from bat_jax.learn.learner import Learner
-    from bat_jax.learn.optim import OptimizerConfig
     from bat_jax.learn.staleness import StalenessConfig
     from bat_jax.models.mesh import MeshConfig
     from bat_jax.rollout.jax_sampler import JaxSampler
@@ -137,7 +137,9 @@ def policy_kl(staleness=(0, 1, 2), steps: int = 8, rows: int = 4, tokens: int = 
                                  spares={"target": []})
     bank = types.SimpleNamespace(load_state=lambda state: None)
     cfg = dataclasses.replace(tiny.grpo, tis_cap=tiny.grpo.tis_cap or 2.0)
-    optimizer = OptimizerConfig(learning_rate=learning_rate, schedule="constant", warmup_ratio=0.0)
+    optimizer = tiny.grpo_optimizer
+    if learning_rate is not None:
+        optimizer = dataclasses.replace(optimizer, learning_rate=learning_rate)
 
     def train(s: int, block_seed: int):
         learner.params = learner.on_mesh(init)
@@ -161,14 +163,14 @@ def policy_kl(staleness=(0, 1, 2), steps: int = 8, rows: int = 4, tokens: int = 
             "kl_untrained": kl_from_s0(init), "kl_other_seed": kl_from_s0(other),
             "reward": {s: stats.reward_mean for s, (_, stats) in trained.items()},
             "staleness_mean": {s: stats.staleness_mean for s, (_, stats) in trained.items()},
-            "steps": steps, "rows": rows, "k": k, "probes": probes, "seconds": time.perf_counter() - t0}
+            "learning_rate": optimizer.learning_rate, "steps": steps, "rows": rows, "k": k, "probes": probes, "seconds": time.perf_counter() - t0}
 
 
 def describe(result: dict) -> str:
     """The lines the bench prints under its table."""
     per_s = ", ".join(f"s={s}: {v:.2e}" for s, v in result["kl"].items() if s)
     return (f"KL(pi_s0 || pi_s) on {result['probes']} probe prompts after {result['steps']} GRPO steps of "
-            f"{result['rows']} rows x K={result['k']} (tiny default policy, real learner and JAX sampler, one-turn "
+            f"{result['rows']} rows x K={result['k']}, lr {result['learning_rate']:g} (tiny default policy, real learner and JAX sampler, one-turn "
             f"episodes, even-token reward; {result['seconds']:.0f} s): {per_s}\n"
             f"  for scale: KL(pi_s0 || untrained) {result['kl_untrained']:.2e}; two s=0 runs, rollout seeds differing: "
             f"{result['kl_other_seed']:.2e}; mean reward "
@@ -180,9 +182,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=None, help="GRPO learning rate (default: the tiny default's)")
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args(argv)
-    result = policy_kl(tuple(args.staleness), steps=args.steps, rows=args.rows, tokens=args.tokens)
+    result = policy_kl(tuple(args.staleness), steps=args.steps, rows=args.rows, tokens=args.tokens,
+                       learning_rate=args.lr)
     print(describe(result))
     return result
 
