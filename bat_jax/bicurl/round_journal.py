@@ -20,6 +20,9 @@ the replay buffer and unfinished prompt groups in a recovery ledger, and a resum
 work again), at the grain of this package's units; the learner's steps are replayed instead of checkpointed
 mid-round (a step is a small share of a round: 57 s of 401 s in the paper-scale figures).
 
+Not journaled: the after-block probe (one batch, rolled out again on resume) and an LLM judge's call counts (a
+reused unit calls no judge, so `GRPOStats.judge` covers the units rolled out after the resume). The experiment keeps
+a journal with one process only (`jax.process_count() == 1`; with several, a killed round is redone from its start).
 Weight versions are the engine's counter, which restarts with the process: a unit is stored with its turns'
 versions relative to the block's first sync (`base_version`) and read back relative to the resumed block's.
 The journal is deleted once the round's ledger line is written (`for_round` also deletes those of earlier rounds).
