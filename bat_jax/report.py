@@ -311,6 +311,9 @@ def mde_words(diff: float | None, mde: float | None, power: float = 0.8, confide
     """What a paired difference's minimum detectable difference says of it, in words (0–100 scale)."""
     if mde is None or diff is None:
         return "minimum detectable difference: — (fewer than 2 tracks)"
+    if mde == 0 and diff == 0:
+        return ("every track scored the same in both systems (for example the same checkpoint retained): "
+                "no difference to detect")
     where = ("the difference is inside it: these cells cannot tell the two systems apart"
              if abs(diff) <= mde else "the difference is larger than it")
     return (f"minimum detectable difference {100 * mde:.1f} ({100 * confidence:.0f} % level, {100 * power:.0f} % "
