@@ -263,9 +263,9 @@ def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: s
 def _died(box: Sandbox, ep: RecordedEpisode) -> bool:
     """True when the sandbox failed or a call raised during the teacher's episode.
 
-    A sandbox failure counts whoever's it was (`fault_of`: it died, hung, stopped answering or was called after it was closed), and so does
-    a raised call (the episode loop ends such an episode with 'sandbox_error'): the teacher's trajectory is then no
-    evidence of the task."""
+    A sandbox failure counts whoever's it was (`fault_of`: it died, hung, stopped answering or was called after it was
+    closed), and so does a raised call (the episode loop ends such an episode with 'sandbox_error'): the teacher's
+    trajectory is then no evidence of the task."""
     return ep.end_reason == "sandbox_error" or bool(fault_of(box)[0])
 
 

@@ -132,7 +132,8 @@ class LeakageConfig:
 class LeakageHit:
     """One finding: where (file, row, field) and what (kind, marker).
 
-    `kind`: task_id/case_id/path/question/answer/report; `marker`: the matched held-out identifier, path or word span."""
+    `kind`: task_id/case_id/path/question/answer/report; `marker`: the matched held-out identifier, path or word
+    span."""
 
     file: str
     row: int | None
