@@ -5,7 +5,7 @@ module is called `<name>`) or `tests/test_<package>_<name>.py`. A module may hav
 `tests/test_<its test file's stem>_<aspect>.py`. Test files about no single module (red-team, end-to-end, property
 suites, the launch scripts) are listed in `SUITES` and in WORKSPACE.md. Modules whose tests still live in a
 neighbour's file are listed in `TESTED_IN`, each with the file that exercises it. Shared test doubles live in
-`tests/doubles.py`: no test file imports another.
+the `tests/doubles` package: no test file imports another.
 """
 
 import ast
