@@ -59,7 +59,6 @@ TESTED_IN = {
     "bat_jax/tasks/base.py": "test_factory.py",
     "bat_jax/tasks/benchmark.py": "test_tasks_framework.py",
     "bat_jax/tasks/e2e_reduce.py": "test_factory.py",
-    "bat_jax/tasks/rubric_items.py": "test_reward_integrity_inputs.py",
 }
 
 
