@@ -55,10 +55,7 @@ TESTED_IN = {
     "bat_jax/models/causal_lm.py": "test_memory_parity.py",
     "bat_jax/models/episode.py": "test_chat.py",
     "bat_jax/rollout/play.py": "test_tasks_framework.py",
-    "bat_jax/stage_bank/slicing.py": "test_factory.py",
-    "bat_jax/tasks/base.py": "test_factory.py",
     "bat_jax/tasks/benchmark.py": "test_tasks_framework.py",
-    "bat_jax/tasks/e2e_reduce.py": "test_factory.py",
 }
 
 
