@@ -51,7 +51,6 @@ SUITES = {
 
 #: Modules without a test file of their own yet: the test file that exercises each.
 TESTED_IN = {
-    "bat_jax/models/causal_lm.py": "test_memory_parity.py",
     "bat_jax/rollout/play.py": "test_tasks_framework.py",
     "bat_jax/tasks/benchmark.py": "test_tasks_framework.py",
 }
