@@ -104,9 +104,11 @@ class RoundJournal:
 
     def rolled_out(self, key: str, state_ids: Sequence[str], seed: int, base_version: int,
                    roll: Callable[[], tuple[list, list]]) -> tuple[list, list]:
-        """(trajectories, rewards) of unit `key`: read back from the journal when it finished there with the same
-        `state_ids` and `seed`, else `roll()`, recorded as issued before and as done after (thread-safe; units of
-        one block have distinct keys). Versions are stored relative to `base_version` (module docstring).
+        """(trajectories, rewards) of unit `key`, read back or rolled out.
+
+        Read back from the journal when it finished there with the same `state_ids` and `seed`, else `roll()`,
+        recorded as issued before and as done after (thread-safe; units of one block have distinct keys). Versions
+        are stored relative to `base_version` (module docstring).
 
         Raises: whatever `roll` raises (the unit stays issued, unfinished); OSError when the journal cannot be written.
         """
@@ -131,8 +133,9 @@ class RoundJournal:
         return trajectories, rewards
 
     def line(self) -> str:
-        """One log line of what a resumed block took from the journal ('' when it took nothing and re-issued
-        nothing)."""
+        """One log line of what a resumed block took from the journal.
+
+        '' when it reused nothing and re-issued nothing."""
         if not (self.reused or self.reissued):
             return ""
         return (f"[bat_jax] round journal {self.directory}: {self.reused} finished units reused, {self.reissued} "
@@ -145,8 +148,9 @@ class RoundJournal:
 
 
 def for_round(run_dir: str | pathlib.Path, round_index: int, enabled: bool = True) -> RoundJournal:
-    """The journal of round `round_index` under `run_dir` (kept from a killed run), the journals of earlier rounds
-    deleted (their rounds reached the ledger); `RoundJournal(None)` when not `enabled`."""
+    """The journal of round `round_index` under `run_dir` (kept from a killed run; None-backed unless `enabled`).
+
+    The journals of earlier rounds are deleted: their rounds reached the ledger."""
     root = pathlib.Path(run_dir) / JOURNAL_DIR
     if root.is_dir():
         for old in root.iterdir():

@@ -29,9 +29,10 @@ import numpy as np
 
 
 class PromptLoop:
-    """Single-turn episodes on a real engine: row `request`'s prompt ids, one completion of `tokens` tokens, drawn
-    with the seed of (block seed, row index, episode) — the agent loop's per-episode seeding, so a group's draws do
-    not depend on which other groups share the engine call."""
+    """Single-turn episodes on a real engine: row `request`'s prompt ids, one completion of `tokens` tokens.
+
+    Each is drawn with the seed of (block seed, row index, episode) — the agent loop's per-episode seeding, so a
+    group's draws do not depend on which other groups share the engine call."""
 
     def __init__(self, engine, prompts: dict[str, list[int]], tokens: int, k: int, temperature: float):
         self.engine, self.prompts, self.tokens, self.k, self.temperature = engine, prompts, tokens, k, temperature
@@ -103,9 +104,10 @@ def stand_in_scoring():
 
 def policy_kl(staleness=(0, 1, 2), steps: int = 8, rows: int = 4, tokens: int = 16, prompt_len: int = 12,
               probes: int = 16, learning_rate: float | None = None, seed: int = 5) -> dict:
-    """Trains the tiny default's policy for `steps` GRPO steps of `rows` rows × K at each max_staleness in
-    `staleness` (plus s = 0 with another rollout seed) from the same weights on the same rows (the tiny default's
-    GRPO optimizer, at `learning_rate` when given); returns
+    """KL(π_s=0 ‖ π_s) of the tiny default's policy trained at each max_staleness in `staleness`.
+
+    Trains it for `steps` GRPO steps of `rows` rows × K at each s (plus s = 0 with another rollout seed) from the
+    same weights on the same rows (the tiny default's GRPO optimizer, at `learning_rate` when given); returns
     {'kl': {s: KL(π_s=0 ‖ π_s)}, 'kl_untrained': KL(π_s=0 ‖ π_init), 'kl_other_seed': KL(π_s=0 ‖ π_s=0'),
     'reward': {s: mean reward of the block's rollouts}, 'staleness_mean': {s: ...}, 'seconds': wall seconds}."""
     from bat_jax.bicurl import async_block

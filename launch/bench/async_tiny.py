@@ -52,8 +52,10 @@ def components(gin_file: str, bindings: tuple[str, ...]):
 
 
 class Timed:
-    """Wraps a learner: seconds spent in its logprob passes and optimizer steps (`busy_s`), and when its last
-    optimizer step ended (`last_step_end`, monotonic); everything else is the learner's."""
+    """Wraps a learner and times its logprob passes and optimizer steps.
+
+    `busy_s`: seconds spent in them; `last_step_end`: when its last optimizer step ended (monotonic);
+    `engine_at_last_step`: the engine meter's snapshot then. Everything else is the learner's."""
 
     def __init__(self, learner):
         self.inner, self.busy_s, self.last_step_end, self.engine_at_last_step = learner, 0.0, 0.0, (0.0, 0.0)
@@ -94,9 +96,10 @@ class Timed:
 def measure(staleness=(0, 1), steps: int = 2, bank_dir: str = "runs/stage_bank_tabular",
             gin_file: str = "tabular_tiny.gin", checkpoint: str | None = None, bindings: tuple[str, ...] = (),
             seed: int = 7, warmup: bool = True) -> list[dict]:
-    """One GRPO block of `steps` pool batches at each max_staleness in `staleness` (module docstring); with
-    `warmup`, one untimed block of one step at each setting first (the engine's and the learner's programs
-    compiled before any timed block, so neither setting pays for them)."""
+    """One GRPO block of `steps` pool batches at each max_staleness in `staleness` (module docstring).
+
+    With `warmup`, one untimed block of one step at each setting comes first (the engine's and the learner's programs
+    are compiled before any timed block, so neither setting pays for them)."""
     from bat_jax.bicurl import async_block, grpo_round
     from bat_jax.bicurl.engines import build_engine
     from bat_jax.bicurl.experiment import mode_pools
