@@ -6,11 +6,13 @@ Joins the job the environment describes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCE
 BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
 
 * 'pieces': broadcast, on_primary (a value; an error raised on process 0), agree (equal; different), allgather,
-  a writer made by primary_only, and scored_rollouts over a stand-in loop that records which episodes it ran;
+  a writer made by primary_only, scored_rollouts over a stand-in loop that records which episodes it ran, and
+  finished over each process's own futures (results; an error on process 1);
 * 'no_docker': all_ok where process 1 raises BackendUnavailable (a host without Docker);
 * 'die': process 1 exits at once after start-up; process 0 waits for a value from it (the fault test).
 """
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -88,6 +90,18 @@ def pieces(run_dir: pathlib.Path) -> dict:
     loop, scorer = _Loop(), _Scorer()
     trajectories, rewards = multihost.scored_rollouts(loop, ["a", "b", "c"], 7, scorer)
     out.update(trajectories=trajectories, rewards=rewards, ran=loop.ran)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # process 0 holds groups 0 and 1, process 1 group 2
+        own = {0: [0, 1], 1: [2]}[me]
+        done = multihost.finished({i: pool.submit(lambda i=i: [f"group {i}", me]) for i in own}, "step 0's groups")
+        out["finished"] = sorted([k, v] for k, v in done.items())
+
+        def group(i):
+            if me == 1:
+                raise RuntimeError("sandbox of group 2 gone")
+            return i
+
+        out["finished_error"] = _caught(lambda: multihost.finished({i: pool.submit(group, i) for i in own},
+                                                                   "step 1's groups"))
     return out
 
 

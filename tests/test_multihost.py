@@ -45,8 +45,28 @@ def test_one_process_is_the_local_computation(tmp_path):
     assert (tmp_path / "ledger.jsonl").read_text() == "x"
     engine = object()
     assert multihost.local_engine(engine) is engine
-    multihost.check_config(ray=True, sampler_mesh=True, engine_kind="vllm")  # nothing to refuse with one process
+    multihost.check_config(ray=True, sampler_mesh=True)  # nothing to refuse with one process
     assert multihost.host_label(2, "node-b") == "process 2 (node-b)"
+    assert multihost.host_dir(tmp_path) == tmp_path
+
+
+def test_one_process_finished_returns_the_groups_done_once_one_is():
+    """One process: `finished` waits for the first future and returns every one done by then, by key; a
+    future's error is raised as it is; no futures, nothing."""
+    import concurrent.futures
+    import threading
+
+    gate = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(lambda: gate.wait(30) and "slow")
+        fast = pool.submit(lambda: ("trajs", [1.0]))
+        assert multihost.finished({0: slow, 3: fast}, "step 0's groups") == {3: ("trajs", [1.0])}
+        gate.set()
+        assert multihost.finished({0: slow}, "step 0's groups") == {0: "slow"}
+        broken = pool.submit(lambda: {}["sandbox"])
+        with pytest.raises(KeyError, match="sandbox"):
+            multihost.finished({1: broken}, "step 1's groups")
+    assert multihost.finished({}, "nothing") == {}
 
 
 def test_elsewhere_writer_does_nothing():
@@ -54,18 +74,21 @@ def test_elsewhere_writer_does_nothing():
     assert writer.scalar("grpo/reward", 0.5, 1) is None and writer.append(object()) is None
 
 
-def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(monkeypatch):
-    """With 2 processes (process 1 here, faked): Ray workers, the sampler mesh and vLLM are refused in one error
-    naming each binding; a writer is not even made on process 1."""
+def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(monkeypatch, tmp_path):
+    """With 2 processes (process 1 here, faked): Ray workers and the sampler mesh are refused in one error naming
+    each binding; a writer is not even made on process 1; its engine writes under hosts/process-1."""
     monkeypatch.setattr(multihost.jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost.jax, "process_index", lambda: 1)
     with pytest.raises(ConfigError) as e:
-        multihost.check_config(ray=True, sampler_mesh=True, engine_kind="vllm")
+        multihost.check_config(ray=True, sampler_mesh=True)
     assert str(e.value) == (
         "2 processes: experiment.Components.ray (Ray rollout workers): unset it; each host rolls out its share; "
-        "engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices; "
-        "engines.EngineConfig.kind = 'vllm': only 'jax' is run across hosts so far")
-    multihost.check_config(ray=False, sampler_mesh=False, engine_kind="jax")
+        "engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices")
+    with pytest.raises(ConfigError, match=r"^2 processes: experiment.Components.ray \(Ray rollout workers\): unset "
+                                          r"it; each host rolls out its share$"):
+        multihost.check_config(ray=True, sampler_mesh=False)
+    multihost.check_config(ray=False, sampler_mesh=False)  # vLLM and bounded staleness run per host
+    assert multihost.host_dir(tmp_path) == tmp_path / "hosts" / "process-1"
     made = []
     writer = multihost.primary_only(lambda: made.append("ledger"))
     assert isinstance(writer, multihost.Elsewhere) and made == [] and writer.append("line") is None
@@ -143,6 +166,12 @@ def test_two_processes_agree_gather_and_write_once(tmp_path):
         assert p["trajectories"] == ["a/0@7", "a/1@7", "b/0@7", "b/1@7", "c/0@7", "c/1@7"]
         assert p["rewards"] == [5, 5, 5, 1005, 1005, 1005]  # each scored where it ran, then gathered
     assert p0["ran"] == [[0, 0], [0, 1], [1, 0]] and p1["ran"] == [[1, 1], [2, 0], [2, 1]]
+    for p in (p0, p1):  # each process's groups, finished where they ran, on both
+        assert p["finished"] == [[0, ["group 0", 0]], [1, ["group 1", 0]], [2, ["group 2", 1]]]
+    assert p1["finished_error"] == ["RuntimeError", "sandbox of group 2 gone"]
+    kind, message = p0["finished_error"]
+    assert kind == "PeerError" and message.startswith("step 1's groups failed on process 1 (")
+    assert message.endswith("): RuntimeError: sandbox of group 2 gone")
     assert (tmp_path / "written_by_0.txt").read_text() == "ledger line\n"
     assert p0["on_primary_error"] == ["ValueError", "the bank is broken"]
     kind, message = p1["on_primary_error"]

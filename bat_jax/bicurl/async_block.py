@@ -34,6 +34,7 @@ import dataclasses
 from typing import Any
 
 from bat_jax.bicurl import grpo_round as gr
+from bat_jax.bicurl import multihost
 from bat_jax.bicurl.reward import TaskCache
 from bat_jax.learn import grpo
 from bat_jax.learn.dynamic_sampling import SpareRows
@@ -125,8 +126,10 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
     admitted = 0  # batches whose work has been handed to the pool
 
     def submit(slot: _Slot) -> None:
-        slot.future = pool.submit(_roll_group, loop, bank, slot.item, slot.index, block,
-                                  gr.wave_seed(seed, slot.batch, slot.wave), judge, tasks)
+        """Rolls the slot out on this process when it is in this process's share of its batch (all with one)."""
+        if slot.index in multihost.share(len(batches[slot.batch])):
+            slot.future = pool.submit(_roll_group, loop, bank, slot.item, slot.index, block,
+                                      gr.wave_seed(seed, slot.batch, slot.wave), judge, tasks)
 
     def refill(slot: _Slot, same_row: bool) -> bool:
         """Re-queues the slot (its own row, or a spare of its pool); False when no refill is left."""
@@ -140,10 +143,11 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
         submit(slot)
         return True
 
-    def settle(slot: _Slot, current: int) -> None:
-        """Judges a finished group at version `current`: trained, or dropped and refilled (main thread)."""
+    def settle(slot: _Slot, current: int, result: tuple[list, list]) -> None:
+        """Judges a finished group at version `current`: trained, or dropped and refilled (main thread; with
+        several processes every process settles every group, from the same gathered results)."""
         nonlocal drawn, dropped
-        trajs, scored = slot.future.result()
+        trajs, scored = result
         slot.future = None
         drawn += 1
         rewards = [r.reward for r in scored]
@@ -188,11 +192,11 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
                         submit(slot)
                     admitted += 1
                 while unsettled := [slot for slot in slots[b] if not slot.settled]:
-                    concurrent.futures.wait([slot.future for slot in unsettled],
-                                            return_when=concurrent.futures.FIRST_COMPLETED)
+                    done = multihost.finished({slot.index: slot.future for slot in unsettled if slot.future},
+                                              f"step {b}'s groups")
                     for slot in unsettled:
-                        if slot.future is not None and slot.future.done():
-                            settle(slot, current)
+                        if slot.index in done:
+                            settle(slot, current, done[slot.index])
                 groups = [slot for slot in slots[b] if slot.group is not None]
                 trained += len(groups)
                 trained_pools.update(slot.item.pool for slot in groups)
