@@ -1,6 +1,6 @@
 """One process of tests/test_multihost.py's two-process checks of bat_jax/bicurl/multihost.py.
 
-    python tests/multihost_pieces_worker.py OUT_JSON SCENARIO     (SCENARIO: 'pieces', 'no_docker' or 'die')
+    python tests/multihost_pieces_worker.py OUT_JSON SCENARIO   (SCENARIO: 'pieces', 'no_docker', 'die', 'async')
 
 Joins the job the environment describes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID,
 BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
@@ -9,7 +9,11 @@ BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
   a writer made by primary_only, scored_rollouts over a stand-in loop that records which episodes it ran, and
   finished over each process's own futures (results; an error on process 1);
 * 'no_docker': all_ok where process 1 raises BackendUnavailable (a host without Docker);
-* 'die': process 1 exits at once after start-up; process 0 waits for a value from it (the fault test).
+* 'die': process 1 exits at once after start-up; process 0 waits for a value from it (the fault test);
+* 'async': the bounded-staleness GRPO block (max_staleness = 1) over a stand-in loop, scorer and learner: three
+  steps of two rows, row s1 stale at step 0 and row s2 failed (both refilled from the pool's spares): the batches
+  each step trained, the round's counts and the rows this process rolled out. Also run as one process (no
+  JAX_COORDINATOR_ADDRESS) for the reference.
 """
 
 import concurrent.futures
@@ -18,6 +22,9 @@ import os
 import pathlib
 import sys
 import time
+import types
+
+import numpy as np
 
 from bat_jax.learn import distributed
 
@@ -59,6 +66,92 @@ class _Scorer:
 
     def results(self, positions=None):
         return [self.scored[p] for p in positions]
+
+
+REWARDS = {"s0": [1.0, 0.0], "s1": [0.0, 1.0], "s2": [1.0, 1.0], "s3": [1.0, 0.0], "s4": [0.0, 1.0],
+           "s5": [1.0, 0.0], "r0": [0.0, 1.0], "r1": [1.0, 0.0]}
+
+
+class _Engine:
+    weight_version = 0
+
+    def update_weights(self, params):
+        self.weight_version += 1
+        return self.weight_version
+
+
+class _GroupLoop:
+    """Stands in for an AgentLoop under the GRPO block: episode (state, i, k) gives a 4-token trajectory whose
+    logprobs are drawn from (seed, i, k), begun on the engine's version (3 versions earlier for s1: stale at once);
+    s2's episode 1 fails for infrastructure. Records the states it rolled out."""
+
+    config = types.SimpleNamespace(episodes_per_state=2)
+
+    def __init__(self):
+        self.engine, self.ran = _Engine(), []
+
+    def run_episodes(self, episodes, *, seed, on_trajectory):
+        out = []
+        for position, (state, i, k) in enumerate(episodes):
+            self.ran.append(state)
+            began = self.engine.weight_version - (3 if state == "s1" else 0)
+            draw = np.random.default_rng([seed, i, k]).uniform(-1, 0, 2)
+            out.append(types.SimpleNamespace(
+                state_id=state, ids=np.arange(4, dtype=np.int32), loss_mask=np.array([0, 1, 1, 0], np.int32),
+                logprobs=np.array([0, *draw, 0], np.float32), turn_versions=(began,), weight_version=began,
+                agent_error=None, infra_error="sandbox down" if state == "s2" and k == 1 else "", episode_k=k))
+            on_trajectory(position, out[-1])
+        return out
+
+    def run(self, requests, *, seed, on_trajectory):
+        return self.run_episodes([(r, i, k) for i, r in enumerate(requests) for k in range(2)], seed=seed,
+                                 on_trajectory=on_trajectory)
+
+
+class _GroupScorer:
+    """Stands in for RolloutScorer: row r's rollout k scores REWARDS[r][k]."""
+
+    def __init__(self, rows, starts, benchmark, judge, config, tasks):
+        self.rows, self.got = rows, {}
+
+    def submit(self, position, trajectory):
+        self.got[position] = trajectory
+
+    def results(self, positions=None):
+        positions = range(len(self.rows)) if positions is None else positions
+        return [types.SimpleNamespace(reward=REWARDS[self.rows[p].name][self.got[p].episode_k], version="v",
+                                      items=None) for p in positions]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def async_block() -> dict:
+    from bat_jax.bicurl import async_block as ab
+    from bat_jax.bicurl import grpo_round as gr
+    from bat_jax.learn import grpo
+    from bat_jax.learn.staleness import StalenessConfig
+
+    from doubles import FakeLearner
+
+    gr.rl_request = lambda row, start, state_id, prompt: state_id
+    gr.RolloutScorer = _GroupScorer
+    loop = _GroupLoop()
+    item = lambda name: types.SimpleNamespace(  # noqa: E731
+        round_state_id=name, pool="target",
+        row=types.SimpleNamespace(state=None, name=name, provenance=types.SimpleNamespace(track="t")))
+    view = types.SimpleNamespace(batches=[[item("s0"), item("s1")], [item("s2"), item("s3")],
+                                          [item("s4"), item("s5")]], spares={"target": [item("r0"), item("r1")]})
+    learner = FakeLearner()
+    block = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(kl_coef=0.0, tis_cap=2.0, group_size=2), micro_batches=1,
+                               max_response_tokens=8, staleness=StalenessConfig(max_staleness=1))
+    stats = ab.async_grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, block,
+                                benchmark=None, seed=3)
+    steps = [{k: np.asarray(v).round(6).tolist() for k, v in host.items()} for host in learner.seen]
+    return {"steps": steps, "stats": stats.__dict__, "ran": sorted(set(loop.ran))}
 
 
 def _caught(fn):
@@ -127,5 +220,6 @@ def die() -> dict:
 if __name__ == "__main__":
     out_path = pathlib.Path(sys.argv[1])
     scenario = sys.argv[2]
-    result = {"pieces": lambda: pieces(out_path.parent), "no_docker": no_docker, "die": die}[scenario]()
+    result = {"pieces": lambda: pieces(out_path.parent), "no_docker": no_docker, "die": die,
+              "async": async_block}[scenario]()
     out_path.write_text(json.dumps(result))

@@ -207,6 +207,33 @@ def test_a_dead_process_ends_the_other_within_the_heartbeat_timeout(tmp_path):
     assert "The following tasks are unhealthy (stopped sending heartbeats):\n1\n" in logs[0], logs[0][-3000:]
 
 
+@pytest.mark.slow
+def test_two_processes_run_the_bounded_staleness_block_of_one(tmp_path):
+    """max_staleness = 1 over stand-in rollouts: 2 processes each roll out their share of every step's groups (row
+    0 of a batch on process 0, row 1 on process 1, a refill where its slot's row ran), settle every group from the
+    gathered results and train exactly the batches and counts of one process: s1 dropped as stale and refilled by
+    r0 (on process 1), s2 evicted and refilled by r1 (on process 0). The staleness trained on (0 or 1: whether a
+    later step's group began before or after the next sync) depends on thread timing, in one process too."""
+    out, rc, logs, _ = _run_pair(tmp_path, "async")
+    assert rc == {0: 0, 1: 0}, logs
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, str(WORKER), str(tmp_path / "solo.json"), "async"], env=env, cwd=REPO,
+                   check=True, timeout=240)
+    solo = json.loads((tmp_path / "solo.json").read_text())
+    timing = ("staleness_mean", "staleness_max")
+    for p in (out[0], out[1]):
+        assert p["steps"] == solo["steps"] and len(p["steps"]) == 3
+        assert {k: v for k, v in p["stats"].items() if k not in timing} == \
+               {k: v for k, v in solo["stats"].items() if k not in timing}
+        assert p["stats"]["staleness_max"] <= 1
+    assert (solo["stats"]["groups_dropped_stale"], solo["stats"]["groups_evicted"],
+            solo["stats"]["groups_refilled"], solo["stats"]["groups_trained"]) == (1, 1, 2, 6)
+    assert out[0]["ran"] == ["r1", "s0", "s2", "s4"] and out[1]["ran"] == ["r0", "s1", "s3", "s5"]
+    # the groups trained at step 0: s0 and, in s1's slot, r0 (rewards 1,0 and 0,1: advantages ±1/√2)
+    assert solo["steps"][0]["advantages"] == pytest.approx([0.707106, -0.707106, -0.707106, 0.707106], abs=1e-5)
+
+
 # ------------------------------------------------------------------------------ the whole run, 2 × 2 vs 1 × 4
 
 _MESH_IMPORT = "import bat_jax.models.mesh as mesh\n"
