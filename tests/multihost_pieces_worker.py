@@ -1,6 +1,7 @@
 """One process of tests/test_multihost.py's two-process checks of bat_jax/bicurl/multihost.py.
 
-    python tests/multihost_pieces_worker.py OUT_JSON SCENARIO   (SCENARIO: 'pieces', 'no_docker', 'die', 'async')
+    python tests/multihost_pieces_worker.py OUT_JSON SCENARIO
+        (SCENARIO: 'pieces', 'no_docker', 'die', 'async', 'vllm')
 
 Joins the job the environment describes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID,
 BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
@@ -13,7 +14,11 @@ BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
 * 'async': the bounded-staleness GRPO block (max_staleness = 1) over a stand-in loop, scorer and learner: three
   steps of two rows, row s1 stale at step 0 and row s2 failed (both refilled from the pool's spares): the batches
   each step trained, the round's counts and the rows this process rolled out. Also run as one process (no
-  JAX_COORDINATOR_ADDRESS) for the reference.
+  JAX_COORDINATOR_ADDRESS) for the reference;
+* 'vllm': each process starts its own vLLM engine (tiny Qwen3, fp32, CPU) on weights A through the run's path
+  (`engines.build_engine` on `multihost.engine_policy`, files under `multihost.host_dir`, `multihost.local_engine`);
+  the learner's weights B, sharded over both processes, are synced (gathered to each host); greedy completions
+  after the sync, their teacher-forced logprobs and the largest difference to the JAX model B's.
 """
 
 import concurrent.futures
@@ -28,7 +33,8 @@ import numpy as np
 
 from bat_jax.learn import distributed
 
-distributed.initialize(distributed.DistributedConfig.from_env(initialization_timeout_s=120))
+if __name__ == "__main__":  # not in the processes vLLM spawns (they import this file as __mp_main__)
+    distributed.initialize(distributed.DistributedConfig.from_env(initialization_timeout_s=120))
 
 from bat_jax.bicurl import multihost  # noqa: E402
 from bat_jax.sandbox.backends import BackendUnavailable  # noqa: E402
@@ -154,6 +160,48 @@ def async_block() -> dict:
     return {"steps": steps, "stats": stats.__dict__, "ran": sorted(set(loop.ran))}
 
 
+def vllm(run_dir: pathlib.Path) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from bat_jax.bicurl.engines import EngineConfig, build_engine
+    from bat_jax.learn.learner import Learner
+    from bat_jax.models.mesh import MeshConfig
+    from bat_jax.policy import Policy
+    from bat_jax.rollout.engine import SamplingParams, token_logprobs
+
+    from doubles import vllm_reference_model
+
+    model_a, model_b = vllm_reference_model(1), vllm_reference_model(2)
+    policy = Policy(model_a, tokenizer=None, chat_family="qwen3")
+    learner = Learner(model_a, MeshConfig(data=1, fsdp=2, tensor=1))
+    config = EngineConfig(kind="vllm", vllm_options=dict(dtype="float32", kv_cache_memory_bytes=32 << 20,
+                                                          max_num_seqs=8, block_size=32))
+    engine = multihost.local_engine(build_engine(multihost.engine_policy(policy), config, 128,
+                                                 multihost.host_dir(run_dir)))
+    try:
+        prompts = [[5, 17, 301, 42], [7, 7, 99]]
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+        fresh = engine.generate(prompts, greedy)
+        synced = learner.sync_model(nnx.state(model_b, nnx.Param).to_pure_dict())  # B, sharded over both processes
+        spans = any(not x.is_fully_addressable for x in jax.tree.leaves(nnx.state(synced, nnx.Param)))
+        version = engine.update_weights(synced)
+        after = engine.generate(prompts, greedy)
+        scored = engine.score(prompts, [c.token_ids for c in after])
+        diff = 0.0
+        for prompt, c, s in zip(prompts, after, scored):
+            ids = jnp.asarray([list(prompt) + list(c.token_ids)], jnp.int32)
+            logits = model_b(ids, jnp.ones_like(ids))[0, len(prompt) - 1:-1]
+            ref = np.asarray(token_logprobs(logits, jnp.asarray(c.token_ids), 1.0, 1.0))
+            diff = max(diff, float(np.abs(np.asarray(s) - ref).max()))
+        return {"spans_processes": spans, "version": version, "fresh": [c.token_ids.tolist() for c in fresh],
+                "after": [c.token_ids.tolist() for c in after], "versions": [c.weight_version for c in after],
+                "max_logprob_diff": diff, "checkpoint": str(getattr(engine, "engine", engine).config.model_dir)}
+    finally:
+        engine.close()
+
+
 def _caught(fn):
     try:
         return ["ok", fn()]
@@ -221,5 +269,5 @@ if __name__ == "__main__":
     out_path = pathlib.Path(sys.argv[1])
     scenario = sys.argv[2]
     result = {"pieces": lambda: pieces(out_path.parent), "no_docker": no_docker, "die": die,
-              "async": async_block}[scenario]()
+              "async": async_block, "vllm": lambda: vllm(out_path.parent)}[scenario]()
     out_path.write_text(json.dumps(result))

@@ -234,6 +234,25 @@ def test_two_processes_run_the_bounded_staleness_block_of_one(tmp_path):
     assert solo["steps"][0]["advantages"] == pytest.approx([0.707106, -0.707106, -0.707106, 0.707106], abs=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_each_process_runs_its_own_vllm_engine_fed_the_gathered_weights(tmp_path):
+    """2 processes, each with its own in-process vLLM engine (tiny Qwen3, fp32) started by the run's path on
+    weights A, its checkpoint under the process's own directory; the learner's weights B span both processes and
+    one sync gathers them to each engine: version 1, the same greedy completions on both hosts (unlike A's), and
+    teacher-forced logprobs within 1e-3 of the JAX model B's."""
+    pytest.importorskip("vllm")
+    out, rc, logs, seconds = _run_pair(tmp_path, "vllm", timeout_s=600)
+    assert rc == {0: 0, 1: 0}, {i: log[-3000:] for i, log in logs.items()}
+    p0, p1 = out[0], out[1]
+    for index, p in ((0, p0), (1, p1)):
+        assert p["spans_processes"] and p["version"] == 1 and p["versions"] == [1, 1]
+        assert p["checkpoint"] == str(tmp_path / "hosts" / f"process-{index}" / "vllm" / "checkpoint")
+        assert p["max_logprob_diff"] < 1e-3, p["max_logprob_diff"]
+        assert p["after"] != p["fresh"] and [len(c) for c in p["after"]] == [8, 8]
+    assert p0["fresh"] == p1["fresh"] and p0["after"] == p1["after"]
+
+
 # ------------------------------------------------------------------------------ the whole run, 2 × 2 vs 1 × 4
 
 _MESH_IMPORT = "import bat_jax.models.mesh as mesh\n"
@@ -248,9 +267,10 @@ sft.SFTConfig.global_batch_size = 4
 """
 
 
-def _micro_run_file(root: pathlib.Path, rounds: int = 1) -> pathlib.Path:
+def _micro_run_file(root: pathlib.Path, rounds: int = 1, extra: str = "") -> pathlib.Path:
     """The micro run (tests/micro_config.py) with `rounds` rounds of one GRPO step, learner mesh fsdp = 4 (one
-    mesh for 4 devices of one process or 2 of each of two), over a Stage Bank built here once."""
+    mesh for 4 devices of one process or 2 of each of two), over a Stage Bank built here once; `extra`: more gin
+    lines (imports included) appended."""
     import dataclasses
 
     import micro_config
@@ -268,7 +288,7 @@ def _micro_run_file(root: pathlib.Path, rounds: int = 1) -> pathlib.Path:
     text = micro_config.gin_text(root / "bank")
     head, rest = text.split("\n", 1)  # after `from __gin__ import dynamic_registration`
     path = root / "micro_multihost.gin"
-    path.write_text(head + "\n" + _MESH_IMPORT + rest + _SHORTER.replace("rounds = 1", f"rounds = {rounds}"))
+    path.write_text(head + "\n" + _MESH_IMPORT + rest + _SHORTER.replace("rounds = 1", f"rounds = {rounds}") + extra)
     return path
 
 
@@ -339,6 +359,64 @@ def test_two_processes_run_the_experiment_of_one(tmp_path):
                                    err_msg=k)
     assert len(list((tmp_path / "multi" / "tensorboard").rglob("events.out.tfevents*"))) == 1
     assert (tmp_path / "multi" / "report.md").exists()
+
+
+_STALENESS = """\
+import bat_jax.learn.staleness as staleness
+experiment.BiCuRLConfig.grpo_steps_per_round = 2
+experiment.Components.staleness = @staleness.StalenessConfig()
+staleness.StalenessConfig.max_staleness = 1
+grpo.GRPOConfig.tis_cap = 2.0
+pools.PoolConfig.refill = True
+"""
+
+
+def _run_both(gin_file, tmp_path, seconds=2400) -> dict[str, int]:
+    """The run of `gin_file` as 1 process × 4 devices (run dir 'ref') and as 2 × 2 ('multi'); the return codes."""
+    address = f"127.0.0.1:{_free_port()}"
+    procs = {"ref": _launch(gin_file, tmp_path / "ref", 4),
+             "p0": _launch(gin_file, tmp_path / "multi", 2, (address, 0)),
+             "p1": _launch(gin_file, tmp_path / "multi", 2, (address, 1))}
+    deadline = time.monotonic() + seconds
+    try:
+        for p in procs.values():
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return {n: p.returncode for n, p in procs.items()}
+
+
+@pytest.mark.slow
+def test_two_processes_run_bounded_staleness_grpo_as_one(tmp_path):
+    """The micro run with two GRPO steps at max_staleness = 1 (step 1's groups roll out while step 0 trains) as
+    2 processes × 2 devices ends with the ledger and exported parameters of 1 process × 4 devices: the same groups
+    drawn and trained, none dropped, and a staleness of at most 1 (the staleness of step 1's groups is 1 when they
+    began before step 1's sync, as the learner's steps here take far longer than the micro rollouts; a sync that
+    came first would make it 0 in either run)."""
+    import numpy as np
+
+    from bat_jax.ledger import Ledger
+
+    gin_file = _micro_run_file(tmp_path, extra=_STALENESS)
+    rc = _run_both(gin_file, tmp_path)
+    logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in rc}
+    assert rc == {"ref": 0, "p0": 0, "p1": 0}, logs
+    (a,), (b,) = (Ledger(tmp_path / name / "ledger.jsonl").read() for name in ("ref", "multi"))
+    assert (a.selected_stage, a.decision, a.retained_checkpoint, a.state_ids, a.controller_state) == \
+           (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.controller_state)
+    assert a.controller_scores == b.controller_scores and a.kl == pytest.approx(b.kl, abs=1e-5)
+    counts = ("rollouts", "groups_drawn", "groups_trained", "groups_dropped_stale", "groups_evicted",
+              "groups_refilled")
+    assert [getattr(a.grpo, c) for c in counts] == [getattr(b.grpo, c) for c in counts] == [16, 8, 8, 0, 0, 0]
+    assert a.grpo.staleness_max == b.grpo.staleness_max == 1
+    p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
+    assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
+    for k in p_ref:
+        np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
+                                   err_msg=k)
 
 
 @pytest.mark.slow

@@ -20,6 +20,9 @@
   by π_learner / π_engine with the engine's logprobs as each turn was sampled — that weight carries the
   staleness, so bind a `tis_cap` with s > 0 (AReaL's decoupled loss, verl's fully-async recipe do the same).
 
+With several JAX processes each process rolls out the slots in its share of every batch (`multihost.share`), and a
+step's finished groups are gathered and settled on every process alike (`multihost.finished`).
+
 The round's counts of dropped-stale, evicted, aborted and refilled groups and the mean / max staleness trained on go
 to `ledger.GRPOStats`. Everything else (signal diagnostics, mismatch, the after-block probe) is as in the
 synchronous block.
