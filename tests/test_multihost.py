@@ -288,6 +288,8 @@ def _micro_run_file(root: pathlib.Path, rounds: int = 1, extra: str = "") -> pat
     text = micro_config.gin_text(root / "bank")
     head, rest = text.split("\n", 1)  # after `from __gin__ import dynamic_registration`
     path = root / "micro_multihost.gin"
+    if "policy.PolicyConfig.tiny" in extra:  # the extra lines choose another tiny model
+        rest = rest.replace(f"policy.PolicyConfig.tiny = {micro_config.MODEL}\n", "")
     path.write_text(head + "\n" + _MESH_IMPORT + rest + _SHORTER.replace("rounds = 1", f"rounds = {rounds}") + extra)
     return path
 
@@ -412,6 +414,50 @@ def test_two_processes_run_bounded_staleness_grpo_as_one(tmp_path):
               "groups_refilled")
     assert [getattr(a.grpo, c) for c in counts] == [getattr(b.grpo, c) for c in counts] == [16, 8, 8, 0, 0, 0]
     assert a.grpo.staleness_max == b.grpo.staleness_max == 1
+    p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
+    assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
+    for k in p_ref:
+        np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
+                                   err_msg=k)
+
+
+_VLLM = """\
+import bat_jax.bicurl.engines as engines
+policy.PolicyConfig.architecture = 'qwen3'
+policy.PolicyConfig.tiny = {'hidden_size': 64, 'intermediate_size': 128, 'num_hidden_layers': 2, \
+'num_attention_heads': 2, 'num_key_value_heads': 1, 'head_dim': 32, 'max_position_embeddings': 8192}
+experiment.Components.engine = @engines.EngineConfig()
+engines.EngineConfig.kind = 'vllm'
+engines.EngineConfig.vllm_options = {'kv_cache_memory_bytes': 67108864, 'max_num_seqs': 16}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_two_processes_run_the_experiment_on_their_own_vllm_engines_as_one(tmp_path):
+    """The micro run on a tiny Qwen3 with vLLM rollouts (vLLM's CPU build loads Qwen3 dense) as 2 processes × 2
+    devices, each host its own vLLM engine and checkpoint copy, against 1 process × 4 devices with one engine: the
+    same ledger (8 rollouts sampled by vLLM, the same reward) and exported parameters; process 0 alone ran the
+    evaluations."""
+    pytest.importorskip("vllm")
+    import numpy as np
+
+    from bat_jax.ledger import Ledger
+
+    gin_file = _micro_run_file(tmp_path, extra=_VLLM)
+    rc = _run_both(gin_file, tmp_path)
+    logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in rc}
+    assert rc == {"ref": 0, "p0": 0, "p1": 0}, logs
+    (a,), (b,) = (Ledger(tmp_path / name / "ledger.jsonl").read() for name in ("ref", "multi"))
+    assert (a.selected_stage, a.decision, a.retained_checkpoint, a.state_ids, a.controller_state) == \
+           (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.controller_state)
+    assert a.controller_scores == b.controller_scores and a.kl == pytest.approx(b.kl, abs=1e-5)
+    assert a.grpo.rollouts == b.grpo.rollouts == 8 and a.grpo.reward_mean == pytest.approx(b.grpo.reward_mean)
+    for index in (0, 1):
+        config = json.loads((tmp_path / "multi" / "hosts" / f"process-{index}" / "vllm" / "checkpoint" /
+                             "config.json").read_text())
+        assert config["model_type"] == "qwen3" and config["head_dim"] == 32
+    assert (tmp_path / "ref" / "vllm" / "checkpoint" / "config.json").exists()
     p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
     assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
     for k in p_ref:
