@@ -414,6 +414,7 @@ def test_two_processes_run_bounded_staleness_grpo_as_one(tmp_path):
               "groups_refilled")
     assert [getattr(a.grpo, c) for c in counts] == [getattr(b.grpo, c) for c in counts] == [16, 8, 8, 0, 0, 0]
     assert a.grpo.staleness_max == b.grpo.staleness_max == 1
+    assert a.grpo.rollout_mismatch["tokens"] == b.grpo.rollout_mismatch["tokens"]  # the same trained tokens
     p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
     assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
     for k in p_ref:
@@ -453,6 +454,9 @@ def test_two_processes_run_the_experiment_on_their_own_vllm_engines_as_one(tmp_p
            (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.controller_state)
     assert a.controller_scores == b.controller_scores and a.kl == pytest.approx(b.kl, abs=1e-5)
     assert a.grpo.rollouts == b.grpo.rollouts == 8 and a.grpo.reward_mean == pytest.approx(b.grpo.reward_mean)
+    # the same number of sampled tokens, each vLLM logprob within float round-off of the learner's
+    assert a.grpo.rollout_mismatch["tokens"] == b.grpo.rollout_mismatch["tokens"]
+    assert max(a.grpo.rollout_mismatch["mismatch_max_abs"], b.grpo.rollout_mismatch["mismatch_max_abs"]) < 1e-5
     for index in (0, 1):
         config = json.loads((tmp_path / "multi" / "hosts" / f"process-{index}" / "vllm" / "checkpoint" /
                              "config.json").read_text())
