@@ -87,9 +87,11 @@ class _Engine:
 
 
 class _GroupLoop:
-    """Stands in for an AgentLoop under the GRPO block: episode (state, i, k) gives a 4-token trajectory whose
-    logprobs are drawn from (seed, i, k), begun on the engine's version (3 versions earlier for s1: stale at once);
-    s2's episode 1 fails for infrastructure. Records the states it rolled out."""
+    """Stands in for an AgentLoop under the GRPO block; records the states it rolled out.
+
+    Episode (state, i, k) gives a 4-token trajectory whose logprobs are drawn from (seed, i, k), begun on the
+    engine's version (3 versions earlier for s1: stale at once); s2's episode 1 fails for infrastructure.
+    """
 
     config = types.SimpleNamespace(episodes_per_state=2)
 

@@ -89,8 +89,10 @@ def test_multi_shard_save(loaded, tmp_path):
 
 
 def test_a_non_zero_process_writes_its_own_local_copy(loaded, tmp_path, monkeypatch):
-    """Process 1 of 2 (faked) with parameters local to it (a host's own engine copy) writes its own directory, the
-    same tensors as process 0 would (with parameters spanning the processes only process 0 writes)."""
+    """Process 1 of 2 (faked) writes parameters local to it (a host's own engine copy) to its own directory.
+
+    The same tensors as process 0 would (with parameters spanning the processes only process 0 writes).
+    """
     reference = hf_io.save_pretrained(loaded, tmp_path / "p0")
     monkeypatch.setattr(hf_io.jax, "process_index", lambda: 1)
     out = hf_io.save_pretrained(loaded, tmp_path / "p1")

@@ -51,8 +51,10 @@ def test_one_process_is_the_local_computation(tmp_path):
 
 
 def test_one_process_finished_returns_the_groups_done_once_one_is():
-    """One process: `finished` waits for the first future and returns every one done by then, by key; a
-    future's error is raised as it is; no futures, nothing."""
+    """One process: `finished` returns, by key, every future done once the first is.
+
+    A future's error is raised as it is; no futures, nothing.
+    """
     import concurrent.futures
     import threading
 
@@ -75,8 +77,10 @@ def test_elsewhere_writer_does_nothing():
 
 
 def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(monkeypatch, tmp_path):
-    """With 2 processes (process 1 here, faked): Ray workers and the sampler mesh are refused in one error naming
-    each binding; a writer is not even made on process 1; its engine writes under hosts/process-1."""
+    """With 2 processes (process 1 here, faked) Ray workers and the sampler mesh are refused.
+
+    One error names each binding; a writer is not even made on process 1; its engine writes under hosts/process-1.
+    """
     monkeypatch.setattr(multihost.jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost.jax, "process_index", lambda: 1)
     with pytest.raises(ConfigError) as e:
@@ -209,11 +213,14 @@ def test_a_dead_process_ends_the_other_within_the_heartbeat_timeout(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_run_the_bounded_staleness_block_of_one(tmp_path):
-    """max_staleness = 1 over stand-in rollouts: 2 processes each roll out their share of every step's groups (row
-    0 of a batch on process 0, row 1 on process 1, a refill where its slot's row ran), settle every group from the
-    gathered results and train exactly the batches and counts of one process: s1 dropped as stale and refilled by
-    r0 (on process 1), s2 evicted and refilled by r1 (on process 0). The staleness trained on (0 or 1: whether a
-    later step's group began before or after the next sync) depends on thread timing, in one process too."""
+    """The bounded-staleness block (s = 1, stand-in rollouts) as 2 processes trains what one process trains.
+
+    Each process rolls out its share of every step's groups (row 0 of a batch on process 0, row 1 on process 1, a
+    refill where its slot's row ran) and settles every group from the gathered results: the batches and counts of
+    one process, s1 dropped as stale and refilled by r0 (on process 1), s2 evicted and refilled by r1 (on process
+    0). The staleness trained on (0 or 1: whether a later step's group began before or after the next sync) depends
+    on thread timing, in one process too.
+    """
     out, rc, logs, _ = _run_pair(tmp_path, "async")
     assert rc == {0: 0, 1: 0}, logs
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
@@ -237,10 +244,13 @@ def test_two_processes_run_the_bounded_staleness_block_of_one(tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_each_process_runs_its_own_vllm_engine_fed_the_gathered_weights(tmp_path):
-    """2 processes, each with its own in-process vLLM engine (tiny Qwen3, fp32) started by the run's path on
-    weights A, its checkpoint under the process's own directory; the learner's weights B span both processes and
-    one sync gathers them to each engine: version 1, the same greedy completions on both hosts (unlike A's), and
-    teacher-forced logprobs within 1e-3 of the JAX model B's."""
+    """2 processes, each with its own in-process vLLM engine, take the learner's weights from one sync.
+
+    Each engine (tiny Qwen3, fp32) is started by the run's path on weights A, its checkpoint under the process's
+    own directory; the learner's weights B span both processes and one sync gathers them to each engine: version
+    1, the same greedy completions on both hosts (unlike A's), and teacher-forced logprobs within 1e-3 of the JAX
+    model B's.
+    """
     pytest.importorskip("vllm")
     out, rc, logs, seconds = _run_pair(tmp_path, "vllm", timeout_s=600)
     assert rc == {0: 0, 1: 0}, {i: log[-3000:] for i, log in logs.items()}
@@ -268,9 +278,11 @@ sft.SFTConfig.global_batch_size = 4
 
 
 def _micro_run_file(root: pathlib.Path, rounds: int = 1, extra: str = "") -> pathlib.Path:
-    """The micro run (tests/micro_config.py) with `rounds` rounds of one GRPO step, learner mesh fsdp = 4 (one
-    mesh for 4 devices of one process or 2 of each of two), over a Stage Bank built here once; `extra`: more gin
-    lines (imports included) appended."""
+    """The micro run file with `rounds` rounds of one GRPO step, over a Stage Bank built here once.
+
+    The micro run is tests/micro_config.py's, with learner mesh fsdp = 4 (one mesh for 4 devices of one process or
+    2 of each of two); `extra`: more gin lines (imports included) appended.
+    """
     import dataclasses
 
     import micro_config
@@ -374,7 +386,10 @@ pools.PoolConfig.refill = True
 
 
 def _run_both(gin_file, tmp_path, seconds=2400) -> dict[str, int]:
-    """The run of `gin_file` as 1 process × 4 devices (run dir 'ref') and as 2 × 2 ('multi'); the return codes."""
+    """The run of `gin_file` as 1 process × 4 devices (run dir 'ref') and as 2 × 2 ('multi').
+
+    Returns the return codes by name ('ref', 'p0', 'p1').
+    """
     address = f"127.0.0.1:{_free_port()}"
     procs = {"ref": _launch(gin_file, tmp_path / "ref", 4),
              "p0": _launch(gin_file, tmp_path / "multi", 2, (address, 0)),
@@ -393,11 +408,13 @@ def _run_both(gin_file, tmp_path, seconds=2400) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_two_processes_run_bounded_staleness_grpo_as_one(tmp_path):
-    """The micro run with two GRPO steps at max_staleness = 1 (step 1's groups roll out while step 0 trains) as
-    2 processes × 2 devices ends with the ledger and exported parameters of 1 process × 4 devices: the same groups
-    drawn and trained, none dropped, and a staleness of at most 1 (the staleness of step 1's groups is 1 when they
-    began before step 1's sync, as the learner's steps here take far longer than the micro rollouts; a sync that
-    came first would make it 0 in either run)."""
+    """The micro run at max_staleness = 1 as 2 processes × 2 devices ends as 1 process × 4 devices.
+
+    Two GRPO steps (step 1's groups roll out while step 0 trains): the same ledger and exported parameters, the
+    same groups drawn and trained, none dropped, and a staleness of at most 1 (the staleness of step 1's groups is
+    1 when they began before step 1's sync, as the learner's steps here take far longer than the micro rollouts; a
+    sync that came first would make it 0 in either run).
+    """
     import numpy as np
 
     from bat_jax.ledger import Ledger
@@ -436,10 +453,12 @@ engines.EngineConfig.vllm_options = {'kv_cache_memory_bytes': 67108864, 'max_num
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_two_processes_run_the_experiment_on_their_own_vllm_engines_as_one(tmp_path):
-    """The micro run on a tiny Qwen3 with vLLM rollouts (vLLM's CPU build loads Qwen3 dense) as 2 processes × 2
-    devices, each host its own vLLM engine and checkpoint copy, against 1 process × 4 devices with one engine: the
-    same ledger (8 rollouts sampled by vLLM, the same reward) and exported parameters; process 0 alone ran the
-    evaluations."""
+    """The micro run with vLLM rollouts as 2 processes × 2 devices ends as 1 process × 4 devices.
+
+    A tiny Qwen3 (vLLM's CPU build loads Qwen3 dense); each host its own vLLM engine and checkpoint copy, against
+    one engine in the reference: the same ledger (8 rollouts sampled by vLLM, the same reward and tokens) and
+    exported parameters.
+    """
     pytest.importorskip("vllm")
     import numpy as np
 

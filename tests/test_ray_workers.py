@@ -23,9 +23,12 @@ def test_assign_episodes_spreads_the_k_rollouts_of_a_state():
 
 
 def test_run_episodes_spreads_the_given_episodes_and_keeps_their_order(monkeypatch):
-    """A host's share of a batch (positions 3-7 of 8 episodes, as `multihost.scored_rollouts` hands it) over 2
-    stand-in workers: position p to worker p mod 2, each episode run with its own (i, k) and the batch seed,
-    trajectories back in the share's order, each handed over once; `run` is the whole batch through it."""
+    """A host's share of a batch goes over the workers by position and comes back in its order.
+
+    Positions 3-7 of 8 episodes (as `multihost.scored_rollouts` hands them) over 2 stand-in workers: position p to
+    worker p mod 2, each episode run with its own (i, k) and the batch seed, each handed over once; `run` is the
+    whole batch through it.
+    """
     import sys
     import types
 

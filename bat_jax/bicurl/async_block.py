@@ -147,8 +147,10 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
         return True
 
     def settle(slot: _Slot, current: int, result: tuple[list, list]) -> None:
-        """Judges a finished group at version `current`: trained, or dropped and refilled (main thread; with
-        several processes every process settles every group, from the same gathered results)."""
+        """Judges a finished group at version `current`: trained, or dropped and refilled.
+
+        Main thread; with several processes every process settles every group, from the same gathered results.
+        """
         nonlocal drawn, dropped
         trajs, scored = result
         slot.future = None

@@ -304,8 +304,10 @@ class HostWeights:
         self.engine = engine
 
     def update_weights(self, params: Any, **options: Any) -> int:
-        """The engine's `update_weights` on the whole value of `params` (gathered from every process; `options`,
-        e.g. ``in_flight``, passed on)."""
+        """The engine's `update_weights` on the whole value of `params`, gathered from every process.
+
+        `options` (e.g. ``in_flight``) are passed on.
+        """
         state = nnx.state(params) if isinstance(params, nnx.Module) else params
         return self.engine.update_weights(distributed.host_gather(state), **options)
 
@@ -329,17 +331,21 @@ def local_engine(engine: Any) -> Any:
 
 
 def host_dir(run_dir: Any) -> Any:
-    """Where this process's engine writes its files (vLLM's checkpoint): `run_dir` with one process, else
-    ``run_dir/hosts/process-<i>`` (the run directory is shared; every host writes its own copy)."""
+    """Where this process's engine writes its files (vLLM's checkpoint).
+
+    `run_dir` with one process, else ``run_dir/hosts/process-<i>`` (the run directory is shared; every host writes
+    its own copy).
+    """
     if jax.process_count() == 1:
         return run_dir
     return run_dir / "hosts" / f"process-{jax.process_index()}"
 
 
 def check_config(*, ray: bool, sampler_mesh: bool) -> None:
-    """Refuses, with several processes, what this module does not split over hosts: Ray rollout workers (each
-    host's process rolls out its share itself) and the sampler on the global mesh (`EngineConfig.sampler_mesh`:
-    each host's engine must use its own devices).
+    """Refuses, with several processes, what this module does not split over hosts.
+
+    Those are Ray rollout workers (each host's process rolls out its share itself) and the sampler on the global
+    mesh (`EngineConfig.sampler_mesh`: each host's engine must use its own devices).
 
     Raises:
       errors.ConfigError: naming the binding to change.

@@ -268,10 +268,12 @@ class RayRollouts:
 
     def run_episodes(self, episodes: Sequence[tuple[RolloutRequest, int, int]], *, seed: int = 42,
                      on_trajectory: Callable[[int, tj.Trajectory], None] | None = None) -> list[tj.Trajectory]:
-        """`AgentLoop.run_episodes` over the workers: the episode at position p of `episodes` ((request, i, k):
-        sampled with the seed of (seed, i, k)) goes to worker p mod W; trajectories in the order of `episodes`,
-        `on_trajectory(p, trajectory)` called as each worker's share is back (what a host's process runs on its
-        own workers with several JAX processes, `multihost.scored_rollouts`)."""
+        """`AgentLoop.run_episodes` over the workers.
+
+        The episode at position p of `episodes` ((request, i, k): sampled with the seed of (seed, i, k)) goes to
+        worker p mod W; trajectories come back in the order of `episodes`, `on_trajectory(p, trajectory)` called as
+        each worker's share is back (what `multihost.scored_rollouts` hands a host's own workers).
+        """
         import ray
 
         shares = [list(range(w, len(episodes), len(self.workers))) for w in range(len(self.workers))]
