@@ -77,8 +77,9 @@ MODES = ("bicurl", "sft_only", "grpo_e2e")
 
 
 def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig, benchmark: StagedBenchmark) -> dict:
-    """The Data Factory as a launch job (`gin/stage_bank_tiny.gin`): one new version of `benchmark`'s bank, its
-    report in run_dir."""
+    """The Data Factory as a launch job (`gin/stage_bank_tiny.gin`).
+
+    It builds one new version of `benchmark`'s bank, its report in run_dir."""
     built = build_bank(config, benchmark)
     out = dataclasses.asdict(built) if dataclasses.is_dataclass(built) else {"report": str(built)}
     atomic_write(pathlib.Path(run_dir) / "build_report.json", json.dumps(out, indent=2, default=str).encode())
@@ -274,8 +275,10 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
 
 @dataclasses.dataclass
 class _Experiment:
-    """What one run holds open: policy and learner, the bank version it reads, rollout engine and loops, judge,
-    checkpoints, ledger and TensorBoard writer; `evaluate` runs the held-out suite on a set of parameters."""
+    """What one run holds open.
+
+    Policy and learner, the bank version it reads, rollout engine and loops, judge, checkpoints, ledger and TensorBoard
+    writer; `evaluate` runs the held-out suite on a set of parameters."""
 
     run_dir: pathlib.Path
     config: BiCuRLConfig
@@ -321,9 +324,11 @@ class _Experiment:
 
 def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
           resources: contextlib.ExitStack) -> _Experiment:
-    """Checks the benchmark, builds the policy and learner (a missing checkpoint directory fails before other work),
-    then the Stage Bank version (built once, resumable) behind the leakage preflight, the engine, loops and the
-    run's records."""
+    """Opens a run: the benchmark, policy, learner, Stage Bank version, engine, loops and records.
+
+    It checks the benchmark, builds the policy and learner (a missing checkpoint directory fails before other work),
+    then the Stage Bank version (built once, resumable) behind the leakage preflight, the engine, loops and the run's
+    records."""
     benchmark = components.benchmark
     if benchmark is None:
         raise ConfigValueError("experiment.Components.benchmark (the staged benchmark to teach with, e.g. "
@@ -431,8 +436,9 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
 
 
 def _resume(exp: _Experiment, round0: ctl.Evaluation) -> tuple[ctl.Controller, list[RoundRecord]]:
-    """The controller and the ledger's rounds of a resumed run (a new run: round 0 observed). A checkpoint saved
-    by a round killed before its ledger line is deleted: that round is redone."""
+    """The controller and the ledger's rounds of a resumed run (a new run: round 0 observed).
+
+    A checkpoint saved by a round killed before its ledger line is deleted: that round is redone."""
     records = multihost.on_primary(exp.ledger.read, "ledger")
     for step in exp.checkpoints.all_steps():
         if step > (records[-1].round if records else 0):
@@ -448,8 +454,10 @@ def _resume(exp: _Experiment, round0: ctl.Evaluation) -> tuple[ctl.Controller, l
 
 
 def _round_view(exp: _Experiment, view: BankView, target, round_index: int) -> pools.RoundView:
-    """The round's pool batches (and dynamic sampling's spare rows) for target stage `target` from bank version
-    `view`, after the leakage preflight of every row they hold (before the round's first rollout)."""
+    """The round's pool batches (and dynamic sampling's spare rows) for target stage `target`.
+
+    They come from bank version `view`, after the leakage preflight of every row they hold (before the round's first
+    rollout)."""
     rows, pool_config = mode_pools(view.rl_rows, exp.config.mode, exp.components.pools)
     sampling = exp.components.dynamic_sampling
     spares = sampling.max_extra_rows * exp.config.grpo_steps_per_round if sampling.enabled else 0
@@ -505,8 +513,10 @@ def _final_evaluation(exp: _Experiment, config: BiCuRLConfig, systems: dict, bes
 
 def mode_pools(rl_rows: Sequence[RLRow], mode: str, pool_config: pools.PoolConfig
                ) -> tuple[list[RLRow], pools.PoolConfig]:
-    """The RL rows and pool config a round of `mode` draws from: all rows and `pool_config` for BiCuRL; for the
-    GRPO-E2E baseline only the E2E rows, rewarded by their task metric, in the E2E pool alone."""
+    """The RL rows and pool config a round of `mode` draws from.
+
+    All rows and `pool_config` for BiCuRL; for the GRPO-E2E baseline only the E2E rows, rewarded by their task metric,
+    in the E2E pool alone."""
     if mode != "grpo_e2e":
         return list(rl_rows), pool_config
     rows = [dataclasses.replace(row, reward_source="task_metric") for row in rl_rows if row.focus == E2E]
@@ -515,8 +525,9 @@ def mode_pools(rl_rows: Sequence[RLRow], mode: str, pool_config: pools.PoolConfi
 
 def _kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, config: kl.PolicyShiftConfig
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the KL probe set: training rows, never
-    held-out ones)."""
+    """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows.
+
+    They are the KL probe set: training rows, never held-out ones."""
     prompts = []
     for row in list(rows)[: config.num_prompts]:
         messages, tools = prompt.first_messages(row.prompt, row.skill)

@@ -77,8 +77,10 @@ class GRPOBlockConfig:
 
     @property
     def objective(self) -> grpo.GRPOConfig:
-        """`grpo` with Dr.GRPO's constant C set: `loss_scale_factor`, or else the response budget (verl's default:
-        the response width its rollouts are padded to, `response_length`)."""
+        """`grpo` with Dr.GRPO's constant C set.
+
+        C is `loss_scale_factor`, or else the response budget (verl's default: the response width its rollouts are
+        padded to, `response_length`)."""
         if self.grpo.loss_agg != "seq-mean-token-sum-norm" or self.grpo.loss_scale_factor is not None:
             return self.grpo
         return dataclasses.replace(self.grpo, loss_scale_factor=float(self.max_response_tokens))
@@ -223,18 +225,21 @@ def behaviour_logprobs(learner: Learner, host: dict, cfg: grpo.GRPOConfig, param
 
 
 def wave_seed(seed: int, batch: int, wave: int) -> int:
-    """Sampling seed of one wave of rollouts: wave 0 of batch `batch` is ``seed * 100 + batch`` (the batch seed of a
-    run without dynamic sampling). Replacement waves take a seed derived from (seed, batch, wave) by NumPy's
-    `SeedSequence`, so no wave repeats another batch's, round's or run seed's draws. Returns an int in [0, 2**31)."""
+    """Sampling seed of one wave of rollouts, an int in [0, 2**31).
+
+    Wave 0 of batch `batch` is ``seed * 100 + batch`` (the batch seed of a run without dynamic sampling). Replacement
+    waves take a seed derived from (seed, batch, wave) by NumPy's `SeedSequence`, so no wave repeats another batch's,
+    round's or run seed's draws."""
     if wave == 0:
         return seed * 100 + batch
     return int(np.random.SeedSequence([seed, batch, wave]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def batch_rows(learner: Learner, trajectories: Sequence, block: GRPOBlockConfig) -> dict[str, np.ndarray]:
-    """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded up
-    to a multiple of devices × micro-batches rows, T to the longest rollout's `grpo_bucket` (not the next power of
-    two). With dynamic sampling B varies between batches, so the step may compile once per padded size.
+    """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`).
+
+    B is padded up to a multiple of devices × micro-batches rows, T to the longest rollout's `grpo_bucket` (not the next
+    power of two). With dynamic sampling B varies between batches, so the step may compile once per padded size.
 
     Raises:
       AssertionError: a rollout longer than `block.max_context_tokens` (the longest the step is compiled for; the agent
@@ -254,8 +259,9 @@ def batch_rows(learner: Learner, trajectories: Sequence, block: GRPOBlockConfig)
 
 def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], block: GRPOBlockConfig, seed: int,
              judge: RubricJudge | None, tasks: TaskCache):
-    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; each
-    scored as soon as its episode ends, concurrently with the others' generation (`block.reward` threads), tasks
+    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`.
+
+    Each is scored as soon as its episode ends, concurrently with the others' generation (`block.reward` threads), tasks
     rebuilt through `tasks`. Both lists hold K consecutive entries per item, in the batch's order."""
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
     requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, block.prompt)
@@ -268,9 +274,10 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
 
 
 def group_variance(rewards, groups) -> tuple[int, int]:
-    """(groups whose scored rewards are not all equal, groups with at least two scored rewards) of one batch;
-    `rewards[i]` (None = unscored) belongs to group `groups[i]`. Only the first kind gives GRPO a non-zero
-    advantage (a group of equal rewards normalises to zero; `dynamic_sampling.has_signal`)."""
+    """(groups whose scored rewards are not all equal, groups with at least two scored rewards) of one batch.
+
+    `rewards[i]` (None = unscored) belongs to group `groups[i]`. Only the first kind gives GRPO a non-zero advantage (a
+    group of equal rewards normalises to zero; `dynamic_sampling.has_signal`)."""
     by_group: dict = {}
     for reward, group in zip(rewards, groups, strict=True):
         by_group.setdefault(group, []).append(reward)
@@ -279,10 +286,11 @@ def group_variance(rewards, groups) -> tuple[int, int]:
 
 
 def rollout_counts(trajectories, rewards) -> tuple[int, int]:
-    """(unscored, agent_failed) of one batch: rollouts with reward None (infrastructure: unscored, out of the
-    loss), and scored rollouts whose sandbox the agent's own code killed or hung (`Trajectory.agent_error`). The
-    two never overlap: an agent-failed rollout that is unscored for another reason (e.g. the
-    judge down) counts as unscored only."""
+    """(unscored, agent_failed) rollout counts of one batch.
+
+    Unscored: rollouts with reward None (infrastructure: unscored, out of the loss). Agent-failed: scored rollouts whose
+    sandbox the agent's own code killed or hung (`Trajectory.agent_error`). The two never overlap: an agent-failed
+    rollout that is unscored for another reason (e.g. the judge down) counts as unscored only."""
     unscored = sum(r is None for r in rewards)
     agent_failed = sum(bool(t.agent_error) and r is not None for t, r in zip(trajectories, rewards, strict=True))
     return unscored, agent_failed
