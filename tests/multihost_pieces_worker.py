@@ -1,7 +1,7 @@
 """One process of tests/test_multihost.py's two-process checks of bat_jax/bicurl/multihost.py.
 
     python tests/multihost_pieces_worker.py OUT_JSON SCENARIO
-        (SCENARIO: 'pieces', 'no_docker', 'die', 'async', 'vllm')
+        (SCENARIO: 'pieces', 'no_docker', 'die', 'async', 'vllm', 'ray')
 
 Joins the job the environment describes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID,
 BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
@@ -18,7 +18,11 @@ BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
 * 'vllm': each process starts its own vLLM engine (tiny Qwen3, fp32, CPU) on weights A through the run's path
   (`engines.build_engine` on `multihost.engine_policy`, files under `multihost.host_dir`, `multihost.local_engine`);
   the learner's weights B, sharded over both processes, are synced (gathered to each host); greedy completions
-  after the sync, their teacher-forced logprobs and the largest difference to the JAX model B's.
+  after the sync, their teacher-forced logprobs and the largest difference to the JAX model B's;
+* 'ray': each process drives its own Ray rollout worker (one Ray cluster on this machine, started by process 0):
+  the learner's weights (sharded over both processes) pushed to both workers, a batch of 2 rows x K = 2 rolled out
+  by `multihost.scored_rollouts` (each process's share on its own worker), and the same share rolled out by an
+  in-process agent loop on the same weights for comparison.
 """
 
 import concurrent.futures
@@ -204,6 +208,75 @@ def vllm(run_dir: pathlib.Path) -> dict:
         engine.close()
 
 
+def ray_rollouts(run_dir: pathlib.Path) -> dict:
+    import dataclasses
+
+    import ray
+
+    from bat_jax.bicurl.engines import EngineConfig
+    from bat_jax.bicurl.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec, host_params, install_params
+    from bat_jax.learn.learner import Learner
+    from bat_jax.models.mesh import MeshConfig
+    from bat_jax.policy import PolicyConfig, build_policy
+    from bat_jax.prompts import PromptFormat, rl_request
+    from bat_jax.rollout.agent_loop import AgentLoopConfig
+    from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
+    from bat_jax.tasks import heldout
+    from bat_jax.tasks.benchmark import ImagingBenchmark
+    from bat_jax.tasks.registry import get_track
+
+    requests = []
+    for i, seed in enumerate((3, 4)):
+        state = heldout.training_task(get_track("vqa"), seed, "success", 0).state()
+        syn = Transformation("task_synthesis", "ab" * 32, {"seed": seed, "variant": "success", "template": 0})
+        row = RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), "S1", "do the stage",
+                    (RubricSpec("x", "y"),), (), "skill", Provenance("src-1", "cd" * 32, "vqa", "success", (syn,)))
+        requests.append(rl_request(row, state, f"st-{i}", PromptFormat.of(ImagingBenchmark(), "compact")))
+    agent = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=2, max_tokens_per_turn=8,
+                            max_context_tokens=2048, temperature=0.7, progress=False, schedule="lockstep")
+    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16)
+    spec = WorkerSpec(PolicyConfig(architecture="qwen3", tiny=tiny, prompt_style="compact"), agent, "local",
+                      EngineConfig(max_batch=8))
+    learner = Learner(build_policy(dataclasses.replace(spec.policy, seed=1)).model, MeshConfig(data=1, fsdp=2,
+                                                                                                 tensor=1))
+    if multihost.is_primary():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    multihost.barrier("ray started")
+    if not multihost.is_primary():
+        ray.init(address="auto", log_to_driver=False)
+    rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=1, cpus_per_worker=1, start_timeout_s=300,
+                                                        worker_env={"JAX_PLATFORMS": "cpu"}))
+    try:
+        version = rollouts.engine.update_weights(learner.sync_model())  # a collective: every process pushes
+
+        class Scorer:
+            def __init__(self):
+                self.got = {}
+
+            def submit(self, position, trajectory):
+                self.got[position] = trajectory.response_tokens
+
+            def results(self, positions=None):
+                return [self.got[p] for p in positions]
+
+        trajectories, rewards = multihost.scored_rollouts(rollouts, requests, 7, Scorer())
+    finally:
+        rollouts.close()
+        multihost.barrier("workers closed")
+        ray.shutdown()
+    reference = spec.build_policy()
+    loop = spec.build_loop(reference)
+    install_params(reference, loop.engine, host_params(learner.sync_model()))
+    episodes = [(r, i, k) for i, r in enumerate(requests) for k in range(2)]
+    mine = multihost.share(len(episodes))
+    local = loop.run_episodes([episodes[p] for p in mine], seed=7)
+    return {"version": version, "episodes": [[t.state_id, t.episode] for t in trajectories],
+            "versions": [t.weight_version for t in trajectories], "rewards": rewards,
+            "ids": [t.ids.tolist() for t in trajectories], "share": [mine.start, mine.stop],
+            "local_ids": [t.ids.tolist() for t in local]}
+
+
 def _caught(fn):
     try:
         return ["ok", fn()]
@@ -271,5 +344,6 @@ if __name__ == "__main__":
     out_path = pathlib.Path(sys.argv[1])
     scenario = sys.argv[2]
     result = {"pieces": lambda: pieces(out_path.parent), "no_docker": no_docker, "die": die,
-              "async": async_block, "vllm": lambda: vllm(out_path.parent)}[scenario]()
+              "async": async_block, "vllm": lambda: vllm(out_path.parent),
+              "ray": lambda: ray_rollouts(out_path.parent)}[scenario]()
     out_path.write_text(json.dumps(result))

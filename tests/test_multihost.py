@@ -45,7 +45,7 @@ def test_one_process_is_the_local_computation(tmp_path):
     assert (tmp_path / "ledger.jsonl").read_text() == "x"
     engine = object()
     assert multihost.local_engine(engine) is engine
-    multihost.check_config(ray=True, sampler_mesh=True)  # nothing to refuse with one process
+    multihost.check_config(sampler_mesh=True)  # nothing to refuse with one process
     assert multihost.host_label(2, "node-b") == "process 2 (node-b)"
     assert multihost.host_dir(tmp_path) == tmp_path
 
@@ -77,21 +77,17 @@ def test_elsewhere_writer_does_nothing():
 
 
 def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(monkeypatch, tmp_path):
-    """With 2 processes (process 1 here, faked) Ray workers and the sampler mesh are refused.
+    """With 2 processes (process 1 here, faked) the sampler on the global mesh is refused.
 
-    One error names each binding; a writer is not even made on process 1; its engine writes under hosts/process-1.
+    The error names the binding; a writer is not even made on process 1; its engine writes under hosts/process-1.
     """
     monkeypatch.setattr(multihost.jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost.jax, "process_index", lambda: 1)
     with pytest.raises(ConfigError) as e:
-        multihost.check_config(ray=True, sampler_mesh=True)
-    assert str(e.value) == (
-        "2 processes: experiment.Components.ray (Ray rollout workers): unset it; each host rolls out its share; "
-        "engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices")
-    with pytest.raises(ConfigError, match=r"^2 processes: experiment.Components.ray \(Ray rollout workers\): unset "
-                                          r"it; each host rolls out its share$"):
-        multihost.check_config(ray=True, sampler_mesh=False)
-    multihost.check_config(ray=False, sampler_mesh=False)  # vLLM and bounded staleness run per host
+        multihost.check_config(sampler_mesh=True)
+    assert str(e.value) == ("2 processes: engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on "
+                            "its own devices")
+    multihost.check_config(sampler_mesh=False)  # vLLM, Ray workers and bounded staleness run per host
     assert multihost.host_dir(tmp_path) == tmp_path / "hosts" / "process-1"
     made = []
     writer = multihost.primary_only(lambda: made.append("ledger"))
@@ -261,6 +257,28 @@ def test_each_process_runs_its_own_vllm_engine_fed_the_gathered_weights(tmp_path
         assert p["max_logprob_diff"] < 1e-3, p["max_logprob_diff"]
         assert p["after"] != p["fresh"] and [len(c) for c in p["after"]] == [8, 8]
     assert p0["fresh"] == p1["fresh"] and p0["after"] == p1["after"]
+
+
+@pytest.mark.slow
+def test_each_process_drives_its_own_ray_workers(tmp_path):
+    """2 processes, each driving its own Ray rollout worker, roll out their shares of one batch.
+
+    The learner's weights (sharded over both processes) reach both workers (version 1); `scored_rollouts` over
+    `RayRollouts` gives both processes the batch's 4 episodes in order, each process's share sampled on its own
+    worker exactly as an in-process agent loop samples that share on the same weights.
+    """
+    pytest.importorskip("ray")
+    out, rc, logs, _ = _run_pair(tmp_path, "ray", timeout_s=600)
+    assert rc == {0: 0, 1: 0}, {i: log[-3000:] for i, log in logs.items()}
+    p0, p1 = out[0], out[1]
+    for p in (p0, p1):
+        assert p["version"] == 1 and p["versions"] == [1, 1, 1, 1]
+        assert p["episodes"] == [["st-0", 0], ["st-0", 1], ["st-1", 0], ["st-1", 1]]
+        assert all(r >= 1 for r in p["rewards"])  # the stand-in scorer: response tokens, scored where they ran
+    assert p0["ids"] == p1["ids"] and p0["rewards"] == p1["rewards"]
+    assert len({tuple(ids) for ids in p0["ids"]}) == 4  # four different episodes
+    assert (p0["share"], p1["share"]) == ([0, 2], [2, 4])
+    assert p0["ids"][0:2] == p0["local_ids"] and p1["ids"][2:4] == p1["local_ids"]
 
 
 # ------------------------------------------------------------------------------ the whole run, 2 × 2 vs 1 × 4
@@ -481,6 +499,47 @@ def test_two_processes_run_the_experiment_on_their_own_vllm_engines_as_one(tmp_p
                              "config.json").read_text())
         assert config["model_type"] == "qwen3" and config["head_dim"] == 32
     assert (tmp_path / "ref" / "vllm" / "checkpoint" / "config.json").exists()
+    p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
+    assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
+    for k in p_ref:
+        np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
+                                   err_msg=k)
+
+
+@pytest.mark.slow
+def test_two_processes_run_the_experiment_on_their_own_ray_workers_as_one(tmp_path):
+    """The micro run with Ray rollout workers as 2 processes × 2 devices ends as 1 process × 4 devices.
+
+    One Ray cluster started here (each host would have its own); every process of a run drives its own worker,
+    which rolls out that process's share: the same ledger and exported parameters as the one-process run, whose
+    single worker rolls out the whole batch.
+    """
+    ray = pytest.importorskip("ray")
+    import numpy as np
+
+    from bat_jax.ledger import Ledger
+
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    try:
+        address = ray.get_runtime_context().gcs_address
+        gin_file = _micro_run_file(tmp_path, extra=f"""\
+import bat_jax.bicurl.ray_workers as ray_workers
+experiment.Components.ray = @ray_workers.RayRolloutConfig()
+ray_workers.RayRolloutConfig.num_workers = 1
+ray_workers.RayRolloutConfig.address = '{address}'
+ray_workers.RayRolloutConfig.worker_env = {{'JAX_PLATFORMS': 'cpu'}}
+""")
+        rc = _run_both(gin_file, tmp_path)
+    finally:
+        ray.shutdown()
+    logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in rc}
+    assert rc == {"ref": 0, "p0": 0, "p1": 0}, logs
+    (a,), (b,) = (Ledger(tmp_path / name / "ledger.jsonl").read() for name in ("ref", "multi"))
+    assert (a.selected_stage, a.decision, a.retained_checkpoint, a.state_ids, a.controller_state) == \
+           (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.controller_state)
+    assert a.controller_scores == b.controller_scores and a.kl == pytest.approx(b.kl, abs=1e-5)
+    assert a.grpo.rollouts == b.grpo.rollouts == 8
+    assert a.grpo.rollout_mismatch["tokens"] == b.grpo.rollout_mismatch["tokens"]
     p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
     assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
     for k in p_ref:

@@ -364,7 +364,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
           f"leakage preflight clean")
 
     agent = components.agent
-    multihost.check_config(ray=components.ray is not None, sampler_mesh=components.engine.sampler_mesh is not None)
+    multihost.check_config(sampler_mesh=components.engine.sampler_mesh is not None)
     engine = multihost.local_engine(build_engine(  # with several processes: its own model copy, fed gathered weights
         multihost.engine_policy(policy), components.engine, agent.max_context_tokens, multihost.host_dir(run_dir),
         batch_episodes=components.pools.batch_size * agent.episodes_per_state))

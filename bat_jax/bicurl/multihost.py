@@ -17,7 +17,7 @@ Filestore, a GCS mount), as Orbax's multi-host checkpoints need anyway. On top o
   process keeps or falls back to the same checkpoint.
 * **Rollouts.** A GRPO batch's K·rows episodes are split into contiguous shares by process index; each process
   rolls out its share on its own engine (the JAX sampler on its local devices, or its local vLLM replicas, whose
-  files go under :func:`host_dir`) and sandboxes, scores it, and the trajectories and rewards are gathered so that
+  files go under :func:`host_dir`; or its own Ray rollout workers) and sandboxes, scores it, and the trajectories and rewards are gathered so that
   every process builds the same global batch (:func:`scored_rollouts`). Episode (i, k) samples with the seed of
   (round seed, i, k) wherever it runs (``AgentLoop.run_episodes``), so the split changes no draw. The engine's
   weights are the learner's gathered to the host (:class:`HostWeights`).
@@ -350,21 +350,15 @@ def host_dir(run_dir: Any) -> Any:
     return run_dir / "hosts" / f"process-{jax.process_index()}"
 
 
-def check_config(*, ray: bool, sampler_mesh: bool) -> None:
+def check_config(*, sampler_mesh: bool) -> None:
     """Refuses, with several processes, what this module does not split over hosts.
 
-    Those are Ray rollout workers (each host's process rolls out its share itself) and the sampler on the global
-    mesh (`EngineConfig.sampler_mesh`: each host's engine must use its own devices).
+    That is the sampler on the global mesh (`EngineConfig.sampler_mesh`): each host's engine must use its own
+    devices. Ray rollout workers are each host's own (every process drives its own `RayRollouts`).
 
     Raises:
       errors.ConfigError: naming the binding to change.
     """
-    if jax.process_count() == 1:
-        return
-    problems = []
-    if ray:
-        problems.append("experiment.Components.ray (Ray rollout workers): unset it; each host rolls out its share")
-    if sampler_mesh:
-        problems.append("engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices")
-    if problems:
-        raise ConfigError(f"{jax.process_count()} processes: " + "; ".join(problems))
+    if jax.process_count() > 1 and sampler_mesh:
+        raise ConfigError(f"{jax.process_count()} processes: engines.EngineConfig.sampler_mesh: unset it; each "
+                          "host's sampler runs on its own devices")
