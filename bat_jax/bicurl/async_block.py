@@ -202,8 +202,8 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
                         submit(slot)
                     admitted += 1
                 while unsettled := [slot for slot in slots[b] if not slot.settled]:
-                    done = multihost.finished({slot.index: slot.future for slot in unsettled if slot.future},
-                                              f"step {b}'s groups")
+                    mine = {slot.index: slot.future for slot in unsettled if slot.future is not None}
+                    done = multihost.finished(mine, f"step {b}'s groups")
                     for slot in unsettled:
                         if slot.index in done:
                             settle(slot, current, done[slot.index])

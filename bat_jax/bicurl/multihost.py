@@ -17,10 +17,10 @@ Filestore, a GCS mount), as Orbax's multi-host checkpoints need anyway. On top o
   process keeps or falls back to the same checkpoint.
 * **Rollouts.** A GRPO batch's K·rows episodes are split into contiguous shares by process index; each process
   rolls out its share on its own engine (the JAX sampler on its local devices, or its local vLLM replicas, whose
-  files go under :func:`host_dir`; or its own Ray rollout workers) and sandboxes, scores it, and the trajectories and rewards are gathered so that
-  every process builds the same global batch (:func:`scored_rollouts`). Episode (i, k) samples with the seed of
-  (round seed, i, k) wherever it runs (``AgentLoop.run_episodes``), so the split changes no draw. The engine's
-  weights are the learner's gathered to the host (:class:`HostWeights`).
+  files go under :func:`host_dir`; or its own Ray rollout workers) and sandboxes, scores it, and the trajectories
+  and rewards are gathered so that every process builds the same global batch (:func:`scored_rollouts`). Episode
+  (i, k) samples with the seed of (round seed, i, k) wherever it runs (``AgentLoop.run_episodes``), so the split
+  changes no draw. The engine's weights are the learner's gathered to the host (:class:`HostWeights`).
 * **Bounded staleness** (``bicurl/async_block.py``). Row i of a pool batch (its group, and any refill of its slot)
   rolls out on the process whose share of the batch holds i; a step's finished groups are gathered
   (:func:`finished`) and every process settles every group from the same data, so admission, drops, refills and
