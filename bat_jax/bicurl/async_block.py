@@ -20,6 +20,9 @@
   by π_learner / π_engine with the engine's logprobs as each turn was sampled — that weight carries the
   staleness, so bind a `tis_cap` with s > 0 (AReaL's decoupled loss, verl's fully-async recipe do the same).
 
+With several JAX processes each process rolls out the slots in its share of every batch (`multihost.share`), and a
+step's finished groups are gathered and settled on every process alike (`multihost.finished`).
+
 The round's counts of dropped-stale, evicted, aborted and refilled groups and the mean / max staleness trained on go
 to `ledger.GRPOStats`. Everything else (signal diagnostics, mismatch, the after-block probe) is as in the
 synchronous block.
@@ -34,6 +37,7 @@ import dataclasses
 from typing import Any
 
 from bat_jax.bicurl import grpo_round as gr
+from bat_jax.bicurl import multihost
 from bat_jax.bicurl.reward import TaskCache
 from bat_jax.bicurl.round_journal import RoundJournal
 from bat_jax.learn import grpo
@@ -137,6 +141,9 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
     base_version = 0  # the engine's version at step 0's sync (the journal's versions count from it)
 
     def submit(slot: _Slot) -> None:
+        """Rolls the slot out on this process when it is in this process's share of its batch (all with one)."""
+        if slot.index not in multihost.share(len(batches[slot.batch])):
+            return
         group_seed, item = gr.wave_seed(seed, slot.batch, slot.wave), slot.item
         slot.future = pool.submit(
             journal.rolled_out, f"b{slot.batch:04d}-i{slot.index:03d}-w{slot.wave:03d}", [item.round_state_id],
@@ -155,10 +162,13 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
         submit(slot)
         return True
 
-    def settle(slot: _Slot, current: int) -> None:
-        """Judges a finished group at version `current`: trained, or dropped and refilled (main thread)."""
+    def settle(slot: _Slot, current: int, result: tuple[list, list]) -> None:
+        """Judges a finished group at version `current`: trained, or dropped and refilled.
+
+        Main thread; with several processes every process settles every group, from the same gathered results.
+        """
         nonlocal drawn, dropped
-        trajs, scored = slot.future.result()
+        trajs, scored = result
         slot.future = None
         drawn += 1
         rewards = [r.reward for r in scored]
@@ -204,11 +214,11 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
                         submit(slot)
                     admitted += 1
                 while unsettled := [slot for slot in slots[b] if not slot.settled]:
-                    concurrent.futures.wait([slot.future for slot in unsettled],
-                                            return_when=concurrent.futures.FIRST_COMPLETED)
+                    mine = {slot.index: slot.future for slot in unsettled if slot.future is not None}
+                    done = multihost.finished(mine, f"step {b}'s groups")
                     for slot in unsettled:
-                        if slot.future is not None and slot.future.done():
-                            settle(slot, current)
+                        if slot.index in done:
+                            settle(slot, current, done[slot.index])
                 groups = [slot for slot in slots[b] if slot.group is not None]
                 trained += len(groups)
                 trained_pools.update(slot.item.pool for slot in groups)

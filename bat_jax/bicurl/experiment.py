@@ -370,10 +370,9 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
           f"leakage preflight clean")
 
     agent = components.agent
-    multihost.check_config(ray=components.ray is not None, sampler_mesh=components.engine.sampler_mesh is not None,
-                           engine_kind=components.engine.kind, max_staleness=components.staleness.max_staleness)
+    multihost.check_config(sampler_mesh=components.engine.sampler_mesh is not None)
     engine = multihost.local_engine(build_engine(  # with several processes: its own model copy, fed gathered weights
-        multihost.engine_policy(policy), components.engine, agent.max_context_tokens, run_dir,
+        multihost.engine_policy(policy), components.engine, agent.max_context_tokens, multihost.host_dir(run_dir),
         batch_episodes=components.pools.batch_size * agent.episodes_per_state))
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
