@@ -1,7 +1,7 @@
 """One process of tests/test_multihost.py's two-process checks of bat_jax/bicurl/multihost.py.
 
     python tests/multihost_pieces_worker.py OUT_JSON SCENARIO
-        (SCENARIO: 'pieces', 'no_docker', 'die', 'async', 'vllm', 'ray')
+        (SCENARIO: 'pieces', 'no_docker', 'die', 'raises', 'async', 'vllm', 'ray')
 
 Joins the job the environment describes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID,
 BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
@@ -11,6 +11,7 @@ BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
   finished over each process's own futures (results; an error on process 1);
 * 'no_docker': all_ok where process 1 raises BackendUnavailable (a host without Docker);
 * 'die': process 1 exits at once after start-up; process 0 waits for a value from it (the fault test);
+* 'raises': as 'die', but process 1 raises inside `launch.guarded` (the run's error path with several processes);
 * 'async': the bounded-staleness GRPO block (max_staleness = 1) over a stand-in loop, scorer and learner: three
   steps of two rows, row s1 stale at step 0 and row s2 failed (both refilled from the pool's spares): the batches
   each step trained, the round's counts and the rows this process rolled out. Also run as one process (no
@@ -332,6 +333,17 @@ def no_docker() -> dict:
     return {"all_ok": got, "released": released}
 
 
+def raises() -> dict:
+    if multihost.process_index() == 1:  # what `python -m bat_jax.launch` does when the run raises on this process
+        from bat_jax import launch
+        launch.guarded(lambda: _fail("sandbox pool lost"), several=True)
+    return die()
+
+
+def _fail(message: str) -> None:
+    raise RuntimeError(message)
+
+
 def die() -> dict:
     if multihost.process_index() == 1:
         os._exit(3)
@@ -343,7 +355,7 @@ def die() -> dict:
 if __name__ == "__main__":
     out_path = pathlib.Path(sys.argv[1])
     scenario = sys.argv[2]
-    result = {"pieces": lambda: pieces(out_path.parent), "no_docker": no_docker, "die": die,
+    result = {"pieces": lambda: pieces(out_path.parent), "no_docker": no_docker, "die": die, "raises": raises,
               "async": async_block, "vllm": lambda: vllm(out_path.parent),
               "ray": lambda: ray_rollouts(out_path.parent)}[scenario]()
     out_path.write_text(json.dumps(result))

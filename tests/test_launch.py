@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bat_jax import launch
+from bat_jax.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -85,3 +86,20 @@ def test_cli_bad_binding_exits_nonzero_with_the_binding(tmp_path):
          f"--run_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "bad gin binding 'nope.x = 1'" in proc.stderr
+
+
+def test_guarded_with_one_process_prints_a_config_error_as_one_line_and_re_raises_others(capsys):
+    from absl import flags
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+    def bad_config():
+        raise ConfigError("bank row 3: field 'stage'\n  In call to configurable 'run'")
+
+    with pytest.raises(SystemExit) as exit_info:
+        launch.guarded(bad_config, several=False)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "[bat_jax] error: bank row 3: field 'stage'\n"
+    with pytest.raises(KeyError, match="lost"):
+        launch.guarded(lambda: {}["lost"], several=False)
+    assert launch.guarded(lambda: None, several=False) is None

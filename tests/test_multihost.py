@@ -208,6 +208,17 @@ def test_a_dead_process_ends_the_other_within_the_heartbeat_timeout(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_process_whose_run_raises_exits_and_ends_the_other_within_the_heartbeat_timeout(tmp_path):
+    """An error on one process prints its traceback and exits 1 at once; its waiting peer stops, naming it."""
+    out, rc, logs, seconds = _run_pair(tmp_path, "raises", timeout_s=180, heartbeat_s=5)
+    assert rc[1] == 1 and out[1] is None, logs[1][-3000:]
+    assert "RuntimeError: sandbox pool lost" in logs[1]
+    assert seconds < 90, f"the pair took {seconds:.0f} s to stop"
+    assert rc[0] != 0 and out[0] is None, logs[0][-3000:]
+    assert "The following tasks are unhealthy (stopped sending heartbeats):\n1\n" in logs[0], logs[0][-3000:]
+
+
+@pytest.mark.slow
 def test_two_processes_run_the_bounded_staleness_block_of_one(tmp_path):
     """The bounded-staleness block (s = 1, stand-in rollouts) as 2 processes trains what one process trains.
 

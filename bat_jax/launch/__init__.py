@@ -19,7 +19,9 @@ import logging
 import os
 import pathlib
 import sys
+import traceback
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import gin
 from absl import flags
@@ -224,14 +226,44 @@ def main(argv: Sequence[str]) -> None:
         raise SystemExit(f"unexpected positional arguments: {list(argv[1:])}")
     # multi-host: jax.distributed starts from the environment (variables named in learn/distributed.py) before
     # anything else touches JAX; a single process does nothing here
-    distributed.initialize(distributed.DistributedConfig.from_env())
+    several = distributed.initialize(distributed.DistributedConfig.from_env())
+    guarded(lambda: launch(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, FLAGS.run_dir,
+                           FLAGS.runs_root), several=several)
+
+
+def guarded(job: Callable[[], Any], *, several: bool) -> None:
+    """Runs `job`; a configuration error is one line, and with several processes any error ends the process.
+
+    With several processes a failing process must stop at once: a normal interpreter exit waits in
+    ``jax.distributed``'s shutdown for peers still inside a collective, keeps sending heartbeats and hangs them
+    all. So it prints the error (one line, or the traceback) and leaves with ``os._exit``; its peers then stop
+    within the heartbeat timeout, naming it. `BAT_JAX_DEBUG=1` / `--debug` re-raises configuration errors.
+
+    Raises:
+      SystemExit: status 2 after a configuration error (one process).
+      BaseException: any other error of `job`, unchanged (one process).
+    """
     try:
-        launch(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths, FLAGS.run_dir, FLAGS.runs_root)
+        job()
     except ConfigError as e:
         if FLAGS.debug or os.environ.get("BAT_JAX_DEBUG", "") not in ("", "0"):
             raise
         print(f"[bat_jax] error: {one_line(e)}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _leave(2, several)
+    except BaseException:
+        if not several:
+            raise
+        traceback.print_exc()
+        _leave(1, several)
+
+
+def _leave(status: int, several: bool) -> None:
+    """Exits with `status`: at once (no shutdown handshake) with several processes, else by SystemExit."""
+    if several:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    raise SystemExit(status) from None
 
 
 def one_line(error: BaseException) -> str:
