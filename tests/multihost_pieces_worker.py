@@ -22,11 +22,12 @@ from bat_jax.learn import distributed
 distributed.initialize(distributed.DistributedConfig.from_env(initialization_timeout_s=120))
 
 from bat_jax.bicurl import multihost  # noqa: E402
+from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.sandbox.backends import BackendUnavailable  # noqa: E402
 
 
 class _Config:
-    episodes_per_state = 2
+    sampling = SamplingConfig(group_size=2)
 
 
 class _Loop:

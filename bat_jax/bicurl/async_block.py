@@ -79,7 +79,7 @@ def _roll_group(loop: AgentLoop, bank: StageBank, item: pools.RoundItem, index: 
     rollouts, samples it as row 0 of its own call)."""
     start = bank.load_state(item.row.state)
     request = gr.rl_request(item.row, start, item.round_state_id, block.prompt)
-    k_rollouts = block.grpo.group_size
+    k_rollouts = block.grpo.sampling.group_size
     with gr.RolloutScorer([item.row] * k_rollouts, [start] * k_rollouts, tasks.benchmark, judge, block.reward,
                           tasks) as scorer:
         if hasattr(loop, "run_episodes"):

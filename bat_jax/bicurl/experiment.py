@@ -64,6 +64,7 @@ from bat_jax.policy import Policy, PolicyConfig, build_policy
 from bat_jax.prompts import PromptFormat
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.rollout.engine import RolloutEngine
+from bat_jax.rollout.sampling import SamplingConfig
 from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.bank import BankView, StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
@@ -148,10 +149,11 @@ class Components:
     `bank` steered by the run's aggregate scores (`stage_bank/factory_loop.py`); it stops with the run, and rounds
     read whatever version is admitted when they start (`BiCuRLConfig.bank_version`). Unset = the bank is built once.
 
+    `sampling` (`rollout/sampling.SamplingConfig`) is the run's one K and sampling transform: construction puts
+    this one object into `agent.sampling` and `grpo.sampling`, so the rollouts and GRPO's logprobs cannot disagree.
+
     Raises:
       ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler).
-      errors.ConfigValueError: K or the sampling transform bound differently for GRPO and the agent loop
-        (`_check_rollout_settings`).
     """
 
     benchmark: StagedBenchmark | None = None
@@ -176,34 +178,13 @@ class Components:
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     staleness: StalenessConfig = StalenessConfig()  # bounded-staleness GRPO (learn/staleness.py); 0 = synchronous
     factory_loop: FactoryLoopConfig | None = None
+    sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self):
-        _check_rollout_settings(self.grpo, self.agent)
+        object.__setattr__(self, "agent", dataclasses.replace(self.agent, sampling=self.sampling))
+        object.__setattr__(self, "grpo", dataclasses.replace(self.grpo, sampling=self.sampling))
         if self.ray is not None and self.engine.kind != "jax":
             raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine kind 'jax'")
-
-
-_SHARED = (("group_size", "episodes_per_state"), ("temperature", "temperature"), ("top_p", "top_p"),
-           ("top_k", "top_k"))  # (GRPOConfig field, AgentLoopConfig field): one value, read by both
-
-
-def _check_rollout_settings(grpo_config: grpo.GRPOConfig, agent: AgentLoopConfig) -> None:
-    """Raises unless GRPO and the agent loop agree on K and on the sampling transform.
-
-    The loop rolls K episodes per state and samples them under (temperature, top_p, top_k); GRPO groups by K and
-    computes its logprobs under the same transform, so its first ratios start at exactly 1. A binding that
-    changes one side only fails here, at launch, naming both bindings.
-
-    Raises:
-      errors.ConfigValueError: the first disagreeing pair, e.g. `GRPOConfig.temperature` and
-        `AgentLoopConfig.temperature`.
-    """
-    for g_name, a_name in _SHARED:
-        g, a = getattr(grpo_config, g_name), getattr(agent, a_name)
-        if g != a:
-            raise ConfigValueError(
-                f"GRPOConfig.{g_name} = {g!r} but AgentLoopConfig.{a_name} = {a!r}: the rollouts and GRPO must "
-                f"share one value; bind both (the run files bind them through one macro)")
 
 
 def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components: Components = Components()) -> dict:
@@ -363,7 +344,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                            engine_kind=components.engine.kind, max_staleness=components.staleness.max_staleness)
     engine = multihost.local_engine(build_engine(  # with several processes: its own model copy, fed gathered weights
         multihost.engine_policy(policy), components.engine, agent.max_context_tokens, run_dir,
-        batch_episodes=components.pools.batch_size * agent.episodes_per_state))
+        batch_episodes=components.pools.batch_size * components.sampling.group_size))
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None

@@ -104,7 +104,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     varied = grouped = drawn = dropped = trained = 0
     before, first, mismatch, trained_pools = [], None, [], collections.Counter()
     spares = SpareRows(round_view.spares)
-    k_rollouts = block.grpo.group_size
+    k_rollouts = block.grpo.sampling.group_size
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
         learner.params = state.params
         loop.engine.update_weights(learner.sync_model(state.params))
@@ -260,7 +260,8 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
     requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, block.prompt)
                 for item in batch]
-    per_rollout = [item for item in batch for _ in range(block.grpo.group_size)]  # the loop's order: K a row
+    k_rollouts = block.grpo.sampling.group_size
+    per_rollout = [item for item in batch for _ in range(k_rollouts)]  # the loop's order: K a row
     with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
                        tasks.benchmark, judge, block.reward, tasks) as scorer:
         # scored as they finish; with several processes each rolls out and scores its share, then all gather

@@ -205,7 +205,7 @@ class RayRollouts:
 
     Args:
       workers: `RolloutWorker` actor handles.
-      config: the agent loop's config (`episodes_per_state` K is read here).
+      config: the agent loop's config (K, `sampling.group_size`, is read here).
     Use `RayRollouts.start` to create the actors; `close` ends them.
     """
 
@@ -262,7 +262,7 @@ class RayRollouts:
         (so the first shares are scored while other workers still roll out)."""
         import ray
 
-        k_per = self.config.episodes_per_state
+        k_per = self.config.sampling.group_size
         shares = assign_episodes(len(requests), k_per, len(self.workers))
         pending = {w.run.remote([(requests[i], i, k) for i, k in share], seed): share
                    for w, share in zip(self.workers, shares) if share}

@@ -242,7 +242,7 @@ def main(argv=None) -> int:
         _line("sft", t0, loss=f"{float(m['loss']):.3f}", **speed(dt))
         learner.adopt(state)
 
-    cfg = grpo.GRPOConfig(temperature=0.7)
+    cfg = grpo.GRPOConfig()
     if "grpo" in stages:
         t0 = time.perf_counter()
         ref = learner.logprobs(learner.params, {"input_ids": ids, "attention_mask": ones}, cfg)
