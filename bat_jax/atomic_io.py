@@ -33,8 +33,9 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A binary file opened for writing that becomes `path` when the `with` block ends without an exception
-    (parent directories are created); on an exception nothing at `path` changes and the temporary file is gone.
+    """A binary file opened for writing that becomes `path` when the `with` block ends without an exception.
+
+    Parent directories are created. On an exception nothing at `path` changes and the temporary file is gone.
 
     Raises:
       OSError: the directory or file cannot be written (the exception of the block itself propagates as it is).
@@ -62,10 +63,12 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
 
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """A new empty directory (mode 0755, beside `path`) to fill in the `with` block; when the block ends without an
-    exception it replaces `path` (a directory or nothing; parents are created), otherwise it is removed and `path`
-    is unchanged. Replacing an existing directory takes two renames (the old one aside, the new one in, then the old
-    one removed): a reader sees the old directory, the new one or, between the renames, none; never a part of one.
+    """A new empty directory to fill in the `with` block that then replaces `path` whole.
+
+    The directory (mode 0755) is made beside `path`. When the block ends without an exception it replaces `path` (a
+    directory or nothing; parents are created), otherwise it is removed and `path` is unchanged. Replacing an existing
+    directory takes two renames (the old one aside, the new one in, then the old one removed): a reader sees the old
+    directory, the new one or, between the renames, none; never a part of one.
 
     Raises:
       OSError: the directory cannot be created or renamed (the exception of the block itself propagates as it is).

@@ -118,8 +118,10 @@ class GRPOStats:
         return ItemRates.from_dict(self.items, "grpo.items")
 
     def scalars(self) -> dict[str, float]:
-        """The numeric fields as TensorBoard scalars ('grpo/<name>'; None and mappings left out but the judge's and
-        the mismatch's numbers, prefixed, and the item pass rates as 'items/<stage>/<item>', 0–100)."""
+        """The numeric fields as TensorBoard scalars ('grpo/<name>').
+
+        None and mappings are left out, except the judge's and the mismatch's numbers, prefixed, and the item pass rates
+        as 'items/<stage>/<item>', 0–100."""
         out = {k: float(v) for k, v in dataclasses.asdict(self).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
         out.update({f"rc_{k}": float(v) for k, v in (self.rollout_mismatch or {}).items()})
@@ -200,8 +202,12 @@ class RoundRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RoundRecord":
-        """Raises KeyError / TypeError on missing or unexpected fields (wrapped by `Ledger.read`). A format-1 line
-        (the GRPO block's figures flat in the record) is read into the nested `grpo`."""
+        """A `RoundRecord` from a ledger line's dict.
+
+        A format-1 line (the GRPO block's figures flat in the record) is read into the nested `grpo`.
+
+        Raises:
+          KeyError, TypeError: missing or unexpected fields (`Ledger.read` wraps them)."""
         d = dict(d)
         if d.pop("format", FORMAT) == 1:
             d = _from_format_1(d)

@@ -73,9 +73,11 @@ class PolicyConfig:
 
 @dataclasses.dataclass
 class Policy:
-    """A model with its tokenizer, the chat family of the tokenizer's template (`chat_family`: how turns and
-    tool calls are rendered; the shipped tiny tokenizer carries the Qwen3.5 template whatever the model) and
-    the prompt style its turns are rendered in (`PROMPT_STYLES`)."""
+    """A model with its tokenizer, chat family and prompt style.
+
+    `chat_family` is the chat family of the tokenizer's template (how turns and tool calls are rendered; the shipped
+    tiny tokenizer carries the Qwen3.5 template whatever the model). `prompt_style` is the style its turns are rendered
+    in (`PROMPT_STYLES`)."""
 
     model: nnx.Module
     tokenizer: Any
@@ -137,9 +139,10 @@ def _missing_checkpoint_files(path: pathlib.Path) -> list[str]:
 
 def make_agent_loop(policy: Policy, engine: RolloutEngine, make_sandbox: SandboxFactory, config: AgentLoopConfig,
                     sandbox_release: Callable[[Sandbox], None] | None = None) -> AgentLoop:
-    """An AgentLoop over `engine` with the policy's chat template (token in, token out). `make_sandbox` /
-    `sandbox_release`: where episodes get and give back sandboxes (`sandbox.backends.SandboxBackend.make` /
-    `.release`; release None = close each one)."""
+    """An AgentLoop over `engine` with the policy's chat template (token in, token out).
+
+    `make_sandbox` / `sandbox_release`: where episodes get and give back sandboxes
+    (`sandbox.backends.SandboxBackend.make` / `.release`; release None = close each one)."""
     im_start = policy.tokenizer.convert_tokens_to_ids("<|im_start|>")
     return AgentLoop(engine, lambda: EpisodeBuilder(policy.tokenizer, policy.chat_family), make_sandbox, config,
                      sandbox_release=sandbox_release, extra_stop_ids=(im_start,))

@@ -56,8 +56,10 @@ class PromptFormat:
         return cls(style, benchmark.system_prompt, benchmark.compact_system_prompt, benchmark.compact_user_message)
 
     def head(self) -> tuple[str, tuple[dict, ...]]:
-        """(system prompt, tool schemas for the template's tools block); the compact style names the tools in its
-        system prompt and leaves the tools block out."""
+        """The system prompt and the tool schemas for the template's tools block.
+
+        Returns (system prompt, tool schemas). The compact style names the tools in its system prompt and leaves the
+        tools block out."""
         return (self.system_prompt, tuple(tool_schemas())) if self.style == "full" else (self.compact_system_prompt, ())
 
     def styled(self, text: str) -> str:

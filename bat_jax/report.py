@@ -45,8 +45,10 @@ def results_table(systems: Sequence[tuple[str, Summary]]) -> str:
 
 
 def stage_table(rounds: Sequence[tuple[str, Mapping]], stages: StageSet) -> str:
-    """Per-round stage scores: rows are rounds (label, {stage id: score}), one column per stage of the benchmark
-    in workflow order, headed '<id> <title>' (0–100, one decimal; '—' = unscored)."""
+    """Per-round stage scores as a text table.
+
+    Rows are rounds (label, {stage id: score}), one column per stage of the benchmark in workflow order, headed '<id>
+    <title>' (0–100, one decimal; '—' = unscored)."""
     width = max([15] + [len(stages.label(s)) + 2 for s in stages.ids])
     header = f"{'Round':<12}" + "".join(f"{stages.label(s):>{width}}" for s in stages.ids)
     lines = [header, "-" * len(header)]
@@ -80,9 +82,11 @@ SCORING_LEGEND = (
 
 
 def scoring_table(rounds: Sequence[RoundCounts | tuple]) -> str:
-    """Per-round scoring counts, then `SCORING_LEGEND`: rollouts, scored (= rollouts − unscored), agent-failed
-    (scored), unscored (infra); then the controller evaluation's agent-failed and unscored cells as
-    'count/cells'. Each row is a `RoundCounts` (or a tuple in its field order); None prints '—'."""
+    """Per-round scoring counts as a text table, then `SCORING_LEGEND`.
+
+    Columns: rollouts, scored (= rollouts − unscored), agent-failed (scored), unscored (infra); then the controller
+    evaluation's agent-failed and unscored cells as 'count/cells'. Each row is a `RoundCounts` (or a tuple in its field
+    order); None prints '—'."""
     cols = [("rollouts", "", 10), ("scored", "", 8), ("agent-failed", "(scored)", 14), ("unscored", "(infra)", 10),
             ("eval agent-failed", "(scored)/cells", 19), ("eval unscored", "(infra)/cells", 16)]
     lines = [f"{'Round':<12}" + "".join(f"{a:>{w}}" for a, _, w in cols),
@@ -116,11 +120,12 @@ class RoundSignal(NamedTuple):
 
 
 def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
-    """Per-round GRPO signal: mean reward (0–1, three decimals) of the round's first pool batch before and after
-    its update (same rows, same seed), the change, and the groups whose rewards vary out of the scored groups
-    (with their share). Then how the update moved the first batch's own rollouts: token-mean logprob change
-    (nats) of those with positive / negative advantage and KL(old ‖ new) per token (`grpo.update_shift`);
-    None prints '—'."""
+    """Per-round GRPO signal as a text table.
+
+    Columns: mean reward (0–1, three decimals) of the round's first pool batch before and after its update (same rows,
+    same seed), the change, and the groups whose rewards vary out of the scored groups (with their share). Then how the
+    update moved the first batch's own rollouts: token-mean logprob change (nats) of those with positive / negative
+    advantage and KL(old ‖ new) per token (`grpo.update_shift`); None prints '—'."""
     cols = [("target", 8), ("reward before", 15), ("after", 9), ("change", 9), ("groups with variance", 22),
             ("Δlogp A>0", 11), ("Δlogp A<0", 11), ("KL/token", 10)]
     lines = [f"{'Round':<12}" + "".join(f"{a:>{w}}" for a, w in cols)]
@@ -144,10 +149,11 @@ def signal_table(rounds: Sequence[RoundSignal | tuple]) -> str:
 
 
 def groups_table(records: Sequence[Any]) -> str:
-    """Per-round GRPO groups (drawn / dropped without reward variance / trained; dynamic sampling). The mismatch
-    between the learner's and the engine's logprobs of the sampled tokens (mean and max |Δ log π|, nats; with
-    rollout correction, tokens whose importance weight was truncated and rollouts masked) and the trained groups
-    per pool. '—' = not recorded."""
+    """Per-round GRPO groups as a text table.
+
+    Groups drawn / dropped without reward variance / trained (dynamic sampling). The mismatch between the learner's and
+    the engine's logprobs of the sampled tokens (mean and max |Δ log π|, nats; with rollout correction, tokens whose
+    importance weight was truncated and rollouts masked) and the trained groups per pool. '—' = not recorded."""
     lines = [f"{'Round':<12}{'drawn':>8}{'dropped':>9}{'trained':>9}{'mean |Δlogp|':>14}{'max |Δlogp|':>13}"
              f"{'truncated':>11}{'masked':>8}  trained per pool"]
     lines.append("-" * len(lines[0]))
@@ -164,9 +170,11 @@ def groups_table(records: Sequence[Any]) -> str:
 
 
 def staleness_table(records: Sequence[Any]) -> str:
-    """Per-round bounded-staleness GRPO counts (`ledger.GRPOStats`): groups dropped as too stale, evicted for an
-    infrastructure failure, aborted after a sync, refills rolled out, and the mean / max staleness (weight versions)
-    of the trained groups. '—' = not recorded (the synchronous block)."""
+    """Per-round bounded-staleness GRPO counts (`ledger.GRPOStats`) as a text table.
+
+    Columns: groups dropped as too stale, evicted for an infrastructure failure, aborted after a sync, refills rolled
+    out, and the mean / max staleness (weight versions) of the trained groups. '—' = not recorded (the synchronous
+    block)."""
     lines = [f"{'Round':<12}{'stale':>7}{'evicted':>9}{'aborted':>9}{'refilled':>10}{'mean lag':>10}{'max lag':>9}"]
     lines.append("-" * len(lines[0]))
     for rec in records:
@@ -178,8 +186,9 @@ def staleness_table(records: Sequence[Any]) -> str:
 
 
 def bank_table(records: Sequence[Any]) -> str:
-    """Per round: the Stage Bank version it read and the RL rows new since the previous round's version ('—' in
-    ledgers written before rounds read versions)."""
+    """Per round: the Stage Bank version it read and the RL rows new since the previous round's version.
+
+    '—' in ledgers written before rounds read versions."""
     lines = [f"{'Round':<12}{'bank version':>14}{'new RL rows':>13}"]
     for rec in records:
         new = "—" if rec.bank_rows_new is None else str(rec.bank_rows_new)
@@ -251,8 +260,9 @@ def staircase_plot(overall_per_round: Sequence[float | None], path: os.PathLike 
 
 @dataclasses.dataclass
 class ScalarWriter:
-    """TensorBoard scalars under `<run_dir>/tensorboard` (tensorboardX), e.g. 'eval/overall' per round; stage
-    scalars are named '<id>_<title>' of the run's benchmark `stages`."""
+    """TensorBoard scalars under `<run_dir>/tensorboard` (tensorboardX).
+
+    E.g. 'eval/overall' per round; stage scalars are named '<id>_<title>' of the run's benchmark `stages`."""
 
     log_dir: pathlib.Path
     stages: StageSet
@@ -263,9 +273,10 @@ class ScalarWriter:
         self._writer = SummaryWriter(str(self.log_dir))
 
     def summary(self, prefix: str, summary: Summary, step: int) -> None:
-        """Writes Overall/Agentic/Task, each stage and each rubric item's pass rate ('<prefix>/items/<stage>/<item>'),
-        all 0–100, at `step`; characters TensorBoard does not allow in a tag (e.g. the spaces and parentheses of
-        'BiCuRL (retained)') become '_'."""
+        """Writes Overall/Agentic/Task, each stage and each rubric item's pass rate (0–100) at `step`.
+
+        Item tags are '<prefix>/items/<stage>/<item>'. Characters TensorBoard does not allow in a tag (e.g. the spaces
+        and parentheses of 'BiCuRL (retained)') become '_'."""
         prefix = re.sub(r"[^A-Za-z0-9_./-]+", "_", prefix).strip("_")
         for key in ("overall", "agentic", "task"):
             value = getattr(summary, key)
@@ -311,6 +322,9 @@ def mde_words(diff: float | None, mde: float | None, power: float = 0.8, confide
     """What a paired difference's minimum detectable difference says of it, in words (0–100 scale)."""
     if mde is None or diff is None:
         return "minimum detectable difference: — (fewer than 2 tracks)"
+    if mde == 0 and diff == 0:
+        return ("every track scored the same in both systems (for example the same checkpoint retained): "
+                "no difference to detect")
     where = ("the difference is inside it: these cells cannot tell the two systems apart"
              if abs(diff) <= mde else "the difference is larger than it")
     return (f"minimum detectable difference {100 * mde:.1f} ({100 * confidence:.0f} % level, {100 * power:.0f} % "
@@ -318,7 +332,9 @@ def mde_words(diff: float | None, mde: float | None, power: float = 0.8, confide
 
 
 def paired_line(candidate: str, a: Summary, baseline: str, b: Summary) -> str:
-    """'Paired track-level difference A − B (Overall): m ± hw (n tracks); minimum detectable difference d (…):
+    """The paired track-level difference of Overall as one line of text.
+
+    'Paired track-level difference A − B (Overall): m ± hw (n tracks); minimum detectable difference d (…):
     …' (0–100 scale; `mde_words`)."""
     cmp = paired_comparison(a, b, "overall")
     return (f"Paired track-level difference {candidate} − {baseline} (Overall): {display(cmp.mean_diff)} ± "
@@ -327,10 +343,11 @@ def paired_line(candidate: str, a: Summary, baseline: str, b: Summary) -> str:
 
 def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], records, round0, stages: StageSet,
                      writer: ScalarWriter | None = None, note: str = "", round0_items: Mapping | None = None) -> dict:
-    """`report.md` (results table, paired differences SFT − untrained and last system − SFT with their minimum
-    detectable differences, per-round stage scores, the rubric items that fail most, GRPO signal, scoring counts),
-    `staircase.png`, `items.png` (item pass rates × rounds; when items were counted) and `summary.json` of a run;
-    returns the summary.
+    """Writes a run's `report.md`, `staircase.png`, `items.png` and `summary.json`; returns the summary.
+
+    `report.md` holds the results table, paired differences SFT − untrained and last system − SFT with their minimum
+    detectable differences, per-round stage scores, the rubric items that fail most, GRPO signal, scoring counts.
+    `items.png` (item pass rates × rounds) is written when items were counted.
 
     Args:
       final: system name → final Summary, in display order ('untrained', 'SFT', then the trained system).
@@ -393,7 +410,8 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
 
 def _item_section(run_dir: pathlib.Path, final: Mapping[str, Summary], records, round0_items: Mapping | None,
                   stages: StageSet) -> list[str]:
-    """report.md's rubric item table and `items.png` (controller rounds, final systems, GRPO rollouts per round);
+    """The rubric item table of report.md and `items.png` (controller rounds, final systems, GRPO rollouts per round).
+
     [] when no item was counted (e.g. an older run or an external evaluator)."""
     controller = [ItemRates.from_dict(round0_items, "round 0 items")] + [rec.eval_item_rates() for rec in records]
     rollouts = [rec.grpo.item_rates() for rec in records]

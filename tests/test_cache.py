@@ -10,7 +10,7 @@ from doubles import tiny_model
 
 
 def test_the_tiny_hybrid_models_cache_has_the_documented_shapes():
-    # tests/doubles.py's tiny Qwen3.5: layers [DeltaNet, attention], 2 KV heads of 16, DeltaNet 2 key heads and 4
+    # tiny_model('qwen3_5') (tests/doubles): layers [DeltaNet, attention], 2 KV heads of 16, DeltaNet 2 key heads and 4
     # value heads of 16, conv kernel 4: conv_dim = 2 · (2 · 16) + 4 · 16 = 128
     cache = tiny_model("qwen3_5").init_cache(3, 10)
     delta, attention = cache.layers

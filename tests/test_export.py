@@ -14,7 +14,7 @@ from bat_jax.models import hf_io
 from bat_jax.models.tokenizer import load_tiny_tokenizer
 from doubles import tiny_model
 
-# The tiny Qwen3 of tests/doubles.py: vocab 256, hidden 64, MLP 128, 2 layers, 4 query heads and 2 KV heads of 16.
+# tiny_model('qwen3') (tests/doubles): vocab 256, hidden 64, MLP 128, 2 layers, 4 query heads and 2 KV heads of 16.
 # Per layer: q 64x64 + k 64x32 + v 64x32 + o 64x64 = 12288, q/k norms 16 + 16, gate / up / down 3 x 64x128 = 24576,
 # two RMSNorms 2 x 64: 37024. Two layers 74048, the (tied) embedding 256x64 = 16384, the final norm 64.
 PARAMS = 2 * 37024 + 256 * 64 + 64

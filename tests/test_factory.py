@@ -1,35 +1,28 @@
-"""Stage Bank Data Factory (bat_jax/stage_bank/factory.py): grid, R_λ, Accept, SFT slicing, builds, resume, rejections.
+"""Stage Bank Data Factory (bat_jax/stage_bank/factory.py): grid, Accept, builds, resume, rejections.
 
 Builds use the local (non-isolated) backend and tiny grids (1–2 sources of the scripted expert); the full
 126-source build is in launch/bench/bench_factory.py. The Docker path has one @pytest.mark.docker test.
 """
 
 import dataclasses
-import gzip
 import http.server
 import json
 import socket
 import threading
 
-import numpy as np
 import pytest
 
 from bat_jax.benchmark.stages import E2E
 from bat_jax.tasks.stages import Stage
 from bat_jax.sandbox.local import LocalSandbox
-from bat_jax.sandbox.types import Observation, SandboxState
 from bat_jax.stage_bank import e2e_surrogate as e2e
-from bat_jax.stage_bank import slicing
 from bat_jax.staged_benchmark.contract import Reduction
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, load_manifest, sources
 from bat_jax.stage_bank.leakage import preflight
-from bat_jax.stage_bank.row import Provenance, content_digest
-from bat_jax.tasks.base import decode_array
+from bat_jax.stage_bank.row import content_digest
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
-from bat_jax.sandbox.tools import Action
-from bat_jax.staged_benchmark.episode import Conversation, RecordedEpisode, Turn
-from bat_jax.tasks import e2e_reduce
+from bat_jax.staged_benchmark.episode import Conversation
 from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, training_task
 from bat_jax.tasks.registry import TRACKS
@@ -74,51 +67,6 @@ def test_openai_teacher_without_an_endpoint_is_a_config_error():
         FactoryConfig(teacher="openai").validate(IMAGING)
 
 
-def _recovery_task(track, kind):
-    """The first recovery task (seed >= 3) whose injected fault has this kind."""
-    for seed in range(3, 200):
-        inst = training_task(track, seed, "recovery")
-        if inst.fault.kind == kind and inst.fault.case_id != inst.case_ids[0]:
-            return inst
-    pytest.skip(f"no {kind!r} fault drawn for {track.name}")
-
-
-def test_reduce_task_keeps_fault_case_and_crops_aligned_inputs():
-    import nibabel as nib
-
-    track = TRACKS["segmentation"]
-    inst = _recovery_task(track, "unreadable")  # a truncated input with an intact archive copy
-    fault_case = inst.case(inst.fault.case_id)
-    red, params = e2e_reduce.reduce_task(track, inst, Reduction(2, 0.5, 1), template=0)
-    assert red.case_ids == [inst.case_ids[0], fault_case.case_id]  # first case + the fault's case, in order
-    assert params["kept_cases"] == red.case_ids and params["input_fraction_applied"] == 0.5
-    csv_ids = [line.split(",")[0] for line in red.files["data/cases.csv"].decode().splitlines()[1:]]
-    assert csv_ids == red.case_ids
-    for dropped in inst.cases:
-        if dropped.case_id not in red.case_ids:
-            assert dropped.file not in red.files
-    good = red.cases[0]
-    assert decode_array(red.files[good.file], good.file).shape == (8, 16, 8)  # ⌈0.5 · 16⌉ slices
-    np.testing.assert_array_equal(good.target, inst.cases[0].target[:8])
-    arch = gzip.decompress(red.files["data/archive/" + fault_case.file.rsplit("/", 1)[1] + ".gz"])
-    assert decode_array(arch, fault_case.file).shape == (8, 16, 8)
-    assert red.files[fault_case.file] == inst.files[fault_case.file]  # the truncated input stays as it was
-    assert "each of the 2 cases" in red.brief and "at most 1 validation pass" in red.brief
-    assert red.files["task.md"].decode() == red.brief and red.task_id == inst.task_id
-
-    inst = _recovery_task(track, "spacing")  # wrong voxel size in the header must survive the crop
-    red, _ = e2e_reduce.reduce_task(track, inst, Reduction(2, 0.5, 1), template=0)
-    f = inst.case(inst.fault.case_id).file
-    zooms = [nib.Nifti1Image.from_bytes(gzip.decompress(x[f])).header.get_zooms() for x in (inst.files, red.files)]
-    assert zooms[0] == zooms[1] and decode_array(red.files[f], f).shape[0] == 8
-
-    cls = TRACKS["classification"]
-    inst = training_task(cls, 5, "success")
-    red, params = e2e_reduce.reduce_task(cls, inst, Reduction(3, 0.5, 2), template=1)
-    assert params["input_fraction_applied"] == 1.0 and len(red.cases) == 3  # labels: input kept whole
-    assert red.files[red.cases[0].file] == inst.files[red.cases[0].file]
-
-
 def test_accept_reports_first_failed_factor():
     lam = Reduction(2, 1.0, 1)
     ok = dict(booted=True, turns=12, horizon=24, failed_stages=[], passes=1, lam=lam, leak_hits=0)
@@ -128,52 +76,6 @@ def test_accept_reports_first_failed_factor():
     assert e2e.accept(**{**ok, "failed_stages": ["S3", "S5"]}) == "check_failed:S3"
     assert e2e.accept(**{**ok, "passes": 2}) == "validation_budget"
     assert e2e.accept(**{**ok, "leak_hits": 1}) == "leak"
-
-
-def _obs(text, code=0):
-    return Observation(text, "", code, 0.1)
-
-
-def test_sft_slices_one_row_per_response_with_prior_turns():
-    acts = [Action("read", "execute_code", {"language": "bash", "code": "cat task.md"}, Stage.PLAN),
-            Action("env", "execute_code", {"language": "python", "code": "import numpy"}, Stage.SETUP),
-            Action("", "submit", {"path": "outputs/submission.json"}, Stage.SUBMIT)]
-    turns = [Turn(i, a.stage, a, _obs(f"out{i}")) for i, a in enumerate(acts)]
-    ep = RecordedEpisode("tr-x", E2E, turns, "stop")
-    prov = Provenance("tr-x", "a" * 64, "vqa", "success")
-    rows = slicing.sft_slices(ep, "# Task tr-x\nbrief", IMAGING.row_skill(E2E), STAGES, prov, "b" * 64)
-    assert [r.focus for r in rows] == ["S1", "S2", "S5"]
-    assert [len(r.context) for r in rows] == [2, 4, 6]
-    assert [m.role for m in rows[2].context] == ["system", "user", "assistant", "tool", "assistant", "tool"]
-    assert "# Task tr-x" in rows[0].context[1].content and "Stage S5 Submit" in rows[0].context[1].content
-    assert rows[1].context[2].action.arguments["code"] == "cat task.md"
-    assert rows[2].context[5].content == "out1\n[exit code 0]"
-    assert rows[2].target.tool == "submit" and rows[1].target.thought == "env" and rows[1].target.stage is None
-    assert [r.provenance.transformations[-1].params["turn"] for r in rows] == [0, 1, 2]
-    surrogate = Provenance("tr-x", "a" * 64, "vqa", "success",
-                           (slicing.transformation("e2e_reduce", cases=2),))
-    assert {r.focus for r in slicing.sft_slices(ep, "brief", IMAGING.row_skill(E2E), STAGES, surrogate,
-                                                "b" * 64)} == {E2E}
-
-
-def test_boundary_state_replays_the_prefix_and_detects_mismatch():
-    def bash(stage, code, exit_code=0):
-        return (Action("", "execute_code", {"language": "bash", "code": code}, stage), _obs("", exit_code))
-
-    steps = [bash(Stage.PLAN, "echo plan > plan.md"), bash(Stage.SETUP, "mkdir -p out && echo 1 > out/env"),
-             bash(Stage.VALIDATE, "echo v > out/val")]
-    ep = RecordedEpisode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
-    make = lambda st: LocalSandbox(st, timeout_s=30.0)  # noqa: E731
-    initial = SandboxState({"task.md": b"brief"}, {"SEED": "1"})
-    state = slicing.boundary_state(make, initial, ep, Stage.VALIDATE, STAGES)
-    assert dict(state.files) == {"task.md": b"brief", "plan.md": b"plan\n", "out/env": b"1\n"}
-    assert dict(state.env) == {"SEED": "1"}
-    assert dict(slicing.boundary_state(make, initial, ep, Stage.SETUP, STAGES).files) == {"task.md": b"brief",
-                                                                                            "plan.md": b"plan\n"}
-    steps[0] = bash(Stage.PLAN, "exit 3")  # recorded exit 0, replays as 3
-    ep = RecordedEpisode("tr-x", E2E, [Turn(i, a.stage, a, o) for i, (a, o) in enumerate(steps)], "stop")
-    with pytest.raises(slicing.ReplayMismatch, match="turn 0: replay exited 3, recorded 0"):
-        slicing.boundary_state(make, initial, ep, Stage.VALIDATE, STAGES)
 
 
 # ------------------------------------------------------------------------------------------------ builds

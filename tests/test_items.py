@@ -160,6 +160,10 @@ def test_paired_lines_say_when_a_difference_is_inside_the_mde():
     assert report.paired_line("B", shifted, "A", base).endswith("the difference is larger than it")
     one = _summary_with_tracks({"t0": 0.5})
     assert report.paired_line("B", one, "A", one).endswith("minimum detectable difference: — (fewer than 2 tracks)")
+    same = _summary_with_tracks({f"t{i}": 0.1 * i for i in range(3)})
+    assert report.paired_line("B", same, "A", same) == (
+        "Paired track-level difference B − A (Overall): 0.0 ± 0.0 (3 tracks); every track scored the same in both "
+        "systems (for example the same checkpoint retained): no difference to detect")
 
 
 def _record(round_index, **kw):

@@ -12,7 +12,7 @@ from bat_jax.learn import train_state as ts
 from bat_jax.learn.learner import Learner, MemoryConfig
 from bat_jax.models.mesh import MeshConfig
 from bat_jax.learn.optim import OptimizerConfig
-from bat_jax.models.causal_lm import REMAT_POLICIES, ForwardOptions, ordered_remat
+from bat_jax.models.causal_lm import ForwardOptions
 from bat_jax.models.configs import Qwen3_5Config, Qwen3Config
 from bat_jax.models import layers
 from bat_jax.models.layers import attend, attend_causal, causal_valid
@@ -132,31 +132,6 @@ def test_blockwise_attention_equals_dense_with_padding_and_offset(monkeypatch):
                            argnums=(0, 1, 2))(q, k, v)
         for got, want in zip(g_block, g_dense, strict=True):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
-
-
-def test_ordered_remat_gives_checkpoint_values_and_pins_the_backward_order():
-    rng = np.random.default_rng(5)
-    w = {"a": jnp.asarray(rng.normal(size=(6, 6)), jnp.float32), "b": jnp.asarray(rng.normal(size=(6,)), jnp.float32)}
-    x = jnp.asarray(rng.normal(size=(2, 3, 6)), jnp.float32)
-    mask = jnp.asarray([[1, 1, 0], [1, 1, 1]], bool)
-    pos = jnp.asarray([[0, 1, 1], [0, 1, 2]], jnp.int32)
-
-    def layer(s, h, m, p):
-        return h + jnp.tanh(h @ s["a"] + s["b"]) * m[..., None] * (1.0 + p[..., None])
-
-    def two_layers(run):
-        return lambda s, h: jnp.sum(jnp.sin(run(s, run(s, h, mask, pos), mask, pos)))
-
-    plain = jax.value_and_grad(two_layers(layer), argnums=(0, 1))(w, x)
-    for name in ("full", "dots"):
-        ordered = jax.jit(jax.value_and_grad(two_layers(ordered_remat(layer, REMAT_POLICIES[name])), argnums=(0, 1)))
-        value, grads = ordered(w, x)
-        np.testing.assert_allclose(float(value), float(plain[0]), rtol=1e-6)
-        _assert_trees_close(grads, plain[1], 1e-5, 1e-5)
-        assert float(jnp.abs(grads[1]).sum()) > 1.0
-    jaxpr = str(jax.make_jaxpr(jax.grad(two_layers(ordered_remat(layer, REMAT_POLICIES["full"]))))(w, x))
-    # backward: per layer one barrier before the recomputation (residuals + dy), one on (d state, d x)
-    assert jaxpr.count("optimization_barrier") == 4, jaxpr
 
 
 def test_memory_config_rejects_unknown_remat():

@@ -82,20 +82,6 @@ def test_eight_replicas_of_9b_hold_eight_times_one():
         vm.check_replicas(cache, num_replicas=8, devices=devices[:2], **kw)
 
 
-def test_unknown_vllm_options_are_named_before_anything_starts():
-    """`EngineConfig.vllm_options` keys go to `VLLMEngineConfig`; a mistyped one (or `model_dir`, the run's own) is a
-    ValueError naming it, not a TypeError from the dataclass."""
-    from bat_jax.bicurl.engines import check_vllm_memory, vllm_config
-
-    model = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    with pytest.raises(ValueError, match=r"unknown VLLMEngineConfig field\(s\) \['gpu_mem_util'\]"):
-        check_vllm_memory(model, {"max_model_len": 128, "gpu_mem_util": 0.3})
-    with pytest.raises(ValueError, match="model_dir"):
-        vllm_config({"model_dir": "/x"})
-    assert vllm_config({"max_model_len": 128, "dtype": "bfloat16"}).dtype == "bfloat16"
-
-
 def test_a_9b_sync_fits_in_the_rest_of_the_device_and_the_old_one_did_not():
     """The 9B sync's transient peak per device: the 1 GiB staging buffer + vLLM's reload copy of at most one decoder
     layer (0.41 GiB), with the 1.89 GiB embedding / head in row chunks; beside 3.5 GiB of contexts and 1 GiB of CUDA

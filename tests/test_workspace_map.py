@@ -3,9 +3,8 @@
 Every module `bat_jax/<package>/<name>.py` has a test file named after it: `tests/test_<name>.py` (when no other
 module is called `<name>`) or `tests/test_<package>_<name>.py`. A module may have more test files, one per aspect:
 `tests/test_<its test file's stem>_<aspect>.py`. Test files about no single module (red-team, end-to-end, property
-suites, the launch scripts) are listed in `SUITES` and in WORKSPACE.md. Modules whose tests still live in a
-neighbour's file are listed in `TESTED_IN`, each with the file that exercises it. Shared test doubles live in
-`tests/doubles.py`: no test file imports another.
+suites, the launch scripts) are listed in `SUITES` and in WORKSPACE.md. Shared test doubles live in the
+`tests/doubles` package: no test file imports another.
 """
 
 import ast
@@ -20,7 +19,7 @@ TESTS = REPO / "tests"
 SUITES = {
     "test_layers.py": "imports point down the layers of the package",
     "test_workspace_map.py": "this map: modules, test files, no test importing another",
-    "test_docstrings.py": "the package's docstrings: few long sentences",
+    "test_docstrings.py": "the package's docstrings: a one-line summary first, few long sentences",
     "test_conftest_devices.py": "the test session's 8 fake CPU devices",
     "test_gin_configs.py": "every gin run file parses and binds what it says",
     "test_byo_benchmark.py": "a benchmark brought from outside the package, end to end",
@@ -47,21 +46,6 @@ SUITES = {
     "test_compile_probe.py": "launch/bench/compile_probe.py",
     "test_gpu_smoke_tiny.py": "launch/bench/gpu_smoke.py",
     "test_sweep.py": "launch/sweep.py",
-}
-
-#: Modules without a test file of their own yet: the test file that exercises each.
-TESTED_IN = {
-    "bat_jax/bicurl/engines.py": "test_vllm_memory.py",
-    "bat_jax/models/causal_lm.py": "test_memory_parity.py",
-    "bat_jax/models/episode.py": "test_chat.py",
-    "bat_jax/rollout/play.py": "test_tasks_framework.py",
-    "bat_jax/sandbox/call_supervisor.py": "test_sandbox_local.py",
-    "bat_jax/stage_bank/slicing.py": "test_factory.py",
-    "bat_jax/tasks/base.py": "test_factory.py",
-    "bat_jax/tasks/benchmark.py": "test_tasks_framework.py",
-    "bat_jax/tasks/e2e_reduce.py": "test_factory.py",
-    "bat_jax/tasks/method_replay.py": "test_reward_integrity.py",
-    "bat_jax/tasks/rubric_items.py": "test_reward_integrity_inputs.py",
 }
 
 
@@ -100,17 +84,8 @@ def test_every_module_is_in_the_map_and_every_mapped_module_exists():
 
 def test_every_module_has_a_test_file_named_after_it():
     tests = _module_tests()
-    missing = sorted(m for m, files in tests.items() if not files and m not in TESTED_IN)
-    assert missing == [], f"modules without tests/test_<name>.py (or a TESTED_IN entry): {missing}"
-    stale = sorted(m for m in TESTED_IN if m not in tests or tests[m])
-    assert stale == [], f"TESTED_IN entries for modules that are gone or now have their own test file: {stale}"
-
-
-def test_modules_tested_in_a_neighbours_file_are_exercised_there():
-    for module, test_file in TESTED_IN.items():
-        path = pathlib.PurePath(module)
-        text = (TESTS / test_file).read_text()
-        assert re.search(rf"\b{path.stem}\b", text), f"{test_file} never names {module}"
+    missing = sorted(m for m, files in tests.items() if not files)
+    assert missing == [], f"modules without tests/test_<name>.py: {missing}"
 
 
 def test_every_test_file_is_a_modules_or_a_listed_suite():

@@ -83,8 +83,10 @@ class ItemRates:
         return passed / decided if decided else None
 
     def keys(self, stages: StageSet | None = None) -> list[tuple[str, str]]:
-        """(stage id, item id) of every counted item: stages in `stages`' workflow order (unknown ones after, in
-        name order; all in name order without `stages`), items in name order inside a stage."""
+        """(stage id, item id) of every counted item, in workflow then name order.
+
+        Stages in `stages`' workflow order (unknown ones after, in name order; all in name order without `stages`),
+        items in name order inside a stage."""
         order = {s: i for i, s in enumerate(stages.ids)} if stages is not None else {}
         ranked = sorted(self.counts, key=lambda s: (order.get(s, len(order)), s))
         return [(s, i) for s in ranked for i in sorted(self.counts[s])]
@@ -121,8 +123,10 @@ class ItemRates:
 
 
 def changes(series: Iterable[ItemRates | None], stage: str, item: str) -> list[tuple[int, float, float]]:
-    """(index, previous rate, rate) wherever an item's pooled pass rate differs from the previous entry of
-    `series` that decided it (entries that did not decide it — None, or no decision — are skipped)."""
+    """(index, previous rate, rate) wherever an item's pooled pass rate changes along `series`.
+
+    A rate is compared with the previous entry of `series` that decided it (entries that did not decide it — None, or no
+    decision — are skipped)."""
     out, prev = [], None
     for k, rates in enumerate(series):
         value = rates.rate(stage, item) if rates else None
@@ -141,9 +145,10 @@ def _pct(rates: ItemRates | None, stage: str, item: str) -> str:
 
 def failing_items_table(stages: StageSet, final: Mapping[str, ItemRates], controller: Sequence[ItemRates | None],
                         rollouts: Sequence[ItemRates | None] = (), per_stage: int = 3) -> str:
-    """The rubric items that fail most, per stage: pass rates (0–100, pooled over cells) in the final evaluation
-    of each system, in the controller evaluation of every round, in each round's GRPO rollouts, and the rounds
-    whose controller evaluation changed the item's rate.
+    """The rubric items that fail most, per stage, as a text table.
+
+    Pass rates (0–100, pooled over cells) in the final evaluation of each system, in the controller evaluation of every
+    round, in each round's GRPO rollouts, and the rounds whose controller evaluation changed the item's rate.
 
     Args:
       stages: the benchmark's stages (row order and labels).
@@ -184,9 +189,11 @@ def failing_items_table(stages: StageSet, final: Mapping[str, ItemRates], contro
 
 
 def heat_map(stages: StageSet, columns: Sequence[tuple[str, ItemRates | None]], path, title: str = ""):
-    """Writes a PNG heat map of item pass rates: one row per item (stages in workflow order), one column per
-    evaluation or rollout set (`columns`: label → counts; None = not recorded), 0–100 from red to green, grey
-    where the item was not decided. Returns the path (written via a temp file, then renamed).
+    """Writes a PNG heat map of item pass rates and returns its path.
+
+    One row per item (stages in workflow order), one column per evaluation or rollout set (`columns`: label → counts;
+    None = not recorded), 0–100 from red to green, grey where the item was not decided. The file is written via a temp
+    file, then renamed.
 
     Raises:
       ValueError: no column counted any item.

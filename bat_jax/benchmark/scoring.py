@@ -145,9 +145,10 @@ def half_width(values: Iterable[float], confidence: float = 0.95) -> float:
 
 def min_detectable_difference(values: Iterable[float], confidence: float = 0.95, power: float = 0.8
                               ) -> float | None:
-    """The smallest true mean difference that paired differences like `values` would detect: a two-sided
-    Student-t test at level 1 − `confidence` (the interval of `half_width` excludes 0) finds it with probability
-    `power`.
+    """The smallest true mean difference that paired differences like `values` would detect.
+
+    A two-sided Student-t test at level 1 − `confidence` (the interval of `half_width` excludes 0) finds it with
+    probability `power`.
 
     MDE = (t_{(1+c)/2, n-1} + t_{power, n-1}) · sd / √n = half_width · (t_{(1+c)/2, n-1} + t_{power, n-1}) /
     t_{(1+c)/2, n-1}, with sd the n-1 sample standard deviation of the n differences (the track is the unit: n =
@@ -277,8 +278,9 @@ class PairedComparison:
 
     @property
     def detectable(self) -> bool | None:
-        """Whether |mean_diff| exceeds the MDE (None when either is unknown): False = the difference is inside
-        what these cells can detect, so they cannot tell the two systems apart."""
+        """Whether |mean_diff| exceeds the MDE (None when either is unknown).
+
+        False = the difference is inside what these cells can detect, so they cannot tell the two systems apart."""
         if self.mean_diff is None or self.mde is None:
             return None
         return abs(self.mean_diff) > self.mde
@@ -287,8 +289,9 @@ class PairedComparison:
 def paired_comparison(
     candidate: Summary, baseline: Summary, metric: str = "overall", confidence: float = 0.95, power: float = 0.8
 ) -> PairedComparison:
-    """Paired comparison of two systems at the track level (the statistical unit), with its minimum detectable
-    difference at `confidence` and `power`."""
+    """Paired comparison of two systems at the track level (the statistical unit).
+
+    It carries the minimum detectable difference at `confidence` and `power`."""
     shared = sorted(t for t in candidate.tracks if t in baseline.tracks and metric in candidate.tracks[t]
                     and metric in baseline.tracks[t])
     diffs = {t: candidate.tracks[t][metric] - baseline.tracks[t][metric] for t in shared}

@@ -50,8 +50,10 @@ from bat_jax.verify.judge import RubricJudge
 def run_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
                    block: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
                    judge: RubricJudge | None = None) -> GRPOStats:
-    """The round's GRPO block: `grpo_round.grpo_block` when `block.staleness.max_staleness == 0`, else
-    `async_grpo_block` (module docstring)."""
+    """The round's GRPO block, synchronous or bounded-staleness.
+
+    It is `grpo_round.grpo_block` when `block.staleness.max_staleness == 0`, else `async_grpo_block` (module docstring).
+    """
     if block.staleness.max_staleness == 0:
         return gr.grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge)
     return async_grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge)
@@ -59,8 +61,10 @@ def run_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_vie
 
 @dataclasses.dataclass
 class _Slot:
-    """Row `index` of pool batch `batch`: the item rolled out now, how many times it was (the wave of its seed),
-    its extra rows spent (dynamic sampling) and, once settled, the group trained (None: left empty)."""
+    """Row `index` of pool batch `batch` and what happened to it.
+
+    The item rolled out now, how many times it was (the wave of its seed), its extra rows spent (dynamic sampling) and,
+    once settled, the group trained (None: left empty)."""
 
     batch: int
     index: int
@@ -73,9 +77,10 @@ class _Slot:
 
 def _roll_group(loop: AgentLoop, bank: StageBank, item: pools.RoundItem, index: int, block: gr.GRPOBlockConfig,
                 seed: int, judge: RubricJudge | None, tasks: TaskCache) -> tuple[list, list]:
-    """(trajectories, `RolloutReward`s) of the K episodes of one row, sampled with `seed` as row `index` of its
-    batch (the same draws as `grpo_round.rollouts` over the batch; a loop without `run_episodes`, e.g. Ray
-    rollouts, samples it as row 0 of its own call)."""
+    """(trajectories, `RolloutReward`s) of the K episodes of one row, sampled with `seed` as row `index`.
+
+    The row is row `index` of its batch: the same draws as `grpo_round.rollouts` over the batch; a loop without
+    `run_episodes`, e.g. Ray rollouts, samples it as row 0 of its own call."""
     start = bank.load_state(item.row.state)
     request = gr.rl_request(item.row, start, item.round_state_id, block.prompt)
     k_rollouts = block.grpo.sampling.group_size

@@ -77,8 +77,9 @@ class BankFeed:
                                    "by the run itself: restore it or start a new run directory") from None
 
     def version_for(self, round_index: int) -> int:
-        """The version round `round_index` reads (0: the one SFT and the KL probe read): the one recorded for it,
-        else resolved now ('latest' or the pinned one) and recorded before any rollout.
+        """The version round `round_index` reads (0: the one SFT and the KL probe read).
+
+        It is the one recorded for it, else resolved now ('latest' or the pinned one) and recorded before any rollout.
 
         Raises:
           ConfigValueError: the pinned version is not published in this bank, or the bank is empty.
@@ -125,8 +126,10 @@ class BankFeed:
                                                   f"({row.state_id}) field 'focus'")
 
     def round_start(self, round_index: int, base: BankView) -> BankView:
-        """The bank view round `round_index` reads; a version other than `base` (the cold start's) gets its new
-        rows' foci checked and one log line (version, new rows, how long resolving and reading took)."""
+        """The bank view round `round_index` reads.
+
+        A version other than `base` (the cold start's) gets its new rows' foci checked and one log line (version, new
+        rows, how long resolving and reading took)."""
         t0 = time.perf_counter()
         view = self.view(self.version_for(round_index))
         self.last_round_start_s = time.perf_counter() - t0
@@ -152,9 +155,10 @@ class BankFeed:
         return line
 
     def publish_steering(self, records: Sequence[RoundRecord], view: BankView) -> dict[str, Any] | None:
-        """Writes the steering record after the last of `records` (aggregates only; `view` holds every state id the
-        records name, versions being append-only); returns it, or None when the bank directory cannot be written
-        (said once: a factory on this bank then builds unsteered)."""
+        """Writes the steering record after the last of `records` and returns it (None when it cannot).
+
+        The record holds aggregates only; `view` holds every state id the records name, versions being append-only. None
+        means the bank directory cannot be written (said once: a factory on this bank then builds unsteered)."""
         try:
             return self._publish(records, view)
         except (OSError, KeyError) as e:  # unwritable directory; a recorded state id the view lacks
@@ -206,9 +210,10 @@ class _FactoryActor:
 
 
 class RayFactory:
-    """The long-running factory as a Ray actor (0 CPUs reserved: its work is sandbox subprocesses); the same
-    `start` / `alive` / `exit_line` / `stop` as `FactoryProcess`. Ray must be initialised (the run's rollout
-    workers did it)."""
+    """The long-running factory as a Ray actor, with the same methods as `FactoryProcess`.
+
+    It reserves 0 CPUs: its work is sandbox subprocesses. The methods are `start` / `alive` / `exit_line` / `stop`. Ray
+    must be initialised (the run's rollout workers did it)."""
 
     def __init__(self, config: FactoryConfig, benchmark: StagedBenchmark, loop: FactoryLoopConfig,
                  build: Build = build_bank):

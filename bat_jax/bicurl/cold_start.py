@@ -32,8 +32,10 @@ SFT_TARGETS = ("row", "trajectory")
 
 def sft_examples(rows: Sequence[SFTRow], policy: Policy, prompt: PromptFormat, config: SFTConfig, targets: str,
                  max_observation_chars: int) -> list[dict[str, np.ndarray]]:
-    """The cold start's tokenised sequences: one per row ('row', paper Eq. 9) or per teacher trajectory
-    ('trajectory'); rows or trajectories longer than `config.max_seq_len` are left out.
+    """The cold start's tokenised sequences: one per row or per teacher trajectory.
+
+    `config` picks 'row' (paper Eq. 9) or 'trajectory'. Rows or trajectories longer than `config.max_seq_len` are left
+    out.
 
     Raises:
       ValueError: no row fits `config.max_seq_len`.
@@ -76,8 +78,9 @@ def sft_cold_start(learner: Learner, policy: Policy, prompt: PromptFormat, rows:
 
 
 def save_round0(run_dir: pathlib.Path, summary: Summary) -> Evaluation:
-    """Writes the SFT policy's controller evaluation (round 0) and its rubric item counts; returns the
-    evaluation as `load_round0` reads it back."""
+    """Writes the SFT policy's controller evaluation (round 0) and its rubric item counts.
+
+    Returns the evaluation as `load_round0` reads it back."""
     atomic_write(pathlib.Path(run_dir) / ROUND0_FILE, json.dumps({**Evaluation.from_summary(summary).to_dict(),
                                                                   "items": summary.items.to_dict()}).encode())
     return load_round0(run_dir)

@@ -66,13 +66,13 @@ class EngineConfig:
 
 def build_engine(policy: Policy, config: EngineConfig, max_context: int, run_dir: pathlib.Path | None = None,
                  batch_episodes: int = 1) -> RolloutEngine:
-    """The rollout engine of `policy` for contexts of `max_context` tokens (`AgentLoopConfig.max_context_tokens`);
-    `batch_episodes` (rows × K of one GRPO batch) sizes the printed vLLM plans, and the mesh sampler's plan when
-    `slots` is 0 (with slots, the plan holds `slots` rows).
-    vLLM starts on the policy model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`) — also for a
-    Hugging Face checkpoint policy, whose published files carry tensors the learner does not train (Qwen3.5's
-    vision tower and MTP head, `model.language_model.*` names), so that every sync names exactly the
-    checkpoint's tensors.
+    """The rollout engine of `policy` for contexts of `max_context` tokens.
+
+    `max_context` is `AgentLoopConfig.max_context_tokens`. `batch_episodes` (rows × K of one GRPO batch) sizes the
+    printed vLLM plans, and the mesh sampler's plan when `slots` is 0 (with slots, the plan holds `slots` rows). vLLM
+    starts on the policy model written to `run_dir/vllm/checkpoint` (`VLLMEngine.from_model`) — also for a Hugging Face
+    checkpoint policy, whose published files carry tensors the learner does not train (Qwen3.5's vision tower and MTP
+    head, `model.language_model.*` names), so that every sync names exactly the checkpoint's tensors.
 
     Raises:
       ImportError: kind 'vllm' without vLLM installed (`bash launch/setup.sh --with-vllm` on CPU,
@@ -110,12 +110,12 @@ def build_engine(policy: Policy, config: EngineConfig, max_context: int, run_dir
 
 def check_vllm_memory(model_config: Any, options: dict[str, Any],
                       replicas: int = 1) -> list[vllm_memory.VLLMMemoryPlan]:
-    """Before vLLM starts beside JAX: each replica's device split and how many full-length rollouts its cache holds
-    (`rollout/vllm_memory.py`; replica i on device i), from `options` (`VLLMEngineConfig` fields;
-    ``max_model_len`` required) and JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default 0.75 when unset). The
-    rest of each device must hold the contexts, vLLM's CUDA graphs (unless ``enforce_eager``) and a weight sync's
-    peak (`vllm_memory.sync_memory`).
-    Returns one `VLLMMemoryPlan` per replica.
+    """Each replica's device split beside JAX and how many full-length rollouts its cache holds.
+
+    It is checked before vLLM starts (`rollout/vllm_memory.py`; replica i on device i), from `options`
+    (`VLLMEngineConfig` fields; ``max_model_len`` required) and JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX's default
+    0.75 when unset). The rest of each device must hold the contexts, vLLM's CUDA graphs (unless ``enforce_eager``) and
+    a weight sync's peak (`vllm_memory.sync_memory`). Returns one `VLLMMemoryPlan` per replica.
 
     Raises: ValueError naming the replica, both fractions and the numbers when one cannot hold a rollout or start.
     """
@@ -146,7 +146,9 @@ def vllm_config(options: Mapping[str, Any]) -> Any:
 
 
 def jax_memory_fraction(vllm_share: float) -> float:
-    """Fraction of each accelerator's memory JAX may preallocate (`XLA_PYTHON_CLIENT_MEM_FRACTION`) beside a vLLM
-    engine holding `vllm_share` of it (its `gpu_memory_utilization`, 0–1): 0.9 − share (0.1 stays free for the
-    CUDA contexts and NCCL), at least 0.1. With vLLM at 0.3 of an 80 GB A100, JAX gets 0.6 · 80 = 48 GB."""
+    """Fraction of each accelerator's memory JAX may preallocate beside a vLLM engine.
+
+    It is `XLA_PYTHON_CLIENT_MEM_FRACTION`; vLLM holds `vllm_share` (its `gpu_memory_utilization`, 0–1). It is 0.9 −
+    share (0.1 stays free for the CUDA contexts and NCCL), at least 0.1. With vLLM at 0.3 of an 80 GB A100, JAX gets 0.6
+    · 80 = 48 GB."""
     return max(0.1, 0.9 - vllm_share)

@@ -111,8 +111,9 @@ class CellRunner(Protocol):
 
 
 def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
-    """The cells of one evaluation: for each track, R repeats (`EvalConfig.purpose_repeats`) over the benchmark's
-    held-out tasks of `config.purpose`.
+    """The cells of one evaluation.
+
+    For each track, R repeats (`EvalConfig.purpose_repeats`) over the benchmark's held-out tasks of `config.purpose`.
 
     Raises:
       ValueError: a track or variant the benchmark does not have (names both and the benchmark).
@@ -141,8 +142,9 @@ def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
 
 
 def heldout_manifest(config: EvalConfig, benchmark: StagedBenchmark) -> dict:
-    """The held-out manifest (`StagedBenchmark.manifest`) of the tasks both purposes of `config` play: what the
-    Stage Bank's leakage preflight guards against."""
+    """The held-out manifest of the tasks both purposes of `config` play.
+
+    It comes from `StagedBenchmark.manifest` and is what the Stage Bank's leakage preflight guards against."""
     return benchmark.manifest([job.task for purpose in PURPOSES
                                for job in suite_jobs(dataclasses.replace(config, purpose=purpose), benchmark)])
 
@@ -205,11 +207,13 @@ class PolicyCells:
 
 @dataclasses.dataclass
 class EngineCells:
-    """CellRunner for a token-level policy: one E2E episode per held-out cell through the AgentLoop that GRPO
-    rollouts use, scored by `StagedBenchmark.score_episode`. `judge` (optional) decides its rubric items; a cell
-    it cannot decide is unscored. Prompts are rendered in `prompt`'s format. After each call, `agent_failed` is the
-    number of its cells whose sandbox the agent's own code brought down (`Trajectory.agent_error`) and that were
-    still scored (`Cell.scored`), as the ledger counts them; scoring is not changed by it."""
+    """CellRunner for a token-level policy: one E2E episode per held-out cell.
+
+    Episodes run through the AgentLoop that GRPO rollouts use, scored by `StagedBenchmark.score_episode`. `judge`
+    (optional) decides its rubric items; a cell it cannot decide is unscored. Prompts are rendered in `prompt`'s format.
+    After each call, `agent_failed` is the number of its cells whose sandbox the agent's own code brought down
+    (`Trajectory.agent_error`) and that were still scored (`Cell.scored`), as the ledger counts them; scoring is not
+    changed by it."""
 
     loop: AgentLoop
     benchmark: StagedBenchmark
@@ -234,8 +238,9 @@ class EngineCells:
 
 
 def _cell_from_record(record: dict, where: str, stage_set: StageSet) -> Cell:
-    """Parses one external per-cell record in the benchmark's stages (ids or titles as keys). Raises ValueError
-    naming the record and field."""
+    """Parses one external per-cell record in the benchmark's stages (ids or titles as keys).
+
+    Raises ValueError naming the record and field."""
     try:
         stages = {}
         given = record["stages"]

@@ -74,8 +74,9 @@ MODES = ("bicurl", "sft_only", "grpo_e2e")
 
 
 def build_stage_bank(run_dir: pathlib.Path, config: FactoryConfig, benchmark: StagedBenchmark) -> dict:
-    """The Data Factory as a launch job (`gin/stage_bank_tiny.gin`): one new version of `benchmark`'s bank, its
-    report in run_dir."""
+    """The Data Factory as a launch job (`gin/stage_bank_tiny.gin`).
+
+    It builds one new version of `benchmark`'s bank, its report in run_dir."""
     built = build_bank(config, benchmark)
     out = dataclasses.asdict(built) if dataclasses.is_dataclass(built) else {"report": str(built)}
     atomic_write(pathlib.Path(run_dir) / "build_report.json", json.dumps(out, indent=2, default=str).encode())
@@ -251,8 +252,10 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
 
 @dataclasses.dataclass
 class _Experiment:
-    """What one run holds open: policy and learner, the bank version it reads, rollout engine and loops, judge,
-    checkpoints, ledger and TensorBoard writer; `evaluate` runs the held-out suite on a set of parameters."""
+    """What one run holds open.
+
+    Policy and learner, the bank version it reads, rollout engine and loops, judge, checkpoints, ledger and TensorBoard
+    writer; `evaluate` runs the held-out suite on a set of parameters."""
 
     run_dir: pathlib.Path
     config: BiCuRLConfig
@@ -298,9 +301,11 @@ class _Experiment:
 
 def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
           resources: contextlib.ExitStack) -> _Experiment:
-    """Checks the benchmark, builds the policy and learner (a missing checkpoint directory fails before other work),
-    then the Stage Bank version (built once, resumable) behind the leakage preflight, the engine, loops and the
-    run's records."""
+    """Opens a run: the benchmark, policy, learner, Stage Bank version, engine, loops and records.
+
+    It checks the benchmark, builds the policy and learner (a missing checkpoint directory fails before other work),
+    then the Stage Bank version (built once, resumable) behind the leakage preflight, the engine, loops and the run's
+    records."""
     benchmark = components.benchmark
     if benchmark is None:
         raise ConfigValueError("experiment.Components.benchmark (the staged benchmark to teach with, e.g. "
@@ -411,8 +416,9 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
 
 
 def _resume(exp: _Experiment, round0: ctl.Evaluation) -> tuple[ctl.Controller, list[RoundRecord]]:
-    """The controller and the ledger's rounds of a resumed run (a new run: round 0 observed). A checkpoint saved
-    by a round killed before its ledger line is deleted: that round is redone."""
+    """The controller and the ledger's rounds of a resumed run (a new run: round 0 observed).
+
+    A checkpoint saved by a round killed before its ledger line is deleted: that round is redone."""
     records = multihost.on_primary(exp.ledger.read, "ledger")
     for step in exp.checkpoints.all_steps():
         if step > (records[-1].round if records else 0):

@@ -15,10 +15,11 @@ EXPORT_DIR = "export"
 
 
 def export_retained(model: Any, run_dir: pathlib.Path, tokenizer: Any) -> pathlib.Path:
-    """Writes `model` (an NNX causal LM holding the retained weights, e.g. `Learner.sync_model(best_params)`)
-    and `tokenizer` (transformers) to `run_dir/export/` in the HF layout, tensors in their parameter dtype;
-    returns that directory. With several processes only process 0 writes (all join the gathers).
-    Raises OSError when the directory cannot be written."""
+    """Writes `model` and `tokenizer` to `run_dir/export/` in the HF layout; returns that directory.
+
+    `model` is an NNX causal LM holding the retained weights, e.g. `Learner.sync_model(best_params)`; `tokenizer` a
+    transformers one. Tensors keep their parameter dtype. With several processes only process 0 writes (all join the
+    gathers). Raises OSError when the directory cannot be written."""
     out = save_pretrained(model, pathlib.Path(run_dir) / EXPORT_DIR, tokenizer=tokenizer, overwrite=True)
     print(f"[bat_jax] retained policy exported to {out} (weights, config, tokenizer, chat template)", flush=True)
     return out

@@ -77,8 +77,10 @@ class GRPOBlockConfig:
 
     @property
     def objective(self) -> grpo.GRPOConfig:
-        """`grpo` with Dr.GRPO's constant C set: `loss_scale_factor`, or else the response budget (verl's default:
-        the response width its rollouts are padded to, `response_length`)."""
+        """`grpo` with Dr.GRPO's constant C set.
+
+        C is `loss_scale_factor`, or else the response budget (verl's default: the response width its rollouts are
+        padded to, `response_length`)."""
         if self.grpo.loss_agg != "seq-mean-token-sum-norm" or self.grpo.loss_scale_factor is not None:
             return self.grpo
         return dataclasses.replace(self.grpo, loss_scale_factor=float(self.max_response_tokens))
@@ -175,8 +177,11 @@ class BlockRun:
 
     def count_rollouts(self, trajectories: Sequence, scored: Sequence, items: Sequence[pools.RoundItem],
                        first_wave: bool) -> None:
-        """Tallies one wave of scored rollouts (`items[i]`: rollout i's round item); `first_wave`: the first batch's
-        own rows before any update, whose rewards are the pool reward before."""
+        """Tallies one wave of scored rollouts.
+
+        `items[i]` is rollout i's round item; `first_wave`: the first batch's own rows before any update, whose
+        rewards are the pool reward before.
+        """
         tally = self.tally
         rewards = [s.reward for s in scored]
         n_unscored, n_agent_failed = rollout_counts(trajectories, rewards)
@@ -191,9 +196,12 @@ class BlockRun:
             tally.before.extend(r for r in rewards if r is not None)
 
     def train_groups(self, groups: Sequence[tuple[str, Sequence, Sequence]]) -> None:
-        """Trains one step on `groups` ((pool, K trajectories, their `RolloutReward`s) each): the host batch, the
-        round-start reference logprobs, group advantages, the ratio's behaviour logprobs (`behaviour_logprobs`),
-        then `GRPOConfig.epochs` optimizer steps. No groups (every one dropped, none replaced): nothing trains."""
+        """Trains one step on `groups`, each (pool, K trajectories, their `RolloutReward`s).
+
+        The host batch, the round-start reference logprobs, group advantages, the ratio's behaviour logprobs
+        (`behaviour_logprobs`), then `GRPOConfig.epochs` optimizer steps. No groups (every one dropped, none
+        replaced): nothing trains.
+        """
         learner, cfg, tally = self.learner, self.cfg, self.tally
         tally.groups_trained += len(groups)
         tally.trained_pools.update(pool for pool, _, _ in groups)
@@ -214,10 +222,9 @@ class BlockRun:
 
     def finish(self, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, judge: RubricJudge | None,
                seed: int, **extra) -> GRPOStats:
-        """The round's GRPO record, after its last update; `extra`: further GRPOStats fields (the bounded-staleness
-        counts).
+        """The round's GRPO record, after its last update.
 
-        The learner adopts the last train state and syncs it to the engine, which rolls out the round's first pool
+        `extra`: further GRPOStats fields (the bounded-staleness counts). The learner adopts the last train state and syncs it to the engine, which rolls out the round's first pool
         batch again (same rows, same seed as before the updates): the pool reward after. The log-probability shift
         is measured on the first trained batch's own rollouts (none trained: None).
         """
@@ -285,18 +292,21 @@ def behaviour_logprobs(learner: Learner, host: dict, cfg: grpo.GRPOConfig, param
 
 
 def wave_seed(seed: int, batch: int, wave: int) -> int:
-    """Sampling seed of one wave of rollouts: wave 0 of batch `batch` is ``seed * 100 + batch`` (the batch seed of a
-    run without dynamic sampling). Replacement waves take a seed derived from (seed, batch, wave) by NumPy's
-    `SeedSequence`, so no wave repeats another batch's, round's or run seed's draws. Returns an int in [0, 2**31)."""
+    """Sampling seed of one wave of rollouts, an int in [0, 2**31).
+
+    Wave 0 of batch `batch` is ``seed * 100 + batch`` (the batch seed of a run without dynamic sampling). Replacement
+    waves take a seed derived from (seed, batch, wave) by NumPy's `SeedSequence`, so no wave repeats another batch's,
+    round's or run seed's draws."""
     if wave == 0:
         return seed * 100 + batch
     return int(np.random.SeedSequence([seed, batch, wave]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def batch_rows(learner: Learner, trajectories: Sequence, block: GRPOBlockConfig) -> dict[str, np.ndarray]:
-    """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`): B padded up
-    to a multiple of devices × micro-batches rows, T to the longest rollout's `grpo_bucket` (not the next power of
-    two). With dynamic sampling B varies between batches, so the step may compile once per padded size.
+    """The host batch of `trajectories` (input_ids, attention_mask, loss_mask, old_logprobs `[B, T]`).
+
+    B is padded up to a multiple of devices × micro-batches rows, T to the longest rollout's `grpo_bucket` (not the next
+    power of two). With dynamic sampling B varies between batches, so the step may compile once per padded size.
 
     Raises:
       AssertionError: a rollout longer than `block.max_context_tokens` (the longest the step is compiled for; the agent
@@ -316,8 +326,9 @@ def batch_rows(learner: Learner, trajectories: Sequence, block: GRPOBlockConfig)
 
 def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], block: GRPOBlockConfig, seed: int,
              judge: RubricJudge | None, tasks: TaskCache):
-    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`; each
-    scored as soon as its episode ends, concurrently with the others' generation (`block.reward` threads), tasks
+    """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`.
+
+    Each is scored as soon as its episode ends, concurrently with the others' generation (`block.reward` threads), tasks
     rebuilt through `tasks`. Both lists hold K consecutive entries per item, in the batch's order."""
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
     requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, block.prompt)
@@ -331,9 +342,10 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
 
 
 def group_variance(rewards, groups) -> tuple[int, int]:
-    """(groups whose scored rewards are not all equal, groups with at least two scored rewards) of one batch;
-    `rewards[i]` (None = unscored) belongs to group `groups[i]`. Only the first kind gives GRPO a non-zero
-    advantage (a group of equal rewards normalises to zero; `dynamic_sampling.has_signal`)."""
+    """(groups whose scored rewards are not all equal, groups with at least two scored rewards) of one batch.
+
+    `rewards[i]` (None = unscored) belongs to group `groups[i]`. Only the first kind gives GRPO a non-zero advantage (a
+    group of equal rewards normalises to zero; `dynamic_sampling.has_signal`)."""
     by_group: dict = {}
     for reward, group in zip(rewards, groups, strict=True):
         by_group.setdefault(group, []).append(reward)
@@ -342,10 +354,11 @@ def group_variance(rewards, groups) -> tuple[int, int]:
 
 
 def rollout_counts(trajectories, rewards) -> tuple[int, int]:
-    """(unscored, agent_failed) of one batch: rollouts with reward None (infrastructure: unscored, out of the
-    loss), and scored rollouts whose sandbox the agent's own code killed or hung (`Trajectory.agent_error`). The
-    two never overlap: an agent-failed rollout that is unscored for another reason (e.g. the
-    judge down) counts as unscored only."""
+    """(unscored, agent_failed) rollout counts of one batch.
+
+    Unscored: rollouts with reward None (infrastructure: unscored, out of the loss). Agent-failed: scored rollouts whose
+    sandbox the agent's own code killed or hung (`Trajectory.agent_error`). The two never overlap: an agent-failed
+    rollout that is unscored for another reason (e.g. the judge down) counts as unscored only."""
     unscored = sum(r is None for r in rewards)
     agent_failed = sum(bool(t.agent_error) and r is not None for t, r in zip(trajectories, rewards, strict=True))
     return unscored, agent_failed

@@ -158,8 +158,9 @@ def agree(value: Any, name: str, timeout_s: float = WAIT_TIMEOUT_S) -> Any:
 
 
 def allgather(value: Any, name: str, timeout_s: float = WAIT_TIMEOUT_S) -> list[Any]:
-    """Every process's `value`, in process order, on every process (one process: ``[value]``). The coordinator
-    drops the entries once all have read them.
+    """Every process's `value`, in process order, on every process (one process: ``[value]``).
+
+    The coordinator drops the entries once all have read them.
 
     Raises:
       PeerError: a process's value did not come within `timeout_s` (naming it).
@@ -178,8 +179,9 @@ def allgather(value: Any, name: str, timeout_s: float = WAIT_TIMEOUT_S) -> list[
 
 def all_ok(fn: Callable[[], Any], name: str, release: Callable[[Any], Any] | None = None,
            timeout_s: float = WAIT_TIMEOUT_S) -> Any:
-    """`fn()` on every process; returns this process's result once every process has succeeded (when another
-    failed, `release(result)` first frees what this process opened).
+    """`fn()` on every process; returns this process's result once every process has succeeded.
+
+    When another failed, `release(result)` first frees what this process opened.
 
     Raises:
       HostUnready: on every process, when `fn` raised a `ConfigError` (e.g. `BackendUnavailable`: no Docker engine,
@@ -218,14 +220,17 @@ class Elsewhere:
 
 
 def primary_only(make: Callable[[], Any]) -> Any:
-    """`make()` on process 0 (a writer: the ledger, the TensorBoard writer); on the others an :class:`Elsewhere`
-    whose methods do nothing (`make` is not called: no file is opened there)."""
+    """`make()` on process 0 (a writer: the ledger, the TensorBoard writer); a no-op elsewhere.
+
+    On the others it is an :class:`Elsewhere` whose methods do nothing (`make` is not called: no file is opened there).
+    """
     return make() if is_primary() else Elsewhere(getattr(make, "__name__", "writer"))
 
 
 def share(n: int, index: int | None = None, count: int | None = None) -> range:
-    """The contiguous positions of `n` items that process `index` of `count` takes (the first ``n % count``
-    processes one more): ``share(10, 1, 4) == range(3, 6)``."""
+    """The contiguous positions of `n` items that process `index` of `count` takes.
+
+    The first ``n % count`` processes take one more: ``share(10, 1, 4) == range(3, 6)``."""
     index = jax.process_index() if index is None else index
     count = jax.process_count() if count is None else count
     base, extra = divmod(n, count)
@@ -234,10 +239,11 @@ def share(n: int, index: int | None = None, count: int | None = None) -> range:
 
 
 def scored_rollouts(loop, requests: Sequence[Any], seed: int, scorer) -> tuple[list, list]:
-    """(trajectories, rewards) of `loop.run(requests, seed=seed)` scored by `scorer` (a `reward.RolloutScorer`
-    over every position): with one process exactly that; with several, each process rolls out and scores its
-    :func:`share` of the episodes (``loop.run_episodes``: the same seeds as the whole batch) and both lists are
-    gathered, in position order, on every process."""
+    """(trajectories, rewards) of `loop.run(requests, seed=seed)` scored by `scorer`, split over processes.
+
+    `scorer` is a `reward.RolloutScorer` over every position. With one process exactly that; with several, each process
+    rolls out and scores its :func:`share` of the episodes (``loop.run_episodes``: the same seeds as the whole batch)
+    and both lists are gathered, in position order, on every process."""
     if jax.process_count() == 1:
         trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)
         return trajectories, scorer.results()
@@ -252,8 +258,9 @@ def scored_rollouts(loop, requests: Sequence[Any], seed: int, scorer) -> tuple[l
 
 
 class HostWeights:
-    """A rollout engine on this process's own devices, fed the learner's weights gathered to the host: the
-    learner's parameters span every process, the engine's copy must be whole and local. `update_weights` is then a
+    """A rollout engine on this process's own devices, fed the learner's weights gathered to the host.
+
+    The learner's parameters span every process, the engine's copy must be whole and local. `update_weights` is then a
     collective (every process calls it, as the loop does); everything else is the engine's."""
 
     def __init__(self, engine: Any):
@@ -268,10 +275,12 @@ class HostWeights:
 
 
 def engine_policy(policy: Any) -> Any:
-    """`policy` with one process; with several, `policy` holding its own copy of the model (``nnx.clone``) for the
-    rollout engine: the JAX sampler keeps the model's variables, and the learner's weight sync writes arrays that
-    span every process into the learner's model, which would move the sampler onto the global mesh (a program
-    only process 0 runs, waiting forever for the others)."""
+    """`policy`, or with several processes a copy holding its own model for the rollout engine.
+
+    With one process `policy` itself; with several, `policy` holding its own copy of the model (``nnx.clone``) for the
+    rollout engine: the JAX sampler keeps the model's variables, and the learner's weight sync writes arrays that span
+    every process into the learner's model, which would move the sampler onto the global mesh (a program only process 0
+    runs, waiting forever for the others)."""
     if jax.process_count() == 1:
         return policy
     return dataclasses.replace(policy, model=nnx.clone(policy.model))
@@ -283,9 +292,10 @@ def local_engine(engine: Any) -> Any:
 
 
 def check_config(*, ray: bool, sampler_mesh: bool, engine_kind: str, max_staleness: int = 0) -> None:
-    """Refuses, with several processes, what this module does not split over hosts: Ray rollout workers, the
-    sampler on the global mesh (`EngineConfig.sampler_mesh`: each host's sampler must use its own devices) and
-    vLLM (not run multi-host yet).
+    """Refuses, with several processes, what this module does not split over hosts.
+
+    That is Ray rollout workers, the sampler on the global mesh (`EngineConfig.sampler_mesh`: each host's sampler must
+    use its own devices) and vLLM (not run multi-host yet).
 
     Raises:
       errors.ConfigError: naming the binding to change.

@@ -68,8 +68,9 @@ class RayRolloutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
-    """What a worker builds (pickled to each actor): the policy, its rollout engine, the agent loop and its
-    sandbox backend.
+    """What a worker builds (pickled to each actor).
+
+    The policy, its rollout engine, the agent loop and its sandbox backend.
 
     Attributes:
       policy: the tiny default or a local checkpoint every worker can read.
@@ -97,13 +98,16 @@ class WorkerSpec:
         return build_policy(self.policy)
 
     def open_sandboxes(self) -> SandboxBackend:
-        """This worker's sandbox backend (a warm Docker pool of `warm_pool` containers, or fresh sandboxes). The
-        caller closes it. Raises `BackendUnavailable`."""
+        """This worker's sandbox backend (a warm Docker pool of `warm_pool` containers, or fresh sandboxes).
+
+        The caller closes it. Raises `BackendUnavailable`."""
         return open_backend(self.sandbox_backend, self.agent.workers(self.warm_pool), warm=self.warm_pool)
 
     def build_loop(self, policy: Policy, sandboxes: SandboxBackend | None = None) -> AgentLoop:
-        """An `AgentLoop` over the JAX sampler of `policy` and `sandboxes` (default fresh sandboxes of this spec's
-        backend) — the same loop an in-process reference builds."""
+        """An `AgentLoop` over the JAX sampler of `policy` and `sandboxes`.
+
+        `sandboxes` default to fresh sandboxes of this spec's backend. It is the same loop an in-process reference
+        builds."""
         if sandboxes is None:
             sandboxes = SandboxBackend(self.sandbox_backend, backend_factory(self.sandbox_backend))
         engine = build_engine(policy, self.engine, self.agent.max_context_tokens)
@@ -111,9 +115,10 @@ class WorkerSpec:
 
 
 def host_params(params: Any) -> dict:
-    """A numpy pure dict (`nnx.to_pure_dict` layout) of a model's parameters: `params` is an nnx module, an
-    `nnx.State` of parameters or already a pure dict, with arrays of any sharding (gathered to the host, across
-    processes too: with several JAX processes every process must call it)."""
+    """A numpy pure dict (`nnx.to_pure_dict` layout) of a model's parameters.
+
+    `params` is an nnx module, an `nnx.State` of parameters or already a pure dict, with arrays of any sharding
+    (gathered to the host, across processes too: with several JAX processes every process must call it)."""
     from flax import nnx
 
     if isinstance(params, nnx.Module):
@@ -124,8 +129,10 @@ def host_params(params: Any) -> dict:
 
 
 def install_params(policy: Policy, engine: RolloutEngine, params: Mapping) -> int:
-    """Writes a pure dict of parameters into `policy.model` and installs the model in `engine`; returns the
-    engine's new weight version. Raises ValueError (from nnx) when the structure does not match the model's."""
+    """Writes a pure dict of parameters into `policy.model` and installs the model in `engine`.
+
+    Returns the engine's new weight version. Raises ValueError (from nnx) when the structure does not match the model's.
+    """
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -177,8 +184,10 @@ class RolloutWorker:
 
 
 def assign_episodes(num_requests: int, episodes_per_state: int, num_workers: int) -> list[list[tuple[int, int]]]:
-    """Per worker, the (request index i, rollout k) pairs it runs: episode (i, k) goes to worker
-    `(i·K + k) mod num_workers` (the K rollouts of a state spread over the workers, loads differ by <= 1)."""
+    """Per worker, the (request index i, rollout k) pairs it runs.
+
+    Episode (i, k) goes to worker `(i·K + k) mod num_workers` (the K rollouts of a state spread over the workers, loads
+    differ by <= 1)."""
     out: list[list[tuple[int, int]]] = [[] for _ in range(num_workers)]
     for i in range(num_requests):
         for k in range(episodes_per_state):
@@ -219,8 +228,9 @@ class RayRollouts:
 
     @classmethod
     def start(cls, spec: WorkerSpec, config: RayRolloutConfig = RayRolloutConfig()) -> "RayRollouts":
-        """Starts Ray (unless already running in this process) and `config.num_workers` workers, and waits until
-        each has built its policy and engine.
+        """Starts Ray and `config.num_workers` workers, and waits until each has built its policy and engine.
+
+        Ray is started unless already running in this process.
 
         Raises:
           ImportError: Ray is not installed (`pip install -e ".[ray]"`).
@@ -239,8 +249,9 @@ class RayRollouts:
         return cls(workers, spec.agent)
 
     def push_weights(self, params: Any) -> int:
-        """Sends `params` (module, parameter state or pure dict; any sharding) to every worker through one
-        object-store copy; returns the new weight version.
+        """Sends `params` to every worker through one object-store copy; returns the new weight version.
+
+        `params` is a module, parameter state or pure dict, of any sharding.
 
         Raises:
           RuntimeError: the workers report different weight versions.
@@ -256,10 +267,12 @@ class RayRollouts:
 
     def run(self, requests: Sequence[RolloutRequest], *, seed: int = 42,
             on_trajectory: Callable[[int, tj.Trajectory], None] | None = None) -> list[tj.Trajectory]:
-        """K episodes per request over the workers (module docstring); trajectories ordered by request, then k,
-        as `AgentLoop.run(requests, seed=seed)` returns them. `on_trajectory(position, trajectory)` as in
-        `AgentLoop.run`, called in this thread for each episode of a worker's share as soon as that share is back
-        (so the first shares are scored while other workers still roll out)."""
+        """K episodes per request over the workers (module docstring).
+
+        Trajectories ordered by request, then k, as `AgentLoop.run(requests, seed=seed)` returns them.
+        `on_trajectory(position, trajectory)` as in `AgentLoop.run`, called in this thread for each episode of a
+        worker's share as soon as that share is back (so the first shares are scored while other workers still roll
+        out)."""
         import ray
 
         k_per = self.config.sampling.group_size
@@ -277,8 +290,9 @@ class RayRollouts:
         return [by_episode[(i, k)] for i in range(len(requests)) for k in range(k_per)]
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Removes the workers' warm containers, then ends the worker actors; Ray itself keeps running. A worker
-        that does not answer within `timeout_s` seconds is killed all the same (its containers' executors see
+        """Removes the workers' warm containers, then ends the worker actors; Ray itself keeps running.
+
+        A worker that does not answer within `timeout_s` seconds is killed all the same (its containers' executors see
         the connection close and the engine removes them)."""
         import ray
 

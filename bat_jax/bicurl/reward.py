@@ -43,11 +43,13 @@ from bat_jax.verify.rubric import REWARD_VERSION, Evidence, ScorerError
 
 @dataclasses.dataclass(frozen=True)
 class RolloutReward:
-    """reward: 0–1 or None (unscored); version: the reward contract; focus: the row's stage or 'E2E'; error:
-    why scoring failed when it did ('' otherwise): with reward None the failure was not the agent's (e.g. the
-    row's task could not be rebuilt), with reward 0 scoring the agent's artefacts raised (its failure); items:
-    the rubric verifier's item decisions of the verified stages (stage id → item id → passed; None when the
-    rubric was not run: unscored, or a task-metric reward)."""
+    """The reward of one rollout, with its contract version, focus, error and rubric item decisions.
+
+    Fields: reward: 0–1 or None (unscored); version: the reward contract; focus: the row's stage or 'E2E'; error: why
+    scoring failed when it did ('' otherwise): with reward None the failure was not the agent's (e.g. the row's task
+    could not be rebuilt), with reward 0 scoring the agent's artefacts raised (its failure); items: the rubric
+    verifier's item decisions of the verified stages (stage id → item id → passed; None when the rubric was not run:
+    unscored, or a task-metric reward)."""
 
     reward: float | None
     version: str
@@ -79,8 +81,10 @@ class RewardConfig:
 
 
 def evidence_of(trajectory: Trajectory, start: SandboxState) -> Evidence:
-    """Verifier evidence of one trajectory: receipts, the final workspace (start files overlaid with the
-    episode's changed files) and the submitted path; an infrastructure failure is carried as unscored."""
+    """Verifier evidence of one trajectory.
+
+    Receipts, the final workspace (start files overlaid with the episode's changed files) and the submitted path; an
+    infrastructure failure is carried as unscored."""
     files = {**dict(start.files), **dict(trajectory.artefacts)}
     for path in trajectory.skipped_artefacts:  # over a cap: absent, never the stale start version
         files.pop(path, None)
@@ -90,8 +94,10 @@ def evidence_of(trajectory: Trajectory, start: SandboxState) -> Evidence:
 
 
 def task_key(row: RLRow) -> str:
-    """SHA-256 hex digest of what `row_task` rebuilds a row's task from: its track and the params of its
-    `task_synthesis` and `e2e_reduce` provenance steps. Rows of one task (any stage, any outcome slice) share it."""
+    """SHA-256 hex digest of what `row_task` rebuilds a row's task from.
+
+    That is its track and the params of its `task_synthesis` and `e2e_reduce` provenance steps. Rows of one task (any
+    stage, any outcome slice) share it."""
     steps = {t.name: dict(t.params) for t in row.provenance.transformations}
     text = json.dumps([row.provenance.track, steps.get("task_synthesis"), steps.get("e2e_reduce")],
                       sort_keys=True, default=str)
@@ -99,9 +105,10 @@ def task_key(row: RLRow) -> str:
 
 
 class TaskCache:
-    """Rebuilt tasks of `row_task` for `benchmark`, at most `maxsize` (least recently used dropped), keyed by
-    `task_key`. Thread-safe; concurrent requests for one key build it once (the others wait for it). `builds`
-    counts the rebuilds. Raises ValueError for maxsize < 1."""
+    """Rebuilt tasks of `row_task` for `benchmark`, keyed by `task_key`.
+
+    At most `maxsize` are kept (least recently used dropped). Thread-safe; concurrent requests for one key build it once
+    (the others wait for it). `builds` counts the rebuilds. Raises ValueError for maxsize < 1."""
 
     def __init__(self, benchmark: StagedBenchmark, maxsize: int = 32):
         if maxsize < 1:
@@ -160,12 +167,12 @@ def row_task(row: RLRow, benchmark: StagedBenchmark) -> Task:
 def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState, benchmark: StagedBenchmark,
                    judge: RubricJudge | None = None, tasks: TaskCache | None = None,
                    decode: DecodeLimits = DecodeLimits()) -> RolloutReward:
-    """Scores one rollout of `row` that started from `start` (the row's state p) by `benchmark`'s rule; `judge`
-    (optional) decides its configured rubric items; `tasks` (optional) supplies the rebuilt task (else it is
-    rebuilt here); the agent's files are decoded within `decode`.
-    Reward None = unscored (sandbox failure, or a judged item the judge could not decide). An exception while
-    scoring the agent's artefacts (never expected: the readers are total) is the agent's failure: reward 0 with
-    `RolloutReward.error` set.
+    """Scores one rollout of `row` that started from `start` (the row's state p) by `benchmark`'s rule.
+
+    `judge` (optional) decides its configured rubric items; `tasks` (optional) supplies the rebuilt task (else it is
+    rebuilt here); the agent's files are decoded within `decode`. Reward None = unscored (sandbox failure, or a judged
+    item the judge could not decide). An exception while scoring the agent's artefacts (never expected: the readers are
+    total) is the agent's failure: reward 0 with `RolloutReward.error` set.
 
     Raises:
       ScorerError: the reward is not a finite number in [0, 1] (an error of the scorer, never "unscored").
@@ -198,8 +205,9 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState, benc
 
 def _contained(row: RLRow, trajectory: Trajectory, start: SandboxState, benchmark: StagedBenchmark,
                judge: RubricJudge | None, tasks: TaskCache | None, decode: DecodeLimits) -> RolloutReward:
-    """`rollout_reward`, with an exception other than `ScorerError` (raised before the agent's artefacts are
-    read: rebuilding the row's task) turned into an unscored reward naming it."""
+    """`rollout_reward`, with an exception raised before the agent's artefacts are read made unscored.
+
+    Such an exception (other than `ScorerError`) comes from rebuilding the row's task; the unscored reward names it."""
     try:
         return rollout_reward(row, trajectory, start, benchmark, judge, tasks, decode)
     except ScorerError:
@@ -210,9 +218,10 @@ def _contained(row: RLRow, trajectory: Trajectory, start: SandboxState, benchmar
 
 
 class RolloutScorer:
-    """Scores rollouts as they arrive, on at most `config.max_workers` threads (reward scoring runs concurrently
-    with generation: pass `submit` as the agent loop's `on_trajectory`). A context manager: leaving
-    it waits for and shuts down the threads.
+    """Scores rollouts as they arrive, on at most `config.max_workers` threads.
+
+    Reward scoring runs concurrently with generation: pass `submit` as the agent loop's `on_trajectory`. A context
+    manager: leaving it waits for and shuts down the threads.
 
     Args:
       rows, starts: per position (the rollouts' order): the RL row and start state each rollout is scored against.
@@ -234,8 +243,9 @@ class RolloutScorer:
         self._futures: dict[int, concurrent.futures.Future] = {}
 
     def submit(self, position: int, trajectory: Trajectory) -> None:
-        """Queues the rollout at `position` for scoring (returns at once). Raises ValueError for a position out of
-        range or already submitted."""
+        """Queues the rollout at `position` for scoring (returns at once).
+
+        Raises ValueError for a position out of range or already submitted."""
         if not 0 <= position < len(self.rows) or position in self._futures:
             raise ValueError(f"RolloutScorer.submit: position {position} is out of range (0..{len(self.rows) - 1}) "
                              "or was submitted before")
@@ -244,8 +254,9 @@ class RolloutScorer:
                                                     self.decode)
 
     def results(self, positions: Sequence[int] | None = None) -> list[RolloutReward]:
-        """Every position's reward (or those of `positions`: one process's share of a batch), in position order
-        (waits for them).
+        """Every position's reward (or those of `positions`), in position order; waits for them.
+
+        `positions` is one process's share of a batch.
 
         A rollout whose scoring raised costs that rollout only, with `RolloutReward.error` set: reward 0 when
         reading the agent's artefacts raised (the agent's failure, as `rollout_reward` says), None (unscored) when
@@ -271,10 +282,11 @@ class RolloutScorer:
 def score_rollouts(rows: Sequence[RLRow], trajectories: Sequence[Trajectory], starts: Sequence[SandboxState],
                    benchmark: StagedBenchmark, judge: RubricJudge | None = None,
                    config: RewardConfig = RewardConfig(), tasks: TaskCache | None = None) -> list[RolloutReward]:
-    """`rollout_reward(rows[i], trajectories[i], starts[i], benchmark, judge, tasks)` for every i, on at most
-    `config.max_workers` threads (`RolloutScorer`); returned in the same order. `tasks` default: a new
-    `TaskCache` of `config.task_cache_size` for this call. Raises ValueError when the three sequences differ in
-    length, and what `rollout_reward` raises."""
+    """`rollout_reward` for every rollout, on at most `config.max_workers` threads, in the same order.
+
+    It calls `rollout_reward(rows[i], trajectories[i], starts[i], benchmark, judge, tasks)` for every i on a
+    `RolloutScorer`. `tasks` default: a new `TaskCache` of `config.task_cache_size` for this call. Raises ValueError
+    when the three sequences differ in length, and what `rollout_reward` raises."""
     if not len(rows) == len(trajectories) == len(starts):
         raise ValueError(f"score_rollouts: {len(rows)} rows, {len(trajectories)} trajectories and {len(starts)} "
                          "start states; expected one of each per rollout")

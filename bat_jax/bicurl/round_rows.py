@@ -29,8 +29,11 @@ from bat_jax.stage_bank.row import RLRow
 
 def mode_pools(rl_rows: Sequence[RLRow], mode: str, pool_config: pools.PoolConfig
                ) -> tuple[list[RLRow], pools.PoolConfig]:
-    """The RL rows and pool config a round of `mode` draws from: all rows and `pool_config` for BiCuRL; for the
-    GRPO-E2E baseline only the E2E rows, rewarded by their task metric, in the E2E pool alone."""
+    """The RL rows and pool config a round of `mode` draws from.
+
+    All rows and `pool_config` for BiCuRL; for the GRPO-E2E baseline only the E2E rows, rewarded by their task
+    metric, in the E2E pool alone.
+    """
     if mode != "grpo_e2e":
         return list(rl_rows), pool_config
     rows = [dataclasses.replace(row, reward_source="task_metric") for row in rl_rows if row.focus == E2E]
@@ -58,8 +61,9 @@ class RoundRows:
     load_state: Callable
 
     def view(self, view: BankView, target: str, round_index: int) -> pools.RoundView:
-        """The round's pool batches (and dynamic sampling's spare rows) for target stage `target` from bank version
-        `view`, after the leakage preflight of every row they hold.
+        """The round's pool batches (and dynamic sampling's spare rows) for target stage `target`.
+
+        They come from bank version `view`, after the leakage preflight of every row they hold.
 
         Raises:
           stage_bank.leakage.LeakageError: a held-out marker in one of the rows.
@@ -77,8 +81,10 @@ class RoundRows:
 
 def kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, config: kl.PolicyShiftConfig
                ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows (the KL probe set: training rows, never
-    held-out ones)."""
+    """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows.
+
+    They are the KL probe set: training rows, never held-out ones.
+    """
     prompts = []
     for row in list(rows)[: config.num_prompts]:
         messages, tools = prompt.first_messages(row.prompt, row.skill)

@@ -30,20 +30,25 @@ from bat_jax.verify.judge import RubricJudge
 
 
 def eval_cells(evaluation: EvalConfig, benchmark: StagedBenchmark) -> int:
-    """Cells of the larger held-out evaluation, controller or final (= `len(evaluation.suite_jobs(...))`): tracks ×
-    repeats."""
+    """Cells of the larger held-out evaluation, controller or final: tracks × repeats.
+
+    It equals `len(evaluation.suite_jobs(...))`."""
     return len(evaluation.tracks or benchmark.tracks) * max(evaluation.repeats, evaluation.final_repeats or 0)
 
 
 def warm_pool_size(batch_episodes: int, cells: int) -> int:
-    """Sandboxes one run holds at once (≥ 1): the larger of a GRPO batch's episodes in this process (rows × K;
-    0 when the rollouts run on Ray workers) and the held-out evaluation's cells."""
+    """Sandboxes one run holds at once (≥ 1).
+
+    The larger of a GRPO batch's episodes in this process (rows × K; 0 when the rollouts run on Ray workers) and the
+    held-out evaluation's cells."""
     return max(1, batch_episodes, cells)
 
 
 @dataclasses.dataclass
 class RunLoops:
-    """rollouts: the GRPO loop (`AgentLoop`, or `ray_workers.RayRollouts`; both `run` / `engine.update_weights`);
+    """The run's loops: GRPO rollouts, the held-out evaluation and their sandbox backend.
+
+    Fields: rollouts: the GRPO loop (`AgentLoop`, or `ray_workers.RayRollouts`; both `run` / `engine.update_weights`);
     evaluation: the held-out loop (one episode per cell, `EvalConfig.max_turns`); sandboxes: their backend."""
 
     rollouts: AgentLoop | RayRollouts

@@ -26,13 +26,14 @@ from bat_jax.stage_bank.row import SFTRow
 
 def render_sft_row(row: SFTRow, policy: Policy, prompt: PromptFormat, max_seq_len: int,
                    max_observation_chars: int | None = None, all_turns: bool = False) -> dict[str, np.ndarray] | None:
-    """Tokenised SFT example of a Stage Bank SFT row in the policy's chat template (DESIGN: rows are
-    model-neutral; the adapter renders them): context (system, user, prior assistant actions and tool
-    observations) as the prompt, the one target action + `<|im_end|>` as the response (loss mask 1).
-    With `max_observation_chars`, each tool observation is cut exactly as the agent loop cuts it at rollout
-    time (`rollout.agent_loop.cut_observation`), so SFT contexts look like the contexts the policy acts in.
-    The system prompt and first user turn are those of `prompt` (the policy's style in the benchmark's words; the
-    teacher's system message is replaced). Only the template's own tags become control ids: the brief, skill, observations and the teacher's
+    """Tokenised SFT example of a Stage Bank SFT row in the policy's chat template.
+
+    Rows are model-neutral; the adapter renders them. Context (system, user, prior assistant actions and tool
+    observations) as the prompt, the one target action + `<|im_end|>` as the response (loss mask 1). With
+    `max_observation_chars`, each tool observation is cut exactly as the agent loop cuts it at rollout time
+    (`rollout.agent_loop.cut_observation`), so SFT contexts look like the contexts the policy acts in. The system prompt
+    and first user turn are those of `prompt` (the policy's style in the benchmark's words; the teacher's system message
+    is replaced). Only the template's own tags become control ids: the brief, skill, observations and the teacher's
     thoughts and arguments are ordinary text whatever they contain (`models.episode.TextCodec`).
 
     With `all_turns`, the context's earlier assistant actions (each + `<|im_end|>`) carry loss too: the row then
@@ -78,10 +79,11 @@ def trajectory_key(row: SFTRow) -> tuple[str, int] | None:
 
 def trajectory_examples(rows: Sequence[SFTRow], policy: Policy, prompt: PromptFormat, max_seq_len: int,
                         max_observation_chars: int | None = None) -> list[dict[str, np.ndarray]]:
-    """SFT examples with loss on every expert action: per teacher trajectory (`trajectory_key`) only its
-    latest-turn row that fits `max_seq_len`, rendered with `all_turns`, which holds the targets of all its
-    earlier rows with their exact contexts; rows without an `sft_slice` step are rendered on their own.
-    Examples as `render_sft_row`'s, in the order of the rows kept."""
+    """SFT examples with loss on every expert action.
+
+    Per teacher trajectory (`trajectory_key`) only its latest-turn row that fits `max_seq_len`, rendered with
+    `all_turns`, which holds the targets of all its earlier rows with their exact contexts; rows without an `sft_slice`
+    step are rendered on their own. Examples as `render_sft_row`'s, in the order of the rows kept."""
     best: dict[str, tuple[int, dict]] = {}
     out: list[dict[str, np.ndarray]] = []
     for row in rows:
@@ -98,9 +100,11 @@ def trajectory_examples(rows: Sequence[SFTRow], policy: Policy, prompt: PromptFo
 
 def sft_batch(examples: Sequence[Mapping[str, np.ndarray]], batch_size: int, rng: np.random.Generator,
               max_seq_len: int) -> dict[str, np.ndarray]:
-    """One SFT batch `{'input_ids','attention_mask','loss_mask'}` `[batch_size, T]` int32 of rendered rows
-    (`render_sft_row` output, `[max_seq_len]` each), padded only to the bucket of its longest row
-    (`sft_bucket`), so that a step on short rows does not pay for `max_seq_len` tokens.
+    """One SFT batch of rendered rows, padded only to the bucket of its longest row.
+
+    The batch is `{'input_ids','attention_mask','loss_mask'}` `[batch_size, T]` int32; rows are `render_sft_row` output,
+    `[max_seq_len]` each; the bucket is `sft_bucket`'s, so that a step on short rows does not pay for `max_seq_len`
+    tokens.
 
     The first row is drawn uniformly; the others uniformly from the rows of the same bucket (with replacement
     when the bucket has fewer than `batch_size` rows), so every row is drawn equally often on average.

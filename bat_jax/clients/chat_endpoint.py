@@ -73,8 +73,9 @@ class ChatClient:
 
     def complete(self, messages: list[dict], temperature: float | None = None,
                  response_format: dict | None = None) -> str:
-        """The first choice's message content; `response_format` (e.g. a json_schema the endpoint enforces) is
-        sent as given.
+        """The first choice's message content.
+
+        `response_format` (e.g. a json_schema the endpoint enforces) is sent as given.
 
         Raises:
           ChatError: non-retryable HTTP status, retries exhausted, or a reply without choices[0].message.content.

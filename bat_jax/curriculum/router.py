@@ -39,8 +39,10 @@ SCORE_TOL = 1e-12
 
 @dataclasses.dataclass(frozen=True)
 class RouterConfig:
-    """Router settings (gin binds these). `corrective`: use the largest-regression rule after a held
-    candidate (released code); the paper's default is the weakest-stage rule only."""
+    """Router settings (gin binds these).
+
+    `corrective`: use the largest-regression rule after a held candidate (released code); the paper's default is the
+    weakest-stage rule only."""
 
     corrective: bool = False
 

@@ -42,8 +42,10 @@ flags.DEFINE_bool("debug", False, "Show the traceback of a configuration error i
 
 
 class _GinProbeFilter(logging.Filter):
-    """Drops gin's 'Path not found' error logged while it probes an include on the Python path before the search
-    path finds it; a file that is really missing still fails the parse with an error naming it."""
+    """Drops gin's 'Path not found' error logged while it probes an include on the Python path.
+
+    Gin logs it before the search path finds the file. A file that is really missing still fails the parse with an error
+    naming it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.msg == "Path not found: %s" and record.pathname.endswith("resource_reader.py"))
@@ -159,8 +161,9 @@ def run(job: Callable[..., object] = gin.REQUIRED, run_name: str = gin.REQUIRED,
 
 
 def show_config(run_dir: pathlib.Path) -> str:
-    """A job that only prints the resolved configuration (a dry run of any run file):
-    `--gin_bindings="launch.run.job = @launch.show_config"`."""
+    """A job that only prints the resolved configuration (a dry run of any run file).
+
+    Select it with `--gin_bindings="launch.run.job = @launch.show_config"`."""
     text = gin.config_str()
     print(text, flush=True)
     return text

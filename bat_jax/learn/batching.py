@@ -33,8 +33,10 @@ def _ladder(length: int) -> int:
 
 
 def sft_bucket(length: int, max_seq_len: int) -> int:
-    """Tokens an SFT batch whose longest row has `length` tokens is padded to: the smallest of 256, 384, 512,
-    768, 1024, 1536, ... (powers of two and their 1.5 multiples) that holds it, at most `max_seq_len`.
+    """The token length an SFT batch whose longest row has `length` tokens is padded to.
+
+    It is the smallest of 256, 384, 512, 768, 1024, 1536, ... (powers of two and their 1.5 multiples) that holds it, at
+    most `max_seq_len`.
 
     Raises:
       ValueError: `length` > `max_seq_len`.
@@ -45,8 +47,10 @@ def sft_bucket(length: int, max_seq_len: int) -> int:
 
 
 def grpo_bucket(longest: int, max_context_tokens: int) -> int:
-    """Tokens a GRPO batch whose longest rollout has `longest` tokens is padded to: the SFT ladder's step that
-    holds it, at most `max_context_tokens` — or `longest` itself when a rollout ran past the context."""
+    """The token length a GRPO batch whose longest rollout has `longest` tokens is padded to.
+
+    It is the SFT ladder's step that holds it, at most `max_context_tokens` — or `longest` itself when a rollout ran
+    past the context."""
     return min(_ladder(longest), max(longest, max_context_tokens))
 
 

@@ -83,8 +83,9 @@ class DistributedConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **defaults: Any) -> "DistributedConfig":
-        """The config the environment describes (variables in the module docstring); ``defaults`` fill the
-        fields the environment leaves unset. Without a coordinator address: one process.
+        """The config the environment describes (variables in the module docstring).
+
+        ``defaults`` fill the fields the environment leaves unset. Without a coordinator address: one process.
 
         Raises:
           ValueError: the address is set but ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` is missing or not an
@@ -120,8 +121,9 @@ class DistributedConfig:
 
 
 def initialize(config: DistributedConfig) -> bool:
-    """Starts ``jax.distributed`` for ``config`` (nothing for one process). Call it before any other JAX call
-    (it sets ``jax_cpu_collectives_implementation`` too). Returns True when it initialised.
+    """Starts ``jax.distributed`` for ``config`` (nothing for one process); True when it initialised.
+
+    Call it before any other JAX call (it sets ``jax_cpu_collectives_implementation`` too).
 
     Raises:
       RuntimeError: from JAX, e.g. when the other processes do not join within the timeout.
@@ -145,8 +147,9 @@ def initialize(config: DistributedConfig) -> bool:
 
 
 def process_rows(sharding: NamedSharding, global_rows: int) -> np.ndarray:
-    """Sorted indices of the rows of a global ``[global_rows, ...]`` array that live on this process's devices
-    under ``sharding`` (dim 0 split over the batch axes; rows replicated on several devices of the process are
+    """Sorted indices of the rows of a global ``[global_rows, ...]`` array that live on this process's devices.
+
+    The rows follow ``sharding`` (dim 0 split over the batch axes; rows replicated on several devices of the process are
     listed once). This is the order ``jax.make_array_from_process_local_data`` expects the local rows in.
 
     Raises:
@@ -165,9 +168,11 @@ def process_rows(sharding: NamedSharding, global_rows: int) -> np.ndarray:
 
 
 def local_rows(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, np.ndarray]:
-    """This process's rows of a global host batch (every field ``[B, ...]``, B a multiple of the batch devices),
-    for when every process holds the whole batch (e.g. the same deterministic rollouts); a process that produces
-    only its own rows passes them to :func:`global_batch` directly."""
+    """This process's rows of a global host batch that every process holds whole.
+
+    Every field of the batch is ``[B, ...]``, B a multiple of the batch devices. Use it when every process holds the
+    whole batch (e.g. the same deterministic rollouts); a process that produces only its own rows passes them to
+    :func:`global_batch` directly."""
     out = {}
     for k, v in batch.items():
         v = np.asarray(v)
@@ -176,9 +181,10 @@ def local_rows(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, np.ndar
 
 
 def global_batch(local: Mapping[str, np.ndarray], mesh: Mesh, global_rows: int) -> dict[str, jax.Array]:
-    """Global ``[global_rows, ...]`` arrays, dim 0 sharded over the mesh's batch axes (the learner's batch
-    shardings), from this process's rows (``local[k]`` is ``[len(process_rows), ...]``, in
-    :func:`process_rows` order). Every process calls it with its own rows.
+    """Global arrays, dim 0 sharded over the mesh's batch axes, from this process's rows.
+
+    The arrays are ``[global_rows, ...]`` with the learner's batch shardings; ``local[k]`` is ``[len(process_rows),
+    ...]``, in :func:`process_rows` order. Every process calls it with its own rows.
 
     Raises:
       ValueError: a field's local row count is not this process's share of ``global_rows``.
@@ -195,9 +201,10 @@ def global_batch(local: Mapping[str, np.ndarray], mesh: Mesh, global_rows: int) 
 
 
 def host_gather(tree: Any) -> Any:
-    """The whole value of every array in ``tree`` as numpy, on every process. With arrays sharded over several
-    processes it is a collective: every process must call it with the same tree. Fully addressable trees are
-    read with one ``jax.device_get``."""
+    """The whole value of every array in ``tree`` as numpy, on every process.
+
+    With arrays sharded over several processes it is a collective: every process must call it with the same tree. Fully
+    addressable trees are read with one ``jax.device_get``."""
     leaves = jax.tree.leaves(tree)
     if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
         return jax.tree.map(np.asarray, jax.device_get(tree))

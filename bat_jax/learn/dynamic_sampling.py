@@ -25,7 +25,9 @@ SIGNAL_TOL = 1e-12  # rewards closer than this are equal (float round-off is not
 
 @dataclasses.dataclass(frozen=True)
 class DynamicSamplingConfig:
-    """Attributes:
+    """Dynamic sampling settings: drop groups without reward variance and replace them.
+
+    Attributes:
       enabled: drop groups without reward variance and replace them (off: every drawn group is trained, as the
         paper and the released run do).
       max_extra_rows: per batch, at most this many replacement rows (each K more rollouts). It caps extra
@@ -53,16 +55,18 @@ class DynamicSamplingConfig:
             raise ValueError(f"DynamicSamplingConfig.signal_tol must be >= 0, got {self.signal_tol}")
 
     def keeps(self, rewards: Sequence[float | None]) -> bool:
-        """Whether the filter keeps a group with these rewards (None = unscored): :func:`has_signal` with
-        ``signal_tol``, or a single scored reward with ``keep_singletons``."""
+        """Whether the filter keeps a group with these rewards (None = unscored).
+
+        It keeps one by :func:`has_signal` with ``signal_tol``, or a single scored reward with ``keep_singletons``."""
         if self.keep_singletons and sum(r is not None for r in rewards) == 1:
             return True
         return has_signal(rewards, self.signal_tol)
 
 
 def has_signal(rewards: Sequence[float | None], tol: float = SIGNAL_TOL) -> bool:
-    """Whether a group's rewards give GRPO a non-zero advantage: at least two scored (not None) that differ by more
-    than ``tol`` (max − min).
+    """Whether a group's rewards give GRPO a non-zero advantage.
+
+    It takes at least two scored rewards (not None) that differ by more than ``tol`` (max − min).
 
     Raises: ValueError on a NaN or infinite reward (a scorer defect, not a group without signal)."""
     scored = [float(r) for r in rewards if r is not None]
@@ -112,8 +116,10 @@ class Filled:
 
 def fill_batch(rows: Sequence[Any], roll: Callable[[list[Any]], list[Any]], rewards_of: Callable[[Any], Sequence],
                spares: SpareRows, config: DynamicSamplingConfig) -> Filled:
-    """Rolls out a batch's rows and, with dynamic sampling, replaces groups without signal until the batch holds
-    ``len(rows)`` groups with signal, the cap is spent or the pools have no spare rows.
+    """Rolls out a batch's rows and, with dynamic sampling, replaces groups without signal.
+
+    Groups are replaced until the batch holds ``len(rows)`` groups with signal, the cap is spent or the pools have no
+    spare rows.
 
     Args:
       rows: the batch's rows, each with a ``pool`` attribute (`stage_bank.pools.RoundItem`).

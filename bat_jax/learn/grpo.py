@@ -46,9 +46,10 @@ from bat_jax.rollout.sampling import SamplingConfig
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO hyper-parameters. Each option names its source; the paper's value is the default (verl's where the paper
-    is silent), the released BaT run's value (verl defaults it inherits included; ``gin/presets/released_bat.gin``)
-    is in brackets.
+    """GRPO hyper-parameters.
+
+    Each option names its source; the paper's value is the default (verl's where the paper is silent), the released BaT
+    run's value (verl defaults it inherits included; ``gin/presets/released_bat.gin``) is in brackets.
 
     Attributes:
       sampling: K, the group size (`group_size`, 4 [4]), and the transform the rollouts were drawn with (paper:
@@ -195,8 +196,10 @@ BATCH_FIELDS = ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "ref
 
 
 def batch_fields(config: GRPOConfig) -> tuple[str, ...]:
-    """The batch record's fields the GRPO step reads: :data:`BATCH_FIELDS`, plus ``is_weights`` ``[B, T]
-    float32`` with rollout correction (``GRPOConfig.rollout_correction``)."""
+    """The batch record's fields the GRPO step reads.
+
+    :data:`BATCH_FIELDS`, plus ``is_weights`` ``[B, T] float32`` with rollout correction
+    (``GRPOConfig.rollout_correction``)."""
     return BATCH_FIELDS + (("is_weights",) if config.rollout_correction else ())
 
 
@@ -346,8 +349,9 @@ def _logprobs_and_entropy(logits, ids, temperature, top_p, top_k):
 
 
 def map_sequence_chunks(fn: Callable[..., Any], xs: tuple[jax.Array, ...], chunk: int) -> Any:
-    """``fn(*xs)`` for per-position ``fn`` (``[B, c, ...]`` slices → ``[B, c]`` or a tuple of them), ``chunk``
-    positions at a time.
+    """``fn(*xs)`` for per-position ``fn``, ``chunk`` positions at a time.
+
+    ``fn`` maps ``[B, c, ...]`` slices → ``[B, c]`` or a tuple of them.
 
     ``xs`` are ``[B, T, ...]`` arrays; the sequence is padded to a multiple of ``chunk`` (pad results dropped).
     Each chunk runs under ``jax.checkpoint`` inside a ``lax.map``: the forward keeps one chunk's intermediates
@@ -371,9 +375,10 @@ def map_sequence_chunks(fn: Callable[..., Any], xs: tuple[jax.Array, ...], chunk
 def sequence_logprobs(apply_fn: Callable, params: Any, input_ids: jax.Array, attention_mask: jax.Array,
                       temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                       with_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Shifted logprobs ``[B, T] float32`` of ``input_ids [B, T] int32`` under the model (same values as
-    :func:`shifted_token_logprobs` of the model's logits); with ``with_entropy`` also the shifted entropy ``[B, T]
-    float32`` of the sampling distribution (:func:`shifted_token_logprobs_and_entropy`), from the same logits.
+    """Shifted logprobs ``[B, T] float32`` of ``input_ids [B, T] int32`` under the model.
+
+    Same values as :func:`shifted_token_logprobs` of the model's logits. With ``with_entropy`` also the shifted entropy
+    ``[B, T] float32`` of the sampling distribution (:func:`shifted_token_logprobs_and_entropy`), from the same logits.
 
     With an ``apply_fn`` that has ``hidden`` / ``head`` / ``logit_chunk``
     (:class:`bat_jax.learn.train_state.ModelApply`) the output head runs ``logit_chunk`` positions at a time
@@ -472,16 +477,19 @@ def make_grpo_loss(
 
 
 def grpo_normalizers(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """:func:`objective.loss_normalizers` of ``batch['loss_mask']`` and ``batch['attention_mask']`` (the
-    ``normalizer_fn`` of the train step): whole-batch token, rollout and sequence counts, so every aggregation is
-    exact under micro-batching."""
+    """:func:`objective.loss_normalizers` of ``batch['loss_mask']`` and ``batch['attention_mask']``.
+
+    It is the ``normalizer_fn`` of the train step: whole-batch token, rollout and sequence counts, so every aggregation
+    is exact under micro-batching."""
     return objective.loss_normalizers(batch["loss_mask"], batch.get("attention_mask"))
 
 
 def make_logprob_fn(apply_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
                     config: GRPOConfig = GRPOConfig(), **jit_kwargs) -> Callable:
-    """Jitted ``(params, input_ids [B, T] int32, attention_mask [B, T]) -> [B, T] float32`` shifted logprobs
-    (for ref_logprobs; :func:`sequence_logprobs`). ``jit_kwargs`` go to ``jax.jit`` (e.g. in/out shardings)."""
+    """A jitted function of the shifted logprobs (for ref_logprobs; :func:`sequence_logprobs`).
+
+    Its signature is ``(params, input_ids [B, T] int32, attention_mask [B, T]) -> [B, T] float32``. ``jit_kwargs`` go to
+    ``jax.jit`` (e.g. in/out shardings)."""
 
     def fn(params, input_ids, attention_mask):
         return sequence_logprobs(apply_fn, params, input_ids, attention_mask, *config.sampling.transform)

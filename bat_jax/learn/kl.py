@@ -24,7 +24,9 @@ ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
 
 @dataclasses.dataclass(frozen=True)
 class PolicyShiftConfig:
-    """Attributes:
+    """Settings of the policy-shift (KL) probe.
+
+    Attributes:
     num_prompts: probe prompts used, 256 (paper).
     batch_size: prompts per forward pass.
     """
@@ -59,9 +61,10 @@ def sequence_kl(apply_fn: ApplyFn, candidate_params: Any, best_params: Any, inpu
 
 def make_kl_sum_fn(apply_fn: ApplyFn, **jit_kwargs) -> Callable[[Any, Any, jax.Array, jax.Array],
                                                                  tuple[jax.Array, jax.Array]]:
-    """Jitted ``(candidate_params, best_params, input_ids, attention_mask) -> (Σ KL, #positions)`` for one
-    batch (:func:`sequence_kl`); positions with ``attention_mask == 0`` are excluded. ``jit_kwargs`` go to
-    ``jax.jit`` (e.g. in/out shardings)."""
+    """A jitted function of the summed KL and the position count of one batch (:func:`sequence_kl`).
+
+    Its signature is ``(candidate_params, best_params, input_ids, attention_mask) -> (Σ KL, #positions)``. Positions
+    with ``attention_mask == 0`` are excluded. ``jit_kwargs`` go to ``jax.jit`` (e.g. in/out shardings)."""
 
     def fn(candidate_params, best_params, input_ids, attention_mask):
         kl = sequence_kl(apply_fn, candidate_params, best_params, input_ids, attention_mask)

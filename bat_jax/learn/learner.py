@@ -86,8 +86,10 @@ def make_block_step(loss_fn, normalizer_fn, optimizer: OptimizerConfig, total_st
 
 
 def make_ref_logprob_fn(apply_fn, config: grpo.GRPOConfig, mesh: jax.sharding.Mesh) -> Callable:
-    """Jitted ``(params, input_ids [B, T] int32, attention_mask [B, T]) -> [B, T] float32`` shifted logprobs
-    under the rollout transform, rows sharded over the mesh's batch axes (B a multiple of their size)."""
+    """A jitted function of the shifted logprobs under the rollout transform.
+
+    Its signature is ``(params, input_ids [B, T] int32, attention_mask [B, T]) -> [B, T] float32`` with rows sharded
+    over the mesh's batch axes (B a multiple of their size)."""
     return grpo.make_logprob_fn(apply_fn, config, out_shardings=mesh_lib.batch_sharding(mesh, 2))
 
 
@@ -151,8 +153,9 @@ class Learner:
 
     def grpo_block(self, config: grpo.GRPOConfig, optimizer: OptimizerConfig, total_steps: int,
                    num_micro_batches: int = 1) -> tuple[Callable, ts.TrainState]:
-        """(jitted step, fresh TrainState) for one round's GRPO block; blocks with the same configs and sizes share
-        one jitted step (a fresh optimizer state each)."""
+        """(jitted step, fresh TrainState) for one round's GRPO block.
+
+        Blocks with the same configs and sizes share one jitted step (a fresh optimizer state each)."""
         return self._step(("grpo", config), grpo.make_grpo_loss(self.apply_fn, config), grpo.grpo_normalizers,
                           optimizer, total_steps, grpo.batch_fields(config), num_micro_batches)
 
@@ -188,9 +191,10 @@ class Learner:
         return np.concatenate(out, axis=0)[:rows]
 
     def host_copy(self, params: Any) -> Any:
-        """A host (numpy) copy of a parameter tree: the untrained / SFT / best copies a run keeps need no device
-        memory (`on_mesh` puts one back, sharded, when it is used). With several processes every process gets the
-        whole tree (a collective: all of them call it)."""
+        """A host (numpy) copy of a parameter tree.
+
+        The untrained / SFT / best copies a run keeps need no device memory (`on_mesh` puts one back, sharded, when it
+        is used). With several processes every process gets the whole tree (a collective: all of them call it)."""
         return distributed.host_gather(params)
 
     def on_mesh(self, params: Any) -> Any:
@@ -198,8 +202,9 @@ class Learner:
         return jax.device_put(params, self.param_shardings)
 
     def sync_model(self, params: Any | None = None) -> nnx.Module:
-        """Writes `params` (default: the learner's; a host copy is placed on the mesh, sharded, never on one
-        device) into the model object and returns it (for weight sync)."""
+        """Writes `params` into the model object and returns it (for weight sync).
+
+        `params` default to the learner's; a host copy is placed on the mesh, sharded, never on one device."""
         param_state = nnx.state(self.model, nnx.Param)
         nnx.replace_by_pure_dict(param_state, self.on_mesh(self.params if params is None else params))
         nnx.update(self.model, param_state)

@@ -26,8 +26,9 @@ SEQ_MEAN_ROWS = ("all", "nonempty")
 
 
 def clamp(x: jax.Array, lo: float | None, hi: float | None) -> jax.Array:
-    """``x`` clipped to ``[lo, hi]`` (``None``: no bound) with ``torch.clamp``'s gradient (1 inside, bounds
-    included; 0 outside). Same shape and dtype as ``x``."""
+    """``x`` clipped to ``[lo, hi]`` (``None``: no bound) with ``torch.clamp``'s gradient.
+
+    The gradient is 1 inside (bounds included) and 0 outside. Same shape and dtype as ``x``."""
     lo_ok = True if lo is None else x >= lo
     hi_ok = True if hi is None else x <= hi
     return jnp.where(lo_ok & hi_ok, x, jax.lax.stop_gradient(jnp.clip(x, lo, hi)))
@@ -87,8 +88,9 @@ def clipped_policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages
 
 
 def entropy_from_logprobs(logp: jax.Array) -> jax.Array:
-    """Entropy −Σ_v p(v) log p(v) of ``[..., V]`` log-probabilities, ``[...] float32`` (nats). Entries at
-    ``engine.MASKED_LOGPROB`` (tokens outside a top-k / top-p truncation) have p = 0 and add exactly 0."""
+    """Entropy −Σ_v p(v) log p(v) of ``[..., V]`` log-probabilities, ``[...] float32`` (nats).
+
+    Entries at ``engine.MASKED_LOGPROB`` (tokens outside a top-k / top-p truncation) have p = 0 and add exactly 0."""
     logp = logp.astype(jnp.float32)
     kept = logp > 0.5 * engine.MASKED_LOGPROB
     return -jnp.sum(jnp.where(kept, jnp.exp(logp) * logp, 0.0), axis=-1)
@@ -101,8 +103,10 @@ def effective_loss_mask(loss_mask: jax.Array) -> jax.Array:
 
 
 def loss_normalizers(loss_mask: jax.Array, attention_mask: jax.Array | None = None) -> dict[str, jax.Array]:
-    """Whole-batch denominators, computed before any micro-batch split (float32 scalars, each at least 1 so an
-    empty batch gives loss 0, not NaN), using :func:`effective_loss_mask`:
+    """Whole-batch loss denominators, computed before any micro-batch split.
+
+    They are float32 scalars, each at least 1 so an empty batch gives loss 0, not NaN, and use
+    :func:`effective_loss_mask`:
 
     * ``num_tokens``: Σ mask (verl ``batch_num_tokens``).
     * ``num_rows``: rows that hold a sequence (any ``attention_mask`` position on; every row without

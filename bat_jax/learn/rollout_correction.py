@@ -103,8 +103,9 @@ def correct(learner_logprobs: Any, engine_logprobs: Any, loss_mask: Any, *, tis_
 
 
 def merge_metrics(per_batch: list[Mapping[str, float]]) -> dict[str, float]:
-    """One round's mismatch metrics from its batches' (:func:`correct`): means weighted by the batches' sampled
-    tokens, the max of the maxima, sums of the counts. Empty list: {}."""
+    """One round's mismatch metrics from its batches' (:func:`correct`).
+
+    Means weighted by the batches' sampled tokens, the max of the maxima, sums of the counts. Empty list: {}."""
     if not per_batch:
         return {}
     tokens = sum(m["tokens"] for m in per_batch)

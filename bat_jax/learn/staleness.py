@@ -86,8 +86,9 @@ def crossed_sync(turn_versions: Sequence[int]) -> bool:
 
 @dataclasses.dataclass
 class Verdict:
-    """What the step does with one finished group: 'train', 'stale' (dropped), 'failed' (evicted) or 'aborted'
-    (re-queued: `on_sync='abort'`), and the group's staleness at the current version."""
+    """What the step does with one finished group, and the group's staleness at the current version.
+
+    Decisions: 'train', 'stale' (dropped), 'failed' (evicted) or 'aborted' (re-queued: `on_sync='abort'`)."""
 
     action: str
     staleness: int
@@ -95,8 +96,10 @@ class Verdict:
 
 def judge_group(turn_versions: Sequence[Sequence[int]], fallback_versions: Sequence[int],
                 infra_failed: Sequence[bool], current: int, config: StalenessConfig) -> Verdict:
-    """The verdict on one group of K rollouts at the learner's version `current` (module docstring's rules, in
-    this order: an infrastructure failure evicts, a sync crossed under 'abort' re-queues, then the bound).
+    """The verdict on one group of K rollouts at the learner's version `current`.
+
+    The module docstring's rules apply, in this order: an infrastructure failure evicts, a sync crossed under 'abort'
+    re-queues, then the bound.
 
     Args:
       turn_versions: per rollout, its turns' weight versions.
@@ -117,8 +120,10 @@ def judge_group(turn_versions: Sequence[Sequence[int]], fallback_versions: Seque
 
 @dataclasses.dataclass
 class StaleCounts:
-    """A round's bounded-staleness counts: groups dropped as too stale, evicted (infrastructure failure), aborted
-    (re-queued after a sync under 'abort'), refill groups rolled out, and the staleness of every trained group."""
+    """A round's bounded-staleness counts.
+
+    Groups dropped as too stale, evicted (infrastructure failure), aborted (re-queued after a sync under 'abort'),
+    refill groups rolled out, and the staleness of every trained group."""
 
     dropped_stale: int = 0
     evicted: int = 0
@@ -140,8 +145,10 @@ class StaleCounts:
             raise ValueError(f"StaleCounts.count: unknown verdict {verdict.action!r}")
 
     def summary(self) -> dict[str, float | int | None]:
-        """The ledger's fields: `groups_dropped_stale`, `groups_evicted`, `groups_aborted`, `groups_refilled`,
-        `staleness_mean` / `staleness_max` over trained groups (None when none was trained)."""
+        """The ledger's bounded-staleness fields.
+
+        `groups_dropped_stale`, `groups_evicted`, `groups_aborted`, `groups_refilled`, `staleness_mean` /
+        `staleness_max` over trained groups (None when none was trained)."""
         return {"groups_dropped_stale": self.dropped_stale, "groups_evicted": self.evicted,
                 "groups_aborted": self.aborted, "groups_refilled": self.refilled,
                 "staleness_mean": float(sum(self.trained) / len(self.trained)) if self.trained else None,

@@ -50,8 +50,10 @@ class TrainState:
 
 
 class ModelApply:
-    """``apply_fn(params, input_ids [B, T] int32, attention_mask [B, T] 0/1) -> logits [B, T, V] float32`` of an
-    nnx language model, plus the two halves the learner's losses use so that full float32 logits never exist:
+    """``apply_fn`` of an nnx language model, plus the two halves the learner's losses use.
+
+    ``apply_fn(params, input_ids [B, T] int32, attention_mask [B, T] 0/1) -> logits [B, T, V] float32``. The learner's
+    losses use the two halves below so that full float32 logits never exist:
 
     * ``hidden(params, input_ids, attention_mask) -> [B, T, embed]`` (compute dtype, after the final norm).
     * ``head(params, h [..., embed]) -> [..., V] float32``.
@@ -105,8 +107,9 @@ def split_model(model: nnx.Module, options: Any = None, logit_chunk: int = 0) ->
 def train_state_shardings(
     params: Any, param_shardings: Any, tx: optax.GradientTransformation, mesh: Mesh
 ) -> TrainState:
-    """NamedSharding tree for a :class:`TrainState`: optimizer moments follow their parameter, every
-    other optimizer leaf (counts) and ``step`` are replicated."""
+    """NamedSharding tree for a :class:`TrainState`.
+
+    Optimizer moments follow their parameter, every other optimizer leaf (counts) and ``step`` are replicated."""
     abstract_opt = jax.eval_shape(tx.init, params)
     rep = mesh_lib.replicated(mesh)
     opt_shardings = optax.tree_map_params(

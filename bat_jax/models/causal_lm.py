@@ -200,8 +200,9 @@ class CausalLM(nnx.Module):
 
     def hidden_states(self, input_ids, attention_mask=None, positions=None, *, deltanet_mode: str = "auto",
                       options: ForwardOptions = DEFAULT_OPTIONS):
-        """Final-norm hidden states ``[b, t, embed]`` (compute dtype) of a full forward without a cache;
-        ``input_ids [b, t] int32``, ``attention_mask [b, t]`` 0/1 (None = all real)."""
+        """Final-norm hidden states ``[b, t, embed]`` (compute dtype) of a full forward without a cache.
+
+        ``input_ids [b, t] int32``, ``attention_mask [b, t]`` 0/1 (None = all real) are the inputs."""
         b, t = input_ids.shape
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
         if positions is None:
@@ -231,8 +232,9 @@ class CausalLM(nnx.Module):
         return logits.astype(jnp.float32)
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> DecodeCache:
-        """Empty decode cache for ``batch`` rows and ``max_len`` token slots; attention K/V and the
-        conv history in ``dtype`` (default: compute dtype), DeltaNet state in float32."""
+        """Empty decode cache for ``batch`` rows and ``max_len`` token slots.
+
+        Attention K/V and the conv history in ``dtype`` (default: compute dtype), DeltaNet state in float32."""
         dtype = jnp.dtype(dtype or self.config.compute_dtype)
         layers = tuple(layer.empty_cache(self.config, batch, max_len, dtype) for layer in self.model.layers)
         return empty_cache(layers, batch, max_len)
@@ -241,15 +243,17 @@ class CausalLM(nnx.Module):
                 *, deltanet_mode: str = "auto", attention_block: int = DEFAULT_OPTIONS.attention_block,
                 last_only: bool = False):
         """Feeds ``input_ids [b, t]`` (left padded, mask ``[b, t]``) after the cache's tokens.
-        Returns ``(logits [b, t, vocab] float32, cache)``; with ``last_only`` the logits of the last position
-        only, ``[b, 1, vocab]`` (a sampler needs no more; the output head then costs 1/t of the full one)."""
+
+        Returns ``(logits [b, t, vocab] float32, cache)``; with ``last_only`` the logits of the last position only,
+        ``[b, 1, vocab]`` (a sampler needs no more; the output head then costs 1/t of the full one)."""
         return self._run(input_ids, attention_mask, positions, cache, deltanet_mode, attention_block, last_only)
 
     def decode_step(self, tokens, cache: DecodeCache, live=None):
-        """Feeds one token per row, ``tokens [b]`` int32; ``live [b]`` bool (default all): rows where it is
-        False feed nothing (their slot is masked, their DeltaNet state and conv history and their next
-        position stay as they were), so a finished row's cache stays that of its real tokens.
-        Returns ``(logits [b, vocab], cache)``."""
+        """Feeds one token per row, ``tokens [b]`` int32, and returns ``(logits [b, vocab], cache)``.
+
+        ``live [b]`` bool (default all): rows where it is False feed nothing (their slot is masked, their DeltaNet state
+        and conv history and their next position stay as they were), so a finished row's cache stays that of its real
+        tokens."""
         mask = None if live is None else live[:, None]
         logits, cache = self._run(tokens[:, None], mask, None, cache, "recurrent")
         return logits[:, 0], cache

@@ -117,14 +117,18 @@ def get_family(family: str | ChatFamily) -> ChatFamily:
 
 
 class Control(str):
-    """One control token of a chat template (an added token such as `<|im_end|>` or `<tool_call>`) inside
-    rendered text: encoded as its one id, never from text. A plain `str` part is ordinary text."""
+    """One control token of a chat template inside rendered text, encoded as its one id.
+
+    It is an added token such as `<|im_end|>` or `<tool_call>`, never encoded from text. A plain `str` part is ordinary
+    text."""
 
 
 class Rendered(str):
-    """Text rendered in a chat template (a `str`), with `parts`: `Control` parts are the template's own control
-    tokens, plain `str` parts are ordinary text (a `<|im_end|>` typed in a tool output is text). Slicing or
-    concatenating gives a plain `str` (all ordinary text); `"".join(parts) == self`."""
+    """Text rendered in a chat template (a `str`), with its control and ordinary-text `parts`.
+
+    `Control` parts are the template's own control tokens, plain `str` parts are ordinary text (a `<|im_end|>` typed in
+    a tool output is text). Slicing or concatenating gives a plain `str` (all ordinary text); `"".join(parts) == self`.
+    """
 
     parts: tuple[str, ...]
 
@@ -136,8 +140,10 @@ class Rendered(str):
 
 
 def split_controls(text: str, tokens) -> tuple[str, ...]:
-    """Splits template-literal `text` (never content) at occurrences of the control `tokens` (longest first):
-    the occurrences become `Control` parts, the rest plain parts. Pure function of its arguments."""
+    """Splits template-literal `text` (never content) at occurrences of the control `tokens`.
+
+    Tokens are matched longest first; the occurrences become `Control` parts, the rest plain parts. Pure function of its
+    arguments."""
     pattern = "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))
     parts: list[str] = []
     position = 0
@@ -391,8 +397,9 @@ def _parse_tool_call(text: str, fam: ChatFamily) -> Action | ParseError:
 
 
 def _xml_work(text: str, start: int, ends: list[int]) -> int:
-    """Characters the XML readings of a call from `start` to each of `ends` pass over: for each end, the
-    `</parameter>` tags before it (one reading each) times the length of its block."""
+    """Characters the XML readings of a call from `start` to each of `ends` pass over.
+
+    For each end: the `</parameter>` tags before it (one reading each) times the length of its block."""
     closes, at = [], text.find(_CLOSE_PARAM, start)
     while at >= 0:
         closes.append(at)
@@ -407,9 +414,10 @@ def _xml_value(raw: str) -> str:
 
 
 def _xml_readings(inner: str, expected: tuple[str, ...], position: int = 0, seen: tuple[str, ...] = ()):
-    """Yields the argument dicts `inner` reads as with each of `expected` once, shortest values first; a
-    `</parameter>` closes a value where the next `<parameter=` (or, for the last parameter, only whitespace)
-    follows, so there are at most (closing tags)^(len(expected)-1) readings."""
+    """Yields the argument dicts `inner` reads as with each of `expected` once, shortest values first.
+
+    A `</parameter>` closes a value where the next `<parameter=` (or, for the last parameter, only whitespace) follows,
+    so there are at most (closing tags)^(len(expected)-1) readings."""
     if _BLANK_TO_END_RE.match(inner, position):
         yield {}
         return
@@ -431,8 +439,9 @@ def _xml_readings(inner: str, expected: tuple[str, ...], position: int = 0, seen
 
 
 def _parse_xml_call(call: str) -> tuple[str, dict[str, str]] | str:
-    """(name, arguments) of one `<function=NAME>...</function>` block — a valid reading when the tool has one,
-    else the plain reading (for the error message) — or the reason it cannot be read."""
+    """(name, arguments) of one `<function=NAME>...</function>` block, or the reason it cannot be read.
+
+    The arguments are a valid reading when the tool has one, else the plain reading (for the error message)."""
     match = _FUNCTION_RE.fullmatch(call)
     if not match:
         return "expected <function=NAME> ... </function> inside <tool_call>"

@@ -20,8 +20,9 @@ from bat_jax.sandbox.tools import STOP, Action
 
 
 def tool_convention(tools: list[dict]) -> str:
-    """The text appended to the system turn of an 'inline_tools' family: the tool schemas (one JSON line each) and
-    how to call one (`render_action`'s format)."""
+    """The text appended to the system turn of an 'inline_tools' family.
+
+    It holds the tool schemas (one JSON line each) and how to call one (`render_action`'s format)."""
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     return ("\n\n# Tools\nYou may call one of these functions:\n<tools>\n" + lines + "\n</tools>\n"
             "To call a function, write your reasoning, then one block\n<tool_call>\n"
@@ -31,10 +32,12 @@ def tool_convention(tools: list[dict]) -> str:
 
 def inline_tools(messages: Sequence[dict], tools: list[dict] | None,
                  family: str | ChatFamily) -> tuple[list[dict], list | None]:
-    """(messages, tools) to hand the family's template. For an 'inline_tools' family: the tool convention appended
-    to the system turn (one is inserted, empty, when the first message is not a system turn), assistant
-    `reasoning_content` + `tool_calls` turned into `render_action` text, `tool` messages into user turns
-    `<tool_response>\\nOBS\\n</tool_response>`, and no tools argument. Other families: unchanged."""
+    """(messages, tools) to hand the family's template.
+
+    For an 'inline_tools' family: the tool convention appended to the system turn (one is inserted, empty, when the
+    first message is not a system turn), assistant `reasoning_content` + `tool_calls` turned into `render_action` text,
+    `tool` messages into user turns `<tool_response>\\nOBS\\n</tool_response>`, and no tools argument. Other families:
+    unchanged."""
     fam = get_family(family)
     if not fam.inline_tools:
         return list(messages), tools

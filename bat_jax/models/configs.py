@@ -61,9 +61,10 @@ def _check_act(hf: dict[str, Any]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DenseDecoderConfig:
-    """The fields a dense decoder shares (every layer full attention, RoPE over the whole head), with Qwen3's
-    defaults; ``Qwen3Config`` and ``LlamaConfig`` add their family, HF conversion and (Llama) defaults and rotary
-    scaling. Sizes in units (tokens, channels)."""
+    """The fields a dense decoder shares, with Qwen3's defaults.
+
+    Every layer is full attention, with RoPE over the whole head. ``Qwen3Config`` and ``LlamaConfig`` add their family,
+    HF conversion and (Llama) defaults and rotary scaling. Sizes in units (tokens, channels)."""
 
     vocab_size: int = 4096
     hidden_size: int = 128
@@ -187,8 +188,10 @@ class Qwen3_5Config:
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any], **overrides: Any) -> "Qwen3_5Config":
-        """Builds from a ``Qwen3_5TextConfig`` dict, or a ``Qwen3_5Config`` dict (uses its ``text_config``;
-        a top-level ``tie_word_embeddings`` wins). Raises ValueError on unsupported fields."""
+        """Builds from a ``Qwen3_5TextConfig`` dict, or a ``Qwen3_5Config`` dict.
+
+        A ``Qwen3_5Config`` dict is read by its ``text_config``; a top-level ``tie_word_embeddings`` wins. Raises
+        ValueError on unsupported fields."""
         if "text_config" in hf:
             text = dict(hf["text_config"])
             if "tie_word_embeddings" in hf:
@@ -292,9 +295,10 @@ def _rope_scaling_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig(DenseDecoderConfig):
-    """Llama dense decoder (transformers ``LlamaForCausalLM``): GQA without q/k norm, full RoPE with an
-    optional ``rope_scaling`` (``RopeScaling``), SwiGLU MLP without bias. ``DenseDecoderConfig`` with Llama's
-    defaults for the norm epsilon, RoPE base and context length."""
+    """Llama dense decoder (transformers ``LlamaForCausalLM``).
+
+    GQA without q/k norm, full RoPE with an optional ``rope_scaling`` (``RopeScaling``), SwiGLU MLP without bias.
+    ``DenseDecoderConfig`` with Llama's defaults for the norm epsilon, RoPE base and context length."""
 
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10_000.0
@@ -305,9 +309,10 @@ class LlamaConfig(DenseDecoderConfig):
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any], **overrides: Any) -> "LlamaConfig":
-        """Builds from a transformers ``LlamaConfig`` dict. Raises ValueError on unsupported fields
-        (activation, ``mlp_bias``, ``pretraining_tp`` > 1, a rope type other than default / linear / dynamic /
-        llama3)."""
+        """Builds from a transformers ``LlamaConfig`` dict.
+
+        Raises ValueError on unsupported fields (activation, ``mlp_bias``, ``pretraining_tp`` > 1, a rope type other
+        than default / linear / dynamic / llama3)."""
         _check_act(hf)
         if hf.get("mlp_bias", False):
             raise ValueError("config.json: Llama mlp_bias=true is not supported")

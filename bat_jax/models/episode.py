@@ -68,8 +68,10 @@ class TextCodec:
         return self.controls[token]
 
     def encode_text(self, text: str) -> list[int]:
-        """[n] ordinary-text ids of `text` (no control id whatever it contains). Raises ValueError when the
-        tokenizer gave a control id anyway (a tokenizer that cannot encode added tokens as text)."""
+        """[n] ordinary-text ids of `text` (no control id whatever it contains).
+
+        Raises ValueError when the tokenizer gave a control id anyway (a tokenizer that cannot encode added tokens as
+        text)."""
         if not text:
             return []
         if self._plain is not None:
@@ -83,9 +85,11 @@ class TextCodec:
         return [int(i) for i in ids]
 
     def encode(self, text: str | Sequence[str]) -> list[int]:
-        """Ids of `text`: a `Rendered` string (or a sequence of parts) by parts, `Control` parts as their one id
-        and the text between two controls encoded in one piece (as a tokenizer splits at added tokens); a
-        plain `str` is ordinary text throughout. Raises ValueError for an unknown control token."""
+        """Ids of `text`, a `Rendered` string encoded by its parts.
+
+        A `Rendered` string (or a sequence of parts) by parts, `Control` parts as their one id and the text between two
+        controls encoded in one piece (as a tokenizer splits at added tokens); a plain `str` is ordinary text
+        throughout. Raises ValueError for an unknown control token."""
         parts = text.parts if isinstance(text, Rendered) else (text,) if isinstance(text, str) else tuple(text)
         ids: list[int] = []
         run: list[str] = []
@@ -114,8 +118,9 @@ class TextCodec:
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: list[dict] | None = None,
                     add_generation_prompt: bool = False) -> Rendered:
-        """The tokenizer's `apply_chat_template` text of `messages` / `tools`, as a `Rendered` string whose
-        `Control` parts are exactly the control tokens the template wrote itself.
+        """The tokenizer's `apply_chat_template` text of `messages` / `tools`, as a `Rendered` string.
+
+        Its `Control` parts are exactly the control tokens the template wrote itself.
 
         Every control token typed in a string of `messages` or `tools` (contents, tool-call arguments, tool
         schemas) is rendered through a private-use stand-in character and restored as ordinary text, so the
@@ -213,8 +218,9 @@ class EpisodeBuilder:
         self._state = "new"  # new -> awaiting_assistant <-> awaiting_tool
 
     def encode(self, text: str | Sequence[str]) -> list[int]:
-        """[n] ids of `text` (`TextCodec.encode`): a `chat.Rendered` string (e.g. `render_action` output) by
-        its parts, a plain `str` as ordinary text only."""
+        """[n] ids of `text` (`TextCodec.encode`).
+
+        A `chat.Rendered` string (e.g. `render_action` output) by its parts, a plain `str` as ordinary text only."""
         return self.codec.encode(text)
 
     def _append(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> None:
@@ -283,9 +289,10 @@ class EpisodeBuilder:
         self._state = "awaiting_tool"
 
     def add_assistant_text(self, text: str | Sequence[str]) -> None:
-        """Appends assistant text plus `<|im_end|>`, with loss mask 1 and logprobs 0. `text` is encoded by
-        `encode`: `render_action` output (a `chat.Rendered`) has the template's tags as control ids and its
-        thought and arguments as ordinary text; a plain `str` is ordinary text throughout."""
+        """Appends assistant text plus `<|im_end|>`, with loss mask 1 and logprobs 0.
+
+        `text` is encoded by `encode`: `render_action` output (a `chat.Rendered`) has the template's tags as control ids
+        and its thought and arguments as ordinary text; a plain `str` is ordinary text throughout."""
         self.add_assistant(self.encode(text) + [self.eot_id])
 
     def add_tool_response(self, observation: str) -> list[int]:
@@ -306,9 +313,10 @@ class EpisodeBuilder:
         return [{k: str(v) if isinstance(v, Rendered) else v for k, v in m.items()} for m in self._messages]
 
     def build(self) -> TokenEpisode:
-        """The episode so far. After an assistant turn the template's closing newline is appended (mask 0),
-        so the ids equal the whole rendered episode's; after a tool response the ids end with the open
-        generation prompt."""
+        """The episode so far.
+
+        After an assistant turn the template's closing newline is appended (mask 0), so the ids equal the whole rendered
+        episode's; after a tool response the ids end with the open generation prompt."""
         if self._state == "new":
             raise RuntimeError("EpisodeBuilder.build() called before start()")
         ids, mask, logprobs = list(self._ids), list(self._mask), list(self._logprobs)

@@ -39,8 +39,10 @@ from bat_jax.models.layers import Linear, _fill, param
 
 
 def _precision():
-    """float32 matmuls: HIGHEST on GPU/TPU (their default rounds to tf32/bf16); on CPU the default
-    is already exact float32 and HIGHEST is ~10x slower."""
+    """The float32 matmul precision: HIGHEST on GPU/TPU, the default on CPU.
+
+    On GPU/TPU the default rounds to tf32/bf16; on CPU the default is already exact float32 and HIGHEST is ~10x slower.
+    """
     return None if jax.default_backend() == "cpu" else jax.lax.Precision.HIGHEST
 
 
@@ -88,8 +90,9 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state):
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, state, chunk_size: int = 64):
-    """Chunked (parallel within a chunk) gated delta rule; same arguments and result as
-    ``recurrent_gated_delta_rule``. The sequence is padded to a multiple of the chunk with
+    """Chunked (parallel within a chunk) gated delta rule.
+
+    Same arguments and result as ``recurrent_gated_delta_rule``. The sequence is padded to a multiple of the chunk with
     ``g = beta = 0`` steps, which leave the state unchanged."""
     b, t, h, dk = k.shape
     dv = v.shape[-1]
@@ -133,11 +136,12 @@ def chunk_gated_delta_rule(q, k, v, g, beta, state, chunk_size: int = 64):
 
 
 def causal_conv(x, conv_state, weight, lead=None):
-    """Causal depthwise conv + SiLU. x ``[b, t, C]``; conv_state ``[b, K-1, C]`` (previous inputs);
-    weight ``[C, 1, K]`` (torch ``Conv1d`` layout); lead ``[b] int32`` or None: leading padded positions of
-    each row's segment (zero inputs), moved before the history so that the history is adjacent to the
-    first real input (module docstring). Returns ``(y [b, t, C], new conv_state)``; computed in float32,
-    returned in x's dtype."""
+    """Causal depthwise conv + SiLU.
+
+    x ``[b, t, C]``; conv_state ``[b, K-1, C]`` (previous inputs); weight ``[C, 1, K]`` (torch ``Conv1d`` layout); lead
+    ``[b] int32`` or None: leading padded positions of each row's segment (zero inputs), moved before the history so
+    that the history is adjacent to the first real input (module docstring). Returns ``(y [b, t, C], new conv_state)``;
+    computed in float32, returned in x's dtype."""
     kernel = weight.shape[-1]
     t = x.shape[1]
     full = jnp.concatenate([conv_state.astype(x.dtype), x], axis=1)
@@ -177,9 +181,10 @@ class GatedRMSNorm(nnx.Module):
 
 
 class GatedDeltaNet(nnx.Module):
-    """Qwen3.5 linear-attention token mixer; parameter names follow transformers 5.19
-    (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``, ``conv1d``, ``dt_bias``,
-    ``A_log``, ``norm``, ``out_proj``)."""
+    """Qwen3.5 linear-attention token mixer.
+
+    Parameter names follow transformers 5.19 (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``, ``conv1d``,
+    ``dt_bias``, ``A_log``, ``norm``, ``out_proj``)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs):
         dt, pdt = cfg.compute_dtype, jnp.dtype(cfg.param_dtype)
@@ -211,9 +216,10 @@ class GatedDeltaNet(nnx.Module):
                              state=jnp.zeros((batch, self.nv, self.dk, self.dv), jnp.float32))
 
     def __call__(self, x, mask, cache: DeltaNetCache | None = None, mode: str = "auto"):
-        """x ``[b, t, embed]``; mask ``[b, t]`` bool (1 = real token). ``mode``: ``"chunk"``,
-        ``"recurrent"`` or ``"auto"`` (recurrent for t == 1, chunked otherwise).
-        Returns ``(y [b, t, embed], new DeltaNetCache or None)``."""
+        """The token mixer's forward: returns ``(y [b, t, embed], new DeltaNetCache or None)``.
+
+        x ``[b, t, embed]``; mask ``[b, t]`` bool (1 = real token). ``mode``: ``"chunk"``, ``"recurrent"`` or ``"auto"``
+        (recurrent for t == 1, chunked otherwise)."""
         b, t, _ = x.shape
         x = jnp.where(mask[..., None], x, jnp.zeros((), x.dtype))
         mixed = self.in_proj_qkv(x)

@@ -61,9 +61,11 @@ def inspect_gguf(gguf_path: str | os.PathLike) -> tuple[str, dict[str, int]]:
 
 
 def _write_model(model, out: Path) -> None:
-    """``model.safetensors`` (float32, the tied head left out as transformers does) and ``config.json`` /
-    ``generation_config.json`` without the GGUF quantisation record: the weights are plain float32 now (the
-    transformers model keeps its GGUF quantizer attached, so its ``save_pretrained`` refuses to write)."""
+    """Writes ``model.safetensors`` (float32) and the config files without the GGUF quantisation record.
+
+    The tied head is left out as transformers does, and ``config.json`` / ``generation_config.json`` lose the GGUF
+    quantisation record: the weights are plain float32 now (the transformers model keeps its GGUF quantizer attached, so
+    its ``save_pretrained`` refuses to write)."""
     import json
 
     from safetensors.torch import save_file

@@ -65,8 +65,9 @@ def model_class(config):
 
 
 def logical_sharding(mesh: jax.sharding.Mesh, rules: dict[str, str | tuple | None]) -> ShardingFn:
-    """A ``ShardingFn`` mapping logical axis names to mesh axes with ``rules`` (name -> mesh axis);
-    an axis whose size does not divide by its mesh axes is replicated instead."""
+    """A ``ShardingFn`` mapping logical axis names to mesh axes with ``rules`` (name -> mesh axis).
+
+    An axis whose size does not divide by its mesh axes is replicated instead."""
 
     def fn(names: tuple, shape: tuple) -> jax.sharding.Sharding:
         spec = []
@@ -171,9 +172,11 @@ def _host_array(x: jax.Array) -> np.ndarray:
 
 
 def byte_buckets(sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
-    """Consecutive index groups of items of `sizes` bytes each: greedy, a group closes before the item that would
-    take it past `max_bytes` (an item larger than `max_bytes` gets a group of its own). Checkpoint shards here;
-    weight-sync buckets of `rollout.vllm_engine`. E.g. sizes (3, 3, 5, 1) with max 6 → [[0, 1], [2, 3]]."""
+    """Consecutive index groups of items of `sizes` bytes each, each group at most `max_bytes`.
+
+    Greedy: a group closes before the item that would take it past `max_bytes` (an item larger than `max_bytes` gets a
+    group of its own). Checkpoint shards here; weight-sync buckets of `rollout.vllm_engine`. E.g. sizes (3, 3, 5, 1)
+    with max 6 → [[0, 1], [2, 3]]."""
     groups, current, total = [], [], 0
     for i, nbytes in enumerate(sizes):
         if current and total + nbytes > max_bytes:

@@ -108,8 +108,9 @@ class MLP(nnx.Module):
 
 def rope_inv_freq(rotary_dim: int, theta: float, scaling=None, max_position_embeddings: int | None = None,
                   seq_len=None) -> jax.Array:
-    """Inverse frequencies ``[rotary_dim // 2]`` float32 of RoPE, following transformers 5.19
-    ``modeling_rope_utils`` (default, ``linear``, ``dynamic``, ``llama3``).
+    """Inverse frequencies ``[rotary_dim // 2]`` float32 of RoPE, following transformers 5.19.
+
+    The types follow ``modeling_rope_utils`` (default, ``linear``, ``dynamic``, ``llama3``).
 
     ``scaling`` is a ``configs.RopeScaling`` or None (default RoPE). ``dynamic`` needs ``max_position_embeddings``
     and ``seq_len`` (a traced int: longest position of the call + 1). As in transformers' stateless first call,
@@ -140,9 +141,10 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling=None, max_position_embe
 
 def rotary_tables(positions: jax.Array, rotary_dim: int, theta: float, dtype, scaling=None,
                   max_position_embeddings: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """cos/sin tables ``[batch, seq, rotary_dim]`` for int ``positions [batch, seq]`` (halves layout as in
-    transformers ``rotate_half``); frequencies from :func:`rope_inv_freq` (``dynamic`` takes its length from
-    ``max(positions) + 1``); computed in float32, returned in ``dtype``."""
+    """cos/sin tables ``[batch, seq, rotary_dim]`` for int ``positions [batch, seq]``.
+
+    Halves layout as in transformers ``rotate_half``; frequencies from :func:`rope_inv_freq` (``dynamic`` takes its
+    length from ``max(positions) + 1``); computed in float32, returned in ``dtype``."""
     seq_len = jnp.max(positions) + 1 if scaling is not None and scaling.rope_type == "dynamic" else None
     inv_freq = rope_inv_freq(rotary_dim, theta, scaling, max_position_embeddings, seq_len)
     freqs = positions.astype(jnp.float32)[..., None] * inv_freq
@@ -178,9 +180,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array) -> jax.Ar
 
 
 def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, q_offset) -> jax.Array:
-    """One decode step's grouped-query attention over a cache in the ``[b, K, L, d]`` layout. It is the same softmax as
-    ``attend(q, k', v', causal_valid(key_mask, q_offset, 1))`` with ``k'``/``v'`` in ``[b, L, K, d]``, without
-    the per-step transposes (on CPU, 8 rows × 1,280 slots: 0.3 ms instead of 2.6 ms per step).
+    """One decode step's grouped-query attention over a cache in the ``[b, K, L, d]`` layout.
+
+    It is the same softmax as ``attend(q, k', v', causal_valid(key_mask, q_offset, 1))`` with ``k'``/``v'`` in ``[b, L,
+    K, d]``, without the per-step transposes (on CPU, 8 rows × 1,280 slots: 0.3 ms instead of 2.6 ms per step).
 
     q ``[b, 1, H, d]`` (scaled), k/v ``[b, K, L, d]``, key_mask ``[b, L]`` bool, q_offset the query's slot.
     Returns ``[b, 1, H, d]`` in q's dtype; scores and softmax in float32.
@@ -196,8 +199,10 @@ def attend_one(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, q_
 
 
 def causal_valid(key_mask: jax.Array, q_offset, t: int) -> jax.Array:
-    """``[b, t, s]`` bool: query ``i`` (at slot ``q_offset + i``) may see key slot ``j`` iff ``j <= q_offset + i``
-    and ``key_mask[:, j]`` (``[b, s]`` bool)."""
+    """``[b, t, s]`` bool: which key slots each query may see.
+
+    Query ``i`` (at slot ``q_offset + i``) may see key slot ``j`` iff ``j <= q_offset + i`` and ``key_mask[:, j]``
+    (``[b, s]`` bool)."""
     s = key_mask.shape[1]
     causal = jnp.arange(s)[None, :] <= (q_offset + jnp.arange(t))[:, None]
     return causal[None] & key_mask[:, None, :]
@@ -208,8 +213,9 @@ MAX_UNROLLED_BLOCKS = 32
 
 def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, q_offset=0,
                   block: int = 0) -> jax.Array:
-    """Causal GQA attention, ``attend(q, k, v, causal_valid(key_mask, q_offset, t))``, computed ``block`` queries
-    at a time when ``0 < block < t``.
+    """Causal GQA attention, computed ``block`` queries at a time when ``0 < block < t``.
+
+    It equals ``attend(q, k, v, causal_valid(key_mask, q_offset, t))``.
 
     q ``[b, t, H, d]`` (scaled), k/v ``[b, s, K, d]``, key_mask ``[b, s]`` bool, q_offset int (slot of query 0).
     Blockwise, the float32 scores of one query block, ``[b, H, block, s]`` at most, are the largest buffer (never
@@ -247,8 +253,10 @@ def attend_causal(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
 
 
 class Attention(nnx.Module):
-    """Causal GQA self-attention with per-head q/k RMSNorm (``qk_norm=True``; Llama has none) and RoPE
-    (scaled as ``cfg.rope_scaling`` says, when the config has that field).
+    """Causal GQA self-attention with per-head q/k RMSNorm and RoPE.
+
+    The q/k norm is on with ``qk_norm=True`` (Llama has none); RoPE is scaled as ``cfg.rope_scaling`` says, when the
+    config has that field.
 
     ``output_gate=True`` (Qwen3.5 gated attention): q_proj emits ``[q | gate]`` per head and the
     attention output is multiplied by ``sigmoid(gate)`` before o_proj; norms are zero-centred and

@@ -185,10 +185,11 @@ def _episode_text(rng: random.Random) -> str:
 
 def generate_corpus(num_docs: int = 3000, seed: int = 0,
                     brief_text: Callable[[random.Random], str] | None = None) -> Iterator[str]:
-    """Yields `num_docs` deterministic training documents: python, bash, task text, rendered episodes and, with
-    `brief_text` (rng → a training-split first user turn: brief + stage skills, never held-out text; the shipped
-    tokenizer used the imaging suite's `tasks.heldout.sample_training_prompt`), task briefs, so that the agent's
-    prompts tokenise compactly."""
+    """Yields `num_docs` deterministic training documents for the tiny tokenizer.
+
+    They are python, bash, task text, rendered episodes and, with `brief_text` (rng → a training-split first user turn:
+    brief + stage skills, never held-out text; the shipped tokenizer used the imaging suite's
+    `tasks.heldout.sample_training_prompt`), task briefs, so that the agent's prompts tokenise compactly."""
     rng = random.Random(seed)
     makers = (_python_snippet, _code_lines, _bash_snippet, _task_text, _episode_text) + (
         (brief_text,) if brief_text is not None else ())
@@ -252,8 +253,10 @@ def _tokenizer_config(tok: Tokenizer) -> dict[str, Any]:
 
 
 def save_tiny_tokenizer(tok: Tokenizer, out_dir: str | pathlib.Path) -> pathlib.Path:
-    """Writes tokenizer.json, tokenizer_config.json (with the Qwen3.5 chat template) and
-    special_tokens_map.json into `out_dir`, all or nothing (`atomic_io.atomic_directory`). Returns `out_dir`."""
+    """Writes the tiny tokenizer's files into `out_dir`, all or nothing; returns `out_dir`.
+
+    The files are tokenizer.json, tokenizer_config.json (with the Qwen3.5 chat template) and special_tokens_map.json,
+    written all or nothing (`atomic_io.atomic_directory`)."""
     with atomic_directory(out_dir) as tmp:
         tok.save(str(tmp / "tokenizer.json"))
         (tmp / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(tok), indent=2) + "\n")
@@ -265,8 +268,10 @@ def save_tiny_tokenizer(tok: Tokenizer, out_dir: str | pathlib.Path) -> pathlib.
 
 
 def tokenizer_digest(directory: str | pathlib.Path) -> str:
-    """SHA-256 hex over a tokenizer directory's tokenizer.json and tokenizer_config.json (names and bytes),
-    the tokenizer identity recorded in derived views. Raises FileNotFoundError when tokenizer.json is missing."""
+    """SHA-256 hex over a tokenizer directory's tokenizer.json and tokenizer_config.json.
+
+    It hashes names and bytes and is the tokenizer identity recorded in derived views. Raises FileNotFoundError when
+    tokenizer.json is missing."""
     directory = pathlib.Path(directory)
     h = hashlib.sha256()
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -279,8 +284,10 @@ def tokenizer_digest(directory: str | pathlib.Path) -> str:
 
 
 def load_tiny_tokenizer(path: str | pathlib.Path = TINY_TOKENIZER_DIR) -> Any:
-    """The shipped tiny tokenizer as a `transformers` `Qwen3_5Tokenizer` (offline; what
-    `AutoTokenizer.from_pretrained(path)` returns too). Raises FileNotFoundError when the files are missing."""
+    """The shipped tiny tokenizer as a `transformers` `Qwen3_5Tokenizer`.
+
+    It loads offline and is what `AutoTokenizer.from_pretrained(path)` returns too. Raises FileNotFoundError when the
+    files are missing."""
     path = pathlib.Path(path)
     if not (path / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json; run launch/train_tokenizer.py")

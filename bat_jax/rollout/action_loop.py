@@ -119,8 +119,9 @@ def _prepare(batch: list[_ActionEpisode]) -> _PolicyJob | None:
 
 
 def _generate(job: _PolicyJob) -> list[Action | None | PolicyError]:
-    """Each episode's policy call; a `PolicyError` (any exception of the policy becomes one) is returned, not
-    raised, so one rejection ends one episode."""
+    """Each episode's policy call; a `PolicyError` is returned, not raised.
+
+    Any exception of the policy becomes a `PolicyError`, returned so one rejection ends one episode."""
     out: list[Action | None | PolicyError] = []
     for ep in job.episodes:
         try:
@@ -160,8 +161,9 @@ def _absorb(job: _PolicyJob, results: list[Action | None | PolicyError]) -> None
 
 
 def _stage_of(action: Action, stages: StageSet, current: str) -> str | None:
-    """The stage id an E2E episode's action belongs to: the one it names (None when `stages` lacks it), else
-    the previous turn's."""
+    """The stage id an E2E episode's action belongs to.
+
+    It is the one it names (None when `stages` lacks it), else the previous turn's."""
     if action.stage is None:
         return current
     try:
@@ -225,8 +227,10 @@ def run_action_episodes(requests: Sequence[ActionEpisodeRequest], *, schedule: s
 def run_action_episode(policy: ActionPolicy, sandbox: Sandbox, brief: str, task_id: str, stages: StageSet,
                        skill: str, focus: str = E2E, max_turns: int = 24, stop_before: str | None = None,
                        on_stage_start: Callable[[str, Sandbox], None] | None = None) -> RecordedEpisode:
-    """One episode through `run_action_episodes` (the arguments of `ActionEpisodeRequest`), in the calling
-    thread's schedule with one tool worker. Returns the `RecordedEpisode`; raises as `run_action_episodes` does."""
+    """One episode through `run_action_episodes`, in the calling thread's schedule with one tool worker.
+
+    The arguments are those of `ActionEpisodeRequest`. Returns the `RecordedEpisode`; raises as `run_action_episodes`
+    does."""
     request = ActionEpisodeRequest(policy, sandbox, brief, task_id, stages, skill, focus, max_turns, stop_before,
                                    on_stage_start)
     return run_action_episodes([request], schedule="lockstep", max_workers=1)[0]

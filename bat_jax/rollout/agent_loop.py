@@ -215,10 +215,12 @@ class AgentLoop:
 
     def run_episodes(self, episodes: Sequence[tuple[RolloutRequest, int, int]], *, seed: int = 42,
                      on_trajectory: Callable[[int, tj.Trajectory], None] | None = None) -> list[tj.Trajectory]:
-        """Rolls out the given episodes: `(request, i, k)` is episode k of the request at index i of the round's
-        batch, sampled with the same seeds as in `run(requests, seed=seed)` (so a subset of a batch's episodes,
-        e.g. one rollout worker's share, gives those episodes' trajectories). Returns them in the given order;
-        `on_trajectory` as in `run`, with positions into `episodes`."""
+        """Rolls out the given episodes of a round's batch.
+
+        `(request, i, k)` is episode k of the request at index i of the round's batch, sampled with the same seeds as in
+        `run(requests, seed=seed)` (so a subset of a batch's episodes, e.g. one rollout worker's share, gives those
+        episodes' trajectories). Returns them in the given order; `on_trajectory` as in `run`, with positions into
+        `episodes`."""
         cfg = self.config
         episodes = [_Episode(position, req, k, self.builder_factory(),
                              int(np.random.SeedSequence([seed, i, k]).generate_state(1)[0]))
@@ -276,8 +278,9 @@ class AgentLoop:
             ep.finish = tj.FINISH_SANDBOX_ERROR
 
     def _prepare_turn(self, batch: list[_Episode]) -> _TurnJob | None:
-        """The engine request for the next turn of `batch` (main thread); episodes out of response tokens or
-        context end here. Returns None when none of them asks for a turn."""
+        """The engine request for the next turn of `batch` (main thread).
+
+        Episodes out of response tokens or context end here. Returns None when none of them asks for a turn."""
         cfg = self.config
         asking, budgets = [], []
         for ep in batch:
@@ -294,8 +297,10 @@ class AgentLoop:
         return _TurnJob(asking, [list(ep.ids) for ep in asking], budgets, seeds)
 
     def _generate(self, job: _TurnJob, params: SamplingParams) -> list | Exception:
-        """One engine call for a prepared turn (any thread). Returns the engine's completions, or the exception
-        the call raised (it ends the job's episodes in `_absorb_turn`, never the batch)."""
+        """One engine call for a prepared turn (any thread).
+
+        Returns the engine's completions, or the exception the call raised (it ends the job's episodes in
+        `_absorb_turn`, never the batch)."""
         try:
             completions = self.engine.generate(job.prompts, params, max_new_tokens=job.budgets, seeds=job.seeds)
         except Exception as exc:  # noqa: BLE001 - the engine's failure, not the agent's
@@ -305,9 +310,10 @@ class AgentLoop:
         return completions
 
     def _absorb_turn(self, job: _TurnJob, completions: list | Exception, im_start: int | None) -> None:
-        """Appends the sampled turns and parses their tool calls (main thread). A failed engine call ends its
-        episodes unscored (`FINISH_ENGINE_ERROR`); a turn that cannot be processed ends its own episode, scored
-        as the agent's failure (`FINISH_INVALID_TURN`); other episodes go on."""
+        """Appends the sampled turns and parses their tool calls (main thread).
+
+        A failed engine call ends its episodes unscored (`FINISH_ENGINE_ERROR`); a turn that cannot be processed ends
+        its own episode, scored as the agent's failure (`FINISH_INVALID_TURN`); other episodes go on."""
         if isinstance(completions, Exception):
             for ep in job.episodes:
                 ep.finish = tj.FINISH_ENGINE_ERROR
@@ -366,8 +372,9 @@ class AgentLoop:
         ep.pending = action
 
     def _act(self, ep: _Episode) -> tuple[str, bool]:
-        """Runs the pending tool call in the episode's sandbox (worker thread). Returns (observation text,
-        whether a submit succeeded); a backend exception becomes an observation."""
+        """Runs the pending tool call in the episode's sandbox (worker thread).
+
+        Returns (observation text, whether a submit succeeded); a backend exception becomes an observation."""
         action = ep.pending
         try:
             if action.tool == "submit":
@@ -396,10 +403,11 @@ class AgentLoop:
                 ep.agent_error = ep.agent_error or f"the observation could not be appended: {type(exc).__name__}: {exc}"
 
     def _append_observation(self, ep: _Episode, text: str) -> None:
-        """Appends the observation (cut to `max_observation_chars`) and the next generation prompt. An observation
-        whose tokens would take the episode past `max_context_tokens` ends it (`FINISH_MAX_CONTEXT`, scored: the
-        agent's output outgrew its context) with the trajectory as it was before: no trajectory is ever longer than
-        the context the learner is compiled for, however many tokens the agent's output encodes to."""
+        """Appends the observation (cut to `max_observation_chars`) and the next generation prompt.
+
+        An observation whose tokens would take the episode past `max_context_tokens` ends it (`FINISH_MAX_CONTEXT`,
+        scored: the agent's output outgrew its context) with the trajectory as it was before: no trajectory is ever
+        longer than the context the learner is compiled for, however many tokens the agent's output encodes to."""
         before = (ep.builder.build(), ep.builder.messages())
         ep.builder.add_tool_response(cut_observation(text, self.config.max_observation_chars))
         ep.ids = ep.builder.build().ids.tolist()  # the next prompt: everything so far, ending in the generation prompt
@@ -415,8 +423,9 @@ class AgentLoop:
         self._close(ep)
 
     def _done(self, ep: _Episode, on_trajectory: Callable[[int, tj.Trajectory], None] | None) -> None:
-        """The ended episode's trajectory (main thread: the builder's tokenizer), handed to `on_trajectory`. A
-        trajectory that cannot be built is replaced by an empty one that is unscored (`infra_error`)."""
+        """The ended episode's trajectory (main thread: the builder's tokenizer), handed to `on_trajectory`.
+
+        A trajectory that cannot be built is replaced by an empty one that is unscored (`infra_error`)."""
         try:
             ep.trajectory = self._finish(ep, *ep.evidence)
         except Exception as exc:  # noqa: BLE001 - one episode's failure never ends the batch
@@ -431,9 +440,10 @@ class AgentLoop:
             on_trajectory(ep.position, ep.trajectory)
 
     def _evidence(self, ep: _Episode) -> tuple:
-        """Receipts, submitted path and artefacts from the episode's sandbox (worker thread). A sandbox the
-        agent brought down, or a workspace that cannot be read back (what the agent wrote: names, sizes), gives
-        its receipts and no artefacts (scored, the agent's failure); a sandbox failure the agent cannot cause
+        """Receipts, submitted path and artefacts from the episode's sandbox (worker thread).
+
+        A sandbox the agent brought down, or a workspace that cannot be read back (what the agent wrote: names, sizes),
+        gives its receipts and no artefacts (scored, the agent's failure); a sandbox failure the agent cannot cause
         (`fault == 'infra'`), nothing (unscored)."""
         if ep.sandbox is None:
             return (), None, {}, []
@@ -454,8 +464,10 @@ class AgentLoop:
 
     @staticmethod
     def _agent_fault(ep: _Episode) -> bool:
-        """True (and `ep.agent_error` set) when the sandbox died, hung or stopped answering after the agent's
-        code ran (`fault_of(sandbox)` is 'agent')."""
+        """True (and `ep.agent_error` set) when the sandbox failed after the agent's code ran.
+
+        That is when the sandbox died, hung or stopped answering after the agent's code ran (`fault_of(sandbox)` is
+        'agent')."""
         fault, text = fault_of(ep.sandbox)
         if fault != "agent":
             return False
@@ -463,9 +475,10 @@ class AgentLoop:
         return True
 
     def _finish(self, ep: _Episode, receipts, submitted, artefacts, skipped) -> tj.Trajectory:
-        """The ended episode's trajectory, never longer than `max_context_tokens`: trailing mask-0 glue past it (an
-        end-of-turn appended to a turn the limit cut, the template's closing newline; a prompt longer than the
-        context) is dropped.
+        """The ended episode's trajectory, never longer than `max_context_tokens`.
+
+        Trailing mask-0 glue past it (an end-of-turn appended to a turn the limit cut, the template's closing newline; a
+        prompt longer than the context) is dropped.
 
         Raises:
           RuntimeError: a sampled token past the limit (a broken engine budget; the trajectory is then unscored).

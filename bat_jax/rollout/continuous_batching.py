@@ -277,8 +277,10 @@ class ContinuousBatchingSampler:
             self._progress.notify_all()
 
     def _admit(self) -> list[tuple[int, _Row, RowState]]:
-        """Prefills queued rows that fit in free slots and share the batch's sampling parameters; rows that end at
-        their first token are finished here. Returns (slot, row, state) of the rows that go on decoding."""
+        """Prefills queued rows that fit in free slots and share the batch's sampling parameters.
+
+        Rows that end at their first token are finished here. Returns (slot, row, state) of the rows that go on
+        decoding."""
         free = [i for i, r in enumerate(self._rows) if r is None]
         running = next((r.params for r in self._rows if r is not None), None)
         with self._lock:
@@ -312,9 +314,10 @@ class ContinuousBatchingSampler:
         return out
 
     def _rebuild(self, admitted: list[tuple[int, _Row, RowState]]) -> None:
-        """Assembles the batch's cache from the running rows' states (read back from the device cache) and the
-        admitted rows' prefilled states; the write index goes to the longest row and `headroom_chunks` chunks of
-        slots follow it."""
+        """Assembles the batch's cache from the running rows' states and the admitted rows' prefilled states.
+
+        The running rows' states are read back from the device cache. The write index goes to the longest row and
+        `headroom_chunks` chunks of slots follow it."""
         states: list[RowState | None] = [None] * self.slots
         new = {slot: state for slot, _, state in admitted}
         if self._cache is not None:
@@ -334,8 +337,9 @@ class ContinuousBatchingSampler:
         self.rebuilds += 1
 
     def _cache_on_host(self):
-        """The batch cache as numpy arrays, copied from the device at most once per decode chunk (finished rows'
-        states are stored and the next step's rebuild reads the running rows from the same copy)."""
+        """The batch cache as numpy arrays, copied from the device at most once per decode chunk.
+
+        Finished rows' states are stored and the next step's rebuild reads the running rows from the same copy."""
         if self._host_cache is None:
             self._host_cache = jax.device_get(self._cache)
         return self._host_cache
@@ -364,11 +368,12 @@ class ContinuousBatchingSampler:
 
 def jax_engine(model: Any, *, max_context: int, max_batch: int, prefix_cache_rows: int = 0,
                slots: int = 0, mesh: Any = None, devices: Any = None) -> JaxSampler | ContinuousBatchingSampler:
-    """The embedded engine of a run or a Ray worker: a `JaxSampler` (rows per compiled call `max_batch`, prefix
-    store of `prefix_cache_rows` rows; on a rollout mesh with `mesh`, a `mesh_sampler.SamplerMeshConfig`, over
-    `devices`). It is wrapped in a `ContinuousBatchingSampler` of `slots` rows when `slots` > 0.
-    Then pair it with `AgentLoopConfig.max_generate_batch` = 1 and `max_concurrent_generate` >= the episodes in
-    flight, so every episode's turn joins the batch on its own."""
+    """The embedded engine of a run or a Ray worker: a `JaxSampler`, optionally continuously batched.
+
+    The `JaxSampler` has rows per compiled call `max_batch`, prefix store of `prefix_cache_rows` rows; on a rollout mesh
+    with `mesh`, a `mesh_sampler.SamplerMeshConfig`, over `devices`. It is wrapped in a `ContinuousBatchingSampler` of
+    `slots` rows when `slots` > 0. Then pair it with `AgentLoopConfig.max_generate_batch` = 1 and
+    `max_concurrent_generate` >= the episodes in flight, so every episode's turn joins the batch on its own."""
     sampler = JaxSampler(model, max_context=max_context, max_batch=max_batch, prefix_cache_rows=prefix_cache_rows,
                          mesh=mesh, devices=devices)
     return ContinuousBatchingSampler(sampler, slots=slots) if slots > 0 else sampler

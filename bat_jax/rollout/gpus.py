@@ -41,8 +41,9 @@ class Gpu:
 
 
 def parse_nvidia_smi(text: str) -> list[tuple[int, str, str]]:
-    """``(physical index, name, uuid)`` per ``GPU <i>: <name> (UUID: GPU-...)`` line of ``nvidia-smi -L`` (MIG lines
-    below a GPU are skipped)."""
+    """``(physical index, name, uuid)`` per GPU line of ``nvidia-smi -L``.
+
+    A GPU line reads ``GPU <i>: <name> (UUID: GPU-...)``; MIG lines below a GPU are skipped."""
     out = []
     for line in text.splitlines():
         m = _SMI_LINE.match(line.strip())
@@ -52,8 +53,9 @@ def parse_nvidia_smi(text: str) -> list[tuple[int, str, str]]:
 
 
 def physical_gpus(run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[tuple[int, str, str]]:
-    """Every GPU the driver lists, ``(physical index, name, uuid)``, from NVML or else ``nvidia-smi -L``; [] when
-    neither is present."""
+    """Every GPU the driver lists, ``(physical index, name, uuid)``.
+
+    Read from NVML or else ``nvidia-smi -L``; [] when neither is present."""
     try:
         import pynvml
 

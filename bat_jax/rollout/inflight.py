@@ -148,8 +148,9 @@ class InflightDriver:
             self._fail(RuntimeError(f"{self.name}: the driver thread stopped"))
 
     def _deliver(self, finished: Sequence[tuple[str, Any]]) -> None:
-        """Hands finished outputs to their calls (driver thread). Raises RuntimeError for outputs of requests this
-        driver never added (those it aborted are dropped)."""
+        """Hands finished outputs to their calls (driver thread).
+
+        Raises RuntimeError for outputs of requests this driver never added (those it aborted are dropped)."""
         unknown = []
         with self._cond:
             for request_id, output in finished:
@@ -165,8 +166,9 @@ class InflightDriver:
             raise RuntimeError(f"engine returned outputs of requests it was not given: {unknown[:4]}")
 
     def _fail(self, exc: BaseException) -> None:
-        """Aborts the running requests, then fails every running and queued call with `exc` (driver thread). The
-        requests stay `running` until aborted, so `exclusive` cannot take the engine before that."""
+        """Aborts the running requests, then fails every running and queued call with `exc` (driver thread).
+
+        The requests stay `running` until aborted, so `exclusive` cannot take the engine before that."""
         with self._cond:
             if not (self._running or self._queue):  # e.g. the driver stopping after `close`: nothing to fail
                 return

@@ -55,16 +55,19 @@ def _bucket(n: int, minimum: int) -> int:
 
 
 def stop_array(stop_token_ids: Sequence[int]) -> np.ndarray:
-    """The stop ids as the compiled programs take them: ``[n] int32``, ``n`` a power of two ≥ 8, padded with -1
-    (never a token id), so a few stop-list lengths share one program."""
+    """The stop ids as the compiled programs take them, ``[n] int32``.
+
+    ``n`` is a power of two ≥ 8, padded with -1 (never a token id), so a few stop-list lengths share one program."""
     out = np.full((_bucket(len(stop_token_ids), 8),), -1, np.int32)
     out[:len(stop_token_ids)] = stop_token_ids
     return out
 
 
 def prompt_bucket(n: int, minimum: int, step: int) -> int:
-    """Padded prompt length (tokens) for a longest prompt of `n` tokens: `_bucket(n, minimum)` up to `step`,
-    above it the smallest multiple of `step` >= n, never below `minimum` (`step` = 0: powers of two throughout)."""
+    """Padded prompt length (tokens) for a longest prompt of `n` tokens.
+
+    It is `_bucket(n, minimum)` up to `step`, above it the smallest multiple of `step` >= n, never below `minimum`
+    (`step` = 0: powers of two throughout)."""
     p = _bucket(n, minimum)
     if step and p > step:
         p = max(-(-int(n) // step) * step, int(minimum))
@@ -72,12 +75,13 @@ def prompt_bucket(n: int, minimum: int, step: int) -> int:
 
 
 def _sample(logits, keys, step, temperature, top_p, top_k):
-    """One token per row from the processed distribution, by inverting its CDF at one uniform draw per row
-    (u in (0, 1]; the first id whose cumulative mass reaches u · total mass, so an id of probability 0 is never
-    drawn). One random number per row instead of one per vocabulary entry (Gumbel-max): on 2 CPU cores, 8 rows
-    of a 3,584-token vocabulary, 0.28 instead of 0.66 ms per decode step. logits `[B, V]`, keys `[B]` typed PRNG
-    keys, step: the completion index of the draw, a scalar or `[B] int32` per row (row i's draw at index s uses
-    `fold_in(keys[i], s)`). Returns (ids `[B] int32`, logprobs `[B] float32`)."""
+    """One token per row from the processed distribution, by inverting its CDF at one uniform draw per row.
+
+    u is in (0, 1]; the draw is the first id whose cumulative mass reaches u · total mass, so an id of probability 0 is
+    never drawn. One random number per row instead of one per vocabulary entry (Gumbel-max): on 2 CPU cores, 8 rows of a
+    3,584-token vocabulary, 0.28 instead of 0.66 ms per decode step. logits `[B, V]`, keys `[B]` typed PRNG keys, step:
+    the completion index of the draw, a scalar or `[B] int32` per row (row i's draw at index s uses `fold_in(keys[i],
+    s)`). Returns (ids `[B] int32`, logprobs `[B] float32`)."""
     logp = processed_logprobs(logits, temperature, top_p, top_k)
     steps = jnp.broadcast_to(jnp.asarray(step, jnp.int32), keys.shape)
     u = 1.0 - jax.vmap(lambda k, s: jax.random.uniform(jax.random.fold_in(k, s)))(keys, steps)
@@ -88,9 +92,10 @@ def _sample(logits, keys, step, temperature, top_p, top_k):
 
 
 def draw(logits, keys, step, column, live, out_ids, out_lp, stop, temperature, top_p, top_k):
-    """One sampling step of a batch, shared by `_generate` and the continuous batcher's decode chunk. Each row's
-    token is drawn at completion index `step` (scalar or `[B]` int32; `_sample`), written with its logprob into
-    column `column` of `out_ids` `[B, N] int32` / `out_lp` `[B, N] float32` (0 for rows not `live`, `[B]` bool).
+    """One sampling step of a batch, shared by `_generate` and the continuous batcher's decode chunk.
+
+    Each row's token is drawn at completion index `step` (scalar or `[B]` int32; `_sample`), written with its logprob
+    into column `column` of `out_ids` `[B, N] int32` / `out_lp` `[B, N] float32` (0 for rows not `live`, `[B]` bool).
     Returns (tokens `[B] int32`, out_ids, out_lp, hit_stop `[B]` bool: a live row drew one of `stop`)."""
     tok, lp = _sample(logits, keys, step, temperature, top_p, top_k)
     out_ids = out_ids.at[:, column].set(jnp.where(live, tok, 0))
@@ -102,13 +107,15 @@ def draw(logits, keys, step, column, live, out_ids, out_lp, stop, temperature, t
                                              "layout"))
 def _generate(state, cache, prompt_ids, prompt_mask, budgets, seeds, temperature, top_p, top_k, stop, *, graphdef,
               max_new, max_len, cache_dtype, return_cache, layout=None):
-    """Prefill + while-loop decode. cache: None (an empty cache of `max_len` slots is made) or a `DecodeCache`
-    holding earlier tokens (prefix reuse). prompt_ids/prompt_mask `[B, P]` int32 (left padded; with a cache, the
-    tokens after the cached ones). budgets `[B]` int32 (1..max_new), seeds `[B]` uint32, temperature/top_p
-    float32 and top_k int32 scalars, stop `[S]` int32 (-1 = unused slot). Finished rows feed nothing more
-    (`decode_step(live=...)`), so the final cache holds each row's prompt and completion without its last token.
-    layout: None (one device) or the rollout mesh's `CacheLayout` (rows split over its devices).
-    Returns ((ids `[B, N]`, logprobs `[B, N]`, lengths `[B]`, stopped `[B]`), final cache or None)."""
+    """Prefill + while-loop decode.
+
+    cache: None (an empty cache of `max_len` slots is made) or a `DecodeCache` holding earlier tokens (prefix reuse).
+    prompt_ids/prompt_mask `[B, P]` int32 (left padded; with a cache, the tokens after the cached ones). budgets `[B]`
+    int32 (1..max_new), seeds `[B]` uint32, temperature/top_p float32 and top_k int32 scalars, stop `[S]` int32 (-1 =
+    unused slot). Finished rows feed nothing more (`decode_step(live=...)`), so the final cache holds each row's prompt
+    and completion without its last token. layout: None (one device) or the rollout mesh's `CacheLayout` (rows split
+    over its devices). Returns ((ids `[B, N]`, logprobs `[B, N]`, lengths `[B]`, stopped `[B]`), final cache or None).
+    """
     model = nnx.merge(graphdef, state)
     b, p = prompt_ids.shape
     keys = jax.vmap(jax.random.key)(seeds)
@@ -197,9 +204,11 @@ class JaxSampler:
         return self._version
 
     def update_weights(self, params: Any) -> int:
-        """Installs `params`: an `nnx.State` of the same structure as the model's (e.g. from the learner, any
-        sharding: arrays are moved to the sampler's placement) or a model of the same architecture. Returns the
-        new weight version. Raises ValueError on a structure mismatch (naming differing parameter paths)."""
+        """Installs `params` and returns the new weight version.
+
+        `params` is an `nnx.State` of the same structure as the model's (e.g. from the learner, any sharding: arrays are
+        moved to the sampler's placement) or a model of the same architecture. Raises ValueError on a structure mismatch
+        (naming differing parameter paths)."""
         new_state = nnx.state(params) if isinstance(params, nnx.Module) else params
         old_paths = {p for p, _ in nnx.to_flat_state(self._state)}
         new_paths = {p for p, _ in nnx.to_flat_state(new_state)}
@@ -222,8 +231,10 @@ class JaxSampler:
         return None if self.placement is None else self.placement.layout
 
     def batch_rows(self, n: int, minimum: int = 1) -> int:
-        """Padded rows of a batch of `n`: the next power of two >= max(n, minimum, `min_batch_bucket`), rounded up
-        to a multiple of the rollout mesh's data devices."""
+        """Padded rows of a batch of `n`.
+
+        The next power of two >= max(n, minimum, `min_batch_bucket`), rounded up to a multiple of the rollout mesh's
+        data devices."""
         b = _bucket(n, max(self.min_batch_bucket, minimum))
         data = 1 if self.placement is None else self.placement.data
         return -(-b // data) * data
@@ -241,9 +252,10 @@ class JaxSampler:
         return self.layout.put(cache)
 
     def memory_plan(self, rows: int, max_len: int | None = None, budget: int | None = None):
-        """`mesh_sampler.plan_memory` of this sampler on its mesh running `rows` rows of `max_len` tokens (default
-        `max_context`) at once; `budget`: bytes per device it may use (default: the free bytes of its first device,
-        None on CPU). Raises ValueError without a mesh."""
+        """`mesh_sampler.plan_memory` of this sampler on its mesh running `rows` rows at once.
+
+        Rows hold `max_len` tokens (default `max_context`). `budget`: bytes per device it may use (default: the free
+        bytes of its first device, None on CPU). Raises ValueError without a mesh."""
         from bat_jax.rollout import mesh_sampler
 
         if self.placement is None:
@@ -254,8 +266,9 @@ class JaxSampler:
         return mesh_sampler.plan_memory(self.placement, self._state, cache, rows, budget)
 
     def cache_template(self, batch: int, max_len: int):
-        """Shapes and dtypes (`jax.ShapeDtypeStruct`s) of an empty `DecodeCache` of `batch` rows × `max_len` slots
-        for this model (traced once per shape)."""
+        """Shapes and dtypes of an empty `DecodeCache` of `batch` rows × `max_len` slots for this model.
+
+        They are `jax.ShapeDtypeStruct`s, traced once per shape."""
         key = (int(batch), int(max_len))
         if key not in self._templates:
             self._templates[key] = jax.eval_shape(lambda: nnx.merge(self._graphdef, self._state).init_cache(
@@ -263,8 +276,10 @@ class JaxSampler:
         return self._templates[key]
 
     def slots_for(self, tokens: int, step: int = 0) -> int:
-        """Cache slots that hold `tokens` tokens: a multiple of `step` (default `prompt_bucket_step`, or 512 when
-        that is 0). Few distinct sizes, so few programs compile."""
+        """Cache slots that hold `tokens` tokens.
+
+        A multiple of `step` (default `prompt_bucket_step`, or 512 when that is 0). Few distinct sizes, so few programs
+        compile."""
         step = step or self.prompt_bucket_step or 512
         return -(-int(tokens) // step) * step
 
@@ -291,8 +306,9 @@ class JaxSampler:
 
     def check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                       max_new_tokens: Sequence[int] | None, seeds: Sequence[int] | None) -> tuple[list, list]:
-        """The per-row budgets and seeds of a `generate` request (defaults filled in), after the checks `generate`
-        documents. Raises ValueError naming the row."""
+        """The per-row budgets and seeds of a `generate` request (defaults filled in).
+
+        They come after the checks `generate` documents. Raises ValueError naming the row."""
         n = len(prompts)
         budgets = [params.max_new_tokens] * n if max_new_tokens is None else [int(x) for x in max_new_tokens]
         seeds = [params.seed + i for i in range(n)] if seeds is None else [int(s) for s in seeds]
@@ -311,20 +327,23 @@ class JaxSampler:
     def prefill_rows(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int], *,
                      min_rows: int = 1, min_prompt: int = 0,
                      slot_step: int = 0) -> tuple[list[Completion], list[RowState | None]]:
-        """Prefills `prompts` (continuing stored prefixes, as `generate` does) and samples each row's first token
-        (its completion index 0, so the draw is the one `generate` makes). Returns the one-token `Completion`s and
-        each row's decode state holding its prompt (`RowState`; None if it could not be read back), for a caller
-        that continues decoding (`bat_jax.rollout.continuous_batching`). Rows are not chunked by `max_batch`.
-        Coarser padding compiles fewer programs: the batch pads to at least `min_rows` rows, new tokens to at least
-        `min_prompt`, and a continued prefix's cache to a multiple of `slot_step` slots (0: `slots_for`'s default)."""
+        """Prefills `prompts` and samples each row's first token, as `generate` does.
+
+        Stored prefixes are continued. The first token is drawn at completion index 0, so the draw is the one `generate`
+        makes. Returns the one-token `Completion`s and each row's decode state holding its prompt (`RowState`; None if
+        it could not be read back), for a caller that continues decoding (`bat_jax.rollout.continuous_batching`). Rows
+        are not chunked by `max_batch`. Coarser padding compiles fewer programs: the batch pads to at least `min_rows`
+        rows, new tokens to at least `min_prompt`, and a continued prefix's cache to a multiple of `slot_step` slots (0:
+        `slots_for`'s default)."""
         return self._call(prompts, params, [1] * len(prompts), [int(s) for s in seeds], keep_states=True,
                           min_rows=min_rows, min_prompt=min_prompt, slot_step=slot_step)
 
     def _call(self, prompts, params, budgets, seeds, *, keep_states, min_rows=1, min_prompt=0, slot_step=0):
-        """One compiled sampling call over at most a batch of rows (checked by the caller). Returns the completions
-        and, with `keep_states`, the rows' final decode states (else they go to the prefix store, if any);
-        `min_rows` / `min_prompt` / `slot_step` as in `prefill_rows`. If the call raises, the stored prefixes it
-        took go back to the store (the next turn still continues them)."""
+        """One compiled sampling call over at most a batch of rows (checked by the caller).
+
+        Returns the completions and, with `keep_states`, the rows' final decode states (else they go to the prefix
+        store, if any); `min_rows` / `min_prompt` / `slot_step` as in `prefill_rows`. If the call raises, the stored
+        prefixes it took go back to the store (the next turn still continues them)."""
         reused = [None] * len(prompts) if self.prefix_cache is None else [self.prefix_cache.pop_longest(x)
                                                                           for x in prompts]
         try:

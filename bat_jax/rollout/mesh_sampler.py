@@ -74,9 +74,10 @@ class SamplerMeshConfig:
 
 
 def rollout_mesh(config: SamplerMeshConfig, devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-    """The (data, fsdp = 1, tensor) mesh of the sampler over `devices` (default: `config.devices` of
-    `jax.devices()`). Raises ValueError when `config.tensor` does not divide the device count or more devices
-    are asked for than exist."""
+    """The (data, fsdp = 1, tensor) mesh of the sampler over `devices`.
+
+    `devices` default to `config.devices` of `jax.devices()`. Raises ValueError when `config.tensor` does not divide the
+    device count or more devices are asked for than exist."""
     devs = list(jax.devices() if devices is None else devices)
     if config.devices:
         if config.devices > len(devs):
@@ -99,8 +100,10 @@ def _flat_leaves(state: Any) -> tuple[list[tuple], list[Any]]:
 
 
 def _rollout_dtype(path: tuple, x: Any, param_dtype: str | None) -> Any:
-    """The dtype a parameter has on the sampler: `param_dtype` for floating parameters, except the float32
-    DeltaNet tensors; other dtypes (and everything when `param_dtype` is None) unchanged."""
+    """The dtype a parameter has on the sampler.
+
+    `param_dtype` for floating parameters, except the float32 DeltaNet tensors; other dtypes (and everything when
+    `param_dtype` is None) unchanged."""
     name = ".".join(map(str, path))
     if param_dtype is None or not jnp.issubdtype(x.dtype, jnp.floating) or name.endswith(FLOAT32_PARAMS):
         return jnp.dtype(x.dtype)
@@ -115,8 +118,10 @@ def _divides(size: int, mesh: jax.sharding.Mesh, axis: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class CacheLayout:
-    """Where a decode cache's arrays live on the rollout mesh (hashable: a static argument of the sampler's jitted
-    programs). Batch axis over (data, fsdp); head / channel axes over tensor where they divide."""
+    """Where a decode cache's arrays live on the rollout mesh.
+
+    It is hashable: a static argument of the sampler's jitted programs. Batch axis over (data, fsdp); head / channel
+    axes over tensor where they divide."""
 
     mesh: jax.sharding.Mesh
 
@@ -199,12 +204,13 @@ class SamplerPlacement:
         return total
 
     def reshard(self, state: Any) -> Any:
-        """`state` (same structure as the model's; any placement: the learner's fsdp shards, one device, host
-        arrays) as rollout weights: cast to the rollout dtypes and placed with the rollout shardings by one jitted
-        program, on device when the input is (module docstring). Arrays on the same devices in another order (a
-        learner mesh laid out differently) cannot enter that program; they are cast where they are and moved by
-        `jax.device_put`, which the CPU backend routes through the host. Build the sampler on the learner's device
-        order (`devices`) to stay on device. Raises ValueError on another structure."""
+        """`state` as rollout weights: cast to the rollout dtypes and placed with the rollout shardings.
+
+        `state` has the model's structure and any placement (the learner's fsdp shards, one device, host arrays). One
+        jitted program casts and places it, on device when the input is (module docstring). Arrays on the same devices
+        in another order (a learner mesh laid out differently) cannot enter that program; they are cast where they are
+        and moved by `jax.device_put`, which the CPU backend routes through the host. Build the sampler on the learner's
+        device order (`devices`) to stay on device. Raises ValueError on another structure."""
         leaves = jax.tree.leaves(state)
         if jax.tree.structure(state) != self._treedef:
             raise ValueError("SamplerPlacement.reshard: the state's structure differs from the sampler model's")
@@ -280,8 +286,9 @@ def plan_memory(placement: SamplerPlacement, state: Any, cache: Any, rows: int, 
 
 
 def check_memory(plan: SamplerMemoryPlan) -> SamplerMemoryPlan:
-    """Refuses a sampler that cannot hold one full-length rollout per device beside its weights (ValueError naming
-    the numbers); returns the plan."""
+    """Refuses a sampler that cannot hold one full-length rollout per device beside its weights.
+
+    Raises ValueError naming the numbers; returns the plan."""
     if plan.budget is not None and plan.rollouts_fit < 1:
         raise ValueError("JAX sampler: not one full-length rollout fits per device; shorten max_context_tokens, "
                          "raise SamplerMeshConfig.tensor (split the weights) or use bf16 rollout weights. "

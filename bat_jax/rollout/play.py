@@ -26,8 +26,10 @@ from bat_jax.verify.rubric import EpisodeScore, Evidence
 
 def stage_start_state(make_sandbox: SandboxFactory, benchmark: StagedBenchmark, task: Task, expert: ActionPolicy,
                       stage: str, max_turns: int = 24, initial: SandboxState | None = None) -> SandboxState:
-    """State at the boundary before `stage`: the expert's E2E prefix (stages before `stage`) replayed in a sandbox
-    made from `initial` (default the task's initial state), its workspace snapshotted (env kept).
+    """State at the boundary before `stage`: the expert's E2E prefix replayed in a sandbox.
+
+    The prefix holds the stages before `stage`; the sandbox is made from `initial` (default the task's initial state),
+    its workspace snapshotted (env kept).
 
     Raises:
       RuntimeError: the expert's prefix was rejected or ended before reaching the boundary.
@@ -51,8 +53,10 @@ def stage_start_state(make_sandbox: SandboxFactory, benchmark: StagedBenchmark, 
 
 @dataclasses.dataclass
 class PlayResult:
-    """episode: the recorded episode (None when no sandbox started); evidence and score: what the verifier saw
-    and its verdict; start_state: the state the episode started from."""
+    """One episode's result: the recorded episode, the verifier's evidence and score, and the start state.
+
+    Fields: episode: the recorded episode (None when no sandbox started); evidence and score: what the verifier saw and
+    its verdict; start_state: the state the episode started from."""
 
     episode: RecordedEpisode | None
     evidence: Evidence
@@ -63,9 +67,11 @@ class PlayResult:
 def play(benchmark: StagedBenchmark, task: Task, policy: ActionPolicy, focus: str = E2E,
          make_sandbox: SandboxFactory = local_sandbox, max_turns: int = 24,
          start_state: SandboxState | None = None, decode: DecodeLimits = DecodeLimits()) -> PlayResult:
-    """Runs and scores one episode of `task`. `start_state` overrides the boundary state of a stage focus (else
-    the benchmark's scripted teacher's prefix); `decode` caps decoding the agent's artefacts. Never raises for
-    anything the agent did (module docstring); raises ValueError for an unknown focus."""
+    """Runs and scores one episode of `task`.
+
+    `start_state` overrides the boundary state of a stage focus (else the benchmark's scripted teacher's prefix);
+    `decode` caps decoding the agent's artefacts. Never raises for anything the agent did (module docstring); raises
+    ValueError for an unknown focus."""
     focus = benchmark.stages.parse_focus(focus)
     inst = task
     if start_state is None:

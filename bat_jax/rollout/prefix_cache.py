@@ -94,9 +94,10 @@ class PrefixCache:
 
 
 def extract_rows(cache: DecodeCache, fed: Sequence[np.ndarray]) -> list[RowState | None]:
-    """`RowState` of rows `0..len(fed)-1` of a host (numpy) `cache`; `fed[i]` `[n_i] int32` are the tokens row i
-    was fed (None: skip the row). A row whose count of real slots differs from `len(fed[i])` gives None (not
-    reusable)."""
+    """`RowState` of rows `0..len(fed)-1` of a host (numpy) `cache`.
+
+    `fed[i]` `[n_i] int32` are the tokens row i was fed (None: skip the row). A row whose count of real slots differs
+    from `len(fed[i])` gives None (not reusable)."""
     out: list[RowState | None] = []
     for i, tokens in enumerate(fed):
         slots = np.flatnonzero(cache.slot_mask[i]) if tokens is not None else None
@@ -117,9 +118,11 @@ def extract_rows(cache: DecodeCache, fed: Sequence[np.ndarray]) -> list[RowState
 
 
 def assemble(rows: Sequence[RowState | None], template: DecodeCache) -> DecodeCache:
-    """A host `DecodeCache` shaped like `template` (arrays or `jax.ShapeDtypeStruct`s, batch B >= len(rows))
-    holding row i's state in its first `len(rows[i].tokens)` slots (None: an empty row). Its write index
-    (`length`) is the longest row's token count; the slots between a row's tokens and it are masked.
+    """A host `DecodeCache` shaped like `template` holding the given rows' states.
+
+    `template` holds arrays or `jax.ShapeDtypeStruct`s, batch B >= len(rows). The cache holds row i's state in its first
+    `len(rows[i].tokens)` slots (None: an empty row). Its write index (`length`) is the longest row's token count; the
+    slots between a row's tokens and it are masked.
 
     Raises ValueError when a row holds more tokens than the template's slots."""
     b, max_len = template.slot_mask.shape

@@ -54,8 +54,9 @@ class ReplicaRouter:
             return list(self._live)
 
     def route(self, prompt: Sequence[int], budget: int) -> int:
-        """The replica for one row (`prompt` token ids, `budget` new tokens at most); counts its tokens as live on
-        that replica until `finish`."""
+        """The replica for one row (`prompt` token ids, `budget` new tokens at most).
+
+        It counts its tokens as live on that replica until `finish`."""
         ids = np.asarray(prompt, np.int32)
         with self._lock:
             replica, key = None, None
@@ -74,8 +75,10 @@ class ReplicaRouter:
             return replica
 
     def finish(self, replica: int, prompt: Sequence[int], budget: int, completion: Sequence[int] | None) -> None:
-        """A row routed to `replica` is done: its tokens stop being live; with its `completion` (None: the row
-        failed), the sequence prompt + completion is remembered for the episode's next turn."""
+        """Marks a row routed to `replica` done.
+
+        Its tokens stop being live; with its `completion` (None: the row failed), the sequence prompt + completion is
+        remembered for the episode's next turn."""
         with self._lock:
             self._live[replica] -= len(prompt) + int(budget)
             if completion is None:

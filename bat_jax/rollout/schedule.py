@@ -95,8 +95,9 @@ def run_lockstep(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurrent.
 def run_continuous(steps: EpisodeSteps, episodes: Sequence[Any], pool: concurrent.futures.Executor,
                    on_finished: Callable[[int], None], max_generate_batch: int,
                    max_concurrent_generate: int = 1) -> None:
-    """Each episode on its own: generations of ready episodes, batched, while others' tool calls run (module
-    docstring).
+    """Each episode on its own: ready episodes' generations, batched, while others' tool calls run.
+
+    The module docstring describes the schedule.
 
     Every sandbox is opened first (a failure ends its episode), so the first engine call batches every episode.
     Then the main thread prepares a generation of up to `max_generate_batch` queued episodes whenever fewer than

@@ -64,9 +64,10 @@ class SimulatedLatency:
                 raise ValueError(f"SimulatedLatency.{name} must be >= 0, got {getattr(self, name)}")
 
     def call_seconds(self, prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> float:
-        """Modelled seconds of one call with rows of these prompt and completion lengths (tokens, in row order;
-        waves take consecutive rows). Returns 0.0 for an empty call.
-        Raises ValueError when the two lists differ in length."""
+        """Modelled seconds of one call with rows of these prompt and completion lengths.
+
+        Lengths are in tokens, in row order; waves take consecutive rows. Returns 0.0 for an empty call. Raises
+        ValueError when the two lists differ in length."""
         if len(prompt_lengths) != len(completion_lengths):
             raise ValueError(f"call_seconds: {len(prompt_lengths)} prompt lengths but {len(completion_lengths)} "
                              "completion lengths")
@@ -108,8 +109,9 @@ class SimulatedLatencyEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  max_new_tokens: Sequence[int] | None = None,
                  seeds: Sequence[int] | None = None) -> list[Completion]:
-        """`inner.generate(...)`, lasting `latency.call_seconds` (or longer, if the inner engine is slower); without
-        `latency.inflight` calls from several threads run one at a time, with it they overlap (up to `max_batch`
+        """`inner.generate(...)`, lasting `latency.call_seconds` (or longer, if the inner engine is slower).
+
+        Without `latency.inflight` calls from several threads run one at a time, with it they overlap (up to `max_batch`
         rows in flight). Errors of the inner engine propagate."""
         n = len(prompts)
         cap = self.latency.max_batch if self.latency.inflight else 0

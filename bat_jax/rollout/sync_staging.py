@@ -82,8 +82,10 @@ class SyncPlan:
 
 
 def layer_of(name: str) -> str:
-    """The module group a tensor belongs to: ``model.layers.3`` for ``model.layers.3.mlp.up_proj.weight``, else the
-    name without its last component (``model.embed_tokens`` for ``model.embed_tokens.weight``)."""
+    """The module group a tensor belongs to.
+
+    ``model.layers.3`` for ``model.layers.3.mlp.up_proj.weight``, else the name without its last component
+    (``model.embed_tokens`` for ``model.embed_tokens.weight``)."""
     m = _LAYER.match(name)
     return m.group(1) if m else name.rpartition(".")[0]
 
@@ -153,17 +155,20 @@ def plan_sync(specs: Sequence[tuple[str, Sequence[int], str]], max_bytes: int) -
 
 
 def bucket_views(buffer, pieces: Sequence[Piece]) -> list[tuple[Piece, object]]:
-    """(replica and parent side) Each piece as a torch tensor view into `buffer` (a 1-D uint8 torch tensor, the
-    staging buffer): no copy."""
+    """(replica and parent side) Each piece as a torch tensor view into `buffer`: no copy.
+
+    `buffer` is the staging buffer, a 1-D uint8 torch tensor."""
     import torch
 
     return [(p, buffer[p.offset:p.offset + p.nbytes].view(getattr(torch, p.dtype)).view(p.shape)) for p in pieces]
 
 
 class TorchAllocationPeak:
-    """Context: the peak of torch's CPU allocator above its level at entry, in bytes (`peak`), for allocations made
-    on the entering thread (the profiler's memory events, ``total_allocated``; device allocations are not counted).
-    Used to measure what a sync holds on a CPU machine (tests/test_vllm_memory_sync.py)."""
+    """Context: the peak of torch's CPU allocator above its level at entry, in bytes (`peak`).
+
+    It counts allocations made on the entering thread (the profiler's memory events, ``total_allocated``; device
+    allocations are not counted). Used to measure what a sync holds on a CPU machine (tests/test_vllm_memory_sync.py).
+    """
 
     def __enter__(self) -> "TorchAllocationPeak":
         from torch.profiler import ProfilerActivity, profile
@@ -187,10 +192,12 @@ class TorchAllocationPeak:
 
 
 class StagingBuffers:
-    """(parent side) Context: the staging buffers of one sync of `nbytes` — on GPUs one torch CUDA tensor per
-    replica device (`gpus`: a `gpus.Gpu` per replica), exported once by CUDA IPC; on CPU one shared-memory segment
-    for every replica. `payloads[i]` is what replica i opens; `fill` writes one bucket into every buffer. On exit the buffers are freed (CUDA: ``ipc_collect`` +
-    ``empty_cache``; CPU: the segment unlinked)."""
+    """(parent side) Context: the staging buffers of one sync of `nbytes`.
+
+    On GPUs one torch CUDA tensor per replica device (`gpus`: a `gpus.Gpu` per replica), exported once by CUDA IPC; on
+    CPU one shared-memory segment for every replica. `payloads[i]` is what replica i opens; `fill` writes one bucket
+    into every buffer. On exit the buffers are freed (CUDA: ``ipc_collect`` + ``empty_cache``; CPU: the segment
+    unlinked)."""
 
     def __init__(self, nbytes: int, gpus: Sequence[Any] | None, num_replicas: int):
         self.nbytes, self.gpus, self.num_replicas = max(1, int(nbytes)), gpus, num_replicas
@@ -221,9 +228,10 @@ class StagingBuffers:
         return self
 
     def fill(self, pieces, values, to_tensor) -> None:
-        """Writes one bucket (`weight_sync.stream_pieces`' pieces and values) into every staging buffer, each from
-        the copy on its own device: ``to_tensor(value, device ordinal or None, dtype)`` gives that copy as a torch
-        tensor (the caller's: it knows JAX arrays)."""
+        """Writes one bucket into every staging buffer, each from the copy on its own device.
+
+        The bucket is `weight_sync.stream_pieces`' pieces and values. ``to_tensor(value, device ordinal or None,
+        dtype)`` gives that copy as a torch tensor (the caller's: it knows JAX arrays)."""
         import torch
 
         for i, buffer in enumerate(self.buffers):

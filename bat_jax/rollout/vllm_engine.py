@@ -113,8 +113,10 @@ class VLLMEngineConfig:
 
 
 def kv_cache_bytes(config: VLLMEngineConfig) -> int | None:
-    """The cache size the engine asks vLLM for: `config.kv_cache_memory_bytes`, else `CPU_KV_CACHE_BYTES` without
-    CUDA, else None (vLLM sizes it from `gpu_memory_utilization`)."""
+    """The cache size the engine asks vLLM for.
+
+    `config.kv_cache_memory_bytes`, else `CPU_KV_CACHE_BYTES` without CUDA, else None (vLLM sizes it from
+    `gpu_memory_utilization`)."""
     if config.kv_cache_memory_bytes is not None:
         return int(config.kv_cache_memory_bytes)
     import torch
@@ -141,8 +143,10 @@ def checkpoint_tensor_shapes(model_dir: str | os.PathLike) -> dict[str, tuple[in
 
 def write_checkpoint(model: Any, work_dir: str | os.PathLike, *, tokenizer: Any = None,
                      **config_overrides: Any) -> VLLMEngineConfig:
-    """Writes an in-memory `bat_jax.models` causal LM to ``work_dir/checkpoint`` for vLLM and returns the engine
-    config on it (`VLLMEngine.from_model` documents the arguments, the defaults and the errors)."""
+    """Writes an in-memory causal LM to ``work_dir/checkpoint`` for vLLM; returns the engine config on it.
+
+    The model is a `bat_jax.models` causal LM. `VLLMEngine.from_model` documents the arguments, the defaults and the
+    errors."""
     import tempfile
 
     from bat_jax.models.hf_io import save_pretrained
@@ -169,8 +173,10 @@ def write_checkpoint(model: Any, work_dir: str | os.PathLike, *, tokenizer: Any 
 
 def check_request(prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: Sequence[int] | None,
                   seeds: Sequence[int] | None, max_model_len: int) -> tuple[list[int], list[int]]:
-    """The per-row budgets and seeds of a `generate` request (defaults: `params.max_new_tokens`, `params.seed` +
-    row index), after its checks. Raises ValueError naming the row (`VLLMEngine.generate`)."""
+    """The per-row budgets and seeds of a `generate` request, after its checks.
+
+    Defaults: `params.max_new_tokens`, `params.seed` + row index. Raises ValueError naming the row
+    (`VLLMEngine.generate`)."""
     n = len(prompts)
     budgets = [params.max_new_tokens] * n if max_new_tokens is None else [int(b) for b in max_new_tokens]
     row_seeds = [params.seed + i for i in range(n)] if seeds is None else [int(s) for s in seeds]
@@ -431,12 +437,13 @@ class VLLMEngine:
 
     def install_weights(self, weights: Iterator[tuple[str, Any]],
                         rows: Iterator[tuple[str, int, Any]] | None = None) -> int:
-        """`update_weights` after its checks: installs ``(name, torch tensor)`` pairs (consumed while vLLM reloads:
-        ``model.load_weights`` inside vLLM's layer-wise reload), then writes ``(name, first row, torch tensor)`` row
-        blocks of the tensors that travel in row chunks straight into their parameters (`write_rows`); together
-        every checkpoint tensor once. Returns the new weight version. Raises RuntimeError while requests are in
-        flight (nothing is installed then) or if the prefix cache cannot be reset; ValueError naming a row-chunked
-        tensor whose vLLM parameter is not a plain row copy of it."""
+        """`update_weights` after its checks: installs the weights and returns the new weight version.
+
+        It installs ``(name, torch tensor)`` pairs (consumed while vLLM reloads: ``model.load_weights`` inside vLLM's
+        layer-wise reload), then writes ``(name, first row, torch tensor)`` row blocks of the tensors that travel in row
+        chunks straight into their parameters (`write_rows`); together every checkpoint tensor once. Raises RuntimeError
+        while requests are in flight (nothing is installed then) or if the prefix cache cannot be reset; ValueError
+        naming a row-chunked tensor whose vLLM parameter is not a plain row copy of it."""
         with self._driver.exclusive("update_weights"):  # never under a running request
             self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                                "is_checkpoint_format": True})

@@ -203,8 +203,10 @@ class VLLMMemoryPlan:
 
 def plan(cache: RolloutCache, *, max_model_len: int, device_total: int, jax_fraction: float, vllm_fraction: float,
          kv_cache_memory_bytes: int | None = None, overhead: int = DEFAULT_OVERHEAD_BYTES) -> VLLMMemoryPlan:
-    """The split of one device (`device_total` bytes): with `kv_cache_memory_bytes` the cache is that size (vLLM's
-    own override); otherwise vLLM's share minus weights and overhead."""
+    """The split of one device (`device_total` bytes).
+
+    With `kv_cache_memory_bytes` the cache is that size (vLLM's own override); otherwise vLLM's share minus weights and
+    overhead."""
     share = int(vllm_fraction * device_total)
     if kv_cache_memory_bytes is not None:
         cache_bytes = int(kv_cache_memory_bytes)
@@ -281,10 +283,11 @@ def check_replicas(cache: RolloutCache, *, num_replicas: int, max_model_len: int
                    devices: list[tuple[int, int | None]], jax_fraction: float, vllm_fraction: float,
                    kv_cache_memory_bytes: int | None = None, overhead: int = DEFAULT_OVERHEAD_BYTES,
                    **outside: Any) -> list[VLLMMemoryPlan]:
-    """`check` for every replica of a pool, replica i on device i (`devices[i]` = (total, free) bytes). Each must
-    hold its weights and at least one full-length rollout beside JAX's share of its device, and the rest of the
-    device the contexts, CUDA graphs and a sync's peak (`outside`: `check`'s sync / cuda_graph_bytes /
-    context_bytes).
+    """`check` for every replica of a pool, replica i on device i.
+
+    `devices[i]` = (total, free) bytes. Each must hold its weights and at least one full-length rollout beside JAX's
+    share of its device, and the rest of the device the contexts, CUDA graphs and a sync's peak (`outside`: `check`'s
+    sync / cuda_graph_bytes / context_bytes).
 
     Raises: ValueError naming the replica (and `check`'s numbers) for the first that cannot run, or when there are
     fewer devices than replicas."""

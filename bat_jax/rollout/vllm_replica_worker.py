@@ -52,8 +52,9 @@ def open_staging(staging: tuple) -> tuple[Any, Any]:
 
 
 def close_staging(handle: Any) -> None:
-    """After the last reference to the staging tensor is gone: unmaps it (CPU: closes the shared-memory segment; CUDA:
-    frees the IPC cache and the allocator's cached blocks)."""
+    """Unmaps the staging tensor after the last reference to it is gone.
+
+    CPU: closes the shared-memory segment; CUDA: frees the IPC cache and the allocator's cached blocks."""
     import torch
 
     if handle is not None:
@@ -65,8 +66,10 @@ def close_staging(handle: Any) -> None:
 
 
 def clone_pending(lo: int, hi: int) -> int | None:
-    """Clones every tensor vLLM's layer-wise reload still holds whose memory lies in ``[lo, hi)`` (the staging
-    buffer); returns the bytes cloned, or None when this vLLM has no layer-wise reload state to inspect."""
+    """Clones every tensor vLLM's layer-wise reload still holds whose memory lies in the staging buffer.
+
+    The buffer is ``[lo, hi)``. Returns the bytes cloned, or None when this vLLM has no layer-wise reload state to
+    inspect."""
     import torch
 
     try:

@@ -65,10 +65,12 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def replica_env(index: int, num_replicas: int, gpus: Sequence[Gpu] | None) -> dict[str, str]:
-    """Environment of replica `index`, set before its interpreter starts: with `gpus`, ``CUDA_VISIBLE_DEVICES`` = its
-    GPU's UUID (a physical device, whatever this process's own ``CUDA_VISIBLE_DEVICES``); without (CPU), an equal
-    share of this process's cores for vLLM's OpenMP threads (all of them when there are fewer cores than
-    replicas). ``JAX_PLATFORMS=cpu`` in case anything it loads ever imports JAX (the replica itself does not)."""
+    """Environment of replica `index`, set before its interpreter starts.
+
+    With `gpus`, ``CUDA_VISIBLE_DEVICES`` = its GPU's UUID (a physical device, whatever this process's own
+    ``CUDA_VISIBLE_DEVICES``); without (CPU), an equal share of this process's cores for vLLM's OpenMP threads (all of
+    them when there are fewer cores than replicas). ``JAX_PLATFORMS=cpu`` in case anything it loads ever imports JAX
+    (the replica itself does not)."""
     if gpus is not None:
         return {"CUDA_VISIBLE_DEVICES": gpus[index].uuid, "JAX_PLATFORMS": "cpu"}
     cores = sorted(os.sched_getaffinity(0))
@@ -78,8 +80,10 @@ def replica_env(index: int, num_replicas: int, gpus: Sequence[Gpu] | None) -> di
 
 
 def pin_gpus(num_replicas: int, gpus: Sequence[Gpu | int] | None) -> list[Gpu] | None:
-    """The GPU of each replica: `gpus` (`Gpu`s, or this process's CUDA ordinals), by default this process's visible
-    GPUs in order (`gpus.visible_gpus`); None on a machine without CUDA.
+    """The GPU of each replica.
+
+    `gpus` (`Gpu`s, or this process's CUDA ordinals), by default this process's visible GPUs in order
+    (`gpus.visible_gpus`); None on a machine without CUDA.
 
     Raises: ValueError when there are fewer GPUs than replicas or an ordinal is not visible."""
     if gpus is not None and all(isinstance(g, Gpu) for g in gpus):
@@ -124,8 +128,9 @@ class _Process:
 
 
 def start_replica(index: int, env: dict[str, str]) -> tuple[_Process, Connection]:
-    """Starts ``python -m bat_jax.rollout.vllm_replica_worker`` with `env` over this process's environment, joined
-    to this process by a socket pair; returns its process and this end of the socket."""
+    """Starts ``python -m bat_jax.rollout.vllm_replica_worker`` with `env` over this process's environment.
+
+    The worker is joined to this process by a socket pair; returns its process and this end of the socket."""
     mine, theirs = socket.socketpair()
     path = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     popen = subprocess.Popen([sys.executable, "-m", "bat_jax.rollout.vllm_replica_worker", str(theirs.fileno()),
@@ -205,8 +210,10 @@ class VLLMReplicaPool:
     def from_model(cls, model: Any, work_dir: str | os.PathLike, num_replicas: int, *, tokenizer: Any = None,
                    gpus: Sequence[Gpu | int] | None = None, sync_bucket_bytes: int = SYNC_BUCKET_BYTES,
                    measure_sync: bool = False, **config_overrides: Any) -> "VLLMReplicaPool":
-        """Writes `model` once to ``work_dir/checkpoint`` (`vllm_engine.write_checkpoint`) and starts
-        `num_replicas` replicas on it (`config_overrides`: `VLLMEngineConfig` fields; the rest: the constructor's)."""
+        """Writes `model` once to ``work_dir/checkpoint`` and starts `num_replicas` replicas on it.
+
+        The checkpoint comes from `vllm_engine.write_checkpoint`. `config_overrides`: `VLLMEngineConfig` fields; the
+        rest: the constructor's."""
         return cls(write_checkpoint(model, work_dir, tokenizer=tokenizer, **config_overrides), num_replicas, gpus=gpus,
                    sync_bucket_bytes=sync_bucket_bytes, measure_sync=measure_sync)
 
@@ -246,8 +253,9 @@ class VLLMReplicaPool:
         replica.pending.clear()
 
     def _send(self, replica: _Replica, op: str, *body, call_id: str | None = None) -> concurrent.futures.Future:
-        """Sends one message (`call_id`: default a new one) and returns the future of its reply. Raises RuntimeError
-        naming a dead replica."""
+        """Sends one message (`call_id`: default a new one) and returns the future of its reply.
+
+        Raises RuntimeError naming a dead replica."""
         call_id = call_id or f"{op}-{next(self._ids)}"
         future: concurrent.futures.Future = concurrent.futures.Future()
         if replica.dead is not None:
@@ -288,9 +296,10 @@ class VLLMReplicaPool:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
                  max_new_tokens: Sequence[int] | None = None,
                  seeds: Sequence[int] | None = None) -> list[Completion]:
-        """`RolloutEngine.generate`: each row on the replica the router picks (module docstring); safe from many
-        threads. Raises ValueError naming the row (`VLLMEngine.generate`'s checks), RuntimeError naming a replica
-        that failed or died, or while the pool is inconsistent after a failed sync."""
+        """`RolloutEngine.generate`: each row on the replica the router picks; safe from many threads.
+
+        The module docstring describes the routing. Raises ValueError naming the row (`VLLMEngine.generate`'s checks),
+        RuntimeError naming a replica that failed or died, or while the pool is inconsistent after a failed sync."""
         budgets, row_seeds = check_request(prompts, params, max_new_tokens, seeds, self.config.max_model_len)
         if not prompts:
             return []

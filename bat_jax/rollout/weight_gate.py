@@ -25,8 +25,10 @@ from bat_jax.rollout.engine import Completion, RolloutEngine, SamplingParams
 
 
 class WeightGate:
-    """`RolloutEngine` around `inner` whose `update_weights` is safe with `generate` calls in flight (module
-    docstring). Attributes: `inner`; `syncs_waited`, syncs that found calls in flight and waited for them."""
+    """`RolloutEngine` around `inner` whose `update_weights` is safe with `generate` calls in flight.
+
+    The module docstring explains how. Attributes: `inner`; `syncs_waited`, syncs that found calls in flight and waited
+    for them."""
 
     def __init__(self, inner: RolloutEngine):
         self.inner = inner
@@ -54,9 +56,10 @@ class WeightGate:
                 self._cond.notify_all()
 
     def update_weights(self, params: Any) -> int:
-        """Waits for the calls in flight to return (new ones wait), installs `params` on `inner` and returns the
-        new weight version (an engine with `swaps_in_flight` swaps between its decode steps instead, without
-        waiting). Syncs from several threads run one after the other."""
+        """Waits for the calls in flight, installs `params` on `inner` and returns the new weight version.
+
+        New calls wait meanwhile. An engine with `swaps_in_flight` swaps between its decode steps instead, without
+        waiting. Syncs from several threads run one after the other."""
         if getattr(self.inner, "swaps_in_flight", False):
             with self._cond:
                 self._cond.wait_for(lambda: not self._syncing)

@@ -66,16 +66,19 @@ SYNC_BUCKET_BYTES = 1 << 30
 
 
 def sync_dtype(name: str, dtype: str) -> str:
-    """Transfer dtype of one tensor: ``dtype``, except the Gated DeltaNet tensors kept float32
-    (``gated_deltanet.FLOAT32_PARAMS``), which travel as float32."""
+    """Transfer dtype of one tensor.
+
+    It is ``dtype``, except the Gated DeltaNet tensors kept float32 (``gated_deltanet.FLOAT32_PARAMS``), which travel as
+    float32."""
     from bat_jax.models.gated_deltanet import FLOAT32_PARAMS
 
     return "float32" if name.endswith(FLOAT32_PARAMS) else dtype
 
 
 def plan_buckets(named: Sequence[tuple[str, Any, str]], max_bytes: int = SYNC_BUCKET_BYTES) -> list[list[int]]:
-    """Consecutive index groups of ``(name, array, dtype)`` whose bytes in ``dtype`` stay ≤ ``max_bytes`` (a single
-    larger tensor gets a bucket of its own; `models.hf_io.byte_buckets`)."""
+    """Consecutive index groups of ``(name, array, dtype)`` whose bytes in ``dtype`` stay ≤ ``max_bytes``.
+
+    A single larger tensor gets a bucket of its own (`models.hf_io.byte_buckets`)."""
     return byte_buckets([int(np.prod(x.shape)) * _ITEMSIZE[dtype] for _, x, dtype in named], max_bytes)
 
 
@@ -85,10 +88,12 @@ GATHER_BUILDS = [0]
 
 
 def gather_bucket_fn(dtypes: Sequence[str], mesh, rows: Sequence[tuple[int, int] | None] | None = None):
-    """Jitted ``(arrays...) -> arrays`` that casts each array (sharded on ``mesh``) to its transfer dtype, then
-    all-gathers it (replicated on ``mesh``): the cast happens before the gather, so devices receive bf16, not fp32,
-    and each holds at most one bucket of gathered copies. ``rows[i]`` = ``(r0, r1)`` gathers only those rows of
-    array i (a row chunk of a tensor larger than the bucket bound).
+    """A jitted function that casts arrays to their transfer dtype, then all-gathers them.
+
+    Its signature is ``(arrays...) -> arrays``; arrays sharded on ``mesh`` come back replicated on ``mesh``. The cast
+    happens before the gather, so devices receive bf16, not fp32, and each holds at most one bucket of gathered copies.
+    ``rows[i]`` = ``(r0, r1)`` gathers only those rows of array i (a row chunk of a tensor larger than the bucket
+    bound).
 
     Built once per ``(dtypes, mesh, rows)`` and kept: jit then compiles once per input shape and sharding, so a sync
     compiles each bucket signature once and later syncs compile nothing."""
@@ -117,10 +122,12 @@ def _on_mesh(x: Any) -> bool:
 
 
 def stream_pieces(named: Mapping[str, Any], plan: Any) -> Iterator[tuple[list[Any], list[Any]]]:
-    """The values of a `sync_staging.SyncPlan`, one bucket at a time: per bucket ``(pieces, values)``, value i being
-    piece i (its rows for a row chunk). Mesh-sharded jax arrays are cast and all-gathered by :func:`gather_bucket_fn`
-    (every device of the mesh holds a copy); other values are as given (sliced to the piece's rows). At most one
-    bucket of gathered copies exists at once when the consumer drops each before asking for the next."""
+    """The values of a `sync_staging.SyncPlan`, one bucket at a time.
+
+    Per bucket ``(pieces, values)``, value i being piece i (its rows for a row chunk). Mesh-sharded jax arrays are cast
+    and all-gathered by :func:`gather_bucket_fn` (every device of the mesh holds a copy); other values are as given
+    (sliced to the piece's rows). At most one bucket of gathered copies exists at once when the consumer drops each
+    before asking for the next."""
     for pieces in plan.buckets:
         values: list[Any] = [None] * len(pieces)
         by_mesh: dict[Any, list[int]] = {}
@@ -143,8 +150,9 @@ def stream_pieces(named: Mapping[str, Any], plan: Any) -> Iterator[tuple[list[An
 
 
 def sync_plan(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int = SYNC_BUCKET_BYTES):
-    """The `sync_staging.SyncPlan` of ``(name, array)`` pairs sent in engine dtype `dtype` (DeltaNet float32 tensors
-    as float32, :func:`sync_dtype`)."""
+    """The `sync_staging.SyncPlan` of ``(name, array)`` pairs sent in engine dtype `dtype`.
+
+    DeltaNet float32 tensors go as float32 (:func:`sync_dtype`)."""
     from bat_jax.rollout.sync_staging import plan_sync
 
     return plan_sync([(n, tuple(x.shape), sync_dtype(n, dtype)) for n, x in named], max_bytes)
@@ -152,11 +160,12 @@ def sync_plan(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int = SYN
 
 def stream_buckets(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int = SYNC_BUCKET_BYTES
                    ) -> Iterator[list[tuple[str, Any, str]]]:
-    """The tensors of a weight sync, one bucket (≤ ``max_bytes`` in the transfer dtype) at a time: per bucket a list
-    of ``(name, value, transfer dtype)``. Mesh-sharded jax arrays come cast and all-gathered by
+    """The tensors of a weight sync, one bucket (≤ ``max_bytes`` in the transfer dtype) at a time.
+
+    Per bucket a list of ``(name, value, transfer dtype)``. Mesh-sharded jax arrays come cast and all-gathered by
     :func:`gather_bucket_fn` (replicated: every device of the mesh holds a full copy, so a consumer on any of those
-    devices reads its own); other values come as given. A bucket's gathered copies are released when the consumer
-    moves on to the next, so at most one bucket of them exists at once."""
+    devices reads its own); other values come as given. A bucket's gathered copies are released when the consumer moves
+    on to the next, so at most one bucket of them exists at once."""
     import jax
 
     items = [(n, x, sync_dtype(n, dtype)) for n, x in named]
@@ -176,8 +185,9 @@ def stream_buckets(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int 
 
 
 def device_copy(x: Any, device_id: int | None = None) -> Any:
-    """One device's full copy of a replicated (all-gathered) jax array: the device with `local_hardware_id`
-    `device_id` (None: the lowest device id); other values unchanged."""
+    """One device's full copy of a replicated (all-gathered) jax array.
+
+    The device is the one with `local_hardware_id` `device_id` (None: the lowest device id); other values unchanged."""
     import jax
 
     if not (isinstance(x, jax.Array) and len(x.sharding.device_set) > 1 and x.sharding.is_fully_replicated):
@@ -193,16 +203,20 @@ def device_copy(x: Any, device_id: int | None = None) -> Any:
 
 def stream_torch_weights(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int = SYNC_BUCKET_BYTES
                          ) -> Iterator[tuple[str, Any]]:
-    """``(name, torch tensor)`` pairs for vLLM, produced one bucket at a time (:func:`stream_buckets`): the first
-    device's copy of each gathered array is handed over by DLPack; other arrays go through :func:`to_torch`."""
+    """``(name, torch tensor)`` pairs for vLLM, produced one bucket at a time (:func:`stream_buckets`).
+
+    The first device's copy of each gathered array is handed over by DLPack; other arrays go through :func:`to_torch`.
+    """
     for group in stream_buckets(named, dtype, max_bytes):
         for name, x, d in group:
             yield name, to_torch(device_copy(x), d)
 
 
 def named_weights(params: Any, shapes: Mapping[str, tuple[int, ...]], where: str) -> list[tuple[str, Any]]:
-    """``(HF name, array)`` pairs of `params` (an ``nnx.Module``, ``nnx.State`` or ``{name: array}``), checked
-    against the checkpoint's tensor `shapes` (`checkpoint_tensor_shapes`; `where` names the checkpoint).
+    """``(HF name, array)`` pairs of `params`, checked against the checkpoint's tensor `shapes`.
+
+    `params` is an ``nnx.Module``, ``nnx.State`` or ``{name: array}``. `shapes` come from `checkpoint_tensor_shapes`;
+    `where` names the checkpoint.
 
     Raises: ValueError naming missing or unknown tensor names or a shape mismatch; TypeError for another params
     type."""

@@ -23,8 +23,9 @@ SandboxFactory = Callable[[SandboxState], Sandbox]
 
 
 class BackendUnavailable(ConfigError, RuntimeError):
-    """The requested sandbox backend cannot be used here (module, engine or image missing); the message says what
-    to start or build, or which binding chooses another backend."""
+    """The requested sandbox backend cannot be used here (module, engine or image missing).
+
+    The message says what to start or build, or which binding chooses another backend."""
 
 
 def local_sandbox(state: SandboxState) -> Sandbox:
@@ -35,9 +36,10 @@ def local_sandbox(state: SandboxState) -> Sandbox:
 
 
 def backend_factory(name: str, concurrency: int = 16) -> SandboxFactory:
-    """A sandbox factory by backend name: 'local' (non-isolated, tests only) or 'docker'. `concurrency`: most
-    threads using sandboxes at once (the agent loop's `max_workers`); the Docker client's connection pool is
-    sized to it plus a margin, so no 'connection pool is full' warnings.
+    """A sandbox factory by backend name: 'local' (non-isolated, tests only) or 'docker'.
+
+    `concurrency`: most threads using sandboxes at once (the agent loop's `max_workers`); the Docker client's connection
+    pool is sized to it plus a margin, so no 'connection pool is full' warnings.
 
     Raises:
       BackendUnavailable: Docker backend module, engine or task image missing (the message says which).
@@ -61,11 +63,13 @@ def backend_factory(name: str, concurrency: int = 16) -> SandboxFactory:
 
 @dataclasses.dataclass
 class SandboxBackend:
-    """Where episodes get their sandboxes: `make(state)` gives one restored from `state`, `release(sandbox)`
-    hands it back when the episode ends (None = `sandbox.close()`), `close()` ends whatever the backend keeps
-    (idempotent). With a warm Docker pool (`pool`, a `bat_jax.sandbox.pool.SandboxPool`) `make` is the pool's
-    `acquire` and `release` its `release`: the same containers serve every episode, reset to a fresh state
-    in between. A context manager (closes on exit, also on exceptions and Ctrl-C)."""
+    """Where episodes get their sandboxes.
+
+    `make(state)` gives one restored from `state`, `release(sandbox)` hands it back when the episode ends (None =
+    `sandbox.close()`), `close()` ends whatever the backend keeps (idempotent). With a warm Docker pool (`pool`, a
+    `bat_jax.sandbox.pool.SandboxPool`) `make` is the pool's `acquire` and `release` its `release`: the same containers
+    serve every episode, reset to a fresh state in between. A context manager (closes on exit, also on exceptions and
+    Ctrl-C)."""
 
     name: str
     make: SandboxFactory
@@ -86,11 +90,13 @@ class SandboxBackend:
 
 def open_backend(name: str, concurrency: int = 16, warm: int = 0, acquire_timeout_s: float = 60.0
                  ) -> SandboxBackend:
-    """A sandbox backend by name, fresh per episode (`backend_factory`) or, for 'docker' with `warm` > 0, a warm
-    pool of `warm` started containers reset between episodes. 'local' sandboxes are host directories and are
-    always made fresh (`warm` is ignored). `concurrency`: threads calling sandboxes at once (sizes the Docker
-    client's connection pool). `acquire_timeout_s`: longest wait, seconds, for an idle pooled sandbox (an
-    episode that gets none is unscored, as for a container that cannot start).
+    """A sandbox backend by name, fresh per episode or a warm Docker pool.
+
+    Fresh sandboxes come from `backend_factory`; for 'docker' with `warm` > 0 it is a warm pool of `warm` started
+    containers reset between episodes. 'local' sandboxes are host directories and are always made fresh (`warm` is
+    ignored). `concurrency`: threads calling sandboxes at once (sizes the Docker client's connection pool).
+    `acquire_timeout_s`: longest wait, seconds, for an idle pooled sandbox (an episode that gets none is unscored, as
+    for a container that cannot start).
 
     Raises:
       BackendUnavailable: Docker backend module, engine or task image missing, or the pool failed to start.

@@ -191,9 +191,10 @@ def state_to_tar(state: SandboxState) -> bytes:
 
 
 class _Channel:
-    """The attached stdin/stdout stream of a container: write a request line, read its reply line (Docker's
-    8-byte framing). Requests get increasing ids; `request` returns only the reply carrying its id and drops
-    (and counts in `stray`) any other line — a stale reply of a request the host gave up on, or garbage."""
+    """The attached stdin/stdout stream of a container: write a request line, read its reply line.
+
+    Lines use Docker's 8-byte framing. Requests get increasing ids; `request` returns only the reply carrying its id and
+    drops (and counts in `stray`) any other line — a stale reply of a request the host gave up on, or garbage."""
 
     def __init__(self, sock):
         self._io = sock
@@ -358,10 +359,11 @@ class DockerSandbox:
 
     @property
     def fault(self) -> str:
-        """Who a failure of this sandbox is charged to: '' (none), 'agent' or 'infra'. 'agent': it died, hung or stopped
-        answering after the agent's code ran: scored as the agent's failure. 'infra': it could not start, the engine is
-        unreachable, it failed before any agent code ran, or it was called after it was closed: unscored. Read it
-        through `types.fault_of`."""
+        """Who a failure of this sandbox is charged to: '' (none), 'agent' or 'infra'.
+
+        'agent': it died, hung or stopped answering after the agent's code ran: scored as the agent's failure. 'infra':
+        it could not start, the engine is unreachable, it failed before any agent code ran, or it was called after it
+        was closed: unscored. Read it through `types.fault_of`."""
         return self._fault
 
     @property
@@ -538,8 +540,9 @@ class DockerSandbox:
             return SandboxState(files=files, env=dict(self._env))
 
     def list_files(self) -> list[str]:
-        """Regular workspace files (symlinks never followed), sorted, at most `config.evidence.max_files`;
-        listed by the executor within `config.evidence.max_seconds`."""
+        """Regular workspace files (symlinks never followed), sorted, at most `config.evidence.max_files`.
+
+        They are listed by the executor within `config.evidence.max_seconds`."""
         lim = self.config.evidence
         reply = self._request({"op": "list", "max_files": lim.max_files, "max_seconds": lim.max_seconds},
                               lim.max_seconds + self.config.grace_s)
@@ -548,8 +551,9 @@ class DockerSandbox:
         return sorted(path for path, _ in reply.get("files", []))
 
     def fingerprint(self) -> dict:
-        """Everything an episode could leave behind (writable mounts, processes, IPC objects); a reset
-        sandbox and a fresh one give equal fingerprints (see sandboxes/task/executor.py)."""
+        """Everything an episode could leave behind (writable mounts, processes, IPC objects).
+
+        A reset sandbox and a fresh one give equal fingerprints (see sandboxes/task/executor.py)."""
         with self._lock:
             reply = self._request({"op": "fingerprint"}, self.config.start_timeout_s)
             if not reply.get("ok"):
@@ -584,9 +588,11 @@ class DockerSandbox:
             self._env = dict(state.env)
 
     def reset(self, state: SandboxState | None = None) -> None:
-        """Starts a new episode as in a fresh container: kills every process, empties every writable mount,
-        removes IPC objects, clears receipts, the submission and the failure accounting, then loads `state`
-        (or an empty workspace). Raises SandboxError when the sandbox is dead."""
+        """Starts a new episode as in a fresh container.
+
+        It kills every process, empties every writable mount, removes IPC objects, clears receipts, the submission and
+        the failure accounting, then loads `state` (or an empty workspace). Raises SandboxError when the sandbox is
+        dead."""
         with self._lock:
             self._receipts = []
             self._submitted = None

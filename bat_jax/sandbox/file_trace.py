@@ -210,10 +210,11 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def digest_files(root: str, paths, max_bytes: int) -> list[list[str]]:
-    """[[path, sha256 hex]] of the regular files `paths` (relative to `root`) as they are now, each opened
-    component by component with O_NOFOLLOW (no symlink anywhere in a path is followed; a FIFO is never waited
-    on). A path that is gone, not a regular file, over `max_bytes` bytes or not readable is left out, so a
-    digest is only ever given for the bytes that were there. Sorted by path."""
+    """[[path, sha256 hex]] of the regular files `paths` (relative to `root`) as they are now.
+
+    Each is opened component by component with O_NOFOLLOW (no symlink anywhere in a path is followed; a FIFO is never
+    waited on). A path that is gone, not a regular file, over `max_bytes` bytes or not readable is left out, so a digest
+    is only ever given for the bytes that were there. Sorted by path."""
     out = []
     for rel in sorted(set(paths)):
         parts = [p for p in rel.split("/") if p not in ("", ".")]

@@ -65,8 +65,10 @@ def base_tag(recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
 
 
 def task_tag(recipe_dir: pathlib.Path = RECIPE_DIR) -> str:
-    """`bat-sandbox:<12 hex>`: hash of the base tag, every file (path + bytes) under `task/` (no caches) and
-    the package modules copied next to them (`TASK_EXTRA_FILES`)."""
+    """`bat-sandbox:<12 hex>`: the task image tag, a hash of what goes into the image.
+
+    It hashes the base tag, every file (path + bytes) under `task/` (no caches) and the package modules copied next to
+    them (`TASK_EXTRA_FILES`)."""
     h = hashlib.sha256(base_tag(recipe_dir).encode())
     task_dir = recipe_dir / "task"
     for path in sorted(p for p in task_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):

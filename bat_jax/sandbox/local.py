@@ -61,8 +61,9 @@ DIGEST_MAX_BYTES = 64 << 20
 
 
 def _safe_relpath(path: str) -> PurePosixPath:
-    """A workspace-relative POSIX path (`types.workspace_relpath`); raises ValueError on absolute paths, '..'
-    parts, NUL bytes or non-strings."""
+    """A workspace-relative POSIX path (`types.workspace_relpath`).
+
+    Raises ValueError on absolute paths, '..' parts, NUL bytes or non-strings."""
     return PurePosixPath(workspace_relpath(path))
 
 
@@ -100,9 +101,11 @@ def isolation_mode() -> tuple[str, tuple[str, ...]]:
 
 
 class Completed(NamedTuple):
-    """What one supervised call left: exit code (None when it timed out or its status was lost), raw stdout and
-    stderr bytes (all of them, up to the main process's exit or the deadline), timed_out, and an error text
-    ('' normally; set when the supervisor died without reporting a status)."""
+    """What one supervised call left.
+
+    Exit code (None when it timed out or its status was lost), raw stdout and stderr bytes (all of them, up to the main
+    process's exit or the deadline), timed_out, and an error text ('' normally; set when the supervisor died without
+    reporting a status)."""
 
     exit_code: int | None
     stdout: bytes
@@ -145,8 +148,10 @@ def _wait_group_dead(pgid: int, timeout_s: float) -> None:
 
 def run_with_deadline(argv: list[str], *, cwd: str | os.PathLike, env: dict[str, str], timeout_s: float,
                       mode: str | None = None) -> Completed:
-    """Runs `argv` (stdin /dev/null) under the call supervisor and returns when its main process exits or at
-    `timeout_s` seconds (wall clock), with every other process of the call killed either way.
+    """Runs `argv` (stdin /dev/null) under the call supervisor until its main process exits or the deadline.
+
+    It returns when the main process exits or at `timeout_s` seconds (wall clock), with every other process of the call
+    killed either way.
 
     Args:
       argv: the command; cwd, env: its working directory and complete environment.
@@ -262,8 +267,9 @@ class LocalSandbox:
 
     @property
     def fault(self) -> str:
-        """'infra' once a call came after `close` (the host's doing), else '' (`types.fault_of`). The local
-        backend has no executor the agent's code could bring down."""
+        """'infra' once a call came after `close` (the host's doing), else '' (`types.fault_of`).
+
+        The local backend has no executor the agent's code could bring down."""
         return "infra" if self._failure else ""
 
     @property
@@ -305,9 +311,11 @@ class LocalSandbox:
         )
 
     def execute_code(self, language: str, code: str, timeout_s: float | None = None) -> Observation:
-        """Runs `code` with cwd = workspace under `run_with_deadline`: returns when the code's main process exits
-        or after the limit (`timeout_s`, default the sandbox's, seconds; then `timed_out`), with every process the
-        call started killed either way. Never raises for agent mistakes (bad language → error text)."""
+        """Runs `code` with cwd = workspace under `run_with_deadline`.
+
+        It returns when the code's main process exits or after the limit (`timeout_s`, default the sandbox's, seconds;
+        then `timed_out`), with every process the call started killed either way. Never raises for agent mistakes (bad
+        language → error text)."""
         t0 = time.time()
         if self._closed:
             self._failure = "sandbox is closed"
@@ -337,8 +345,9 @@ class LocalSandbox:
                            truncated=cut1 or cut2, error=done.error)
 
     def submit(self, path: str) -> Observation:
-        """Marks a workspace file as the final artefact; a missing/invalid path is an error observation
-        (exit_code None, `error` set), as in the Docker backend."""
+        """Marks a workspace file as the final artefact.
+
+        A missing/invalid path is an error observation (exit_code None, `error` set), as in the Docker backend."""
         t0 = time.time()
         if self._closed:
             self._failure = "sandbox is closed"
@@ -360,8 +369,10 @@ class LocalSandbox:
         return list(self._receipts)
 
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        """Host-side read. Raises FileNotFoundError (missing file or a symlink), FileTooLarge (more than
-        `max_bytes` bytes, checked before reading) or ValueError (path outside workspace)."""
+        """Host-side read.
+
+        Raises FileNotFoundError (missing file or a symlink), FileTooLarge (more than `max_bytes` bytes, checked before
+        reading) or ValueError (path outside workspace)."""
         target = self._root / _safe_relpath(path)
         if target.is_symlink() or not target.is_file():
             raise FileNotFoundError(f"no such file in workspace: {path!r}")

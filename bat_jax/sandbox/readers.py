@@ -34,8 +34,9 @@ _MAX_JSON_INT = 2**63
 
 
 class ArtefactError(ValueError):
-    """An agent artefact that cannot be read within the caps (invalid, over a cap, unsupported); the message
-    names the path and the reason. Reading it is the agent's failure, never the host's."""
+    """An agent artefact that cannot be read within the caps (invalid, over a cap, unsupported).
+
+    The message names the path and the reason. Reading it is the agent's failure, never the host's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +141,9 @@ def json_or_none(data: bytes | None, path: str = "", limits: DecodeLimits = DEFA
 
 
 def text_or_none(data: bytes | None, limits: DecodeLimits = DEFAULT_LIMITS) -> str | None:
-    """UTF-8 text (undecodable bytes replaced) of at most `max_text_bytes` bytes; None when `data` is None, not
-    bytes, or over the cap (never raises)."""
+    """UTF-8 text (undecodable bytes replaced) of at most `max_text_bytes` bytes.
+
+    None when `data` is None, not bytes, or over the cap (never raises)."""
     if not isinstance(data, (bytes, bytearray)) or len(data) > limits.max_text_bytes:
         return None
     return bytes(data).decode("utf-8", errors="replace")
@@ -196,8 +198,10 @@ _NIFTI_EXTENSION_BYTES = 1 << 16
 
 
 def _nifti(data: bytes, path: str, limits: DecodeLimits):
-    """A gzip'd NIfTI-1 volume: its header is inflated and checked first; the stream is then inflated only up to
-    the bytes that header's shape and data type need (a bomb stops there, whatever it would inflate to)."""
+    """A gzip'd NIfTI-1 volume, its header checked before the data is inflated.
+
+    Its header is inflated and checked first; the stream is then inflated only up to the bytes that header's shape and
+    data type need (a bomb stops there, whatever it would inflate to)."""
     import nibabel as nib
     import numpy as np
 
@@ -241,8 +245,10 @@ def array_extension(path: str) -> str:
 
 
 def load_array(data: bytes, path: str, limits: DecodeLimits = DEFAULT_LIMITS):
-    """The array of an agent-written `.nii.gz` (float64 voxel values, scaling applied), `.png` (float64 in 0-1
-    per 8-bit sample) or `.npy` (its stored numeric dtype) file.
+    """The array of an agent-written `.nii.gz`, `.png` or `.npy` file.
+
+    Values: `.nii.gz` float64 voxel values, scaling applied; `.png` float64 in 0-1 per 8-bit sample; `.npy` its stored
+    numeric dtype.
 
     Returns:
       an np.ndarray of a bool / int / float dtype within `limits`; its values may be non-finite (the caller
@@ -268,8 +274,10 @@ def load_array(data: bytes, path: str, limits: DecodeLimits = DEFAULT_LIMITS):
 
 # ---- the workspace as the readers see it ----------------------------------------------------------------------
 class Workspace(Mapping):
-    """An episode's workspace files (workspace-relative path → bytes) with the `DecodeLimits` every reader of
-    them applies: scoring code passes it wherever it passes files, so the caps travel with the bytes.
+    """An episode's workspace files (workspace-relative path → bytes) with the `DecodeLimits` of their readers.
+
+    Every reader of them applies the limits: scoring code passes it wherever it passes files, so the caps travel with
+    the bytes.
 
     A read-only Mapping (equal to a dict with the same items); `limits_of(files)` gives the caps of any mapping.
     """

@@ -120,9 +120,10 @@ def _bad(message: str) -> Observation:
 
 
 def dispatch(sandbox: Sandbox, action: Action, timeout_s: float | None = None) -> Observation:
-    """Runs the tool call `action` on `sandbox` (`timeout_s`: the call's time limit in seconds, None: the
-    sandbox's default). A call that cannot run (an empty submit path, a 'stop') returns an Observation with
-    `error` set and leaves no receipt; it never raises."""
+    """Runs the tool call `action` on `sandbox`.
+
+    `timeout_s` is the call's time limit in seconds (None: the sandbox's default). A call that cannot run (an empty
+    submit path, a 'stop') returns an Observation with `error` set and leaves no receipt; it never raises."""
     args = action.arguments
     if action.tool == "execute_code":
         return sandbox.execute_code(args["language"], args["code"], timeout_s)

@@ -20,8 +20,9 @@ DEFAULT_TIMEOUT_S = 120.0
 
 
 def workspace_relpath(path: str) -> str:
-    """`path` as a normalised workspace-relative POSIX path ('a/./b/' -> 'a/b'), checked part by part: any name
-    is legal ('..x', '...', ' '), only a '..' part leaves the workspace.
+    """`path` as a normalised workspace-relative POSIX path ('a/./b/' -> 'a/b').
+
+    It is checked part by part: any name is legal ('..x', '...', ' '), only a '..' part leaves the workspace.
 
     Raises:
       ValueError: not a string, empty, absolute, holding a NUL byte, or with a '..' part.
@@ -144,12 +145,13 @@ class SandboxState:
 
 
 def fault_of(sandbox: object) -> tuple[str, str]:
-    """Whose failure a sandbox's failure is, and its text — the one rule for blame every episode loop applies.
-    ('', '') while it works. ('agent', text) when it died, hung or stopped answering after the agent's code ran
-    (the episode is scored from what was gathered until then: the agent's failure). ('infra', text) when it could
-    not start, its engine is unreachable, it failed before any agent code ran, or it was called after the host
-    closed it (unscored: null is not zero). Reads the backend's `fault` / `failure` (both backends keep them); a
-    sandbox without them (a test double) reports ('', '')."""
+    """Whose failure a sandbox's failure is, and its text.
+
+    It is the one rule for blame every episode loop applies. ('', '') while it works. ('agent', text) when it died, hung
+    or stopped answering after the agent's code ran (the episode is scored from what was gathered until then: the
+    agent's failure). ('infra', text) when it could not start, its engine is unreachable, it failed before any agent
+    code ran, or it was called after the host closed it (unscored: null is not zero). Reads the backend's `fault` /
+    `failure` (both backends keep them); a sandbox without them (a test double) reports ('', '')."""
     return getattr(sandbox, "fault", "") or "", getattr(sandbox, "failure", "") or ""
 
 
@@ -170,12 +172,15 @@ class Sandbox(Protocol):
         """Receipts of every call so far, in order (host-side copy)."""
 
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        """Host-side read of a workspace file, for the verifier. Raises FileNotFoundError, and FileTooLarge
-        (before reading anything) when the file holds more than `max_bytes` bytes."""
+        """Host-side read of a workspace file, for the verifier.
+
+        Raises FileNotFoundError, and FileTooLarge (before reading anything) when the file holds more than `max_bytes`
+        bytes."""
 
     def list_files(self) -> list[str]:
-        """Workspace-relative paths of the regular files (symlinks not followed), sorted; a backend may cap
-        how many it lists."""
+        """Workspace-relative paths of the regular files (symlinks not followed), sorted.
+
+        A backend may cap how many it lists."""
 
     def submitted(self) -> str | None:
         """The submitted workspace-relative path, or None."""

@@ -13,9 +13,10 @@ from bat_jax.staged_benchmark.contract import Reduction
 
 def accept(*, booted: bool, turns: int, horizon: int, failed_stages: Sequence[str], passes: int,
            lam: Reduction, leak_hits: int) -> str:
-    """Accept(z^E2E) of Eq. 15, plus the λ_validate budget. Returns '' when accepted, else the first failed
-    factor as a rejection reason: 'boot_failed', 'too_long' (T̃ > H), 'check_failed:<stage id>',
-    'validation_budget' (more passes than λ_validate) or 'leak' (Leak(z) > 0)."""
+    """Accept(z^E2E) of Eq. 15, plus the λ_validate budget.
+
+    Returns '' when accepted, else the first failed factor as a rejection reason: 'boot_failed', 'too_long' (T̃ > H),
+    'check_failed:<stage id>', 'validation_budget' (more passes than λ_validate) or 'leak' (Leak(z) > 0)."""
     if not booted:
         return "boot_failed"
     if turns > horizon:

@@ -156,8 +156,9 @@ class Source:
 
 
 def sources(config: FactoryConfig, benchmark: StagedBenchmark) -> list[Source]:
-    """The source grid in order foci × tracks × outcomes; seeds are < `benchmark.training_seeds` (the training
-    range), templates from `benchmark.source_template`."""
+    """The source grid in order foci × tracks × outcomes.
+
+    Seeds are < `benchmark.training_seeds` (the training range), templates from `benchmark.source_template`."""
     out = []
     foci, tracks, outcomes = config.grid(benchmark)
     for focus in foci:
@@ -227,8 +228,10 @@ class _Context:
 
 def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: str
           ) -> tuple[RecordedEpisode, Evidence]:
-    """Runs the teacher in a fresh sandbox. Raises _Rejected (boot, teacher, sandbox failures, too long) and
-    BenchmarkError when the teacher tags an action with a stage the benchmark does not have."""
+    """Runs the teacher in a fresh sandbox.
+
+    Raises _Rejected (boot, teacher, sandbox failures, too long) and BenchmarkError when the teacher tags an action with
+    a stage the benchmark does not have."""
     try:
         box = ctx.make_sandbox(state)
     except Exception as exc:  # noqa: BLE001 — a sandbox that does not start is Boot(p) = 0
@@ -258,9 +261,11 @@ def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: s
 
 
 def _died(box: Sandbox, ep: RecordedEpisode) -> bool:
-    """True when the sandbox failed during the teacher's episode, whoever's failure it was (`fault_of`: it died,
-    hung, stopped answering or was called after it was closed), or a call raised (the episode loop ends such an
-    episode with 'sandbox_error'): the teacher's trajectory is then no evidence of the task."""
+    """True when the sandbox failed or a call raised during the teacher's episode.
+
+    A sandbox failure counts whoever's it was (`fault_of`: it died, hung, stopped answering or was called after it was
+    closed), and so does a raised call (the episode loop ends such an episode with 'sandbox_error'): the teacher's
+    trajectory is then no evidence of the task."""
     return ep.end_reason == "sandbox_error" or bool(fault_of(box)[0])
 
 
@@ -331,8 +336,10 @@ def _process(ctx: _Context, src: Source) -> dict:
 
 
 def code_fingerprint(benchmark: StagedBenchmark) -> str:
-    """SHA-256 over the source files that shape rows (the benchmark's package, the plug-in interface, verifier,
-    sandbox, stage bank): a cached source is reused only while this code is unchanged."""
+    """SHA-256 over the source files that shape rows.
+
+    They are the benchmark's package, the plug-in interface, verifier, sandbox and stage bank. A cached source is reused
+    only while this code is unchanged."""
     pkg = Path(__file__).resolve().parents[1]
     dirs = [pkg / d for d in ("staged_benchmark", "verify", "sandbox", "stage_bank")]
     dirs.append(Path(inspect.getfile(type(benchmark))).resolve().parent)
@@ -351,16 +358,18 @@ def _cache_key(cfg: FactoryConfig, benchmark: StagedBenchmark, src: Source, salt
 
 
 def recipe(config: FactoryConfig, benchmark: StagedBenchmark) -> str:
-    """The part of a version's note that says which benchmark and teacher wrote its rows, e.g.
-    'benchmark=imaging teacher=portable/v2 layouts=varied' (`check_recipe` compares it; the rest is the
-    benchmark's `recipe`)."""
+    """The part of a version's note that says which benchmark and teacher wrote its rows.
+
+    E.g. 'benchmark=imaging teacher=portable/v2 layouts=varied' (`check_recipe` compares it; the rest is the benchmark's
+    `recipe`)."""
     return f"benchmark={benchmark.name} {benchmark.recipe(config.teacher)}"
 
 
 def check_recipe(bank: StageBank, config: FactoryConfig, benchmark: StagedBenchmark) -> None:
-    """Refuses a bank whose first version was written for another benchmark or by another teacher / layout family
-    than `config` asks for (rows of two recipes would otherwise be trained on together). Versions admitted with a
-    custom `FactoryConfig.note` are not checked; a note without 'benchmark=' was written for the imaging suite.
+    """Refuses a bank whose first version was written for another benchmark, teacher or layout family.
+
+    Rows of two recipes would otherwise be trained on together. Versions admitted with a custom `FactoryConfig.note`
+    are not checked; a note without 'benchmark=' was written for the imaging suite.
 
     Raises:
       ValueError: naming the bank directory, what built it and what the run asks for.
@@ -394,8 +403,10 @@ def _load_cached(path: Path, bank: StageBank) -> dict | None:
 
 
 def load_manifest(config: FactoryConfig, benchmark: StagedBenchmark) -> HeldOutManifest:
-    """The held-out manifest used for Leak(z): `config.heldout_manifest`, else the benchmark's default held-out
-    suite's (two tasks per track and held-out variant, suite seed 0)."""
+    """The held-out manifest used for Leak(z).
+
+    `config.heldout_manifest`, else the benchmark's default held-out suite's (two tasks per track and held-out variant,
+    suite seed 0)."""
     if config.heldout_manifest:
         return HeldOutManifest.load(config.heldout_manifest)
     suite = benchmark.heldout_suite(2, benchmark.eval_variants(), 0)

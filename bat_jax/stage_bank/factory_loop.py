@@ -78,8 +78,9 @@ class FactoryLoopConfig:
 def serve(config: FactoryConfig, benchmark: StagedBenchmark, loop: FactoryLoopConfig = FactoryLoopConfig(), *,
           stop: threading.Event | None = None, build: Build = build_bank,
           parent_pid: int | None = None) -> list[BuildReport]:
-    """Admits steered bank versions until `stop` is set, `loop.max_versions` are admitted or the parent process
-    `parent_pid` is gone; returns the build reports.
+    """Admits steered bank versions until told to stop; returns the build reports.
+
+    It stops when `stop` is set, `loop.max_versions` are admitted or the parent process `parent_pid` is gone.
 
     Raises:
       ValueError / BenchmarkError / LeakageError / BackendUnavailable: as `factory.build_bank` (the loop stops).
@@ -117,8 +118,9 @@ def serve(config: FactoryConfig, benchmark: StagedBenchmark, loop: FactoryLoopCo
 
 
 def _take_lock(bank: StageBank, held: contextlib.ExitStack, stop: threading.Event, idle_s: float) -> bool:
-    """Enters the bank's writer lock into `held`, waiting (one log line) while a live process holds it; False when
-    `stop` was set first."""
+    """Enters the bank's writer lock into `held`; False when `stop` was set first.
+
+    It waits (one log line) while a live process holds the lock."""
     waited = False
     while not stop.is_set():
         try:
@@ -143,8 +145,10 @@ def _write_status(bank_dir: str, generation: int, report: BuildReport, record: d
 
 def serve_job(run_dir: pathlib.Path, config: FactoryConfig, benchmark: StagedBenchmark,
               loop: FactoryLoopConfig = FactoryLoopConfig()) -> dict:
-    """The long-running factory as a launch job (`gin/stage_bank_async_tiny.gin`): `serve` until Ctrl-C / SIGTERM
-    or `loop.max_versions`; the versions admitted are written to run_dir/factory_report.json."""
+    """The long-running factory as a launch job (`gin/stage_bank_async_tiny.gin`).
+
+    It runs `serve` until Ctrl-C / SIGTERM or `loop.max_versions`; the versions admitted are written to
+    run_dir/factory_report.json."""
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -203,8 +207,9 @@ class FactoryProcess:
         return self._process.is_alive()
 
     def exit_line(self) -> str:
-        """'' while the factory runs (or after `stop`); once it has ended on its own, one line saying so (returned
-        a single time)."""
+        """'' while the factory runs (or after `stop`); once it has ended on its own, one line saying so.
+
+        The line is returned a single time."""
         if self._stopping or self._reported or self._process.is_alive():
             return ""
         self._reported = True

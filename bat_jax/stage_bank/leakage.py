@@ -82,8 +82,10 @@ class HeldOutManifest:
     @classmethod
     def from_task_manifest(cls, man: Mapping[str, Any], *, ignore_paths: Iterable[str] = ("task.md",)
                            ) -> "HeldOutManifest":
-        """Converts the held-out suite manifest of `bat_jax.tasks.heldout.manifest` ({'tasks': [{'task_id',
-        'paths', 'cases': [{'case_id', 'file', 'question', 'answer', 'report_text', ...}]}]}).
+        """Converts the held-out suite manifest of `bat_jax.tasks.heldout.manifest`.
+
+        Its shape: {'tasks': [{'task_id', 'paths', 'cases': [{'case_id', 'file', 'question', 'answer', 'report_text',
+        ...}]}]}.
 
         `ignore_paths`: fixed file names shared by every task (they identify nothing). Non-string answers
         (label lists, boxes) are skipped; the task brief is not a marker (training briefs share its template).
@@ -117,8 +119,10 @@ class HeldOutManifest:
 
 @dataclasses.dataclass(frozen=True)
 class LeakageConfig:
-    """Matching settings. `ngram`: span length in words; `min_short_words`: shortest held-out text that is
-    still matched whole when it has fewer than `ngram` words (shorter ones, e.g. 'yes', are not matchable)."""
+    """Matching settings.
+
+    `ngram`: span length in words; `min_short_words`: shortest held-out text that is still matched whole when it has
+    fewer than `ngram` words (shorter ones, e.g. 'yes', are not matchable)."""
 
     ngram: int = 8
     min_short_words: int = 4
@@ -126,8 +130,10 @@ class LeakageConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LeakageHit:
-    """One finding: where (file, row, field) and what (kind: task_id/case_id/path/question/answer/report,
-    marker: the matched held-out identifier, path or word span)."""
+    """One finding: where (file, row, field) and what (kind, marker).
+
+    `kind`: task_id/case_id/path/question/answer/report; `marker`: the matched held-out identifier, path or word
+    span."""
 
     file: str
     row: int | None
@@ -295,8 +301,10 @@ class LeakageScanner:
         self.scan_value(dict(state.env), file=file, row=row, field=f"{field}.env", report=report)
 
     def scan_file(self, path: Path, report: LeakageReport) -> None:
-        """Scans one file: .jsonl → each line as a row; .json → one value; .tar → a sandbox-state snapshot
-        (`bat_jax.sandbox.snapshot`; any other tar: each member); anything else → its text.
+        """Scans one file by its kind.
+
+        .jsonl → each line as a row; .json → one value; .tar → a sandbox-state snapshot (`bat_jax.sandbox.snapshot`; any
+        other tar: each member); anything else → its text.
 
         Raises:
           LeakageError: a .tar that cannot be read at all (an unscannable file must not pass the firewall).

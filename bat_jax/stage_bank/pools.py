@@ -80,8 +80,9 @@ class PoolConfig:
 
 
 def partition_pools(rows: Sequence[RLRow], target: str) -> dict[str, list[RLRow]]:
-    """Splits RL rows into the three pools for selected stage id `target` (Appendix A.1), order preserved: rows
-    of focus `target`, rows of every other stage, E2E rows."""
+    """Splits RL rows into the three pools for selected stage id `target` (Appendix A.1), order preserved.
+
+    Rows of focus `target`, rows of every other stage, E2E rows."""
     s_star = target
     pools: dict[str, list[RLRow]] = {p: [] for p in POOLS}
     for row in rows:
@@ -137,8 +138,10 @@ _STRATA = (lambda r: r.track, lambda r: r.outcome, lambda r: r.focus)
 
 def _stratified_order(rows: Sequence[RLRow], rng: np.random.Generator,
                       indices: list[int] | None = None, level: int = 0) -> list[int]:
-    """Indices of `rows` in a nested round-robin: over shuffled tracks, inside each over shuffled outcome
-    buckets, inside each over shuffled stages; so every prefix is balanced over tracks, then outcomes."""
+    """Indices of `rows` in a nested round-robin over tracks, outcome buckets and stages.
+
+    Over shuffled tracks, inside each over shuffled outcome buckets, inside each over shuffled stages; so every prefix
+    is balanced over tracks, then outcomes."""
     if indices is None:
         indices = list(range(len(rows)))
     if level == len(_STRATA):

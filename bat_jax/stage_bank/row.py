@@ -80,8 +80,9 @@ class StateRef:
 
 @dataclasses.dataclass(frozen=True)
 class RubricSpec:
-    """One binary rubric item c_ℓ (paper Eq. 4) as a row stores it: its id and public text, no check (the
-    executable item is `verify.rubric.RubricItem`, rebuilt from the row's task). `item_id` is unique within a row."""
+    """One binary rubric item c_ℓ (paper Eq. 4) as a row stores it: its id and public text, no check.
+
+    The executable item is `verify.rubric.RubricItem`, rebuilt from the row's task. `item_id` is unique within a row."""
 
     item_id: str
     text: str
@@ -89,8 +90,9 @@ class RubricSpec:
 
 @dataclasses.dataclass(frozen=True)
 class EvidenceSpec:
-    """One evidence requirement g ∈ G (paper Eq. 2), used for evidence completeness η, as a row stores it (the
-    executable requirement is `verify.rubric.EvidenceRequirement`).
+    """One evidence requirement g ∈ G (paper Eq. 2) as a row stores it.
+
+    It is used for evidence completeness η; the executable requirement is `verify.rubric.EvidenceRequirement`.
 
     Attributes:
       item_id: unique within the row.
@@ -105,8 +107,10 @@ class EvidenceSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Transformation:
-    """One provenance step: `name` (e.g. 'teacher_trajectory', 'stage_slice', 'e2e_reduce') and the SHA-256
-    digest of its output (or of its parameters), plus JSON-serialisable `params` (e.g. the E2E λ grid)."""
+    """One provenance step: its `name`, the digest of its output and its `params`.
+
+    `name` (e.g. 'teacher_trajectory', 'stage_slice', 'e2e_reduce') and the SHA-256 digest of its output (or of its
+    parameters), plus JSON-serialisable `params` (e.g. the E2E λ grid)."""
 
     name: str
     digest: str
@@ -135,8 +139,10 @@ class Provenance:
 
 @dataclasses.dataclass(frozen=True)
 class Message:
-    """One context message of an SFT slice: `role` in ROLES; assistant messages carry an `action`,
-    other roles carry `content` (tool messages: the observation text the agent saw)."""
+    """One context message of an SFT slice.
+
+    `role` in ROLES; assistant messages carry an `action`, other roles carry `content` (tool messages: the observation
+    text the agent saw)."""
 
     role: str
     content: str = ""

@@ -63,7 +63,9 @@ _FOCUS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def check_focus(focus: Any, field: str = "focus") -> None:
-    """A row focus: 'E2E' or a stage id (letters, digits, '_', '.', '-'; ≤ 64 characters). Whether the id is a
-    stage of the run's benchmark is checked when a run opens the bank (`benchmark.stages.StageSet.foci`)."""
+    """A row focus: 'E2E' or a stage id (letters, digits, '_', '.', '-'; ≤ 64 characters).
+
+    Whether the id is a stage of the run's benchmark is checked when a run opens the bank
+    (`benchmark.stages.StageSet.foci`)."""
     if not isinstance(focus, str) or not _FOCUS.match(focus):
         fail(f"must be 'E2E' or a stage id (letters, digits, '_', '.', '-'), got {focus!r}", field)

@@ -85,8 +85,10 @@ def stage_contract(rubric: Rubric, stages: Sequence[str]) -> tuple[tuple[RubricS
 
 
 def failed_checks(verdicts: dict[str, StageVerdict | None], stages: Sequence[str]) -> list[str]:
-    """Stage ids whose check fails: unscored, or any rubric item or evidence requirement not met
-    (Check_s = 1 iff the stage reward r = η · mean(v) equals 1)."""
+    """Stage ids whose check fails.
+
+    A check fails when unscored, or any rubric item or evidence requirement not met (Check_s = 1 iff the stage reward r
+    = η · mean(v) equals 1)."""
     bad = []
     for s in stages:
         v = verdicts.get(s)
@@ -101,9 +103,10 @@ class ReplayMismatch(RuntimeError):
 
 def boundary_state(make_sandbox: Callable[[SandboxState], Sandbox], initial: SandboxState, episode: RecordedEpisode,
                    stage: str, stages: StageSet) -> SandboxState:
-    """p_{i,s} = Φ_ξ((a_t, o_t)_{t < b_s}) (Eq. 11): replays the recorded calls of every turn before stage
-    `stage` (a stage id of `stages`) in a fresh sandbox started from `initial` and returns the workspace reached (env
-    of `initial`).
+    """p_{i,s} = Φ_ξ((a_t, o_t)_{t < b_s}) (Eq. 11): the workspace at the start of `stage`.
+
+    Replays the recorded calls of every turn before stage `stage` (a stage id of `stages`) in a fresh sandbox started
+    from `initial` and returns the workspace reached (env of `initial`).
 
     Raises:
       ReplayMismatch: a replayed call's exit code differs from the recorded observation's (names the turn).

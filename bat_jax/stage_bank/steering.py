@@ -85,8 +85,10 @@ def publish(bank_dir: str | os.PathLike, record: Mapping[str, Any], stages: Stag
 
 
 def read(bank_dir: str | os.PathLike, stages: StageSet) -> dict[str, Any] | None:
-    """The bank's steering record, or None when there is none; an unreadable or non-aggregate record is ignored
-    with a RuntimeWarning naming the file (the factory then builds uniformly)."""
+    """The bank's steering record, or None when there is none.
+
+    An unreadable or non-aggregate record is ignored with a RuntimeWarning naming the file (the factory then builds
+    uniformly)."""
     path = steering_path(bank_dir)
     try:
         return check_prescription(json.loads(path.read_text("utf-8")), stages)
@@ -107,8 +109,10 @@ def steered_foci(foci: tuple[str, ...], target: str | None, generation: int, rul
 
 def steered_sources(config: FactoryConfig, benchmark: StagedBenchmark, record: Mapping[str, Any] | None,
                     generation: int, rule: SteeringRule) -> list[Source]:
-    """The sources of the factory's next version (generation `generation`) under the steering record `record`
-    (None: uniform) and `rule`; foci, tracks and outcomes are `config.grid(benchmark)`'s."""
+    """The sources of the factory's next version (generation `generation`).
+
+    They follow the steering record `record` (None: uniform) and `rule`; foci, tracks and outcomes are
+    `config.grid(benchmark)`'s."""
     foci, tracks, outcomes = config.grid(benchmark)
     target = record.get("target_stage") if record else None
     out = []

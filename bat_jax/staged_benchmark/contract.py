@@ -69,8 +69,10 @@ class BenchmarkError(ConfigValueError):
 
 
 class StagedBenchmark(abc.ABC):
-    """A staged benchmark B = (S, C, V) as a plug-in (subclasses are usually frozen dataclasses: their fields
-    are the benchmark's settings, bound in gin, and equal settings give equal objects).
+    """A staged benchmark B = (S, C, V) as a plug-in.
+
+    Subclasses are usually frozen dataclasses: their fields are the benchmark's settings, bound in gin, and equal
+    settings give equal objects.
 
     Subclasses declare, as class attributes or properties:
       name: short identifier ('imaging'), used in reports, ledgers and error messages.
@@ -133,13 +135,17 @@ class StagedBenchmark(abc.ABC):
     @abc.abstractmethod
     def heldout_suite(self, n_per_track: int, variants: Sequence[str], suite_seed: int,
                       tracks: Iterable[str] | None = None) -> list[Task]:
-        """The held-out tasks: per track, `n_per_track` per variant; `suite_seed` selects a disjoint slice
-        (the controller's and the final evaluation use two). Disjoint from every training task by construction."""
+        """The held-out tasks: per track, `n_per_track` per variant.
+
+        `suite_seed` selects a disjoint slice (the controller's and the final evaluation use two). Disjoint from every
+        training task by construction."""
 
     @abc.abstractmethod
     def manifest(self, tasks: Iterable[Task]) -> dict:
-        """The held-out manifest of `tasks` for the leakage firewall: what no Stage Bank row may contain
-        (`stage_bank.leakage.HeldOutManifest.from_task_manifest` reads it: task ids, paths, texts, answers)."""
+        """The held-out manifest of `tasks` for the leakage firewall.
+
+        It holds what no Stage Bank row may contain (`stage_bank.leakage.HeldOutManifest.from_task_manifest` reads it:
+        task ids, paths, texts, answers)."""
 
     # ---- the contract and the evaluation ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -149,31 +155,38 @@ class StagedBenchmark(abc.ABC):
     @abc.abstractmethod
     def score_task(self, task: Task, files: Mapping[str, bytes], submitted: str | None,
                    limits: DecodeLimits) -> float | None:
-        """The task metric of an episode of `task` (0–1) from the final workspace `files` (decoded within
-        `limits` by total readers: what the agent wrote never raises) and the submitted path; None = unscored."""
+        """The task metric of an episode of `task` (0–1); None = unscored.
+
+        It is read from the final workspace `files` (decoded within `limits` by total readers: what the agent wrote
+        never raises) and the submitted path."""
 
     @abc.abstractmethod
     def stage_skill(self, stage: str) -> str:
         """The public stage skill κ of stage id `stage` (goal, checks, recovery steps)."""
 
     def compact_user_message(self, text: str) -> str:
-        """The terse form of a first user turn (brief + stage skills) for small policies ('compact' prompts);
-        default: unchanged."""
+        """The terse form of a first user turn (brief + stage skills) for small policies ('compact' prompts).
+
+        Default: unchanged."""
         return text
 
     # ---- the Data Factory -------------------------------------------------------------------------------------
     @abc.abstractmethod
     def teacher(self, kind: str, endpoint: ChatEndpointConfig | None = None) -> ActionPolicy:
-        """A teacher of kind `kind` (one of `teachers`): an action policy that solves this benchmark's tasks,
-        naming each action's stage (`sandbox.tools.Action.stage`)."""
+        """A teacher of kind `kind` (one of `teachers`).
+
+        It is an action policy that solves this benchmark's tasks, naming each action's stage
+        (`sandbox.tools.Action.stage`)."""
 
     def recipe(self, teacher: str) -> str:
-        """What a bank version's note records of how its rows were made (`stage_bank.factory.check_recipe`
-        refuses to mix two recipes in one bank); default 'teacher=<kind>'."""
+        """What a bank version's note records of how its rows were made.
+
+        `stage_bank.factory.check_recipe` refuses to mix two recipes in one bank. Default: 'teacher=<kind>'."""
         return f"teacher={teacher}"
 
     def reduce_task(self, task: Task, reduction: Reduction, template: int) -> tuple[Task, dict]:
         """R_λ(ξ): the E2E surrogate of `task` and the parameters actually applied (recorded in provenance).
+
         Only called when `has_e2e_surrogate`."""
         raise NotImplementedError(f"benchmark {self.name!r} has no E2E surrogate")
 
@@ -219,9 +232,11 @@ class StagedBenchmark(abc.ABC):
         return score(rubric, evidence, metric, self.stages.parse_focus(focus))
 
     def validate(self) -> None:
-        """Checks the definition before any work: stages, late stages, tracks and their metrics, variants,
-        teachers, and one training task per track (its rubric's items must name stages it has, every stage
-        must have one). A missing held-out suite is refused too.
+        """Checks the definition before any work.
+
+        It checks stages, late stages, tracks and their metrics, variants, teachers, and one training task per track
+        (its rubric's items must name stages it has, every stage must have one). A missing held-out suite is refused
+        too.
 
         Raises:
           BenchmarkError: naming the benchmark and the field.

@@ -47,8 +47,9 @@ class Turn:
 
 @dataclasses.dataclass
 class Conversation:
-    """What a policy sees: the brief, the focus (E2E or one stage id), the stage skill text of the focus (κ, the
-    benchmark's `row_skill`), the benchmark's stages and the turns so far."""
+    """What a policy sees: the brief, the focus, its stage skill text, the stages and the turns so far.
+
+    The focus is E2E or one stage id; its stage skill text is κ, the benchmark's `row_skill`."""
 
     brief: str
     focus: str
@@ -115,8 +116,10 @@ class RecordedEpisode:
 
 def collect_evidence(sandbox: Sandbox, infra_error: str = "", limits: EvidenceLimits = EvidenceLimits(),
                      start: SandboxState | None = None, decode: DecodeLimits = DecodeLimits()) -> Evidence:
-    """Host-side evidence of a finished episode (call before `close`), read within `limits` and later decoded
-    within `decode`; `start` (the state the episode started from) becomes `Evidence.start_files`.
+    """Host-side evidence of a finished episode (call before `close`).
+
+    It is read within `limits` and later decoded within `decode`; `start` (the state the episode started from) becomes
+    `Evidence.start_files`.
 
     A sandbox that died through the agent's own doing is scored from what the host kept: the receipts and, for
     files, the episode's start state (`start`; empty when not given), with `Evidence.agent_error` set. A

@@ -23,8 +23,10 @@ from bat_jax.verify.rubric import Evidence, EvidenceRequirement, Rubric, RubricI
 
 
 def writers(ev: Evidence, path: str, reads: tuple[str, ...] = ()) -> list[Receipt]:
-    """Successful `execute_code` calls that read every path of `reads` and left `path` with the bytes the final
-    workspace holds (a call's write digest equal to the file's SHA-256)."""
+    """Successful `execute_code` calls that read every path of `reads` and wrote `path` as it ends.
+
+    A call must leave `path` with the bytes the final workspace holds (the call's write digest equal to the file's
+    SHA-256)."""
     data = ev.files.get(path)
     if data is None:
         return []
@@ -133,8 +135,9 @@ def build_rubric(task: TabularTask) -> Rubric:
 
 
 def score_task(task: TabularTask, files: Mapping[str, bytes], submitted: str | None, limits: DecodeLimits) -> float:
-    """The task metric, 0–1: the submitted result.json's answer against the host's (`tables.answer_score`); 0 when
-    another path (or nothing) was submitted or the file is not a JSON object with an 'answer'."""
+    """The task metric, 0–1: the submitted result.json's answer against the host's (`tables.answer_score`).
+
+    It is 0 when another path (or nothing) was submitted or the file is not a JSON object with an 'answer'."""
     if submitted != RESULT:
         return 0.0
     data = json_or_none(files.get(RESULT), RESULT, limits)

@@ -82,8 +82,10 @@ def is_valid(row: Sequence[str], width: int) -> bool:
 
 
 def profile(header: Sequence[str], rows: Sequence[Sequence[str]]) -> dict:
-    """What the inspect stage reports of a raw table: row count, columns, records whose id appeared earlier, and
-    records that are not valid (`is_valid`), both counted over every raw record."""
+    """What the inspect stage reports of a raw table.
+
+    Row count, columns, records whose id appeared earlier, and records that are not valid (`is_valid`), both counted
+    over every raw record."""
     seen: set[str] = set()
     dupes = 0
     for row in rows:
@@ -95,8 +97,9 @@ def profile(header: Sequence[str], rows: Sequence[Sequence[str]]) -> dict:
 
 
 def clean(header: Sequence[str], rows: Sequence[Sequence[str]]) -> tuple[list[list[str]], dict]:
-    """The cleaning rule: records whose id appeared earlier go first, then invalid ones. Returns the kept rows
-    (in order, cells unchanged) and the log {'kept', 'dropped_duplicates', 'dropped_invalid'}."""
+    """The cleaning rule: records whose id appeared earlier go first, then invalid ones.
+
+    Returns the kept rows (in order, cells unchanged) and the log {'kept', 'dropped_duplicates', 'dropped_invalid'}."""
     seen: set[str] = set()
     kept, dupes, invalid = [], 0, 0
     for row in rows:
@@ -132,9 +135,10 @@ def correlations(header: Sequence[str], rows: Sequence[Sequence[str]], target: s
 
 
 def analyse(family: str, header: Sequence[str], rows: Sequence[Sequence[str]], params: dict):
-    """The answer of `family` on cleaned rows: group_mean → {level: mean of `value`}; filtered_median → the median
-    of `value` after the MAD filter; top_corr → the `k` candidate columns with the largest |r| with `target`, largest
-    first.
+    """The answer of `family` on cleaned rows.
+
+    group_mean → {level: mean of `value`}; filtered_median → the median of `value` after the MAD filter; top_corr → the
+    `k` candidate columns with the largest |r| with `target`, largest first.
 
     Raises:
       ValueError: an unknown family, a column the header lacks, or too few rows for the statistic.
@@ -181,8 +185,9 @@ def answer_score(family: str, got, want) -> float:
 
 
 def answer_phrases(family: str, answer) -> list[str]:
-    """What a report must state of the answer: 'level: mean' per group, the median, or the column names (numbers
-    with two decimals)."""
+    """What a report must state of the answer.
+
+    'level: mean' per group, the median, or the column names (numbers with two decimals)."""
     if family == "group_mean":
         return [f"{g}: {v:.2f}" for g, v in answer.items()]
     if family == "filtered_median":
@@ -221,8 +226,10 @@ def _draw(family: str, rng: random.Random, vocab: Vocabulary) -> tuple[list[str]
 
 
 def _defects(rows: list[list[str]], variant: str, rng: random.Random) -> list[list[str]]:
-    """The raw records of `variant`: invalid cells first (never in the first record), then exact copies of valid
-    records inserted after their originals."""
+    """The raw records of `variant`, with its defects.
+
+    Invalid cells first (never in the first record), then exact copies of valid records inserted after their originals.
+    """
     rows = [list(r) for r in rows]
     if variant in ("missing", "mixed"):
         for i in rng.sample(range(1, len(rows)), rng.randint(2, 3)):

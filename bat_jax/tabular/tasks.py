@@ -114,9 +114,10 @@ class TabularTask:
 
 
 def make_task(family: str, seed: int, variant: str) -> TabularTask:
-    """The task of (family, seed, variant): a held-out one ('ho-' id, held-out vocabulary) when seed ≥
-    `HELDOUT_SEED_BASE`, else a training one ('tr-'). Raises ValueError for an unknown family, variant or a
-    negative seed."""
+    """The task of (family, seed, variant): a held-out or a training one by its seed.
+
+    A held-out one ('ho-' id, held-out vocabulary) when seed ≥ `HELDOUT_SEED_BASE`, else a training one ('tr-'). Raises
+    ValueError for an unknown family, variant or a negative seed."""
     if family not in TASK_FAMILIES:
         raise ValueError(f"benchmark 'tabular' has no task family {family!r}; known: {TASK_FAMILIES}")
     if variant not in VARIANTS:
@@ -141,8 +142,10 @@ def training_task(family: str, seed: int, variant: str, template: int = 0) -> Ta
 
 def heldout_suite(n_per_track: int, variants: Sequence[str], suite_seed: int,
                   tracks: Iterable[str] | None = None) -> list[TabularTask]:
-    """Per family (in `TASK_FAMILIES` order, or `tracks`), `n_per_track` tasks per variant; `suite_seed` selects a
-    disjoint block of seeds (100,000 per suite seed)."""
+    """`n_per_track` held-out tasks per variant of each family.
+
+    Families come in `TASK_FAMILIES` order, or `tracks`. `suite_seed` selects a disjoint block of seeds (100,000 per
+    suite seed)."""
     families = tuple(tracks) if tracks is not None else TASK_FAMILIES
     base = HELDOUT_SEED_BASE + 100_000 * suite_seed
     return [make_task(f, base + 1000 * fi + 100 * vi + k, v)
@@ -150,8 +153,9 @@ def heldout_suite(n_per_track: int, variants: Sequence[str], suite_seed: int,
 
 
 def manifest(tasks: Iterable[TabularTask]) -> dict:
-    """The held-out manifest: each task's id (also its one case id), family, seed and variant. Paths and brief
-    texts are shared with training tasks by design and identify nothing, so they are not markers."""
+    """The held-out manifest: each task's id (also its one case id), family, seed and variant.
+
+    Paths and brief texts are shared with training tasks by design and identify nothing, so they are not markers."""
     return {"version": MANIFEST_VERSION,
             "tasks": [{"task_id": t.task_id, "track": t.track, "seed": t.seed, "variant": t.variant, "paths": [],
                        "cases": [{"case_id": t.task_id}]} for t in tasks]}

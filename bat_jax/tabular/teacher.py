@@ -114,8 +114,9 @@ def action_code(body: str) -> str:
 
 
 def shared_span(a: str, b: str) -> str:
-    """The longest stretch of text (characters) that both `a` and `b` contain: what a policy writing one of them
-    would have to get past without mistaking it for the other."""
+    """The longest stretch of text (characters) that both `a` and `b` contain.
+
+    It is what a policy writing one of them would have to get past without mistaking it for the other."""
     best = ""
     previous = [0] * (len(b) + 1)
     for i in range(1, len(a) + 1):

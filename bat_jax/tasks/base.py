@@ -49,8 +49,10 @@ class Case:
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    """An injected fault on one case. kind ∈ FAULT_KINDS; recoverable → an archive copy exists (missing,
-    unreadable) or the manifest holds the true spacing (spacing)."""
+    """An injected fault on one case.
+
+    kind ∈ FAULT_KINDS; recoverable → an archive copy exists (missing, unreadable) or the manifest holds the true
+    spacing (spacing)."""
 
     case_id: str
     kind: str
@@ -209,8 +211,9 @@ class Track:
                               for case in instance.cases]))
 
     def valid_case_score(self, entry: Any, files: Mapping[str, bytes], case: Case) -> float:
-        """`case_score` of a valid entry; 0.0 for a missing or invalid one, or one whose scoring raises (what the
-        agent wrote is then unreadable: its failure). Never raises.
+        """`case_score` of a valid entry; 0.0 for a missing or invalid one, or one whose scoring raises.
+
+        What the agent wrote is then unreadable: its failure. Never raises.
 
         Raises:
           ScorerError (`verify.rubric`): the metric returned a non-finite value for a valid entry (a bug in the
@@ -291,8 +294,9 @@ class Track:
     # ---- submission --------------------------------------------------------------------------------
     def check_submission(self, instance: TaskInstance, data: bytes | None,
                          files: Mapping[str, bytes]) -> list[str]:
-        """Deterministic format checker of `submission.json` (errors name the field / case). Total: any bytes
-        give a list of errors (the JSON is read within `limits_of(files)`), never an exception."""
+        """Deterministic format checker of `submission.json` (errors name the field / case).
+
+        Total: any bytes give a list of errors (the JSON is read within `limits_of(files)`), never an exception."""
         path = instance.layout.submission
         if data is None:
             return [f"{path}: missing"]
@@ -330,9 +334,10 @@ class Track:
             return [f"unreadable entry ({type(exc).__name__})"]
 
     def submission_predictions(self, instance: TaskInstance, files: Mapping[str, bytes]) -> dict:
-        """The predictions object of a parseable submission (read within `limits_of(files)`), else {}; entries for
-        a case the task declares unrecoverable are left out: such a case scores as declared failed, whatever is
-        submitted for it (no input to predict it from, so any entry is made up)."""
+        """The predictions object of a parseable submission (read within `limits_of(files)`), else {}.
+
+        Entries for a case the task declares unrecoverable are left out: such a case scores as declared failed, whatever
+        is submitted for it (no input to predict it from, so any entry is made up)."""
         sub = json_or_none(files.get(instance.layout.submission), instance.layout.submission, limits_of(files))
         preds = sub.get("predictions", {}) if isinstance(sub, dict) else {}
         if not isinstance(preds, dict):
@@ -342,8 +347,10 @@ class Track:
 
     def score_task(self, instance: TaskInstance, files: Mapping[str, bytes], submitted: str | None,
                    limits: DecodeLimits | None = None) -> float:
-        """Task metric of an episode's final workspace, 0–1: 0 unless the submission was submitted and the
-        file has a valid top-level structure; invalid entries score 0 individually.
+        """Task metric of an episode's final workspace, 0–1.
+
+        It is 0 unless the submission was submitted and the file has a valid top-level structure; invalid entries score
+        0 individually.
 
         Total over agent-written bytes: `files` are read within `limits` (default: `limits_of(files)`); an entry
         that cannot be read scores 0 and a metric that raises on what the agent wrote gives 0, never an
@@ -374,8 +381,9 @@ def _short(value: Any, chars: int = 80) -> str:
 
 
 def decode_array(data: bytes, path: str, limits: DecodeLimits | None = None) -> np.ndarray:
-    """Host-side load of an artefact by extension ('.nii.gz', '.png', '.npy'), within `limits`
-    (`readers.load_array`). Raises ValueError (`readers.ArtefactError`) if unreadable, and nothing else."""
+    """Host-side load of an artefact by extension ('.nii.gz', '.png', '.npy'), within `limits`.
+
+    It calls `readers.load_array`. Raises ValueError (`readers.ArtefactError`) if unreadable, and nothing else."""
     return load_array(data, path, limits or DecodeLimits())
 
 
@@ -391,8 +399,9 @@ def artefact_array(files: Mapping[str, bytes], path: str) -> np.ndarray:
 
 
 def array_entry_errors(entry, key: str, ext: str, files: Mapping[str, bytes]) -> list[str]:
-    """Format errors of an entry {key: workspace path of an array artefact with extension `ext`}: the file
-    exists, decodes within `limits_of(files)` and holds only finite values."""
+    """Format errors of an entry {key: workspace path of an array artefact with extension `ext`}.
+
+    The file must exist, decode within `limits_of(files)` and hold only finite values."""
     if not isinstance(entry, dict) or not isinstance(entry.get(key), str):
         return [f"entry must be an object with a string {key!r}"]
     path = entry[key]
@@ -410,9 +419,10 @@ def array_entry_errors(entry, key: str, ext: str, files: Mapping[str, bytes]) ->
 
 
 class ImageToImageTrack(Track):
-    """Shared scoring of tracks whose output per case is one NPY image of the target's shape (enhancement,
-    synthesis): entry field 'image', metric SSIM against the hidden target (data range 1), non-degenerate when
-    the image is not constant."""
+    """Shared scoring of tracks whose output per case is one NPY image of the target's shape.
+
+    Tracks: enhancement, synthesis. Entry field 'image', metric SSIM against the hidden target (data range 1),
+    non-degenerate when the image is not constant."""
 
     def check_entry(self, entry, files):
         return array_entry_errors(entry, "image", "npy", files)

@@ -77,8 +77,9 @@ class ImagingBenchmark(StagedBenchmark):
         return VARIANTS
 
     def _track(self, name: str):
-        """The registry's track (a copy with `cases_per_task` cases when set). Raises ValueError for an unknown
-        one."""
+        """The registry's track (a copy with `cases_per_task` cases when set).
+
+        Raises ValueError for an unknown one."""
         if name not in TRACKS:
             raise ValueError(f"benchmark 'imaging' has no track {name!r}; known: {sorted(TRACKS)}")
         track = TRACKS[name]
@@ -126,8 +127,10 @@ class ImagingBenchmark(StagedBenchmark):
         raise ValueError(f"benchmark 'imaging' has no teacher {kind!r}; known: {self.teachers}")
 
     def recipe(self, teacher: str) -> str:
-        """'teacher=<kind>[/<portable version>] layouts=<layouts>': rows of the portable expert carry its action
-        texts' version, since rows of two versions must not be trained on together."""
+        """The recipe 'teacher=<kind>[/<portable version>] layouts=<layouts>'.
+
+        Rows of the portable expert carry its action texts' version, since rows of two versions must not be trained on
+        together."""
         kind = f"{teacher}/{PORTABLE_VERSION}" if teacher == "portable" else teacher
         return f"teacher={kind} layouts={self.layouts}"
 

@@ -158,10 +158,11 @@ def compact_skill(stage: str) -> str:
 
 
 def compact_user_message(text: str) -> str:
-    """The terse form of a full first user turn (`brief` + `SKILL_HEADING` + stage skills, the layout
-    `render_brief` / `stage_skill` / the Stage Bank's row prompts write): task id, track, case count, every
-    workspace path the workflow touches, the submission schema, the stage a stage row starts at, the E2E
-    budget, and one line per stage skill present. Pure and deterministic.
+    """The terse form of a full first user turn; pure and deterministic.
+
+    The turn is `brief` + `SKILL_HEADING` + stage skills, the layout `render_brief` / `stage_skill` / the Stage Bank's
+    row prompts write. The terse form holds the task id, track, case count, every workspace path the workflow touches,
+    the submission schema, the stage a stage row starts at, the E2E budget, and one line per stage skill present.
 
     Text that is not such a turn (no `Task id:` / `Track:` lines or path lines) is returned unchanged, so an
     external benchmark's brief is never mangled.

@@ -31,8 +31,10 @@ from bat_jax.verify.rubric import Evidence
 
 
 def _crop_file(data: bytes, path: str, fraction: float) -> bytes:
-    """An input file cut to its leading ⌈fraction · n₀⌉ entries on axis 0. NIfTI keeps its header affine
-    (true or, for a 'spacing' fault, the injected wrong voxel size); .npy/.png are re-encoded."""
+    """An input file cut to its leading ⌈fraction · n₀⌉ entries on axis 0.
+
+    NIfTI keeps its header affine (true or, for a 'spacing' fault, the injected wrong voxel size); .npy/.png are
+    re-encoded."""
     if path.endswith(".nii.gz"):
         import nibabel as nib
 
@@ -110,7 +112,9 @@ def reduce_task(track: Track, inst: TaskInstance, lam: Reduction, template: int)
 
 
 def validation_passes(evidence: Evidence, inst: TaskInstance) -> int:
-    """Successful smoke runs of the method into the validation directory (the rubric's smoke-run receipt: a call
-    the kernel saw read `model.py` and a case input and write under the validation directory)."""
+    """Successful smoke runs of the method into the validation directory.
+
+    Each is the rubric's smoke-run receipt: a call the kernel saw read `model.py` and a case input and write under the
+    validation directory."""
     L = inst.layout
     return len(evidence.ran((f"{L.method_dir}/model.py",), (L.images_dir,), writes_under=L.validation_dir))

@@ -58,9 +58,10 @@ def heldout_suite(n_per_track: int = 2, variants: Sequence[str] = ("success", "r
 
 
 def training_task(track: Track, seed: int, variant: str = "success", template: int = 0) -> TaskInstance:
-    """A training (Stage Bank) task: TRAIN_LAYOUT and TRAIN_PREFIX with template 0 or 1; with one of
-    `brief.VARIED_TEMPLATES` (10, 11: wording 0, 1) the layout and id prefix drawn from the seed
-    (`layout.varied_naming`), so that paths and ids vary from task to task.
+    """A training (Stage Bank) task of a given template.
+
+    TRAIN_LAYOUT and TRAIN_PREFIX with template 0 or 1; with one of `brief.VARIED_TEMPLATES` (10, 11: wording 0, 1) the
+    layout and id prefix drawn from the seed (`layout.varied_naming`), so that paths and ids vary from task to task.
 
     Raises:
       ValueError: a held-out seed, the held-out template or an unknown template.
@@ -92,8 +93,9 @@ def manifest(instances: Iterable[TaskInstance]) -> dict:
 
 
 def manifest_strings(man: dict) -> set[str]:
-    """Every identifying string of a manifest (ids, paths, questions, report texts) of length >= 6; answers
-    are left out: they are shared class vocabulary ("melanoma", "yes") that cannot identify held-out content."""
+    """Every identifying string of a manifest (ids, paths, questions, report texts) of length >= 6.
+
+    Answers are left out: they are shared class vocabulary ("melanoma", "yes") that cannot identify held-out content."""
     out: set[str] = set()
     for task in man["tasks"]:
         out.add(task["task_id"])
@@ -114,9 +116,10 @@ def write_manifest(path: str | os.PathLike, instances: Iterable[TaskInstance]) -
 
 
 def sample_training_prompt(rng: random.Random) -> str:
-    """A training-split first user turn (training layout and templates only, never the held-out ones): a brief
-    followed by stage skills, as the agent sees it; the shipped tiny tokenizer's corpus drew from it
-    (`launch/train_tokenizer.py`, `models.tokenizer.generate_corpus`)."""
+    """A training-split first user turn: a brief followed by stage skills, as the agent sees it.
+
+    It uses the training layout and templates only, never the held-out ones. The shipped tiny tokenizer's corpus drew
+    from it (`launch/train_tokenizer.py`, `models.tokenizer.generate_corpus`)."""
     track = TRACKS[rng.choice(sorted(TRACKS))]
     template = rng.choice([t for t in range(N_TEMPLATES) if t != HELDOUT_TEMPLATE])
     task_id = f"{TRAIN_PREFIX}-{track.name}-{rng.randint(0, 10**9)}-{rng.choice(['suc', 'rec', 'fail'])}"

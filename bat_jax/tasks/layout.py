@@ -87,10 +87,12 @@ _LETTERS = "abcdefgijklmnopqrstuvwyz"
 
 
 def varied_naming(seed: int) -> tuple[Layout, str]:
-    """(layout, id prefix) of a training task drawn from its seed: every path of the workspace
-    (image, archive and method directories, the cases table, outputs and plan) and the two-letter prefix of its
-    task and case ids come from name pools with numbered roots, so paths and ids differ from task to task and
-    only reading the brief gives them. Pure function of `seed`; never a held-out component or the 'hx' prefix.
+    """(layout, id prefix) of a training task drawn from its seed.
+
+    Every path of the workspace (image, archive and method directories, the cases table, outputs and plan) and the
+    two-letter prefix of its task and case ids come from name pools with numbered roots, so paths and ids differ from
+    task to task and only reading the brief gives them. Pure function of `seed`; never a held-out component or the 'hx'
+    prefix.
     """
     rng = np.random.default_rng([int(seed), 15])
 

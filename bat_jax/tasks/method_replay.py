@@ -57,8 +57,10 @@ GUESS_BITS = 20.0
 
 @functools.lru_cache(maxsize=64)
 def _respaced(data: bytes, spacing_mm: str) -> bytes:
-    """A NIfTI input (task data, gzip) with its header's voxel size rewritten from the manifest's `spacing_mm`,
-    as the brief tells the agent to repair it (same voxel data, diagonal affine)."""
+    """A NIfTI input with its header's voxel size rewritten from the manifest's `spacing_mm`.
+
+    The input is task data, gzip'd. It is rewritten as the brief tells the agent to repair it (same voxel data, diagonal
+    affine)."""
     import nibabel as nib
 
     img = nib.Nifti1Image.from_bytes(gzip.decompress(data))
@@ -68,8 +70,9 @@ def _respaced(data: bytes, spacing_mm: str) -> bytes:
 
 
 def _replay_inputs(inst: TaskInstance, case_id: str) -> list[tuple[str, bytes, dict[str, str]]]:
-    """(input path, input bytes, manifest row) of each input the method may be run on for `case_id`, the
-    correct one first; [] when there is none."""
+    """(input path, input bytes, manifest row) of each input the method may be run on for `case_id`.
+
+    The correct one comes first; [] when there is none."""
     L = inst.layout
     rows = {r["case_id"]: r for r in csv.DictReader(io.StringIO(inst.files[L.cases_csv].decode()))}
     row = rows.get(case_id)
@@ -88,9 +91,10 @@ def _replay_inputs(inst: TaskInstance, case_id: str) -> list[tuple[str, bytes, d
 @functools.lru_cache(maxsize=256)
 def _run_method(model_py: bytes, config_json: bytes, input_name: str, input_bytes: bytes,
                 row_items: tuple[tuple[str, str], ...]) -> tuple[str, tuple[tuple[str, np.ndarray], ...]] | None:
-    """Runs the method on one input in a temp dir. Returns (JSON text of the entry's non-file values,
-    (key, read-only decoded array) of each file the entry names), or None when the method raises on this input.
-    Cached, so nothing it returns may be mutable."""
+    """Runs the method on one input in a temp dir.
+
+    Returns (JSON text of the entry's non-file values, (key, read-only decoded array) of each file the entry names), or
+    None when the method raises on this input. Cached, so nothing it returns may be mutable."""
     with tempfile.TemporaryDirectory(prefix="bat_replay_") as tmp:
         mdir = os.path.join(tmp, "method")
         os.makedirs(mdir)
@@ -129,8 +133,9 @@ Output = tuple[dict, dict[str, np.ndarray]]
 
 
 def method_outputs(inst: TaskInstance, case_id: str) -> list[Output]:
-    """Every output the provided method gives for one case of `inst`, replayed on the host (the correct one
-    first; see the module docstring).
+    """Every output the provided method gives for one case of `inst`, replayed on the host.
+
+    The correct one comes first (module docstring).
 
     Returns:
       [(values, arrays)]: the entry's non-file values (e.g. {'label': ..., 'scores': {...}}) and, for each entry
@@ -148,8 +153,9 @@ def method_outputs(inst: TaskInstance, case_id: str) -> list[Output]:
 
 
 def method_output(inst: TaskInstance, case_id: str) -> Output | None:
-    """The correct output of the method for one case (`method_outputs`' first: a 'spacing' case's on its
-    repaired input), or None when it has none."""
+    """The correct output of the method for one case, or None when it has none.
+
+    It is `method_outputs`' first: a 'spacing' case's on its repaired input."""
     outs = method_outputs(inst, case_id)
     return outs[0] if outs else None
 
@@ -184,10 +190,12 @@ def _equals(expected: Output, entry, files: Mapping[str, bytes]) -> bool:
 
 def case_matches(inst: TaskInstance, case_id: str, entry, files: Mapping[str, bytes],
                  correct_only: bool = False) -> bool | None:
-    """Whether `entry` (a prediction entry as the agent saved it, file paths workspace-relative, contents in
-    `files`, read within `readers.limits_of(files)`) equals one of the method's replayed outputs for `case_id`
-    (only the correct one with `correct_only`): every non-file value within `ATOL`, every file present with the
-    replay's shape and values within `ATOL`. None when the case has no replay; never raises."""
+    """Whether `entry` equals one of the method's replayed outputs for `case_id`.
+
+    `entry` is a prediction entry as the agent saved it, file paths workspace-relative, contents in `files`, read within
+    `readers.limits_of(files)`. Only the correct output counts with `correct_only`. A match needs every non-file value
+    within `ATOL`, every file present with the replay's shape and values within `ATOL`. None when the case has no
+    replay; never raises."""
     outs = method_outputs(inst, case_id)
     if correct_only:
         outs = outs[:1]
@@ -200,8 +208,9 @@ def case_matches(inst: TaskInstance, case_id: str, entry, files: Mapping[str, by
 
 
 def is_method_output(inst: TaskInstance, case_id: str, entry, files: Mapping[str, bytes]) -> bool:
-    """True when `entry` equals one of the method's replayed outputs for `case_id` (`case_matches`); False
-    for anything else (no replay, other keys, missing or unreadable files)."""
+    """True when `entry` equals one of the method's replayed outputs for `case_id` (`case_matches`).
+
+    False for anything else (no replay, other keys, missing or unreadable files)."""
     return case_matches(inst, case_id, entry, files) is True
 
 
@@ -213,11 +222,12 @@ def entry_files(entry) -> list[str]:
 
 
 def information_bits(value) -> float:
-    """A rough count of the bits an agent must get right to write `value` without running the method:
-    None / bool 1. A string 4 (an answer from a small vocabulary, or text written from a few decisions). An
-    integer log2(2 + |v|). A float on the `ROUND_STEP` grid log2(2 + |v| / ROUND_STEP). Any other float
-    log2(1 / (2 · ATOL)) (pinned to ±`ATOL`). An array its value's bits when constant, else unbounded (inf).
-    A dict or list the sum over its values (keys are fixed by the output format)."""
+    """A rough count of the bits an agent must get right to write `value` without running the method.
+
+    None / bool 1. A string 4 (an answer from a small vocabulary, or text written from a few decisions). An integer
+    log2(2 + |v|). A float on the `ROUND_STEP` grid log2(2 + |v| / ROUND_STEP). Any other float log2(1 / (2 · ATOL))
+    (pinned to ±`ATOL`). An array its value's bits when constant, else unbounded (inf). A dict or list the sum over its
+    values (keys are fixed by the output format)."""
     if value is None or isinstance(value, bool):
         return 1.0
     if isinstance(value, str):
@@ -244,10 +254,11 @@ def information_bits(value) -> float:
 
 
 def guessable(inst: TaskInstance, case_id: str) -> bool:
-    """True when the method's correct output for the case carries fewer than `GUESS_BITS` bits
-    (`information_bits`): an agent could write it without running the method often enough (a short answer,
-    a few decisions, round numbers, a constant array), so such an output equal to the replay proves nothing
-    alone. True when the case has no replay."""
+    """True when the method's correct output for the case carries fewer than `GUESS_BITS` bits.
+
+    Bits are `information_bits`. An agent could write it without running the method often enough (a short answer, a few
+    decisions, round numbers, a constant array), so such an output equal to the replay proves nothing alone. True when
+    the case has no replay."""
     out = method_output(inst, case_id)
     if out is None:
         return True
@@ -270,9 +281,11 @@ def _entry_candidates(value, limit: int = 64) -> Iterable[dict]:
 
 
 def preexisting_cases(inst: TaskInstance, start: Mapping[str, bytes]) -> set[str]:
-    """Cases whose method output the start state already holds, in any encoding: an entry in one of its JSON
-    files (a prediction entry, a validation report's 'entry') that equals a replay, or an array file whose
-    content equals one of a replay's arrays. Output copied from there is not evidence of any call."""
+    """Cases whose method output the start state already holds, in any encoding.
+
+    That is an entry in one of its JSON files (a prediction entry, a validation report's 'entry') that equals a replay,
+    or an array file whose content equals one of a replay's arrays. Output copied from there is not evidence of any
+    call."""
     if not start:
         return set()
     limits = limits_of(start)
@@ -306,8 +319,10 @@ def _changed(receipt: Receipt, path: str, data: bytes) -> bool:
 
 def _call_verdict(inst: TaskInstance, receipt: Receipt, out_dir: str, files: Mapping[str, bytes],
                   known: set[str], pre: set[str]) -> bool:
-    """Whether one call that read the method and an input ran it into `out_dir` (module docstring, 1 and 2);
-    `known`: digests the call could have copied (start files, files it read); `pre`: `preexisting_cases`."""
+    """Whether one call that read the method and an input ran it into `out_dir`.
+
+    The module docstring's rules 1 and 2 decide. `known`: digests the call could have copied (start files, files it
+    read); `pre`: `preexisting_cases`."""
     evidence = False
     limits = limits_of(files)
     for cid in inst.case_ids:
@@ -331,8 +346,9 @@ def _call_verdict(inst: TaskInstance, receipt: Receipt, out_dir: str, files: Map
 
 def method_run_calls(inst: TaskInstance, receipts: Sequence[Receipt], candidates: Sequence[Receipt],
                      out_dir: str, files: Mapping[str, bytes], start: Mapping[str, bytes]) -> list[Receipt]:
-    """The calls of `candidates` (successful calls that read the method and a case input and wrote under
-    `out_dir`) that ran the method into `out_dir` (module docstring).
+    """The calls of `candidates` that ran the method into `out_dir` (module docstring).
+
+    Candidates are successful calls that read the method and a case input and wrote under `out_dir`.
 
     Args:
       receipts: every receipt of the episode, in call order (their writes tell what each call could read).

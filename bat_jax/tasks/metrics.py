@@ -113,9 +113,10 @@ def accuracy(pred: Sequence, target: Sequence) -> float:
 
 
 def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """IoU of two boxes [x0, y0, x1, y1] (pixel edges, x1 > x0), 0–1; 0.0 for a box with a non-finite
-    coordinate. Computed after scaling both boxes into [-1, 1] (IoU is scale invariant), so coordinates up
-    to float64's range cannot overflow the areas."""
+    """IoU of two boxes [x0, y0, x1, y1] (pixel edges, x1 > x0), 0–1.
+
+    0.0 for a box with a non-finite coordinate. Computed after scaling both boxes into [-1, 1] (IoU is scale invariant),
+    so coordinates up to float64's range cannot overflow the areas."""
     a, b = [float(v) for v in a[:4]], [float(v) for v in b[:4]]
     if not all(math.isfinite(v) for v in a + b):
         return 0.0

@@ -62,8 +62,10 @@ THOUGHTS = {s: f"Next: {_name(s)}." for s in STAGES.ids}
 
 
 def _stage_action(stage: str, summary: str, body: str) -> str:
-    """`_action` of a body whose first line is the comment naming its stage and `summary` (the one place where
-    the action texts of two stages differ first), then the print of the step that follows it (`NEXT`)."""
+    """`_action` of a body that opens with the comment naming its stage and `summary`.
+
+    That comment is the one place where the action texts of two stages differ first. The print of the step that follows
+    it (`NEXT`) follows the body."""
     return _action(f"# {_name(stage)}: {summary}\nprint({NEXT[stage]!r})\n{body}")
 
 

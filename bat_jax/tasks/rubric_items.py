@@ -56,8 +56,10 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         return data
 
     def method_ran(ev: Evidence, out_dir: str) -> bool:
-        """A call read model.py and a case input and ran the method into `out_dir`: every case entry it wrote
-        equals the host's replay, and one is this call's own, unguessable output (`method_replay`)."""
+        """A call read model.py and a case input and ran the method into `out_dir`.
+
+        Every case entry it wrote equals the host's replay, and one is this call's own, unguessable output
+        (`method_replay`)."""
         candidates = ev.ran((model_py,), inputs, writes_under=out_dir)
         return bool(method_run_calls(inst, ev.receipts, candidates, out_dir, ev.files, ev.start_files))
 
@@ -139,9 +141,10 @@ def build_rubric(track: Track, inst: TaskInstance) -> Rubric:
         return inst.fault.case_id not in entries
 
     def entries_computed(ev: Evidence) -> bool:
-        """Every submitted prediction is the method's output on its case (content compared with the replay, as
-        S4's items compare the prediction files): what the start state's predictions or this episode's run hold,
-        never an answer made up at submission time."""
+        """Every submitted prediction is the method's output on its case.
+
+        Content is compared with the replay, as S4's items compare the prediction files. A prediction must be what the
+        start state's predictions or this episode's run hold, never an answer made up at submission time."""
         preds = submission(ev).get("predictions", {})
         usable = set(inst.recoverable_ids())  # an entry for an unknown or unrecoverable case is made up
         return isinstance(preds, dict) and all(cid in usable and predicted(ev, preds, cid) for cid in preds)

@@ -272,10 +272,11 @@ class RandomCommandPolicy:
 
 
 class ChatTeacher:
-    """The LLM teacher: an action-level policy over an OpenAI-compatible chat endpoint (the Data Factory's
-    'openai' teacher). Its system prompt asks for one JSON action per turn that also names the action's stage
-    ('S1'..'S5'), so stage boundaries and stage-start states can be found in its trajectories. Endpoint failures
-    and unparsable replies raise `PolicyError` ('teacher <cause>: ...'), which the episode loop
+    """The LLM teacher: an action-level policy over an OpenAI-compatible chat endpoint.
+
+    It is the Data Factory's 'openai' teacher. Its system prompt asks for one JSON action per turn that also names the
+    action's stage ('S1'..'S5'), so stage boundaries and stage-start states can be found in its trajectories. Endpoint
+    failures and unparsable replies raise `PolicyError` ('teacher <cause>: ...'), which the episode loop
     (`rollout/action_loop.py`) turns into a rejected episode.
     """
 

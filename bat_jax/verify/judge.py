@@ -76,9 +76,11 @@ class VerdictError(InfraError):
 
 
 def _pairs(pairs: list[tuple[str, object]]) -> dict:
-    """A decoded object; a "verdict" key given twice with different values (`{"verdict": "no", "reason": "x",
-    "verdict": "yes"}`, what a judge writing the agent's quote unescaped into its object may produce) makes the
-    object's verdict `_DUPLICATE`, never the last value."""
+    """A decoded object whose duplicated "verdict" key, if any, becomes `_DUPLICATE`.
+
+    A "verdict" key given twice with different values (`{"verdict": "no", "reason": "x", "verdict": "yes"}`, what a
+    judge writing the agent's quote unescaped into its object may produce) makes the object's verdict `_DUPLICATE`,
+    never the last value."""
     obj = dict(pairs)
     if len({json.dumps(v, sort_keys=True) for k, v in pairs if k == "verdict"}) > 1:
         obj["verdict"] = _DUPLICATE
@@ -89,11 +91,12 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_pairs)
 
 
 def _top_level(reply: str):
-    """(kind, value, position) of the reply's top-level marks in order. ('json', obj) for each JSON value decoded
-    at a '{' outside any earlier decoded value (decoded as a whole: its strings are never scanned), ('open' /
-    'close', None) for a reasoning tag. ('stray', None) for a '"verdict":' key outside any decoded value (the
-    remains of an object that is not valid JSON). What it said cannot be read, and what decodes inside it may be
-    a quote)."""
+    """(kind, value, position) of the reply's top-level marks in order.
+
+    ('json', obj) for each JSON value decoded at a '{' outside any earlier decoded value (decoded as a whole: its
+    strings are never scanned), ('open' / 'close', None) for a reasoning tag. ('stray', None) for a '"verdict":' key
+    outside any decoded value (the remains of an object that is not valid JSON). What it said cannot be read, and what
+    decodes inside it may be a quote."""
     i = failed = 0
     while (m := _MARKS.search(reply, i)) is not None:
         i = m.start()
@@ -119,12 +122,14 @@ def _top_level(reply: str):
 
 
 def _answer_objects(reply: str) -> tuple[list[dict], list[dict], bool]:
-    """(drafts, answer, stray): the top-level JSON objects of `reply` before the closing tag of a reasoning block
-    the prompt opened, those outside reasoning, and whether a verdict key outside any valid object occurs in
-    either part. Reasoning is what the reply itself marks: a block opened by its first non-blank text and closed
-    by the next top-level closing tag (an unclosed block — a reply cut off while reasoning — runs to the end; its
-    objects are neither). Without such an opening it is everything before the first top-level closing tag (chat
-    templates that open the block in the prompt). Any other tag is prose."""
+    """(drafts, answer, stray): the reply's JSON objects inside and outside reasoning, and stray verdicts.
+
+    They are the top-level JSON objects of `reply` before the closing tag of a reasoning block the prompt opened, those
+    outside reasoning, and whether a verdict key outside any valid object occurs in either part. Reasoning is what the
+    reply itself marks: a block opened by its first non-blank text and closed by the next top-level closing tag (an
+    unclosed block — a reply cut off while reasoning — runs to the end; its objects are neither). Without such an
+    opening it is everything before the first top-level closing tag (chat templates that open the block in the prompt).
+    Any other tag is prose."""
     lead = len(reply) - len(reply.lstrip())
     drafts: list[dict] = []
     objects: list[dict] = []
@@ -187,23 +192,29 @@ def _norm(value) -> str | None:
 
 
 def agent_block(text: str) -> str:
-    """`text` (written by the agent) as the judge is shown it: one JSON string (quotes, backslashes, newlines and
-    control characters escaped; the '<' / '>' of reasoning tags as \\u003c / \\u003e). Markers around it name
-    the sha256 of that string, which the text cannot contain (it would have to contain its own digest)."""
+    """`text` (written by the agent) as the judge is shown it: one JSON string between digest markers.
+
+    The string has quotes, backslashes, newlines and control characters escaped; the '<' / '>' of reasoning tags as
+    \\u003c / \\u003e. Markers around it name the sha256 of that string, which the text cannot contain (it would have
+    to contain its own digest)."""
     encoded = _AGENT_TAG.sub(lambda m: "\\u003c" + m.group(1) + "\\u003e", json.dumps(text, ensure_ascii=False))
     mark = hashlib.sha256(encoded.encode("utf-8")).hexdigest()[:16]
     return f"<<<EVIDENCE-{mark}\n{encoded}\nEVIDENCE-{mark}>>>"
 
 
 def _utf8(text: str) -> str:
-    """`text` as UTF-8 can carry it: lone surrogates (a JSON '\\ud800' escape in the agent's tool call) become
-    '?', so neither the request nor the digest fails on them."""
+    """`text` as UTF-8 can carry it.
+
+    Lone surrogates (a JSON '\\ud800' escape in the agent's tool call) become '?', so neither the request nor the digest
+    fails on them."""
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def judge_messages(item: str, evidence_text: str, context: str = "") -> list[dict]:
-    """The judge's request: the system prompt, then the host's words (rubric item, `context`: the host task's
-    brief and evidence requirements) and the agent's evidence (cut to `MAX_EVIDENCE_CHARS`) in `agent_block`."""
+    """The judge's request: the system prompt, the host's words and the agent's evidence.
+
+    The host's words are the rubric item and `context`: the host task's brief and evidence requirements; the agent's
+    evidence is cut to `MAX_EVIDENCE_CHARS` and shown in `agent_block`."""
     evidence_text = _utf8(evidence_text)
     host = f"Rubric item: {item}\n\n" + (f"{context}\n\n" if context else "")
     return [{"role": "system", "content": _SYSTEM},
@@ -257,9 +268,11 @@ class LLMJudge:
             raise InfraError(f"judge unavailable: {exc}") from None
 
     def decide(self, item: str, evidence_text: str, context: str = "") -> bool:
-        """True when the judge answers 'yes' (read by `parse_verdict` from the judge's reply, never from the
-        evidence). A reply without a verdict is followed by the host-written control question: if the judge
-        answers it, the evidence made it fail and the item fails (False, counted in `evidence_faults`).
+        """True when the judge answers 'yes'.
+
+        `parse_verdict` reads it from the judge's reply, never from the evidence. A reply without a verdict is followed
+        by the host-written control question: if the judge answers it, the evidence made it fail and the item fails
+        (False, counted in `evidence_faults`).
 
         Raises:
           InfraError: endpoint failure, or no verdict to the item and to the control question (the judge's
@@ -280,8 +293,9 @@ class LLMJudge:
 
 
 def render_evidence(ev: Evidence, paths: tuple[str, ...] = (), max_receipts: int = 8) -> str:
-    """Evidence text for the judge: the named files first (each cut to 1,500 characters), then the last
-    `max_receipts` receipts (code, exit code, stdout; 800 characters each) — so that the judge's cut at
+    """Evidence text for the judge: the named files first, then the last `max_receipts` receipts.
+
+    Each file is cut to 1,500 characters; a receipt (code, exit code, stdout) to 800. So the judge's cut at
     `MAX_EVIDENCE_CHARS` drops old receipts, never the files the item is about."""
     parts = []
     for p in paths:
@@ -353,8 +367,10 @@ def evidence_digest(description: str, evidence_text: str, context: str = "") -> 
 
 
 class RubricJudge:
-    """The judge of one run: decides the configured rubric items, caches verdicts by (item id, evidence digest)
-    and stops calling a dead endpoint for a while (see `JudgeConfig.trip_after`).
+    """The judge of one run: decides the configured rubric items, caching verdicts.
+
+    It caches verdicts by (item id, evidence digest) and stops calling a dead endpoint for a while (see
+    `JudgeConfig.trip_after`).
 
     Attributes:
       config: the JudgeConfig. llm: the underlying LLMJudge (`llm.calls` = requests made).
@@ -380,9 +396,11 @@ class RubricJudge:
         return f"{REWARD_VERSION}+judge:{self.config.endpoint.model}[{','.join(self.config.items)}]"
 
     def check_endpoint(self) -> bool:
-        """One request at run start. A refusal of the request itself (HTTP 4xx: wrong model name, key or path)
-        would leave every judged item unscored for the whole run, so it stops the run; an unreachable endpoint
-        only warns (the run goes on, judged items unscored until it answers). Returns True when it answered.
+        """One request at run start; True when the endpoint answered.
+
+        A refusal of the request itself (HTTP 4xx: wrong model name, key or path) would leave every judged item unscored
+        for the whole run, so it stops the run; an unreachable endpoint only warns (the run goes on, judged items
+        unscored until it answers).
 
         Raises:
           ValueError: the endpoint rejected the request (names base_url, model and the status).
@@ -401,14 +419,18 @@ class RubricJudge:
         return True
 
     def stats(self) -> dict[str, int]:
-        """Counters: requests, cache hits, failures (InfraError raised), skipped (failed fast while down), and
-        evidence_faults (items failed because the evidence left the judge without a verdict, `LLMJudge.decide`)."""
+        """Counters: requests, cache hits, failures, skipped and evidence faults.
+
+        Failures: InfraError raised; skipped: failed fast while down; evidence_faults: items failed because the evidence
+        left the judge without a verdict, `LLMJudge.decide`."""
         return {"calls": self.llm.calls, "cache_hits": self.cache_hits, "failures": self.failures,
                 "skipped": self.skipped, "evidence_faults": self.llm.evidence_faults}
 
     def decide(self, item: RubricItem, evidence_text: str, context: str = "") -> bool:
-        """The judge's verdict on `item` for this evidence text and the host's `context` (the task's brief and
-        the item's evidence requirements; cached by item id and the digest of all three).
+        """The judge's verdict on `item` for this evidence text and the host's `context`.
+
+        `context` is the task's brief and the item's evidence requirements. Verdicts are cached by item id and the
+        digest of all three.
 
         Raises:
           InfraError: the endpoint failed, is marked down, or is at fault for a reply without a verdict
@@ -436,10 +458,12 @@ class RubricJudge:
         return verdict
 
     def apply(self, rubric: Rubric, brief: str) -> Rubric:
-        """`rubric` with the configured items decided by the judge. The judge is shown the host's words — the
-        item, `brief` (the host task's brief, `Task.brief`: never the workspace's `task.md`, which the agent can
-        rewrite) and the descriptions of the item's evidence requirements — and, as the agent's evidence, the
-        workspace files those requirements are (`EvidenceRequirement.path`) and the last receipts."""
+        """`rubric` with the configured items decided by the judge.
+
+        The judge is shown the host's words — the item, `brief` (the host task's brief, `Task.brief`: never the
+        workspace's `task.md`, which the agent can rewrite) and the descriptions of the item's evidence requirements —
+        and, as the agent's evidence, the workspace files those requirements are (`EvidenceRequirement.path`) and the
+        last receipts."""
         items = []
         for item in rubric.items:
             if item.item_id in self.config.items:

@@ -30,8 +30,10 @@ REWARD_VERSION = "bat_rubric/v6"
 
 
 class ScorerError(RuntimeError):
-    """A metric or reward that is not a finite number in its range: an error in the scorer (never "unscored", never
-    the agent's doing: what an agent writes is read by total readers and scored 0 when invalid)."""
+    """A metric or reward that is not a finite number in its range: an error in the scorer.
+
+    It is never "unscored", never the agent's doing: what an agent writes is read by total readers and scored 0 when
+    invalid."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +74,9 @@ class Evidence:
         return text_or_none(self.files.get(path), self.limits)
 
     def json(self, path: str):
-        """Parsed JSON of a workspace file (`readers.load_json` within `limits`), or None when absent or
-        invalid."""
+        """Parsed JSON of a workspace file (`readers.load_json` within `limits`).
+
+        None when absent or invalid."""
         return json_or_none(self.files.get(path), path, self.limits)
 
     def ok_receipts(self, tool: str = "execute_code") -> list[Receipt]:
@@ -82,9 +85,10 @@ class Evidence:
 
     def ran(self, reads: Iterable[str] = (), read_under: Iterable[str] = (),
             writes_under: str | None = None) -> list[Receipt]:
-        """Successful `execute_code` receipts whose kernel-observed file trace shows the call read every path of
-        `reads`, read at least one file under each directory of `read_under`, and (when given) wrote at least
-        one file under `writes_under`. The code text plays no part."""
+        """Successful `execute_code` receipts whose kernel-observed file trace shows the given reads and writes.
+
+        The call must read every path of `reads`, read at least one file under each directory of `read_under`, and (when
+        given) write at least one file under `writes_under`. The code text plays no part."""
         reads, read_under = tuple(reads), tuple(d.rstrip("/") + "/" for d in read_under)
         out = []
         for r in self.ok_receipts():
@@ -103,15 +107,17 @@ Check = Callable[[Evidence], bool]
 
 
 class InfraError(RuntimeError):
-    """Raised by a check when infrastructure failed (e.g. the LLM judge is unreachable): the stage becomes
-    unscored (None), never 0."""
+    """Raised by a check when infrastructure failed (e.g. the LLM judge is unreachable).
+
+    The stage becomes unscored (None), never 0."""
 
 
 @dataclasses.dataclass(frozen=True)
 class EvidenceRequirement:
-    """One piece of required evidence g ∈ G (a receipt or an artefact), with its host-side check. `path`: the
-    workspace file this evidence is, when it is one file ('' otherwise): what an LLM judge deciding an item that
-    rests on it is shown (`verify.judge.RubricJudge.apply`)."""
+    """One piece of required evidence g ∈ G (a receipt or an artefact), with its host-side check.
+
+    `path`: the workspace file this evidence is, when it is one file ('' otherwise): what an LLM judge deciding an item
+    that rests on it is shown (`verify.judge.RubricJudge.apply`)."""
 
     key: str
     description: str
@@ -164,8 +170,9 @@ class Rubric:
         return self.stages.ids if focus == E2E else (self.stages.parse(focus),)
 
     def public(self) -> dict:
-        """The contract without checks — items c (id, stage, description, evidence keys) and evidence
-        requirements G (key → description) — what a Stage Bank row stores and may show the policy."""
+        """The contract without checks: what a Stage Bank row stores and may show the policy.
+
+        Items c (id, stage, description, evidence keys) and evidence requirements G (key → description)."""
         return {"version": REWARD_VERSION,
                 "items": [{"item_id": i.item_id, "stage": i.stage, "description": i.description,
                            "evidence": list(i.evidence)} for i in self.items],
@@ -195,8 +202,9 @@ def _safe(check: Check, evidence: Evidence) -> bool:
 
 
 def verify_stage(rubric: Rubric, stage: str, evidence: Evidence) -> StageVerdict | None:
-    """Scores one stage: r = η · mean(v_ℓ). Returns None (unscored) on an infrastructure failure (the
-    evidence's `infra_error`, or a check raising InfraError).
+    """Scores one stage: r = η · mean(v_ℓ).
+
+    Returns None (unscored) on an infrastructure failure (the evidence's `infra_error`, or a check raising InfraError).
 
     Raises:
       ValueError: an unknown stage, or the rubric has no item for the stage.
@@ -228,11 +236,13 @@ def verify_episode(rubric: Rubric, evidence: Evidence, stages: Iterable[str] | N
 
 def e2e_reward(stage_rewards: Mapping[str, object], task: float | None, stages: StageSet,
                stage_weight: float = 0.5) -> float | None:
-    """E2E row reward, as the released code computes it (`rl/grpo/core_reward.py`, mode `bat_e2e_rubric`):
-    stage_weight · Σ_s w_s · r_s + (1 − stage_weight) · task, with w the benchmark's Agentic weights renormalised
-    over the stages given (`benchmark.scoring.agentic_score`: a stage absent from `stage_rewards` or marked
-    `NOT_APPLICABLE` drops its weight). With every stage given this is exactly the released formula; e.g. on the
-    imaging suite every S1 item passes, the rest fail, task 0: 0.5 · 0.25 · 1 = 0.125.
+    """E2E row reward, as the released code computes it.
+
+    The released code is `rl/grpo/core_reward.py`, mode `bat_e2e_rubric`: stage_weight · Σ_s w_s · r_s + (1 −
+    stage_weight) · task, with w the benchmark's Agentic weights renormalised over the stages given
+    (`benchmark.scoring.agentic_score`: a stage absent from `stage_rewards` or marked `NOT_APPLICABLE` drops its
+    weight). With every stage given this is exactly the released formula; e.g. on the imaging suite every S1 item
+    passes, the rest fail, task 0: 0.5 · 0.25 · 1 = 0.125.
 
     Args:
       stage_rewards: stage id → reward in [0, 1], None (unscored) or `NOT_APPLICABLE`.
@@ -273,8 +283,9 @@ class EpisodeScore:
         return {s: (v.reward if v is not None else None) for s, v in self.verdicts.items()}
 
     def to_cell(self, track: str, repeat: int, stages: StageSet) -> Cell:
-        """The evaluator's Cell: per-stage rubric scores, the task metric (None stays unscored) and the item
-        decisions of every verified stage (`item_decisions`).
+        """The evaluator's Cell: per-stage rubric scores, the task metric and the item decisions.
+
+        The task metric None stays unscored; item decisions are those of every verified stage (`item_decisions`).
 
         Raises:
           ValueError: a stage of `stages` was not verified (a stage-focus score is no cell).

@@ -1,0 +1,29 @@
+"""Test doubles and builders that several test files share (no test file imports another).
+
+One module per role, each section naming the tests that use it: `rows` (stand-in rows and banks, example rows, a
+micro policy config, factory builds), `models` (tiny models), `agent_loop` (the agent loop's scripted tokenizer /
+episode builder / engine / sandbox), `judges` (judge endpoints and evidence) and `grpo` (reward rows and
+trajectories, the GRPO block's learner and scorer stand-ins). Every name is re-exported here, so tests import
+`from doubles import X`.
+"""
+
+from .rows import (EXAMPLE_STATE, H, MICRO_POLICY, OUTCOMES, TINY_BANK_ROWS_PER_FOCUS, TRACKS,
+                   assert_rounds_fit_the_tiny_bank, crashing_build, example_provenance, example_rl_row, example_sft_row,
+                   fake_build, make_bank, make_rows, slow_build)
+from .models import (SAMPLER_KW, TINY, VLLM_TINY, tiny_model, vllm_reference_model)
+from .agent_loop import (ACTION, CALL, EOT, IM_START, REQUEST, SUBMIT, FakeSandbox, RealCallEngine, ScriptedEngine,
+                         StubBuilder, StubEpisode, WordTokenizer, scripted_agent_loop)
+from .judges import (EVIDENCE_BLOCK, FORGED_BRIEF, JUDGED_SEED, JUDGED_TEMPLATE, JUDGED_VARIANT, ScriptedJudge,
+                     decode_judge_request, judge_config, judged_row, judged_trajectory, reply_styles, rubric_judge,
+                     tamper, traced_receipt)
+from .grpo import (FakeLearner, failed_trajectory, patch_rollout_scoring, reward_row, reward_trajectory)
+
+__all__ = ['EXAMPLE_STATE', 'H', 'MICRO_POLICY', 'OUTCOMES', 'TINY_BANK_ROWS_PER_FOCUS', 'TRACKS',
+           'assert_rounds_fit_the_tiny_bank', 'crashing_build', 'example_provenance', 'example_rl_row',
+           'example_sft_row', 'fake_build', 'make_bank', 'make_rows', 'slow_build', 'SAMPLER_KW', 'TINY', 'VLLM_TINY',
+           'tiny_model', 'vllm_reference_model', 'ACTION', 'CALL', 'EOT', 'IM_START', 'REQUEST', 'SUBMIT',
+           'FakeSandbox', 'RealCallEngine', 'ScriptedEngine', 'StubBuilder', 'StubEpisode', 'WordTokenizer',
+           'scripted_agent_loop', 'EVIDENCE_BLOCK', 'FORGED_BRIEF', 'JUDGED_SEED', 'JUDGED_TEMPLATE', 'JUDGED_VARIANT',
+           'ScriptedJudge', 'decode_judge_request', 'judge_config', 'judged_row', 'judged_trajectory', 'reply_styles',
+           'rubric_judge', 'tamper', 'traced_receipt', 'FakeLearner', 'failed_trajectory', 'patch_rollout_scoring',
+           'reward_row', 'reward_trajectory']

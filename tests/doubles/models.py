@@ -1,0 +1,53 @@
+"""Tiny random models for the sampler, cache, export and vLLM tests."""
+
+import dataclasses
+
+# --- tiny models (test_jax_sampler, test_continuous_batching, test_prefix_cache, test_mesh_sampler, ...) -------
+
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16)
+
+
+def tiny_model(family: str, seed: int = 0):
+    """A random tiny Qwen3 (dense) or Qwen3.5 (layers: Gated DeltaNet, attention) model."""
+    from flax import nnx
+
+    from bat_jax.models.configs import Qwen3_5Config, Qwen3Config
+    from bat_jax.models.qwen3 import Qwen3ForCausalLM
+    from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+
+    if family == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**TINY), rngs=nnx.Rngs(seed))
+    cfg = Qwen3_5Config(**TINY, full_attention_interval=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                        linear_num_key_heads=2, linear_num_value_heads=4)  # layers: [DeltaNet, attention]
+    return Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(seed))
+
+
+# Compiles are the cost of these tests: every sampler here pads batches to >= 2 rows, prompts to 4 or 8
+# tokens and completions to 8, so each model family compiles two sampling programs.
+SAMPLER_KW = dict(min_prompt_bucket=4, min_batch_bucket=2)
+
+
+#: The vLLM engine tests' tiny Qwen3 (hidden 128, 2 layers, 2 heads of dim 64, vocab 512).
+VLLM_TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=64, max_position_embeddings=1024)
+
+
+def vllm_reference_model(seed: int, tied: bool = True, vocab_size: int | None = None):
+    """Random tiny Qwen3; the output head is scaled x10 so next-token distributions are peaked (logit std ~2-3)
+    and temperature / top-p visibly change the logprobs. With a tied head the scaled embedding would dominate the
+    residual stream (every model would just repeat its input token), so the attention outputs are scaled x100."""
+    from flax import nnx
+
+    from bat_jax.models.configs import Qwen3Config
+    from bat_jax.models.qwen3 import Qwen3ForCausalLM
+
+    config = Qwen3Config(**VLLM_TINY, tie_word_embeddings=tied)
+    model = Qwen3ForCausalLM(dataclasses.replace(config, vocab_size=vocab_size or config.vocab_size),
+                             rngs=nnx.Rngs(seed))
+    head = model.model.embed_tokens.weight if tied else model.lm_head.weight
+    head.set_value(head.get_value() * 10.0)
+    if tied:
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.set_value(layer.self_attn.o_proj.weight.get_value() * 100.0)
+    return model
