@@ -1,25 +1,44 @@
 """One process of tests/test_multihost.py's two-process checks of bat_jax/bicurl/multihost.py.
 
-    python tests/multihost_pieces_worker.py OUT_JSON SCENARIO     (SCENARIO: 'pieces', 'no_docker' or 'die')
+    python tests/multihost_pieces_worker.py OUT_JSON SCENARIO
+        (SCENARIO: 'pieces', 'no_docker', 'die', 'async', 'vllm', 'ray')
 
 Joins the job the environment describes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID,
 BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
 
 * 'pieces': broadcast, on_primary (a value; an error raised on process 0), agree (equal; different), allgather,
-  a writer made by primary_only, and scored_rollouts over a stand-in loop that records which episodes it ran;
+  a writer made by primary_only, scored_rollouts over a stand-in loop that records which episodes it ran, and
+  finished over each process's own futures (results; an error on process 1);
 * 'no_docker': all_ok where process 1 raises BackendUnavailable (a host without Docker);
-* 'die': process 1 exits at once after start-up; process 0 waits for a value from it (the fault test).
+* 'die': process 1 exits at once after start-up; process 0 waits for a value from it (the fault test);
+* 'async': the bounded-staleness GRPO block (max_staleness = 1) over a stand-in loop, scorer and learner: three
+  steps of two rows, row s1 stale at step 0 and row s2 failed (both refilled from the pool's spares): the batches
+  each step trained, the round's counts and the rows this process rolled out. Also run as one process (no
+  JAX_COORDINATOR_ADDRESS) for the reference;
+* 'vllm': each process starts its own vLLM engine (tiny Qwen3, fp32, CPU) on weights A through the run's path
+  (`engines.build_engine` on `multihost.engine_policy`, files under `multihost.host_dir`, `multihost.local_engine`);
+  the learner's weights B, sharded over both processes, are synced (gathered to each host); greedy completions
+  after the sync, their teacher-forced logprobs and the largest difference to the JAX model B's;
+* 'ray': each process drives its own Ray rollout worker (one Ray cluster on this machine, started by process 0):
+  the learner's weights (sharded over both processes) pushed to both workers, a batch of 2 rows x K = 2 rolled out
+  by `multihost.scored_rollouts` (each process's share on its own worker), and the same share rolled out by an
+  in-process agent loop on the same weights for comparison.
 """
 
+import concurrent.futures
 import json
 import os
 import pathlib
 import sys
 import time
+import types
+
+import numpy as np
 
 from bat_jax.learn import distributed
 
-distributed.initialize(distributed.DistributedConfig.from_env(initialization_timeout_s=120))
+if __name__ == "__main__":  # not in the processes vLLM spawns (they import this file as __mp_main__)
+    distributed.initialize(distributed.DistributedConfig.from_env(initialization_timeout_s=120))
 
 from bat_jax.bicurl import multihost  # noqa: E402
 from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
@@ -60,6 +79,205 @@ class _Scorer:
         return [self.scored[p] for p in positions]
 
 
+REWARDS = {"s0": [1.0, 0.0], "s1": [0.0, 1.0], "s2": [1.0, 1.0], "s3": [1.0, 0.0], "s4": [0.0, 1.0],
+           "s5": [1.0, 0.0], "r0": [0.0, 1.0], "r1": [1.0, 0.0]}
+
+
+class _Engine:
+    weight_version = 0
+
+    def update_weights(self, params):
+        self.weight_version += 1
+        return self.weight_version
+
+
+class _GroupLoop:
+    """Stands in for an AgentLoop under the GRPO block; records the states it rolled out.
+
+    Episode (state, i, k) gives a 4-token trajectory whose logprobs are drawn from (seed, i, k), begun on the
+    engine's version (3 versions earlier for s1: stale at once); s2's episode 1 fails for infrastructure.
+    """
+
+    config = types.SimpleNamespace(sampling=SamplingConfig(group_size=2))
+
+    def __init__(self):
+        self.engine, self.ran = _Engine(), []
+
+    def run_episodes(self, episodes, *, seed, on_trajectory):
+        out = []
+        for position, (state, i, k) in enumerate(episodes):
+            self.ran.append(state)
+            began = self.engine.weight_version - (3 if state == "s1" else 0)
+            draw = np.random.default_rng([seed, i, k]).uniform(-1, 0, 2)
+            out.append(types.SimpleNamespace(
+                state_id=state, ids=np.arange(4, dtype=np.int32), loss_mask=np.array([0, 1, 1, 0], np.int32),
+                logprobs=np.array([0, *draw, 0], np.float32), turn_versions=(began,), weight_version=began,
+                agent_error=None, infra_error="sandbox down" if state == "s2" and k == 1 else "", episode_k=k))
+            on_trajectory(position, out[-1])
+        return out
+
+    def run(self, requests, *, seed, on_trajectory):
+        return self.run_episodes([(r, i, k) for i, r in enumerate(requests) for k in range(2)], seed=seed,
+                                 on_trajectory=on_trajectory)
+
+
+class _GroupScorer:
+    """Stands in for RolloutScorer: row r's rollout k scores REWARDS[r][k]."""
+
+    def __init__(self, rows, starts, benchmark, judge, config, tasks):
+        self.rows, self.got = rows, {}
+
+    def submit(self, position, trajectory):
+        self.got[position] = trajectory
+
+    def results(self, positions=None):
+        positions = range(len(self.rows)) if positions is None else positions
+        return [types.SimpleNamespace(reward=REWARDS[self.rows[p].name][self.got[p].episode_k], version="v",
+                                      items=None) for p in positions]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def async_block() -> dict:
+    from bat_jax.bicurl import async_block as ab
+    from bat_jax.bicurl import grpo_round as gr
+    from bat_jax.learn import grpo
+    from bat_jax.learn.staleness import StalenessConfig
+
+    from doubles import FakeLearner
+
+    gr.rl_request = lambda row, start, state_id, prompt: state_id
+    gr.RolloutScorer = _GroupScorer
+    loop = _GroupLoop()
+    item = lambda name: types.SimpleNamespace(  # noqa: E731
+        round_state_id=name, pool="target",
+        row=types.SimpleNamespace(state=None, name=name, provenance=types.SimpleNamespace(track="t")))
+    view = types.SimpleNamespace(batches=[[item("s0"), item("s1")], [item("s2"), item("s3")],
+                                          [item("s4"), item("s5")]], spares={"target": [item("r0"), item("r1")]})
+    learner = FakeLearner()
+    block = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(kl_coef=0.0, tis_cap=2.0, group_size=2), micro_batches=1,
+                               max_response_tokens=8, staleness=StalenessConfig(max_staleness=1))
+    stats = ab.async_grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, block,
+                                benchmark=None, seed=3)
+    steps = [{k: np.asarray(v).round(6).tolist() for k, v in host.items()} for host in learner.seen]
+    return {"steps": steps, "stats": stats.__dict__, "ran": sorted(set(loop.ran))}
+
+
+def vllm(run_dir: pathlib.Path) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from bat_jax.bicurl.engines import EngineConfig, build_engine
+    from bat_jax.learn.learner import Learner
+    from bat_jax.models.mesh import MeshConfig
+    from bat_jax.policy import Policy
+    from bat_jax.rollout.engine import SamplingParams, token_logprobs
+
+    from doubles import vllm_reference_model
+
+    model_a, model_b = vllm_reference_model(1), vllm_reference_model(2)
+    policy = Policy(model_a, tokenizer=None, chat_family="qwen3")
+    learner = Learner(model_a, MeshConfig(data=1, fsdp=2, tensor=1))
+    config = EngineConfig(kind="vllm", vllm_options=dict(dtype="float32", kv_cache_memory_bytes=32 << 20,
+                                                          max_num_seqs=8, block_size=32))
+    engine = multihost.local_engine(build_engine(multihost.engine_policy(policy), config, 128,
+                                                 multihost.host_dir(run_dir)))
+    try:
+        prompts = [[5, 17, 301, 42], [7, 7, 99]]
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+        fresh = engine.generate(prompts, greedy)
+        synced = learner.sync_model(nnx.state(model_b, nnx.Param).to_pure_dict())  # B, sharded over both processes
+        spans = any(not x.is_fully_addressable for x in jax.tree.leaves(nnx.state(synced, nnx.Param)))
+        version = engine.update_weights(synced)
+        after = engine.generate(prompts, greedy)
+        scored = engine.score(prompts, [c.token_ids for c in after])
+        diff = 0.0
+        for prompt, c, s in zip(prompts, after, scored):
+            ids = jnp.asarray([list(prompt) + list(c.token_ids)], jnp.int32)
+            logits = model_b(ids, jnp.ones_like(ids))[0, len(prompt) - 1:-1]
+            ref = np.asarray(token_logprobs(logits, jnp.asarray(c.token_ids), 1.0, 1.0))
+            diff = max(diff, float(np.abs(np.asarray(s) - ref).max()))
+        return {"spans_processes": spans, "version": version, "fresh": [c.token_ids.tolist() for c in fresh],
+                "after": [c.token_ids.tolist() for c in after], "versions": [c.weight_version for c in after],
+                "max_logprob_diff": diff, "checkpoint": str(getattr(engine, "engine", engine).config.model_dir)}
+    finally:
+        engine.close()
+
+
+def ray_rollouts(run_dir: pathlib.Path) -> dict:
+    import dataclasses
+
+    import ray
+
+    from bat_jax.bicurl.engines import EngineConfig
+    from bat_jax.bicurl.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec, host_params, install_params
+    from bat_jax.learn.learner import Learner
+    from bat_jax.models.mesh import MeshConfig
+    from bat_jax.policy import PolicyConfig, build_policy
+    from bat_jax.prompts import PromptFormat, rl_request
+    from bat_jax.rollout.agent_loop import AgentLoopConfig
+    from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
+    from bat_jax.tasks import heldout
+    from bat_jax.tasks.benchmark import ImagingBenchmark
+    from bat_jax.tasks.registry import get_track
+
+    requests = []
+    for i, seed in enumerate((3, 4)):
+        state = heldout.training_task(get_track("vqa"), seed, "success", 0).state()
+        syn = Transformation("task_synthesis", "ab" * 32, {"seed": seed, "variant": "success", "template": 0})
+        row = RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), "S1", "do the stage",
+                    (RubricSpec("x", "y"),), (), "skill", Provenance("src-1", "cd" * 32, "vqa", "success", (syn,)))
+        requests.append(rl_request(row, state, f"st-{i}", PromptFormat.of(ImagingBenchmark(), "compact")))
+    agent = AgentLoopConfig(sampling=SamplingConfig(group_size=2), max_assistant_turns=2, max_tokens_per_turn=8,
+                            max_context_tokens=2048, progress=False, schedule="lockstep")
+    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16)
+    spec = WorkerSpec(PolicyConfig(architecture="qwen3", tiny=tiny, prompt_style="compact"), agent, "local",
+                      EngineConfig(max_batch=8))
+    learner = Learner(build_policy(dataclasses.replace(spec.policy, seed=1)).model, MeshConfig(data=1, fsdp=2,
+                                                                                                 tensor=1))
+    if multihost.is_primary():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    multihost.barrier("ray started")
+    if not multihost.is_primary():
+        ray.init(address="auto", log_to_driver=False)
+    rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=1, cpus_per_worker=1, start_timeout_s=300,
+                                                        worker_env={"JAX_PLATFORMS": "cpu"}))
+    try:
+        version = rollouts.engine.update_weights(learner.sync_model())  # a collective: every process pushes
+
+        class Scorer:
+            def __init__(self):
+                self.got = {}
+
+            def submit(self, position, trajectory):
+                self.got[position] = trajectory.response_tokens
+
+            def results(self, positions=None):
+                return [self.got[p] for p in positions]
+
+        trajectories, rewards = multihost.scored_rollouts(rollouts, requests, 7, Scorer())
+    finally:
+        rollouts.close()
+        multihost.barrier("workers closed")
+        ray.shutdown()
+    reference = spec.build_policy()
+    loop = spec.build_loop(reference)
+    install_params(reference, loop.engine, host_params(learner.sync_model()))
+    episodes = [(r, i, k) for i, r in enumerate(requests) for k in range(2)]
+    mine = multihost.share(len(episodes))
+    local = loop.run_episodes([episodes[p] for p in mine], seed=7)
+    return {"version": version, "episodes": [[t.state_id, t.episode] for t in trajectories],
+            "versions": [t.weight_version for t in trajectories], "rewards": rewards,
+            "ids": [t.ids.tolist() for t in trajectories], "share": [mine.start, mine.stop],
+            "local_ids": [t.ids.tolist() for t in local]}
+
+
 def _caught(fn):
     try:
         return ["ok", fn()]
@@ -89,6 +307,18 @@ def pieces(run_dir: pathlib.Path) -> dict:
     loop, scorer = _Loop(), _Scorer()
     trajectories, rewards = multihost.scored_rollouts(loop, ["a", "b", "c"], 7, scorer)
     out.update(trajectories=trajectories, rewards=rewards, ran=loop.ran)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # process 0 holds groups 0 and 1, process 1 group 2
+        own = {0: [0, 1], 1: [2]}[me]
+        done = multihost.finished({i: pool.submit(lambda i=i: [f"group {i}", me]) for i in own}, "step 0's groups")
+        out["finished"] = sorted([k, v] for k, v in done.items())
+
+        def group(i):
+            if me == 1:
+                raise RuntimeError("sandbox of group 2 gone")
+            return i
+
+        out["finished_error"] = _caught(lambda: multihost.finished({i: pool.submit(group, i) for i in own},
+                                                                   "step 1's groups"))
     return out
 
 
@@ -114,5 +344,7 @@ def die() -> dict:
 if __name__ == "__main__":
     out_path = pathlib.Path(sys.argv[1])
     scenario = sys.argv[2]
-    result = {"pieces": lambda: pieces(out_path.parent), "no_docker": no_docker, "die": die}[scenario]()
+    result = {"pieces": lambda: pieces(out_path.parent), "no_docker": no_docker, "die": die,
+              "async": async_block, "vllm": lambda: vllm(out_path.parent),
+              "ray": lambda: ray_rollouts(out_path.parent)}[scenario]()
     out_path.write_text(json.dumps(result))

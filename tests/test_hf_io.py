@@ -88,6 +88,19 @@ def test_multi_shard_save(loaded, tmp_path):
         np.testing.assert_array_equal(v, _params(again)[k])
 
 
+def test_a_non_zero_process_writes_its_own_local_copy(loaded, tmp_path, monkeypatch):
+    """Process 1 of 2 (faked) writes parameters local to it (a host's own engine copy) to its own directory.
+
+    The same tensors as process 0 would (with parameters spanning the processes only process 0 writes).
+    """
+    reference = hf_io.save_pretrained(loaded, tmp_path / "p0")
+    monkeypatch.setattr(hf_io.jax, "process_index", lambda: 1)
+    out = hf_io.save_pretrained(loaded, tmp_path / "p1")
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
+    a, b = load_file(reference / "model.safetensors"), load_file(out / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def test_conditional_generation_layout(hf_dir, loaded, tmp_path, caplog):
     """Released Qwen3.5 checkpoints: nested text_config, model.language_model.* prefix, vision/MTP."""
     tensors = load_file(hf_dir / "model.safetensors")

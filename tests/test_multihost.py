@@ -45,8 +45,30 @@ def test_one_process_is_the_local_computation(tmp_path):
     assert (tmp_path / "ledger.jsonl").read_text() == "x"
     engine = object()
     assert multihost.local_engine(engine) is engine
-    multihost.check_config(ray=True, sampler_mesh=True, engine_kind="vllm")  # nothing to refuse with one process
+    multihost.check_config(sampler_mesh=True)  # nothing to refuse with one process
     assert multihost.host_label(2, "node-b") == "process 2 (node-b)"
+    assert multihost.host_dir(tmp_path) == tmp_path
+
+
+def test_one_process_finished_returns_the_groups_done_once_one_is():
+    """One process: `finished` returns, by key, every future done once the first is.
+
+    A future's error is raised as it is; no futures, nothing.
+    """
+    import concurrent.futures
+    import threading
+
+    gate = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(lambda: gate.wait(30) and "slow")
+        fast = pool.submit(lambda: ("trajs", [1.0]))
+        assert multihost.finished({0: slow, 3: fast}, "step 0's groups") == {3: ("trajs", [1.0])}
+        gate.set()
+        assert multihost.finished({0: slow}, "step 0's groups") == {0: "slow"}
+        broken = pool.submit(lambda: {}["sandbox"])
+        with pytest.raises(KeyError, match="sandbox"):
+            multihost.finished({1: broken}, "step 1's groups")
+    assert multihost.finished({}, "nothing") == {}
 
 
 def test_elsewhere_writer_does_nothing():
@@ -54,18 +76,19 @@ def test_elsewhere_writer_does_nothing():
     assert writer.scalar("grpo/reward", 0.5, 1) is None and writer.append(object()) is None
 
 
-def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(monkeypatch):
-    """With 2 processes (process 1 here, faked): Ray workers, the sampler mesh and vLLM are refused in one error
-    naming each binding; a writer is not even made on process 1."""
+def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(monkeypatch, tmp_path):
+    """With 2 processes (process 1 here, faked) the sampler on the global mesh is refused.
+
+    The error names the binding; a writer is not even made on process 1; its engine writes under hosts/process-1.
+    """
     monkeypatch.setattr(multihost.jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost.jax, "process_index", lambda: 1)
     with pytest.raises(ConfigError) as e:
-        multihost.check_config(ray=True, sampler_mesh=True, engine_kind="vllm")
-    assert str(e.value) == (
-        "2 processes: experiment.Components.ray (Ray rollout workers): unset it; each host rolls out its share; "
-        "engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices; "
-        "engines.EngineConfig.kind = 'vllm': only 'jax' is run across hosts so far")
-    multihost.check_config(ray=False, sampler_mesh=False, engine_kind="jax")
+        multihost.check_config(sampler_mesh=True)
+    assert str(e.value) == ("2 processes: engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on "
+                            "its own devices")
+    multihost.check_config(sampler_mesh=False)  # vLLM, Ray workers and bounded staleness run per host
+    assert multihost.host_dir(tmp_path) == tmp_path / "hosts" / "process-1"
     made = []
     writer = multihost.primary_only(lambda: made.append("ledger"))
     assert isinstance(writer, multihost.Elsewhere) and made == [] and writer.append("line") is None
@@ -143,6 +166,12 @@ def test_two_processes_agree_gather_and_write_once(tmp_path):
         assert p["trajectories"] == ["a/0@7", "a/1@7", "b/0@7", "b/1@7", "c/0@7", "c/1@7"]
         assert p["rewards"] == [5, 5, 5, 1005, 1005, 1005]  # each scored where it ran, then gathered
     assert p0["ran"] == [[0, 0], [0, 1], [1, 0]] and p1["ran"] == [[1, 1], [2, 0], [2, 1]]
+    for p in (p0, p1):  # each process's groups, finished where they ran, on both
+        assert p["finished"] == [[0, ["group 0", 0]], [1, ["group 1", 0]], [2, ["group 2", 1]]]
+    assert p1["finished_error"] == ["RuntimeError", "sandbox of group 2 gone"]
+    kind, message = p0["finished_error"]
+    assert kind == "PeerError" and message.startswith("step 1's groups failed on process 1 (")
+    assert message.endswith("): RuntimeError: sandbox of group 2 gone")
     assert (tmp_path / "written_by_0.txt").read_text() == "ledger line\n"
     assert p0["on_primary_error"] == ["ValueError", "the bank is broken"]
     kind, message = p1["on_primary_error"]
@@ -178,6 +207,80 @@ def test_a_dead_process_ends_the_other_within_the_heartbeat_timeout(tmp_path):
     assert "The following tasks are unhealthy (stopped sending heartbeats):\n1\n" in logs[0], logs[0][-3000:]
 
 
+@pytest.mark.slow
+def test_two_processes_run_the_bounded_staleness_block_of_one(tmp_path):
+    """The bounded-staleness block (s = 1, stand-in rollouts) as 2 processes trains what one process trains.
+
+    Each process rolls out its share of every step's groups (row 0 of a batch on process 0, row 1 on process 1, a
+    refill where its slot's row ran) and settles every group from the gathered results: the batches and counts of
+    one process, s1 dropped as stale and refilled by r0 (on process 1), s2 evicted and refilled by r1 (on process
+    0). The staleness trained on (0 or 1: whether a later step's group began before or after the next sync) depends
+    on thread timing, in one process too.
+    """
+    out, rc, logs, _ = _run_pair(tmp_path, "async")
+    assert rc == {0: 0, 1: 0}, logs
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, str(WORKER), str(tmp_path / "solo.json"), "async"], env=env, cwd=REPO,
+                   check=True, timeout=240)
+    solo = json.loads((tmp_path / "solo.json").read_text())
+    timing = ("staleness_mean", "staleness_max")
+    for p in (out[0], out[1]):
+        assert p["steps"] == solo["steps"] and len(p["steps"]) == 3
+        assert {k: v for k, v in p["stats"].items() if k not in timing} == \
+               {k: v for k, v in solo["stats"].items() if k not in timing}
+        assert p["stats"]["staleness_max"] <= 1
+    assert (solo["stats"]["groups_dropped_stale"], solo["stats"]["groups_evicted"],
+            solo["stats"]["groups_refilled"], solo["stats"]["groups_trained"]) == (1, 1, 2, 6)
+    assert out[0]["ran"] == ["r1", "s0", "s2", "s4"] and out[1]["ran"] == ["r0", "s1", "s3", "s5"]
+    # the groups trained at step 0: s0 and, in s1's slot, r0 (rewards 1,0 and 0,1: advantages ±1/√2)
+    assert solo["steps"][0]["advantages"] == pytest.approx([0.707106, -0.707106, -0.707106, 0.707106], abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_each_process_runs_its_own_vllm_engine_fed_the_gathered_weights(tmp_path):
+    """2 processes, each with its own in-process vLLM engine, take the learner's weights from one sync.
+
+    Each engine (tiny Qwen3, fp32) is started by the run's path on weights A, its checkpoint under the process's
+    own directory; the learner's weights B span both processes and one sync gathers them to each engine: version
+    1, the same greedy completions on both hosts (unlike A's), and teacher-forced logprobs within 1e-3 of the JAX
+    model B's.
+    """
+    pytest.importorskip("vllm")
+    out, rc, logs, seconds = _run_pair(tmp_path, "vllm", timeout_s=600)
+    assert rc == {0: 0, 1: 0}, {i: log[-3000:] for i, log in logs.items()}
+    p0, p1 = out[0], out[1]
+    for index, p in ((0, p0), (1, p1)):
+        assert p["spans_processes"] and p["version"] == 1 and p["versions"] == [1, 1]
+        assert p["checkpoint"] == str(tmp_path / "hosts" / f"process-{index}" / "vllm" / "checkpoint")
+        assert p["max_logprob_diff"] < 1e-3, p["max_logprob_diff"]
+        assert p["after"] != p["fresh"] and [len(c) for c in p["after"]] == [8, 8]
+    assert p0["fresh"] == p1["fresh"] and p0["after"] == p1["after"]
+
+
+@pytest.mark.slow
+def test_each_process_drives_its_own_ray_workers(tmp_path):
+    """2 processes, each driving its own Ray rollout worker, roll out their shares of one batch.
+
+    The learner's weights (sharded over both processes) reach both workers (version 1); `scored_rollouts` over
+    `RayRollouts` gives both processes the batch's 4 episodes in order, each process's share sampled on its own
+    worker exactly as an in-process agent loop samples that share on the same weights.
+    """
+    pytest.importorskip("ray")
+    out, rc, logs, _ = _run_pair(tmp_path, "ray", timeout_s=600)
+    assert rc == {0: 0, 1: 0}, {i: log[-3000:] for i, log in logs.items()}
+    p0, p1 = out[0], out[1]
+    for p in (p0, p1):
+        assert p["version"] == 1 and p["versions"] == [1, 1, 1, 1]
+        assert p["episodes"] == [["st-0", 0], ["st-0", 1], ["st-1", 0], ["st-1", 1]]
+        assert all(r >= 1 for r in p["rewards"])  # the stand-in scorer: response tokens, scored where they ran
+    assert p0["ids"] == p1["ids"] and p0["rewards"] == p1["rewards"]
+    assert len({tuple(ids) for ids in p0["ids"]}) == 4  # four different episodes
+    assert (p0["share"], p1["share"]) == ([0, 2], [2, 4])
+    assert p0["ids"][0:2] == p0["local_ids"] and p1["ids"][2:4] == p1["local_ids"]
+
+
 # ------------------------------------------------------------------------------ the whole run, 2 × 2 vs 1 × 4
 
 _MESH_IMPORT = "import bat_jax.models.mesh as mesh\n"
@@ -192,9 +295,12 @@ sft.SFTConfig.global_batch_size = 4
 """
 
 
-def _micro_run_file(root: pathlib.Path, rounds: int = 1) -> pathlib.Path:
-    """The micro run (tests/micro_config.py) with `rounds` rounds of one GRPO step, learner mesh fsdp = 4 (one
-    mesh for 4 devices of one process or 2 of each of two), over a Stage Bank built here once."""
+def _micro_run_file(root: pathlib.Path, rounds: int = 1, extra: str = "") -> pathlib.Path:
+    """The micro run file with `rounds` rounds of one GRPO step, over a Stage Bank built here once.
+
+    The micro run is tests/micro_config.py's, with learner mesh fsdp = 4 (one mesh for 4 devices of one process or
+    2 of each of two); `extra`: more gin lines (imports included) appended.
+    """
     import dataclasses
 
     import micro_config
@@ -212,7 +318,9 @@ def _micro_run_file(root: pathlib.Path, rounds: int = 1) -> pathlib.Path:
     text = micro_config.gin_text(root / "bank")
     head, rest = text.split("\n", 1)  # after `from __gin__ import dynamic_registration`
     path = root / "micro_multihost.gin"
-    path.write_text(head + "\n" + _MESH_IMPORT + rest + _SHORTER.replace("rounds = 1", f"rounds = {rounds}"))
+    if "policy.PolicyConfig.tiny" in extra:  # the extra lines choose another tiny model
+        rest = rest.replace(f"policy.PolicyConfig.tiny = {micro_config.MODEL}\n", "")
+    path.write_text(head + "\n" + _MESH_IMPORT + rest + _SHORTER.replace("rounds = 1", f"rounds = {rounds}") + extra)
     return path
 
 
@@ -283,6 +391,160 @@ def test_two_processes_run_the_experiment_of_one(tmp_path):
                                    err_msg=k)
     assert len(list((tmp_path / "multi" / "tensorboard").rglob("events.out.tfevents*"))) == 1
     assert (tmp_path / "multi" / "report.md").exists()
+
+
+_STALENESS = """\
+import bat_jax.learn.staleness as staleness
+experiment.BiCuRLConfig.grpo_steps_per_round = 2
+experiment.Components.staleness = @staleness.StalenessConfig()
+staleness.StalenessConfig.max_staleness = 1
+grpo.GRPOConfig.tis_cap = 2.0
+pools.PoolConfig.refill = True
+"""
+
+
+def _run_both(gin_file, tmp_path, seconds=2400) -> dict[str, int]:
+    """The run of `gin_file` as 1 process × 4 devices (run dir 'ref') and as 2 × 2 ('multi').
+
+    Returns the return codes by name ('ref', 'p0', 'p1').
+    """
+    address = f"127.0.0.1:{_free_port()}"
+    procs = {"ref": _launch(gin_file, tmp_path / "ref", 4),
+             "p0": _launch(gin_file, tmp_path / "multi", 2, (address, 0)),
+             "p1": _launch(gin_file, tmp_path / "multi", 2, (address, 1))}
+    deadline = time.monotonic() + seconds
+    try:
+        for p in procs.values():
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return {n: p.returncode for n, p in procs.items()}
+
+
+@pytest.mark.slow
+def test_two_processes_run_bounded_staleness_grpo_as_one(tmp_path):
+    """The micro run at max_staleness = 1 as 2 processes × 2 devices ends as 1 process × 4 devices.
+
+    Two GRPO steps (step 1's groups roll out while step 0 trains): the same ledger and exported parameters, the
+    same groups drawn and trained, none dropped, and a staleness of at most 1 (the staleness of step 1's groups is
+    1 when they began before step 1's sync, as the learner's steps here take far longer than the micro rollouts; a
+    sync that came first would make it 0 in either run).
+    """
+    import numpy as np
+
+    from bat_jax.ledger import Ledger
+
+    gin_file = _micro_run_file(tmp_path, extra=_STALENESS)
+    rc = _run_both(gin_file, tmp_path)
+    logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in rc}
+    assert rc == {"ref": 0, "p0": 0, "p1": 0}, logs
+    (a,), (b,) = (Ledger(tmp_path / name / "ledger.jsonl").read() for name in ("ref", "multi"))
+    assert (a.selected_stage, a.decision, a.retained_checkpoint, a.state_ids, a.controller_state) == \
+           (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.controller_state)
+    assert a.controller_scores == b.controller_scores and a.kl == pytest.approx(b.kl, abs=1e-5)
+    counts = ("rollouts", "groups_drawn", "groups_trained", "groups_dropped_stale", "groups_evicted",
+              "groups_refilled")
+    assert [getattr(a.grpo, c) for c in counts] == [getattr(b.grpo, c) for c in counts] == [16, 8, 8, 0, 0, 0]
+    assert a.grpo.staleness_max == b.grpo.staleness_max == 1
+    assert a.grpo.rollout_mismatch["tokens"] == b.grpo.rollout_mismatch["tokens"]  # the same trained tokens
+    p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
+    assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
+    for k in p_ref:
+        np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
+                                   err_msg=k)
+
+
+_VLLM = """\
+import bat_jax.bicurl.engines as engines
+policy.PolicyConfig.architecture = 'qwen3'
+policy.PolicyConfig.tiny = {'hidden_size': 64, 'intermediate_size': 128, 'num_hidden_layers': 2, \
+'num_attention_heads': 2, 'num_key_value_heads': 1, 'head_dim': 32, 'max_position_embeddings': 8192}
+experiment.Components.engine = @engines.EngineConfig()
+engines.EngineConfig.kind = 'vllm'
+engines.EngineConfig.vllm_options = {'kv_cache_memory_bytes': 67108864, 'max_num_seqs': 16}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_two_processes_run_the_experiment_on_their_own_vllm_engines_as_one(tmp_path):
+    """The micro run with vLLM rollouts as 2 processes × 2 devices ends as 1 process × 4 devices.
+
+    A tiny Qwen3 (vLLM's CPU build loads Qwen3 dense); each host its own vLLM engine and checkpoint copy, against
+    one engine in the reference: the same ledger (8 rollouts sampled by vLLM, the same reward and tokens) and
+    exported parameters.
+    """
+    pytest.importorskip("vllm")
+    import numpy as np
+
+    from bat_jax.ledger import Ledger
+
+    gin_file = _micro_run_file(tmp_path, extra=_VLLM)
+    rc = _run_both(gin_file, tmp_path)
+    logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in rc}
+    assert rc == {"ref": 0, "p0": 0, "p1": 0}, logs
+    (a,), (b,) = (Ledger(tmp_path / name / "ledger.jsonl").read() for name in ("ref", "multi"))
+    assert (a.selected_stage, a.decision, a.retained_checkpoint, a.state_ids, a.controller_state) == \
+           (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.controller_state)
+    assert a.controller_scores == b.controller_scores and a.kl == pytest.approx(b.kl, abs=1e-5)
+    assert a.grpo.rollouts == b.grpo.rollouts == 8 and a.grpo.reward_mean == pytest.approx(b.grpo.reward_mean)
+    # the same number of sampled tokens, each vLLM logprob within float round-off of the learner's
+    assert a.grpo.rollout_mismatch["tokens"] == b.grpo.rollout_mismatch["tokens"]
+    assert max(a.grpo.rollout_mismatch["mismatch_max_abs"], b.grpo.rollout_mismatch["mismatch_max_abs"]) < 1e-5
+    for index in (0, 1):
+        config = json.loads((tmp_path / "multi" / "hosts" / f"process-{index}" / "vllm" / "checkpoint" /
+                             "config.json").read_text())
+        assert config["model_type"] == "qwen3" and config["head_dim"] == 32
+    assert (tmp_path / "ref" / "vllm" / "checkpoint" / "config.json").exists()
+    p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
+    assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
+    for k in p_ref:
+        np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
+                                   err_msg=k)
+
+
+@pytest.mark.slow
+def test_two_processes_run_the_experiment_on_their_own_ray_workers_as_one(tmp_path):
+    """The micro run with Ray rollout workers as 2 processes × 2 devices ends as 1 process × 4 devices.
+
+    One Ray cluster started here (each host would have its own); every process of a run drives its own worker,
+    which rolls out that process's share: the same ledger and exported parameters as the one-process run, whose
+    single worker rolls out the whole batch.
+    """
+    ray = pytest.importorskip("ray")
+    import numpy as np
+
+    from bat_jax.ledger import Ledger
+
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    try:
+        address = ray.get_runtime_context().gcs_address
+        gin_file = _micro_run_file(tmp_path, extra=f"""\
+import bat_jax.bicurl.ray_workers as ray_workers
+experiment.Components.ray = @ray_workers.RayRolloutConfig()
+ray_workers.RayRolloutConfig.num_workers = 1
+ray_workers.RayRolloutConfig.address = '{address}'
+ray_workers.RayRolloutConfig.worker_env = {{'JAX_PLATFORMS': 'cpu'}}
+""")
+        rc = _run_both(gin_file, tmp_path)
+    finally:
+        ray.shutdown()
+    logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in rc}
+    assert rc == {"ref": 0, "p0": 0, "p1": 0}, logs
+    (a,), (b,) = (Ledger(tmp_path / name / "ledger.jsonl").read() for name in ("ref", "multi"))
+    assert (a.selected_stage, a.decision, a.retained_checkpoint, a.state_ids, a.controller_state) == \
+           (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.controller_state)
+    assert a.controller_scores == b.controller_scores and a.kl == pytest.approx(b.kl, abs=1e-5)
+    assert a.grpo.rollouts == b.grpo.rollouts == 8
+    assert a.grpo.rollout_mismatch["tokens"] == b.grpo.rollout_mismatch["tokens"]
+    p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
+    assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
+    for k in p_ref:
+        np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
+                                   err_msg=k)
 
 
 @pytest.mark.slow

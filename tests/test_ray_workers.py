@@ -23,6 +23,48 @@ def test_assign_episodes_spreads_the_k_rollouts_of_a_state():
         RayRolloutConfig(num_workers=0)
 
 
+def test_run_episodes_spreads_the_given_episodes_and_keeps_their_order(monkeypatch):
+    """A host's share of a batch goes over the workers by position and comes back in its order.
+
+    Positions 3-7 of 8 episodes (as `multihost.scored_rollouts` hands them) over 2 stand-in workers: position p to
+    worker p mod 2, each episode run with its own (i, k) and the batch seed, each handed over once; `run` is the
+    whole batch through it.
+    """
+    import sys
+    import types
+
+    from bat_jax.bicurl.ray_workers import RayRollouts
+
+    class Ref:
+        def __init__(self, value):
+            self.value = value
+
+    fake = types.SimpleNamespace(get=lambda ref: ref.value, wait=lambda refs, num_returns: (refs[-1:], refs[:-1]))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+
+    class Worker:
+        def __init__(self, name):
+            self.name, self.calls = name, []
+            self.run = types.SimpleNamespace(remote=self._run)
+
+        def _run(self, episodes, seed):
+            self.calls.append([(i, k) for _, i, k in episodes])
+            return Ref([f"{request}/{i}.{k}@{seed} on {self.name}" for request, i, k in episodes])
+
+    workers = [Worker("w0"), Worker("w1")]
+    rollouts = RayRollouts(workers, AgentLoopConfig(sampling=SamplingConfig(group_size=2), progress=False))
+    episodes = [(r, i, k) for i, r in enumerate("abcd") for k in range(2)][3:]
+    handed = {}
+    got = rollouts.run_episodes(episodes, seed=9, on_trajectory=handed.__setitem__)
+    assert got == ["b/1.1@9 on w0", "c/2.0@9 on w1", "c/2.1@9 on w0", "d/3.0@9 on w1", "d/3.1@9 on w0"]
+    assert handed == dict(enumerate(got))
+    assert workers[0].calls == [[(1, 1), (2, 1), (3, 1)]] and workers[1].calls == [[(2, 0), (3, 0)]]
+    whole = rollouts.run(["a", "b"], seed=4)
+    assert whole == ["a/0.0@4 on w0", "a/0.1@4 on w1", "b/1.0@4 on w0", "b/1.1@4 on w1"]
+    assert [c for w in workers for c in w.calls[1:]] == [[(0, 0), (1, 0)], [(0, 1), (1, 1)]]
+    assert [[tuple(x) for x in share] for share in assign_episodes(2, 2, 2)] == [[(0, 0), (1, 0)], [(0, 1), (1, 1)]]
+
+
 def _same(a, b) -> None:
     """Two trajectories are the same record (receipt timestamps aside)."""
     for field in dataclasses.fields(a):

@@ -20,6 +20,9 @@
   by π_learner / π_engine with the engine's logprobs as each turn was sampled — that weight carries the
   staleness, so bind a `tis_cap` with s > 0 (AReaL's decoupled loss, verl's fully-async recipe do the same).
 
+With several JAX processes each process rolls out the slots in its share of every batch (`multihost.share`), and a
+step's finished groups are gathered and settled on every process alike (`multihost.finished`).
+
 The round's counts of dropped-stale, evicted, aborted and refilled groups and the mean / max staleness trained on go
 to `ledger.GRPOStats`. Everything else (signal diagnostics, mismatch, the after-block probe) is as in the
 synchronous block: both train a step's groups and write the round's record through `grpo_round.BlockRun`.
@@ -34,7 +37,9 @@ import dataclasses
 from typing import Any
 
 from bat_jax.bicurl import grpo_round as gr
+from bat_jax.bicurl import multihost
 from bat_jax.bicurl.reward import TaskCache
+from bat_jax.bicurl.round_journal import RoundJournal
 from bat_jax.learn.dynamic_sampling import SpareRows
 from bat_jax.learn.learner import Learner
 from bat_jax.learn.staleness import StaleCounts, judge_group
@@ -49,14 +54,15 @@ from bat_jax.verify.judge import RubricJudge
 
 def run_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
                    block: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
-                   judge: RubricJudge | None = None) -> GRPOStats:
+                   judge: RubricJudge | None = None, journal: RoundJournal | None = None) -> GRPOStats:
     """The round's GRPO block, synchronous or bounded-staleness.
 
-    It is `grpo_round.grpo_block` when `block.staleness.max_staleness == 0`, else `async_grpo_block` (module docstring).
+    It is `grpo_round.grpo_block` when `block.staleness.max_staleness == 0`, else `async_grpo_block` (module docstring);
+    `journal` keeps what it rolls out (`bicurl/round_journal.py`).
     """
     if block.staleness.max_staleness == 0:
-        return gr.grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge)
-    return async_grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge)
+        return gr.grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge, journal=journal)
+    return async_grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge, journal=journal)
 
 
 @dataclasses.dataclass
@@ -105,8 +111,11 @@ def gated(loop: AgentLoop) -> AgentLoop:
 
 def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
                      block: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
-                     judge: RubricJudge | None = None) -> GRPOStats:
+                     judge: RubricJudge | None = None, journal: RoundJournal | None = None) -> GRPOStats:
     """Runs one round's GRPO block with bounded staleness (module docstring) and returns what it did.
+
+    Each group goes through `journal` (`bicurl/round_journal.py`: a resumed round reuses the groups it finished before
+    the kill and rolls out the rest; None keeps nothing).
 
     Raises: whatever a rollout, scorer or learner step raises (the rollouts in flight are waited for first).
     """
@@ -121,10 +130,18 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
     slots = [[_Slot(b, i, item) for i, item in enumerate(batch)] for b, batch in enumerate(batches)]
     workers = rules.concurrent_groups or max(1, max((len(b) for b in batches), default=1) * (1 + s))
     admitted = 0  # batches whose work has been handed to the pool
+    journal = journal if journal is not None else RoundJournal(None)
+    base_version = 0  # the engine's version at step 0's sync (the journal's versions count from it)
 
     def submit(slot: _Slot) -> None:
-        slot.future = pool.submit(_roll_group, loop, bank, slot.item, slot.index, block,
-                                  gr.wave_seed(seed, slot.batch, slot.wave), judge, run.tasks)
+        """Rolls the slot out on this process when it is in this process's share of its batch (all with one)."""
+        if slot.index not in multihost.share(len(batches[slot.batch])):
+            return
+        group_seed, item = gr.wave_seed(seed, slot.batch, slot.wave), slot.item
+        slot.future = pool.submit(
+            journal.rolled_out, f"b{slot.batch:04d}-i{slot.index:03d}-w{slot.wave:03d}", [item.round_state_id],
+            group_seed, base_version,
+            lambda: _roll_group(loop, bank, item, slot.index, block, group_seed, judge, run.tasks))
 
     def refill(slot: _Slot, same_row: bool) -> bool:
         """Re-queues the slot (its own row, or a spare of its pool); False when no refill is left."""
@@ -138,9 +155,12 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
         submit(slot)
         return True
 
-    def settle(slot: _Slot, current: int) -> None:
-        """Judges a finished group at version `current`: trained, or dropped and refilled (main thread)."""
-        trajs, scored = slot.future.result()
+    def settle(slot: _Slot, current: int, result: tuple[list, list]) -> None:
+        """Judges a finished group at version `current`: trained, or dropped and refilled.
+
+        Main thread; with several processes every process settles every group, from the same gathered results.
+        """
+        trajs, scored = result
         slot.future = None
         run.tally.groups_drawn += 1
         rewards = [r.reward for r in scored]
@@ -171,16 +191,17 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
         try:
             for b in range(len(batches)):
                 current = run.sync(loop)
+                base_version = int(current) if b == 0 else base_version
                 while admitted < len(batches) and admitted <= b + s:  # admission: batches up to b + s
                     for slot in slots[admitted]:
                         submit(slot)
                     admitted += 1
                 while unsettled := [slot for slot in slots[b] if not slot.settled]:
-                    concurrent.futures.wait([slot.future for slot in unsettled],
-                                            return_when=concurrent.futures.FIRST_COMPLETED)
+                    mine = {slot.index: slot.future for slot in unsettled if slot.future is not None}
+                    done = multihost.finished(mine, f"step {b}'s groups")
                     for slot in unsettled:
-                        if slot.future is not None and slot.future.done():
-                            settle(slot, current)
+                        if slot.index in done:
+                            settle(slot, current, done[slot.index])
                 run.train_groups([(slot.item.pool, *slot.group) for slot in slots[b] if slot.group is not None])
         finally:  # an error: let the groups in flight end before their sandboxes and scorers go
             for row in slots:

@@ -15,7 +15,8 @@ after each round (`bicurl/bank_feed.py`, `stage_bank/factory_loop.py`).
 
 Gin binds `run` and the config dataclasses (gin/bicurl_*.gin); this module itself is plain Python. A killed run
 resumes from its ledger and checkpoints: finished rounds are read back, the retained checkpoint restored, and a
-checkpoint saved by a round that never reached the ledger is deleted (that round is redone).
+checkpoint saved by a round that never reached the ledger is deleted (that round is redone, reusing the rollouts
+its journal kept and re-issuing those in flight at the kill: `bicurl/round_journal.py`).
 Baselines: `mode='sft_only'` (stops after the cold start) and `mode='grpo_e2e'` (GRPO on E2E rows with the
 terminal task reward, no routing or fallback — the paper's GRPO row).
 """
@@ -35,7 +36,7 @@ from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import StageSet
 from bat_jax.bicurl import evaluation as ev
-from bat_jax.bicurl import multihost
+from bat_jax.bicurl import multihost, round_journal
 from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
 from bat_jax.bicurl.cold_start import SFT_TARGETS, load_round0, round0_items, save_round0, sft_cold_start
 from bat_jax.bicurl.engines import EngineConfig, build_engine
@@ -215,8 +216,12 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                                     reference_scores=controller.state.reference_scores, config=components.router)
             view = exp.feed.round_start(r, exp.view)  # resolved now, never waiting on a factory
             round_view = exp.round_rows.view(view, decision.target, r)
+            # what the block rolls out is journaled: a killed round resumes on it (one process: its writer)
+            journal = round_journal.for_round(run_dir, r, enabled=jax.process_count() == 1)
             stats = run_grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
-                                   seed=config.seed * 1000 + r, judge=exp.judge)
+                                   seed=config.seed * 1000 + r, judge=exp.judge, journal=journal)
+            if journal.line():
+                print(journal.line(), flush=True)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
                                        *kl_probe, config=components.policy_shift)
@@ -235,6 +240,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                 grpo=stats, eval_items=summary.items.to_dict() or None, bank_rows_new=exp.feed.new_rows(r, view),
                 factory=exp.feed.factory_line())
             exp.ledger.append(record)
+            journal.clear()
             records.append(record)
             if multihost.is_primary():
                 exp.feed.publish_steering(records, view)
@@ -341,10 +347,9 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
           f"leakage preflight clean")
 
     agent = components.agent
-    multihost.check_config(ray=components.ray is not None, sampler_mesh=components.engine.sampler_mesh is not None,
-                           engine_kind=components.engine.kind, max_staleness=components.staleness.max_staleness)
+    multihost.check_config(sampler_mesh=components.engine.sampler_mesh is not None)
     engine = multihost.local_engine(build_engine(  # with several processes: its own model copy, fed gathered weights
-        multihost.engine_policy(policy), components.engine, agent.max_context_tokens, run_dir,
+        multihost.engine_policy(policy), components.engine, agent.max_context_tokens, multihost.host_dir(run_dir),
         batch_episodes=components.pools.batch_size * components.sampling.group_size))
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from bat_jax.benchmark.items import ItemRates
 from bat_jax.bicurl import multihost
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
+from bat_jax.bicurl.round_journal import RoundJournal
 from bat_jax.learn import grpo, rollout_correction
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch, has_signal
 from bat_jax.learn.batching import grpo_bucket, pad_batch
@@ -87,25 +88,33 @@ class GRPOBlockConfig:
 
 
 def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, block: GRPOBlockConfig,
-               benchmark: StagedBenchmark, seed: int, judge: RubricJudge | None = None) -> GRPOStats:
+               benchmark: StagedBenchmark, seed: int, judge: RubricJudge | None = None,
+               journal: RoundJournal | None = None) -> GRPOStats:
     """Runs one round's GRPO block on `learner` and returns what it did (`ledger.GRPOStats`).
 
     Rollouts are scored by `benchmark`'s rule (`StagedBenchmark.score_episode`). The learner's params become the
     block's last state; unscored rollouts (reward None) leave the loss. The step's behaviour logprobs are the
     learner's by default (`GRPOConfig.old_logprobs`): the round-start reference pass while no step has been taken,
     one more pass after. The round's learner-vs-engine metrics (`GRPOStats.rollout_mismatch`) cover every trained
-    batch with recomputed logprobs, the first one in bypass mode.
+    batch with recomputed logprobs, the first one in bypass mode. Each wave of rollouts goes through `journal`
+    (`bicurl/round_journal.py`: a resumed round reuses the waves it finished before the kill and rolls out the
+    rest; None keeps nothing).
     """
+    journal = journal if journal is not None else RoundJournal(None)
+    base_version = 0  # the engine's version at the block's first sync (the journal's versions count from it)
     run = BlockRun(learner, round_view, block, benchmark)
     spares = SpareRows(round_view.spares)
     k_rollouts = block.grpo.sampling.group_size
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
-        run.sync(loop)
+        version = run.sync(loop)
+        base_version = int(version or 0) if b == 0 else base_version
         waves = itertools.count()
 
         def roll(items, b=b, waves=waves):  # K rollouts per item, scored: one wave of the batch, its own seed
             wave = next(waves)
-            trajs, scored = rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, run.tasks)
+            trajs, scored = journal.rolled_out(
+                f"sync-b{b:04d}-w{wave:03d}", [item.round_state_id for item in items], wave_seed(seed, b, wave),
+                base_version, lambda: rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, run.tasks))
             run.count_rollouts(trajs, scored, [item for item in items for _ in range(k_rollouts)],
                                first_wave=b == 0 and wave == 0)
             return [(trajs[i * k_rollouts:(i + 1) * k_rollouts], scored[i * k_rollouts:(i + 1) * k_rollouts])

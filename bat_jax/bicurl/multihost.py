@@ -16,10 +16,16 @@ Filestore, a GCS mount), as Orbax's multi-host checkpoints need anyway. On top o
   against process 0's (:func:`agree`: a process that decided otherwise stops, naming both decisions), so every
   process keeps or falls back to the same checkpoint.
 * **Rollouts.** A GRPO batch's K·rows episodes are split into contiguous shares by process index; each process
-  rolls out its share on its own engine (the JAX sampler on its local devices) and sandboxes, scores it, and the
-  trajectories and rewards are gathered so that every process builds the same global batch
-  (:func:`scored_rollouts`). Episode (i, k) samples with the seed of (round seed, i, k) wherever it runs
-  (``AgentLoop.run_episodes``), so the split changes no draw.
+  rolls out its share on its own engine (the JAX sampler on its local devices, or its local vLLM replicas, whose
+  files go under :func:`host_dir`; or its own Ray rollout workers) and sandboxes, scores it, and the trajectories
+  and rewards are gathered so that every process builds the same global batch (:func:`scored_rollouts`). Episode
+  (i, k) samples with the seed of (round seed, i, k) wherever it runs (``AgentLoop.run_episodes``), so the split
+  changes no draw. The engine's weights are the learner's gathered to the host (:class:`HostWeights`).
+* **Bounded staleness** (``bicurl/async_block.py``). Row i of a pool batch (its group, and any refill of its slot)
+  rolls out on the process whose share of the batch holds i; a step's finished groups are gathered
+  (:func:`finished`) and every process settles every group from the same data, so admission, drops, refills and
+  the trained batch are the same everywhere; every engine syncs once per learner step, so versions advance in
+  lockstep.
 * **Start-up.** Every process opens its sandboxes; a host without Docker or without the sandbox image makes every
   process fail at start with an error naming that host (:func:`all_ok`).
 * **Faults.** A process that dies stops sending heartbeats; the coordination service then ends every other process
@@ -33,11 +39,12 @@ the keys. With one process every function is the plain local computation.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import pickle
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -257,6 +264,43 @@ def scored_rollouts(loop, requests: Sequence[Any], seed: int, scorer) -> tuple[l
     return [t for ts, _ in parts for t in ts], [r for _, rs in parts for r in rs]
 
 
+def finished(futures: Mapping[Any, concurrent.futures.Future], name: str,
+             timeout_s: float = WAIT_TIMEOUT_S) -> dict[Any, Any]:
+    """Results of finished work by key, the same on every process.
+
+    With one process: the futures of `futures` done once at least one is (``{}`` for no futures). With several:
+    every future of this process's `futures` (its share of the work, possibly none) waited for, and the results of
+    every process gathered into one dict (the processes' keys must be distinct). Every process calls it the same
+    number of times (the keys of the exchange are numbered by call order).
+
+    Raises:
+      whatever a future of this process raised (after the other processes have been told);
+      PeerError: on the other processes, naming the process whose work failed and its error.
+    """
+    if jax.process_count() == 1:
+        if not futures:
+            return {}
+        concurrent.futures.wait(futures.values(), return_when=concurrent.futures.FIRST_COMPLETED)
+        return {key: f.result() for key, f in futures.items() if f.done()}
+    concurrent.futures.wait(futures.values())
+    mine: dict[Any, Any] = {}
+    error: BaseException | None = None
+    for key, future in futures.items():
+        try:
+            mine[key] = future.result()
+        except Exception as e:  # noqa: BLE001 - reported to every process below
+            error = e
+            break
+    parts = allgather(("ok", mine) if error is None else ("error", f"{type(error).__name__}: {error}", host_label()),
+                      name, timeout_s)
+    if error is not None:
+        raise error
+    failed = [part for part in parts if part[0] == "error"]
+    if failed:
+        raise PeerError(f"{name} failed on {failed[0][2]}: {failed[0][1]}")
+    return {key: value for _, part in parts for key, value in part.items()}
+
+
 class HostWeights:
     """A rollout engine on this process's own devices, fed the learner's weights gathered to the host.
 
@@ -266,9 +310,13 @@ class HostWeights:
     def __init__(self, engine: Any):
         self.engine = engine
 
-    def update_weights(self, params: Any) -> int:
+    def update_weights(self, params: Any, **options: Any) -> int:
+        """The engine's `update_weights` on the whole value of `params`, gathered from every process.
+
+        `options` (e.g. ``in_flight``) are passed on.
+        """
         state = nnx.state(params) if isinstance(params, nnx.Module) else params
-        return self.engine.update_weights(distributed.host_gather(state))
+        return self.engine.update_weights(distributed.host_gather(state), **options)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -291,26 +339,26 @@ def local_engine(engine: Any) -> Any:
     return engine if jax.process_count() == 1 else HostWeights(engine)
 
 
-def check_config(*, ray: bool, sampler_mesh: bool, engine_kind: str, max_staleness: int = 0) -> None:
+def host_dir(run_dir: Any) -> Any:
+    """Where this process's engine writes its files (vLLM's checkpoint).
+
+    `run_dir` with one process, else ``run_dir/hosts/process-<i>`` (the run directory is shared; every host writes
+    its own copy).
+    """
+    if jax.process_count() == 1:
+        return run_dir
+    return run_dir / "hosts" / f"process-{jax.process_index()}"
+
+
+def check_config(*, sampler_mesh: bool) -> None:
     """Refuses, with several processes, what this module does not split over hosts.
 
-    That is Ray rollout workers, the sampler on the global mesh (`EngineConfig.sampler_mesh`: each host's sampler must
-    use its own devices) and vLLM (not run multi-host yet).
+    That is the sampler on the global mesh (`EngineConfig.sampler_mesh`): each host's engine must use its own
+    devices. Ray rollout workers are each host's own (every process drives its own `RayRollouts`).
 
     Raises:
       errors.ConfigError: naming the binding to change.
     """
-    if jax.process_count() == 1:
-        return
-    problems = []
-    if ray:
-        problems.append("experiment.Components.ray (Ray rollout workers): unset it; each host rolls out its share")
-    if sampler_mesh:
-        problems.append("engines.EngineConfig.sampler_mesh: unset it; each host's sampler runs on its own devices")
-    if max_staleness:
-        problems.append(f"experiment.Components.staleness.max_staleness = {max_staleness}: bounded-staleness GRPO "
-                        "(bicurl/async_block.py) is not split over hosts yet; bind 0")
-    if engine_kind != "jax":
-        problems.append(f"engines.EngineConfig.kind = {engine_kind!r}: only 'jax' is run across hosts so far")
-    if problems:
-        raise ConfigError(f"{jax.process_count()} processes: " + "; ".join(problems))
+    if jax.process_count() > 1 and sampler_mesh:
+        raise ConfigError(f"{jax.process_count()} processes: engines.EngineConfig.sampler_mesh: unset it; each "
+                          "host's sampler runs on its own devices")

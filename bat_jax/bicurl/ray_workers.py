@@ -9,6 +9,8 @@ dispatcher. It stands in for an `AgentLoop` where the experiment uses one:
   `(i·K + k) mod W`, so the K rollouts of one state run on different workers. Every worker derives the
   episode's sampling seed from (s, i, k) exactly as the in-process loop does. Trajectories come back ordered by
   request, then k — the same records, in the same order, as `AgentLoop.run`.
+* `rollouts.run_episodes(episodes, seed=s)` — given (request, i, k) episodes (a part of a batch), the one at
+  position p goes to worker `p mod W`; `run` is the whole batch through it, so both spread alike.
 * `rollouts.engine.update_weights(model_or_params)` — the learner pushes its parameters to every worker: one
   numpy pure-dict copy (`nnx.to_pure_dict` layout, gathered from any sharding, also across processes) put
   once into Ray's object store, installed by each worker; returns the new weight version, the same on all
@@ -273,21 +275,32 @@ class RayRollouts:
         `on_trajectory(position, trajectory)` as in `AgentLoop.run`, called in this thread for each episode of a
         worker's share as soon as that share is back (so the first shares are scored while other workers still roll
         out)."""
+        k_per = self.config.sampling.group_size
+        return self.run_episodes([(r, i, k) for i, r in enumerate(requests) for k in range(k_per)], seed=seed,
+                                 on_trajectory=on_trajectory)
+
+    def run_episodes(self, episodes: Sequence[tuple[RolloutRequest, int, int]], *, seed: int = 42,
+                     on_trajectory: Callable[[int, tj.Trajectory], None] | None = None) -> list[tj.Trajectory]:
+        """`AgentLoop.run_episodes` over the workers.
+
+        The episode at position p of `episodes` ((request, i, k): sampled with the seed of (seed, i, k)) goes to
+        worker p mod W; trajectories come back in the order of `episodes`, `on_trajectory(p, trajectory)` called as
+        each worker's share is back (what `multihost.scored_rollouts` hands a host's own workers).
+        """
         import ray
 
-        k_per = self.config.sampling.group_size
-        shares = assign_episodes(len(requests), k_per, len(self.workers))
-        pending = {w.run.remote([(requests[i], i, k) for i, k in share], seed): share
+        shares = [list(range(w, len(episodes), len(self.workers))) for w in range(len(self.workers))]
+        pending = {w.run.remote([episodes[p] for p in share], seed): share
                    for w, share in zip(self.workers, shares) if share}
-        by_episode: dict[tuple[int, int], tj.Trajectory] = {}
+        by_position: dict[int, tj.Trajectory] = {}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             share = pending.pop(ready[0])
-            for (i, k), trajectory in zip(share, ray.get(ready[0])):
-                by_episode[(i, k)] = trajectory
+            for p, trajectory in zip(share, ray.get(ready[0])):
+                by_position[p] = trajectory
                 if on_trajectory is not None:
-                    on_trajectory(i * k_per + k, trajectory)
-        return [by_episode[(i, k)] for i in range(len(requests)) for k in range(k_per)]
+                    on_trajectory(p, trajectory)
+        return [by_position[p] for p in range(len(episodes))]
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Removes the workers' warm containers, then ends the worker actors; Ray itself keeps running.

@@ -193,7 +193,9 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
                     tokenizer=None, max_shard_bytes: int = 4 << 30, overwrite: bool = False) -> Path:
     """Writes ``model`` in the HF layout to ``out_dir`` (tensors in their parameter dtype).
 
-    Gathers one tensor at a time to the host; with several processes only process 0 writes.
+    Gathers one tensor at a time to the host. With several processes and parameters that span them, every process
+    joins the gathers and process 0 alone writes; parameters local to each process (a host's own engine copy) are
+    written by every process to its own ``out_dir``.
     Tokenizer files found in ``tokenizer_dir`` are copied; a ``tokenizer`` object (transformers) is written with
     its own ``save_pretrained`` (tokenizer.json, tokenizer_config.json, chat_template.jinja), so the directory
     loads in transformers and vLLM as it is. Raises FileExistsError if ``out_dir`` exists and ``overwrite`` is
@@ -205,7 +207,8 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
     items = [(".".join(map(str, p)), v.get_value())
              for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
     shards = byte_buckets([x.size * x.dtype.itemsize for _, x in items], max_shard_bytes)
-    writer = jax.process_index() == 0  # every process joins the gathers; process 0 writes
+    local = all(not isinstance(x, jax.Array) or x.is_fully_addressable for _, x in items)
+    writer = local or jax.process_index() == 0  # global parameters: every process joins the gathers, process 0 writes
     with atomic_directory(out_dir) if writer else contextlib.nullcontext() as tmp:
         weight_map = {}
         for n, shard in enumerate(shards):

@@ -1,6 +1,9 @@
 """Bounded-staleness GRPO on a simulated 9B engine: steps per hour and busy fractions at max_staleness 0, 1, 2.
 
-`python -m launch.bench.bench_async_grpo` (from the repository root; `--steps 12 --rows 8 --scale 0.01`).
+`python -m launch.bench.bench_async_grpo` (from the repository root; `--steps 12 --rows 8 --scale 0.01`). Beside the
+steps per hour it prints KL(π_s=0 ‖ π_s) of a real tiny policy trained by the same block at each s on the same rows
+(`launch/bench/async_kl.py`, `--kl-steps 0` skips it). `--tiny` measures the tiny default instead, with its real
+engine, agent loop, local sandboxes and learner at s = 0 and 1 (`launch/bench/async_tiny.py`).
 
 What is real and what is modelled (launch/bench/README.md says the same):
 
@@ -37,6 +40,7 @@ from bat_jax.learn import grpo
 from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.rollout.engine import Completion
 from bat_jax.rollout.simulated_engine import SimulatedLatency, SimulatedLatencyEngine
+from launch.bench import async_kl, async_tiny
 
 MAX_TURNS = 24
 
@@ -69,8 +73,14 @@ class BusyMeter:
     def weight_version(self):
         return self.inner.weight_version
 
-    def update_weights(self, params):
-        return self.inner.update_weights(params)
+    def update_weights(self, params, **kwargs):
+        return self.inner.update_weights(params, **kwargs)
+
+    def __getattr__(self, name):
+        """Anything else (e.g. a continuously batching engine's `swaps_in_flight`) is the inner engine's."""
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def _advance(self, now: float) -> None:
         if self._live:
@@ -233,23 +243,33 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--rows", type=int, default=8, help="rows per batch (K = 4 rollouts each)")
     parser.add_argument("--scale", type=float, default=0.01, help="seconds of the bench per paper-scale second")
     parser.add_argument("--turn-tokens", type=int, default=256, help="sampled tokens per turn")
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--staleness", type=int, nargs="+", default=None, help="default 0 1 2 (--tiny: 0 1)")
+    parser.add_argument("--kl-steps", type=int, default=8, help="GRPO steps of the KL comparison (0: skip it)")
+    parser.add_argument("--tiny", action="store_true", help="the tiny default on the CPU (launch/bench/async_tiny.py)")
+    async_tiny.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.tiny:
+        return async_tiny.run(args)
+    args.staleness = args.staleness or [0, 1, 2]
     results = [measure(s, args.steps, args.rows, args.scale, args.turn_tokens) for s in args.staleness]
+    kl = async_kl.policy_kl(tuple(args.staleness), steps=args.kl_steps) if args.kl_steps else None
     base = results[0]
     gen_per_step = (base["wall_s"] * (1 - base["learner_busy"])) / args.steps
     print(f"simulated 9B engine (in-flight batching), {args.rows} rows x K=4 per step, {args.steps} steps, scale "
           f"{args.scale}: train {57.0 * args.scale:.2f} s/step; at s={base['s']} generation {gen_per_step:.2f} s/step "
           f"(paper: 310 s generate vs 57 s train per step = 5.4x; here {gen_per_step / (57.0 * args.scale):.1f}x)")
-    print(f"{'s':>3}{'wall s':>9}{'steps/h':>10}{'ratio':>8}{'engine busy':>13}{'learner busy':>14}"
-          f"{'decoding':>10}{'lag mean':>10}{'lag max':>9}{'stale':>7}")
+    print(f"{'s':>3}{'wall s':>9}{'steps/h':>10}{'ratio':>8}{'KL vs s=0':>11}{'engine busy':>13}"
+          f"{'learner busy':>14}{'decoding':>10}{'lag mean':>10}{'lag max':>9}{'stale':>7}")
     for r in results:
         lag = "—" if r["staleness_mean"] is None else f"{r['staleness_mean']:.2f}"
+        shift = "—" if kl is None else f"{kl['kl'][r['s']]:.2e}"
         print(f"{r['s']:>3}{r['wall_s']:>9.1f}{r['steps_per_hour']:>10.0f}"
-              f"{r['steps_per_hour'] / base['steps_per_hour']:>7.2f}x{r['engine_busy']:>12.0%}"
+              f"{r['steps_per_hour'] / base['steps_per_hour']:>7.2f}x{shift:>11}{r['engine_busy']:>13.0%}"
               f"{r['learner_busy']:>14.0%}{r['episodes_decoding']:>10.1f}{lag:>10}"
               f"{'—' if r['staleness_max'] is None else r['staleness_max']:>9}"
               f"{r['dropped_stale']:>7}")
+    if kl is not None:
+        print(async_kl.describe(kl))
     return results
 
 
