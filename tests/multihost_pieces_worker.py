@@ -159,7 +159,8 @@ def async_block() -> dict:
     view = types.SimpleNamespace(batches=[[item("s0"), item("s1")], [item("s2"), item("s3")],
                                           [item("s4"), item("s5")]], spares={"target": [item("r0"), item("r1")]})
     learner = FakeLearner()
-    block = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(kl_coef=0.0, tis_cap=2.0, group_size=2), micro_batches=1,
+    block = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(kl_coef=0.0, tis_cap=2.0, sampling=SamplingConfig(group_size=2)),
+                               micro_batches=1,
                                max_response_tokens=8, staleness=StalenessConfig(max_staleness=1))
     stats = ab.async_grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, block,
                                 benchmark=None, seed=3)

@@ -319,7 +319,7 @@ def test_continuous_matches_lockstep_with_the_jax_sampler():
     out = {}
     for schedule in ("lockstep", "continuous"):
         config = AgentLoopConfig(sampling=SamplingConfig(group_size=3), max_assistant_turns=3, max_tokens_per_turn=8,
-                                 temperature=0.7, progress=False, schedule=schedule, max_generate_batch=2)
+                                 progress=False, schedule=schedule, max_generate_batch=2)
         loop = AgentLoop(sampler, lambda: EpisodeBuilder(tok, "qwen3_5"), LocalSandbox, config,
                          extra_stop_ids=(im_start,))
         out[schedule] = loop.run(_requests(2), seed=3)
