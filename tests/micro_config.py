@@ -29,6 +29,7 @@ import bat_jax.learn.sft as sft
 import bat_jax.learn.optim as optim
 import bat_jax.learn.kl as kl
 import bat_jax.rollout.agent_loop as agent_loop
+import bat_jax.rollout.sampling as sampling
 import bat_jax.bicurl.evaluation as evaluation
 import bat_jax.tasks.benchmark as imaging
 
@@ -51,6 +52,7 @@ experiment.Components:
   grpo = @grpo.GRPOConfig()
   pools = @pools.PoolConfig()
   agent = @agent_loop.AgentLoopConfig()
+  sampling = @sampling.SamplingConfig()
   evaluation = @evaluation.EvalConfig()
   policy_shift = @kl.PolicyShiftConfig()
 policy.PolicyConfig.tiny = {model}
@@ -65,12 +67,9 @@ sft.SFTConfig:
   total_steps = 2
   max_seq_len = 4096
 sft/optim.OptimizerConfig.learning_rate = 1e-3
-grpo.GRPOConfig:
-  temperature = 0.7
-  group_size = 2
+sampling.SamplingConfig.group_size = 2
 pools.PoolConfig.batch_size = 4
 agent_loop.AgentLoopConfig:
-  episodes_per_state = 2
   max_assistant_turns = 2
   max_tool_calls = 2
   max_response_tokens = 64

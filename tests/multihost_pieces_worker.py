@@ -42,11 +42,12 @@ if __name__ == "__main__":  # not in the processes vLLM spawns (they import this
     distributed.initialize(distributed.DistributedConfig.from_env(initialization_timeout_s=120))
 
 from bat_jax.bicurl import multihost  # noqa: E402
+from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.sandbox.backends import BackendUnavailable  # noqa: E402
 
 
 class _Config:
-    episodes_per_state = 2
+    sampling = SamplingConfig(group_size=2)
 
 
 class _Loop:
@@ -98,7 +99,7 @@ class _GroupLoop:
     engine's version (3 versions earlier for s1: stale at once); s2's episode 1 fails for infrastructure.
     """
 
-    config = types.SimpleNamespace(episodes_per_state=2)
+    config = types.SimpleNamespace(sampling=SamplingConfig(group_size=2))
 
     def __init__(self):
         self.engine, self.ran = _Engine(), []
@@ -159,7 +160,8 @@ def async_block() -> dict:
     view = types.SimpleNamespace(batches=[[item("s0"), item("s1")], [item("s2"), item("s3")],
                                           [item("s4"), item("s5")]], spares={"target": [item("r0"), item("r1")]})
     learner = FakeLearner()
-    block = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(kl_coef=0.0, tis_cap=2.0, group_size=2), micro_batches=1,
+    block = gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(kl_coef=0.0, tis_cap=2.0, sampling=SamplingConfig(group_size=2)),
+                               micro_batches=1,
                                max_response_tokens=8, staleness=StalenessConfig(max_staleness=1))
     stats = ab.async_grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, block,
                                 benchmark=None, seed=3)
@@ -233,8 +235,8 @@ def ray_rollouts(run_dir: pathlib.Path) -> dict:
         row = RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), "S1", "do the stage",
                     (RubricSpec("x", "y"),), (), "skill", Provenance("src-1", "cd" * 32, "vqa", "success", (syn,)))
         requests.append(rl_request(row, state, f"st-{i}", PromptFormat.of(ImagingBenchmark(), "compact")))
-    agent = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=2, max_tokens_per_turn=8,
-                            max_context_tokens=2048, temperature=0.7, progress=False, schedule="lockstep")
+    agent = AgentLoopConfig(sampling=SamplingConfig(group_size=2), max_assistant_turns=2, max_tokens_per_turn=8,
+                            max_context_tokens=2048, progress=False, schedule="lockstep")
     tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                 num_key_value_heads=1, head_dim=16)
     spec = WorkerSpec(PolicyConfig(architecture="qwen3", tiny=tiny, prompt_style="compact"), agent, "local",

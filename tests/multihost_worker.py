@@ -65,7 +65,7 @@ def run(out: str, mesh_name: str) -> None:
     state, metrics = step(state, {k: batch[k] for k in BATCH_FIELDS})  # step 2: every process, the host batch
     params = distributed.host_gather(state.params)
     learner.adopt(state)
-    logprobs = learner.logprobs(learner.params, batch, grpo.GRPOConfig(temperature=0.7))
+    logprobs = learner.logprobs(learner.params, batch, grpo.GRPOConfig())
     flat = {f"{kind}/" + "/".join(str(getattr(k, "key", k)) for k in path): v
             for kind, tree in (("param", params), ("init", init))
             for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}

@@ -10,6 +10,7 @@ import pytest
 from bat_jax.models.chat import render_action
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, cut_observation
+from bat_jax.rollout.sampling import SamplingConfig
 from bat_jax.rollout.engine import Completion
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation, SandboxState
@@ -27,7 +28,8 @@ def test_response_budget_cuts_whole_trajectory(obey_budget):
     """Budget 8 tokens over the trajectory; 3 actions of 6 tokens, observations of 4 tokens ('hi [exit code 0]'):
     action 1 and its observation are kept, action 2 is cut after 2 tokens, nothing after it."""
     engine = ScriptedEngine([ACTION] * 3, obey_budget=obey_budget)
-    config = AgentLoopConfig(episodes_per_state=1, max_response_tokens=8, max_tokens_per_turn=8, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=1),
+                             max_response_tokens=8, max_tokens_per_turn=8, progress=False)
     (traj,) = _loop(engine, config).run([REQUEST])
     assert engine.calls == [[8], [2]]
     p = traj.prompt_len
@@ -49,7 +51,8 @@ def test_turn_and_tool_limits_parse_errors_and_observation_cut():
     # turn 1: no tool call -> parse-error observation; turn 2: a call -> observation cut to 5 chars; turn 3:
     # another call, but only 1 tool call is allowed
     engine = ScriptedEngine([[11, 11, EOT], ACTION, ACTION])
-    config = AgentLoopConfig(episodes_per_state=2, max_tool_calls=1, max_observation_chars=5, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=2),
+                             max_tool_calls=1, max_observation_chars=5, progress=False)
     trajs = _loop(engine, config).run([REQUEST])
     assert [t.episode for t in trajs] == [0, 1]
     traj = trajs[0]
@@ -59,25 +62,25 @@ def test_turn_and_tool_limits_parse_errors_and_observation_cut():
     assert traj.messages[5]["content"] == cut_observation("hi\n\n[exit code 0]", 5)
     assert traj.messages[5]["content"] == "hi\n\n[\n...[observation truncated: 12 more chars]"
     # turn limit: the third turn's call is executed, then the episode ends without an observation
-    config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=3, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=1), max_assistant_turns=3, progress=False)
     (traj,) = _loop(ScriptedEngine([[11, 11, EOT], ACTION, ACTION]), config).run([REQUEST])
     assert traj.finish_reason == tj.FINISH_MAX_TURNS and traj.num_tool_calls == 2 and len(traj.receipts) == 2
     assert traj.messages[-1]["role"] == "assistant"
     # end_on_no_tool_call
-    config = AgentLoopConfig(episodes_per_state=1, end_on_no_tool_call=True, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=1), end_on_no_tool_call=True, progress=False)
     (traj,) = _loop(ScriptedEngine([[11, 11, EOT]]), config).run([REQUEST])
     assert traj.finish_reason == tj.FINISH_NO_TOOL_CALL and traj.num_turns == 1
 
 
 def test_submit_sandbox_errors_and_infra_failures():
-    config = AgentLoopConfig(episodes_per_state=3, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=3), progress=False)
     released = []  # a pool's release hook gets every sandbox back once
     trajs = _loop(ScriptedEngine([ACTION, [12, EOT]]), config, sandbox_release=released.append).run([REQUEST])
     assert len(released) == 3 and len({id(sb) for sb in released}) == 3
     traj = trajs[0]
     assert traj.finish_reason == tj.FINISH_SUBMITTED and traj.submitted == "out.txt"
     assert (traj.num_turns, traj.num_tool_calls) == (2, 2)
-    config = AgentLoopConfig(episodes_per_state=1, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=1), progress=False)
     # a sandbox call raising becomes an observation and is counted
     (traj,) = _loop(ScriptedEngine([ACTION, [12, EOT]]), config,
                     lambda s: FakeSandbox(s, fail=True)).run([REQUEST])
@@ -126,7 +129,7 @@ def test_real_template_local_sandboxes_concurrent(schedule):
                 for i in range(2)]
     engine = TurnEngine(turns)
     loop = AgentLoop(engine, lambda: EpisodeBuilder(tok, "qwen3_5"), LocalSandbox,
-                     AgentLoopConfig(episodes_per_state=2, progress=False, schedule=schedule))
+                     AgentLoopConfig(sampling=SamplingConfig(group_size=2), progress=False, schedule=schedule))
     trajs = loop.run(requests, seed=7)
     if schedule == "lockstep":
         assert len(engine.calls) == 2 and len(engine.calls[0]) == 4  # one batched model call per turn
@@ -166,8 +169,8 @@ def test_jax_sampler_in_loop_learner_reproduces_logprobs():
                         linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
                         linear_num_value_heads=4)
     model = Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0))
-    config = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=2, max_tokens_per_turn=8, temperature=0.6,
-                             top_p=0.8, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=2, temperature=0.6, top_p=0.8),
+                             max_assistant_turns=2, max_tokens_per_turn=8, progress=False)
     im_start = tok.convert_tokens_to_ids("<|im_start|>")
     loop = AgentLoop(JaxSampler(model), lambda: EpisodeBuilder(tok, "qwen3_5"), lambda s: FakeSandbox(s), config,
                      extra_stop_ids=(im_start,))
@@ -208,7 +211,8 @@ def test_no_trajectory_outgrows_the_context_however_many_tokens_an_observation_e
     builder = EpisodeBuilder(tok, "qwen3_5")
     flood = builder.codec.encode_text("\U000f0000" * 2048)
     assert len(flood) > 6000  # the issue's measure: ~4 tokens per character
-    config = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=6, max_context_tokens=limit, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=2),
+                             max_assistant_turns=6, max_context_tokens=limit, progress=False)
     trajs = AgentLoop(RealCallEngine(builder), lambda: EpisodeBuilder(tok, "qwen3_5"), _Flood, config).run([REQUEST])
     for t in trajs:
         assert len(t.ids) <= limit and t.finish_reason == tj.FINISH_MAX_CONTEXT and not t.infra_error
@@ -224,7 +228,8 @@ def test_trailing_glue_past_the_context_is_dropped_and_sampled_tokens_never_are(
     """A turn the context limit cut gets an end-of-turn as glue (mask 0): the trajectory is cut back to the
     limit, never losing a sampled token."""
     tok = WordTokenizer()
-    config = AgentLoopConfig(episodes_per_state=1, max_context_tokens=6, max_tokens_per_turn=50, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=1),
+                             max_context_tokens=6, max_tokens_per_turn=50, progress=False)
     (t,) = AgentLoop(ScriptedEngine([[11, 11, 11, 11, 11, 11, 11, EOT]]), lambda: StubBuilder(tok), FakeSandbox,
                      config).run([REQUEST])
     assert t.finish_reason == tj.FINISH_MAX_CONTEXT and len(t.ids) == 6 and t.loss_mask.tolist()[-1] == 1

@@ -76,8 +76,8 @@ def test_its_whole_loop_runs_from_its_gin_file(tmp_path):
                 "experiment.BiCuRLConfig.grpo_steps_per_round = 1", "experiment.BiCuRLConfig.backend = 'local'",
                 "factory.FactoryConfig.backend = 'local'", f"factory.FactoryConfig.bank_dir = '{tmp_path / 'bank'}'",
                 "sft.SFTConfig.total_steps = 2", "sft.SFTConfig.global_batch_size = 2",
-                "pools.PoolConfig.batch_size = 4", "agent_loop.AgentLoopConfig.episodes_per_state = 2",
-                "K = 2", "agent_loop.AgentLoopConfig.max_assistant_turns = 2",
+                "pools.PoolConfig.batch_size = 4", "sampling.SamplingConfig.group_size = 2",
+                "agent_loop.AgentLoopConfig.max_assistant_turns = 2",
                 "agent_loop.AgentLoopConfig.max_response_tokens = 64", "agent_loop.AgentLoopConfig.max_tokens_per_turn = 32",
                 "dynamic_sampling.DynamicSamplingConfig.enabled = False", "kl.PolicyShiftConfig.num_prompts = 2",
                 "kl.PolicyShiftConfig.batch_size = 2", "evaluation.EvalConfig.max_turns = 2"]

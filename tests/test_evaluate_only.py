@@ -36,7 +36,8 @@ def test_job_writes_the_summary_of_the_runs_final_evaluation(tmp_path):
     # the reference: what experiment.run's `evaluate(untrained, "final")` does, on a fresh copy of the policy
     policy = build_policy(COMPONENTS.policy)
     loop = make_agent_loop(policy, build_engine(policy, COMPONENTS.engine, COMPONENTS.agent.max_context_tokens, tmp_path), backend_factory("local"),
-                           dataclasses.replace(COMPONENTS.agent, episodes_per_state=1, max_assistant_turns=2))
+                           dataclasses.replace(COMPONENTS.agent, max_assistant_turns=2,
+                                               sampling=dataclasses.replace(COMPONENTS.sampling, group_size=1)))
     want = ev.evaluate(EngineCells(loop, IMAGING, prompt=PromptFormat.of(IMAGING, "compact")),
                        dataclasses.replace(COMPONENTS.evaluation, purpose="final"), IMAGING)
     assert want.n_cells == 2

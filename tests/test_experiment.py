@@ -7,7 +7,6 @@ import pytest
 
 from bat_jax.bicurl import experiment as ex
 from bat_jax.bicurl.engines import EngineConfig
-from bat_jax.errors import ConfigValueError
 from bat_jax.ledger import Ledger
 from bat_jax.policy import PolicyConfig
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
@@ -23,28 +22,6 @@ def test_config_errors_name_the_field():
         ex.BiCuRLConfig(grpo_steps_per_round=0)
     with pytest.raises(ValueError, match="kind must be one of"):
         ex.Components(engine=EngineConfig(kind="sglang"))
-    from bat_jax.learn.grpo import GRPOConfig
-    from bat_jax.rollout.agent_loop import AgentLoopConfig
-
-    with pytest.raises(ConfigValueError,
-                       match=r"GRPOConfig.group_size = 8 but AgentLoopConfig.episodes_per_state = 4"):
-        ex.Components(grpo=GRPOConfig(group_size=8), agent=AgentLoopConfig(episodes_per_state=4))
-
-
-def test_components_refuse_a_sampling_transform_that_grpo_and_the_loop_do_not_share():
-    """Each of temperature / top_p / top_k bound on one side only fails naming both bindings; the defaults agree."""
-    from bat_jax.learn.grpo import GRPOConfig
-    from bat_jax.rollout.agent_loop import AgentLoopConfig
-
-    assert (ex.Components().grpo.sampling, ex.Components().grpo.group_size) == ((0.7, 1.0, 0), 4)
-    with pytest.raises(ConfigValueError, match=r"GRPOConfig.temperature = 0.7 but AgentLoopConfig.temperature = 0.9"):
-        ex.Components(agent=AgentLoopConfig(temperature=0.9))
-    with pytest.raises(ConfigValueError, match=r"GRPOConfig.top_p = 0.8 but AgentLoopConfig.top_p = 1.0"):
-        ex.Components(grpo=GRPOConfig(top_p=0.8))
-    with pytest.raises(ConfigValueError, match=r"GRPOConfig.top_k = 0 but AgentLoopConfig.top_k = 20"):
-        ex.Components(agent=AgentLoopConfig(top_k=20))
-    both = ex.Components(grpo=GRPOConfig(temperature=0.9, top_k=20), agent=AgentLoopConfig(temperature=0.9, top_k=20))
-    assert (both.grpo.sampling, both.agent.temperature, both.agent.top_k) == ((0.9, 1.0, 20), 0.9, 20)
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
     assert record.reward_version == f"{REWARD_VERSION}+judge:judge-m[plan.written]"
     focus = {row.state_id: row.focus for row in StageBank(comps.bank.bank_dir).read().rl_rows}
     judged_states = sum(focus[s] in ("S1", "E2E") for s in record.state_ids)
-    k = comps.agent.episodes_per_state
+    k = comps.sampling.group_size
     assert record.grpo.rollouts == k * len(record.state_ids) == 8
     assert judged_states >= 1 and record.grpo.unscored == k * judged_states
     assert record.eval_cells == 1 and record.eval_unscored == 1  # the E2E eval cell includes S1

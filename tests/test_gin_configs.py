@@ -51,10 +51,8 @@ PAPER_NUMBERS = {
     "pools.PoolConfig.e2e": 0.25,
     "controller.ControllerConfig.kl_threshold": 0.1,
     "controller.ControllerConfig.patience": 3,
-    "agent_loop.AgentLoopConfig.episodes_per_state": 4,
-    "grpo.GRPOConfig.group_size": 4,
-    "agent_loop.AgentLoopConfig.temperature": 0.7,
-    "grpo.GRPOConfig.temperature": 0.7,
+    "sampling.SamplingConfig.group_size": 4,
+    "sampling.SamplingConfig.temperature": 0.7,
     "grpo.GRPOConfig.kl_coef": 1e-3,
 }
 #: The paper's actor learning rate; the tiny default trains a random-init model for a few GRPO steps only and
@@ -106,7 +104,7 @@ def test_paper_scale_files_roll_out_on_vllm_and_the_tiny_default_on_the_jax_samp
     if engine == "vllm":
         assert gin.query_parameter("engines.EngineConfig.vllm_options")["dtype"] == "bfloat16"
         # turns served in flight: one call per ready turn, at least a GRPO batch's episodes (rows x K) at once
-        episodes = resolved("pools.PoolConfig.batch_size") * gin.query_parameter("%K")
+        episodes = resolved("pools.PoolConfig.batch_size") * resolved("sampling.SamplingConfig.group_size")
         assert gin.query_parameter("agent_loop.AgentLoopConfig.max_generate_batch") == 1
         assert gin.query_parameter("agent_loop.AgentLoopConfig.max_concurrent_generate") >= episodes
 
@@ -158,7 +156,8 @@ def test_released_preset_over_the_tiny_default_binds_the_released_objective():
     assert (grpo.eps_low, grpo.eps_high, grpo.dual_clip) == (0.2, 0.2, 3.0)
     assert (grpo.loss_agg, grpo.adv_std_normalize, grpo.entropy_coef, grpo.epochs) == (
         "seq-mean-token-mean", False, 0.0, 1)
-    assert (grpo.group_size, grpo.temperature) == (4, 0.7)  # the run file's, as released
+    assert resolved("sampling.SamplingConfig.group_size") == 4  # the run file's K and T, as released
+    assert resolved("sampling.SamplingConfig.temperature") == 0.7
     opt = OptimizerConfig(**gin.get_bindings("grpo/optim.OptimizerConfig"))
     assert (opt.learning_rate, opt.schedule, opt.warmup_ratio, opt.weight_decay, opt.grad_clip_norm) == (
         2.5e-7, "constant", 0.0, 0.01, 1.0)
@@ -198,21 +197,23 @@ def test_the_tiny_default_turns_the_factory_on_with_one_binding():
     assert resolved("steering.SteeringRule.weak_share") == 0.5
 
 
-def test_a_sampling_binding_reaches_the_loop_and_grpo_or_fails_naming_both():
-    """`TEMPERATURE = 0.9` (the run file's macro) reaches the agent loop and GRPO alike; binding the loop's
-    temperature alone fails at Components construction naming both bindings; gin is cleared afterwards."""
+def test_one_sampling_binding_reaches_the_loop_and_grpo_and_the_old_bindings_are_gone():
+    """`sampling.SamplingConfig` is the one place K and the temperature are bound: a binding reaches the agent loop and
+    GRPO alike (the same object); the loop's and GRPO's own former fields no longer exist, so a binding of one of
+    them fails naming it; gin is cleared afterwards."""
     from bat_jax.bicurl import experiment
-    from bat_jax.errors import ConfigValueError
+    from bat_jax.rollout.sampling import SamplingConfig
 
     try:
-        launch.parse_gin(["bicurl_tiny.gin"], ["TEMPERATURE = 0.9", "K = 2"])
+        launch.parse_gin(["bicurl_tiny.gin"], ["sampling.SamplingConfig.temperature = 0.9",
+                                               "sampling.SamplingConfig.group_size = 2"])
         comps = gin.get_configurable(experiment.Components)()
-        assert (comps.agent.temperature, comps.grpo.temperature) == (0.9, 0.9)
-        assert (comps.agent.episodes_per_state, comps.grpo.group_size) == (2, 2)
-        launch.parse_gin(["bicurl_tiny.gin"], ["agent_loop.AgentLoopConfig.temperature = 0.9"])
-        with pytest.raises(ConfigValueError,
-                           match=r"GRPOConfig.temperature = 0.7 but AgentLoopConfig.temperature = 0.9"):
-            gin.get_configurable(experiment.Components)()
+        assert comps.agent.sampling is comps.grpo.sampling is comps.sampling
+        assert comps.sampling == SamplingConfig(group_size=2, temperature=0.9)
+        for old in ("agent_loop.AgentLoopConfig.temperature", "agent_loop.AgentLoopConfig.episodes_per_state",
+                    "grpo.GRPOConfig.temperature", "grpo.GRPOConfig.group_size"):
+            with pytest.raises(launch.LaunchError, match=rf"{old.rpartition('.')[0]}' doesn't have a parameter"):
+                launch.parse_gin(["bicurl_tiny.gin"], [f"{old} = 2"])
     finally:
         gin.clear_config(clear_constants=True)
 

@@ -10,6 +10,7 @@ import pytest
 
 from bat_jax.learn import grpo, objective, optim, train_state
 from bat_jax.learn.grpo import GRPOConfig
+from bat_jax.rollout.sampling import SamplingConfig
 
 # ------------------------------------------------------------------------------------------- advantages
 
@@ -309,8 +310,8 @@ def test_learner_logprobs_use_the_rollout_sampling_transform():
     tempered = grpo.shifted_token_logprobs(logits, ids, 0.7)
     expected_t = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1] / 0.7), ids[:, 1:, None], axis=-1)[..., 0]
     np.testing.assert_allclose(tempered[:, 1:], expected_t, atol=1e-5)
-    cfg = grpo.GRPOConfig(temperature=0.6, top_p=0.8)
-    nucleus = grpo.shifted_token_logprobs(logits, ids, *cfg.sampling)
+    cfg = grpo.GRPOConfig(sampling=SamplingConfig(temperature=0.6, top_p=0.8))
+    nucleus = grpo.shifted_token_logprobs(logits, ids, *cfg.sampling.transform)
     np.testing.assert_array_equal(nucleus[:, 1:], engine.token_logprobs(logits[:, :-1], ids[:, 1:], 0.6, 0.8, 0))
 
 

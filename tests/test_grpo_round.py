@@ -110,7 +110,7 @@ def test_first_update_ratios_start_at_one_on_a_real_learner():
     loss_mask[:, 4:11] = 1
     host = {"input_ids": ids, "attention_mask": np.ones_like(ids), "loss_mask": loss_mask,
             "advantages": np.array([1.0, -1.0, 0.5, -0.25], np.float32)}
-    cfg = grpo.GRPOConfig(temperature=0.7, kl_coef=0.0)
+    cfg = grpo.GRPOConfig(kl_coef=0.0)
     lp = learner.logprobs(learner.params, host, cfg, rows_per_call=1)
     host.update(ref_logprobs=lp, old_logprobs=lp - 0.5 * loss_mask)  # the engine 0.5 nats below the learner
     loss_fn = grpo.make_grpo_loss(learner.apply_fn, cfg)
@@ -124,7 +124,7 @@ def test_first_update_ratios_start_at_one_on_a_real_learner():
         if pg is not None:  # ratio 1: −(1 − 1 + 0.5 − 0.25) / 4
             assert float(metrics["pg_loss"]) == pytest.approx(pg, abs=1e-6)
     step_lp = grpo.sequence_logprobs(learner.apply_fn, learner.params, jax.numpy.asarray(ids),
-                                     jax.numpy.asarray(host["attention_mask"]), *cfg.sampling)
+                                     jax.numpy.asarray(host["attention_mask"]), *cfg.sampling.transform)
     assert float(np.abs(np.asarray(step_lp) - lp)[loss_mask > 0].max()) < 1e-5
 
 

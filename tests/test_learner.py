@@ -25,7 +25,7 @@ def test_chunked_logprobs_equal_one_call_and_use_the_rollout_transform():
     learner = _learner()
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(0, 64, (6, 16)).astype(np.int32), "attention_mask": np.ones((6, 16), np.int32)}
-    cfg = grpo.GRPOConfig(temperature=0.7)
+    cfg = grpo.GRPOConfig()
     chunked = learner.logprobs(learner.params, batch, cfg, rows_per_call=4)
     whole = learner.logprobs(learner.params, batch, cfg, rows_per_call=6)
     np.testing.assert_allclose(chunked, whole, atol=1e-5)
@@ -107,12 +107,12 @@ def test_chunked_head_entropy_and_micro_batched_gradients_are_exact(mode):
              "ref_logprobs": rng.normal(-4.2, 0.3, (4, 10)).astype(np.float32),
              "advantages": np.array([1.0, -1.0, 0.5, -0.5], np.float32)}
     batch = jax.tree.map(jax.numpy.asarray, batch)
-    gcfg = grpo.GRPOConfig(kl_coef=0.05, entropy_coef=0.01, clip_eps_high=0.28, dual_clip=3.0, temperature=0.7,
-                           loss_agg=mode, loss_scale_factor=8.0)
+    gcfg = grpo.GRPOConfig(kl_coef=0.05, entropy_coef=0.01, clip_eps_high=0.28, dual_clip=3.0, loss_agg=mode,
+                           loss_scale_factor=8.0)
     lp, ent = grpo.sequence_logprobs(learner.apply_fn, learner.params, batch["input_ids"], batch["attention_mask"],
-                                     *gcfg.sampling, with_entropy=True)
+                                     *gcfg.sampling.transform, with_entropy=True)
     logits = learner.apply_fn(learner.params, batch["input_ids"], batch["attention_mask"])
-    lp_full, ent_full = grpo.shifted_token_logprobs_and_entropy(logits, batch["input_ids"], *gcfg.sampling)
+    lp_full, ent_full = grpo.shifted_token_logprobs_and_entropy(logits, batch["input_ids"], *gcfg.sampling.transform)
     np.testing.assert_allclose(lp, lp_full, atol=1e-5)
     np.testing.assert_allclose(ent, ent_full, atol=1e-5)
     assert float(ent[:, 1:].min()) > 3.0  # near-uniform over 64 tokens at init: ln 64 = 4.16

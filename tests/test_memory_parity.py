@@ -18,6 +18,7 @@ from bat_jax.models import layers
 from bat_jax.models.layers import attend, attend_causal, causal_valid
 from bat_jax.models.qwen3 import Qwen3ForCausalLM
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+from bat_jax.rollout.sampling import SamplingConfig
 
 B, T, V = 8, 22, 96
 CFG35 = Qwen3_5Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
@@ -25,7 +26,7 @@ CFG35 = Qwen3_5Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hi
                       linear_num_key_heads=2, linear_num_value_heads=4, chunk_size=8, tie_word_embeddings=False)
 CFG3 = Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=8)
-GRPO_CFG = grpo.GRPOConfig(kl_coef=0.05, temperature=0.7, top_p=0.9)
+GRPO_CFG = grpo.GRPOConfig(kl_coef=0.05, sampling=SamplingConfig(top_p=0.9))
 
 
 def _model(family="qwen3_5"):

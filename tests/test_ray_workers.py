@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bat_jax.rollout.agent_loop import AgentLoopConfig
+from bat_jax.rollout.sampling import SamplingConfig
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, assign_episodes
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -51,7 +52,7 @@ def test_run_episodes_spreads_the_given_episodes_and_keeps_their_order(monkeypat
             return Ref([f"{request}/{i}.{k}@{seed} on {self.name}" for request, i, k in episodes])
 
     workers = [Worker("w0"), Worker("w1")]
-    rollouts = RayRollouts(workers, AgentLoopConfig(episodes_per_state=2, progress=False))
+    rollouts = RayRollouts(workers, AgentLoopConfig(sampling=SamplingConfig(group_size=2), progress=False))
     episodes = [(r, i, k) for i, r in enumerate("abcd") for k in range(2)][3:]
     handed = {}
     got = rollouts.run_episodes(episodes, seed=9, on_trajectory=handed.__setitem__)
@@ -105,8 +106,9 @@ def test_two_ray_workers_match_the_in_process_loop():
     requests = [rl_request(row, st, f"st-{i}", compact) for i, (row, st) in enumerate(zip(rows, starts))]
     # lockstep: the engine calls of a share are then the same in the worker and the reference, so the logprobs are
     # equal bit for bit (the continuous schedule batches by timing: the same ids, logprobs up to round-off)
-    agent = AgentLoopConfig(episodes_per_state=4, max_assistant_turns=2, max_tokens_per_turn=8, max_context_tokens=2048,
-                            temperature=0.7, progress=False, schedule="lockstep")
+    agent = AgentLoopConfig(sampling=SamplingConfig(group_size=4),
+                            max_assistant_turns=2, max_tokens_per_turn=8, max_context_tokens=2048,
+                            progress=False, schedule="lockstep")
     spec = WorkerSpec(PolicyConfig(architecture="qwen3", tiny=TINY, prompt_style="compact"), agent, "local",
                       EngineConfig(max_batch=8))
     learner = build_policy(dataclasses.replace(spec.policy, seed=1))  # the weights the workers must take
@@ -126,9 +128,9 @@ def test_two_ray_workers_match_the_in_process_loop():
     loop = spec.build_loop(ref_policy)
     assert install_params(ref_policy, loop.engine, host_params(learner.model)) == 1
     per_call = {}
-    for share in assign_episodes(len(requests), agent.episodes_per_state, 2):  # the workers' episodes per call
+    for share in assign_episodes(len(requests), agent.sampling.group_size, 2):  # the workers' episodes per call
         per_call.update(zip(share, loop.run_episodes([(requests[i], i, k) for i, k in share], seed=7)))
-    want = [per_call[(i, k)] for i in range(len(requests)) for k in range(agent.episodes_per_state)]
+    want = [per_call[(i, k)] for i in range(len(requests)) for k in range(agent.sampling.group_size)]
 
     assert [(t.state_id, t.episode) for t in got] == [(f"st-{i}", k) for i in range(2) for k in range(4)]
     assert sorted(handed) == list(range(8)) and all(handed[p] is t for p, t in enumerate(got))

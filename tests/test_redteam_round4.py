@@ -16,6 +16,7 @@ from bat_jax.models.episode import EpisodeBuilder
 from bat_jax.models.tokenizer import load_tiny_tokenizer
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
+from bat_jax.rollout.sampling import SamplingConfig
 from bat_jax.rollout.play import play
 from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
@@ -253,7 +254,8 @@ class _Prints(FakeSandbox):
 def _loop_with(text: str, limit: int, turns: int = 6, episodes: int = 1):
     box = type("Box", (_Prints,), {"text": text})
     builder = EpisodeBuilder(TINY, "qwen3_5")
-    config = AgentLoopConfig(episodes_per_state=episodes, max_assistant_turns=turns, max_context_tokens=limit,
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=episodes),
+                             max_assistant_turns=turns, max_context_tokens=limit,
                              progress=False)
     return AgentLoop(RealCallEngine(builder), lambda: EpisodeBuilder(TINY, "qwen3_5"), box, config).run([REQUEST])
 
@@ -271,7 +273,7 @@ def test_18_many_small_observations_stop_at_the_limit_keeping_the_ones_that_fit(
 
 def test_19_an_engine_overshooting_its_budget_at_the_context_edge_stays_within_it():
     tok = WordTokenizer()
-    config = AgentLoopConfig(episodes_per_state=1, max_context_tokens=9, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=1), max_context_tokens=9, progress=False)
     (t,) = AgentLoop(ScriptedEngine([[10, 11, 11, 11, 11, 11, 11, 11, 11, 11, 2]], obey_budget=False),
                      lambda: StubBuilder(tok), FakeSandbox, config).run([REQUEST])
     assert len(t.ids) <= 9 and t.finish_reason == tj.FINISH_MAX_CONTEXT
@@ -280,7 +282,7 @@ def test_19_an_engine_overshooting_its_budget_at_the_context_edge_stays_within_i
 def test_20_a_prompt_longer_than_the_context_is_cut_and_fits_the_batch():
     tok = WordTokenizer()
     long = dataclasses.replace(REQUEST, user_message="word " * 50)
-    config = AgentLoopConfig(episodes_per_state=1, max_context_tokens=16, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=1), max_context_tokens=16, progress=False)
     (t,) = AgentLoop(ScriptedEngine([[10, 2]]), lambda: StubBuilder(tok), FakeSandbox, config).run([long])
     assert len(t.ids) == 16 and not t.loss_mask.any() and t.finish_reason == tj.FINISH_MAX_CONTEXT
     assert gr.batch_rows(FakeLearner(), [t], gr.GRPOBlockConfig(max_context_tokens=16))["input_ids"].shape[1] == 16

@@ -114,6 +114,7 @@ def test_an_odd_name_reads_back_from_docker_and_through_the_agent_loop():
     from bat_jax.models.episode import EpisodeBuilder
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
+    from bat_jax.rollout.sampling import SamplingConfig
     from bat_jax.rollout.engine import Completion
     from bat_jax.sandbox.backends import backend_factory
 
@@ -128,7 +129,7 @@ def test_an_odd_name_reads_back_from_docker_and_through_the_agent_loop():
                     for _ in prompts]
 
     loop = AgentLoop(OneTurn(), lambda: EpisodeBuilder(tok, "qwen3_5"), backend_factory("docker"),
-                     AgentLoopConfig(episodes_per_state=1, max_assistant_turns=1, progress=False))
+                     AgentLoopConfig(sampling=SamplingConfig(group_size=1), max_assistant_turns=1, progress=False))
     request = RolloutRequest("row", SandboxState(files={"task.md": b"T"}), "sys", "user")
     (traj,) = loop.run([request])
     assert not traj.infra_error and not traj.agent_error, traj.infra_error
@@ -260,6 +261,7 @@ def test_a_crashing_turn_ends_one_episode_never_the_batch():
 
     from bat_jax.rollout import trajectory as tj
     from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
+    from bat_jax.rollout.sampling import SamplingConfig
 
     tok = WordTokenizer()
     tok.pieces[20] = BAD_TURNS["brackets_1000"]
@@ -281,7 +283,7 @@ def test_a_crashing_turn_ends_one_episode_never_the_batch():
                 raise RuntimeError("cannot tokenise this")
             return super().add_tool_response(text)
 
-    config = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=3, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=2), max_assistant_turns=3, progress=False)
     trajs = AgentLoop(PerRow([[10, EOT]]), lambda: StubBuilder(tok), FakeSandbox, config).run([REQUEST])
     assert [t.finish_reason for t in trajs] == [tj.FINISH_MAX_TURNS] * 2
     tool_messages = [m["content"] for m in trajs[0].messages if m["role"] == "tool"]
@@ -297,13 +299,14 @@ def test_a_failed_engine_call_ends_its_episodes_unscored_not_the_batch():
 
     from bat_jax.rollout import trajectory as tj
     from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
+    from bat_jax.rollout.sampling import SamplingConfig
 
     class Dies(ScriptedEngine):
         def generate(self, prompts, params, *, max_new_tokens=None, seeds=None):
             raise RuntimeError("engine gone")
 
     for schedule in ("continuous", "lockstep"):
-        config = AgentLoopConfig(episodes_per_state=2, progress=False, schedule=schedule)
+        config = AgentLoopConfig(sampling=SamplingConfig(group_size=2), progress=False, schedule=schedule)
         trajs = AgentLoop(Dies([[10]]), lambda: StubBuilder(WordTokenizer()), FakeSandbox, config).run([REQUEST])
         assert [t.finish_reason for t in trajs] == [tj.FINISH_ENGINE_ERROR] * 2
         assert all("engine gone" in t.infra_error and not t.scored for t in trajs)

@@ -10,6 +10,7 @@ import pytest
 
 from bat_jax.learn import grpo, objective
 from bat_jax.learn.rollout_correction import correct, merge_metrics
+from bat_jax.rollout.sampling import SamplingConfig
 
 LEARNER = np.array([[0.0, -1.0, -2.0, -0.5, 0.0], [0.0, -0.3, -0.3, 0.0, 0.0]])
 ENGINE = np.array([[0.0, -1.5, -1.9, -0.5, 0.0], [0.0, -0.1, -0.2, 0.0, 0.0]])
@@ -95,7 +96,8 @@ def test_bf16_engine_against_fp32_learner_mismatch_and_corrected_loss(tmp_path):
         rows.append({"input_ids": ids, "attention_mask": np.ones_like(ids), "loss_mask": mask,
                      "old_logprobs": np.r_[np.zeros(len(p)), c.logprobs].astype(np.float32)})
     learner = Learner(model, MeshConfig(data=1, fsdp=1, tensor=1), MemoryConfig(attention_block=0, logit_chunk=0))
-    gcfg = grpo.GRPOConfig(temperature=1.0, kl_coef=0.0, tis_cap=1.02, seq_ratio_range=(0.5, 2.0))
+    gcfg = grpo.GRPOConfig(sampling=SamplingConfig(temperature=1.0), kl_coef=0.0, tis_cap=1.02,
+                           seq_ratio_range=(0.5, 2.0))
     batch = pad_batch(rows, multiple=1)
     engine_lp = batch["old_logprobs"]
     learner_lp = learner.logprobs(learner.params, batch, gcfg)

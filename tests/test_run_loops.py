@@ -13,6 +13,7 @@ import pytest
 
 from bat_jax.bicurl import experiment as ex
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
+from bat_jax.rollout.sampling import SamplingConfig
 from bat_jax.rollout.engine import Completion
 from bat_jax.bicurl.run_loops import eval_cells, open_run_loops, warm_pool_size
 from bat_jax.sandbox.docker import DockerSandbox, connect
@@ -76,7 +77,8 @@ def test_a_pooled_rollout_after_a_dirty_episode_sees_exactly_a_fresh_state():
     state_b = SandboxState(files={"b.txt": b"B"}, env={"SEED": "7"})
     tok = WordTokenizer()
     engine = OneCallEngine(tok)
-    config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=1, max_tool_calls=1, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=1),
+                             max_assistant_turns=1, max_tool_calls=1, progress=False)
     held, prints = [], []
     with open_backend("docker", concurrency=2, warm=1) as backend:  # one container: B runs where A ran
 
@@ -117,8 +119,8 @@ def test_the_experiment_loops_share_one_warm_pool_by_default(tmp_path):
     c = micro_config.components(tmp_path / "bank")
     assert ex.BiCuRLConfig().sandbox_pool is True
     cells = eval_cells(c.evaluation, c.benchmark)
-    assert warm_pool_size(c.pools.batch_size * c.agent.episodes_per_state, cells) == 8  # 4 rows x K=2 > 1 cell
-    assert warm_pool_size(1 * c.agent.episodes_per_state, cells) == 2
+    assert warm_pool_size(c.pools.batch_size * c.sampling.group_size, cells) == 8  # 4 rows x K=2 > 1 cell
+    assert warm_pool_size(1 * c.sampling.group_size, cells) == 2
     assert warm_pool_size(0, cells) == 1  # rollouts on Ray workers: the evaluation's one cell
     policy = build_policy(c.policy)
     loops = open_run_loops(policy, None, c.agent, c.evaluation, c.benchmark, c.pools.batch_size, "docker")
@@ -171,7 +173,7 @@ def test_a_rollout_worker_keeps_its_own_warm_pool_and_removes_it_on_close():
     from bat_jax.bicurl.engines import EngineConfig
     from bat_jax.bicurl.ray_workers import RolloutWorker, WorkerSpec
 
-    agent = AgentLoopConfig(episodes_per_state=4, max_assistant_turns=2, max_tokens_per_turn=8,
+    agent = AgentLoopConfig(sampling=SamplingConfig(group_size=4), max_assistant_turns=2, max_tokens_per_turn=8,
                             max_context_tokens=1024, progress=False)
     tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "max_position_embeddings": 1024}
     worker = RolloutWorker(WorkerSpec(PolicyConfig(architecture="qwen3", tiny=tiny, prompt_style="compact"), agent,

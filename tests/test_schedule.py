@@ -13,6 +13,7 @@ import pytest
 from bat_jax.models.chat import render_action
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
+from bat_jax.rollout.sampling import SamplingConfig
 from bat_jax.rollout.engine import Completion
 from bat_jax.sandbox.local import NullSandbox
 from bat_jax.sandbox.tools import Action
@@ -85,7 +86,8 @@ def test_continuous_matches_lockstep_on_local_sandboxes():
     out, engines = {}, {}
     for schedule, concurrent in (("lockstep", 1), ("continuous", 1), ("continuous", 3)):
         engines[schedule, concurrent] = engine = SeededEngine(turns)
-        config = AgentLoopConfig(episodes_per_state=3, max_assistant_turns=6, max_workers=4, progress=False,
+        config = AgentLoopConfig(sampling=SamplingConfig(group_size=3),
+                                 max_assistant_turns=6, max_workers=4, progress=False,
                                  schedule=schedule, max_generate_batch=4, max_concurrent_generate=concurrent)
         loop = AgentLoop(engine, lambda: EpisodeBuilder(tok, "qwen3_5"), LocalSandbox, config)
         out[schedule, concurrent] = loop.run(_requests(3), seed=11)
@@ -195,7 +197,8 @@ def test_tool_call_of_one_episode_overlaps_generation_of_another():
             sb.is_zero = state.files["who"] == b"0"
             return sb
 
-        config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=2, max_workers=2, progress=False,
+        config = AgentLoopConfig(sampling=SamplingConfig(group_size=1),
+                                 max_assistant_turns=2, max_workers=2, progress=False,
                                  schedule=schedule)
         loop = AgentLoop(Engine(), lambda: EventBuilder(tok), factory, config)
         trajs = loop.run(requests, seed=0)
@@ -244,7 +247,8 @@ def test_an_ended_episode_is_handed_on_while_others_run():
             if position == 1:
                 one_handed_on.set()
 
-        config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=2, max_workers=2, progress=False,
+        config = AgentLoopConfig(sampling=SamplingConfig(group_size=1),
+                                 max_assistant_turns=2, max_workers=2, progress=False,
                                  schedule=schedule)
         trajs = AgentLoop(Engine(), lambda: EventBuilder(tok), Sandbox, config).run(requests, seed=0,
                                                                                    on_trajectory=on_trajectory)
@@ -284,7 +288,8 @@ def test_every_episode_gets_its_own_sandbox_thread_by_default(schedule):
             all_in.wait()  # raises BrokenBarrierError when not all 8 are being created together
             return NullSandbox(state)
 
-        config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=1, max_workers=workers, progress=False,
+        config = AgentLoopConfig(sampling=SamplingConfig(group_size=1),
+                                 max_assistant_turns=1, max_workers=workers, progress=False,
                                  schedule=schedule)
         trajs = AgentLoop(Engine(), lambda: EventBuilder(tok), factory, config).run(requests, seed=0)
         assert sum(bool(t.infra_error) for t in trajs) == unscored, (workers, [t.infra_error for t in trajs])
@@ -313,8 +318,8 @@ def test_continuous_matches_lockstep_with_the_jax_sampler():
     im_start = tok.convert_tokens_to_ids("<|im_start|>")
     out = {}
     for schedule in ("lockstep", "continuous"):
-        config = AgentLoopConfig(episodes_per_state=3, max_assistant_turns=3, max_tokens_per_turn=8,
-                                 temperature=0.7, progress=False, schedule=schedule, max_generate_batch=2)
+        config = AgentLoopConfig(sampling=SamplingConfig(group_size=3), max_assistant_turns=3, max_tokens_per_turn=8,
+                                 progress=False, schedule=schedule, max_generate_batch=2)
         loop = AgentLoop(sampler, lambda: EpisodeBuilder(tok, "qwen3_5"), LocalSandbox, config,
                          extra_stop_ids=(im_start,))
         out[schedule] = loop.run(_requests(2), seed=3)
@@ -343,7 +348,8 @@ def test_max_concurrent_generate_calls_in_flight(concurrent):
             return [Completion(np.asarray([10, 1], np.int32), np.zeros(2, np.float32), "stop") for _ in prompts]
 
     tok = EventTokenizer()
-    config = AgentLoopConfig(episodes_per_state=2, max_assistant_turns=1, progress=False, max_generate_batch=1,
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=2),
+                             max_assistant_turns=1, progress=False, max_generate_batch=1,
                              max_concurrent_generate=concurrent)
     trajs = AgentLoop(Engine(), lambda: EventBuilder(tok), NullSandbox, config).run(_requests(1), seed=0)
     assert [t.finish_reason for t in trajs] == [tj.FINISH_MAX_TURNS] * 2

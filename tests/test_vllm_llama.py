@@ -25,12 +25,14 @@ from bat_jax.models import hf_io  # noqa: E402
 from bat_jax.models.llama import LlamaForCausalLM  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams  # noqa: E402
 from bat_jax.rollout.jax_sampler import JaxSampler  # noqa: E402
+from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 NEW_TOKENS = 32
-SCORE_CFG = grpo.GRPOConfig(kl_coef=0.0, temperature=1.0)  # the learner's scoring at T = 1 (raw logprobs)
+# the learner's scoring at T = 1 (raw logprobs)
+SCORE_CFG = grpo.GRPOConfig(kl_coef=0.0, sampling=SamplingConfig(temperature=1.0))
 
 
 @pytest.fixture(scope="module")

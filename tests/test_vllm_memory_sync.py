@@ -12,8 +12,6 @@ the learner does (the row chunks landed in the right rows).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from flax import nnx
@@ -26,6 +24,7 @@ from bat_jax.models.configs import Qwen3Config  # noqa: E402
 from bat_jax.models.mesh import MeshConfig  # noqa: E402
 from bat_jax.models.qwen3 import Qwen3ForCausalLM  # noqa: E402
 from bat_jax.rollout import vllm_memory  # noqa: E402
+from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.rollout.vllm_replicas import VLLMReplicaPool  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -69,8 +68,8 @@ def test_sync_holds_what_the_plan_says(tmp_path):
         prompt, completion = [5, 17, 900, 3000], [12, 7000, 15000, 2]
         seq = prompt + completion
         batch = {"input_ids": np.asarray([seq], np.int32), "attention_mask": np.ones((1, len(seq)), np.int32)}
-        want = np.asarray(learner.logprobs(learner.params, batch, dataclasses.replace(
-            grpo.GRPOConfig(kl_coef=0.0), temperature=1.0)))[0, len(prompt):]
+        want = np.asarray(learner.logprobs(learner.params, batch, 
+            grpo.GRPOConfig(kl_coef=0.0, sampling=SamplingConfig(temperature=1.0))))[0, len(prompt):]
         got = pool.score([prompt], [completion])[0]
         np.testing.assert_allclose(got, want, atol=1e-3)
     finally:

@@ -24,6 +24,7 @@ from bat_jax.models.mesh import MeshConfig  # noqa: E402
 from bat_jax.learn.optim import OptimizerConfig  # noqa: E402
 from bat_jax.models import hf_io  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams  # noqa: E402
+from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
 from bat_jax.rollout.vllm_replicas import VLLMReplicaPool  # noqa: E402
 
@@ -31,7 +32,7 @@ from doubles import vllm_reference_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-SCORE = grpo.GRPOConfig(kl_coef=0.0, temperature=1.0)  # raw logprobs, as VLLMEngine.score gives
+SCORE = grpo.GRPOConfig(kl_coef=0.0, sampling=SamplingConfig(temperature=1.0))  # raw logprobs, as VLLMEngine.score
 
 
 def _prompts(n, seed):

@@ -68,6 +68,7 @@ def test_an_episode_continues_across_syncs_and_each_turn_keeps_its_version():
     the new weights, and the trajectory records 3, 4, 5 (`staleness.judge_group` then aborts it under 'abort')."""
     from bat_jax.learn.staleness import StalenessConfig, judge_group
     from bat_jax.rollout.agent_loop import AgentLoopConfig
+    from bat_jax.rollout.sampling import SamplingConfig
 
     from doubles import ACTION, REQUEST, FakeSandbox, ScriptedEngine
     from doubles import scripted_agent_loop as _loop
@@ -88,7 +89,7 @@ def test_an_episode_continues_across_syncs_and_each_turn_keeps_its_version():
             gate.update_weights(None)  # the learner syncs while the tool call runs
             return super().execute_code(language, code, timeout_s)
 
-    config = AgentLoopConfig(episodes_per_state=1, max_assistant_turns=3, progress=False)
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=1), max_assistant_turns=3, progress=False)
     (traj,) = _loop(gate, config, sandbox_factory=SyncingSandbox).run([REQUEST])
     assert traj.turn_versions == (3, 4, 5) and traj.weight_version == 5 and traj.began_version == 3
     verdicts = [judge_group([traj.turn_versions], [traj.weight_version], [False], 6,

@@ -37,6 +37,7 @@ from bat_jax.models.configs import Qwen3_5Config  # noqa: E402
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams  # noqa: E402
 from bat_jax.rollout.jax_sampler import JaxSampler  # noqa: E402
+from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, checkpoint_tensor_shapes  # noqa: E402
 
 # head dims 64: the smallest the CPU attention and Gated DeltaNet kernels take; layers 0-2 DeltaNet, 3 attention.
@@ -45,7 +46,7 @@ CFG = Qwen3_5Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_
                     num_attention_heads=2, num_key_value_heads=1, head_dim=64, linear_key_head_dim=64,
                     linear_value_head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
                     max_position_embeddings=1024, tie_word_embeddings=False, dtype="bfloat16", param_dtype="float32")
-SCORE = grpo.GRPOConfig(kl_coef=0.0, temperature=1.0)  # raw logprobs, as VLLMEngine.score gives
+SCORE = grpo.GRPOConfig(kl_coef=0.0, sampling=SamplingConfig(temperature=1.0))  # raw logprobs, as VLLMEngine.score
 NEW = 16
 READ_BACK = ("model.layers.0.linear_attn.A_log", "model.layers.1.linear_attn.norm.weight", "model.norm.weight",
              "model.layers.3.input_layernorm.weight")  # unfused in vLLM: compared bit for bit after the sync

@@ -25,7 +25,7 @@ step's finished groups are gathered and settled on every process alike (`multiho
 
 The round's counts of dropped-stale, evicted, aborted and refilled groups and the mean / max staleness trained on go
 to `ledger.GRPOStats`. Everything else (signal diagnostics, mismatch, the after-block probe) is as in the
-synchronous block.
+synchronous block: both train a step's groups and write the round's record through `grpo_round.BlockRun`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from bat_jax.bicurl import grpo_round as gr
 from bat_jax.bicurl import multihost
 from bat_jax.bicurl.reward import TaskCache
 from bat_jax.bicurl.round_journal import RoundJournal
-from bat_jax.learn import grpo
 from bat_jax.learn.dynamic_sampling import SpareRows
 from bat_jax.learn.learner import Learner
 from bat_jax.learn.staleness import StaleCounts, judge_group
@@ -90,7 +89,7 @@ def _roll_group(loop: AgentLoop, bank: StageBank, item: pools.RoundItem, index: 
     `run_episodes`, e.g. Ray rollouts, samples it as row 0 of its own call."""
     start = bank.load_state(item.row.state)
     request = gr.rl_request(item.row, start, item.round_state_id, block.prompt)
-    k_rollouts = block.grpo.group_size
+    k_rollouts = block.grpo.sampling.group_size
     with gr.RolloutScorer([item.row] * k_rollouts, [start] * k_rollouts, tasks.benchmark, judge, block.reward,
                           tasks) as scorer:
         if hasattr(loop, "run_episodes"):
@@ -120,20 +119,14 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
 
     Raises: whatever a rollout, scorer or learner step raises (the rollouts in flight are waited for first).
     """
-    cfg, rules = block.objective, block.staleness
+    rules = block.staleness
     s = rules.max_staleness
     batches = [list(b) for b in round_view.batches]
-    step_fn, state = learner.grpo_block(cfg, block.optimizer, total_steps=len(batches) * cfg.epochs,
-                                        num_micro_batches=block.micro_batches)
-    ref_params = learner.params
-    tasks = TaskCache(benchmark, block.reward.task_cache_size)
+    run = gr.BlockRun(learner, round_view, block, benchmark)
     loop = gated(loop)
     spares = SpareRows(round_view.spares)
     counts = StaleCounts()
-    seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": "", "items": []}
-    varied = grouped = drawn = dropped = trained = 0
     extra = collections.Counter()  # batch → replacement rows for lack of signal (dynamic sampling)
-    before, first, mismatch, trained_pools = [], None, [], collections.Counter()
     slots = [[_Slot(b, i, item) for i, item in enumerate(batch)] for b, batch in enumerate(batches)]
     workers = rules.concurrent_groups or max(1, max((len(b) for b in batches), default=1) * (1 + s))
     admitted = 0  # batches whose work has been handed to the pool
@@ -148,7 +141,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
         slot.future = pool.submit(
             journal.rolled_out, f"b{slot.batch:04d}-i{slot.index:03d}-w{slot.wave:03d}", [item.round_state_id],
             group_seed, base_version,
-            lambda: _roll_group(loop, bank, item, slot.index, block, group_seed, judge, tasks))
+            lambda: _roll_group(loop, bank, item, slot.index, block, group_seed, judge, run.tasks))
 
     def refill(slot: _Slot, same_row: bool) -> bool:
         """Re-queues the slot (its own row, or a spare of its pool); False when no refill is left."""
@@ -167,21 +160,12 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
 
         Main thread; with several processes every process settles every group, from the same gathered results.
         """
-        nonlocal drawn, dropped
         trajs, scored = result
         slot.future = None
-        drawn += 1
+        run.tally.groups_drawn += 1
         rewards = [r.reward for r in scored]
-        n_unscored, n_agent_failed = gr.rollout_counts(trajs, rewards)
-        seen["unscored"] += n_unscored
-        seen["agent_failed"] += n_agent_failed
-        seen["rollouts"] += len(rewards)
-        seen["rewards"] += [r for r in rewards if r is not None]
-        seen["version"] = scored[0].version if scored else seen["version"]
-        seen["items"] += [(slot.item.row.provenance.track, r.items) for r in scored
-                          if r.reward is not None and r.items]
-        if slot.batch == 0 and slot.wave == 0:  # the pool reward before: the first batch's own rows
-            before.extend(r for r in rewards if r is not None)
+        run.count_rollouts(trajs, scored, [slot.item] * len(scored),
+                           first_wave=slot.batch == 0 and slot.wave == 0)
         verdict = judge_group([getattr(t, "turn_versions", ()) for t in trajs],
                               [getattr(t, "weight_version", 0) for t in trajs],
                               [bool(getattr(t, "infra_error", "")) for t in trajs], current, rules)
@@ -192,7 +176,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
             return
         ds = block.dynamic_sampling
         if ds.enabled and not ds.keeps(rewards):
-            dropped += 1
+            run.tally.groups_dropped += 1
             if extra[slot.batch] < ds.max_extra_rows and spares.available(slot.item.pool):
                 extra[slot.batch] += 1
                 slot.item, slot.wave = spares.take(slot.item.pool), slot.wave + 1
@@ -206,8 +190,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="grpo-group") as pool:
         try:
             for b in range(len(batches)):
-                learner.params = state.params
-                current = loop.engine.update_weights(learner.sync_model(state.params))
+                current = run.sync(loop)
                 base_version = int(current) if b == 0 else base_version
                 while admitted < len(batches) and admitted <= b + s:  # admission: batches up to b + s
                     for slot in slots[admitted]:
@@ -219,31 +202,10 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
                     for slot in unsettled:
                         if slot.index in done:
                             settle(slot, current, done[slot.index])
-                groups = [slot for slot in slots[b] if slot.group is not None]
-                trained += len(groups)
-                trained_pools.update(slot.item.pool for slot in groups)
-                trajectories = [t for slot in groups for t in slot.group[0]]
-                rewards = [r.reward for slot in groups for r in slot.group[1]]
-                k, n = gr.group_variance(rewards, [t.state_id for t in trajectories])
-                varied, grouped = varied + k, grouped + n
-                if not trajectories:
-                    continue
-                host = gr.batch_rows(learner, trajectories, block)
-                host["ref_logprobs"] = learner.logprobs(ref_params, host, cfg)
-                ids = [t.state_id for t in trajectories]
-                ids += [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
-                host = grpo.with_advantages(host, rewards + [None] * (len(ids) - len(rewards)), ids, cfg)
-                mismatch += gr.behaviour_logprobs(learner, host, cfg, state.params, at_round_start=first is None)
-                first = host if first is None else first
-                for _ in range(cfg.epochs):
-                    state, _ = step_fn(state, host)
+                run.train_groups([(slot.item.pool, *slot.group) for slot in slots[b] if slot.group is not None])
         finally:  # an error: let the groups in flight end before their sandboxes and scorers go
             for row in slots:
                 for slot in row:
                     if slot.future is not None:
                         slot.future.cancel()
-    learner.adopt(state)
-    return gr.round_end(learner, loop, bank, round_view, block, judge, tasks, seed=seed, first=first, seen=seen,
-                        before=before, mismatch=mismatch, trained_pools=trained_pools,
-                        group_counts=dict(groups_with_variance=varied, groups_scored=grouped, groups_drawn=drawn,
-                                          groups_dropped=dropped, groups_trained=trained), **counts.summary())
+    return run.finish(loop, bank, round_view, judge, seed, **counts.summary())

@@ -28,15 +28,13 @@ import dataclasses
 import json
 import pathlib
 import time
-from collections.abc import Sequence
 
 import jax
-import numpy as np
 
 from bat_jax import report
 from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary, display
-from bat_jax.benchmark.stages import E2E, StageSet
+from bat_jax.benchmark.stages import StageSet
 from bat_jax.bicurl import evaluation as ev
 from bat_jax.bicurl import multihost, round_journal
 from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
@@ -47,6 +45,7 @@ from bat_jax.bicurl.async_block import run_grpo_block
 from bat_jax.bicurl.grpo_round import GRPOBlockConfig
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
 from bat_jax.bicurl.reward import RewardConfig
+from bat_jax.bicurl.round_rows import RoundRows, kl_prompts
 from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer, checkpoint_name, checkpoint_step
 from bat_jax.curriculum import controller as ctl
@@ -54,23 +53,21 @@ from bat_jax.errors import ConfigValueError
 from bat_jax.curriculum import router
 from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
-from bat_jax.learn.batching import pad_batch
 from bat_jax.learn.learner import Learner, MemoryConfig
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.models.mesh import MeshConfig
-from bat_jax.models.episode import EpisodeBuilder
 from bat_jax.policy import Policy, PolicyConfig, build_policy
 from bat_jax.prompts import PromptFormat
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.rollout.engine import RolloutEngine
+from bat_jax.rollout.sampling import SamplingConfig
 from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.bank import BankView, StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe
 from bat_jax.stage_bank.factory_loop import FactoryLoopConfig, FactoryProcess
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
-from bat_jax.stage_bank.row import RLRow
 from bat_jax.staged_benchmark.contract import BenchmarkError, StagedBenchmark
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
 
@@ -150,10 +147,11 @@ class Components:
     `bank` steered by the run's aggregate scores (`stage_bank/factory_loop.py`); it stops with the run, and rounds
     read whatever version is admitted when they start (`BiCuRLConfig.bank_version`). Unset = the bank is built once.
 
+    `sampling` (`rollout/sampling.SamplingConfig`) is the run's one K and sampling transform: construction puts
+    this one object into `agent.sampling` and `grpo.sampling`, so the rollouts and GRPO's logprobs cannot disagree.
+
     Raises:
       ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler).
-      errors.ConfigValueError: K or the sampling transform bound differently for GRPO and the agent loop
-        (`_check_rollout_settings`).
     """
 
     benchmark: StagedBenchmark | None = None
@@ -178,34 +176,13 @@ class Components:
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     staleness: StalenessConfig = StalenessConfig()  # bounded-staleness GRPO (learn/staleness.py); 0 = synchronous
     factory_loop: FactoryLoopConfig | None = None
+    sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self):
-        _check_rollout_settings(self.grpo, self.agent)
+        object.__setattr__(self, "agent", dataclasses.replace(self.agent, sampling=self.sampling))
+        object.__setattr__(self, "grpo", dataclasses.replace(self.grpo, sampling=self.sampling))
         if self.ray is not None and self.engine.kind != "jax":
             raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine kind 'jax'")
-
-
-_SHARED = (("group_size", "episodes_per_state"), ("temperature", "temperature"), ("top_p", "top_p"),
-           ("top_k", "top_k"))  # (GRPOConfig field, AgentLoopConfig field): one value, read by both
-
-
-def _check_rollout_settings(grpo_config: grpo.GRPOConfig, agent: AgentLoopConfig) -> None:
-    """Raises unless GRPO and the agent loop agree on K and on the sampling transform.
-
-    The loop rolls K episodes per state and samples them under (temperature, top_p, top_k); GRPO groups by K and
-    computes its logprobs under the same transform, so its first ratios start at exactly 1. A binding that
-    changes one side only fails here, at launch, naming both bindings.
-
-    Raises:
-      errors.ConfigValueError: the first disagreeing pair, e.g. `GRPOConfig.temperature` and
-        `AgentLoopConfig.temperature`.
-    """
-    for g_name, a_name in _SHARED:
-        g, a = getattr(grpo_config, g_name), getattr(agent, a_name)
-        if g != a:
-            raise ConfigValueError(
-                f"GRPOConfig.{g_name} = {g!r} but AgentLoopConfig.{a_name} = {a!r}: the rollouts and GRPO must "
-                f"share one value; bind both (the run files bind them through one macro)")
 
 
 def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components: Components = Components()) -> dict:
@@ -231,14 +208,14 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         if records:
             exp.learner.params = exp.restore(records[-1].retained_checkpoint)
         rounds = 0 if config.mode == "sft_only" else config.rounds
-        kl_prompts = _kl_prompts(exp.view.rl_rows, exp.policy, exp.prompt, components.policy_shift)
+        kl_probe = kl_prompts(exp.view.rl_rows, exp.policy, exp.prompt, components.policy_shift)
         for r in range(len(records) + 1, rounds + 1):
             t_round = time.perf_counter()
             last_scores = records[-1].controller_scores["stage_scores"] if records else round0.stage_scores
             decision = router.route(last_scores, exp.stages, round_index=r, held=controller.state.held,
                                     reference_scores=controller.state.reference_scores, config=components.router)
             view = exp.feed.round_start(r, exp.view)  # resolved now, never waiting on a factory
-            round_view = _round_view(exp, view, decision.target, r)
+            round_view = exp.round_rows.view(view, decision.target, r)
             # what the block rolls out is journaled: a killed round resumes on it (one process: its writer)
             journal = round_journal.for_round(run_dir, r, enabled=jax.process_count() == 1)
             stats = run_grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
@@ -247,7 +224,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                 print(journal.line(), flush=True)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
-                                       *kl_prompts, config=components.policy_shift)
+                                       *kl_probe, config=components.policy_shift)
             verdict = multihost.agree(_judge_candidate(exp, controller, r, summary, shift), f"round {r} decision")
             if verdict.new_best:
                 best_params = exp.learner.host_copy(exp.learner.params)
@@ -296,7 +273,7 @@ class _Experiment:
     bank: StageBank
     feed: BankFeed
     view: BankView
-    manifest: HeldOutManifest
+    round_rows: RoundRows
     engine: RolloutEngine
     loops: RunLoops
     judge: RubricJudge | None
@@ -373,7 +350,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     multihost.check_config(sampler_mesh=components.engine.sampler_mesh is not None)
     engine = multihost.local_engine(build_engine(  # with several processes: its own model copy, fed gathered weights
         multihost.engine_policy(policy), components.engine, agent.max_context_tokens, multihost.host_dir(run_dir),
-        batch_episodes=components.pools.batch_size * agent.episodes_per_state))
+        batch_episodes=components.pools.batch_size * components.sampling.group_size))
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None
@@ -398,7 +375,9 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                             max_context_tokens=agent.max_context_tokens, prompt=prompt,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling,
                             max_response_tokens=agent.max_response_tokens, staleness=components.staleness)
-    return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, manifest,
+    round_rows = RoundRows(config.mode, config.grpo_steps_per_round, components.pools, components.dynamic_sampling,
+                           manifest, bank.load_state)
+    return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, round_rows,
                        engine, loops, judge,
                        Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
                        multihost.primary_only(lambda: Ledger(run_dir / "ledger.jsonl")),  # writers: process 0
@@ -459,23 +438,6 @@ def _resume(exp: _Experiment, round0: ctl.Evaluation) -> tuple[ctl.Controller, l
     return controller, records
 
 
-def _round_view(exp: _Experiment, view: BankView, target, round_index: int) -> pools.RoundView:
-    """The round's pool batches (and dynamic sampling's spare rows) for target stage `target`.
-
-    They come from bank version `view`, after the leakage preflight of every row they hold (before the round's first
-    rollout)."""
-    rows, pool_config = mode_pools(view.rl_rows, exp.config.mode, exp.components.pools)
-    sampling = exp.components.dynamic_sampling
-    spares = sampling.max_extra_rows * exp.config.grpo_steps_per_round if sampling.enabled else 0
-    round_view = pools.build_round_view(rows, target, round_index=round_index,
-                                        n_batches=exp.config.grpo_steps_per_round, config=pool_config,
-                                        spares_per_pool=spares)
-    spare_items = [item for items in round_view.spares.values() for item in items]
-    preflight(exp.manifest, rows=[item.row for item in round_view.items + spare_items],
-              load_state=exp.bank.load_state, source=f"round {round_index} view").raise_if_leaky()
-    return round_view
-
-
 def _judge_candidate(exp: _Experiment, controller: ctl.Controller, round_index: int, summary: Summary,
                      shift: float) -> ctl.ControllerDecision:
     """Saves the round's candidate (pinning what the controller may still restore) and has the controller decide."""
@@ -515,30 +477,3 @@ def _final_evaluation(exp: _Experiment, config: BiCuRLConfig, systems: dict, bes
           + ", ".join(f"{name} {display(summary.overall)}" for name, summary in final.items())
           + f" Overall ({time.perf_counter() - t0:.0f} s)", flush=True)
     return final
-
-
-def mode_pools(rl_rows: Sequence[RLRow], mode: str, pool_config: pools.PoolConfig
-               ) -> tuple[list[RLRow], pools.PoolConfig]:
-    """The RL rows and pool config a round of `mode` draws from.
-
-    All rows and `pool_config` for BiCuRL; for the GRPO-E2E baseline only the E2E rows, rewarded by their task metric,
-    in the E2E pool alone."""
-    if mode != "grpo_e2e":
-        return list(rl_rows), pool_config
-    rows = [dataclasses.replace(row, reward_source="task_metric") for row in rl_rows if row.focus == E2E]
-    return rows, dataclasses.replace(pool_config, omit=("target", "mix"))
-
-
-def _kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, config: kl.PolicyShiftConfig
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded prompt ids of up to `num_prompts` Stage Bank RL rows.
-
-    They are the KL probe set: training rows, never held-out ones."""
-    prompts = []
-    for row in list(rows)[: config.num_prompts]:
-        messages, tools = prompt.first_messages(row.prompt, row.skill)
-        # through the EpisodeBuilder: text in briefs and skills never becomes a control id
-        prompts.append(list(EpisodeBuilder(policy.tokenizer, policy.chat_family).start(messages, tools)))
-    batch = pad_batch([{"input_ids": np.asarray(p, np.int32), "attention_mask": np.ones(len(p), np.int32)}
-                       for p in prompts], multiple=1)
-    return batch["input_ids"], batch["attention_mask"]

@@ -102,20 +102,11 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     """
     journal = journal if journal is not None else RoundJournal(None)
     base_version = 0  # the engine's version at the block's first sync (the journal's versions count from it)
-    cfg = block.objective
-    step_fn, state = learner.grpo_block(cfg, block.optimizer, total_steps=len(round_view.batches) * cfg.epochs,
-                                        num_micro_batches=block.micro_batches)
-    ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
-    tasks = TaskCache(benchmark, block.reward.task_cache_size)  # the round's rebuilt tasks, shared by its rollouts
-    seen = {"rewards": [], "unscored": 0, "agent_failed": 0, "rollouts": 0, "version": "",  # every drawn rollout
-            "items": []}
-    varied = grouped = drawn = dropped = trained = 0
-    before, first, mismatch, trained_pools = [], None, [], collections.Counter()
+    run = BlockRun(learner, round_view, block, benchmark)
     spares = SpareRows(round_view.spares)
-    k_rollouts = block.grpo.group_size
+    k_rollouts = block.grpo.sampling.group_size
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
-        learner.params = state.params
-        version = loop.engine.update_weights(learner.sync_model(state.params))
+        version = run.sync(loop)
         base_version = int(version or 0) if b == 0 else base_version
         waves = itertools.count()
 
@@ -123,77 +114,153 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
             wave = next(waves)
             trajs, scored = journal.rolled_out(
                 f"sync-b{b:04d}-w{wave:03d}", [item.round_state_id for item in items], wave_seed(seed, b, wave),
-                base_version, lambda: rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, tasks))
-            rewards = [s.reward for s in scored]
-            n_unscored, n_agent_failed = rollout_counts(trajs, rewards)
-            seen["unscored"] += n_unscored
-            seen["agent_failed"] += n_agent_failed
-            seen["rollouts"] += len(rewards)
-            seen["rewards"] += [r for r in rewards if r is not None]
-            seen["version"] = scored[0].version if scored else seen["version"]
-            per_rollout = (item for item in items for _ in range(k_rollouts))  # the rows of `scored`, K a row
-            seen["items"] += [(item.row.provenance.track, s.items) for item, s in zip(per_rollout, scored)
-                              if s.reward is not None and s.items]
-            if b == 0 and wave == 0:  # the pool reward before: the first batch's own rows, dropped ones too
-                before.extend(r for r in rewards if r is not None)
+                base_version, lambda: rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, run.tasks))
+            run.count_rollouts(trajs, scored, [item for item in items for _ in range(k_rollouts)],
+                               first_wave=b == 0 and wave == 0)
             return [(trajs[i * k_rollouts:(i + 1) * k_rollouts], scored[i * k_rollouts:(i + 1) * k_rollouts])
                     for i in range(len(items))]
 
         filled = fill_batch(list(batch), roll, lambda result: [s.reward for s in result[1]], spares,
                             block.dynamic_sampling)
-        drawn, dropped, trained = drawn + filled.drawn, dropped + filled.dropped, trained + len(filled.groups)
-        trained_pools.update(filled.pools)
-        trajectories = [t for _, (trajs, _) in filled.groups for t in trajs]
-        rewards = [s.reward for _, (_, group) in filled.groups for s in group]
-        k, n = group_variance(rewards, [t.state_id for t in trajectories])
-        varied, grouped = varied + k, grouped + n
-        if not trajectories:  # every group dropped and none replaced: nothing to train on
-            continue
-        host = batch_rows(learner, trajectories, block)
-        host["ref_logprobs"] = learner.logprobs(ref_params, host, cfg)
-        groups = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
-        host = grpo.with_advantages(host, rewards + [None] * (len(groups) - len(rewards)), groups, cfg)
-        mismatch += behaviour_logprobs(learner, host, cfg, state.params, at_round_start=first is None)
-        first = host if first is None else first
-        for _ in range(cfg.epochs):
-            state, _ = step_fn(state, host)
-    learner.adopt(state)
-    return round_end(learner, loop, bank, round_view, block, judge, tasks, seed=seed, first=first, seen=seen,
-                     before=before, mismatch=mismatch, trained_pools=trained_pools,
-                     group_counts=dict(groups_with_variance=varied, groups_scored=grouped, groups_drawn=drawn,
-                                       groups_dropped=dropped, groups_trained=trained))
+        run.tally.groups_drawn += filled.drawn
+        run.tally.groups_dropped += filled.dropped
+        run.train_groups([(item.pool, trajs, scored) for item, (trajs, scored) in filled.groups])
+    return run.finish(loop, bank, round_view, judge, seed)
 
 
-def round_end(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
-              block: GRPOBlockConfig, judge: RubricJudge | None, tasks: TaskCache, *, seed: int,
-              first: dict | None, seen: dict, before: Sequence[float], mismatch: list,
-              trained_pools: collections.Counter, group_counts: dict[str, int], **extra) -> GRPOStats:
-    """The round's GRPO record, after its last update (both the synchronous and the bounded-staleness block).
+@dataclasses.dataclass
+class BlockTally:
+    """What one GRPO block counts while it runs, for its `ledger.GRPOStats`.
 
-    Syncs the learner's weights to the engine and rolls out the round's first pool batch again (same rows, same
-    seed as before the updates): the pool reward after. The log-probability shift is measured on the first trained
-    batch's own rollouts (`first`; None where no batch trained). `seen` holds the block's rollout tallies,
-    `before` the first batch's rewards before the updates, `group_counts` the GRPOStats group fields, `extra`
-    any further GRPOStats fields (the bounded-staleness counts).
+    Attributes:
+      rewards: every scored reward drawn (dropped groups' too); `unscored`, `agent_failed`, `rollouts`: counts of the
+        rollouts drawn (`rollout_counts`); `version`: the reward version they were scored under; `items`: (track,
+        rubric item results) of each scored rollout.
+      before: the first batch's first-wave rewards (its own rows, before any update): the pool reward before.
+      mismatch: learner-vs-engine metrics of each trained batch (`behaviour_logprobs`).
+      trained_pools: pool → groups trained.
+      groups_with_variance, groups_scored, groups_drawn, groups_dropped, groups_trained: the GRPOStats group counts.
+      first: the first trained host batch (None while none has trained): where the update's shift is measured.
     """
-    cfg = block.objective
-    if first is not None:
-        shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, cfg),
-                                  first["loss_mask"], first["advantages"])
-    else:
-        shift = dict.fromkeys(SHIFT_KEYS, float("nan"))
-    loop.engine.update_weights(learner.sync_model(learner.params))
-    _, probe = rollouts(loop, bank, round_view.batches[0], block, seed * 100, judge, tasks)
-    after = [s.reward for s in probe if s.reward is not None]
-    return GRPOStats(
-        rollouts=seen["rollouts"], unscored=seen["unscored"], agent_failed=seen["agent_failed"],
-        reward_mean=_mean(seen["rewards"]), reward_version=seen["version"] or "none",
-        pool_reward_before=_mean(before), pool_reward_after=_mean(after), trained_pool_counts=dict(trained_pools),
-        update_logp_shift_pos=_none_if_nan(shift["logp_shift_pos"]),
-        update_logp_shift_neg=_none_if_nan(shift["logp_shift_neg"]), update_token_kl=_none_if_nan(shift["token_kl"]),
-        rollout_mismatch=rollout_correction.merge_metrics(mismatch) or None,
-        judge={k: float(v) for k, v in judge.stats().items()} if judge is not None else None,
-        items=ItemRates.tally(seen["items"]).to_dict() or None, **group_counts, **extra)
+
+    rewards: list = dataclasses.field(default_factory=list)
+    unscored: int = 0
+    agent_failed: int = 0
+    rollouts: int = 0
+    version: str = ""
+    items: list = dataclasses.field(default_factory=list)
+    before: list = dataclasses.field(default_factory=list)
+    mismatch: list = dataclasses.field(default_factory=list)
+    trained_pools: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    groups_with_variance: int = 0
+    groups_scored: int = 0
+    groups_drawn: int = 0
+    groups_dropped: int = 0
+    groups_trained: int = 0
+    first: dict | None = None
+
+
+class BlockRun:
+    """The learner's side of one GRPO block, shared by the synchronous and the bounded-staleness block.
+
+    Holds the block's jitted step and train state (a fresh optimizer), the KL reference (the round-start policy θ̄_r,
+    Eq. 19), the round's task cache and the block's `BlockTally`. `sync` hands the current weights to an engine,
+    `count_rollouts` tallies a wave of scored rollouts, `train_groups` trains one step's groups, `finish` adopts the
+    last state and writes the round's record.
+    """
+
+    def __init__(self, learner: Learner, round_view: pools.RoundView, block: GRPOBlockConfig,
+                 benchmark: StagedBenchmark):
+        self.learner, self.block, self.cfg = learner, block, block.objective
+        self.step_fn, self.state = learner.grpo_block(self.cfg, block.optimizer,
+                                                      total_steps=len(round_view.batches) * self.cfg.epochs,
+                                                      num_micro_batches=block.micro_batches)
+        self.ref_params = learner.params  # KL reference: the round-start policy θ̄_r (Eq. 19)
+        self.tasks = TaskCache(benchmark, block.reward.task_cache_size)  # the round's rebuilt tasks, shared
+        self.tally = BlockTally()
+
+    def sync(self, loop: AgentLoop) -> int:
+        """Makes the train state's parameters the learner's and the engine's; returns the engine's new version."""
+        self.learner.params = self.state.params
+        return loop.engine.update_weights(self.learner.sync_model(self.state.params))
+
+    def count_rollouts(self, trajectories: Sequence, scored: Sequence, items: Sequence[pools.RoundItem],
+                       first_wave: bool) -> None:
+        """Tallies one wave of scored rollouts.
+
+        `items[i]` is rollout i's round item; `first_wave`: the first batch's own rows before any update, whose
+        rewards are the pool reward before.
+        """
+        tally = self.tally
+        rewards = [s.reward for s in scored]
+        n_unscored, n_agent_failed = rollout_counts(trajectories, rewards)
+        tally.unscored += n_unscored
+        tally.agent_failed += n_agent_failed
+        tally.rollouts += len(rewards)
+        tally.rewards += [r for r in rewards if r is not None]
+        tally.version = scored[0].version if scored else tally.version
+        tally.items += [(item.row.provenance.track, s.items) for item, s in zip(items, scored)
+                        if s.reward is not None and s.items]
+        if first_wave:
+            tally.before.extend(r for r in rewards if r is not None)
+
+    def train_groups(self, groups: Sequence[tuple[str, Sequence, Sequence]]) -> None:
+        """Trains one step on `groups`, each (pool, K trajectories, their `RolloutReward`s).
+
+        The host batch, the round-start reference logprobs, group advantages, the ratio's behaviour logprobs
+        (`behaviour_logprobs`), then `GRPOConfig.epochs` optimizer steps. No groups (every one dropped, none
+        replaced): nothing trains.
+        """
+        learner, cfg, tally = self.learner, self.cfg, self.tally
+        tally.groups_trained += len(groups)
+        tally.trained_pools.update(pool for pool, _, _ in groups)
+        trajectories = [t for _, trajs, _ in groups for t in trajs]
+        rewards = [s.reward for _, _, scored in groups for s in scored]
+        k, n = group_variance(rewards, [t.state_id for t in trajectories])
+        tally.groups_with_variance, tally.groups_scored = tally.groups_with_variance + k, tally.groups_scored + n
+        if not trajectories:
+            return
+        host = batch_rows(learner, trajectories, self.block)
+        host["ref_logprobs"] = learner.logprobs(self.ref_params, host, cfg)
+        ids = [t.state_id for t in trajectories] + [f"pad-{i}" for i in range(len(host["input_ids"]) - len(rewards))]
+        host = grpo.with_advantages(host, rewards + [None] * (len(ids) - len(rewards)), ids, cfg)
+        tally.mismatch += behaviour_logprobs(learner, host, cfg, self.state.params, at_round_start=tally.first is None)
+        tally.first = host if tally.first is None else tally.first
+        for _ in range(cfg.epochs):
+            self.state, _ = self.step_fn(self.state, host)
+
+    def finish(self, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, judge: RubricJudge | None,
+               seed: int, **extra) -> GRPOStats:
+        """The round's GRPO record, after its last update.
+
+        `extra`: further GRPOStats fields (the bounded-staleness counts). The learner adopts the last train state and syncs it to the engine, which rolls out the round's first pool
+        batch again (same rows, same seed as before the updates): the pool reward after. The log-probability shift
+        is measured on the first trained batch's own rollouts (none trained: None).
+        """
+        learner, cfg, tally = self.learner, self.cfg, self.tally
+        learner.adopt(self.state)
+        first = tally.first
+        if first is not None:
+            shift = grpo.update_shift(first["ref_logprobs"], learner.logprobs(learner.params, first, cfg),
+                                      first["loss_mask"], first["advantages"])
+        else:
+            shift = dict.fromkeys(SHIFT_KEYS, float("nan"))
+        loop.engine.update_weights(learner.sync_model(learner.params))
+        _, probe = rollouts(loop, bank, round_view.batches[0], self.block, seed * 100, judge, self.tasks)
+        after = [s.reward for s in probe if s.reward is not None]
+        return GRPOStats(
+            rollouts=tally.rollouts, unscored=tally.unscored, agent_failed=tally.agent_failed,
+            reward_mean=_mean(tally.rewards), reward_version=tally.version or "none",
+            pool_reward_before=_mean(tally.before), pool_reward_after=_mean(after),
+            trained_pool_counts=dict(tally.trained_pools),
+            update_logp_shift_pos=_none_if_nan(shift["logp_shift_pos"]),
+            update_logp_shift_neg=_none_if_nan(shift["logp_shift_neg"]),
+            update_token_kl=_none_if_nan(shift["token_kl"]),
+            rollout_mismatch=rollout_correction.merge_metrics(tally.mismatch) or None,
+            judge={k: float(v) for k, v in judge.stats().items()} if judge is not None else None,
+            items=ItemRates.tally(tally.items).to_dict() or None, groups_with_variance=tally.groups_with_variance,
+            groups_scored=tally.groups_scored, groups_drawn=tally.groups_drawn, groups_dropped=tally.groups_dropped,
+            groups_trained=tally.groups_trained, **extra)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -275,7 +342,8 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
     starts = {item.round_state_id: bank.load_state(item.row.state) for item in batch}
     requests = [rl_request(item.row, starts[item.round_state_id], item.round_state_id, block.prompt)
                 for item in batch]
-    per_rollout = [item for item in batch for _ in range(block.grpo.group_size)]  # the loop's order: K a row
+    k_rollouts = block.grpo.sampling.group_size
+    per_rollout = [item for item in batch for _ in range(k_rollouts)]  # the loop's order: K a row
     with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
                        tasks.benchmark, judge, block.reward, tasks) as scorer:
         # scored as they finish; with several processes each rolls out and scores its share, then all gather

@@ -254,7 +254,7 @@ def scored_rollouts(loop, requests: Sequence[Any], seed: int, scorer) -> tuple[l
     if jax.process_count() == 1:
         trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)
         return trajectories, scorer.results()
-    k = loop.config.episodes_per_state
+    k = loop.config.sampling.group_size
     episodes = [(request, i, j) for i, request in enumerate(requests) for j in range(k)]
     mine = share(len(episodes))
     trajectories = loop.run_episodes([episodes[p] for p in mine], seed=seed,

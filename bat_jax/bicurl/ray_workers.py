@@ -216,7 +216,7 @@ class RayRollouts:
 
     Args:
       workers: `RolloutWorker` actor handles.
-      config: the agent loop's config (`episodes_per_state` K is read here).
+      config: the agent loop's config (K, `sampling.group_size`, is read here).
     Use `RayRollouts.start` to create the actors; `close` ends them.
     """
 
@@ -275,7 +275,7 @@ class RayRollouts:
         `on_trajectory(position, trajectory)` as in `AgentLoop.run`, called in this thread for each episode of a
         worker's share as soon as that share is back (so the first shares are scored while other workers still roll
         out)."""
-        k_per = self.config.episodes_per_state
+        k_per = self.config.sampling.group_size
         return self.run_episodes([(r, i, k) for i, r in enumerate(requests) for k in range(k_per)], seed=seed,
                                  on_trajectory=on_trajectory)
 

@@ -7,7 +7,7 @@ or raises (also on Ctrl-C).
 
 The pool holds the most sandboxes a run uses at once. `AgentLoop.run` opens every episode's sandbox before its first
 engine call (both schedules; the continuous one gives each back as its episode ends). So a GRPO batch holds rows × K
-(`PoolConfig.batch_size` × `AgentLoopConfig.episodes_per_state`; none in this process when the rollouts run on Ray
+(`PoolConfig.batch_size` × `SamplingConfig.group_size`; none in this process when the rollouts run on Ray
 workers, where each worker keeps its own warm pool of its share, rows × K / workers rounded up) and an evaluation one
 per held-out cell (its cells are one batch).
 """
@@ -79,7 +79,7 @@ def open_run_loops(policy: Policy, engine: RolloutEngine, agent: AgentLoopConfig
                    ray: RayRolloutConfig | None = None, worker: WorkerSpec | None = None) -> RunLoops:
     """The rollout and evaluation loops of a run over `engine`.
 
-    GRPO batches hold `batch_rows` RL rows × K (`agent.episodes_per_state`) episodes, held-out evaluations
+    GRPO batches hold `batch_rows` RL rows × K (`agent.sampling.group_size`) episodes, held-out evaluations
     `evaluation`'s cells of `benchmark`; sandboxes come from `backend` ('docker' or 'local'). With `warm_pool`,
     Docker sandboxes come from one warm pool of `warm_pool_size` containers; else each episode starts a fresh
     container. With `ray`, the GRPO rollouts run on Ray workers that each build `worker` (its policy, engine and
@@ -91,7 +91,7 @@ def open_run_loops(policy: Policy, engine: RolloutEngine, agent: AgentLoopConfig
     """
     if ray is not None and worker is None:
         raise ValueError("open_run_loops: Ray rollouts need the WorkerSpec each worker builds")
-    batch_episodes = batch_rows * agent.episodes_per_state
+    batch_episodes = batch_rows * agent.sampling.group_size
     concurrent = warm_pool_size(0 if ray is not None else batch_episodes, eval_cells(evaluation, benchmark))
     sandboxes = open_backend(backend, agent.workers(concurrent), warm=concurrent if warm_pool else 0)
     try:
@@ -100,8 +100,9 @@ def open_run_loops(policy: Policy, engine: RolloutEngine, agent: AgentLoopConfig
             rollouts = RayRollouts.start(dataclasses.replace(worker, sandbox_backend=backend, warm_pool=share), ray)
         else:
             rollouts = make_agent_loop(policy, engine, sandboxes.make, agent, sandboxes.release)
-        loop = make_agent_loop(policy, engine, sandboxes.make, dataclasses.replace(
-            agent, episodes_per_state=1, max_assistant_turns=evaluation.max_turns), sandboxes.release)
+        one_each = dataclasses.replace(agent, sampling=dataclasses.replace(agent.sampling, group_size=1),
+                                       max_assistant_turns=evaluation.max_turns)  # one episode per held-out cell
+        loop = make_agent_loop(policy, engine, sandboxes.make, one_each, sandboxes.release)
     except BaseException:
         sandboxes.close()
         raise

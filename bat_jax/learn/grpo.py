@@ -41,6 +41,7 @@ import numpy as np
 
 from bat_jax.learn import objective, rollout_correction
 from bat_jax.rollout import engine
+from bat_jax.rollout.sampling import SamplingConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +52,10 @@ class GRPOConfig:
     run's value (verl defaults it inherits included; ``gin/presets/released_bat.gin``) is in brackets.
 
     Attributes:
-      group_size: rollouts per state, K = 4 [4]; the one K the GRPO block reads (`experiment.Components` checks
-        that the agent loop's `episodes_per_state` equals it).
+      sampling: K, the group size (`group_size`, 4 [4]), and the transform the rollouts were drawn with (paper:
+        T = 0.7 [0.7]); the learner computes its logprobs under the same transform, so the first ratios start at 1.
+        One `rollout/sampling.SamplingConfig`: a run fills it from `experiment.Components.sampling`, which fills the
+        agent loop's too.
       kl_coef: β on the KL penalty (Eq. 19), 1e-3 [0.006, verl ``kl_loss_coef``]. 0 disables the KL term
         (ref_logprobs not read).
       kl_estimator: ``'k1'`` (log r), ``'k2'`` (½ (log r)²) or ``'k3'`` (r⁻¹ − 1 + log r, Schulman's unbiased
@@ -95,9 +98,6 @@ class GRPOConfig:
         [``'recompute'``]. With ``'recompute'`` the first update's ratios start at 1 up to float round-off between
         two learner passes; with ``'bypass'`` they start at π_learner / π_engine, which is 1 only when engine
         and learner compute alike (the JAX sampler in float32), and the clip acts on their mismatch.
-      temperature, top_p, top_k: the sampling transform the rollouts were drawn with (paper: T = 0.7 [0.7], as
-        `AgentLoopConfig`); the learner computes its logprobs under the same transform, so the first ratios start
-        at 1. `experiment.Components` checks the agent loop binds the same three.
       epochs: optimizer steps taken on each rollout batch (verl's ``ppo_epochs``) [1]. Steps after the first
         are off-policy by the earlier ones; the clipped ratio (Eq. 18) against the batch's behaviour logprobs
         bounds them.
@@ -114,7 +114,7 @@ class GRPOConfig:
       ValueError: an unknown estimator or aggregation, or a value out of range (the message names the field).
     """
 
-    group_size: int = 4
+    sampling: SamplingConfig = SamplingConfig()
     kl_coef: float = 1e-3
     kl_estimator: str = "k3"
     kl_value_clamp: float | None = 10.0
@@ -132,9 +132,6 @@ class GRPOConfig:
     adv_std_ddof: int = 1
     singleton_advantage: str = "zero"
     old_logprobs: str = "recompute"
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = 0
     epochs: int = 1
     tis_cap: float | None = None
     seq_ratio_range: tuple[float, float] | None = None
@@ -144,11 +141,6 @@ class GRPOConfig:
     def rollout_correction(self) -> bool:
         """Whether the batch carries ``is_weights`` (``tis_cap`` or ``seq_ratio_range`` set)."""
         return self.tis_cap is not None or self.seq_ratio_range is not None
-
-    @property
-    def sampling(self) -> tuple[float, float, int]:
-        """(temperature, top_p, top_k) of the rollouts: the learner's logprobs use the same transform."""
-        return (self.temperature, self.top_p, self.top_k)
 
     @property
     def eps_low(self) -> float:
@@ -470,8 +462,8 @@ def make_grpo_loss(
                          "the constant C (tokens: the response budget)")
 
     def loss_fn(params, batch, normalizers):
-        out = sequence_logprobs(apply_fn, params, batch["input_ids"], batch["attention_mask"], *config.sampling,
-                                with_entropy=bool(config.entropy_coef))
+        out = sequence_logprobs(apply_fn, params, batch["input_ids"], batch["attention_mask"],
+                                *config.sampling.transform, with_entropy=bool(config.entropy_coef))
         lp, ent = out if config.entropy_coef else (out, None)
         t = grpo_token_terms(lp, batch, config, ent)
         agg = lambda v: objective.aggregate_loss(v, t["mask"], config.loss_agg, normalizers,  # noqa: E731
@@ -500,6 +492,6 @@ def make_logprob_fn(apply_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
     ``jax.jit`` (e.g. in/out shardings)."""
 
     def fn(params, input_ids, attention_mask):
-        return sequence_logprobs(apply_fn, params, input_ids, attention_mask, *config.sampling)
+        return sequence_logprobs(apply_fn, params, input_ids, attention_mask, *config.sampling.transform)
 
     return jax.jit(fn, **jit_kwargs)

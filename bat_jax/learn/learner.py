@@ -171,7 +171,7 @@ class Learner:
         rounded up to a multiple of the batch devices), sharded over the mesh's batch axes; the last call is
         padded with empty rows, which are dropped. With several processes (`learn/distributed.py`) every process
         passes the same batch and gets every row back."""
-        key = config.sampling
+        key = config.sampling.transform
         if key not in self._logprob_fns:
             self._logprob_fns[key] = make_ref_logprob_fn(self.apply_fn, config, self.mesh)
         fn = self._logprob_fns[key]

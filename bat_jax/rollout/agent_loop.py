@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from bat_jax.models.chat import ParseError, parse_tool_call, tool_schemas
 from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.engine import RolloutEngine, SamplingParams
+from bat_jax.rollout.sampling import SamplingConfig
 from bat_jax.rollout.schedule import EPISODE_SCHEDULES, EpisodeSteps, run_continuous, run_lockstep
 from bat_jax.sandbox.evidence import EvidenceLimits
 from bat_jax.sandbox.types import FileTooLarge, Sandbox, SandboxState, fault_of, sha256_hex
@@ -47,14 +48,14 @@ class AgentLoopConfig:
     """Rollout limits and sampling (units: tokens, characters, seconds).
 
     Attributes:
-      episodes_per_state: K rollouts per RL row (paper: 4).
+      sampling: K episodes per request (`group_size`) and the transform every turn is sampled with
+        (`rollout/sampling.SamplingConfig`; a run fills it from `experiment.Components.sampling`, the one binding).
       max_assistant_turns: assistant turns per episode (released code: 24).
       max_tool_calls: tool calls per episode (released code: 23).
       max_response_tokens: sampled tokens over the whole episode (released code: 16,384).
       max_tokens_per_turn: sampled tokens per assistant turn (paper response limit: 2,048).
       max_context_tokens: prompt + everything appended (paper context: 12,288).
       max_observation_chars: characters of one observation shown to the agent (released code: 2,048).
-      temperature, top_p, top_k: sampling (paper: temperature 0.7).
       tool_timeout_s: hard limit of one execute_code call (released code: 120 s).
       max_workers: threads for sandbox creation, tool calls and evidence (0, the default: one per episode of a
         call, so no episode's sandbox work queues behind another's — the calls wait on Docker / subprocesses,
@@ -74,16 +75,13 @@ class AgentLoopConfig:
       ValueError: naming the field, for a limit below its minimum or an unknown schedule.
     """
 
-    episodes_per_state: int = 4
+    sampling: SamplingConfig = SamplingConfig()
     max_assistant_turns: int = 24
     max_tool_calls: int = 23
     max_response_tokens: int = 16384
     max_tokens_per_turn: int = 2048
     max_context_tokens: int = 12288
     max_observation_chars: int = 2048
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = 0
     tool_timeout_s: float = 120.0
     max_workers: int = 0
     end_on_no_tool_call: bool = False
@@ -97,7 +95,7 @@ class AgentLoopConfig:
     def __post_init__(self):
         if self.schedule not in EPISODE_SCHEDULES:
             raise ValueError(f"AgentLoopConfig.schedule must be one of {EPISODE_SCHEDULES}, got {self.schedule!r}")
-        for name in ("episodes_per_state", "max_assistant_turns", "max_response_tokens", "max_tokens_per_turn",
+        for name in ("max_assistant_turns", "max_response_tokens", "max_tokens_per_turn",
                      "max_context_tokens", "max_observation_chars", "max_generate_batch",
                      "max_concurrent_generate"):
             if getattr(self, name) < 1:
@@ -200,7 +198,7 @@ class AgentLoop:
 
     def run(self, requests: Sequence[RolloutRequest], *, seed: int = 42,
             on_trajectory: Callable[[int, tj.Trajectory], None] | None = None) -> list[tj.Trajectory]:
-        """Rolls out `config.episodes_per_state` episodes per request.
+        """Rolls out K (`config.sampling.group_size`) episodes per request.
 
         Args:
           requests: the batch's RL rows.
@@ -212,7 +210,7 @@ class AgentLoop:
         Returns: trajectories ordered by request, then k.
         """
         return self.run_episodes([(req, i, k) for i, req in enumerate(requests)
-                                  for k in range(self.config.episodes_per_state)], seed=seed,
+                                  for k in range(self.config.sampling.group_size)], seed=seed,
                                  on_trajectory=on_trajectory)
 
     def run_episodes(self, episodes: Sequence[tuple[RolloutRequest, int, int]], *, seed: int = 42,
@@ -232,8 +230,7 @@ class AgentLoop:
         first = episodes[0].builder
         im_start = getattr(first, "im_start_id", None)
         stops = (first.eot_id,) + tuple(s for s in self.extra_stop_ids if s != first.eot_id)
-        params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                                max_new_tokens=cfg.max_tokens_per_turn, stop_token_ids=stops)
+        params = cfg.sampling.params(cfg.max_tokens_per_turn, stops)
         for ep in episodes:  # tokenizers are not shared across threads: prompts are rendered here
             self._start(ep)
         bar = tqdm(total=len(episodes), desc="rollouts", unit="ep", disable=not cfg.progress, leave=False)

@@ -129,9 +129,9 @@ def policy_kl(staleness=(0, 1, 2), steps: int = 8, rows: int = 4, tokens: int = 
     names = [f"b{b}r{r}" for b in range(steps) for r in range(rows)]
     prompts = {name: [int(x) for x in rng.integers(1, vocab, prompt_len)] for name in names}
     probe_ids = rng.integers(1, vocab, (probes, prompt_len + tokens)).astype(np.int32)
-    k = tiny.grpo.group_size
+    k = tiny.sampling.group_size
     engine = JaxSampler(policy.model, max_context=prompt_len + tokens + 1)
-    loop = PromptLoop(engine, prompts, tokens, k, tiny.grpo.temperature)
+    loop = PromptLoop(engine, prompts, tokens, k, tiny.sampling.temperature)
     item = lambda name: types.SimpleNamespace(round_state_id=name, pool="target",  # noqa: E731
                                               row=types.SimpleNamespace(state=None, provenance=types.SimpleNamespace(
                                                   track="bench")))

@@ -102,7 +102,7 @@ def measure(staleness=(0, 1), steps: int = 2, bank_dir: str = "runs/stage_bank_t
     are compiled before any timed block, so neither setting pays for them)."""
     from bat_jax.bicurl import async_block, grpo_round
     from bat_jax.bicurl.engines import build_engine
-    from bat_jax.bicurl.experiment import mode_pools
+    from bat_jax.bicurl.round_rows import mode_pools
     from bat_jax.bicurl.run_loops import open_run_loops
     from bat_jax.learn.learner import Learner
     from bat_jax.learn.staleness import StalenessConfig
@@ -127,7 +127,7 @@ def measure(staleness=(0, 1), steps: int = 2, bank_dir: str = "runs/stage_bank_t
     with contextlib.ExitStack() as stack:
         run_dir = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="async_tiny_")))
         engine = build_engine(policy, comps.engine, agent.max_context_tokens, run_dir,
-                              batch_episodes=comps.pools.batch_size * agent.episodes_per_state)
+                              batch_episodes=comps.pools.batch_size * comps.sampling.group_size)
         if hasattr(engine, "close"):
             stack.callback(engine.close)
         loops = open_run_loops(policy, engine, agent, comps.evaluation, benchmark,

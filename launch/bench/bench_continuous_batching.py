@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     from launch.bench.workloads import tiny_default
 
     tiny = tiny_default()
-    args.k = tiny.agent.episodes_per_state if args.k is None else args.k
+    args.k = tiny.sampling.group_size if args.k is None else args.k
     args.slots = tiny.engine.slots if args.slots is None else args.slots
 
     policy = build_policy(PolicyConfig(chat_family="qwen3_5", checkpoint_dir=args.policy,
@@ -70,7 +70,8 @@ def main(argv=None) -> int:
                                  args.rows))
     prompt = PromptFormat.of(ImagingBenchmark(), tiny.policy.prompt_style)  # the tiny bank's benchmark, the policy's style
     requests = [rl_request(r, bank.load_state(r.state), r.state_id, prompt) for r in rows]
-    continuous = dataclasses.replace(tiny.agent, episodes_per_state=args.k, progress=False)
+    continuous = dataclasses.replace(tiny.agent, sampling=dataclasses.replace(tiny.sampling, group_size=args.k),
+                                     progress=False)
     modes = {"plain": (0, dataclasses.replace(continuous, max_generate_batch=64, max_concurrent_generate=1)),
              "continuous": (args.slots, continuous)}
     print(f"{len(rows)} rows ({', '.join(r.focus for r in rows)}) x K={args.k}, policy {args.policy}, "

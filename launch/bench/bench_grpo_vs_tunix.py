@@ -80,6 +80,7 @@ def run_ours(args) -> dict:
     from bat_jax.models import mesh as mesh_lib
     from bat_jax.models.configs import Qwen3Config
     from bat_jax.models.qwen3 import Qwen3ForCausalLM
+    from bat_jax.rollout.sampling import SamplingConfig
 
     model = Qwen3ForCausalLM(Qwen3Config(**MODEL), rngs=nnx.Rngs(0))
     apply_fn, params, specs = train_state.split_model(model)
@@ -89,7 +90,8 @@ def run_ours(args) -> dict:
     state = train_state.create_train_state(params, tx, sh)
     batch = make_batch(args.batch, args.seq, MODEL["vocab_size"])
     bsh = {k: mesh_lib.batch_sharding(mesh, v.ndim) for k, v in batch.items()}
-    cfg = grpo.GRPOConfig(kl_coef=BETA, clip_eps=EPS, loss_agg=args.loss_agg, temperature=1.0)  # as Tunix below
+    cfg = grpo.GRPOConfig(kl_coef=BETA, clip_eps=EPS, loss_agg=args.loss_agg,
+                          sampling=SamplingConfig(temperature=1.0))  # as Tunix below
     step_fn = train_state.make_train_step(grpo.make_grpo_loss(apply_fn, cfg), grpo.grpo_normalizers, tx, sh, bsh)
     batch = jax.device_put(batch, bsh)
     holder = [state]

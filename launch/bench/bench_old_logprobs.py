@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     from launch.bench.workloads import tiny_default, tiny_policy
 
     tiny = tiny_default()
-    group = tiny.grpo.group_size
+    group = tiny.sampling.group_size
     if args.rows % group:
         raise SystemExit(f"--rows {args.rows} is not a multiple of the tiny default's K = {group}")
     learner = Learner(tiny_policy().model, MeshConfig(data=1, fsdp=1, tensor=1), tiny.memory)

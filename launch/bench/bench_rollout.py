@@ -68,8 +68,8 @@ def throughput(tokens: int, times: list[float]) -> tuple[float, float]:
 
 
 def temperature() -> float:
-    """The tiny default's sampling temperature (`agent_loop.AgentLoopConfig.temperature` of gin/bicurl_tiny.gin)."""
-    return tiny_default().agent.temperature
+    """The tiny default's sampling temperature (`sampling.SamplingConfig.temperature` of gin/bicurl_tiny.gin)."""
+    return tiny_default().sampling.temperature
 
 
 def line(name: str, tps: tuple[float, float], note: str) -> str:
@@ -297,6 +297,7 @@ def bench_episodes(model, make_sandbox, tracks: list[str], episodes: int, turns:
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.policy import Policy, make_agent_loop
     from bat_jax.rollout.agent_loop import AgentLoopConfig
+    from bat_jax.rollout.sampling import SamplingConfig
     from bat_jax.rollout.jax_sampler import JaxSampler
 
     # chat family = the tokenizer's template (the tiny tokenizer ships Qwen3.5's), whatever the architecture
@@ -314,12 +315,13 @@ def bench_episodes(model, make_sandbox, tracks: list[str], episodes: int, turns:
 
     rows = {}
     sampler = JaxSampler(model, max_context=8192)
-    config = AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=turns, max_tokens_per_turn=turn_tokens,
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=per_task),
+                             max_assistant_turns=turns, max_tokens_per_turn=turn_tokens,
                              progress=False)
     measure(sampler, config, seed=0)  # warm-up: compiles the prompt / batch buckets
     rows["jax"] = measure(sampler, config, seed=1)
     max_actions = max(len(actions) for _, actions in tasks)
-    config = AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=max_actions + 1,
+    config = AgentLoopConfig(sampling=SamplingConfig(group_size=per_task), max_assistant_turns=max_actions + 1,
                              max_response_tokens=10 ** 6, progress=False)
     rows["expert"] = measure(ExpertReplay(policy.tokenizer, policy.chat_family, tasks), config, seed=0)
     return rows

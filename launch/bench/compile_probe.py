@@ -96,7 +96,7 @@ def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
 
     launch.parse_gin([gin_file], list(bindings))
     c = gin.get_configurable(experiment.Components)()
-    rows = c.pools.batch_size * c.agent.episodes_per_state
+    rows = c.pools.batch_size * c.sampling.group_size
     sampler = c.engine.sampler_mesh
     return RunShapes(sampler_tensor=sampler.tensor if sampler else 1,
                      sampler_dtype=sampler.param_dtype if sampler else "bfloat16",

@@ -242,7 +242,7 @@ def main(argv=None) -> int:
         _line("sft", t0, loss=f"{float(m['loss']):.3f}", **speed(dt))
         learner.adopt(state)
 
-    cfg = grpo.GRPOConfig(temperature=0.7)
+    cfg = grpo.GRPOConfig()
     if "grpo" in stages:
         t0 = time.perf_counter()
         ref = learner.logprobs(learner.params, {"input_ids": ids, "attention_mask": ones}, cfg)
@@ -331,6 +331,7 @@ def stage_replicas(args, learner, ids, cfg) -> None:
     if torch.cuda.device_count() < 2:
         _line("replicas", t0, "skipped", reason=f"{torch.cuda.device_count()}_gpus_need_2")
         return
+    from bat_jax.rollout.sampling import SamplingConfig
     from bat_jax.rollout.vllm_replicas import VLLMReplicaPool
 
     options = {"dtype": "bfloat16", "max_model_len": 8192, "gpu_memory_utilization": 0.3}
@@ -352,7 +353,7 @@ def stage_replicas(args, learner, ids, cfg) -> None:
             pool.close()
     full = np.asarray([p + c for p, c in zip(prompts, completions)], np.int32)
     mine = np.asarray(learner.logprobs(learner.params, {"input_ids": full, "attention_mask": np.ones_like(full)},
-                                       dataclasses.replace(cfg, temperature=1.0)))[:, 64:96]
+                                       dataclasses.replace(cfg, sampling=SamplingConfig(temperature=1.0))))[:, 64:96]
     diff = max(float(np.abs(mine[i] - s[i]).max()) for s in scored for i in range(len(prompts)))
     _line("replicas", t0, first_sync_s=f"{times[0]:.2f}", second_sync_s=f"{times[1]:.2f}", buckets=sync["buckets"],
           staging=_gb(sync["staging_bytes"]), chunked=len(sync["chunked"]), pinned=pinned,
@@ -396,6 +397,7 @@ def stage_vllm(args, learner, ids, cfg) -> None:
         return
     from bat_jax.rollout.engine import SamplingParams
     from bat_jax.bicurl.engines import check_vllm_memory
+    from bat_jax.rollout.sampling import SamplingConfig
     from bat_jax.rollout.vllm_engine import VLLMEngine
 
     options = {"dtype": "float32" if args.tiny else "bfloat16", "max_model_len": 8192,
@@ -433,7 +435,7 @@ def stage_vllm(args, learner, ids, cfg) -> None:
     for i, (p, c) in enumerate(zip(prompts, completions)):
         full[i, : len(p) + len(c)], mask[i, : len(p) + len(c)] = list(p) + list(c), 1
     mine = np.asarray(learner.logprobs(learner.params, {"input_ids": full, "attention_mask": mask},
-                                       dataclasses.replace(cfg, temperature=1.0)))
+                                       dataclasses.replace(cfg, sampling=SamplingConfig(temperature=1.0))))
     diffs = [np.abs(mine[i, len(p): len(p) + len(c)] - s).max() for i, (p, c, s)
              in enumerate(zip(prompts, completions, scored))]
     _line("vllm", t0, weight_version=version, weight_sync_s=f"{sync_s:.2f}",

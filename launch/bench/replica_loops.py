@@ -97,6 +97,7 @@ def bench_replicas(model, backend: str, tracks: list[str], episodes: int, turns:
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.policy import Policy
     from bat_jax.rollout.agent_loop import AgentLoopConfig
+    from bat_jax.rollout.sampling import SamplingConfig
     from bat_jax.rollout.mesh_sampler import SamplerMeshConfig
     from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
     from bat_jax.sandbox.backends import open_backend
@@ -104,7 +105,7 @@ def bench_replicas(model, backend: str, tracks: list[str], episodes: int, turns:
     policy = Policy(model, load_tiny_tokenizer(), "qwen3_5")
     per_task = max(1, episodes // len(tracks))
     n = per_task * len(tracks)
-    base = AgentLoopConfig(episodes_per_state=per_task, progress=False)
+    base = AgentLoopConfig(sampling=SamplingConfig(group_size=per_task), progress=False)
     rows: dict = {}
     sandboxes = open_backend(backend, n, warm=n)
     try:

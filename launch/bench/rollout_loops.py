@@ -64,6 +64,7 @@ def bench_loops(model, backend: str, tracks: list[str], episodes: int, turns: in
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.policy import Policy, make_agent_loop
     from bat_jax.rollout.agent_loop import AgentLoopConfig
+    from bat_jax.rollout.sampling import SamplingConfig
     from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
     from bat_jax.sandbox.backends import open_backend
 
@@ -71,7 +72,7 @@ def bench_loops(model, backend: str, tracks: list[str], episodes: int, turns: in
     per_task = max(1, episodes // len(tracks))
     n = per_task * len(tracks)
     order = (NEW, OLD) if new_first else (OLD, NEW)
-    base = AgentLoopConfig(episodes_per_state=per_task, progress=False)
+    base = AgentLoopConfig(sampling=SamplingConfig(group_size=per_task), progress=False)
     rows: dict = {}
     backends = {OLD.name: open_backend(backend, n)}
     try:
@@ -136,6 +137,7 @@ def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: 
     from bat_jax.models.episode import EpisodeBuilder
     from bat_jax.models.tokenizer import load_tiny_tokenizer
     from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig, RolloutRequest
+    from bat_jax.rollout.sampling import SamplingConfig
     from bat_jax.rollout.engine import Completion
     from bat_jax.rollout.simulated_engine import SimulatedLatencyEngine
     from bat_jax.sandbox.local import NullSandbox
@@ -171,7 +173,8 @@ def bench_synthetic(episodes: int, turns: int, mean_tokens: float, mean_tool_s: 
 
     requests = [RolloutRequest(state_id="synthetic", state=SandboxState(files={}), system_prompt="s",
                                user_message="u")]
-    base = AgentLoopConfig(episodes_per_state=episodes, max_assistant_turns=turns, max_tool_calls=turns,
+    base = AgentLoopConfig(sampling=SamplingConfig(group_size=episodes),
+                           max_assistant_turns=turns, max_tool_calls=turns,
                            max_tokens_per_turn=4096, max_response_tokens=10 ** 6, max_context_tokens=10 ** 6,
                            progress=False)
     out = {}
@@ -196,11 +199,12 @@ def bench_ray_scaling(backend: str, tracks: list[str], episodes: int, turns: int
 
     from bat_jax.policy import PolicyConfig
     from bat_jax.rollout.agent_loop import AgentLoopConfig
+    from bat_jax.rollout.sampling import SamplingConfig
     from bat_jax.bicurl.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec
 
     per_task = max(1, episodes // len(tracks))
     requests = [request for request, _ in real_tasks(tracks, "compact", expert=False)]
-    agent = agent_config(NEW, AgentLoopConfig(episodes_per_state=per_task, max_assistant_turns=turns,
+    agent = agent_config(NEW, AgentLoopConfig(sampling=SamplingConfig(group_size=per_task), max_assistant_turns=turns,
                                               max_tokens_per_turn=turn_tokens, max_context_tokens=4096,
                                               progress=False), episodes)
     out = {}

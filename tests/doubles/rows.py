@@ -52,10 +52,11 @@ TINY_BANK_ROWS_PER_FOCUS = 21
 def assert_rounds_fit_the_tiny_bank(context: str) -> None:
     """With the parsed gin config, every round the run could route (any target stage) draws its
     `grpo_steps_per_round` batches from pools of the tiny bank's sizes (as `experiment.run` builds them,
-    `experiment.mode_pools`: GRPO-E2E keeps the E2E pool only) without an error."""
+    `round_rows.mode_pools`: GRPO-E2E keeps the E2E pool only) without an error."""
     import gin
 
-    from bat_jax.bicurl.experiment import BiCuRLConfig, mode_pools
+    from bat_jax.bicurl.experiment import BiCuRLConfig
+    from bat_jax.bicurl.round_rows import mode_pools
     from bat_jax.stage_bank.pools import PoolConfig, build_round_view
     from bat_jax.tasks.stages import STAGES
 
