@@ -110,7 +110,7 @@ def measure(staleness=(0, 1), steps: int = 2, bank_dir: str = "runs/stage_bank_t
     from bat_jax.prompts import PromptFormat
     from bat_jax.stage_bank import pools
     from bat_jax.stage_bank.bank import StageBank
-    from launch.bench.bench_async_grpo import BusyMeter
+    from launch.bench.workloads import BusyMeter
 
     extra = (f"policy.PolicyConfig.checkpoint_dir = '{checkpoint}'",) if checkpoint else ()
     comps = components(gin_file, SHORTENED + extra + tuple(bindings))

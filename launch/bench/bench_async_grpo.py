@@ -41,6 +41,7 @@ from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.rollout.engine import Completion
 from bat_jax.rollout.simulated_engine import SimulatedLatency, SimulatedLatencyEngine
 from launch.bench import async_kl, async_tiny
+from launch.bench.workloads import BusyMeter
 
 MAX_TURNS = 24
 
@@ -59,50 +60,6 @@ class TokenSource:
     def update_weights(self, params):
         self.weight_version += 1
         return self.weight_version
-
-
-class BusyMeter:
-    """Wraps an engine: `snapshot()` = (wall seconds with at least one `generate` call in flight, call-seconds in
-    flight: their ratio to wall time is the mean number of concurrent calls, i.e. episodes decoding at once)."""
-
-    def __init__(self, inner):
-        self.inner, self._lock, self._live, self._since = inner, threading.Lock(), 0, 0.0
-        self.busy_s = self.call_s = 0.0
-
-    @property
-    def weight_version(self):
-        return self.inner.weight_version
-
-    def update_weights(self, params, **kwargs):
-        return self.inner.update_weights(params, **kwargs)
-
-    def __getattr__(self, name):
-        """Anything else (e.g. a continuously batching engine's `swaps_in_flight`) is the inner engine's."""
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def _advance(self, now: float) -> None:
-        if self._live:
-            self.busy_s += now - self._since
-            self.call_s += self._live * (now - self._since)
-        self._since = now
-
-    def snapshot(self) -> tuple[float, float]:
-        with self._lock:
-            self._advance(time.monotonic())
-            return self.busy_s, self.call_s
-
-    def generate(self, prompts, params, **kw):
-        with self._lock:
-            self._advance(time.monotonic())
-            self._live += 1
-        try:
-            return self.inner.generate(prompts, params, **kw)
-        finally:
-            with self._lock:
-                self._advance(time.monotonic())
-                self._live -= 1
 
 
 class EpisodeLoop:
