@@ -13,10 +13,16 @@ import pytest
 
 from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder
+from bat_jax.models.tokenizer import load_tiny_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a medical imaging agent."}
 USER = {"role": "user", "content": "Segment the liver in data/ct_001.nii.gz and submit the mask."}
 OBSERVATION = "(512, 512, 94)\n[exit code 0]\n"  # the Qwen3.5 template strips the trailing newline
+ACTION_1 = chat.Action(
+    "I should look at the data first.",
+    "execute_code",
+    {"language": "python", "code": "import nibabel as nib\n\nimg = nib.load('data/ct_001.nii.gz')\nprint(img.shape)"},
+)
 ACTION_2 = chat.Action("The volume loads; submit the mask.", "submit", {"path": "output/liver_mask.nii.gz"})
 
 
@@ -63,3 +69,13 @@ def published_qwen3_tokenizer():
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
     return Qwen2Tokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return published_qwen3_tokenizer()

@@ -13,25 +13,9 @@ import pytest
 
 from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder
-from bat_jax.models.tokenizer import load_tiny_tokenizer
 
-from chat_episode import USER, four_turn, published_qwen3_tokenizer
+from chat_episode import ACTION_1, USER, four_turn, qwen3, tiny  # noqa: F401 (qwen3, tiny: fixtures)
 
-ACTION_1 = chat.Action(
-    "I should look at the data first.",
-    "execute_code",
-    {"language": "python", "code": "import nibabel as nib\n\nimg = nib.load('data/ct_001.nii.gz')\nprint(img.shape)"},
-)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return published_qwen3_tokenizer()
 
 
 @pytest.fixture(scope="module")

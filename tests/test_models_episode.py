@@ -12,26 +12,10 @@ import pytest
 
 from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder, TemplateMismatchError
-from bat_jax.models.tokenizer import load_tiny_tokenizer
 
-from chat_episode import (ACTION_2, OBSERVATION, USER, four_turn, published_qwen3_tokenizer, runs,
-                          structured_messages)
+from chat_episode import (ACTION_1, ACTION_2, OBSERVATION, USER, four_turn, qwen3, runs,  # noqa: F401 (fixtures)
+                          structured_messages, tiny)
 
-ACTION_1 = chat.Action(
-    "I should look at the data first.",
-    "execute_code",
-    {"language": "python", "code": "import nibabel as nib\n\nimg = nib.load('data/ct_001.nii.gz')\nprint(img.shape)"},
-)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return published_qwen3_tokenizer()
 
 
 def _encode(tok, text):
