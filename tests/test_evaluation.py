@@ -30,6 +30,24 @@ def test_controller_and_final_runs_are_disjoint():
     assert all(j.task.task_id.startswith("hx") for j in controller)
 
 
+def test_dev_suite_is_disjoint_from_the_test_suite_and_in_the_manifest():
+    """final_suite='dev' plays its own suite seed (2): tasks and policy seeds disjoint from the controller's and the
+    test suite's; the leakage manifest names all three suites' tasks."""
+    base = evaluator.EvalConfig(repeats=2, tracks=("segmentation", "vqa"), purpose="final")
+    test = evaluator.suite_jobs(base, IMAGING)
+    dev = evaluator.suite_jobs(dataclasses.replace(base, final_suite="dev"), IMAGING)
+    controller = evaluator.suite_jobs(dataclasses.replace(base, purpose="controller"), IMAGING)
+    assert base.suite_seed == 1 and dataclasses.replace(base, final_suite="dev").suite_seed == 2
+    assert dataclasses.replace(base, purpose="controller", final_suite="dev").suite_seed == 0
+    ids = [{j.task.task_id for j in jobs} for jobs in (test, dev, controller)]
+    assert len(dev) == 4 and not ids[1] & ids[0] and not ids[1] & ids[2]
+    assert {j.seed for j in dev} == {2 * 1_000_003, 2 * 1_000_003 + 1}
+    listed = {t["task_id"] for t in evaluator.heldout_manifest(base, IMAGING)["tasks"]}
+    assert ids[0] | ids[1] | ids[2] <= listed
+    with pytest.raises(ValueError, match="final_suite must be one of.*got 'val'"):
+        evaluator.EvalConfig(final_suite="val")
+
+
 def test_bad_purpose_is_named():
     with pytest.raises(ValueError, match="purpose.*'nightly'"):
         evaluator.EvalConfig(purpose="nightly")
@@ -101,8 +119,9 @@ def test_final_repeats_apply_to_the_final_evaluation_only():
     # 4 repeats over (success, recovery): two tasks of each variant per track, every repeat its own policy seed
     assert [j.task.variant for j in final if j.track == "vqa"] == ["success", "recovery", "success", "recovery"]
     assert len({j.task.task_id for j in final}) == 8 and len({j.seed for j in final}) == 4
-    # the held-out manifest guards the tasks of both purposes; the warm pool fits the larger evaluation
-    assert len(evaluator.heldout_manifest(cfg, IMAGING)["tasks"]) == 2 + 8
+    # the held-out manifest guards the tasks of both purposes (and the final dev suite); the warm pool fits the
+    # larger evaluation
+    assert len(evaluator.heldout_manifest(cfg, IMAGING)["tasks"]) == 2 + 8 + 8
     assert eval_cells(cfg, IMAGING) == 8
     assert evaluator.EvalConfig(repeats=3).purpose_repeats == 3  # final_repeats None: repeats for both
     with pytest.raises(ValueError, match="final_repeats"):

@@ -42,14 +42,11 @@ def _write_gin(path, bank_dir):
 
 
 def _heldout_manifest():
-    """The held-out task manifest `experiment.run` writes for the micro EvalConfig (both purposes)."""
+    """The held-out task manifest `experiment.run` writes for the micro EvalConfig (every suite)."""
     from bat_jax.bicurl import evaluation as ev
-    from bat_jax.tasks.heldout import manifest
 
     components = micro_config.components(bank_dir="bank")  # the bank is not read here
-    config, benchmark = components.evaluation, components.benchmark
-    return manifest([job.task for purpose in ev.PURPOSES
-                     for job in ev.suite_jobs(dataclasses.replace(config, purpose=purpose), benchmark)])
+    return ev.heldout_manifest(components.evaluation, components.benchmark)
 
 
 def _start(gin_file, run_dir):

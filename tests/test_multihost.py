@@ -317,13 +317,10 @@ def _micro_run_file(root: pathlib.Path, rounds: int = 1, extra: str = "") -> pat
     import micro_config
     from bat_jax.bicurl import evaluation as ev
     from bat_jax.stage_bank.factory import build_bank
-    from bat_jax.tasks.heldout import manifest
 
     components = micro_config.components(root / "bank")
-    jobs = [job.task for purpose in ev.PURPOSES
-            for job in ev.suite_jobs(dataclasses.replace(components.evaluation, purpose=purpose),
-                                     components.benchmark)]
-    (root / "heldout_manifest.json").write_text(json.dumps(manifest(jobs)))
+    manifest = ev.heldout_manifest(components.evaluation, components.benchmark)
+    (root / "heldout_manifest.json").write_text(json.dumps(manifest))
     build_bank(dataclasses.replace(components.bank, heldout_manifest=str(root / "heldout_manifest.json")),
                components.benchmark)
     text = micro_config.gin_text(root / "bank")

@@ -152,3 +152,23 @@ def test_a_stage_of_another_benchmark_is_refused():
         route({"S1": 0.5, "draft": 0.4, "check": 0.2}, TWO)
     with pytest.raises(ValueError, match=r"missing stages \['check'\] of benchmark 'two'"):
         route({"draft": 0.4}, TWO)
+
+
+def test_random_rule_draws_each_round_from_its_seed_whatever_the_scores():
+    """The routing ablation: a uniform draw from random.Random(1_000_003 * seed + round) over the stage ids."""
+    config = RouterConfig(rule="random", seed=3)
+    picks = [route(scores(0.9, 0.9, 0.0, 0.9, 0.9), round_index=r, config=config) for r in range(1, 401)]
+    import random
+    assert [d.target for d in picks[:5]] == [random.Random(3_000_009 + r).choice(STAGE_KEYS) for r in range(1, 6)]
+    assert all(d.rule == router.RULE_RANDOM for d in picks)
+    counts = {s: sum(d.target == s for d in picks) for s in STAGE_KEYS}
+    assert all(55 <= n <= 105 for n in counts.values()), counts  # 80 expected each; the weakest rule gives S3 x 400
+    same = route(scores(0.1, 0.9, 0.9, 0.9, 0.9), round_index=7, config=config)
+    assert same.target == picks[6].target  # the scores never change the draw
+    assert route(scores(0.1, 0.9, 0.9, 0.9, 0.9), round_index=7, config=RouterConfig(rule="random", seed=4)).target \
+        == random.Random(4_000_012 + 7).choice(STAGE_KEYS)
+
+
+def test_unknown_rule_is_named():
+    with pytest.raises(ValueError, match=r"RouterConfig.rule must be one of .*'weakest'.*got 'easiest'"):
+        RouterConfig(rule="easiest")

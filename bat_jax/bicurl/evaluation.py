@@ -43,6 +43,8 @@ from bat_jax.verify.judge import RubricJudge
 
 #: Suite seed offset per evaluation purpose (disjoint held-out tasks and policy seeds).
 PURPOSES = {"controller": 0, "final": 1}
+#: Suite seed of each suite the final evaluation can play: 'test' (the reported numbers) or 'dev' (tuning).
+FINAL_SUITES = {"test": PURPOSES["final"], "dev": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,8 @@ class EvalConfig:
       max_turns: assistant turns per episode.
       max_workers: episodes played concurrently (threads; sandbox calls release the GIL).
       seed: base seed of the policy's sampling.
+      final_suite: the held-out suite the final evaluation plays: 'test' (the fixed suite of the reported numbers)
+        or 'dev' (a development suite with its own suite seed: tune settings on it, then report once on 'test').
     """
 
     repeats: int = 10
@@ -72,8 +76,11 @@ class EvalConfig:
     max_turns: int = 24
     max_workers: int = 4
     seed: int = 0
+    final_suite: str = "test"
 
     def __post_init__(self):
+        if self.final_suite not in FINAL_SUITES:
+            raise ValueError(f"EvalConfig.final_suite must be one of {sorted(FINAL_SUITES)}, got {self.final_suite!r}")
         if self.purpose not in PURPOSES:
             raise ValueError(f"EvalConfig.purpose must be one of {sorted(PURPOSES)}, got {self.purpose!r}")
         if self.repeats < 1:
@@ -85,6 +92,11 @@ class EvalConfig:
     def purpose_repeats(self) -> int:
         """R of this config's purpose: `final_repeats` (when set) for 'final', else `repeats`."""
         return self.final_repeats if self.purpose == "final" and self.final_repeats is not None else self.repeats
+
+    @property
+    def suite_seed(self) -> int:
+        """The held-out suite this config plays: its purpose's, or `final_suite`'s for the final evaluation."""
+        return FINAL_SUITES[self.final_suite] if self.purpose == "final" else PURPOSES[self.purpose]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,12 +139,12 @@ def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
                                    f"{benchmark.name!r} {known}")
     repeats = config.purpose_repeats
     per_variant = -(-repeats // len(variants))  # ceil
-    suite = benchmark.heldout_suite(per_variant, variants, PURPOSES[config.purpose], config.tracks)
+    suite = benchmark.heldout_suite(per_variant, variants, config.suite_seed, config.tracks)
     by_track: dict[str, list[Task]] = {}
     for inst in suite:
         by_track.setdefault(inst.track, []).append(inst)
     jobs = []
-    seed_base = config.seed + 1_000_003 * PURPOSES[config.purpose]
+    seed_base = config.seed + 1_000_003 * config.suite_seed
     for track, insts in by_track.items():
         # interleave variants so that the first R tasks cover them evenly
         ordered = [insts[v * per_variant + k] for k in range(per_variant) for v in range(len(variants))]
@@ -142,11 +154,12 @@ def suite_jobs(config: EvalConfig, benchmark: StagedBenchmark) -> list[EvalJob]:
 
 
 def heldout_manifest(config: EvalConfig, benchmark: StagedBenchmark) -> dict:
-    """The held-out manifest of the tasks both purposes of `config` play.
+    """The held-out manifest of every task `config` may play: the controller's suite and both final suites.
 
     It comes from `StagedBenchmark.manifest` and is what the Stage Bank's leakage preflight guards against."""
-    return benchmark.manifest([job.task for purpose in PURPOSES
-                               for job in suite_jobs(dataclasses.replace(config, purpose=purpose), benchmark)])
+    configs = [dataclasses.replace(config, purpose="controller")]
+    configs += [dataclasses.replace(config, purpose="final", final_suite=suite) for suite in FINAL_SUITES]
+    return benchmark.manifest([job.task for c in configs for job in suite_jobs(c, benchmark)])
 
 
 def write_heldout_manifest(path: pathlib.Path, config: EvalConfig, benchmark: StagedBenchmark) -> pathlib.Path:

@@ -9,6 +9,8 @@ Rules:
   * 'largest_regression' (only when `RouterConfig.corrective` and the last candidate was held / fell back):
     s* = argmax_s (reference_s − candidate_s) over stages whose score fell (by more than `SCORE_TOL`); ties →
     earliest. When no stage fell, the weakest rule applies.
+  * 'random' (`RouterConfig.rule = 'random'`, the routing ablation): a stage drawn uniformly, whatever the
+    scores, from a generator seeded by (`RouterConfig.seed`, round).
   * 'no_scored_stage': every stage is unscored (e.g. the LLM judge was unreachable for a whole evaluation): the
     earliest stage, so the run goes on.
 Stages, their order ("earliest") and ids come from the run's benchmark (`benchmark.stages.StageSet`), any number.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +35,8 @@ from bat_jax.stage_bank.prescription import check_prescription
 RULE_WEAKEST = "weakest"
 RULE_REGRESSION = "largest_regression"
 RULE_NO_SCORED = "no_scored_stage"
+RULE_RANDOM = "random"
+RULES = (RULE_WEAKEST, RULE_RANDOM)
 
 #: Scores (0–1) within this of each other are equal in every comparison the router and the controller make.
 SCORE_TOL = 1e-12
@@ -41,10 +46,17 @@ SCORE_TOL = 1e-12
 class RouterConfig:
     """Router settings (gin binds these).
 
-    `corrective`: use the largest-regression rule after a held candidate (released code); the paper's default is the
-    weakest-stage rule only."""
+    `rule`: 'weakest' (the paper) or 'random' (ablation: a uniformly random stage each round, drawn from `seed`
+    and the round). `corrective`: use the largest-regression rule after a held candidate (released code); the
+    paper's default is the weakest-stage rule only."""
 
+    rule: str = RULE_WEAKEST
+    seed: int = 0
     corrective: bool = False
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"router.RouterConfig.rule must be one of {RULES}, got {self.rule!r}")
 
 
 def _parse_scores(scores: Mapping[str, float | None], stages: StageSet, what: str) -> dict[str, float | None]:
@@ -154,6 +166,10 @@ def route(
         return RoutingDecision(round_index=round_index, target=first, target_title=stages.title(first),
                                rule=RULE_NO_SCORED, scores_in=scores, reference_scores=None, regressions={},
                                held=held)
+    if config.rule == RULE_RANDOM:
+        target = random.Random(1_000_003 * config.seed + round_index).choice(stages.ids)
+        return RoutingDecision(round_index=round_index, target=target, target_title=stages.title(target),
+                               rule=RULE_RANDOM, scores_in=scores, reference_scores=None, regressions={}, held=held)
     reference = None
     regressions: dict[str, float] = {}
     rule, target = RULE_WEAKEST, earliest_min(scored, stages)
