@@ -2,7 +2,7 @@
 
 The Table-2-style results table, per-round stage scores, GRPO signal per round, the best-so-far staircase plot
 (paper Figure 1(c)), TensorBoard scalars, `report.md` / `summary.json` of a run (`write_run_report`) and the
-one-table report of a sweep over runs (`sweep_report`).
+one-table report of a sweep over runs (`bat_jax/sweep_report.py`).
 
 All inputs are 0–1 scores (unrounded); tables print them on the paper's 0–100 scale with one decimal.
 """
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from bat_jax.atomic_io import atomic_file, atomic_write
 from bat_jax.benchmark.items import ItemRates, failing_items_table, heat_map
-from bat_jax.benchmark.scoring import Summary, display, half_width, min_detectable_difference, paired_comparison
+from bat_jax.benchmark.scoring import Summary, display, paired_comparison
 from bat_jax.benchmark.stages import StageSet
 
 
@@ -403,7 +403,11 @@ def write_run_report(run_dir: os.PathLike | str, final: Mapping[str, Summary], r
         for i, (name, summary) in enumerate(final.items()):
             writer.summary(f"final/{name}", summary, i)
         writer.close()
-    out = {"final": {name: summary_dict(s) for name, s in final.items()}, "rounds": len(records)}
+    controller = [{"round": 0, "target": None, "overall": round0.overall, "decision": None}]
+    controller += [{"round": rec.round, "target": rec.selected_stage, "overall": rec.controller_scores["overall"],
+                    "decision": rec.decision} for rec in records]
+    out = {"final": {name: summary_dict(s) for name, s in final.items()}, "rounds": len(records),
+           "controller": controller}
     atomic_write(run_dir / "summary.json", json.dumps(out, indent=2, default=str).encode())
     return out
 
@@ -427,38 +431,3 @@ def _item_section(run_dir: pathlib.Path, final: Mapping[str, Summary], records, 
             "item) in the final evaluation, the controller evaluation of each round, the rounds whose controller "
             "evaluation changed it (points) and each round's GRPO rollouts (`items.png`: every item):", "", "```",
             table, "```"]
-
-
-def sweep_report(runs: Sequence[tuple[str, Mapping]], confidence: float = 0.95,
-                 groups: Mapping[str, str] | None = None) -> str:
-    """One Table-2-style table over the runs of a sweep, then the paired differences.
-
-    Args:
-      runs: (entry name, that run's summary.json dict) in sweep order.
-      confidence: of the Student-t half-widths.
-      groups: entry name -> group (e.g. the seeds of one method); None or an entry left out = the group ''.
-    Returns the text: every system of every run as one row 'entry: system'. Per run, the paired track-level
-    difference of its trained system (its last one) − its SFT. Per group (in order of first appearance), the
-    pooled difference over its runs with a trained system (mean over every (run, track) pair, Student-t
-    half-width over those pairs) — with no groups, one pooled line over all runs.
-    """
-    groups = dict(groups or {})
-    rows, lines, pooled = [], [], {}
-    for name, summary in runs:
-        final = {k: summary_from_dict(v) for k, v in summary.get("final", {}).items()}
-        rows += [(f"{name}: {system}", s) for system, s in final.items()]
-        trained = [k for k in final if k not in ("untrained", "SFT")]
-        if trained and "SFT" in final:
-            cmp = paired_comparison(final[trained[-1]], final["SFT"], "overall")
-            pooled.setdefault(groups.get(name, ""), []).extend(cmp.per_track.values())
-            lines.append(f"  {name}: {trained[-1]} − SFT = {display(cmp.mean_diff)} ± {100 * cmp.half_width:.1f} "
-                         f"({len(cmp.per_track)} tracks); {mde_words(cmp.mean_diff, cmp.mde)}")
-    text = ["```", results_table(rows), "```", "", "Trained system − SFT, paired over tracks (Overall, 0–100):",
-            *lines]
-    for group, pairs in pooled.items():
-        label = f"group {group!r}, pooled" if group else "pooled"
-        mean = sum(pairs) / len(pairs)
-        text.append(f"  {label} over {len(pairs)} (run, track) pairs: {display(mean)} ± "
-                    f"{100 * half_width(pairs, confidence):.1f}; "
-                    f"{mde_words(mean, min_detectable_difference(pairs, confidence), confidence=confidence)}")
-    return "\n".join(text) + "\n"

@@ -9,13 +9,14 @@ SFT checkpoint: the entries then differ only in what follows the cold start, and
 
 A sweep file is JSON: a list of {"name": str, "bindings": [str, ...], "gin_files": [str, ...] (optional,
 added after the --gin_file ones), "group": str (optional: entries of one group, e.g. the seeds of one method,
-get one pooled difference)}. Each entry runs as
+get one pooled difference), "seed": int (optional: entries of two groups with one seed are paired)}. Each entry runs as
 `python -m bat_jax.launch --gin_file=... --gin_bindings=... --run_dir=<runs_root>/<name>`; a failed entry is
 reported and the sweep goes on; the exit status is 1 when any entry failed.
 
 After the entries, `<runs_root>/sweep_report.md` puts every finished entry's final evaluation in one
 Table-2-style table and prints each entry's paired difference (its trained system − its SFT) and the pooled one
-per group (over all entries when none has a group; `bat_jax.report.sweep_report`); `--report_only` writes just that report.
+per group (over all entries when none has a group), every two groups paired by seed and each run's controller
+path (`bat_jax.sweep_report`); `--report_only` writes just that report.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def load_sweep(path: pathlib.Path) -> list[dict]:
         seen.add(name)
         if "group" in entry and not (isinstance(entry["group"], str) and entry["group"].strip()):
             raise ValueError(f"{path}: entry {i} ({name}) field 'group' must be a non-empty string")
+        if "seed" in entry and not (isinstance(entry["seed"], int) and not isinstance(entry["seed"], bool)):
+            raise ValueError(f"{path}: entry {i} ({name}) field 'seed' must be an integer")
         for field in ("bindings", "gin_files"):
             value = entry.get(field, [])
             if not isinstance(value, list) or not all(isinstance(b, str) for b in value):
@@ -94,18 +97,18 @@ def seed_from_sft(source: pathlib.Path, run_dir: pathlib.Path) -> None:
     (run_dir / ".round0_eval.json.tmp").rename(run_dir / "round0_eval.json")
 
 
-def write_report(runs_root: pathlib.Path, names: list[str], groups: dict[str, str] | None = None
-                 ) -> pathlib.Path | None:
+def write_report(runs_root: pathlib.Path, names: list[str], groups: dict[str, str] | None = None,
+                 seeds: dict[str, int] | None = None) -> pathlib.Path | None:
     """Writes `<runs_root>/sweep_report.md` over the entries of `names` that have a summary.json (in order;
-    `groups`: entry name -> group); returns its path, or None when no entry has finished."""
-    from bat_jax.report import sweep_report
+    `groups`: entry name -> group, `seeds`: entry name -> seed); returns its path, or None when none has finished."""
+    from bat_jax.sweep_report import sweep_report
 
     runs = [(name, json.loads((runs_root / name / "summary.json").read_text())) for name in names
             if (runs_root / name / "summary.json").is_file()]
     if not runs:
         return None
     path = runs_root / "sweep_report.md"
-    text = "# Sweep report\n\n" + sweep_report(runs, groups=groups)
+    text = "# Sweep report\n\n" + sweep_report(runs, groups=groups, seeds=seeds)
     tmp = path.with_name(".sweep_report.md.tmp")
     tmp.write_text(text)
     tmp.replace(path)
@@ -136,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     failed = []
     groups = {e["name"]: e["group"] for e in entries if "group" in e}
+    seeds = {e["name"]: e["seed"] for e in entries if "seed" in e}
     if args.report_only:
-        return 0 if write_report(pathlib.Path(args.runs_root), [e["name"] for e in entries], groups) else 1
+        return 0 if write_report(pathlib.Path(args.runs_root), [e["name"] for e in entries], groups, seeds) else 1
     for name, cmd in commands(args.gin_file, entries, args.runs_root):
         print(f"[sweep] {name}: {shlex.join(cmd)}", flush=True)
         if args.dry_run:
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(name)
             print(f"[sweep] {name} FAILED", flush=True)
     if not args.dry_run:
-        write_report(pathlib.Path(args.runs_root), [e["name"] for e in entries], groups)
+        write_report(pathlib.Path(args.runs_root), [e["name"] for e in entries], groups, seeds)
     if failed:
         print(f"[sweep] failed entries: {failed}", file=sys.stderr)
     return 1 if failed else 0

@@ -15,7 +15,8 @@ PACKAGE = REPO / "bat_jax"
 #: The layers, bottom first; inside a layer the units are in order too (a unit may import the units before it).
 LAYERS = (
     ("ground", ("bat_jax", "bat_jax.atomic_io", "bat_jax.errors", "bat_jax.benchmark", "bat_jax.clients",
-                "bat_jax.sandbox", "bat_jax.checkpoint", "bat_jax.ledger", "bat_jax.report")),
+                "bat_jax.sandbox", "bat_jax.checkpoint", "bat_jax.ledger", "bat_jax.report",
+                "bat_jax.sweep_report")),
     ("mechanisms", ("bat_jax.verify", "bat_jax.staged_benchmark", "bat_jax.models", "bat_jax.rollout",
                     "bat_jax.learn", "bat_jax.stage_bank", "bat_jax.curriculum", "bat_jax.prompts", "bat_jax.policy")),
     ("benchmarks", ("bat_jax.tasks", "bat_jax.tabular")),

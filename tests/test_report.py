@@ -132,6 +132,9 @@ def test_run_report_has_both_paired_differences_and_the_signal_table(tmp_path):
     assert "3/8 (38%)" in text and "+0.100" in text
     assert (tmp_path / "staircase.png").stat().st_size > 1000
     assert out["final"]["SFT"]["tracks"]["t0"]["overall"] == pytest.approx(0.1)
+    # the controller's path, for the sweep report: round 0 (the SFT policy) then each round's target and decision
+    assert out["controller"] == [{"round": 0, "target": None, "overall": 0.2, "decision": None},
+                                 {"round": 1, "target": "S1", "overall": 0.3, "decision": "accept"}]
     import dataclasses
 
     ds = dataclasses.replace(rec, grpo=dataclasses.replace(
@@ -143,26 +146,6 @@ def test_run_report_has_both_paired_differences_and_the_signal_table(tmp_path):
     assert row == ["round", "1", "34", "13", "21", "0.0089", "0.0240", "2.1%", "0", "target", "11", "·", "mix", "5",
                    "·", "e2e", "5"]
     assert report.groups_table([rec]).splitlines()[2].split()[2:] == ["0", "0", "0"] + ["—"] * 5  # no mismatch
-
-
-def test_sweep_report_puts_every_run_in_one_table_and_pools_the_paired_difference():
-    runs = [(f"seed{i}", {"final": {k: report.summary_dict(v) for k, v in _final().items()}}) for i in (1, 2)]
-    text = report.sweep_report(runs + [("sft_only", {"final": {"SFT": report.summary_dict(_final()["SFT"])}})])
-    assert "seed1: BiCuRL (retained)" in text and "seed2: untrained" in text and "sft_only: SFT" in text
-    assert "seed1: BiCuRL (retained) − SFT = 6.7 ± 14.3 (3 tracks)" in text
-    # six (run, track) differences 0.1, 0, 0.1, 0.1, 0, 0.1: mean 6.7, half-width 2.571 * 5.16 / sqrt(6) = 5.4
-    assert "pooled over 6 (run, track) pairs: 6.7 ± 5.4" in text
-
-
-def test_sweep_report_pools_each_group_apart():
-    """Two seeds of one method and one ablation: the seeds' six (run, track) pairs pool together, the
-    ablation's three alone (same numbers as the ungrouped test: 6.7 ± 5.4 over six; 6.7 ± 14.3 over three)."""
-    runs = [(name, {"final": {k: report.summary_dict(v) for k, v in _final().items()}})
-            for name in ("seed1", "seed2", "no_s_mix")]
-    text = report.sweep_report(runs, groups={"seed1": "BiCuRL", "seed2": "BiCuRL", "no_s_mix": "no S-mix"})
-    assert "group 'BiCuRL', pooled over 6 (run, track) pairs: 6.7 ± 5.4" in text
-    assert "group 'no S-mix', pooled over 3 (run, track) pairs: 6.7 ± 14.3" in text
-    assert "  pooled over" not in text
 
 
 def test_run_report_prints_the_bank_version_and_new_rows_per_round_and_the_factory_line(tmp_path):

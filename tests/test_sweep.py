@@ -32,6 +32,9 @@ def test_bad_sweep_file_names_entry_and_field(tmp_path):
     path.write_text(json.dumps([{"name": "a", "group": ""}]))
     with pytest.raises(ValueError, match=r"entry 0 \(a\) field 'group'"):
         sweep.load_sweep(path)
+    path.write_text(json.dumps([{"name": "a", "seed": 1}, {"name": "b", "seed": "2"}]))
+    with pytest.raises(ValueError, match=r"entry 1 \(b\) field 'seed' must be an integer"):
+        sweep.load_sweep(path)
 
 
 def test_sweep_runs_entries_in_separate_dirs(tmp_path):
@@ -91,7 +94,7 @@ def test_report_only_writes_one_table_over_finished_entries(tmp_path, capsys):
     assert sweep.main([f"--sweep={path}", f"--runs_root={tmp_path}", "--report_only"]) == 0
     text = (tmp_path / "sweep_report.md").read_text()
     assert "seed2: BiCuRL (retained)" in text and "unfinished" not in text
-    assert "pooled over 4 (run, track) pairs: 7.5 ±" in text
+    assert "trained − SFT: 7.5 ± 15.2 over 4 (run, track) pairs" in text
     assert sweep.main([f"--sweep={path}", f"--runs_root={tmp_path / 'none'}", "--report_only"]) == 1
 
 
