@@ -2,6 +2,7 @@
 
     python -m launch.sweep --gin_file=bicurl_tiny.gin --sweep=launch/sweeps/pool_ablations.json \
         --runs_root=runs/sweeps [--only=no_s_mix,grpo_e2e_task_reward] [--init_from=runs/bicurl_tiny] [--dry_run]
+        [--parallel=4]
 
 `--init_from=RUN_DIR` starts every entry from RUN_DIR's SFT cold start (Orbax step 0 and its round-0
 evaluation, copied into the entry's run directory), as the paper's baselines and ablations all start from one
@@ -11,7 +12,8 @@ A sweep file is JSON: a list of {"name": str, "bindings": [str, ...], "gin_files
 added after the --gin_file ones), "group": str (optional: entries of one group, e.g. the seeds of one method,
 get one pooled difference), "seed": int (optional: entries of two groups with one seed are paired)}. Each entry runs as
 `python -m bat_jax.launch --gin_file=... --gin_bindings=... --run_dir=<runs_root>/<name>`; a failed entry is
-reported and the sweep goes on; the exit status is 1 when any entry failed.
+reported and the sweep goes on; the exit status is 1 when any entry failed. `--parallel=N` runs N entries at a time
+(a machine with cores or a GPU to spare), each writing its output to `<runs_root>/<name>.log`.
 
 After the entries, `<runs_root>/sweep_report.md` puts every finished entry's final evaluation in one
 Table-2-style table and prints each entry's paired difference (its trained system − its SFT) and the pooled one
@@ -29,6 +31,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -116,6 +120,20 @@ def write_report(runs_root: pathlib.Path, names: list[str], groups: dict[str, st
     return path
 
 
+def run_entry(name: str, cmd: list[str], log: pathlib.Path | None) -> bool:
+    """Runs one entry's launch command, its output to the console or to `log`; True when it exited 0."""
+    t0 = time.perf_counter()
+    if log is None:
+        ok = subprocess.run(cmd).returncode == 0
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as out:
+            ok = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode == 0
+    print(f"[sweep] {name} {'done' if ok else 'FAILED'} in {time.perf_counter() - t0:.0f} s"
+          + (f" (log: {log})" if log is not None else ""), flush=True)
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gin_file", action="append", default=[], help="base gin file(s), repeatable")
@@ -124,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated entry names to run (default: all)")
     parser.add_argument("--init_from", type=pathlib.Path, default=None,
                         help="run directory whose SFT cold start every entry starts from")
+    parser.add_argument("--parallel", type=int, default=1, help="entries run at once (each logs to <name>.log)")
     parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--report_only", action="store_true", help="write sweep_report.md, run nothing")
     args = parser.parse_args(argv)
@@ -137,24 +156,28 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"sweep: {e}", file=sys.stderr)
         return 2
-    failed = []
     groups = {e["name"]: e["group"] for e in entries if "group" in e}
     seeds = {e["name"]: e["seed"] for e in entries if "seed" in e}
     if args.report_only:
         return 0 if write_report(pathlib.Path(args.runs_root), [e["name"] for e in entries], groups, seeds) else 1
+    if args.parallel < 1:
+        print(f"sweep: --parallel must be >= 1, got {args.parallel}", file=sys.stderr)
+        return 2
+    runs_root, todo = pathlib.Path(args.runs_root), []
     for name, cmd in commands(args.gin_file, entries, args.runs_root):
         print(f"[sweep] {name}: {shlex.join(cmd)}", flush=True)
         if args.dry_run:
             continue
         if args.init_from is not None:
             try:
-                seed_from_sft(args.init_from, pathlib.Path(args.runs_root) / name)
+                seed_from_sft(args.init_from, runs_root / name)
             except OSError as e:
                 print(f"sweep: {e}", file=sys.stderr)
                 return 2
-        if subprocess.run(cmd).returncode != 0:
-            failed.append(name)
-            print(f"[sweep] {name} FAILED", flush=True)
+        todo.append((name, cmd, runs_root / f"{name}.log" if args.parallel > 1 else None))
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        outcomes = list(pool.map(lambda job: run_entry(*job), todo))
+    failed = [name for (name, _, _), ok in zip(todo, outcomes) if not ok]
     if not args.dry_run:
         write_report(pathlib.Path(args.runs_root), [e["name"] for e in entries], groups, seeds)
     if failed:
