@@ -25,7 +25,8 @@ from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.sandbox.readers import DEFAULT_LIMITS, DecodeLimits, Workspace, json_or_none, text_or_none
 from bat_jax.sandbox.types import Receipt
 
-#: Version of the reward contract; bump when items, evidence or the formula change (README, "Reward versions").
+#: Version of the reward contract; bump when items, evidence or the formula change
+#: (docs/reward_integrity.md, "Reward versions").
 REWARD_VERSION = "bat_rubric/v6"
 
 

@@ -1,6 +1,6 @@
 """Compile (never run) the jitted steps of a paper-scale run and print their per-device memory.
 
-    # 9B / 4B on an 8-chip TPU v5p topology, from a CPU-only machine (libtpu in its own venv, README)
+    # 9B / 4B on an 8-chip TPU v5p topology, from a CPU-only machine (libtpu in its own venv, docs/gpu.md)
     JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python -m launch.bench.compile_probe --model 9b
     JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python -m launch.bench.compile_probe --model 4b
     # reduced size on 8 fake CPU devices (what tests/test_compile_probe.py guards)
