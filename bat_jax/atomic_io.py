@@ -3,11 +3,7 @@
 Files: run-directory files, the ledger, Stage Bank versions and work cache, state archives, the held-out manifest,
 plots. Directories: Hugging Face checkpoint exports, GGUF imports, the tiny tokenizer.
 
-A file is written under a temporary name in its own directory, flushed to disk (`fsync`) and renamed over its
-final name (`os.replace`, atomic on POSIX), then the directory entry is flushed too. A reader, or a run killed at
-any point, sees the old file or the new one, never a part of either. The temporary name starts with a dot and
-ends in `.tmp`; it is removed when the write fails. Files get the process's usual mode (0666 less the umask).
-A directory is filled under a temporary name beside it and renamed into place the same way.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,16 +3,7 @@
 Latest-N and best-by-Overall are kept by separate rules; a step restores onto any mesh; a run resumes with its
 optimizer state and data cursor, falling back past a corrupted newest step.
 
-Layout: ``<directory>/<step>/state`` (the train-state pytree, OCDBT/tensorstore) and
-``<directory>/<step>/extra`` (JSON: data cursor, round, anything small). Orbax writes every step into a
-temporary directory and renames it when complete, so a crash mid-save never leaves a half step that looks
-finished (saves are atomic); leftover temporary directories are removed when the manager opens.
-
-Retention is ``AnyPreservationPolicy([LatestN(keep_latest), BestN(metric, keep_best), pinned])``: a step
-survives when *any* rule keeps it, so the latest-N rule can never delete the best step and the best rule can
-never delete a recent one. Steps saved without metrics are kept only by the latest-N rule (or a pin). ``pin(steps)``
-names steps the caller still needs whatever their rank (the experiment pins the SFT checkpoint and the
-controller's best and retained checkpoints, which BestN by raw Overall need not keep).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

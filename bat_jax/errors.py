@@ -1,8 +1,6 @@
 """Configuration errors: what a user fixes by changing a binding or a path, reported by launch as one line.
 
-`python -m bat_jax.launch` prints a `ConfigError` as one `[bat_jax] error: ...` line (its first line: gin appends
-where it was called) and exits 2; `--debug` (or `BAT_JAX_DEBUG=1`) shows the traceback instead. Every other
-exception is a bug or an outside failure and keeps its traceback.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

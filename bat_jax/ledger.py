@@ -3,8 +3,7 @@
 Source: paper Section 2.2.2 ("BaT records each round's Stage Bank states, pool mixture, reward version,
 controller scores, and retained checkpoint"). A killed run resumes from the ledger and its Orbax checkpoints.
 
-Each append rewrites the file all or nothing (`atomic_io.atomic_write`), so the ledger on disk is always a complete
-sequence of rounds (rounds are few; the rewrite cost is negligible). Rounds must strictly increase.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

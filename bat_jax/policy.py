@@ -1,9 +1,6 @@
 """The policy: a model with its tokenizer and chat family, and the agent loop that samples from it.
 
-`build_policy` gives the embedded tiny default (a randomly initialised tiny Qwen3.5 on the shipped tiny
-tokenizer) or loads a local Hugging Face checkpoint directory (Qwen3.5 / Qwen3 / Llama), failing with the missing
-path named; `make_agent_loop` puts it behind a rollout engine and sandboxes (token in, token out). How its
-prompts look is `prompts.py`; how SFT rows become its training batches is `bicurl/sft_data.py`.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

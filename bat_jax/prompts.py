@@ -2,12 +2,7 @@
 
 The prompts are the system prompt, the first user turn (task brief + stage skill κ) and the tools block.
 
-A `PromptFormat` is one run's prompts. The prompt style (`policy.PolicyConfig.prompt_style`, one switch for SFT
-rendering, GRPO rollouts, evaluation and the KL probe) with the benchmark's words (`PromptFormat.of`). 'full'
-(paper scale) prompts with the benchmark's system prompt, the chat template's tools block and the brief + stage
-skills as written. 'compact' (small policies) with its compact system prompt naming the two tools (no tools block)
-and the first user turn rewritten by the benchmark's `compact_user_message`. Either way the turn is rendered
-through `models.episode.EpisodeBuilder`: its text never becomes control ids.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

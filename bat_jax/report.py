@@ -4,7 +4,7 @@ The Table-2-style results table, per-round stage scores, GRPO signal per round, 
 (paper Figure 1(c)), TensorBoard scalars, `report.md` / `summary.json` of a run (`write_run_report`) and the
 one-table report of a sweep over runs (`bat_jax/sweep_report.py`).
 
-All inputs are 0–1 scores (unrounded); tables print them on the paper's 0–100 scale with one decimal.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@
 # minor-version compatibility, as JAX's CUDA 12 build documents).
 #
 # Checked on a CPU machine (no GPU): into fresh Python 3.11 and 3.12 venvs it ends with jax, torch and vllm
-# importing and says that JAX sees no GPU (README "GPU: first contact"). tests/test_install_resolves.py asks pip's
+# importing and says that JAX sees no GPU (docs/gpu.md, "GPU: first contact"). tests/test_install_resolves.py asks pip's
 # resolver for the same install in CI. An offline GPU box that already has CUDA JAX does not need this script:
 # launch/gpu_smoke.sh runs there from a wheel folder (launch/build_wheelhouse.sh).
 #
 # JAX and vLLM in one process share each GPU (bicurl/engines.build_engine): vLLM takes
 # `vllm_options['gpu_memory_utilization']` and JAX's preallocation is capped at 0.9 minus that share; before vLLM
-# starts, rollout/vllm_memory.py checks that one full-length rollout's cache fits (README has the arithmetic).
+# starts, rollout/vllm_memory.py checks that one full-length rollout's cache fits (docs/gpu.md has the arithmetic).
 set -euo pipefail
 
 PY=${PYTHON:-python}

@@ -4,21 +4,7 @@
         --runs_root=runs/sweeps [--only=no_s_mix,grpo_e2e_task_reward] [--init_from=runs/bicurl_tiny] [--dry_run]
         [--parallel=4]
 
-`--init_from=RUN_DIR` starts every entry from RUN_DIR's SFT cold start (Orbax step 0 and its round-0
-evaluation, copied into the entry's run directory), as the paper's baselines and ablations all start from one
-SFT checkpoint: the entries then differ only in what follows the cold start, and each skips the SFT compute.
-
-A sweep file is JSON: a list of {"name": str, "bindings": [str, ...], "gin_files": [str, ...] (optional,
-added after the --gin_file ones), "group": str (optional: entries of one group, e.g. the seeds of one method,
-get one pooled difference), "seed": int (optional: entries of two groups with one seed are paired)}. Each entry runs as
-`python -m bat_jax.launch --gin_file=... --gin_bindings=... --run_dir=<runs_root>/<name>`; a failed entry is
-reported and the sweep goes on; the exit status is 1 when any entry failed. `--parallel=N` runs N entries at a time
-(a machine with cores or a GPU to spare), each writing its output to `<runs_root>/<name>.log`.
-
-After the entries, `<runs_root>/sweep_report.md` puts every finished entry's final evaluation in one
-Table-2-style table and prints each entry's paired difference (its trained system − its SFT) and the pooled one
-per group (over all entries when none has a group), every two groups paired by seed and each run's controller
-path (`bat_jax.sweep_report`); `--report_only` writes just that report.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

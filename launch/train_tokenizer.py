@@ -3,10 +3,7 @@
     python -m launch.train_tokenizer [--out bat_jax/assets/tiny_tokenizer] [--vocab_size 3584]
         [--num_docs 3000] [--seed 0]
 
-Trains a byte-level BPE with `tokenizers` on a generated corpus (python/bash code, medical-imaging task text,
-Qwen3.5 template glue, training-split task briefs with stage skills), appends the Qwen3.5 added tokens, writes
-the files atomically, and checks that `transformers.AutoTokenizer` loads the result offline and encodes exactly
-like the trained tokenizer.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The package's docstrings stay skimmable: a one-line summary first, few sentences over 50 words, none pointing
-outside the repository."""
+outside the repository; a module docstring (bat_jax/ and launch/) is a summary and at most one short paragraph,
+at most 60 words (design rationale lives in docs/design.md)."""
 
 import ast
 import pathlib
@@ -7,6 +8,8 @@ import re
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MAX_LONG_SENTENCES = 40  # sentences over 50 words in every module, class and function docstring of bat_jax
+MAX_MODULE_WORDS = 60  # words in a module docstring of bat_jax/ or launch/
+POINTER = "Details: docs/design.md."  # a module docstring's last line where its rationale moved there
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 OUTSIDE = re.compile(r"DESIGN\.md|REFERENCE\.md|ENVIRONMENT\.md|shared/|\bissue \d+")
 
@@ -77,3 +80,36 @@ def test_docstrings_walks_modules_classes_and_functions():
         kinds["module" if line == 1 else "other"] += 1
     # bat_jax has over 1,000 class and function docstrings beside its module docstrings.
     assert kinds["other"] > 1000 and kinds["module"] > 50, kinds
+
+
+def module_docstrings() -> list[tuple[str, str]]:
+    """(file, docstring) of every module under bat_jax/ and launch/ that has one."""
+    out = []
+    for root in ("bat_jax", "launch"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(path.read_text()))
+            if doc:
+                out.append((str(path.relative_to(REPO)), doc))
+    return out
+
+
+def paragraphs(doc: str) -> list[str]:
+    """The paragraphs of `doc`: runs of lines separated by blank lines."""
+    return [p for p in re.split(r"\n[ \t]*\n", doc.strip()) if p.strip()]
+
+
+def test_paragraphs_on_hand_made_text():
+    assert paragraphs("Summary.") == ["Summary."]
+    assert paragraphs("Summary.\n\nOne\nparagraph.\n  \nTwo.") == ["Summary.", "One\nparagraph.", "Two."]
+
+
+def test_module_docstrings_are_a_summary_and_at_most_one_short_paragraph():
+    found = [f"{f}: {len(doc.split())} words, {len(paragraphs(doc))} paragraphs" for f, doc in module_docstrings()
+             if len(doc.split()) > MAX_MODULE_WORDS or not opens_with_a_one_line_summary(doc)
+             or len([q for q in paragraphs(doc) if q != POINTER]) > 2]
+    assert found == [], "module docstrings over the bound (move the rest to docs/design.md):\n" + "\n".join(found)
+
+
+def test_module_docstrings_walk_both_trees():
+    files = [f for f, _ in module_docstrings()]
+    assert any(f.startswith("launch/bench/") for f in files) and len(files) > 150, len(files)

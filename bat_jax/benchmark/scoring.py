@@ -3,18 +3,7 @@
 All scores inside the library are on a 0–1 scale; `display()` turns one into the paper's 0–100 scale with
 one decimal. Differences are always computed from unrounded values (paper Section 3).
 
-Rules (paper §3.1 and App. A.6):
-  * Agentic = Σ_s w_s · e_s over the *applicable* stages, weights renormalised over them.
-  * Overall = (Task + Agentic) / 2 from unrounded values.
-  * An unscored cell (a stage or the task is `None`: missing evidence, infrastructure failure) is excluded
-    from every aggregate; it is never counted as 0.
-  * Two-level aggregation: mean over repeats inside a track, then the mean of the track means. The track is
-    the statistical unit.
-  * Uncertainty: the half-width of a two-sided Student-t confidence interval (default 95 %) over the track
-    means, t_{1-α/2, n-1} · sd / √n with the n-1 sample standard deviation; 0 when n < 2.
-  * Minimum detectable difference of a paired comparison: (t_{1-α/2, n-1} + t_{power, n-1}) · sd / √n over the n
-    per-track differences (`min_detectable_difference`).
-  * Rubric items: the pass counts of every item over the scored cells (`benchmark.items.ItemRates`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The stages of a staged benchmark B = (S, C, V): ordered ids, titles and Agentic weights, as data.
 
-Source: paper Eq. 1 and Appendix A.3 ("Migration to Other Staged Benchmarks"): BiCuRL is defined for any staged
-benchmark, whatever the number or meaning of its stages. A benchmark declares its `StageSet`; the core (rows,
-pools, router, controller, reward, evaluation, report, ledger) reads stage ids, order and weights from it and
-never names a stage itself. E2E is not a stage: it is a row *focus* (a surrogate that chains every stage).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,29 +3,7 @@
 `run_grpo_block` is what a round calls: with `GRPOBlockConfig.staleness.max_staleness == 0` it is
 `grpo_round.grpo_block`, the synchronous block, unchanged; with s > 0 it is `async_grpo_block`:
 
-* every slot of every pool batch (row i of batch j) is one unit of work: its K episodes, scored as they end. Work
-  of batch j is handed to a pool of `StalenessConfig.concurrent_groups` threads once the learner has synced the
-  weights of step j − s (admission, AReaL's `max_head_offpolicyness`), so while step j trains, the groups of
-  steps j+1 … j+s roll out on the engine (their long tails keep running into the next steps);
-* step j starts as soon as *its own* slots are settled, not when every episode drawn has ended. A finished group is
-  judged at the learner's current version (`learn/staleness.judge_group`): trained; evicted (an infrastructure-failed
-  rollout), dropped as too stale, or aborted (a sync crossed under `on_sync='abort'`) — each of those refilled one
-  for one (a spare row of the same pool; an aborted group re-queues its own row) within `max_refills`;
-  with dynamic sampling a group without reward variance is dropped and replaced from the same pool's spares as in
-  the synchronous block (`max_extra_rows` per batch);
-* weight syncs go through `rollout/weight_gate.WeightGate`: a sync waits for the engine calls in flight (one turn
-  each), so every turn is sampled on one version and recorded with it (`Trajectory.turn_versions`);
-* the ratio's behaviour logprobs are the learner's under its current parameters (`GRPOConfig.old_logprobs =
-  'recompute'`: AReaL's proximal policy) and rollout correction (`tis_cap` / `seq_ratio_range`) weighs each token
-  by π_learner / π_engine with the engine's logprobs as each turn was sampled — that weight carries the
-  staleness, so bind a `tis_cap` with s > 0 (AReaL's decoupled loss, verl's fully-async recipe do the same).
-
-With several JAX processes each process rolls out the slots in its share of every batch (`multihost.share`), and a
-step's finished groups are gathered and settled on every process alike (`multihost.finished`).
-
-The round's counts of dropped-stale, evicted, aborted and refilled groups and the mean / max staleness trained on go
-to `ledger.GRPOStats`. Everything else (signal diagnostics, mismatch, the after-block probe) is as in the
-synchronous block: both train a step's groups and write the round's record through `grpo_round.BlockRun`.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -2,19 +2,7 @@
 
 Paper Sections 1, 2 and 6: "the policy-update loop reads only versioned, executable states".
 
-`BankFeed` resolves each round's version at round start: the newest admitted one (`BiCuRLConfig.bank_version =
-'latest'`) or a pinned one (an int). Resolving lists the published version directories and reads the segments
-admitted since the last version read: it never waits for a factory in the middle of a version (its staging
-directory is invisible until its one rename). The version of each round is written to
-`run_dir/bank_versions.json` before the round's first rollout (key '0': the version SFT and the KL probe set read),
-so a killed run redoes an unfinished round on the version it started on and a resumed run reads exactly the
-versions its ledger recorded.
-
-After each round the run publishes the steering record (`stage_bank.steering.publish`: the round, the version,
-the controller's Overall and stage scores, the routed stage, rows used so far per pool and per focus — nothing per
-task). With `experiment.Components.factory_loop` bound, the feed also owns the factory started beside training —
-its own process (`stage_bank.factory_loop.FactoryProcess`), or a Ray actor (`RayFactory`) when the run's rollouts
-are on Ray (`Components.ray`) — and stops it with the run.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """The rollout engine of a run or a Ray worker: the embedded JAX sampler or vLLM, from one `EngineConfig`.
 
-`build_engine` gives the JAX sampler (continuously batched with `EngineConfig.slots` > 0, reusing stored decode
-states with `prefix_cache_rows` > 0; `rollout/continuous_batching.jax_engine`) or vLLM (`rollout/vllm_engine.py`,
-weights pushed from the learner at every sync). JAX and vLLM share each accelerator: `jax_memory_fraction` is what
-JAX may take beside vLLM, and `check_vllm_memory` refuses a vLLM share that holds no full-length rollout before
-vLLM starts (`rollout/vllm_memory.py`). vLLM runs one engine in the run's process on one GPU and one replica process
-per GPU on more (`EngineConfig.vllm_replicas`, `rollout/vllm_replicas.py`), and prints each replica's memory
-plan; the JAX sampler runs on one device, or on the devices' mesh with `EngineConfig.sampler_mesh`
-(`rollout/mesh_sampler.py`), which prints its per-device plan.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """Evaluate-only launch job: the held-out suite on a policy as it is, with no Stage Bank and no training.
 
-It gives the "pretrained, untrained" row of a real checkpoint (e.g. SmolLM2-135M-Instruct zero-shot,
-`gin/evaluate_small.gin`) on the run's benchmark by the same path a BiCuRL run's final evaluation takes
-(`bicurl.experiment.run`). It uses the
-policy of `Components.policy`, the rollout engine of `engines.build_engine`, one E2E episode per held-out cell
-through the agent loop (`evaluation.EngineCells`, prompts in the policy's prompt style), the rubric verifier and
-the task metric, aggregated by `evaluation.evaluate`. Only aggregates are written (the firewall of
-`bicurl/evaluation.py`).
-
-    python -m bat_jax.launch --gin_file=evaluate_small.gin [--gin_bindings="evaluate_only.run.backend = 'local'"]
-
-Written to the run directory: ``evaluation.json`` (system name, purpose, backend, wall time in seconds, the
-`report.summary_dict` of the Summary, agent-failed cells) and ``evaluation.md`` (the Table-2-style row).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """The held-out evaluator V(π) = (Overall M, stage scores e) (paper Eq. 1, Section 3), and an external adapter.
 
-The evaluator plays the agent (a policy with the fixed stage skills and the two tools) on the run's benchmark's
-held-out suite — tracks × R repeats — scores every cell with the rubric verifier and the task metric, and returns
-**only aggregates** (`Summary`: two-level means, half-widths, per-track means). Cells, transcripts, task ids,
-paths and answers never leave this module: this is the evaluation side of the firewall. A cell is played by a
-`CellRunner`: `EngineCells` for the token-level policy (one episode through the agent loop GRPO rollouts use) or
-`PolicyCells` for action-level policies (scripted experts, teachers, baselines; `rollout.play`); both score it
-with `StagedBenchmark.score_episode`.
-
-The controller's evaluation and the final evaluation use disjoint runs: `EvalConfig.purpose` selects a
-disjoint slice of the held-out suite seeds and of the policy seeds (paper: "The controller evaluation and
-final evaluation use disjoint runs").
-
-`ExternalEvaluator` runs any command (an argv template with `{checkpoint}` and `{output}`) and reads per-cell
-scores back in the benchmark's own stages, for users whose evaluation runs elsewhere (e.g. AutoMedBench-Lite).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

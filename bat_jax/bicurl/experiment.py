@@ -1,24 +1,6 @@
-"""The BiCuRL experiment, top to bottom (paper Section 2.2, Algorithm of Figure 1b):
+"""The BiCuRL experiment, top to bottom (paper Section 2.2, Algorithm of Figure 1b).
 
-  Stage Bank (build or reuse a version) → leakage preflight → SFT cold start (once) → evaluation →
-  rounds of: route to the weakest stage → the round's bank version (newest admitted, or pinned) → round view
-  (S-target / S-mix / E2E) → preflight of the view →
-  GRPO block (K rollouts per state in sandboxes, rubric rewards) → weight sync → evaluation →
-  KL(candidate ‖ best) → accept or fall back → checkpoint → ledger → report
-  → final evaluation on disjoint runs (untrained, SFT, retained best) → results table + staircase plot
-  → HF export of the retained policy to run_dir/export/ (weights, config, tokenizer, chat template).
-Sandboxes: by default one warm Docker pool serves every GRPO rollout and evaluation episode, each container
-reset to a fresh state in between (`bicurl/run_loops.py`); it and the Ray workers are released when `run`
-returns or raises (also on Ctrl-C). With `Components.factory_loop` the Data Factory runs beside training in its own
-process (started after the first build, stopped with the run), steered by the aggregate record the run publishes
-after each round (`bicurl/bank_feed.py`, `stage_bank/factory_loop.py`).
-
-Gin binds `run` and the config dataclasses (gin/bicurl_*.gin); this module itself is plain Python. A killed run
-resumes from its ledger and checkpoints: finished rounds are read back, the retained checkpoint restored, and a
-checkpoint saved by a round that never reached the ledger is deleted (that round is redone, reusing the rollouts
-its journal kept and re-issuing those in flight at the kill: `bicurl/round_journal.py`).
-Baselines: `mode='sft_only'` (stops after the cold start) and `mode='grpo_e2e'` (GRPO on E2E rows with the
-terminal task reward, no routing or fallback — the paper's GRPO row).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

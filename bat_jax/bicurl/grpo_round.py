@@ -3,13 +3,7 @@
 Rollouts of the round view's batches, rubric rewards, optional dynamic sampling and rollout correction,
 `GRPOConfig.epochs` optimizer steps per batch.
 
-Per pool batch: the learner's weights go to the rollout engine → K rollouts per row in sandboxes, each scored as
-its episode ends (`bicurl/reward.py`). With `DynamicSamplingConfig.enabled`, groups without reward variance are
-replaced from the same pool's spare rows (`learn/dynamic_sampling.py`). Then come group-normalised advantages and the
-ratio's behaviour logprobs: the learner's own, recomputed before the update (`GRPOConfig.old_logprobs = 'recompute'`),
-or the engine's ('bypass'). With rollout correction (`GRPOConfig.tis_cap` / `seq_ratio_range`) truncated importance
-weights and masked rollouts (`learn/rollout_correction.py`) → optimizer steps. After the block: the same first batch
-rolled out again with the same seed (the pool reward after) and how the block moved its logprobs.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -2,39 +2,7 @@
 
 Who writes, what every process agrees on, how a batch's rollouts are split over the hosts.
 
-JAX runs multi-host as *multi-controller*: every process runs the whole of ``experiment.run``, owns its local
-devices, and the learner's jitted steps run over the global mesh (``learn/distributed.py``). Run files, bank and run
-directory are the same for all: ``bank_dir`` and the run directory must be storage every host sees (NFS,
-Filestore, a GCS mount), as Orbax's multi-host checkpoints need anyway. On top of that, this module decides:
-
-* **Writers.** Process 0 alone builds or checks the Stage Bank, records the round's bank version, writes the
-  held-out manifest, the ledger, ``report.md``, the staircase, TensorBoard, the steering record and the export
-  (:func:`on_primary`: the others wait for its result, or for its error, which they raise naming process 0;
-  :func:`primary_only`: an object whose methods do nothing on the other processes).
-* **Agreement.** The controller evaluation runs on process 0 (its sandboxes and engine) and its aggregates are
-  sent to every process; the controller's decision is taken on every process from the same inputs and checked
-  against process 0's (:func:`agree`: a process that decided otherwise stops, naming both decisions), so every
-  process keeps or falls back to the same checkpoint.
-* **Rollouts.** A GRPO batch's K·rows episodes are split into contiguous shares by process index; each process
-  rolls out its share on its own engine (the JAX sampler on its local devices, or its local vLLM replicas, whose
-  files go under :func:`host_dir`; or its own Ray rollout workers) and sandboxes, scores it, and the trajectories
-  and rewards are gathered so that every process builds the same global batch (:func:`scored_rollouts`). Episode
-  (i, k) samples with the seed of (round seed, i, k) wherever it runs (``AgentLoop.run_episodes``), so the split
-  changes no draw. The engine's weights are the learner's gathered to the host (:class:`HostWeights`).
-* **Bounded staleness** (``bicurl/async_block.py``). Row i of a pool batch (its group, and any refill of its slot)
-  rolls out on the process whose share of the batch holds i; a step's finished groups are gathered
-  (:func:`finished`) and every process settles every group from the same data, so admission, drops, refills and
-  the trained batch are the same everywhere; every engine syncs once per learner step, so versions advance in
-  lockstep.
-* **Start-up.** Every process opens its sandboxes; a host without Docker or without the sandbox image makes every
-  process fail at start with an error naming that host (:func:`all_ok`).
-* **Faults.** A process that dies stops sending heartbeats; the coordination service then ends every other process
-  within ``DistributedConfig.heartbeat_timeout_s`` (JAX's own error names the missing task), and a process waiting
-  here on a peer's value gives up after ``wait_timeout_s`` with an error naming the peer and what it waited for.
-
-Values cross processes pickled, through the coordinator's key-value store (``jax.distributed``'s client); every
-process calls these functions in the same order (the run is the same program everywhere), which is what numbers
-the keys. With one process every function is the plain local computation.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
 """Rollouts on Ray workers: the K episodes of a batch's RL rows spread over actor processes.
 
-The single-process default is one `AgentLoop` (engine + sandboxes) in the learner's process. With Ray, each
-`RolloutWorker` actor holds its own policy copy, rollout engine (the embedded JAX sampler) and sandbox backend,
-and runs `AgentLoop.run_episodes` on its share of a batch's episodes. `RayRollouts` is the learner-side
-dispatcher. It stands in for an `AgentLoop` where the experiment uses one:
-
-* `rollouts.run(requests, seed=s)` — episode (i, k) (request i of the batch, rollout k of K) goes to worker
-  `(i·K + k) mod W`, so the K rollouts of one state run on different workers. Every worker derives the
-  episode's sampling seed from (s, i, k) exactly as the in-process loop does. Trajectories come back ordered by
-  request, then k — the same records, in the same order, as `AgentLoop.run`.
-* `rollouts.run_episodes(episodes, seed=s)` — given (request, i, k) episodes (a part of a batch), the one at
-  position p goes to worker `p mod W`; `run` is the whole batch through it, so both spread alike.
-* `rollouts.engine.update_weights(model_or_params)` — the learner pushes its parameters to every worker: one
-  numpy pure-dict copy (`nnx.to_pure_dict` layout, gathered from any sharding, also across processes) put
-  once into Ray's object store, installed by each worker; returns the new weight version, the same on all
-  workers (a worker that disagrees raises).
-
-Equality with the in-process loop: a worker's engine samples each row from (prompt, per-episode seed,
-weights) alone, but the JAX sampler pads each call's batch (rows and prompt length to powers of two), so a
-token's logits can differ by float round-off between batch compositions. Given the same episodes per call —
-the in-process `AgentLoop.run_episodes` over one worker's share, under the 'lockstep' schedule (the
-'continuous' one batches by timing) — the trajectories are identical (`tests/test_ray_workers.py`).
-
-Ray is an optional dependency (`pip install -e ".[ray]"`); this module imports it only when used.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -2,24 +2,7 @@
 
 This is the adapter from rollouts (`rollout.trajectory.Trajectory`) to the rubric verifier.
 
-A row stores only public contract text; the verifier's checks need the task's hidden answer key, which the run's
-benchmark regenerates deterministically from the row's provenance (`task_synthesis` seed / variant / template, and
-the `e2e_reduce` λ actually applied for E2E surrogates). A rollout's evidence (`evidence_of`) is scored by
-`StagedBenchmark.score_episode`: stage rows on their stage's rubric only (r = η · mean of binary items), E2E rows on
-every stage plus the task metric (0.5 · Agentic-weighted stage rewards + 0.5 · task).
-`reward_source='task_metric'` scores the task metric alone (the paper's GRPO baseline on E2E rows).
-With a `RubricJudge` its items are decided by the LLM judge and the version names the judge model.
-An infrastructure failure (sandbox, or the judge unreachable) gives None (unscored), never 0. What the agent
-wrote is read within `RewardConfig.decode` by total readers: an artefact that cannot be read scores 0 (the
-agent's failure), and a reward that is not a finite number is a `ScorerError`, never "unscored". An exception
-while scoring one rollout costs that rollout only (`RolloutReward.error`), never the batch. It scores 0 when reading
-the agent's artefacts raised, and leaves the rollout unscored when rebuilding the row's task raised.
-
-Rebuilding a task regenerates its data (images, volumes), so a round shares the rebuilt tasks: `TaskCache` keeps
-them in a bounded LRU keyed by `task_key` (a digest of the provenance steps the rebuild reads), so the K rollouts
-of a state and all states of one task rebuild it once. `RolloutScorer` scores rollouts on a bounded thread pool
-(`RewardConfig`) as the agent loop hands them over (while other episodes still run); `score_rollouts` scores a
-finished batch through it. Results come in the rollouts' order and equal scoring them one by one.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

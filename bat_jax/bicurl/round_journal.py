@@ -1,31 +1,6 @@
 """The round journal: what a GRPO block rolled out, kept on disk so a killed round resumes without losing it.
 
-A round's block rolls out in units: one wave of a pool batch in the synchronous block (`grpo_round.grpo_block`),
-one group (the K episodes of one row) in the bounded-staleness block (`async_block.py`). Each unit has a key (its
-batch, wave and, for a group, its row index) and is recorded twice under `run_dir/journal/round_NNN/`:
-
-* `issued/<key>.json` before its first episode starts: the state ids and the sampling seed it was issued with;
-* `done/<key>.pkl` when its episodes have ended and been scored: the trajectories and their rewards (a pickle:
-  numpy arrays, receipts and artefacts as they were; the run directory's own files, never another's).
-
-Both are atomic (`atomic_io.atomic_write`: temp + rename), so a kill leaves a unit issued-and-done, issued only
-(in flight at the kill) or absent — never half-written. On resume the round runs its block again from the
-round's start on the retained weights: a unit recorded as done with the same state ids and seed is reused as
-recorded (no episode rolled), every other unit — in flight at the kill, or never reached — is rolled out again
-with its own seed. No state is skipped: the block visits every slot of the round view in its usual order, and a
-unit is only ever reused in place of itself. With `max_staleness = 0` the learner's steps are replayed on the same
-groups in the same order, so the weights each later unit is sampled on, and the round's ledger line, are those of
-an uninterrupted run. This follows NeMo-RL's rollout checkpointing (its single controller saves completed groups in
-the replay buffer and unfinished prompt groups in a recovery ledger, and a resumed run dispatches the unfinished
-work again), at the grain of this package's units; the learner's steps are replayed instead of checkpointed
-mid-round (a step is a small share of a round: 57 s of 401 s in the paper-scale figures).
-
-Not journaled: the after-block probe (one batch, rolled out again on resume) and an LLM judge's call counts (a
-reused unit calls no judge, so `GRPOStats.judge` covers the units rolled out after the resume). The experiment keeps
-a journal with one process only (`jax.process_count() == 1`; with several, a killed round is redone from its start).
-Weight versions are the engine's counter, which restarts with the process: a unit is stored with its turns'
-versions relative to the block's first sync (`base_version`) and read back relative to the resumed block's.
-The journal is deleted once the round's ledger line is written (`for_round` also deletes those of earlier rounds).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

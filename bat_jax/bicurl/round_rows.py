@@ -1,10 +1,6 @@
 """The rows a BiCuRL round trains on: the run mode's pools, the round view behind its leakage preflight, the KL probe.
 
-`mode_pools` gives the RL rows and pool config of a mode (BiCuRL: every row, the three pools; the GRPO-E2E baseline:
-the E2E rows alone, rewarded by their task metric). `RoundRows.view` draws one round's pool batches (and dynamic
-sampling's spare rows) for the routed stage from the bank version the round reads, and refuses them unless every row
-passes the held-out leakage preflight, before the round's first rollout. `kl_prompts` are the prompts of the KL probe
-(Eq. 6): training rows, never held-out ones.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

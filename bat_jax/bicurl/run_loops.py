@@ -1,15 +1,6 @@
 """The rollout side of one run: its agent loops and what they hold.
 
-That is the sandbox backend (by default a warm Docker pool whose containers are reset to a fresh state between
-episodes), the GRPO rollout loop (in this process, or on Ray workers) and the held-out evaluation loop.
-`RunLoops.close()` ends the Ray workers and removes the pool's containers; `experiment.run` calls it when it returns
-or raises (also on Ctrl-C).
-
-The pool holds the most sandboxes a run uses at once. `AgentLoop.run` opens every episode's sandbox before its first
-engine call (both schedules; the continuous one gives each back as its episode ends). So a GRPO batch holds rows × K
-(`PoolConfig.batch_size` × `SamplingConfig.group_size`; none in this process when the rollouts run on Ray
-workers, where each worker keeps its own warm pool of its share, rows × K / workers rounded up) and an evaluation one
-per held-out cell (its cells are one batch).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

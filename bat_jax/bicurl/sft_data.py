@@ -2,10 +2,7 @@
 
 Paper Eq. 9, Appendix A.4.
 
-Rows are model-neutral: `render_sft_row` renders one row's context and target action through the
-policy's `models.episode.EpisodeBuilder` in the run's prompt format (`prompts.PromptFormat`); `trajectory_examples` renders per
-teacher trajectory one sequence that carries the loss of every action; `sft_batch` draws a batch padded only to
-its length bucket (`learn/batching.sft_bucket`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

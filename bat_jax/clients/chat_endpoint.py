@@ -1,10 +1,6 @@
 """Minimal OpenAI-compatible chat-completions client (stdlib urllib): timeouts, retries with backoff.
 
-`ChatEndpointConfig` is the one description of such an endpoint: gin nests it into the LLM judge's config
-(`verify.judge.JudgeConfig.endpoint`) and the Data Factory's teacher (`stage_bank.factory.FactoryConfig.
-teacher_endpoint`, played by `tasks.teacher.ChatTeacher`). Failures raise `ChatError` with a short cause
-('http_error', 'unreachable', 'bad_reply'); callers turn them into rejected sources (teacher) or unscored checks
-(judge), never crashes.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -2,23 +2,7 @@
 
 Two acceptance rules (`ControllerConfig.acceptance`):
 
-'fallback' — paper Eq. 6 (default). A counter of consecutive Overall drops,
-    c_{r+1} = c_r + 1 if M_{r+1} < M_r else 0,
-  and the next round starts from θ* when c_{r+1} ≥ patience (3) or KL(candidate ‖ θ*) > τ (0.1); otherwise it
-  starts from the candidate. θ* is the accepted checkpoint with the highest Overall (ties keep the earlier one).
-  After a fallback the counter restarts at 0 and M_r becomes θ*'s Overall. Any score scale works.
-
-'noninferiority' — the released code's paired non-inferiority gate against θ*. It accepts the candidate only if
-  Overall ≥ θ* − 0.01, Task ≥ θ* − 0.03, every track ≥ θ* − 0.05, each late stage ≥ θ* − 0.03 and Overall fell by
-  less than 0.20. Otherwise it is held and θ* stays. Both evaluations must cover the same cells: a candidate
-  evaluated on other cells is held, its reason naming them. Margins are absolute on the 0–1 scale.
-
-The KL rule applies to both (disable with kl_threshold=None). A candidate whose evaluation is unscored (every
-cell unscored: sandboxes or judge down) is 'unscored': neither accepted nor counted as a drop, and the next
-round starts from the retained checkpoint. The decisions a ledger can hold are `DECISIONS`.
-
-Every comparison of two scores treats values within `router.SCORE_TOL` (1e-12) as equal, so float round-off
-never decides. The first scored evaluation is always accepted.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ Source: paper Section 2.2.2 ("The curriculum router reads e_r and writes an audi
 stage s*_r"); the released code: weakest stage, ties → earliest stage; after a held candidate →
 the stage with the largest positive regression.
 
+<<<<<<< HEAD
 Rules:
   * 'weakest': s* = argmin_s e_s over scored stages; ties go to the earliest stage in workflow order.
   * 'largest_regression' (only when `RouterConfig.corrective` and the last candidate was held / fell back):
@@ -19,6 +20,9 @@ Ties: two scores (or regressions) within `SCORE_TOL` = 1e-12 of each other are e
 S1; so do regressions 0.3 − 0.1 and 0.8 − 0.6. Float round-off never decides a route (nor a gate:
 `curriculum/controller.py` compares with the same tolerance).
 Unscored stages (None) are left out (null is not zero). Scores are 0–1; only aggregates enter the report.
+=======
+Details: docs/design.md.
+>>>>>>> main
 """
 
 from __future__ import annotations

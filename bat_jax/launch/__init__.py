@@ -3,13 +3,7 @@
     python -m bat_jax.launch --gin_file=bicurl_tiny.gin [--gin_file=...] [--gin_bindings=...]
                              [--gin_search_paths=...] [--run_dir=...]
 
-Every top-level gin file binds `launch.run.job` (a callable taking `run_dir`) and `launch.run.run_name`.
-Gin files are looked up, in order, on: --gin_search_paths, $BAT_JAX_GIN_PATH (os.pathsep-separated), and the
-repository's `gin/` folder, so the command works from any working directory.
-
-Run directory: --run_dir, else `<--runs_root>/<run_name>` (default runs root `./runs`). The same command twice
-uses the same directory, which is how a killed run resumes. Written there: `config.gin` (the resolved
-configuration, before the job starts) and `operative_config.gin` (what the job actually read, after it ends).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

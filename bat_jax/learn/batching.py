@@ -3,11 +3,7 @@
 A bucket is the padded length of a batch: a few distinct lengths keep the number of compiled step shapes small,
 and a batch of short rows does not pay for the longest context. Three rules, one per batch kind:
 
-- `length_bucket`: `pad_batch`'s default — a power of two up to 4,096 tokens, a multiple of 4,096 above.
-- `sft_bucket`: SFT cold-start batches — 256, 384, 512, 768, 1024, ... (powers of two and their 1.5 multiples),
-  at most `max_seq_len`; a longer row is an error.
-- `grpo_bucket`: GRPO rollout batches — the same ladder, at most the rollout context (or the longest rollout,
-  when one ran past it).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

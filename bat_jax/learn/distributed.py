@@ -1,24 +1,6 @@
 """Multi-host learner: start ``jax.distributed``, assemble global batches, read sharded results back.
 
-JAX runs multi-host as *multi-controller*: every process runs the same program, owns its local devices, and
-``jax.devices()`` lists the devices of all processes. So the ``Learner``'s mesh (``mesh.build_mesh``) is the
-global mesh and its jitted, sharded steps (``train_state.make_train_step``) run unchanged over it (parameters
-placed from the same host values on every process). What changes is only
-
-1. start-up: :func:`initialize` (from :class:`DistributedConfig`, usually :meth:`DistributedConfig.from_env`)
-   must run before any other JAX call, once per process;
-2. data: a process can place only the rows of a batch that live on *its* devices. :func:`process_rows` says
-   which rows of a global ``[B, ...]`` batch those are (for the learner's batch sharding); each process hands
-   those rows to :func:`global_batch`, which builds the global ``jax.Array`` per field with
-   ``jax.make_array_from_process_local_data``;
-3. reading results: a parameter sharded over devices of several processes is not addressable from one
-   process; :func:`host_gather` brings a whole tree back to numpy on every process.
-
-Environment (what a cluster launcher sets per process): ``JAX_COORDINATOR_ADDRESS`` (host:port of process 0's
-coordinator service), ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``; optionally ``JAX_LOCAL_DEVICE_IDS``
-(comma-separated) and ``JAX_CPU_COLLECTIVES`` (``gloo`` (default) or ``mpi``: cross-process collectives of the
-CPU backend). ``JAX_AUTO_DISTRIBUTED=1`` leaves all of it to JAX's cluster detection (Cloud TPU, SLURM,
-Open MPI).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

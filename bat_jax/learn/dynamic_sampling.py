@@ -1,14 +1,6 @@
 """Dynamic sampling (DAPO; verl ``filter_groups``, slime, SkyRL, OpenRLHF): train only on groups with signal.
 
-A GRPO group (the K rollouts of one state) whose scored rewards are all equal — or with fewer than two scored — has zero
-advantage everywhere: it adds nothing to the gradient and only dilutes the step. With dynamic sampling such a group is
-dropped and replaced by a fresh state's group **from the same pool**, rolled out in waves, until the batch holds its
-size in groups with signal or a cap on extra generation is spent. When the cap cannot replace every dropped group, the
-replacements go to the pools furthest below their share of the batch, so the pool mix ½ / ¼ / ¼ is kept over the trained
-groups as far as the pools' signal allows. Replacement states come from the round view's spare rows
-(`stage_bank.pools.build_round_view(spares_per_pool=...)`), drawn after the batches' own rows.
-
-:func:`fill_batch` is the loop; the caller gives it a function that rolls out and scores a list of rows.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

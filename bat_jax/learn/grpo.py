@@ -1,32 +1,6 @@
 """Multi-turn GRPO: group advantages, the policy's logprobs (and entropy), the loss over a batch.
 
-Paper: Eq. 4 (reward), Eqs. 17–19 (ratio, clipped term, objective with −β·KL toward the round-start
-policy π_θ̄r). Defaults follow the paper; the released code's choices, verl's, DAPO's and Dr.GRPO's are options
-of :class:`GRPOConfig` (README "Objective options"; ``gin/presets/released_bat.gin``). The
-per-token terms and aggregations live in :mod:`bat_jax.learn.objective`.
-
-**Batch record** (what rollouts hand to the learner; every per-token array is aligned with
-``input_ids``):
-
-* ``input_ids``  ``[B, T] int32`` — the sampled ids verbatim plus tokenised tool responses / template glue.
-* ``attention_mask`` ``[B, T]`` 0/1 — 0 on right padding.
-* ``loss_mask`` ``[B, T]`` 0/1 — 1 only on tokens the policy sampled (assistant tokens incl. end-of-turn);
-  0 on prompt, tool responses, template glue and padding. Observation tokens thus never enter the policy
-  loss, the KL nor the entropy.
-* ``old_logprobs`` ``[B, T] float32`` — the behaviour logprobs of the ratio (Eq. 17): by default the learner's
-  own, recomputed on the batch under the parameters the rollouts were sampled with (verl's default); with
-  ``GRPOConfig.old_logprobs = 'bypass'`` the rollout engine's, as sampled (verl's bypass mode).
-* ``ref_logprobs`` ``[B, T] float32`` — the reference policy's logprob of token ``t``. The reference is the
-  round-start policy π_θ̄r (Eq. 19: "a KL penalty toward the current policy"); the learner computes it
-  once per round block with :func:`shifted_token_logprobs` on the round-start parameters.
-* ``advantages`` ``[B] float32`` — from :func:`group_advantages` over ``state_id`` groups.
-* ``is_weights`` ``[B, T] float32`` — only with rollout correction (``GRPOConfig.tis_cap`` /
-  ``seq_ratio_range``): the truncated importance weight π_learner / π_engine of each sampled token
-  (:func:`bat_jax.learn.rollout_correction.correct`).
-
-**Shift convention.** ``logprobs[b, t] = log π(input_ids[b, t] | input_ids[b, :t])``, read from the logits
-at position ``t − 1``; ``logprobs[:, 0]`` is 0 and position 0 never carries loss (the first token has no
-prediction). Rollout and reference logprobs, and the entropy, use the same alignment.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Policy-shift estimate for checkpoint fallback (paper Eq. 6, Appendix A.4 "Fallback KL threshold").
 
-``D_KL(π_candidate ‖ π_best)`` is estimated as the mean per-token KL over the run's KL probe prompts (default
-256: Stage Bank RL rows the run also trains on, not the held-out suite; the paper holds its 256 prompts out of
-training). At every prompt position the two models' full next-token distributions are compared exactly,
-``Σ_v p_c(v) (log p_c(v) − log p_b(v))``, and the values are averaged over all valid positions of all prompts
-(each token weighs the same). Teacher forcing on the prompt tokens makes the estimate
-deterministic (no sampling noise), so the τ = 0.1 test in the controller is reproducible.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """The one object that owns the mesh, the parameter shardings and the jitted train steps (t5x style).
 
-`Learner` wraps an NNX policy: it splits it into a functional `apply_fn` + pure parameter dict, builds the
-mesh from a `MeshConfig`, places parameters by their logical axis names, and builds one jitted, sharded,
-donated step per objective (SFT cold start, GRPO block). It hands parameters back to the model object so a
-rollout engine can take them (`engine.update_weights(learner.sync_model())`).
-
-Memory (`MemoryConfig`, bound in gin): per-layer remat, the attention query block, the sequence chunk of the
-output head (log-probs, entropy and KL never build `[B, T, V]` float32 logits) and a batch-axis sharding constraint on
-the activations. The step builders are module functions (`make_block_step`, `make_ref_logprob_fn`) so that
-`launch/bench/compile_probe.py` lowers exactly the functions a run calls, with abstract inputs.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

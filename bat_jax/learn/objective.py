@@ -1,14 +1,6 @@
 """Per-token pieces of the GRPO objective and their aggregation, as the reference implementations compute them.
 
-Sources: paper Eqs. 17–19 (token ratio vs the rollout policy, PPO clip, − β·KL); verl ``core_algos``
-(``compute_policy_loss_vanilla``: log-ratio clamp ±20, dual clip; ``kl_penalty_forward``: k3 clamped to
-[−10, 10]; ``agg_loss``: the four aggregations); DAPO (clip-higher: ε_low ≠ ε_high); Dr.GRPO (token sums over a
-constant normaliser). Every function is plain, traced JAX on ``[B, T]`` float32 arrays; ``grpo.py`` assembles them
-from a ``GRPOConfig``.
-
-**Clamps.** :func:`clamp` has the gradient of ``torch.clamp``: 1 inside ``[lo, hi]`` (bounds included), 0 outside,
-so a clamped token passes no gradient — the guard verl relies on, and what keeps one outlier token from owning a
-gradient-clipped update.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Optimizers for the SFT cold start and GRPO (optax).
 
-``clip_by_global_norm`` then AdamW, with a learning-rate schedule. Defaults follow the paper
-(paper App. A.4, Table 4; App. A.7, Table 8): SFT uses lr 2e-5, cosine decay with 3 % linear warmup, grad-norm clip 1,
-AdamW weight decay 0; GRPO uses a constant actor lr of 1e-6 (:data:`GRPO_OPTIMIZER`) and the optimizer
-is reset between rounds (a new ``init``).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

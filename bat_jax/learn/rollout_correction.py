@@ -1,25 +1,6 @@
 """Rollout / training mismatch: the rollout engine's logprobs are not the learner's.
 
-vLLM samples in bf16 with its own kernels; the JAX learner computes in its own numerics, so the ratio
-π_learner / π_engine of a sampled token starts away from 1 before any update, and a PPO clip made for policy drift
-absorbs it. The correction the peers ship (verl ``rollout_correction``: token-level truncated importance sampling
-and sequence-level rejection by the geometric mean; slime ``--use-tis``; SkyRL ``tis_ratio_type``; OpenRLHF's vLLM IS
-correction; AReaL's decoupled loss).
-
-* the **behaviour logprobs** of the PPO ratio (``old_logprobs``) are the learner's own, recomputed on the batch under
-  the parameters the rollouts were sampled with.
-* the engine's logprobs enter only through a per-token importance weight w_t = π_learner(y_t) / π_engine(y_t),
-  truncated at C (**TIS**: ``min(w_t, C)``, detached) that multiplies the token's policy loss.
-* a rollout whose mean log ratio over its loss tokens (each log w_t clamped to ±20 first, as verl's current
-  ``seq_mean_k1`` does) leaves the bounds is masked out of the loss (sequence-level rejection). The bounds come in
-  two conventions: ``'geometric'`` bounds exp(mean_t log w_t), as verl ≤ 0.7's ``rollout_rs='geometric'`` did
-  (which clamped only the mean, not each token); ``'seq_mean_k1'`` bounds exp(mean_t log 1/w_t), as verl's
-  ``rollout_rs='seq_mean_k1'`` with ``rollout_rs_threshold='lo_hi'`` does, so the same (lo, hi) keeps the
-  reciprocal range of the other.
-
-:func:`correct` computes the weights, the rollouts kept and the mismatch metrics on the host; `learn/grpo.py`
-multiplies the policy-loss term by ``batch['is_weights']``. The mismatch metrics alone (no correction) are
-``correct(..., tis_cap=None, seq_ratio_range=None)``.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

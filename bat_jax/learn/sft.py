@@ -1,13 +1,6 @@
 """SFT cold start (paper §3.2, Appendix A.1 / A.4): next-token loss on the single target response.
 
-A Stage Bank SFT row is ``(context h, teacher response a)``; the model adapter renders the context (task,
-stage skill, earlier turns, tool observations) into prompt ids and the response into response ids. The
-loss covers every response token **and** the end-of-turn token that closes it, and nothing in the prompt
-(:func:`build_sft_example`). Loss = mean over all loss tokens of the whole global batch (token-mean, exact
-under gradient accumulation: the token count is taken before the micro-batch split).
-
-Batch record: ``input_ids [B, T] int32``, ``attention_mask [B, T]`` 0/1, ``loss_mask [B, T]`` 0/1 aligned
-with ``input_ids`` (``loss_mask[b, t] = 1`` means token ``t`` is a target, predicted from position t − 1).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """Bounded staleness for off-policy GRPO: which rollout groups may be trained, and what the block counts.
 
-With `StalenessConfig.max_staleness = s > 0` the rollouts of later optimizer steps start while the learner trains
-(`bicurl/async_block.py`). Weight versions are the engine's (`RolloutEngine.weight_version`, +1 per sync); each
-rollout records the version of every turn (`Trajectory.turn_versions`). The rules, and the peer each follows:
-
-* **admission** (AReaL's `max_head_offpolicyness`, its staleness manager's capacity): the groups of step j may start
-  once the learner has synced the weights of step j − s, so a group starts at most s versions before the step that
-  trains it. With s = 0 no group starts before its own step's sync: today's synchronous block.
-* **the filter at training time** (the issue's rule; AReaL drops samples older than the bound when it consumes
-  them, verl's fully-async trainer bounds staleness the same way): a group is trained only if every rollout in it
-  *began* (first turn) on weights at most s versions older than the learner's current ones. Older groups are dropped
-  and their slot refilled from the same pool. Under the admission rule no group is ever too old; the filter is the
-  invariant the step checks, not a second schedule.
-* **failed groups** (verl's async trainer: failed groups evicted and refilled one for one): a group with a rollout
-  that failed for infrastructure reasons (`Trajectory.infra_error`: the sandbox or engine failed, `sandbox.types.
-  fault_of` says 'infra') is evicted and its slot refilled, instead of being trained on its remaining rollouts.
-* **a sync during an episode** (`on_sync`): 'continue' (verl's partial rollout, AReaL's interruptible generation):
-  the episode goes on with the new weights, each turn keeping the version it was sampled on, and rollout correction
-  weighs every token by the engine's logprob as sampled; 'abort': an episode that saw a sync is thrown away and its
-  group re-queued on the current weights (each trained rollout then has one version).
-
-:class:`StaleCounts` holds the per-round counts the ledger records (`ledger.GRPOStats`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Train state, the functional view of an nnx model, and the one jitted, sharded train step.
 
-The learner works with any ``flax.nnx`` module called as ``logits = model(input_ids, attention_mask)``
-(``[batch, seq] int32``, ``[batch, seq]`` 0/1 → ``[batch, seq, vocab] float32``). Parameters are kept as a
-pure nested dict of arrays (``nnx.to_pure_dict``) so that optax, Orbax and sharding trees are plain
-pytrees; :func:`split_model` returns an ``apply_fn(params, input_ids, attention_mask)`` that merges them
-back into the module inside the trace.
-
-:func:`make_train_step` builds the single ``jax.jit`` step with in/out shardings and a donated state.
-Gradient accumulation splits the batch into ``num_micro_batches`` interleaved slices (row ``i`` goes to
-micro-batch ``i % M``, so every device keeps its share) and sums their gradients. The loss function gets
-the *whole batch's* normalizers (token and sequence counts) with every micro-batch, so the summed
-micro-batch losses and gradients equal the full-batch loss and gradient exactly (up to float rounding).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -2,17 +2,7 @@
 
 Layout (``b`` = batch, ``L`` = max_len slots, one slot per token fed, padding included):
 
-* ``AttentionCache`` (full-attention layers): ``k``, ``v`` ``[b, kv_heads, L, head_dim]`` in the
-  cache dtype; slot ``i`` holds the i-th token fed to the model (post-RoPE keys).
-* ``DeltaNetCache`` (Gated DeltaNet layers): ``conv [b, kernel-1, conv_dim]`` (the last kernel-1
-  inputs of the causal depthwise conv, zeros for padding/empty history) and ``state
-  [b, value_heads, key_head_dim, value_head_dim]`` float32 (the delta-rule memory).
-* ``DecodeCache``: ``layers`` (one entry per decoder layer), ``length`` int32 scalar (slots used,
-  equal for all rows), ``slot_mask [b, L]`` bool (which used slots are real tokens), and
-  ``next_position [b]`` int32 (RoPE position of each row's next real token).
-
-Writing past ``L`` is not detected inside jit (``dynamic_update_slice`` clamps): callers size
-``max_len`` >= prompt length + new tokens.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

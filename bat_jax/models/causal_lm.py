@@ -3,29 +3,7 @@
 Module tree mirrors transformers (``model.embed_tokens``, ``model.layers[i]``, ``model.norm``,
 ``lm_head``) so a parameter's dotted path is its safetensors key.
 
-Interface (``b`` batch, ``t`` tokens, ``V`` vocab; ``attention_mask`` 1 = real token, 0 = padding,
-padding on the left):
-
-* ``model(input_ids [b, t] int32, attention_mask [b, t] int/bool = None, positions [b, t] = None)``
-  -> logits ``[b, t, V]`` float32. Default positions: ``max(cumsum(mask) - 1, 0)`` per row, so a
-  left-padded row gets the same logits as the unpadded one. Logits at padded positions are
-  meaningless.
-* ``cache = model.init_cache(batch, max_len, dtype=None)`` -> ``DecodeCache`` (see cache.py).
-* ``logits, cache = model.prefill(input_ids [b, t], attention_mask [b, t], cache)`` -> ``[b, t, V]``;
-  appends ``t`` slots; may be called repeatedly (chunked prefill).
-* ``logits, cache = model.decode_step(tokens [b] int32, cache)`` -> ``[b, V]``; appends one slot.
-
-* ``h = model.hidden_states(input_ids, attention_mask, positions, options=ForwardOptions(...))`` ->
-  ``[b, t, embed]`` in the compute dtype (after the final norm); ``model.logits_from_hidden(h)`` -> float32
-  logits ``[..., V]``. The learner uses the pair to compute log-probs a sequence chunk at a time, so the
-  ``[b, t, V]`` float32 logits of a long sequence never exist at once.
-
-``ForwardOptions`` (memory, not numerics): per-layer rematerialisation (``remat``), the query block of the
-attention (``attention_block``; 0 = dense scores) and a sharding constraint on the batch axis of the residual
-stream (``activation_sharding``). Every setting gives the same values up to float round-off.
-
-All are plain methods: wrap them in ``nnx.jit`` (or split the model with ``nnx.split`` and use
-``jax.jit``) at the call site; the cache is a pytree and can be donated.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

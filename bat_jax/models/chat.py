@@ -3,28 +3,7 @@
 Both families use `<|im_start|>ROLE\\n ... <|im_end|>\\n` turns and return tool output to the model as a user
 turn wrapped in `<tool_response>\\n ... \\n</tool_response>`:
 
-- ``qwen3_5`` (Qwen3.5's published template, `QWEN3_5_CHAT_TEMPLATE`, from `assets/chat_templates/qwen3_5.jinja`): tools
-as JSON lines in
-  a `<tools>` block of the system turn; tool calls as XML
-  `<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>`; the
-  generation prompt opens the thinking block (`<|im_start|>assistant\\n<think>\\n`).
-- ``qwen3`` (Qwen3's published template, shipped with the real Qwen3 tokenizer): tool calls as JSON
-  `{"name": ..., "arguments": {...}}` inside `<tool_call>\\n ... \\n</tool_call>`; the generation prompt is
-  `<|im_start|>assistant\\n` and the model writes its own `<think>` block.
-- ``chatml`` (a model's own plain ChatML template without a tools block or tool role, e.g. SmolLM2's): the
-  tool-call convention is ours and lives in the messages (`chatml_tools.inline_tools`): the tool schemas and the
-  call format are appended to the system turn, a call is plain text `THOUGHT\\n<tool_call>\\n{JSON}\\n</tool_call>`
-  (no thinking block; the tags are ordinary text), a tool result is a user turn
-  `<tool_response>\\n ... \\n</tool_response>`. Only `<|im_start|>`, `<|im_end|>`, `<|endoftext|>` are controls.
-
-Actions are model-neutral (`bat_jax.sandbox.tools.Action`, the one action type). `render_action` turns one into the text
-a family's template renders after the generation prompt (without the end-of-turn token). `parse_tool_call` turns sampled
-text back into an `Action`, or into a `ParseError` whose `observation` is shown to the agent (a malformed call never
-raises). Token-level episode assembly is `bat_jax.models.episode.EpisodeBuilder`.
-
-Text never becomes a control token: rendered glue is a `Rendered` string whose `parts` mark the template's own
-control tokens (`Control`); everything else (thoughts, code, briefs, tool output) is ordinary text, encoded
-with the added tokens switched off (`bat_jax.models.episode.TextCodec`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

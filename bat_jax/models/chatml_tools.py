@@ -2,12 +2,7 @@
 
 Family 'chatml', `chat.ChatFamily.inline_tools`; e.g. SmolLM2-Instruct's plain ChatML template.
 
-The template renders only `<|im_start|>ROLE\\nCONTENT<|im_end|>\\n` turns, so tools travel in ordinary messages.
-`inline_tools` appends `tool_convention` (tool schemas as JSON lines in a `<tools>` block and the call format) to
-the system turn, writes structured assistant turns (`reasoning_content`, `tool_calls`) as `chat.render_action`
-text and tool results as user turns `<tool_response>\\nOBS\\n</tool_response>`. That is exactly the glue
-`chat.tool_response_text` writes, so token-by-token assembly equals one rendering of the whole episode. The
-format follows the Hermes / Qwen convention (tags and JSON), spelled with ordinary text tokens.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Model configurations for the Qwen3 (dense), Qwen3.5 (hybrid) and Llama (dense) text families.
 
-Each config is a frozen dataclass that converts to and from the Hugging Face ``config.json`` dict
-(``from_hf_config`` / ``to_hf_config``), following transformers 5.19 ``Qwen3Config``,
-``Qwen3_5TextConfig`` and ``LlamaConfig`` (with its rotary scaling variants, ``RopeScaling``). ``dtype`` is
-the compute dtype (``"float32"`` on CPU, ``"bfloat16"`` on GPU/TPU); ``param_dtype`` is the storage dtype of
-the parameters (the Qwen3.5 Gated DeltaNet ``A_log`` and output-norm weight are float32 whatever it is, as in
-the released checkpoints).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

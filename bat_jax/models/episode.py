@@ -1,14 +1,6 @@
 """Token-in/token-out assembly of a multi-turn agent episode.
 
-Sampled assistant ids are kept verbatim (loss mask 1, including the end-of-turn token `<|im_end|>` when the
-model sampled it); everything else is template glue, tokenised once and masked 0: the prompt, the newline
-after each `<|im_end|>`, the tool response turn and the next generation prompt. A transcript is never
-re-rendered to rebuild training ids; `EpisodeBuilder.verify` only *checks* the assembled ids against the
-tokenizer's chat template.
-
-Text never becomes a control token (`TextCodec`): the template's own control tokens are inserted as ids. All text —
-briefs, system prompts, tool output, thoughts, code — is encoded with the tokenizer's added tokens switched off, so a
-tool that prints `<|im_end|>` gives ordinary text ids that decode back to it.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

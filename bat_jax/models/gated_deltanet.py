@@ -3,26 +3,7 @@
 It follows ``Qwen3_5GatedDeltaNet`` and its torch fallbacks ``torch_recurrent_gated_delta_rule`` /
 ``torch_chunk_gated_delta_rule`` (Yang et al., "Gated Delta Networks", 2024).
 
-Per value head, with l2-normalised ``q, k`` (``q`` also scaled by ``key_head_dim ** -0.5``),
-``beta = sigmoid(b)`` and ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, <= 0). The recurrence::
-
-    S_t = exp(g_t) * S_{t-1}
-    S_t = S_t + k_t (beta_t * (v_t - S_t^T k_t))^T          # delta rule
-    o_t = S_t^T q_t.
-
-``S`` is ``[key_head_dim, value_head_dim]`` and kept in float32. Two equivalent forms:
-``recurrent_gated_delta_rule`` (exact ``lax.scan`` over tokens, used for single-token decode) and
-``chunk_gated_delta_rule`` (UT/WY transform inside chunks, scan over chunks; used for prompts).
-
-Padding: transformers zeroes the layer input at padded positions. With left padding and an empty
-state this makes padded positions exact no-ops. Here, in addition, ``beta`` and ``g`` are set to 0
-at masked positions, so a masked position never changes ``S`` (no write, no decay) wherever it
-sits. Without a cache the causal conv sees a zero input at a masked position, so padding *between*
-real tokens (not produced by left-padded batches) shifts the conv window like a zero token would. With a
-cache (prefill after cached tokens, decode steps) the new segment is left padded and its leading padding
-is skipped. The conv history sits right before the segment's first real token (`causal_conv`'s
-``lead``). So a continued prompt or a masked decode step (a finished row) sees the same windows as one
-unpadded sequence, and a fully masked segment leaves the history unchanged.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

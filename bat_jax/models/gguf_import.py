@@ -1,19 +1,6 @@
 """GGUF file -> Hugging Face checkpoint directory (safetensors, config, tokenizer, chat template).
 
-``import_gguf(gguf_path, out_dir)`` checks the file's architecture and tensor quantisation types (read with
-the ``gguf`` package's ``GGUFReader``, metadata only). Then transformers 5.19 reads it
-(``from_pretrained(..., gguf_file=...)``: tensors dequantised to float32, llama.cpp's q/k row permutation
-undone, the tokenizer and chat template rebuilt from the GGUF metadata). It writes the directory that
-``PolicyConfig.checkpoint_dir`` / ``hf_io.load_pretrained`` / transformers / vLLM read: ``model.safetensors``,
-``config.json``, ``generation_config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
-``chat_template.jinja``. The directory is written next to ``out_dir`` and renamed into place (all or nothing).
-
-Command line::
-
-    python -m bat_jax.models.gguf_import --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out ckpt/smollm2-135m
-
-Supported: the ``llama`` architecture (``SUPPORTED_ARCHITECTURES``) with tensors of the types in
-``SUPPORTED_QUANT_TYPES``; anything else is a ValueError naming the file and what is unsupported.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Hugging Face safetensors I/O for the Qwen3 / Qwen3.5 / Llama NNX models.
 
-* ``load_pretrained(path, ...)`` reads ``config.json`` and the ``*.safetensors`` shards of a local
-  checkpoint directory and builds the model tensor by tensor: each parameter is created with
-  ``jax.make_array_from_callback``, so every device (and host) reads only its own slice from the
-  memory-mapped file; the whole model is never materialised on one host. Supported layouts:
-  ``Qwen3ForCausalLM``, ``Qwen3_5ForCausalLM`` and ``LlamaForCausalLM`` (text weights under ``model.``), and
-  ``Qwen3_5ForConditionalGeneration`` (released Qwen3.5 checkpoints: text weights under
-  ``model.language_model.``; the vision tower ``model.visual.*`` and the MTP head ``mtp.*`` are
-  skipped with a logged note).
-* ``save_pretrained(model, out_dir, ...)`` writes the HF layout (``model.safetensors`` or
-  ``model-XXXXX-of-YYYYY.safetensors`` + ``model.safetensors.index.json``), ``config.json``
-  readable by transformers (text-only ``*ForCausalLM``), and copies tokenizer files if given. It
-  writes all or nothing (`atomic_io.atomic_directory`).
-
-Parameter paths of the NNX models equal the HF keys (see ``causal_lm.py``), so no tensor is
-transposed or renamed apart from the language-model prefix (the Llama mapping is the identity as well:
-``model.layers.N.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``, the two layer norms, ``model.norm``,
-``lm_head``; legacy ``rotary_emb.inv_freq`` buffers are ignored).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Shared building blocks of the Qwen3 / Qwen3.5 / Llama decoders (Flax NNX).
 
-Parameters are stored in the Hugging Face layout (``Linear.weight`` is ``[out, in]``, names mirror
-the transformers module tree) so that safetensors I/O is a plain rename. Every parameter carries
-logical axis names in its ``out_sharding`` metadata (``eager_sharding=False``: nothing is placed at
-construction); ``models/mesh.py`` maps them onto mesh axes. Logical names used:
-
-``vocab``; ``embed`` (hidden size); ``mlp`` (intermediate size). ``heads`` (q heads x head_dim,
-output of q_proj / input of o_proj), ``kv_heads`` (kv heads x head_dim), ``head_dim`` (per-head
-norms). ``linear_qkv`` (Gated DeltaNet fused q|k|v channels, also the conv channels),
-``linear_v`` (Gated DeltaNet value channels: z gate and out_proj input). ``linear_heads``
-(Gated DeltaNet value heads: in_proj_a/b, A_log, dt_bias), ``conv`` (conv taps).
-A name of ``None`` means replicated.
-
-Numerics follow transformers 5.19 (``modeling_qwen3.py`` / ``modeling_qwen3_5.py`` / ``modeling_llama.py``): RMSNorm in
-float32, softmax in float32, rotary tables in float32 then cast to the compute dtype.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -4,19 +4,7 @@ A gin mesh file (gin/mesh/*.gin) binds one :class:`MeshConfig`; everything else 
 module for a ``jax.sharding.Mesh`` and for ``NamedSharding`` trees. Swapping hardware means swapping that
 one binding:
 
-* ``cpu``: ``MeshConfig(data=1, fsdp=1, tensor=1)`` on one device.
-* ``cpu_fake8``: ``MeshConfig(fsdp=8)`` on 8 fake CPU devices
-  (``XLA_FLAGS=--xla_force_host_platform_device_count=8``).
-* ``a100x8`` / ``tpu`` (e.g. v5e-8): ``MeshConfig(fsdp=8)``.
-
-Model parameters carry *logical* axis names (``'vocab'``, ``'embed'``, ``'mlp'``, ``'heads'``,
-``'kv_heads'``, ``'head_dim'``; set with ``nnx.with_partitioning``). :data:`DEFAULT_LOGICAL_AXIS_RULES`
-maps them to mesh axes. A logical dimension whose size does not divide by its mesh axes, or whose mesh
-axis is already used by an earlier dimension of the same array, stays replicated, so any model works on
-any mesh (sharding is a speed choice, never a correctness one).
-
-The mesh uses ``AxisType.Auto`` on every axis: recent JAX makes ``jax.make_mesh`` axes *explicit* by
-default, and explicit axes would require an out-sharding on every contraction over a sharded dimension.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

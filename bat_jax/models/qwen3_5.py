@@ -1,10 +1,6 @@
 """Qwen3.5 hybrid text decoder (Flax NNX), matching transformers 5.19 ``Qwen3_5ForCausalLM``.
 
-Gated DeltaNet layers (``gated_deltanet.py``) interleaved with gated full-attention layers (every
-``full_attention_interval``-th layer by default): q_proj carries a per-head sigmoid output gate,
-zero-centred ``(1 + w)`` RMSNorms everywhere except the DeltaNet output norm, partial RoPE on
-``partial_rotary_factor`` (0.25) of each head. Text only (vision tower and MTP head are not built).
-Interface: see ``bat_jax.models.causal_lm``."""
+Details: docs/design.md."""
 
 from __future__ import annotations
 

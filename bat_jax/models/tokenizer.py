@@ -1,13 +1,6 @@
 """The embedded tiny tokenizer: a small byte-level BPE with the Qwen3.5 added tokens and chat template.
 
-It is shipped in `bat_jax/assets/tiny_tokenizer/` (rebuilt by `launch/train_tokenizer.py`) and loads offline
-with `transformers.AutoTokenizer.from_pretrained`. Its pipeline is Qwen3.5's (`transformers`
-`Qwen3_5Tokenizer`: NFC normaliser, Qwen3.5 split regex, byte-level BPE, byte-level decoder); the BPE is trained
-with `tokenizers` on a generated corpus of python/bash code, medical-imaging task text and template glue.
-Like Qwen's, the added tokens follow the learned vocabulary, in Qwen3.5's published order. Like every
-`transformers` tokenizer, its own `encode` turns an added token typed in text into the control id (with
-`split_special_tokens=True` still for the non-special ones such as `<think>`); episode text is therefore encoded
-by `bat_jax.models.episode.TextCodec`, which spells such text with learned tokens only.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

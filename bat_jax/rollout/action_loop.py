@@ -1,24 +1,6 @@
 """Action-level policies (scripted experts, teachers) through the agent loop's schedules.
 
-`bat_jax.rollout.agent_loop.AgentLoop` drives token-level policies: its steps (`schedule.EpisodeSteps`) sample
-token ids from an engine and parse them into `Action`s. This module gives the same schedules
-(`schedule.run_lockstep` / `run_continuous`) a second set of steps, for a policy that returns `Action`s directly
-(`staged_benchmark.episode.ActionPolicy`: `conversation -> Action | None`). The "generation" is the policy call,
-the tool call runs the action in the episode's sandbox, and the episode is recorded as a
-`staged_benchmark.episode.RecordedEpisode` (turns with stages, end reason) — what the Data Factory and the harness
-consume.
-
-This is the one episode loop for action-level policies: the Data Factory (`stage_bank/factory.py`), the harness
-(`rollout/play.py`: `play`, `stage_start_state`) and the tests run episodes here.
-
-Semantics. Per-turn stage attribution: the action's stage, else the previous turn's (the focus's stage in a single-stage
-focus; stages are the ids of the request's `StageSet`). `stop_before`: the episode ends at the first action of that
-stage or a later one, end reason 'boundary <stage id>'. `on_stage_start(stage, sandbox)` runs before the first action of
-each stage. A `PolicyError` (or any other exception of the policy) → a rejected episode (end reason 'rejected'). None or
-a 'stop' action → end reason 'stop'; `max_turns` → 'max_turns'. An exception of the sandbox or of `on_stage_start` → end
-reason 'sandbox_error' with `RecordedEpisode.error` (`sandbox.types.fault_of` says whose failure it is). One episode's
-exception ends that episode only, never the others of the call. Recorded episodes, scores and bank digests on fixed
-seeds are pinned in `tests/test_action_loop.py`.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """Multi-turn agent rollouts: a policy engine talking to sandboxes through the two tools (paper App. A.2).
 
-For each RL row, K episodes (default 4, paper App. A.7, Table 8) start in fresh sandboxes restored from the row's
-state. The prompt is the agent's system prompt (with the tool schemas in the template's tools block, or naming the
-tools in the compact style; `bat_jax.prompts`), then the task brief and the stage skill κ as the first user turn.
-Generations are batched across episodes (one engine call samples the next turn of many episodes) and tool calls run
-concurrently in a thread pool (sandbox calls wait on subprocesses / Docker and release the GIL).
-`AgentLoopConfig.schedule` picks the order (`bat_jax.rollout.schedule`): 'continuous' (default: each episode advances
-on its own, the engine samples whatever episodes are ready while other episodes' tool calls run) or 'lockstep' (per
-turn, one engine call over every live episode, then all their tool calls). Both give the same trajectories (per-turn
-seeds depend on the episode and turn only). Token in, token out: sampled ids go verbatim into an `EpisodeBuilder`
-(`bat_jax.models.episode`) with loss mask 1; observations are appended as template glue with mask 0.
-
-Limits (`AgentLoopConfig`, defaults from the released code): assistant turns, tool calls,
-cumulative sampled (response) tokens, tokens per turn, context tokens and characters per observation. The
-response-token budget is over the whole trajectory: a turn is asked for at most what is left, and anything an
-engine returns beyond it is cut — ids, loss mask and logprobs at the same place — and the episode ends with
-finish reason `max_response_tokens`. Tool-call parse errors and sandbox exceptions become observations; a
-sandbox that cannot be created makes the rollout unscored (`Trajectory.infra_error`, null is not zero). A
-sandbox that dies, hangs or stops answering after the agent's code ran is the agent's failure
-(`Trajectory.agent_error`): the rollout is scored from its receipts and start state. Artefacts are
-read back within `AgentLoopConfig.evidence` (files, bytes, seconds), so no workspace can stall or blow up the
-host.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

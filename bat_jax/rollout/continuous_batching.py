@@ -2,35 +2,7 @@
 
 Rows join and leave a running decode batch between short chunks of decode steps.
 
-`JaxSampler.generate` runs one compiled call until the longest row of the call is done, and the engine runs one
-call at a time. In a multi-turn rollout the rows of a call finish at very different times (one turn stops after
-20 tokens, another runs to its 832-token budget), so most decode steps feed one or two live rows while the
-episodes whose tool calls came back wait for the next call. Measured on the tiny default (2 CPU cores, one
-GRPO block): 56 calls of up to 8 rows took 307 s for ~60k new tokens, i.e. about one live row per decode step.
-
-`ContinuousBatchingSampler` wraps a `JaxSampler` and keeps one running batch of `slots` rows:
-
-1. `generate` may be called from many threads at once (the agent loop's continuous schedule with
-   `AgentLoopConfig.max_concurrent_generate` > 1 and `max_generate_batch` = 1: every episode's turn is its own
-   call). Its rows join a queue; the calling thread then either drives the batch (one thread at a time) or waits
-   until another driver has finished its rows.
-2. Driving is a loop. Admit queued rows into free slots: prefill them (continuing stored prefixes,
-   `JaxSampler.prefill_rows`) and sample their first token. Then rebuild the batch's decode cache from the
-   rows' states (`prefix_cache.extract_rows` / `assemble`: each row's real slots compacted, the write index at the
-   longest row). Then run at most `chunk_steps` decode steps (one compiled `lax.while_loop`). Hand finished rows
-   their `Completion` and store their states for the next turn (`JaxSampler.prefix_cache`). The cache is rebuilt
-   only when rows are admitted or its slots run out; between rebuilds chunks continue on the device cache.
-3. Rows of one batch share temperature, top-p, top-k and stop ids; a request with other values waits until the
-   batch has drained.
-
-Same draws as `JaxSampler.generate`: row i's token at completion index s uses `fold_in(key(seed_i), s)` whatever
-batch, slot or chunk it runs in, so a row depends on its prompt, its seed and the weights only (logits up to
-float round-off, as between differently padded `generate` calls; tests/test_continuous_batching.py).
-Cost of a rebuild: the batch's cache goes to host memory and back (tiny default: ~1.5 MB per 3,000-token row), so
-this engine is for the embedded CPU sampler; large models on GPUs use vLLM, whose scheduler batches continuously. On a
-rollout mesh (`JaxSampler(mesh=...)`, the TPU engine) the slots and the cache are split over the devices and the
-decode chunks run there. Rebuilds still pass through the host (at Qwen3.5-9B: 12,288 × 32 KiB + 25 MiB ≈ 0.4 GB
-per full-length row), once per admission, not per token.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -4,25 +4,7 @@ A `RolloutEngine` turns a batch of token-id prompts into completions: the sample
 *as sampled*, and a finish reason per row. `update_weights` installs new policy parameters and returns the new
 weight version (rollouts record it so the learner knows which policy produced them).
 
-Logprob as sampled (the quantity GRPO's importance ratio divides by, paper App. A.2, Eq. 17:
-the token-level ratio against the rollout policy): for next-token logits z (float32, vocabulary V),
-
-1. temper: z' = z / T (T > 0; T == 0 means greedy, see below);
-2. top-k (k > 0): keep the k largest z' (ties at the k-th value are all kept), the rest get -inf;
-3. top-p (p < 1): sort the kept probabilities softmax(z') in descending order and keep the shortest prefix whose
-   mass reaches p (always at least the most likely token; ties at the cut value are all kept);
-4. renormalise: log_softmax over the kept tokens only.
-
-The logprob of a sampled token is entry `id` of that renormalised log-distribution, and the sampler draws
-from exactly that distribution. Steps 2–3 follow vLLM's sampler order (temperature, then top-k, then top-p);
-vLLM's own `logprobs` output reports the *unprocessed* distribution unless `logprobs_mode="processed_logprobs"`
-is requested — that processed mode is what this module computes. With T == 0 the distribution is the one-hot
-limit: the argmax token has logprob 0 and every other token -inf.
-
-Both the sampler (`bat_jax.rollout.jax_sampler`) and the learner call `processed_logprobs` / `token_logprobs`,
-so a learner that recomputes logits for the same ids with the same parameters reproduces the recorded
-logprobs up to float32 round-off. "-inf" is the finite `MASKED_LOGPROB` (-1e30) so gradients stay NaN-free;
-the truncation mask is a step function of the logits and carries no gradient.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """The GPUs this process may use, named by UUID, so that a replica process is pinned to the same physical GPU.
 
-A CUDA ordinal means "the i-th device of ``CUDA_VISIBLE_DEVICES``": a parent started with
-``CUDA_VISIBLE_DEVICES=4,5,6,7`` calls physical GPU 4 "cuda:0". A child given ``CUDA_VISIBLE_DEVICES=0`` would land
-on physical GPU 0, which may be another job's. A UUID names one physical device whatever the child's environment,
-so replicas get ``CUDA_VISIBLE_DEVICES=GPU-<uuid>`` (verl pairs its processes with GPUs the same way).
-
-`visible_gpus` resolves this process's ordinals to UUIDs:
-
-1. torch, where CUDA is available: ``torch.cuda.get_device_properties(i).uuid`` for ordinal i — exact, since torch
-   enumerates the devices as JAX and vLLM do;
-2. otherwise the driver's list (NVML through ``pynvml``, else ``nvidia-smi -L``) filtered by ``CUDA_VISIBLE_DEVICES``
-   as CUDA reads it: comma-separated physical indices, ``GPU-`` UUIDs or unique UUID prefixes; an entry that names
-   no device ends the list (CUDA ignores it and everything after it).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """In-flight serving of one step-driven engine to many calling threads.
 
-An engine such as vLLM's `LLMEngine` takes requests at any time (`add`) and advances every running request by one
-scheduler step per `step()` call, returning the requests that finished. `LLM.generate` hides that: it adds one
-call's requests and steps until all of them are done, so a call returns only with its slowest row and a second
-call cannot join the running batch. `InflightDriver` puts one driver thread in front of the engine instead: any
-thread calls `run(items)`, its requests join the engine at the next step, and the call returns as soon as its own
-requests are finished, while other calls' requests keep running. The agent loop's continuous schedule then sends
-one call per ready episode turn (`AgentLoopConfig.max_generate_batch = 1`, `max_concurrent_generate` = episodes),
-and the engine's own scheduler batches whatever is running — the vLLM counterpart of
-`bat_jax.rollout.continuous_batching` for the JAX sampler.
-
-Only the driver thread touches the engine while requests are in flight; `exclusive()` gives another thread the
-engine when none are (weight sync): new calls wait until it is given back. An engine error (an `add` or a `step`
-that raises, or outputs of requests the driver did not add) fails every call in flight and every queued call
-(each raises RuntimeError from it), their requests are aborted, and the driver then serves new calls again.
-The driver thread holds the engine's callbacks until `close()`: owners close it (`VLLMEngine.close`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -4,32 +4,7 @@ Works with any model that has the `bat_jax.models.causal_lm` interface (`init_ca
 `decode_step`): attention layers keep a fixed-size KV cache and Gated DeltaNet layers their recurrent state
 (the model's `DecodeCache`). One call of `generate`:
 
-1. left-pads the prompts to a common length P (the next power of two >= the longest prompt, at least
-   `min_prompt_bucket`; above `prompt_bucket_step` the next multiple of it instead, so a 2,500-token prompt
-   pays for 2,560 positions rather than 4,096). It pads the batch to B rows (next power of two; filler rows stop
-   at once);
-2. runs one jitted program: prefill, sample the first token, then a `lax.while_loop` of
-   `decode_step` + sample until every row has hit a stop token or its token budget (N = next power of two >=
-   the largest budget). Sampling parameters and stop ids are traced arguments: compiled programs depend only
-   on (B, P, N), so a steady workload compiles a handful of programs once;
-3. returns, per row, the sampled ids, their logprobs as sampled (`bat_jax.rollout.engine.token_logprobs`
-   semantics: the same `processed_logprobs` function makes the distribution that is sampled from) and the
-   finish reason.
-
-With `prefix_cache_rows` > 0 (prefix reuse, `bat_jax.rollout.prefix_cache`) a prompt that extends the tokens of
-a row of an earlier call (its prompt and completion: the next turn of the same episode) starts from that row's
-stored decode state. Only the new tokens are left padded to P and prefilled, after the stored ones, in a cache
-of (stored + P + N) slots rounded up to `prompt_bucket_step`. Finished rows feed nothing during the rest of a
-call's decode loop, so the state a row leaves is that of its own tokens.
-
-Randomness: row i's token at step s uses `fold_in(key(seed_i), s)`, so a row's completion depends only on
-its prompt, its seed and the weights — not on the batch it was run in (up to float round-off in the logits
-of differently padded batches). Measured on CPU (tiny Qwen3 and Qwen3.5, 8 prompts of 9-300 tokens, 32 new
-tokens at T = 0.7, each row alone, in pairs and in triples vs in the batch of 8). The sampled ids are identical
-in all 48 comparisons, the logprobs differ by up to 2e-6 in most of them. Padding every call to 8 rows
-(`min_batch_bucket=8`) does not remove it, because the prompt padding P still follows the longest prompt of the
-call. So schedules that batch differently (`bat_jax.rollout.schedule`) give the same ids and logprobs equal to
-round-off; a draw that round-off tips is possible in principle.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,28 +3,7 @@
 The rollout engine on a TPU slice (and the no-vLLM engine on GPUs). `SamplerMeshConfig` (gin) says how the
 sampler spreads over the devices the learner uses:
 
-* a rollout mesh of the same devices, axes (data, fsdp = 1, tensor) in `bat_jax.models.mesh`'s names:
-  ``tensor`` = 1 keeps one full weight copy on every device (data = every device). ``tensor`` > 1 splits heads,
-  MLP channels and the vocabulary over groups of that many devices by the learner's logical-axis rules (the same
-  rules with the fsdp axis of size 1), data = devices / tensor.
-* batch rows (the padded rows of a `generate` call, the slots of the continuous batcher) and their decode cache
-  are split over ``data``. Attention K/V, DeltaNet conv and recurrent state are split over ``tensor`` along their
-  head (channel) axis where it divides;
-* rollout weights in ``param_dtype`` (bf16 at scale; None keeps the model's), except the Gated DeltaNet tensors
-  kept in float32 (`gated_deltanet.FLOAT32_PARAMS`, the same rule as the vLLM weight sync).
-
-`SamplerPlacement.reshard` makes the rollout weights from any parameter tree of the same structure, typically
-the learner's fsdp-sharded arrays (`Learner.sync_model`), with one jitted program: cast, then reshard to the
-rollout shardings (XLA all-gathers the fsdp shards device to device). With the learner's arrays on the same
-devices nothing passes through the host and nothing is serialised (tests/test_mesh_sampler.py runs it under
-`jax.transfer_guard` with host transfers disallowed).
-
-Same trajectories as the unsharded sampler: every row's computation is its own (the batch is split, never
-reduced over), and a row's draws depend on its seed only (`bat_jax.rollout.jax_sampler`); tensor-sharded weights
-sum partial products across devices, so their logits differ from one device's by float round-off.
-
-Per-device memory of the 9B sampler at bicurl_9b.gin's concurrency: `launch/bench/compile_probe.py`
-(steps ``sampler_prefill`` and ``sampler_decode``).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

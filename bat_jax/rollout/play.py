@@ -1,13 +1,6 @@
 """Play one task of a benchmark with one action-level policy in one sandbox and score it (E2E or one stage).
 
-A stage-focus episode starts from the state at that stage's boundary (the benchmark's scripted teacher's
-replayed prefix, `stage_start_state`) and is scored on that stage only; an E2E episode starts from the task's
-initial state and is scored on every stage plus the task metric (`StagedBenchmark.score_episode`). One rule for blame
-(`sandbox.types.fault_of`): a rejected policy call, a sandbox that cannot start or one whose failure the agent
-cannot cause (`fault == 'infra'`) makes the episode unscored. Anything that goes wrong with what the agent did
-or wrote — a sandbox its code brought down, a workspace that cannot be read back, artefacts that cannot be
-decoded — is the agent's failure, scored from what is valid. The episodes run through the one action-level
-episode loop (`rollout/action_loop.py`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

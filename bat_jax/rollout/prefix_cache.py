@@ -1,23 +1,6 @@
 """Prefix reuse for the JAX sampler: a multi-turn episode's next prompt continues its last call's decode state.
 
-Every turn of an agent episode sends the whole conversation again: the previous prompt, the sampled turn and the
-tool's observation. Without reuse the sampler prefills all of it every turn (a 6-turn episode of ~3,000 tokens
-prefills ~10,000). With reuse, the sampler keeps each finished row's decode state: the attention layers' K/V of
-its real slots, the Gated DeltaNet layers' recurrent state and conv history, its next RoPE position. It is keyed by
-the tokens it holds (the prompt and the completion without its last token, which was sampled but never fed). A
-later prompt that extends such a token sequence starts from that state and prefills only the new tokens.
-
-* `RowState` — one row's decode state (host numpy arrays) and the tokens it holds.
-* `PrefixCache` — at most `max_rows` of them, least recently stored first out; `pop_longest(prompt)` takes the
-  longest stored sequence that is a strict prefix of the prompt (an entry continues one episode: it is removed
-  when used). The sampler clears it when its weights change;
-* `extract_rows` / `assemble` — from a batch `DecodeCache` to `RowState`s and back (each row's real slots
-  compacted to the front, the write index at the longest row; padding slots masked).
-
-Same math as a full prefill (the cached K/V and DeltaNet state are those of the same tokens; the DeltaNet conv
-skips the new segment's left padding, `bat_jax.models.gated_deltanet`); logits agree up to float round-off
-(tests/test_prefix_cache.py). Memory: one row holds `2 · attention_layers · kv_heads · head_dim · tokens` cache
-values plus its DeltaNet states (tiny default: ~1.5 MB per 3,000-token row).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -2,17 +2,7 @@
 
 An episode stays on one replica for its whole life; new episodes go to the replica holding the fewest live tokens.
 
-An agent episode calls the engine once per turn, and each turn's prompt is the previous turn's prompt, its
-completion and the tool's answer: it extends the token sequence the replica served last time. Sending it to that
-replica again keeps the replica's prefix cache useful (vLLM's cached KV blocks of the conversation so far). The
-router therefore remembers, per replica, the sequences it served (prompt + completion, the way
-`bat_jax.rollout.prefix_cache` keys rows) and routes a prompt that extends one of them back to that replica. A
-prompt that extends none starts an episode; it goes to the replica with the fewest live tokens — the prompt and
-token budget of every row it is running — ties to the lowest index, so equal loads fill the replicas in turn.
-
-Remembered sequences are dropped when they are continued (the continuation is remembered instead), when the
-weights change (`forget`: the prefix caches are reset then too; an episode never spans a sync), and oldest first
-beyond `max_remembered`.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The run's one sampling configuration: K rollouts per state and the transform they are drawn with.
 
-The agent loop rolls K episodes per RL row and samples every turn under (temperature, top_p, top_k); GRPO groups
-its advantages by the same K and computes the learner's logprobs under the same transform, so the first update's
-ratios start at 1 (`rollout/engine.py`: "logprob as sampled"). One frozen `SamplingConfig` carries the four
-values: a run binds it once (`experiment.Components.sampling`, gin `sampling.SamplingConfig`) and hands that one
-object to the agent loop (`AgentLoopConfig.sampling`) and to GRPO (`GRPOConfig.sampling`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
 """The order in which the agent loop advances its episodes: lockstep turns or continuous scheduling.
 
-An episode alternates between two kinds of work: a **generation** and a **tool call**. A generation is one engine call
-sampling the episode's next assistant turn; the request is prepared and the turn appended in the main thread, because
-the tokenizer and the episode builder are not shared across threads. A tool call is sandbox work in the thread pool:
-opening the sandbox, running `execute_code` / `submit`, collecting the evidence. `bat_jax.rollout.agent_loop.AgentLoop`
-owns those steps (`EpisodeSteps`); this module owns only their order (`AgentLoopConfig.schedule`):
-
-* `run_lockstep` — per turn, one engine call over every live episode, then all their tool calls, then the next
-  turn. Every episode waits for the slowest sandbox call of its turn, and the engine idles while sandboxes run.
-* `run_continuous` (default) — after every sandbox is open (as in lockstep, so the first engine call batches all
-  episodes), every episode advances on its own: as soon as its tool call returns it is queued
-  for its next generation. The scheduler repeatedly calls the engine on whatever episodes are queued (first come
-  first served, at most `max_generate_batch` per call, at most `max_concurrent_generate` calls in flight) while
-  other episodes' tool calls run in the pool. Evidence is collected and the sandbox given back as soon as an
-  episode ends, and the episode is handed on (`EpisodeSteps.done`: e.g. to reward scoring) while others still run.
-
-Both schedules give the same trajectories when the engine's rows are independent of their batch (the
-`RolloutEngine.generate` contract: a row depends on its prompt, its seed and the weights): per-turn sampling
-seeds come from (round seed, request index, k, turn), never from the schedule. A fake engine that meets the
-contract exactly gives bit-identical trajectories (`tests/test_schedule.py`). The JAX sampler meets
-it up to float32 round-off. A row's logits depend in the last bits on how its call was padded
-(`bat_jax.rollout.jax_sampler`), so recorded logprobs differ by ~1e-6 between schedules and a sampled id could
-differ where round-off tips a draw (not seen in the tests: ids, masks, messages identical).
-
-Episode state, as the steps leave it (`_Episode` in `agent_loop`): `finish` set = ended; else `pending` set = a
-tool call to run; else ready for its next generation.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
 """A rollout engine with the latency of a large model on an accelerator, for benchmarking the agent loop.
 
-`SimulatedLatencyEngine` wraps any `RolloutEngine` (it decides the tokens: a tiny JAX sampler, a replay of an
-expert's actions, ...). It makes each `generate` call last as long as the same call would on a large model on
-one accelerator, per `SimulatedLatency`'s cost model (all times in seconds):
-
-    cost(call) = waves x prefill_s  +  sum over waves of (decode_s_per_step x longest completion of the wave).
-                 + prefill_s_per_token x (prompt tokens of the call).
-
-* a call of n rows runs in waves = ceil(n / max_batch) consecutive batches (max_batch = 0: one wave).
-* a wave pays one fixed prefill cost, then one decode step per token of its *longest* completion. A decode step
-  costs the same for 1 row or max_batch rows (memory-bound decoding on a GPU), and rows that stopped early wait
-  for the longest one (the engine returns the call as a whole).
-* `inflight=False` (default): one device running one call at a time, like the embedded JAX sampler: concurrent
-  calls (from several threads) queue and run one after the other.
-* `inflight=True`: a server that batches requests in flight, like vLLM. Concurrent calls overlap, each lasting
-  its own cost (new requests join the running decode batch at the next step; the small stall their prefill
-  causes to the others is not modelled). At most `max_batch` rows are in flight in all (a call that would
-  exceed it waits; 0 = no limit).
-
-The call's wall time is the modelled cost, or the wrapped engine's own time when that is longer (the wrapper
-sleeps the difference). Clock and sleep are injectable, so the cost model is tested without real sleeps.
-
-Default constants (`SimulatedLatency()`): a ~9B dense model in bf16 on one A100-80GB serving batches of up to 32
-rows. Prefill ~50 ms per call (a few thousand prompt tokens, mostly cached prefixes), ~30 ms per decode step
-(weights ~18 GB read once per step at ~1.5-2 TB/s, plus KV reads and kernel overheads). Bind other numbers in gin
-(`simulated_engine.SimulatedLatency.decode_s_per_step = 0.02`, ...).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

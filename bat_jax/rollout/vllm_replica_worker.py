@@ -1,26 +1,6 @@
 """The vLLM replica process: ``python -m bat_jax.rollout.vllm_replica_worker <socket fd> <index>``.
 
-Started by `bat_jax.rollout.vllm_replicas.VLLMReplicaPool` as a fresh interpreter (not a fork or a multiprocessing
-spawn, which would re-import the parent's main module), with its environment set before the first import:
-``CUDA_VISIBLE_DEVICES`` = its GPU's UUID (or its CPU cores) and ``JAX_PLATFORMS=cpu``. It never imports JAX:
-nothing here or in what it imports (`vllm_engine`, `engine`, `inflight`, `sync_staging`) does at module level, and
-the start reply says whether ``jax`` is in ``sys.modules`` (tests/test_vllm_replicas.py checks it; tests/
-test_vllm_replica_worker.py imports this module with JAX blocked).
-
-Messages on the socket (pickled tuples, `multiprocessing.connection.Connection`):
-
-* in: ``("config", fields)``, then ``(op, call_id, ...)`` for op in generate / score / sync / bucket / abort /
-  close; out: ``("ok" | "error", call_id, ...)``.
-* a sync: ``("sync", sync_id, info)`` opens the parent's staging buffer once (a CUDA IPC handle or a shared-memory
-  name) and starts vLLM's reload on a thread. Each ``("bucket", call_id, sync_id, pieces)`` is read as views of the
-  staging buffer (no copy) and acknowledged **after** vLLM's ``load_weights`` has taken every tensor of it (the
-  generator feeding vLLM is resumed past the bucket's last tensor). Row-chunk buckets are written into the
-  parameters after the reload and acknowledged after the write. Should vLLM's layer-wise reload still hold a view of
-  the staging buffer when a bucket ends (a layer split across buckets, or one with padded rows that vLLM processes
-  at the end), that view is cloned before the acknowledgement, since the parent then writes the next bucket over
-  it. At the end the staging mapping is dropped and, on CUDA, ``torch.cuda.ipc_collect()`` + ``empty_cache()``.
-  ``info["measure"]`` asks for the peak of torch's CPU allocator during the sync (the profiler's
-  ``total_allocated``), returned with the sync's result.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

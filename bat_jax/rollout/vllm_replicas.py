@@ -1,40 +1,6 @@
 """vLLM data-parallel replicas: one engine process per device beside the learner's shard, weights pushed to all.
 
-`VLLMReplicaPool` is a `RolloutEngine` over `num_replicas` vLLM engines, each a `VLLMEngine` (in-process vLLM,
-tensor parallel 1) in its own process (`bat_jax.rollout.vllm_replica_worker`, a fresh interpreter that never
-imports JAX), pinned to its device. ``CUDA_VISIBLE_DEVICES`` is its GPU's UUID (`bat_jax.rollout.gpus`: replica i on
-this process's CUDA ordinal i by default, beside the learner's fsdp shard there. A parent restricted to
-``CUDA_VISIBLE_DEVICES=4,5,6,7`` puts its replicas on physical GPUs 4–7). On CPU a replica gets its share of this
-process's cores (``VLLM_CPU_OMP_THREADS_BIND``). The parent talks to each over a socket; every replica serves many
-calls at once through its own in-flight driver (`bat_jax.rollout.inflight`).
-
-Routing (`bat_jax.rollout.replica_router`): each row goes to one replica; a turn that continues an episode goes to
-the replica that served the episode so far (its prefix cache holds the conversation), a new episode to the replica
-with the fewest live tokens. A row's tokens depend only on its prompt, seed and the weights, so the replica count
-does not change what is sampled (tests/test_vllm_replicas.py).
-
-Weight sync (`update_weights`): refused while any call is in flight on the pool (as `VLLMEngine` refuses); calls
-made during a sync wait for it. The learner's tensors are checked by name and shape and planned into buckets of at
-most `sync_bucket_bytes` (`sync_staging.plan_sync`: a decoder layer never split when it fits; a tensor larger than
-the bound — a 9B model's embedding and output head — in row chunks). The parent allocates **one staging buffer per
-device for the whole sync** (`SyncPlan.staging_bytes` ≤ the bound). Bucket by bucket, it casts and all-gathers the
-bucket on the learner's mesh (`weight_sync.stream_pieces`, compiled once per bucket signature), copies each
-device's copy into that device's staging buffer, and waits until **every replica has loaded the bucket** —
-acknowledged after vLLM's ``load_weights`` has taken all of it (`vllm_replica_worker`) — before it writes the next.
-
-* GPU: the staging buffer is a torch CUDA tensor on the replica's device (XLA's allocations cannot be exported),
-  exported once by CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor``). The replica hands views of it to
-  vLLM's loader (no clone). At the end both sides free it and run ``torch.cuda.ipc_collect()`` +
-  ``empty_cache()``. What a sync adds on a device (`vllm_memory.sync_memory`): the staging buffer, plus vLLM's
-  layer-wise reload copy of one module (≤ the largest decoder layer). **Not run here** (no GPU on the development
-  machines); `launch/gpu_smoke.sh`'s replicas stage runs it on ≥ 2 GPUs.
-* CPU: the staging buffer is one POSIX shared-memory segment every replica maps (tests/test_vllm_memory_sync.py measures
-  what the parent and a replica hold during a sync against that plan).
-
-A replica that fails during a sync — an error, or its process gone — fails `update_weights` with its index named.
-The other replicas are told to abandon the sync (their loads stop midway), so the pool is marked inconsistent and
-refuses `generate` / `score` (naming the replica) until a later sync succeeds on every replica: never a silently
-stale replica.
+Details: docs/design.md.
 """
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
 """Weight syncs while episodes are in flight: `WeightGate` puts a learner's sync between engine calls.
 
-An agent-loop episode is many engine calls (one per assistant turn). Under bounded-staleness GRPO
-(`learn/staleness.py`, `bicurl/async_block.py`) the learner syncs new weights while other episodes run; an
-engine that replaces its parameters in the middle of a call would sample one turn on two weight versions and
-report one of them. `WeightGate` wraps any `RolloutEngine` so that a sync waits for the calls in flight to return
-(at most one turn each, never a whole episode), keeps new calls out while it swaps (writer preference: a stream of
-calls cannot starve a sync), and then lets them in on the new weights. Every completion therefore carries the one
-version its turn was sampled on, and an episode that spans a sync goes on with its next turn on the new weights
-(`Trajectory.turn_versions` records both). Calls still overlap one another exactly as the wrapped engine allows.
-
-An engine that can swap its weights between two decode steps (`swaps_in_flight = True`: the continuously batched JAX
-sampler, `update_weights(params, in_flight=True)`: between decode chunks) is not waited for: the sync goes to it
-at once, the rows in flight finish on the new weights and each completion reports the version it was admitted on
-(the older one: a turn that spans a sync counts as begun on it).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

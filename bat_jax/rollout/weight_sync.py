@@ -3,11 +3,7 @@
 The tensors go by Hugging Face name, checked against the engine's checkpoint, cast and all-gathered on the learner's
 mesh in buckets of at most 1 GB, and handed over by DLPack.
 
-Used by the in-process vLLM engine (`bat_jax.rollout.vllm_engine`: one consumer, the first device's copy,
-`stream_torch_weights`) and by the replica pool (`bat_jax.rollout.vllm_replicas`: `stream_pieces` over a
-`sync_staging.SyncPlan`, each device's copy written into that device's staging buffer; tensors larger than the
-bound gathered and sent in row chunks). Each gather is jitted once per signature and kept, so a second sync compiles
-nothing. `launch/bench/compile_probe.py` compiles the largest bucket's gather with the run's shardings.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Sandbox backends by name: where an episode gets its sandbox and where it gives it back.
 
-'docker' (isolated; real runs) or 'local' (non-isolated subprocesses; tests and development only, see
-`bat_jax.sandbox.local`). `backend_factory` makes a fresh sandbox per call; `open_backend` does the same, or for
-Docker keeps a warm pool (`bat_jax.sandbox.pool.SandboxPool`) whose containers are reset to a fresh state
-between episodes. A backend that cannot be used here raises `BackendUnavailable`, naming what is missing.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,13 +3,7 @@
 A script, run as `python -I -S call_supervisor.py STATUS_FD CMD...` by `bat_jax.sandbox.local.run_with_deadline`
 (standard library only; `-I` keeps this directory off `sys.path`).
 
-It writes its host PID (read from the host's /proc, which it sees also inside a PID namespace) and a newline to
-the status fd, runs the command as its child and waits for it. It kills and reaps every other process of the call, and
-only then writes the command's `Popen.returncode`-style status (negative: killed by that signal) and a newline,
-and exits. SIGTERM, SIGHUP or SIGINT (the host's deadline) kills and reaps the whole call without a status. As
-PID 1 of its own PID namespace it kills with kill(-1) (the namespace only; every orphan is its child, so "no child
-left" means "none left"). Otherwise it makes itself a child subreaper (orphans of the call are re-parented to it)
-and stops, then kills, the descendants it finds in /proc.
+Details: docs/design.md.
 """
 
 import os

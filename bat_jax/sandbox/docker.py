@@ -1,31 +1,6 @@
 """Docker sandbox backend (docker-py against the real engine), implementing `bat_jax.sandbox.types.Sandbox`.
 
-One sandbox = one container from the task image (bat_jax/sandbox/images.py) whose main process is the
-in-sandbox executor (sandboxes/task/executor.py). The host keeps one attached stdin/stdout connection to it and
-exchanges one JSON line per request, so a tool call costs a round trip plus a fork from a warm Python process
-that has already imported numpy/scipy/nibabel/PIL — no `docker exec`, no interpreter start.
-
-Python state: every call runs in a fresh process forked from the warm executor, so Python variables do NOT
-persist across calls (files under /workspace do). This keeps the hard timeout exact (the whole process group
-is killed) and a crashed or OOM-killed call leaves the sandbox usable. No process started by a call outlives it.
-
-Lifetime: the container is created with StdinOnce, `auto_remove` and an anonymous tmpfs volume at /workspace.
-When the host connection closes — `close()`, or the host process dying for any reason, even SIGKILL — the
-executor reads EOF and exits, and the engine removes the container and its volume. `close()` also removes it
-explicitly. Every container carries the label `bat_jax=1` (see `remove_labelled`).
-
-Trust: the executor runs as root inside the container with six capabilities (CHOWN, DAC_OVERRIDE,
-FOWNER, KILL, SETUID, SETGID; no-new-privileges, everything else dropped) and runs every agent call as uid 65534
-with no capabilities and no descriptor but 0/1/2. Agent code cannot write to the reply channel, signal or
-ptrace the executor or PID 1, or keep anything across a reset. Every request carries an id; only the reply
-with that id is accepted (anything else on the channel is dropped and counted in `stray_replies`). Receipts
-are built and kept host-side; their `reads` / `writes` come from kernel file events seen by the executor.
-Workspace files are read through the engine (`get_archive`, size checked before any byte is read) under the
-caps of `config.evidence`.
-
-Failures: a sandbox that dies, hangs or stops answering after the agent's code ran is the agent's failure
-(`fault == "agent"`: the episode is scored from what was gathered until then); one that could not start, or
-whose engine is unreachable, is infrastructure (`fault == "infra"`: unscored).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

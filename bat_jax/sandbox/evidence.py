@@ -1,10 +1,6 @@
 """Bounded evidence collection: workspace files read host-side under caps in files, bytes and seconds.
 
-Whatever an episode leaves in its workspace (a sparse 768 MB file costs the sandbox nothing, a million empty
-files cost it little), the host reading it back must spend bounded memory and time. Files over a cap, or that
-cannot be read (permissions, odd names), are left out and named in `skipped`; an item that needed them fails
-(the agent's failure), the collection neither crashes nor stalls. The caps are bound in gin (`EvidenceLimits`);
-decoding what was read is capped by `readers.DecodeLimits`.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

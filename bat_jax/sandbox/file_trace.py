@@ -1,21 +1,6 @@
 """Kernel-observed file reads and writes under a directory tree, per tool call (Linux inotify via ctypes).
 
-Rubric evidence must rest on what a call actually executed, never on the text of its code: a call
-whose code only *mentions* `task.md` or `predict(` in a comment reads and writes nothing. The kernel reports,
-for every process that touches a watched directory, which files were read (`IN_ACCESS`: a read(2) happened)
-and which were written (`IN_MODIFY`, `IN_CLOSE_WRITE`, `IN_CREATE`, `IN_MOVED_TO`). The watcher runs outside
-the agent's processes (the in-sandbox executor, as another uid, or the host for the local backend), so agent
-code can neither forge nor erase these events: it can only fail to produce them.
-
-Limits: at most `max_dirs` directories are watched (a directory tree deeper or wider than that loses events
-below the cap); a kernel queue overflow (`IN_Q_OVERFLOW`) marks the call's trace incomplete. A directory
-renamed inside the tree keeps its watches under its new path (so a read is never reported under a name the
-directory no longer has); one moved out of the tree stops being watched. Both can only
-*lose* evidence (the agent's failure), never invent it. Files created inside a directory that appeared during
-the call, before its watch was added, are counted as written (they can only have been created by the call).
-
-This module is stdlib only: it is copied next to the executor into the sandbox image
-(`bat_jax/sandbox/images.py`) and imported by the local backend.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

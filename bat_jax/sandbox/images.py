@@ -1,18 +1,6 @@
 """Sandbox images built from nothing: a Debian base from `debootstrap` + `docker import`, and a task image.
 
-Recipe files live in `sandboxes/` at the repository root:
-  packages.txt      Debian packages of the base image (the one list; task families rely on exactly these)
-  task/Dockerfile   task image = base + the in-sandbox executor (no RUN steps, so no network is needed)
-  task/executor.py  the long-lived executor process (see bat_jax/sandbox/docker.py for the protocol).
-  + bat_jax/sandbox/file_trace.py, copied next to the executor (kernel file events for receipts; stdlib only).
-
-Tags are content addressed: the base tag hashes this module's recipe constants and the package list, the task
-tag hashes the base tag and every file of `sandboxes/task/`. `ensure_images` builds only what is missing, so a
-rebuild is skipped when nothing changed. The Debian mirror is read at run time from the machine's apt sources
-(`URIs:` in /etc/apt/sources.list.d/debian.sources, else the first `deb` line of /etc/apt/sources.list); no
-registry host is written in the repository.
-
-CLI: `python -m bat_jax.sandbox.images [--force]` prints the task image tag.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,6 @@
 """A local subprocess sandbox backend — FOR TESTS AND DEVELOPMENT ONLY.
 
-!!! WARNING: THIS IS NOT A SECURITY BOUNDARY. !!!
-Code runs as the calling user, on the host, with the host's network, file system and Python. A temporary
-directory is the working directory and nothing more: agent code can read and write anything the user can.
-Never run untrusted model output through it; use the Docker backend (`bat_jax.sandbox.docker`) for that.
-
-It implements the `bat_jax.sandbox.types.Sandbox` protocol so the task families, the scripted teacher and
-the rubric verifier can be exercised quickly without Docker. Receipts are kept host-side in this object.
-
-The wall-clock limit covers every process a call starts, also those that leave the call's process
-group or session (`setsid`, double fork, `nohup … &`, `disown`, `os.setsid()`, `start_new_session=True`).
-`run_with_deadline` runs each call under a small supervisor (`call_supervisor.py`, run as `python -I -S`, ~20 ms
-per call) that is the parent of the code and, in order of preference:
-
-1. "pidns": the init (PID 1) of a fresh PID namespace made by util-linux `unshare --pid --fork --kill-child`
-   (as root; otherwise with `--user --map-current-user`, then `--map-root-user`). When the supervisor exits or
-   is killed, the kernel kills every process left in the namespace, and code inside cannot signal anything
-   outside it. Which `unshare` form works is probed once per process (`isolation_mode`). Inside, the code sees
-   namespace PIDs (it is PID 2: `$$`, `os.getpid()`) but still the host's /proc; under `--map-root-user` it
-   sees uid 0 (its files belong to the caller on the host).
-2. "reaper" (no usable `unshare`, e.g. user namespaces disabled): a child subreaper (prctl
-   PR_SET_CHILD_SUBREAPER), so orphans of the call are re-parented to it instead of to init; it finds every
-   descendant by walking /proc, stops them all (SIGSTOP, so none forks meanwhile), kills them (SIGKILL) and
-   reaps them, until it has no child left. Code that kills the supervisor itself (`kill -9 $PPID`) escapes
-   this mode; the host then kills the supervisor's process group only.
-
-The call ends when its main process exits (strays still holding stdout/stderr are killed then, their later
-output is lost) or at the deadline (everything killed, `timed_out`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

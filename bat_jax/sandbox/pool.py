@@ -4,12 +4,7 @@
         with pool.sandbox(state) as sb:          # a warm sandbox, workspace = state, receipts empty
             sb.execute_code("python", "print(1)")
 
-`acquire` hands out an idle sandbox after `reset(state)`; `release` wipes the workspace and returns it, or
-replaces it with a fresh one when it died (e.g. its executor was killed) or cannot be reset. Every container of
-the pool carries the labels `bat_jax=1` and `bat_jax.owner=<pool id>`; `close()` removes them all (also by
-label, to catch any stragglers) and runs on `with` exit, on exceptions, on Ctrl-C (KeyboardInterrupt unwinds
-through `with`) and at interpreter exit (atexit). If the host process is killed outright, each container's
-executor sees its stdin close and exits, and the engine auto-removes the container.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

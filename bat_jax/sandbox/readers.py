@@ -1,21 +1,6 @@
 """Total readers of agent-written bytes: JSON, text and arrays (.nii.gz, .png, .npy) under decoded-size caps.
 
-Everything an episode leaves in its workspace was written by the policy: a submission nested 100,000 levels
-deep, a 279 kB gzip stream that inflates to 256 MB, a PNG header claiming a gigapixel, integers with 5,000
-digits, `NaN` literals. The host reads those bytes to score the episode, so every reader here is *total*: it
-returns a value or raises `ArtefactError` (a ValueError naming the path and the reason), nothing else, and it
-costs the host bounded memory and time whatever the bytes are. The caps (`DecodeLimits`, gin) bound what a
-reader decodes, checked from headers *before* anything is inflated or allocated:
-
-* JSON: at most `max_json_bytes` bytes, nesting depth `max_json_depth`; `NaN` / `Infinity`, floats that
-  overflow to inf and integers beyond 64 bits are invalid (they would turn into non-finite metrics or
-  `OverflowError`s downstream).
-* text: at most `max_text_bytes` bytes, decoded as UTF-8 with replacement.
-* arrays: a numeric dtype (bool, int, uint, float), at most `max_array_dims` dimensions and `max_array_bytes`
-  bytes once decoded to float64; gzip is inflated in a stream stopped one byte past what a valid file could
-  hold; NIfTI and NPY headers and PNG sizes are checked before any data is read.
-
-Source of the formats: NumPy's `.npy` format (numpy.lib.format), NIfTI-1 via nibabel, PNG via Pillow.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

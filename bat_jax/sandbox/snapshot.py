@@ -1,12 +1,6 @@
 """Snapshots: the sandbox state at a stage boundary, as a reusable artefact with a digest (paper Eq. 11).
 
-`replay_prefix` starts from an initial state, replays the tool calls of a trajectory prefix and captures the
-workspace reached (the state p of an RL row at that stage boundary). `save` / `load` store a state as one tar
-file: `state.json` (env, digest, file count) followed by the files under `files/`. Writes are all or nothing
-(`atomic_io`); `load` recomputes the digest and refuses a file whose content does not match it.
-Restoring into a sandbox is `sandbox.reset(state)` (a wipe plus one `put_archive`).
-
-Only regular files are captured: empty directories, symlinks and file modes are not part of a SandboxState.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -4,10 +4,7 @@
 teachers) return, what `bat_jax.models.chat.parse_tool_call` parses sampled text into and `render_action`
 renders, and what episodes record.
 
-`TOOL_SPECS` is the JSON-schema list handed to the chat template (OpenAI/Qwen function-calling format).
-`dispatch` turns one action into an Observation. An action is validated when it is built (`Action` raises
-ValueError; the chat parser reports malformed model text as a `ParseError` instead), and the calls that still
-cannot run (an empty submit path, 'stop') come back as an error Observation, never as an exception. Receipts are written by the sandbox itself (see `Sandbox.receipts`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,23 +3,7 @@
 Source: paper Section 2.1 ("The bank indexes rows by task type, stage, outcome label, and reward source") and
 Appendix A.1 ("Stage Bank is a versioned set Z of rows").
 
-Layout under `root`::
-
-    states/<digest>.tar           stored sandbox states (`bat_jax.sandbox.snapshot` tar format)
-    versions/v000001/             one directory per admitted version. Never modified after its rename
-        manifest.json             version, parent, per-file SHA-256 and row counts
-        rl.jsonl                  RL rows admitted in this version (one `RLRow.to_record()` per line)
-        sft.jsonl                 SFT rows admitted in this version
-    .staging/                     temp directories of writes in progress (ignored by readers)
-    writer.lock                   the one writer's pid, host and start time while it holds the bank.
-
-Version N is the union of the rows admitted in versions 1..N. A version is written completely into a staging
-directory (files fsynced) and published with one `os.rename` of the directory, so a reader sees either the
-whole version or none of it; a writer killed before the rename leaves only an ignored staging directory.
-
-One writer at a time (`StageBank.writer()`, a lock file created with O_EXCL): a second writer is refused with a
-`BankLocked` error naming the holder; a lock left by a dead process on this host is reclaimed. Readers never take
-the lock and never wait: they see the versions admitted so far.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,34 +3,7 @@
 Fictional tasks → checked teacher trajectories → SFT slices, stage-boundary states and E2E surrogates → Accept() →
 leakage preflight → one new bank version.
 
-Source grid: every (focus, track, outcome) of `FactoryConfig.foci × tracks × outcomes` is one *source*: a fresh
-training task ξ of the run's benchmark (`staged_benchmark.contract.StagedBenchmark`; seed derived from the config
-seed and the cell). Per source:
-
-  1. the teacher plays ξ end to end in a sandbox (trajectory τ, Eq. 8); every stage check must pass
-     (Check_s = 1 ⇔ stage reward r = 1) and T ≤ H; each teacher response becomes one SFT row (Eq. 9, focus =
-     the turn's stage);
-  2. stage focus s: the prefix τ_{<b_s} is replayed in a fresh sandbox (Eq. 11; every replayed call must exit
-     as recorded) and the reached workspace is the RL row's state p; the teacher then plays stage s alone from
-     p (Boot(p) and Check_s on the stage rollout); its responses are SFT rows too (context: brief + the stage's
-     skill only);
-  3. focus E2E: ξ̃ = R_λ(ξ) (the benchmark's `reduce_task`; ξ itself when it has no surrogate), the teacher plays
-     ξ̃ (τ̃, Eq. 13), Accept() of Eq. 15 (+ the λ_validate budget) decides; the RL row starts at ξ̃'s initial state
-     with the union contract (Eq. 14); τ̃'s responses are SFT rows with focus 'E2E';
-  4. Leak(z) = 0 for every row and state of the source, scanned against the held-out manifest.
-
-A source yields rows only when every step passes; otherwise it is rejected with one counted reason. On the imaging
-suite with the scripted teacher and all three outcomes a source gives ≈ 12.3 full-trajectory responses, plus ≈ 2.5
-stage responses (stage foci) or ≈ 12.3 surrogate responses (E2E): its 126-source grid gives ≈ 2,070 SFT rows. A
-teacher action tagged with a stage the benchmark does not have stops the build (`BenchmarkError`).
-
-Resumable: each finished source is cached as JSON under `<bank_dir>/work/sources/<key>.json` (key = digest of
-the source, the task seed, every setting that changes its rows — the benchmark's included —, the held-out manifest
-and `code_fingerprint`).
-An accepted source's state is stored in the bank's states/ directory at once (content-addressed, unreferenced
-until admitted). Infrastructure rejections (teacher endpoint, sandbox failure) are not cached and are retried
-on the next run. All accepted rows are admitted with one `StageBank.admit` (atomic: a killed build leaves no
-partial version), after a final leakage preflight over exactly those rows and their states.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,23 +3,7 @@
 It reads the latest steering record, builds the next version's sources, admits a version atomically and repeats
 (paper: "the asynchronous Stage Bank data pipeline").
 
-`serve` is the loop. It holds the bank's writer lock (`StageBank.writer`) for its whole life, so a second factory or
-build on the same bank is refused naming it. A lock held by a live process is waited for (a restarted run's factory
-waits for the old one to finish its version), a dead holder's lock is reclaimed. Each iteration builds
-`SteeringRule.sources_per_version` sources chosen by `stage_bank.steering.steered_sources` from the record the
-experiment published after its last round (aggregates only) and admits them with one `StageBank.admit`, after the
-build's leakage preflight. Rounds read only admitted versions and never wait for the factory; the factory never
-waits for a round.
-
-It runs:
-  * in its own process started by the experiment
-    (`experiment.Components.factory_loop = @factory_loop.FactoryLoopConfig()`;
-    `FactoryProcess`: a spawned process, stopped with the run). A crash is reported once by
-    `FactoryProcess.exit_line` and the run goes on training on the last admitted version. Or as a Ray actor when the
-    run's rollouts are on Ray (`bicurl/bank_feed.RayFactory`, the same interface).
-  * on its own as a launch job, against a bank a running experiment reads (`gin/stage_bank_async_tiny.gin`:
-    `launch.run.job = @factory_loop.serve_job`).
-  * in a test, with a fake `build` step standing in for the teacher.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

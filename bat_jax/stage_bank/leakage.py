@@ -4,18 +4,7 @@ Source: paper Section 3 ("A hard preflight covers every training and validation 
 ... block known task and path markers") and Eq. 15 (Leak(z) = 0 for acceptance). The other side of the
 firewall, what the router may tell the data side, is `stage_bank.prescription`.
 
-Markers taken from the held-out manifest:
-  * identifiers (task ids, case ids): matched case-insensitively as whole id tokens, or as a run of
-    '_', '-', '.'-separated parts inside a longer token ('ISIC_0024306' inside 'ISIC_0024306.jpg').
-  * paths: matched by whole '/'-separated components anywhere inside a path-like token (leading '/', './'
-    and trailing '/' ignored), so 'data/heldout/x.png' is found inside 'cp /mnt/data/heldout/x.png .'.
-    A one-component path ('questions.json') is matched like an identifier;
-  * verbatim spans of questions, answers and report texts: word n-gram overlap (default n = 8 lowercase
-    alphanumeric words). A held-out text shorter than n but with ≥ `min_short_words` words must appear whole.
-
-Scanned: every string in a row, recursively through nested objects and lists (the field path is reported, e.g.
-'target.text' or 'context[3].content'), dictionary keys, and every file inside a sandbox-state archive (its
-path and its content). Each hit names file, row, field, marker kind and the matched marker.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

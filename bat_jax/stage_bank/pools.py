@@ -2,19 +2,7 @@
 
 Pools (Appendix A.1): Z_target(s*) = {z : s = s*}, Z_mix(s*) = {z : s ∈ S \\ {s*}}, Z_E2E = {z : s = E2E}.
 
-A round view is a sequence of batches drawn from these pools:
-  * per-batch pool counts follow the proportions ρ (default ½, ¼, ¼ → exactly 4 / 2 / 2 in every batch of 8,
-    the released code's rule). When ρ·batch_size is not integral the extra slots go to the pool with the
-    largest cumulative deficit against its quota (ties → pool order), so round totals track ρ.
-  * omitted pools (ablations) are dropped and the remaining proportions renormalised.
-  * inside a round rows are drawn without replacement (a round needing more rows than a pool holds is an
-    error, see `max_batches`, unless `PoolConfig.refill`). With `refill` a pool that runs out starts a new pass, a fresh
-    stratified order drawn after the first passes, so a row may come back in a later draw of the round under
-    its own round_state_id. Every round starts from the full pools again.
-  * draws are balanced: each pool is consumed in a nested round-robin over shuffled tracks, then outcome
-    buckets, then stages, so per-track counts differ by at most one while every track still has rows (and
-    likewise outcome buckets inside a track).
-  * all randomness is a numpy Generator seeded with SeedSequence([seed, round_index]): same seed, same view.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The prescription firewall: what the BiCuRL router may tell the data side (aggregates only).
 
-Source: paper Section 2.2 ("Only five stage scores and one Overall score leave the controller evaluation").
-A prescription is a mapping of the fields in `PRESCRIPTION_FIELDS` to numbers (scores in 0–1, round indices,
-counts) or to maps of stage / track names to numbers; free text, nested data, ids and paths are refused. The
-held-out preflight over training data is `stage_bank.leakage`.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """Stage Bank rows: the RL row z = (p, s, c, G, κ, m) and the SFT slice (h, a), their validation and digests.
 
-Source: paper Eq. 2 / Eq. 7 (row tuple), Eq. 9 (SFT slices), Appendix A.1. Rows are model-neutral: actions are
-the one structured agent action (`sandbox.tools.Action`, without a stage: the row's focus names it), stored as
-the record {"text", "tool", "arguments"} (tool '' for a text-only action, `tools.STOP` in memory), never as one
-model's chat-template text. Rows do not depend on Docker:
-the sandbox state p is a `StateRef` (content digest of a `SandboxState` + path of its stored archive).
-
-Every row has a SHA-256 `digest` over its canonical JSON (sorted keys, no whitespace, UTF-8) and a stable
-`state_id` (RL rows) that links the K rollouts drawn from the same row. A serialised row carries its digest;
-`stage_bank.row_parse.*_from_dict` recomputes it and rejects a mismatch. Validation errors
-(`stage_bank.row_validation.RowValidationError`) name the file, row and field.
-
-Producers (task families, the factory) build rows like this::
-
-    row = RLRow(
-        state=StateRef.from_state(sandbox_state, path="states/<digest>.tar"),
-        focus="S3",                      # a stage id of the bank's benchmark, or "E2E"
-        prompt="Validate the model ...",  # brief + stage goal the agent sees first
-        rubric=(RubricSpec("s3.metric", "Reports Dice on the validation split"),),
-        evidence=(EvidenceSpec("s3.receipt", "receipt", {"pattern": "dice"}),),
-        skill="<stage skill text>",
-        provenance=Provenance(source_id="seg-fict-0007", source_digest=..., track="segmentation",
-                              outcome="success", transformations=(Transformation("stage_slice", digest),)),
-        reward_source="rubric",
-    )
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Teacher trajectory → Stage Bank rows: SFT slices (Eq. 9), stage contracts (c, G) and per-stage checks.
 
-Source: paper Appendix A.1, Eq. 8–9 (one SFT row per teacher response; history = task, stage skill, earlier
-responses and observations), Eq. 11 (stage sandbox from the replayed prefix) and Eq. 14 (E2E contracts are the
-union of the stage contracts). Everything but `boundary_state` (which replays a prefix in a sandbox) is pure.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,23 +3,7 @@
 The record a run publishes after each round, and the rule by which the factory's next sources favour the weak
 stage.
 
-Source: paper Sections 1, 2 and 6 ("aggregate recording statistics can guide synthesis, but raw evaluation content never
-enters a Stage Bank prompt or row"). The record crosses the same firewall as a router prescription
-(`stage_bank.prescription.check_prescription`): numbers and maps of stage / pool names to numbers. They are the round,
-the bank version it read, the controller's Overall and stage scores, the routed stage s*, and how many rows of each pool
-and focus the run has used so far. Nothing per task: no state id, path, brief or held-out text can be written.
-
-The record is `<bank_dir>/steering.json`, replaced atomically after every round (the last one wins); the factory
-reads it before each new version and never waits for it.
-
-The rule (`SteeringRule`, `steered_sources`): a version is built from `sources_per_version` sources; without a
-record they are spread uniformly over the foci; with one, `round(weak_share · n)` (half up) of them take the routed
-stage s* as their focus and the other n − that spread uniformly. "Uniformly" is a rotation: the j-th uniform source
-of generation g has focus foci[(g · u + j) mod |foci|] (u uniform sources per version). The i-th source of the
-version has track tracks[(g · n + i) mod |tracks|] and outcome outcomes[⌊(g · n + i) / |tracks|⌋ mod |outcomes|]. Each
-source's task seed is derived from (config seed, g, i, focus, track, outcome), so every generation draws new tasks.
-Example (imaging: foci E2E, S1 … S5; n = 8, share 1/2, s* = S3, g = 0): four S3 sources, then E2E, S1, S2, S3 —
-five S3 sources, one each of E2E, S1 and S2.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

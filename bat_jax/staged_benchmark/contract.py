@@ -1,13 +1,6 @@
 """The staged-benchmark plug-in: what a benchmark declares so that BiCuRL can use it as the teacher.
 
-Source: paper Eq. 1 and Appendix A.3 (Proposition 1): BiCuRL is well defined for any staged benchmark
-B = (S, C, V) — ordered stage boundaries, public rubric and evidence contracts, a fixed evaluation — whatever the
-number or meaning of its stages. A run names one `StagedBenchmark` in gin (`experiment.Components.benchmark`);
-the core (Stage Bank rows, pools, router, controller, reward, evaluation, report, ledger, leakage preflight)
-reads stages, task families, tasks, rubrics, metrics and teachers from it and never imports a benchmark.
-
-A benchmark subclasses `StagedBenchmark` (a frozen dataclass whose fields are its settings) and implements the
-abstract methods; `validate` checks a definition at launch, before any work, naming the benchmark and field.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,14 +3,7 @@
 The conversation a policy sees, the policy protocol, the recorded episode, and the host-side evidence of a finished
 episode.
 
-An *action policy* (`ActionPolicy`) maps the conversation so far (task brief + stage skill + previous
-actions/observations) to the next structured action (`bat_jax.sandbox.tools.Action`, the one action type:
-{"thought", "tool": "execute_code" | "submit" | "stop", "arguments"} and the stage it belongs to) or None. The
-scripted experts and the LLM teacher are action policies. They run through the one episode loop
-(`bat_jax.rollout.action_loop.run_action_episodes`, the agent loop's schedules), which records every action,
-observation and the stage each turn belongs to as a `RecordedEpisode`; stage boundaries give stage-start states
-and SFT slices. Stages are the ids of the task's benchmark (`benchmark.stages.StageSet`); the one rule that scores
-an episode is `staged_benchmark.StagedBenchmark.score_episode`.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The tabular data-analysis suite as a staged benchmark: four stages, three task families, a scripted teacher.
 
-What a run names in gin (`experiment.Components.benchmark = @tabular.TabularBenchmark()`, `gin/tabular_tiny.gin`).
-Stages inspect → clean → analyse → report (weights .2/.3/.3/.2, `tabular/tasks.py`), the families group_mean,
-filtered_median and top_corr with their metrics (`tabular/tables.py`); four defect variants. The held-out suite and
-manifest of `tabular/tasks.py` (disjoint seeds, ids and vocabulary), the rubric and task metric of
-`tabular/rubric.py` and the scripted teacher of `tabular/teacher.py`. No E2E surrogate: E2E rows are whole tasks.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """The tabular suite's rubric (items and evidence per stage) and its task metric.
 
-The same integrity rules as the imaging suite's (`verify/rubric.py`): credit only for work a call of the episode
-really did. A file is a call's work when a successful call whose kernel-observed trace read the stage's input left
-it with exactly the bytes the workspace holds at the end (`Receipt.write_digests`); a file that was already there,
-written by a failed call or changed afterwards earns nothing. Content is compared with the host's recomputation from
-the task's raw table (`tabular/tables.py`): the profile, the cleaned rows and counts, the answer — and the answer is
-also replayed on the cleaned table the analysing call read (the agent's own `clean.csv`), so a result that its own
-inputs do not give earns no analysis credit. Agent-written bytes are decoded by the bounded readers of the evidence
-(`Evidence.json` / `Evidence.text`, within `DecodeLimits`); what the agent wrote never raises.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Tables of the tabular suite: seeded generation with defects, the public cleaning rule and the host's analyses.
 
-A table is CSV text: an `id` column, one category column, then numeric columns (two decimals). Its defects come
-from the task's variant: 'clean' (none), 'missing' (numeric cells that are empty, 'NA', 'n/a' or '?'),
-'duplicates' (exact copies of earlier records, same id) and 'mixed' (both). The public cleaning rule: drop every
-record whose id appeared earlier (keep the first), then every record with a missing category or a numeric cell
-that is not a finite number. Everything an agent is asked for — the profile of the raw table, the cleaned rows,
-the analysis answer — the host recomputes here from the same bytes, and the rubric compares the agent's files
-with it (`tabular/rubric.py`). Stdlib only: the same rules run in the sandboxes (`tabular/teacher.py`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -3,10 +3,7 @@
 Its four stages, the workspace paths, briefs and stage skills, training tasks, and the held-out suite with its
 manifest.
 
-The held-out suite is disjoint from every training task by construction: its seeds are ≥ `HELDOUT_SEED_BASE`
-(training seeds are below), its task ids start with 'ho-' (training: 'tr-'), and its tables draw their column names
-and category levels from a vocabulary no training table uses (`tables.HELDOUT_VOCAB`). The manifest lists its task
-ids: what no Stage Bank row may contain (`stage_bank.leakage`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The tabular suite's scripted teacher: one fixed action text per stage, whatever the task.
 
-Its code reads the task id and the question's parameters out of `task.md` when it runs, so every task — every
-family, variant and held-out table — gets the same five action texts (inspect, clean, analyse, report, submit): a
-small policy learns one workflow rather than copying literals from the prompt. Stdlib only (csv, json, re,
-statistics), so it runs the same in the Docker sandbox image (Debian's python3) and the local backend.
-
-The texts are laid out for a small policy that writes them token by token (as `tasks/portable_expert.py`): each
-action is its stage's own body first, as `run()`, then the text every action shares (`PREAMBLE`: reading task.md,
-the table reader and the record check) and the call. A policy decides the stage at the thought (read off the
-previous observation's first line: each step prints the next step's name first) and the body's first line, and no
-stretch of one stage's body appears in another's (`shared_span`), so it never has to carry that decision across
-shared text — a tiny model that does mixes the stages' code and runs nothing.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

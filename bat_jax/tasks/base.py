@@ -1,17 +1,6 @@
 """Common task framework: task instances, input encoding, outcome variants and the Track base class.
 
-A *track* (one of seven families) procedurally writes a fictional multi-case task as files the agent must
-open: inputs under the layout's images directory, a `cases.csv` manifest, a small provided method
-(`model.py` + `config.json`, numpy/scipy/nibabel/PIL only) and a `task.md` brief. The hidden answer key
-(targets) stays host-side in `TaskInstance.cases` and never enters the workspace.
-
-Outcome variants: 'success' (clean data), 'recovery' (one injected, recoverable fault: a missing
-input or a corrupted input, each with an intact gzip copy in the archive directory, or — NIfTI tracks only —
-a wrong voxel spacing in the header, fixed by rewriting the header from the manifest's `spacing_mm`) and
-'failure' (one corrupted input with no archive copy: the case cannot be done and must be reported as failed).
-
-The workspace paths live in `tasks.layout`, the public text (brief, stage skills) in `tasks.brief`; both are
-imported here and neither imports this module.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

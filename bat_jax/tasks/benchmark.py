@@ -1,9 +1,6 @@
 """The medical-imaging suite as a staged benchmark: five stages, seven fictional track families, three teachers.
 
-What a run names in gin (`experiment.Components.benchmark = @imaging.ImagingBenchmark()`): stages S1 Plan … S5
-Submit with the paper's Agentic weights (`tasks/stages.py`), the seven tracks of `tasks/registry.py` with their
-metrics, the held-out suite of `tasks/heldout.py` (disjoint seeds, templates, ids and paths), the rubric of
-`tasks/rubric_items.py`, the scripted / portable / LLM teachers and the E2E surrogate of `tasks/e2e_reduce.py`.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

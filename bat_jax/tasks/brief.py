@@ -1,13 +1,6 @@
 """Public task text: the `task.md` brief (Lite-tier style) and the stage skills κ for S1–S5.
 
-Both are public: they describe goals, checks and recovery steps, never answers. Templates 0–1 are used for
-training tasks, template 2 only for the held-out suite (disjoint templates). Templates
-`VARIED_TEMPLATE_BASE` + w (w = 0, 1) are training templates with wording w whose workspace paths and ids are
-drawn from the task seed (`tasks.layout.varied_naming`), so that no path or id can be memorised.
-
-`compact_user_message` rewrites a full first user turn (brief + stage skills, as `render_brief` and
-`stage_skill` write them) into the terse form small policies are prompted with: task id, track,
-case count, every path, the submission schema, the stage to start at and one line per stage skill.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """The imaging suite's E2E surrogate: the reduction R_λ (paper Eq. 12) of a task, and its validation passes.
 
-R_λ(ξ) with λ = (λ_case, λ_input, λ_validate) (`staged_benchmark.contract.Reduction`):
-  * λ_case ∈ {1..N}: keep λ_case of the N cases. The case carrying the outcome's injected fault is always kept
-    (the reduction must keep the task's semantics, so a 'recovery' task stays a recovery task); the others are
-    kept in manifest order. Inputs and archive copies of dropped cases are removed and the case manifest and
-    brief are rewritten for the kept cases (same task id, layout, output schema and five-stage workflow).
-  * λ_input ∈ (0, 1]: each input is cut to its leading ⌈λ_input · n₀⌉ entries along axis 0 — for tracks
-    whose hidden target is an array of the input's shape (segmentation, enhancement, synthesis), target and
-    archive copy are cut identically (NIfTI headers, hence voxel spacing, are kept). For the other tracks (labels,
-    boxes, texts would change meaning) the input is kept whole; the applied fraction (1.0) is recorded in
-    provenance. Unreadable (faulted) inputs are left as they are.
-  * λ_validate ∈ ℕ₊: the brief states a budget of at most λ_validate validation passes (smoke runs of the method
-    into the validation directory); the Data Factory's `Accept` enforces it on the teacher trajectory.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

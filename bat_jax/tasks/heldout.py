@@ -1,15 +1,6 @@
 """Held-out evaluation suite over the seven tracks, and its manifest for the leakage preflight.
 
-Disjoint from training tasks by construction:
-  * seeds: held-out seeds are >= HELDOUT_SEED_BASE, training seeds must be below it;
-  * templates: brief template HELDOUT_TEMPLATE and question/report phrasing 1 are used only here;
-  * identifiers: task and case ids start with HELDOUT_PREFIX ('hx'). Training uses TRAIN_PREFIX ('tr'), or for
-    the varied templates a seed-drawn two-letter prefix that is never 'hx';
-  * paths: HELDOUT_LAYOUT (study/, tools/method/, results/) differs from TRAIN_LAYOUT (data/, method/, outputs/)
-    and from every seed-drawn training layout (`layout.varied_naming`: name pools without a held-out component).
-
-The manifest lists task ids, case ids, file paths, questions, answers and report texts — everything the
-leakage preflight must keep out of Stage Bank rows. It never enters a training row itself.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

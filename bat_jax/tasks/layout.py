@@ -1,9 +1,8 @@
 """Workspace layout of a task.
 
 The workspace-relative paths a brief names, the fixed training and held-out layouts, and the seed-drawn training
-layouts (paths and ids vary from task to task).
-
-A layout is public: `Layout.render` writes the '## Paths' lines of a brief and `Layout.parse` reads them back.
+layouts (paths and ids vary from task to task). A layout is public: `Layout.render` writes the '## Paths' lines
+of a brief and `Layout.parse` reads them back.
 """
 
 from __future__ import annotations

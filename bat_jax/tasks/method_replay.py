@@ -1,28 +1,6 @@
 """Host-side replay of a task's provided method: "the method ran" is checked on what it produced.
 
-A call's kernel-observed reads and writes show which files it touched, not that it imported and called the
-method: `cat model.py case.npy > outputs/validation/x` touches the same files. What only a real run of the
-method gives is its output. The host holds the task's method (`model.py`, `config.json`) and the case inputs in
-the task's initial workspace (`TaskInstance.files`). So it runs the method itself on a case, the way the brief
-tells the agent to (`predict(load_input(file), row, load_config())`, then `save_prediction`). An artefact
-counts as the method's output only when it equals that replay: the same entry values and the same array content
-(within `ATOL`).
-
-Replayable cases: every case whose input loads, and the archived original of a 'missing' / 'unreadable' one
-(the input the agent is told to restore). A 'spacing' fault's case has two replays: on its input with the header
-repaired from the manifest (the correct one, `method_output`) and on the input as given (what an agent that
-did not repair it gets; it is still the method's output). The method code is the task's own (never the agent's
-workspace copy) and runs on the host in a temporary directory; results are cached per method and input bytes.
-
-A call *ran the method* into an output directory (`method_run_calls`) when it succeeded, read `model.py` and a
-case input, and wrote case entries there such that
-
-1. every case entry it wrote that still holds what it wrote and has a replay equals that replay (one forged
-   entry next to real ones disqualifies the call), and
-2. at least one of those entries is this call's own evidence: it is not guessable (`guessable`: an output with
-   few possible values, e.g. a short answer, a constant array, round numbers, proves nothing alone), none of its
-   files is byte-identical to a file of the start state or to a file the call read (a copy of earlier output),
-   and the start state does not already hold that case's output in any encoding (`preexisting_cases`).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

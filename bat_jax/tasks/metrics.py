@@ -1,12 +1,6 @@
 """Task metrics of the seven track families, each on a 0–1 scale (PSNR also in dB).
 
-Host-side only (numpy/scipy). Sources: Dice (Dice 1945), PSNR, SSIM (Wang et al. 2004, Gaussian window
-σ = 1.5, K1 = 0.01, K2 = 0.03, as in scikit-image's `gaussian_weights=True` mode), VOC all-point average
-precision at IoU 0.5, label F1 of report findings (CheXpert-style keyword labels with negation).
-
-Every metric returns a finite number for finite inputs, however large (a prediction full of 1e200 is a valid
-finite input an agent can write): intermediate products that would overflow float64 are avoided by scale
-invariance (IoU, PSNR) or by clipping to a range past which the metric no longer changes (SSIM).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

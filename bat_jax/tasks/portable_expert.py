@@ -1,17 +1,6 @@
 """The portable scripted expert: one fixed action text per workflow step, whatever the task.
 
-`tasks.teacher.ScriptedExpert` writes the brief's paths and ids into its code as literals, so every one of its
-actions differs from task to task and a policy must learn to copy them out of the prompt — a skill a tiny model
-trained from random initialisation for minutes does not acquire. The portable expert solves the same tasks
-with code that reads the workspace layout and task id out of `task.md` when it runs, and decides from what it
-finds in the sandbox (faults, archive copies, the validation report), so its action texts are the same for
-every task, track and layout, held-out ones included. One string still has to be carried: the path of the
-submit call, which the expert takes from its own last observation.
-
-It is the tiny default's teacher (`FactoryConfig.teacher = 'portable'`); paper-scale runs keep the literal
-expert or an LLM teacher. Every stage check it must pass is the same rubric the literal expert passes; both
-are held to expert ≥ 90 on every track (`tests/test_portable_expert.py`). Only stdlib + numpy (+ nibabel for
-NIfTI header repair, + the provided method) run in the sandbox.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """Per-stage rubric items and evidence predicates shared by every track.
 
-Evidence is host-side only: receipts (exit code, stdout the agent saw, and the workspace files the kernel saw
-each call read and write, with the digests of what it wrote) and the final workspace files. Receipt evidence is
-what a call executed and produced, never the text of its code: "the method ran" means a successful call read
-the method's `model.py` (importing it) and a case input, every case entry it wrote into the output directory
-equals the host's replay of the method on that case, and at least one of them is output only this call's run of
-the method could give — not guessable, not a copy of earlier output (`tasks/method_replay.py`). "Every usable
-case predicted" and "the fault handled" compare each entry's content with the replay, not only its format, and so
-do S5's items for every submitted entry (a submission of made-up answers earns no S5 credit).
-Items that rest on the hidden answer key (the fault set, expected shapes) are checked against the
-`TaskInstance`, which the policy never sees.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Teachers: the scripted expert (any track), the LLM teacher over a chat endpoint (`ChatTeacher`) and baselines.
 
-The scripted expert acts only through `execute_code` / `submit` and decides from what it observes: paths
-and the task id come from the brief text, case ids from its manifest read, the method version from its
-setup call, faults from its own input check, restorations from the restore call's output. It never reads
-the generator's hidden state. Every in-sandbox snippet uses only stdlib + numpy (+ the provided method).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

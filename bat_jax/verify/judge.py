@@ -1,26 +1,6 @@
 """LLM judge for rubric items that need semantic judgement (e.g. "the plan names the recovery steps").
 
-Paper Section 3 / Eq. 4 uses an LLM rubric verifier; here most items are programmatic predicates and a
-judge is optional per item. A judged item still rests on evidence keys (no evidence → no credit, as for
-every item). The judge is asked for a binary verdict at temperature 0, as a JSON object the endpoint is asked to
-enforce (`response_format` json_schema) when the client can send it.
-
-What the agent wrote cannot steer the verdict:
-- the host's words (the rubric item, the brief and evidence requirements of the host's `Task`, never a file of the
-  agent's workspace) and the agent's (files, receipts) reach the judge apart. The agent's text is one JSON string
-  (quotes, newlines and reasoning tags escaped) between markers derived from its own digest (`judge_messages`).
-- the verdict is read from the judge's reply only, by `parse_verdict`: reasoning removed only where the reply
-  itself opens it (at its start) or closes a block the prompt opened (its first closing tag). The answer is the
-  last top-level JSON object outside reasoning, each object decoded as a whole (a tag or an object quoted inside a
-  JSON string is never seen). Top-level verdicts that disagree, a verdict key given twice or one outside valid
-  JSON (a judge that copied the agent's quotes unescaped into its own object) are no verdict.
-- a reply without a verdict is the judge's fault only when the judge also fails a host-written control question
-  (then `InfraError`: the stage is unscored, and the failure counts towards the judge's breaker). When the judge
-  answers the control question, the evidence made it fail and the item fails (the agent's failure, no breaker).
-
-A run configures its judge with `JudgeConfig` (its chat endpoint, which items it decides); `RubricJudge` swaps
-those items' predicates for judge calls, caches verdicts by (item id, digest of what the judge is shown) and
-names the judge model in the reward version.
+Details: docs/design.md.
 """
 from __future__ import annotations
 

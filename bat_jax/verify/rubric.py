@@ -1,16 +1,6 @@
 """Rubric verifier: binary items checked against receipts and artefacts, evidence completeness, reward.
 
-Paper Eq. 4: v_ℓ = Verify(ℓ; p, y, x) ∈ {0, 1};  r = η · (1/|c|) Σ_ℓ v_ℓ, where η ∈ [0, 1] is the fraction of
-required evidence G confirmed by the rollout's receipts and artefacts. An item can only pass when all of its
-own evidence is confirmed (a claim in text earns nothing). Receipt evidence is what a call actually did — the
-workspace files the kernel saw it read and write (`Receipt.reads` / `writes`) and the output it printed —
-never the text of its code: comment-only, string-only and dead code earn nothing. A rubric carries its
-benchmark's stages (`benchmark.stages.StageSet`); every item names one of them. E2E rows follow the released
-code's reward (`rl/grpo/core_reward.py`): 0.5 · (stage rewards weighted by the benchmark's Agentic weights)
-+ 0.5 · task metric (:func:`e2e_reward`). An infrastructure failure makes a score `None` (unscored), never 0; a
-check that raises on what the agent wrote is a failed check (the agent's failure), and a reward that is not a
-finite number in [0, 1] is an error of the scorer (`ScorerError`), never "unscored". Every score records
-`REWARD_VERSION`.
+Details: docs/design.md.
 """
 
 from __future__ import annotations
@@ -25,7 +15,8 @@ from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.sandbox.readers import DEFAULT_LIMITS, DecodeLimits, Workspace, json_or_none, text_or_none
 from bat_jax.sandbox.types import Receipt
 
-#: Version of the reward contract; bump when items, evidence or the formula change (README, "Reward versions").
+#: Version of the reward contract; bump when items, evidence or the formula change
+#: (docs/reward_integrity.md, "Reward versions").
 REWARD_VERSION = "bat_rubric/v6"
 
 

@@ -3,18 +3,7 @@
 `bench_async_grpo`'s KL column (`python -m launch.bench.bench_async_grpo`; on its own:
 `python -m launch.bench.async_kl [--steps 8] [--staleness 0 1 2]`).
 
-What is real: the tiny default's policy (`gin/bicurl_tiny.gin`'s model, random init), its `Learner` (GRPO loss,
-memory settings), the `JaxSampler`, and the package's GRPO block (`async_block.run_grpo_block`: the synchronous
-block at s = 0, the bounded-staleness one above, with `WeightGate` syncs and rollout correction). What stands in:
-an episode is one turn (`--tokens` sampled tokens after a row's prompt of random token ids), and its reward is the
-share of sampled ids that are even (a rule the policy can learn, with variance inside every group) instead of the
-rubric; no sandbox runs. Every setting starts from the same weights and trains on the same pool batches with the
-same seeds; only the staleness differs.
-
-Reported, all with the package's KL code (`learn/kl.policy_shift_kl`: exact mean per-token KL of the next-token
-distributions over probe prompts that are not training rows): KL(π_s=0 ‖ π_s) per s; for scale, KL(π_s=0 ‖ π_init)
-(how far the synchronous block moved the policy) and KL(π_s=0 ‖ π_s=0, other seed) (two synchronous runs whose
-rollouts were drawn with another seed: the noise a KL between two trainings carries anyway).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

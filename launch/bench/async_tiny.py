@@ -1,19 +1,6 @@
 """The tiny default's GRPO block at max_staleness 0 and 1 on the CPU: real engine, agent loop, sandboxes and learner.
 
-`python -m launch.bench.bench_async_grpo --tiny --bank runs/stage_bank_tabular` (or `python -m
-launch.bench.async_tiny` with the same options). Nothing stands in: the policy, learner, JAX engine (continuous
-batching, prefix cache), agent loop, local sandboxes and the rubric reward are a run's own, built from a run file
-(`--gin tabular_tiny.gin`, the tiny default on the tabular suite, by default) shortened by `--bindings` (fewer turns
-and tokens per episode, fewer rows per batch, dynamic sampling off so every drawn group trains). Rows come from an
-existing Stage Bank (`--bank`, read only; the latest version), the weights from `--checkpoint` (a run's `export/`
-directory, e.g. `runs/tabular_tiny/export`, so the episodes call tools as a trained policy does; the random-init
-tiny default otherwise). Both settings start from the same weights and draw the same pool batches with the same seed.
-
-Printed per setting: wall seconds from the block's start to its last optimizer step (the after-block probe left
-out), steps per hour and the ratio to s = 0, the engine's busy fraction (wall time with at least one engine call in
-flight) and mean calls in flight, the learner's busy fraction (its logprob passes and optimizer steps), and the mean
-staleness trained on. On a 2-core machine the engine and the learner share the same cores, so there is little or
-nothing to overlap: the ratio says what the schedule gains there, not what it gains with an accelerator.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
 """Bounded-staleness GRPO on a simulated 9B engine: steps per hour and busy fractions at max_staleness 0, 1, 2.
 
-`python -m launch.bench.bench_async_grpo` (from the repository root; `--steps 12 --rows 8 --scale 0.01`). Beside the
-steps per hour it prints KL(π_s=0 ‖ π_s) of a real tiny policy trained by the same block at each s on the same rows
-(`launch/bench/async_kl.py`, `--kl-steps 0` skips it). `--tiny` measures the tiny default instead, with its real
-engine, agent loop, local sandboxes and learner at s = 0 and 1 (`launch/bench/async_tiny.py`).
-
-What is real and what is modelled (launch/bench/README.md says the same):
-
-* the GRPO block is the package's own: `grpo_round.grpo_block` at s = 0, `async_block.async_grpo_block` at s = 1, 2
-  (admission, settling, refills, `WeightGate` syncs, host batches, advantages, behaviour logprobs);
-* the engine is `rollout/simulated_engine.SimulatedLatencyEngine` with in-flight batching (a vLLM-like server for a
-  ~9B model: fixed prefill per call, one batched decode step per token) around an instant token source;
-* an episode is a stand-in for the agent loop: its number of turns drawn from a log-normal (median 5, σ 0.7,
-  clipped to 1…24 turns: the released run's turn limit), each turn one engine call of `turn_tokens` tokens followed
-  by a sandbox call of log-normal duration (median 50 ms × scale / 0.01) — the tiny Stage Bank's teacher trajectories
-  have a fixed number of actions (no tail), so they give no distribution to take; no Docker sandbox runs;
-* the learner is a stand-in whose optimizer step sleeps the paper-scale train time scaled like the rollouts
-  (57 s train against 310 s generation per DAPO step of Qwen3.5-9B on 8×H100, × `--scale`); rewards are fixed
-  0/1 patterns per row.
-
-Printed per setting: wall seconds of the steps (block start → last optimizer step; the after-block probe is left
-out), steps per hour and its ratio to s = 0 measured in the same run, the engine's busy fraction (share of wall time
-with at least one call in flight) and the mean number of episodes decoding at once, the learner's busy fraction, and
-the staleness trained on (mean / max weight versions, groups dropped as stale).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
-"""One GRPO batch of a trained tiny policy, rolled out with the JAX sampler one call at a time vs continuously
-batched (`bat_jax.rollout.continuous_batching`), in the same run.
+"""One GRPO batch of a trained tiny policy, rolled out one call at a time vs continuously batched.
 
-Workload: the RL rows of a Stage Bank (by default the tiny default's, `runs/stage_bank_tiny`; `--rows` rows taken
-round-robin over S1–S5 and E2E), K rollouts each, in a warm Docker pool, the policy a run exported
-(`runs/bicurl_tiny/export`, written by README's main command), the tiny default's agent limits and engine (both
-read from `gin/bicurl_tiny.gin`: 6 turns of ≤ 832 tokens, a 3,072-token context, 8 rows per compiled call, 64 stored
-prefixes, 16 slots when this was written). A trained policy matters: its turns end at different lengths, which is what
-continuous batching exploits (a random model runs every turn to its budget).
+Both with the JAX sampler (`bat_jax.rollout.continuous_batching`), in the same run.
 
-  * plain: `JaxSampler` (the gin file's rows per compiled call and prefix store) under the continuous schedule
-    with one engine call at a time (`max_generate_batch` 64, `max_concurrent_generate` 1), no slots;
-  * continuous: `ContinuousBatchingSampler(slots=--slots, default the gin file's)` with the gin file's agent
-    settings (one engine call per episode turn: `max_generate_batch` 1, `max_concurrent_generate` 64).
-
-Each engine runs the batch `--repeats` times with the same seed; the first run compiles (reported apart), the
-last is the warm time. Prints seconds, sampled tokens and tokens/s per run, the warm ratio plain / continuous,
-and how many of the K·rows trajectories are token-identical between the two (draws agree up to float round-off
-of differently padded batches, so a rare draw can tip).
-
-  python -m launch.bench.bench_continuous_batching [--bank runs/stage_bank_tiny] [--policy runs/bicurl_tiny/export]
-
-Measured before this script existed, by a scratch script with the same two engines and agent limits on 8 rows
-taken by focus instead (4 S3, 2 S2, 2 E2E; 2 CPU cores, idle; the exported policy and bank of a tiny-default run):
-plain 158.2 s first run, 96.7 s warm; continuous (16 slots) 162.8 s first run, 47.2 s warm: 2.05× warm, 66,971 vs
-66,856 sampled tokens. This script's own output is not recorded yet.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Per-episode sandbox cost: a fresh container per episode vs the warm pool the experiment uses by
-default, both through `bat_jax.sandbox.backends.open_backend` exactly as `bicurl/run_loops.py` builds them.
+"""Per-episode sandbox cost: a fresh container per episode vs the warm pool the experiment uses by default.
 
-Run (engine up, images built): python -m launch.bench.bench_episode_start [--episodes 8] [--track segmentation]
+Both through `bat_jax.sandbox.backends.open_backend` exactly as `bicurl/run_loops.py` builds them.
 
-Each episode starts from a real training task's initial state (`tasks.heldout.training_task`), gets its sandbox
-(`make(state)`: fresh = create + start a container + restore the state; warm = reset a pooled container + restore),
-runs one `print(1)` call (not timed), then gives it back (`release`: fresh = remove the container; warm = wipe it
-for the next episode). Printed: medians over `--episodes` sequential episodes of get, give back and their sum
-(milliseconds), and the batch case the agent loop has: `--episodes` sandboxes opened at once on a thread pool
-and released together (wall seconds). The two backends alternate episode by episode, so both see the same load.
-The ratio fresh / warm is the per-episode start cost saved.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

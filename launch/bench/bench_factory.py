@@ -1,16 +1,6 @@
 """Stage Bank Data Factory: build the tiny bank (126 sources) and check its targets.
 
-Targets: ≤ 15 min on the 2-core CPU box, ≥ 2,000 SFT rows, zero leakage hits against the
-held-out suite's manifest, same seed ⇒ same digest. The baseline, measured in the same run, is one scripted-
-expert end-to-end episode (`rollout.play.play`) per source, i.e. the bare cost of 126 teacher trajectories;
-the script prints build time / baseline.
-
-Steps: (1) baseline: 3 episodes, scaled to the grid size; (2) fresh build into a temp bank; (3) preflight of
-every file of the bank's versions and states directories against the held-out manifest; (4) a rebuild into
-the same directory (resume path: every source cached, no new version, same digest); (5) with --twice, a
-second fresh build into another directory and a digest comparison.
-
-Usage: python -m launch.bench.bench_factory [--backend local|docker] [--workers 2] [--twice] [--keep DIR]
+Details: docs/design.md.
 """
 
 from __future__ import annotations

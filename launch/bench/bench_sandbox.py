@@ -1,21 +1,8 @@
-"""Sandbox benchmark: tool-call latency vs plain `docker exec` and vs the sandbox before privilege separation,
-snapshot restore, 8-way throughput.
+"""Sandbox benchmark: tool-call latency, snapshot restore, 8-way throughput.
 
-Run (engine up, images built): python -m launch.bench.bench_sandbox [--calls 50] [--concurrency 8]
-                                                                  [--baseline_rev 546187d | --baseline_rev none]
-                                                                  [--executor_rev REV]
-Goals: warm `execute_code('python', 'print(1)')` median <= 20 ms and >= 5x faster than a plain
-`docker exec python3 -c 'print(1)'` measured in the same run; the privilege-separated sandbox costs at most 2x
-the warm median of the last sandbox before the hardening, measured in the same run.
-`--executor_rev REV` runs only an A/B of this tree's executor against revision REV's (same host code and
-settings, calls alternating): warm tool calls within 10 % (the receipts' write digests cost a call what hashing
-the files it wrote costs; the 1 MB write row shows it).
+Latency against plain `docker exec` and against the sandbox before privilege separation.
 
-The "before" column: the task image built from `sandboxes/task/` of git revision `--baseline_rev` (tagged
-`bat-sandbox-baseline:<rev>`, reused when present) on the current base image, run with that revision's settings
-(executor and agent code as uid 65534, no capabilities, otherwise the limits of `DockerSandboxConfig`) and
-spoken to with that revision's protocol (one JSON line each way, no request ids). Calls to the "before" and the
-"after" sandbox alternate, so both see the same machine load.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

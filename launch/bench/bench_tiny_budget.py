@@ -1,23 +1,6 @@
 """What the tiny default's 2-core budget buys: prompt tokens, SFT rows that fit, SFT tokens/s, full vs compact prompts.
 
-Before = paper-style prompting (`prompt_style='full'`: the full system prompt, the chat template's tools block,
-the whole brief and stage skills; every SFT batch padded to `--before_seq` tokens). After = `prompt_style='compact'` with SFT batches padded only to their length bucket
-(`policy.sft_batch`), at `--after_seq` tokens. Both are measured in the same run on the same rows, and the
-ratios are printed.
-
-Rows: a sample Stage Bank built by the scripted teacher with the local (non-isolated) backend into a temp
-directory — every focus × track for the outcomes of `--outcomes` (default 'recovery': 42 sources, ~3 min on
-2 loaded cores) with the training layouts of `--layouts` — or an existing bank with `--bank DIR`.
-
-SFT tokens/s: `--steps` timed steps after one warm-up (compile) step on batches of `--batch` rows; "real"
-tokens are non-padding tokens. `--models` adds the tokens/s of other tiny sizes ('HIDDENxLAYERS', e.g.
-128x4,192x6) on the after batches, for picking the model the budget buys. Process CPU seconds are printed
-beside wall seconds because other jobs share the cores. The model is the tiny default's shape
-(`policy.PolicyConfig.tiny` of `gin/bicurl_tiny.gin`).
-
-Usage: python -m launch.bench.bench_tiny_budget [--bank DIR] [--outcomes recovery] [--layouts varied]
-         [--before_seq 2048] [--after_seq 2048] [--obs_chars 512] [--batch 4] [--steps 4] [--models 128x4]
-         [--no_speed]
+Details: docs/design.md.
 """
 
 from __future__ import annotations

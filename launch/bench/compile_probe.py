@@ -1,23 +1,6 @@
 """Compile (never run) the jitted steps of a paper-scale run and print their per-device memory.
 
-    # 9B / 4B on an 8-chip TPU v5p topology, from a CPU-only machine (libtpu in its own venv, README)
-    JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python -m launch.bench.compile_probe --model 9b
-    JAX_PLATFORMS=cpu /opt/tpu-venv/bin/python -m launch.bench.compile_probe --model 4b
-    # reduced size on 8 fake CPU devices (what tests/test_compile_probe.py guards)
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m launch.bench.compile_probe --model tiny --topology cpu
-
-The model is the real Qwen3.5 text config (published dimensions, built abstractly: no weight is allocated); the
-settings come from the run's gin file (`experiment.Components` as that file binds it): mesh, `MemoryConfig`,
-SFT global batch / max_seq_len / micro-batches, GRPO rollouts (pool batch × K) at the agent's max context with
-`grpo_micro_batches`, the policy-shift KL batch. Each step is the function a run calls, built by the same code
-(`learner.make_block_step`, `learner.make_ref_logprob_fn`, `kl.make_kl_sum_fn`, the weight-sync bucket gather),
-lowered with abstract inputs carrying the run's shardings and compiled for the target devices. Printed per
-step: the compiler's per-device argument / output / alias / temp bytes, the peak (argument + output − alias +
-temp), what else the run keeps resident on each device during that step (parameter copies held by the
-experiment, computed from the parameter bytes), and the compile seconds.
-
-The TPU compiler schedules memory (remat, chunking and buffer reuse show up in `temp`); the CPU backend's temp
-figure does not reflect remat, so CPU numbers are a regression guard only, not a fit check.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

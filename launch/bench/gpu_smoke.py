@@ -1,33 +1,10 @@
-"""GPU smoke test of the learner and rollout path; run by `launch/gpu_smoke.sh` (which installs what the box lacks
-from a wheel folder first) as `python -m launch.bench.gpu_smoke` from the repository root. ``--tiny`` runs every
-stage's code on a CPU with tiny shapes (CI does).
+"""GPU smoke test of the learner and rollout path.
 
-Stages, in this order, each printing one ``[smoke] <stage> ok|skipped|FAILED ...`` line:
+Run by `launch/gpu_smoke.sh` (which installs what the box lacks from a wheel folder first) as
+`python -m launch.bench.gpu_smoke` from the repository root. ``--tiny`` runs every stage's code on a CPU with tiny
+shapes (CI does).
 
-1. versions: jax / jaxlib / plugin / flax / optax / orbax / transformers / numpy / torch / vllm, each checked
-   against pyproject.toml's range (a version outside it is a warning, not a stop); the devices.
-2. memory: the compile probe on real hardware — the GRPO step of ``bicurl_9b.gin`` at its per-device shapes
-   (4 rows x 12,288 tokens in 4 micro-batches, one device) for a ``--memory_layers``-layer slice of the Qwen3.5-9B
-   config, compiled by `launch/bench/compile_probe.py`'s builders; the compiler's peak (argument + output − alias +
-   temp) is printed beside the device's measured ``peak_bytes_in_use`` after running that compiled step once.
-   Runs first, so that no earlier stage's peak hides it.
-3. sft / 4. grpo: a Qwen3.5-0.8B-shaped random model (bf16 compute, fp32 parameters, real 248,320 vocabulary) on
-   every local device (fsdp = device count): tokens/s, MFU (6 · N · tokens / s over ``--peak_tflops`` per device,
-   default 989 for H100/H200 SXM dense bf16) and the device's peak memory so far.
-5. orbax: save + restore of the parameters, bit-exact.
-6. sampler: the embedded JAX sampler (continuous batching over ``--sampler_rows`` slots, prefix cache) on the first
-   device for the same model with bf16 rollout weights: prefill tokens/s (one-token turns), decode tokens/s, a
-   second turn of every episode continued from the prefix cache (its hits), and the memory the sampler holds
-   (``bytes_in_use`` above its start) against its own plan (`mesh_sampler.plan_memory`: weights + rows × one
-   full-length rollout). Runs on the box as it comes (no vLLM needed).
-7. vllm (skipped, with a line, when ``import vllm`` fails): the memory plan of `rollout/vllm_memory.py`, engine
-   start on the same Qwen3.5 model, generate with logprobs, a streamed weight sync, and the synced engine's
-   logprobs of fixed completions against the learner's (max |Δ|, nats).
-8. replicas (skipped without vLLM or with fewer than 2 GPUs): two replica processes pinned by GPU UUID, two weight
-   syncs through the CUDA IPC staging buffers (seconds, buckets, staging bytes), each replica's score against the
-   learner's logprobs.
-
-At the end one table holds every figure of every stage. Exit status 0 when every stage that ran passed.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

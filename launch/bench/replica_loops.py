@@ -3,15 +3,7 @@
 Three comparisons, each the new agent loop (continuous schedule, one engine call per ready turn, a warm pool) on the
 same `episodes` episodes over one real E2E task per track, each timed run after an untimed one with the same seed:
 
-  vllm       1 vs 2 vLLM replica processes (`rollout/vllm_replicas.py`) on the tiny random model; on this machine
-             both share its CPU cores (each replica gets its share: `replica_env`), so the ratio shows the pool's
-             overhead and what two engines gain on the same cores, not two GPUs;
-  sampler    the JAX sampler's continuous batcher on 1 device vs on a rollout mesh of 2 (fake CPU) devices
-             (`rollout/mesh_sampler.py`), same cores;
-  simulated  the expert's actions through `SimulatedLatencyEngine` with a 9B model's latency: one replica whose
-             KV cache holds `capacity` full-length rollouts (rows beyond it wait, as vLLM queues them) vs `replicas`
-             such replicas, rows routed by `ReplicaRouter` (an episode stays on its replica). This is the ratio a
-             paper-scale run should expect from one replica per GPU when the GPU does not run out of compute.
+Details: docs/design.md.
 """
 
 from __future__ import annotations

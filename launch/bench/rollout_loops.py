@@ -3,23 +3,7 @@
 The two loops (`workloads.OLD`, `workloads.NEW`) differ in how a batch of episodes is run; the engine's cost, the
 tasks, the actions and the tool calls stay the same:
 
-  old  'lockstep' schedule (per turn, one engine call over every live episode, then all tool calls), 16 threads
-       for sandbox work, a fresh Docker container per episode, one engine call at a time (the plain JAX sampler;
-       for a large model, vLLM's offline `LLM.generate`, which returns a call only with its slowest row);
-  new  'continuous' schedule (each episode queued for its next turn as soon as its tool call returns), one
-       thread per episode, a warm pool of containers reset between episodes, and engine calls in flight: one
-       call per ready turn (`max_generate_batch = 1`), served by the JAX sampler's continuous batcher with the
-       tiny default's engine settings (read from gin/bicurl_tiny.gin) or, for a large model, a server batching in
-       flight (vLLM through `bat_jax.rollout.inflight`).
-
-Workloads (32 concurrent episodes over one real E2E task per track, Docker sandboxes): (a) the JAX sampler on a
-tiny random Qwen3 (compact prompts, `--turns` turns of <= 32 tokens; random weights make no valid tool call, so
-every turn ends in a parse-error observation: engine-bound); (b) `SimulatedLatencyEngine` over the scripted
-expert's real actions (12 tool calls through S1-S5 and a `submit`) with a large model's latency (default: ~9B on
-one A100, 50 ms prefill per call + 30 ms per decode step, `bat_jax.rollout.simulated_engine`): old = one call at a
-time, new = calls overlapping in flight. `--synthetic` adds heterogeneous turns and tool calls without Docker or
-model; `--ray` times 1 vs 2 Ray rollout workers. Warm pools are started before the timed runs (their start-up is
-printed apart: a run pays it once).
+Details: docs/design.md.
 """
 
 from __future__ import annotations

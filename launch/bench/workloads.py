@@ -1,9 +1,9 @@
-"""What the rollout benchmarks share: the tiny default's settings read from its gin file, the two agent loops they
-compare, real E2E tasks with the scripted expert's actions, and a token-level replay of those actions.
+"""What the rollout benchmarks share.
 
-The tiny default's settings (engine, agent limits, model shape, learner memory, GRPO) are never copied into a
-benchmark: `tiny_default` parses `gin/bicurl_tiny.gin` as `python -m bat_jax.launch` does and returns the
-`experiment.Components` it binds, so a benchmark measures the configuration a run uses.
+The tiny default's settings read from its gin file, the two agent loops they compare, real E2E tasks with the
+scripted expert's actions, and a token-level replay of those actions.
+
+Details: docs/design.md.
 """
 
 from __future__ import annotations
