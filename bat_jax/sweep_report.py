@@ -1,8 +1,7 @@
 """The report of a sweep over runs: one results table, pooled paired differences, each run's controller path.
 
-Differences are paired at the (run, track) level: a run's trained system − its own SFT, and between two methods
-the runs of one seed against each other (the entries' `seed`); pooled over every pair of a group with a Student-t
-interval and the minimum detectable difference (`benchmark.scoring`). Scores are 0–1, printed 0–100.
+Pairs are (run, track): a run's trained system − its own SFT, and two methods' runs of one seed against each other;
+pooled with a Student-t interval and the minimum detectable difference. Scores 0–1, printed 0–100.
 """
 
 from __future__ import annotations

@@ -4,25 +4,7 @@ Source: paper Section 2.2.2 ("The curriculum router reads e_r and writes an audi
 stage s*_r"); the released code: weakest stage, ties → earliest stage; after a held candidate →
 the stage with the largest positive regression.
 
-<<<<<<< HEAD
-Rules:
-  * 'weakest': s* = argmin_s e_s over scored stages; ties go to the earliest stage in workflow order.
-  * 'largest_regression' (only when `RouterConfig.corrective` and the last candidate was held / fell back):
-    s* = argmax_s (reference_s − candidate_s) over stages whose score fell (by more than `SCORE_TOL`); ties →
-    earliest. When no stage fell, the weakest rule applies.
-  * 'random' (`RouterConfig.rule = 'random'`, the routing ablation): a stage drawn uniformly, whatever the
-    scores, from a generator seeded by (`RouterConfig.seed`, round).
-  * 'no_scored_stage': every stage is unscored (e.g. the LLM judge was unreachable for a whole evaluation): the
-    earliest stage, so the run goes on.
-Stages, their order ("earliest") and ids come from the run's benchmark (`benchmark.stages.StageSet`), any number.
-Ties: two scores (or regressions) within `SCORE_TOL` = 1e-12 of each other are equal, as in the released router
-(`math.isclose(..., abs_tol=1e-12)`): S1 = mean(0.1, 0.2) = 0.15000000000000002 and S2 = 0.15 tie and route to
-S1; so do regressions 0.3 − 0.1 and 0.8 − 0.6. Float round-off never decides a route (nor a gate:
-`curriculum/controller.py` compares with the same tolerance).
-Unscored stages (None) are left out (null is not zero). Scores are 0–1; only aggregates enter the report.
-=======
 Details: docs/design.md.
->>>>>>> main
 """
 
 from __future__ import annotations
