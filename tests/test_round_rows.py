@@ -100,7 +100,8 @@ def test_a_round_the_bank_cannot_fill_is_refused_at_launch_naming_the_bindings()
     with pytest.raises(ConfigValueError) as e:
         refill.check_fits(_view(make_bank(per_focus=2, foci=STAGES.ids)), STAGES.ids)
     assert str(e.value) == ("Stage Bank v1: a round targeting 'S1' draws pool 'e2e', which has no RL row; build the "
-                            "bank with rows of that focus (factory.FactoryConfig.foci) or bind pools.PoolConfig.e2e = 0")
+                            "bank with rows of that focus (factory.FactoryConfig.foci) or bind "
+                            "pools.PoolConfig.e2e = 0")
 
 
 def test_the_kl_probe_shrinks_to_a_small_bank_and_says_so(capsys):

@@ -50,7 +50,8 @@ def test_a_loop_sampling_that_disagrees_with_the_runs_is_refused_naming_both():
     from bat_jax.rollout.agent_loop import AgentLoopConfig
 
     with pytest.raises(ConfigValueError) as e:
-        Components(sampling=SamplingConfig(group_size=2), agent=AgentLoopConfig(sampling=SamplingConfig(temperature=0.9)))
+        Components(sampling=SamplingConfig(group_size=2),
+                   agent=AgentLoopConfig(sampling=SamplingConfig(temperature=0.9)))
     assert str(e.value) == (
         "the run has one K and sampling temperature, bound on sampling.SamplingConfig; these disagree: "
         "sampling.SamplingConfig = SamplingConfig(group_size=2, temperature=0.7, top_p=1.0, top_k=0); "

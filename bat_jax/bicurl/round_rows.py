@@ -4,8 +4,7 @@
 the E2E rows alone, rewarded by their task metric). `RoundRows.view` draws one round's pool batches (and dynamic
 sampling's spare rows) for the routed stage from the bank version the round reads, and refuses them unless every row
 passes the held-out leakage preflight, before the round's first rollout. `kl_prompts` are the prompts of the KL probe
-(Eq. 6): training rows, never held-out ones. At launch, `RoundRows.check_fits` and `fit_probe` fit these sizes to the
-bank version before SFT: a round that could not be drawn is refused, a probe larger than the bank is lowered.
+(Eq. 6): training rows, never held-out ones.
 """
 
 from __future__ import annotations

@@ -357,7 +357,8 @@ def check_manifest(manifest: Any, suite: Sequence[Task], where: str) -> None:
     for i, entry in enumerate(entries):
         field = f"manifest(tasks)['tasks'][{i}]"
         if not isinstance(entry, Mapping) or not isinstance(entry.get("task_id"), str) or not entry["task_id"]:
-            raise BenchmarkError(f"{where}: {field} must be a dict with a non-empty 'task_id' string, got {entry!r:.80}")
+            raise BenchmarkError(f"{where}: {field} must be a dict with a non-empty 'task_id' string, "
+                                 f"got {entry!r:.80}")
         paths, cases = entry.get("paths", []), entry.get("cases", [])
         if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
             raise BenchmarkError(f"{where}: {field}['paths'] must be a list of path strings, got {paths!r:.80}")
