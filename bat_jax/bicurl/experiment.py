@@ -356,6 +356,10 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     preflight(manifest, files=[components.bank.bank_dir]).raise_if_leaky()
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
+    round_rows = RoundRows(config.mode, config.grpo_steps_per_round, components.pools, components.dynamic_sampling,
+                           manifest, bank.load_state)
+    round_rows.check_fits(view, benchmark.stages.ids)  # bank-dependent sizes, before the engine and SFT
+    components = dataclasses.replace(components, policy_shift=fit_probe(components.policy_shift, len(view.rl_rows)))
 
     agent = components.agent
     multihost.check_config(sampler_mesh=components.engine.sampler_mesh is not None)
@@ -386,10 +390,6 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                             max_context_tokens=agent.max_context_tokens, prompt=prompt,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling,
                             max_response_tokens=agent.max_response_tokens, staleness=components.staleness)
-    round_rows = RoundRows(config.mode, config.grpo_steps_per_round, components.pools, components.dynamic_sampling,
-                           manifest, bank.load_state)
-    round_rows.check_fits(view, benchmark.stages.ids)  # bank-dependent sizes, before SFT
-    components = dataclasses.replace(components, policy_shift=fit_probe(components.policy_shift, len(view.rl_rows)))
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, round_rows,
                        engine, loops, judge,
                        Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
