@@ -64,11 +64,92 @@ def test_a_guess_without_running_the_method_earns_no_count_credit(wordcount):
     assert result.score.verdicts["submit"].reward == 1.0 and result.score.task == 1.0  # the metric checks the answer
 
 
+BAD = """import dataclasses
+
+import wordcount
+from bat_jax.staged_benchmark.api import StagedBenchmark
+
+
+@dataclasses.dataclass(frozen=True)
+class Bad(wordcount.WordCountBenchmark):
+    defect: str = ""
+
+    def score_task(self, task, files, submitted, limits):
+        return {"nan": float("nan"), "high": 1.7}.get(self.defect, 0.0)
+
+    def manifest(self, tasks):
+        return [t.task_id for t in tasks] if self.defect == "list" else super().manifest(tasks)
+
+
+NoSuite = type("NoSuite", (StagedBenchmark,), {**{k: v for k, v in vars(wordcount.WordCountBenchmark).items()
+                                                   if not k.startswith("__") and k != "heldout_suite"},
+                                                "__module__": __name__})
+"""
+RUN = """from __gin__ import dynamic_registration
+import bat_jax.launch as launch
+import bat_jax.bicurl.experiment as experiment
+import badbench
+
+include 'plugin_base.gin'
+launch.run.job = @experiment.run
+launch.run.run_name = 'bad'
+"""
+
+
+@pytest.fixture(scope="module")
+def badbench(tmp_path_factory, wordcount):
+    """The module `badbench` (BAD) on the import path, imported once."""
+    folder = tmp_path_factory.mktemp("badbench")
+    (folder / "badbench.py").write_text(BAD)
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+
+
+@pytest.mark.parametrize("bindings, line", [
+    ([], "experiment.Components.benchmark (the staged benchmark to teach with, e.g. @imaging.ImagingBenchmark()) is "
+         "required"),
+    (["experiment.Components.benchmark = @badbench.Bad()", "badbench.Bad.defect = 'nan'"],
+     "benchmark 'wordcount': score_task returned nan for task 'tr-count-0' (submitted None); it must return None or a "
+     "number in [0, 1]"),
+    (["experiment.Components.benchmark = @badbench.Bad()", "badbench.Bad.defect = 'high'"],
+     "benchmark 'wordcount': score_task returned 1.7 for task 'tr-count-0' (submitted None); it must return None or a "
+     "number in [0, 1]"),
+    (["experiment.Components.benchmark = @badbench.Bad()", "badbench.Bad.defect = 'list'"],
+     "benchmark 'wordcount': manifest(tasks) must return a dict {'tasks': [{'task_id': str, 'paths': [str], "
+     "'cases': [dict]}]}, got a list"),
+    (["experiment.Components.benchmark = @badbench.NoSuite()"],
+     "benchmark 'wordcount' (badbench.NoSuite) does not implement heldout_suite (abstract methods of StagedBenchmark)"),
+])
+def test_a_plugin_that_cannot_work_stops_the_launch_with_one_line(tmp_path, capsys, badbench, bindings, line):
+    """Through `launch` as `python -m bat_jax.launch` runs it (gin, the run directory, the job): each defect is one
+    `[bat_jax] error:` line naming the benchmark and the field, exit status 2, before the bank or the policy."""
+    import gin
+    from absl import flags
+
+    from bat_jax import launch
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    (tmp_path / "bad.gin").write_text(RUN + "".join(f"{b}\n" for b in bindings))  # in the file: gin registers
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            launch.guarded(lambda: launch.launch([str(tmp_path / "bad.gin")], [], [str(FIXTURE)],
+                                                 run_dir=str(tmp_path / "run")), several=False)
+    finally:
+        gin.clear_config(clear_constants=True)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"[bat_jax] error: {line}\n"
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 @pytest.mark.slow
 def test_its_whole_loop_runs_from_its_gin_file(tmp_path):
     """`python -m bat_jax.launch --gin_search_paths=<fixture> --gin_file=wordcount_tiny.gin` with the fixture on
-    PYTHONPATH, shortened by bindings (micro model, local sandboxes, 1 round of 1 GRPO step): bank → SFT → BiCuRL →
-    final evaluation, and the ledger and report name its stages."""
+    PYTHONPATH, shortened by bindings (micro model, local sandboxes, 1 round of 1 GRPO step; the KL probe fitted to
+    the bank's 3 RL rows): bank → SFT → BiCuRL → final evaluation, and the ledger and report name its stages."""
     micro = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
              "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
@@ -79,8 +160,7 @@ def test_its_whole_loop_runs_from_its_gin_file(tmp_path):
                 "pools.PoolConfig.batch_size = 4", "sampling.SamplingConfig.group_size = 2",
                 "agent_loop.AgentLoopConfig.max_assistant_turns = 2",
                 "agent_loop.AgentLoopConfig.max_response_tokens = 64", "agent_loop.AgentLoopConfig.max_tokens_per_turn = 32",
-                "dynamic_sampling.DynamicSamplingConfig.enabled = False", "kl.PolicyShiftConfig.num_prompts = 2",
-                "kl.PolicyShiftConfig.batch_size = 2", "evaluation.EvalConfig.max_turns = 2"]
+                "dynamic_sampling.DynamicSamplingConfig.enabled = False", "evaluation.EvalConfig.max_turns = 2"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURE), str(REPO), os.environ.get("PYTHONPATH", "")])}
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "bat_jax.launch", f"--gin_search_paths={FIXTURE}", "--gin_file=wordcount_tiny.gin",
@@ -92,3 +172,26 @@ def test_its_whole_loop_runs_from_its_gin_file(tmp_path):
     assert set(record["routing_report"]["scores_in"]) == {"count", "submit"}
     text = (run_dir / "report.md").read_text()
     assert text.startswith("# BiCuRL run report: wordcount") and "count Count" in text and "submit Submit" in text
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_the_guides_command_runs_as_written(tmp_path):
+    """The guide's command, unshortened, from a folder whose `tests/` is this checkout's (so `runs/` lands in
+    tmp_path); this checkout first on PYTHONPATH after the fixture, as an installed package would be. It runs the
+    plug-in base's sizes on the 3-row bank: bank → SFT → 2 rounds → final evaluation in about 5-9 minutes on 2
+    cores (notes: measured under load)."""
+    (tmp_path / "tests").symlink_to(REPO / "tests")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["tests/fixtures/wordcount", str(REPO)])}
+    cmd = [sys.executable, "-m", "bat_jax.launch", "--gin_search_paths=tests/fixtures/wordcount",
+           "--gin_file=wordcount_tiny.gin"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ("[bat_jax] KL probe: 3 prompts, every RL row of the bank version (kl.PolicyShiftConfig.num_prompts = 32 "
+            "asks for more)") in proc.stdout
+    run_dir = tmp_path / "runs" / "wordcount_tiny"
+    records = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(r["selected_stage"] in ("count", "submit") for r in records)
+    assert all(r["eval_cells"] == 4 for r in records)  # 4 held-out episodes of the one family each round
+    assert (run_dir / "report.md").read_text().startswith("# BiCuRL run report: wordcount")

@@ -60,5 +60,9 @@ def test_row_targets_give_one_sequence_per_row_with_one_target_and_none_fit_fail
     assert len(examples) == 2
     for e in examples:  # the loss mask turns on once: the one target action (+ end of turn)
         assert int(np.sum(np.diff(e["loss_mask"], prepend=0) == 1)) == 1
-    with pytest.raises(ValueError, match=r"no SFT row fits SFTConfig.max_seq_len=8"):
+    from bat_jax.errors import ConfigValueError
+
+    with pytest.raises(ConfigValueError) as e:
         sft_examples([_row()], policy, prompt, SFTConfig(max_seq_len=8), "row", 512)
+    assert str(e.value) == ("no SFT row of the Stage Bank's 1 SFT rows fits sft.SFTConfig.max_seq_len = 8; bind a "
+                            "larger one")

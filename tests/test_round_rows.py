@@ -5,7 +5,7 @@ import collections
 
 import pytest
 
-from bat_jax.bicurl.round_rows import RoundRows, kl_prompts, mode_pools
+from bat_jax.bicurl.round_rows import RoundRows, fit_probe, kl_prompts, mode_pools
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
 from bat_jax.learn.kl import PolicyShiftConfig
 from bat_jax.sandbox.types import SandboxState
@@ -77,3 +77,40 @@ def test_the_kl_probe_pads_the_first_prompts_of_training_rows():
     for row_ids, row_mask in zip(ids, mask):
         assert row_ids[: len(want)].tolist() == want and row_mask[: len(want)].all()
         assert not row_mask[len(want):].any() and not row_ids[len(want):].any()  # right padding: id 0, mask 0
+
+
+def test_a_round_the_bank_cannot_fill_is_refused_at_launch_naming_the_bindings():
+    """3 steps of 8 rows (4 / 2 / 2) need 12 target rows; a bank of 2 rows per focus holds 2 per target stage. With
+    refill the same bank fits; a bank without E2E rows leaves the E2E pool empty, refill or not."""
+    from bat_jax.errors import ConfigValueError
+    from bat_jax.tasks.stages import STAGES
+
+    small = _view(make_bank(per_focus=2))
+    rows = RoundRows("bicurl", 3, PoolConfig(), DynamicSamplingConfig(), HeldOutManifest(), None)
+    with pytest.raises(ConfigValueError) as e:
+        rows.check_fits(small, STAGES.ids)
+    assert str(e.value) == (
+        "Stage Bank v1: a round targeting 'S1' draws pool 'target', which has 2 RL rows, but its 3 batches "
+        "(experiment.BiCuRLConfig.grpo_steps_per_round) of pools.PoolConfig.batch_size = 8 need 12; bind "
+        "pools.PoolConfig.refill = True (further passes over the rows) or draw fewer")
+    refill = RoundRows("bicurl", 3, PoolConfig(refill=True), DynamicSamplingConfig(), HeldOutManifest(), None)
+    refill.check_fits(small, STAGES.ids)
+    RoundRows("bicurl", 1, PoolConfig(batch_size=4), DynamicSamplingConfig(), HeldOutManifest(), None).check_fits(
+        small, STAGES.ids)  # 2 / 1 / 1 rows: fits without refill
+    with pytest.raises(ConfigValueError) as e:
+        refill.check_fits(_view(make_bank(per_focus=2, foci=STAGES.ids)), STAGES.ids)
+    assert str(e.value) == ("Stage Bank v1: a round targeting 'S1' draws pool 'e2e', which has no RL row; build the "
+                            "bank with rows of that focus (factory.FactoryConfig.foci) or bind "
+                            "pools.PoolConfig.e2e = 0")
+
+
+def test_the_kl_probe_shrinks_to_a_small_bank_and_says_so(capsys):
+    from bat_jax.errors import ConfigValueError
+
+    config = PolicyShiftConfig(num_prompts=32, batch_size=8)
+    assert fit_probe(config, 40) is config and capsys.readouterr().out == ""
+    assert fit_probe(config, 3) == PolicyShiftConfig(num_prompts=3, batch_size=8)
+    assert capsys.readouterr().out == ("[bat_jax] KL probe: 3 prompts, every RL row of the bank version "
+                                       "(kl.PolicyShiftConfig.num_prompts = 32 asks for more)\n")
+    with pytest.raises(ConfigValueError, match=r"^the Stage Bank version has no RL row, so no KL probe prompt "):
+        fit_probe(config, 0)

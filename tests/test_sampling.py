@@ -38,8 +38,24 @@ def test_components_hand_their_one_object_to_the_agent_loop_and_grpo():
     comps = Components(sampling=one, agent=AgentLoopConfig(max_assistant_turns=3), grpo=GRPOConfig(kl_coef=0.0))
     assert comps.agent.sampling is one and comps.grpo.sampling is one
     assert (comps.agent.max_assistant_turns, comps.grpo.kl_coef) == (3, 0.0)  # the rest of each config kept
-    stray = Components(agent=AgentLoopConfig(sampling=one))  # a loop config built with its own: the run's wins
-    assert stray.agent.sampling == stray.grpo.sampling == SamplingConfig()
+    # a sampling set on the loop's config alone is used, everywhere (never dropped for the default)
+    stray = Components(agent=AgentLoopConfig(sampling=one))
+    assert stray.sampling is stray.agent.sampling is stray.grpo.sampling is one
+    assert Components(grpo=GRPOConfig(sampling=one), sampling=one).agent.sampling is one  # equal bindings agree
+
+
+def test_a_loop_sampling_that_disagrees_with_the_runs_is_refused_naming_both():
+    from bat_jax.bicurl.experiment import Components
+    from bat_jax.errors import ConfigValueError
+    from bat_jax.rollout.agent_loop import AgentLoopConfig
+
+    with pytest.raises(ConfigValueError) as e:
+        Components(sampling=SamplingConfig(group_size=2),
+                   agent=AgentLoopConfig(sampling=SamplingConfig(temperature=0.9)))
+    assert str(e.value) == (
+        "the run has one K and sampling temperature, bound on sampling.SamplingConfig; these disagree: "
+        "sampling.SamplingConfig = SamplingConfig(group_size=2, temperature=0.7, top_p=1.0, top_k=0); "
+        "agent_loop.AgentLoopConfig.sampling = SamplingConfig(group_size=4, temperature=0.9, top_p=1.0, top_k=0)")
 
 
 def test_one_temperature_binding_reaches_the_loops_engine_calls_and_grpos_logprobs():

@@ -126,3 +126,109 @@ def test_row_prompt_and_skill_follow_the_benchmarks_stages():
     assert GOOD.row_skill("E2E") == GOOD.stage_skill("count") + "\n\n" + GOOD.stage_skill("submit")
     with pytest.raises(BenchmarkError, match=r"RL row 3: focus 'S3' is not a stage of benchmark 'wordcount'"):
         GOOD.check_focus("S3", "RL row 3")
+
+
+@pytest.mark.parametrize("value", [float("nan"), 1.7, "1.0"])
+def test_a_task_metric_outside_0_1_is_refused_at_launch_naming_score_task(value):
+    class Metric(_Broken):
+        def score_task(self, task, files, submitted, limits):
+            return value
+
+    with pytest.raises(BenchmarkError) as e:
+        Metric().validate()
+    assert str(e.value) == (f"benchmark 'broken': score_task returned {value!r} for task 'tr-count-0' (submitted "
+                            f"None); it must return None or a number in [0, 1]")
+
+
+def test_a_bad_task_metric_during_the_run_is_the_benchmarks_error_not_the_agents():
+    """After launch (a metric that goes wrong on a submitted answer only), scoring an episode raises `MetricError`:
+    a `ScorerError` (the reward code never scores it 0) that launch prints as one line (a `ConfigError`)."""
+    from bat_jax.errors import ConfigError
+    from bat_jax.staged_benchmark.contract import MetricError
+    from bat_jax.verify.rubric import Evidence, ScorerError
+
+    class Late(_Broken):
+        def score_task(self, task, files, submitted, limits):
+            return 1.7 if submitted else 0.0
+
+    bench, task = Late(), GOOD.training_task("count", 5, "success")
+    bench.validate()
+    assert bench.score_episode(task, Evidence((), {}, None)).task == 0.0
+    with pytest.raises(MetricError) as e:
+        bench.score_episode(task, Evidence((), {"count.json": b"{}"}, "count.json"))
+    assert isinstance(e.value, ScorerError) and isinstance(e.value, ConfigError)
+    assert str(e.value) == ("benchmark 'broken': score_task returned 1.7 for task 'tr-count-5' (submitted "
+                            "'count.json'); it must return None or a number in [0, 1]")
+
+
+def test_a_score_task_that_raises_on_the_starting_workspace_is_refused():
+    class Raises(_Broken):
+        def score_task(self, task, files, submitted, limits):
+            return float(files["count.json"] == b"x")
+
+    with pytest.raises(BenchmarkError) as e:
+        Raises().validate()
+    assert str(e.value) == ("benchmark 'broken': score_task raised KeyError: 'count.json' on the starting workspace "
+                            "of task 'tr-count-0' (no call has run); it must return 0 or None when the answer is "
+                            "missing")
+
+
+def test_a_class_missing_a_method_is_refused_naming_it():
+    from bat_jax.staged_benchmark.contract import StagedBenchmark
+
+    body = {k: v for k, v in vars(wordcount.WordCountBenchmark).items()
+            if not k.startswith("__") and k != "heldout_suite"}
+    no_suite = type("NoSuite", (StagedBenchmark,), {**body, "__module__": __name__})
+    with pytest.raises(BenchmarkError) as e:
+        no_suite()
+    assert str(e.value) == ("benchmark 'wordcount' (test_staged_benchmark_contract.NoSuite) does not implement "
+                            "heldout_suite (abstract methods of StagedBenchmark)")
+
+
+@pytest.mark.parametrize("manifest, message", [
+    (lambda tasks: [{"task_id": t.task_id} for t in tasks],
+     "manifest(tasks) must return a dict {'tasks': [{'task_id': str, 'paths': [str], 'cases': [dict]}]}, got a list"),
+    (lambda tasks: {"ids": [t.task_id for t in tasks]},
+     "manifest(tasks)['tasks'] must be a non-empty list of task entries {'tasks': [{'task_id': str, 'paths': [str], "
+     "'cases': [dict]}]}, got None"),
+    (lambda tasks: {"tasks": [{"task_id": t.task_id, "paths": "words.txt"} for t in tasks]},
+     "manifest(tasks)['tasks'][0]['paths'] must be a list of path strings, got 'words.txt'"),
+    (lambda tasks: {"tasks": [{"id": t.task_id} for t in tasks]},
+     "manifest(tasks)['tasks'][0] must be a dict with a non-empty 'task_id' string, got {'id': 'hx-count-1000000'}"),
+    (lambda tasks: {"tasks": [{"task_id": "hx-other"}]},
+     "manifest(tasks) has no entry for held-out tasks ['hx-count-1000000'] (each task's 'task_id')"),
+])
+def test_a_malformed_manifest_is_refused_naming_the_field(manifest, message):
+    class Manifest(_Broken):
+        def manifest(self, tasks):
+            return manifest(list(tasks))
+
+    with pytest.raises(BenchmarkError) as e:
+        Manifest().validate()
+    assert str(e.value) == f"benchmark 'broken': {message}"
+
+
+def test_a_rubric_check_with_a_misspelt_evidence_name_is_refused_a_failing_read_is_not():
+    """A check may raise on a missing file (a failed check, as `verify.rubric` scores it); an AttributeError of the
+    evidence itself would fail every episode."""
+    from bat_jax.verify.rubric import RubricItem
+
+    class Typo(_Broken):
+        def rubric(self, task):
+            base = super().rubric(task)
+            typo = RubricItem("count.typo", "count", "typo", ("file.count",), lambda ev: ev.file["count.json"] == b"")
+            return dataclasses.replace(base, items=base.items + (typo,))
+
+    with pytest.raises(BenchmarkError) as e:
+        Typo().validate()
+    assert str(e.value) == ("benchmark 'broken': rubric item 'count.typo' check raised AttributeError: 'Evidence' "
+                            "object has no attribute 'file' on the starting workspace of task 'tr-count-0' (no call "
+                            "has run); what a check receives: bat_jax.staged_benchmark.api.Evidence")
+
+    class Missing(_Broken):
+        def rubric(self, task):
+            base = super().rubric(task)
+            read = RubricItem("count.read", "count", "read", ("file.count",), lambda ev: ev.files["count.json"] == b"")
+            return dataclasses.replace(base, items=base.items + (read,))
+
+    Missing().validate()  # KeyError on the starting workspace: the item fails there, as it should

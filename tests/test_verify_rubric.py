@@ -187,3 +187,21 @@ def test_receipt_evidence_is_the_kernel_trace_not_the_code_text():
     # a timed-out call counts for nothing
     late = dataclasses.replace(ev.receipts[0], timed_out=True)
     assert verify_stage(rub, "S3", Evidence((late,), {})).evidence["r.run"] is False
+
+
+def test_wrote_is_a_successful_call_that_read_its_inputs_and_left_the_final_bytes():
+    """`Evidence.wrote`: a call's write digest of the path (SHA-256) compared with the final workspace's bytes."""
+    import hashlib
+
+    final, stale = b'{"n": 3}', b'{"n": 2}'
+    digest = hashlib.sha256(final).hexdigest()
+    wrote = _receipt(0, "", reads=("in.csv",), writes=("out.json",))
+    wrote = dataclasses.replace(wrote, write_digests=(("out.json", digest),))
+    older = dataclasses.replace(wrote, index=1, write_digests=(("out.json", hashlib.sha256(stale).hexdigest()),))
+    failed = dataclasses.replace(wrote, index=2, exit_code=1)
+    ev = Evidence((wrote, older, failed), {"out.json": final})
+    assert [r.index for r in ev.wrote("out.json")] == [0]  # the stale writer and the failed call do not count
+    assert [r.index for r in ev.wrote("out.json", reads=("in.csv",))] == [0]
+    assert ev.wrote("out.json", reads=("other.csv",)) == []  # it did not read that input
+    assert ev.wrote("missing.json") == []
+    assert Evidence((older,), {"out.json": final}).wrote("out.json") == []  # changed after the call

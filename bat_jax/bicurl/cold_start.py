@@ -18,6 +18,7 @@ from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary
 from bat_jax.bicurl.sft_data import render_sft_row, sft_batch, trajectory_examples
 from bat_jax.curriculum.controller import Evaluation
+from bat_jax.errors import ConfigValueError
 from bat_jax.learn.learner import Learner
 from bat_jax.learn.sft import SFTConfig
 from bat_jax.policy import Policy
@@ -38,7 +39,7 @@ def sft_examples(rows: Sequence[SFTRow], policy: Policy, prompt: PromptFormat, c
     out.
 
     Raises:
-      ValueError: no row fits `config.max_seq_len`.
+      ConfigValueError: no row fits `config.max_seq_len` (naming the binding).
     """
     if targets == "trajectory":
         examples = trajectory_examples(rows, policy, prompt, config.max_seq_len, max_observation_chars)
@@ -46,7 +47,9 @@ def sft_examples(rows: Sequence[SFTRow], policy: Policy, prompt: PromptFormat, c
         examples = [e for e in (render_sft_row(row, policy, prompt, config.max_seq_len, max_observation_chars)
                                 for row in rows) if e is not None]
     if not examples:
-        raise ValueError(f"no SFT row fits SFTConfig.max_seq_len={config.max_seq_len}")
+        raise ConfigValueError(f"no SFT {'trajectory' if targets == 'trajectory' else 'row'} of the Stage Bank's "
+                               f"{len(rows)} SFT rows fits sft.SFTConfig.max_seq_len = {config.max_seq_len}; bind a "
+                               f"larger one")
     return examples
 
 
@@ -59,13 +62,14 @@ def sft_cold_start(learner: Learner, policy: Policy, prompt: PromptFormat, rows:
     The learner adopts the final parameters.
 
     Raises:
-      ValueError: no row fits `config.max_seq_len`.
+      ConfigValueError: no row fits `config.max_seq_len` (naming the binding).
     """
     rows = list(rows)
     examples = sft_examples(rows, policy, prompt, config, targets, max_observation_chars)
     actions = sum(int(np.sum(np.diff(e["loss_mask"], prepend=0) == 1)) for e in examples)
     print(f"[bat_jax] SFT cold start: {len(examples)} sequences holding {actions} of the {len(rows)} rows' target "
-          f"actions within {config.max_seq_len} tokens; {config.total_steps} steps × {config.global_batch_size}",
+          f"actions within {config.max_seq_len} tokens; {config.total_steps} steps × {config.global_batch_size} "
+          f"(about {config.total_steps * config.global_batch_size / len(examples):.0f} passes)",
           flush=True)
     step_fn, state = learner.sft_block(config, config.total_steps)
     rng = np.random.default_rng(seed)

@@ -27,7 +27,7 @@ from bat_jax.bicurl.async_block import run_grpo_block
 from bat_jax.bicurl.grpo_round import GRPOBlockConfig
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
 from bat_jax.bicurl.reward import RewardConfig
-from bat_jax.bicurl.round_rows import RoundRows, kl_prompts
+from bat_jax.bicurl.round_rows import RoundRows, fit_probe, kl_prompts
 from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
 from bat_jax.checkpoint import CheckpointConfig, Checkpointer, checkpoint_name, checkpoint_step
 from bat_jax.curriculum import controller as ctl
@@ -130,9 +130,11 @@ class Components:
     read whatever version is admitted when they start (`BiCuRLConfig.bank_version`). Unset = the bank is built once.
 
     `sampling` (`rollout/sampling.SamplingConfig`) is the run's one K and sampling transform: construction puts
-    this one object into `agent.sampling` and `grpo.sampling`, so the rollouts and GRPO's logprobs cannot disagree.
+    one object into `sampling`, `agent.sampling` and `grpo.sampling`, so the rollouts and GRPO's logprobs cannot
+    disagree: the one of them that differs from the default (a sampling set on the loop's or GRPO's config is used).
 
     Raises:
+      ConfigValueError: two of the three set to different values (naming them).
       ValueError: `ray` with engine kind 'vllm' (Ray workers run the JAX sampler).
     """
 
@@ -161,8 +163,17 @@ class Components:
     sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self):
-        object.__setattr__(self, "agent", dataclasses.replace(self.agent, sampling=self.sampling))
-        object.__setattr__(self, "grpo", dataclasses.replace(self.grpo, sampling=self.sampling))
+        bound = {name: value for name, value in (("sampling.SamplingConfig", self.sampling),
+                                                 ("agent_loop.AgentLoopConfig.sampling", self.agent.sampling),
+                                                 ("grpo.GRPOConfig.sampling", self.grpo.sampling))
+                 if value != SamplingConfig()}
+        if len(set(bound.values())) > 1:
+            raise ConfigValueError("the run has one K and sampling temperature, bound on sampling.SamplingConfig; "
+                                   "these disagree: " + "; ".join(f"{k} = {v}" for k, v in bound.items()))
+        one = next(iter(bound.values()), self.sampling)  # a binding is used wherever it was made, never dropped
+        object.__setattr__(self, "sampling", one)
+        object.__setattr__(self, "agent", dataclasses.replace(self.agent, sampling=one))
+        object.__setattr__(self, "grpo", dataclasses.replace(self.grpo, sampling=one))
         if self.ray is not None and self.engine.kind != "jax":
             raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine kind 'jax'")
 
@@ -190,7 +201,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         if records:
             exp.learner.params = exp.restore(records[-1].retained_checkpoint)
         rounds = 0 if config.mode == "sft_only" else config.rounds
-        kl_probe = kl_prompts(exp.view.rl_rows, exp.policy, exp.prompt, components.policy_shift)
+        kl_probe = kl_prompts(exp.view.rl_rows, exp.policy, exp.prompt, exp.components.policy_shift)
         for r in range(len(records) + 1, rounds + 1):
             t_round = time.perf_counter()
             last_scores = records[-1].controller_scores["stage_scores"] if records else round0.stage_scores
@@ -206,7 +217,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                 print(journal.line(), flush=True)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
-                                       *kl_probe, config=components.policy_shift)
+                                       *kl_probe, config=exp.components.policy_shift)
             verdict = multihost.agree(_judge_candidate(exp, controller, r, summary, shift), f"round {r} decision")
             if verdict.new_best:
                 best_params = exp.learner.host_copy(exp.learner.params)
@@ -327,6 +338,10 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     preflight(manifest, files=[components.bank.bank_dir]).raise_if_leaky()
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
+    round_rows = RoundRows(config.mode, config.grpo_steps_per_round, components.pools, components.dynamic_sampling,
+                           manifest, bank.load_state)
+    round_rows.check_fits(view, benchmark.stages.ids)  # bank-dependent sizes, before the engine and SFT
+    components = dataclasses.replace(components, policy_shift=fit_probe(components.policy_shift, len(view.rl_rows)))
 
     agent = components.agent
     multihost.check_config(sampler_mesh=components.engine.sampler_mesh is not None)
@@ -357,8 +372,6 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                             max_context_tokens=agent.max_context_tokens, prompt=prompt,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling,
                             max_response_tokens=agent.max_response_tokens, staleness=components.staleness)
-    round_rows = RoundRows(config.mode, config.grpo_steps_per_round, components.pools, components.dynamic_sampling,
-                           manifest, bank.load_state)
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, round_rows,
                        engine, loops, judge,
                        Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),

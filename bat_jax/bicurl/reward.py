@@ -171,7 +171,7 @@ def rollout_reward(row: RLRow, trajectory: Trajectory, start: SandboxState, benc
     error, items = "", None
     try:  # reading and scoring what the agent wrote: whatever goes wrong here is the agent's failure
         if row.reward_source == "task_metric":
-            reward = benchmark.score_task(task, evidence.files, evidence.submitted, decode)
+            reward = benchmark.task_metric(task, evidence.files, evidence.submitted, decode)
         else:
             episode = benchmark.score_episode(task, evidence, row.focus, judge)
             reward = episode.reward

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from bat_jax.benchmark.stages import E2E
+from bat_jax.errors import ConfigValueError
 from bat_jax.learn import kl
 from bat_jax.learn.batching import pad_batch
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
@@ -73,6 +74,45 @@ class RoundRows:
         preflight(self.manifest, rows=[item.row for item in round_view.items + spare_items],
                   load_state=self.load_state, source=f"round {round_index} view").raise_if_leaky()
         return round_view
+
+    def check_fits(self, view: BankView, stages: Sequence[str]) -> None:
+        """Checks, before SFT, that a round targeting any of `stages` can be drawn from bank version `view`.
+
+        Raises:
+          ConfigValueError: a pool such a round draws from is empty, or (without `PoolConfig.refill`) holds fewer
+            rows than its batches need, naming the bindings to change.
+        """
+        rows, config = mode_pools(view.rl_rows, self.mode, self.pools)
+        props = config.proportions()
+        need = {k: sum(c.get(k, 0) for c in pools.batch_counts(props, config.batch_size, self.steps)) for k in props}
+        for stage in stages:
+            have = {k: len(v) for k, v in pools.partition_pools(rows, stage).items() if k in props}
+            for k, n in have.items():
+                where = f"Stage Bank v{view.version}: a round targeting {stage!r} draws pool {k!r}"
+                if n == 0:
+                    raise ConfigValueError(f"{where}, which has no RL row; build the bank with rows of that focus "
+                                           f"(factory.FactoryConfig.foci) or bind pools.PoolConfig.{k} = 0")
+                if need[k] > n and not config.refill:
+                    raise ConfigValueError(
+                        f"{where}, which has {n} RL rows, but its {self.steps} batches (experiment.BiCuRLConfig."
+                        f"grpo_steps_per_round) of pools.PoolConfig.batch_size = {config.batch_size} need {need[k]}; "
+                        f"bind pools.PoolConfig.refill = True (further passes over the rows) or draw fewer")
+
+
+def fit_probe(config: kl.PolicyShiftConfig, available: int) -> kl.PolicyShiftConfig:
+    """The KL probe's config for a bank version of `available` RL rows: `num_prompts` lowered to them, logged.
+
+    Raises:
+      ConfigValueError: no RL row at all.
+    """
+    if available >= config.num_prompts:
+        return config
+    if available < 1:
+        raise ConfigValueError("the Stage Bank version has no RL row, so no KL probe prompt "
+                               "(kl.PolicyShiftConfig.num_prompts); build it with RL rows")
+    print(f"[bat_jax] KL probe: {available} prompts, every RL row of the bank version (kl.PolicyShiftConfig."
+          f"num_prompts = {config.num_prompts} asks for more)", flush=True)
+    return dataclasses.replace(config, num_prompts=available)
 
 
 def kl_prompts(rows: Sequence[RLRow], policy: Policy, prompt: PromptFormat, config: kl.PolicyShiftConfig

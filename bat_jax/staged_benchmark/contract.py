@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -14,10 +15,10 @@ from bat_jax.benchmark.stages import E2E, StageSet
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.errors import ConfigValueError
 from bat_jax.staged_benchmark.episode import ActionPolicy
-from bat_jax.sandbox.readers import DecodeLimits
+from bat_jax.sandbox.readers import DEFAULT_LIMITS, DecodeLimits
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.verify.judge import RubricJudge
-from bat_jax.verify.rubric import EpisodeScore, Evidence, Rubric, score
+from bat_jax.verify.rubric import EpisodeScore, Evidence, Rubric, ScorerError, score
 
 
 class Task(Protocol):
@@ -61,6 +62,12 @@ class BenchmarkError(ConfigValueError):
     """A benchmark definition that cannot be used; the message names the benchmark and the field."""
 
 
+class MetricError(BenchmarkError, ScorerError):
+    """A `score_task` result that is not None or a finite number in [0, 1]: the benchmark's error, never the agent's.
+
+    A `ScorerError` (reward code re-raises it, never scores it 0) that launch prints as one line."""
+
+
 class StagedBenchmark(abc.ABC):
     """A staged benchmark B = (S, C, V) as a plug-in.
 
@@ -95,6 +102,18 @@ class StagedBenchmark(abc.ABC):
     has_e2e_surrogate: bool = False
     training_seeds: int = 1_000_000_000
     note: str = ""
+
+    def __new__(cls, *args, **kwargs):
+        """Refuses a subclass that leaves abstract methods unimplemented, naming them (not Python's TypeError).
+
+        Raises:
+          BenchmarkError: naming the benchmark, its class and the missing methods.
+        """
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            raise BenchmarkError(f"benchmark {cls.name!r} ({cls.__module__}.{cls.__qualname__}) does not implement "
+                                 f"{', '.join(missing)} (abstract methods of StagedBenchmark)")
+        return super().__new__(cls)
 
     # ---- what the benchmark is ------------------------------------------------------------------------------
     @property
@@ -221,15 +240,31 @@ class StagedBenchmark(abc.ABC):
             rubric = judge.apply(rubric, task.brief)  # the host's brief, never the workspace's
         metric = None
         if focus == E2E and not evidence.infra_error:
-            metric = self.score_task(task, evidence.files, evidence.submitted, evidence.limits)
+            metric = self.task_metric(task, evidence.files, evidence.submitted, evidence.limits)
         return score(rubric, evidence, metric, self.stages.parse_focus(focus))
+
+    def task_metric(self, task: Task, files: Mapping[str, bytes], submitted: str | None,
+                    limits: DecodeLimits) -> float | None:
+        """`score_task`, checked: None (unscored) or a number in [0, 1], as a float.
+
+        Raises:
+          MetricError: anything else (NaN, 1.7, a string), naming the benchmark, the task and the value.
+        """
+        metric = self.score_task(task, files, submitted, limits)
+        if metric is None:
+            return None
+        if not isinstance(metric, numbers.Real) or not 0.0 <= float(metric) <= 1.0:  # NaN fails too
+            raise MetricError(f"benchmark {self.name!r}: score_task returned {metric!r} for task {task.task_id!r} "
+                              f"(submitted {submitted!r}); it must return None or a number in [0, 1]")
+        return float(metric)
 
     def validate(self) -> None:
         """Checks the definition before any work.
 
         It checks stages, late stages, tracks and their metrics, variants, teachers, and one training task per track
-        (its rubric's items must name stages it has, every stage must have one). A missing held-out suite is refused
-        too.
+        (its rubric's items must name stages it has, every stage must have one); the held-out suite (not empty) and
+        its manifest's shape (`check_manifest`); and on the starting workspace of those tasks and one held-out task,
+        `score_task` and every rubric check (`check_on_start`).
 
         Raises:
           BenchmarkError: naming the benchmark and the field.
@@ -265,8 +300,12 @@ class StagedBenchmark(abc.ABC):
             bare = [s for s in stages.ids if not rubric.for_stage(s)]
             if bare:
                 raise BenchmarkError(f"{where}: task family {track!r} has no rubric item for stages {bare}")
-        if not self.manifest(self.heldout_suite(1, self.eval_variants()[:1], 0)).get("tasks"):
+        suite = self.heldout_suite(1, self.eval_variants()[:1], 0)
+        if not suite:
             raise BenchmarkError(f"{where}: its held-out suite is empty, so there is no held-out manifest to guard")
+        check_manifest(self.manifest(suite), suite, where)
+        for task in [self.training_task(track, 0, self.variants[0]) for track in self.tracks] + list(suite):
+            check_on_start(self, task, where)
 
     def eval_variants(self) -> tuple[str, ...]:
         """The variants the held-out evaluation plays by default: `heldout_variants`, else every variant."""
@@ -291,3 +330,70 @@ def describe(benchmark: StagedBenchmark) -> dict[str, Any]:
             "tracks": dict(benchmark.tracks), "variants": list(benchmark.variants),
             "late_stages": list(benchmark.late_stages), "teachers": list(benchmark.teachers),
             "has_e2e_surrogate": benchmark.has_e2e_surrogate}
+
+
+def check_manifest(manifest: Any, suite: Sequence[Task], where: str) -> None:
+    """Checks a held-out manifest's shape: {'tasks': [{'task_id': str, 'paths': [str], 'cases': [{...}]}]}.
+
+    Every task of `suite` must have an entry (`stage_bank.leakage.HeldOutManifest.from_task_manifest` reads it).
+
+    Raises:
+      BenchmarkError: naming `where` (the benchmark) and the field.
+    """
+    shape = "{'tasks': [{'task_id': str, 'paths': [str], 'cases': [dict]}]}"
+    if not isinstance(manifest, Mapping):
+        raise BenchmarkError(f"{where}: manifest(tasks) must return a dict {shape}, got a {type(manifest).__name__}")
+    entries = manifest.get("tasks")
+    if not isinstance(entries, list) or not entries:
+        raise BenchmarkError(f"{where}: manifest(tasks)['tasks'] must be a non-empty list of task entries {shape}, "
+                             f"got {entries!r:.80}")
+    for i, entry in enumerate(entries):
+        field = f"manifest(tasks)['tasks'][{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("task_id"), str) or not entry["task_id"]:
+            raise BenchmarkError(f"{where}: {field} must be a dict with a non-empty 'task_id' string, "
+                                 f"got {entry!r:.80}")
+        paths, cases = entry.get("paths", []), entry.get("cases", [])
+        if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
+            raise BenchmarkError(f"{where}: {field}['paths'] must be a list of path strings, got {paths!r:.80}")
+        if not isinstance(cases, (list, tuple)) or not all(isinstance(c, Mapping) for c in cases):
+            raise BenchmarkError(f"{where}: {field}['cases'] must be a list of dicts, got {cases!r:.80}")
+    listed = {entry["task_id"] for entry in entries}
+    missing = [t.task_id for t in suite if t.task_id not in listed]
+    if missing:
+        raise BenchmarkError(f"{where}: manifest(tasks) has no entry for held-out tasks {missing} "
+                             f"(each task's 'task_id')")
+
+
+def check_on_start(benchmark: StagedBenchmark, task: Task, where: str) -> None:
+    """Runs `score_task` and every rubric check on `task`'s starting workspace, where no call has run yet.
+
+    `score_task` must return None or a number in [0, 1] and not raise (a missing file is read as None by the
+    readers). A check may raise on a missing or malformed file (a failed check), but not a NameError or an
+    AttributeError of the evidence itself (a misspelt name in its code: it would fail on every episode).
+
+    Raises:
+      BenchmarkError: naming `where` (the benchmark), the task and the method, item or evidence.
+    """
+    files = dict(task.state().files)
+    evidence = Evidence((), files, None, start_files=files)
+    start = f"on the starting workspace of task {task.task_id!r} (no call has run)"
+    try:
+        benchmark.task_metric(task, evidence.files, None, DEFAULT_LIMITS)
+    except MetricError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any exception is the benchmark's: nothing was written yet
+        raise BenchmarkError(f"{where}: score_task raised {type(e).__name__}: {e} {start}; it must return 0 or None "
+                             f"when the answer is missing") from None
+    rubric = benchmark.rubric(task)
+    checks = [(f"evidence {r.key!r}", r.check) for r in rubric.requirements.values()]
+    checks += [(f"rubric item {i.item_id!r}", i.check) for i in rubric.items]
+    for name, check in checks:
+        try:
+            check(evidence)
+        except (NameError, AttributeError) as e:  # a check that raises on a missing or malformed file fails; these
+            if isinstance(e, AttributeError) and getattr(e, "obj", None) is not evidence:  # are its own code's
+                continue
+            raise BenchmarkError(f"{where}: {name} check raised {type(e).__name__}: {e} {start}; what a check "
+                                 f"receives: bat_jax.staged_benchmark.api.Evidence") from None
+        except Exception:  # noqa: BLE001 - a failed check, as `verify.rubric` scores it
+            continue

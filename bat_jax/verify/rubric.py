@@ -6,6 +6,7 @@ Details: docs/design.md.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping
@@ -92,6 +93,18 @@ class Evidence:
                 continue
             out.append(r)
         return out
+
+    def wrote(self, path: str, reads: Iterable[str] = ()) -> list[Receipt]:
+        """Successful `execute_code` calls that read every path of `reads` and left `path` with its final bytes.
+
+        A call counts when its write digest of `path` (`Receipt.written_digest`) is the SHA-256 of the file the final
+        workspace holds: a file that was already there, or changed by a later call, is not its work. [] when `path` is
+        absent."""
+        data = self.files.get(path)
+        if data is None:
+            return []
+        digest = hashlib.sha256(data).hexdigest()
+        return [r for r in self.ran(reads) if r.written_digest(path) == digest]
 
 
 Check = Callable[[Evidence], bool]
