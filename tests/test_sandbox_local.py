@@ -193,3 +193,42 @@ def test_host_with_many_open_files(tmp_path):
     finally:
         for fd in held:
             os.close(fd)
+
+
+def test_idle_sandboxes_hold_no_inotify_instance():
+    """More sandboxes alive at once than the kernel's inotify instances per user (a warm pool, or runs side by side):
+    each call opens its own trace, so the last sandbox still records what its call read and wrote (before, every
+    sandbox held an instance from its creation and the 129th could not be made)."""
+    limit = int(open("/proc/sys/fs/inotify/max_user_instances").read())
+    boxes = []
+    try:
+        for i in range(limit + 8):
+            boxes.append(LocalSandbox(SandboxState(files={"in.txt": b"x"})))
+        obs = boxes[-1].execute_code("python", "open('out.txt', 'w').write(open('in.txt').read())")
+        assert obs.exit_code == 0
+        receipt = boxes[-1].receipts()[-1]
+        assert receipt.reads == ("in.txt",) and receipt.writes == ("out.txt",) and receipt.trace_complete
+    finally:
+        for box in boxes:
+            box.close()
+
+
+def test_open_trace_waits_for_a_released_instance(monkeypatch, tmp_path):
+    from bat_jax.sandbox import local
+    from bat_jax.sandbox.file_trace import TraceUnavailable
+
+    real, failures = local.FileTrace, []
+
+    def flaky(root):
+        if len(failures) < 2:
+            failures.append(root)
+            raise TraceUnavailable(24, "inotify_init1 failed: Too many open files")
+        return real(root)
+
+    monkeypatch.setattr(local, "FileTrace", flaky)
+    trace = local.open_trace(tmp_path, wait_s=5.0)
+    assert len(failures) == 2 and trace.root == str(tmp_path.resolve())
+    trace.close()
+    failures.clear()
+    with pytest.raises(TraceUnavailable):
+        local.open_trace(tmp_path, wait_s=0.0)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from bat_jax.sandbox.file_trace import FileTrace, digest_files
+from bat_jax.sandbox.file_trace import FileTrace, TraceUnavailable, digest_files
 from bat_jax.sandbox.types import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_TIMEOUT_S,
@@ -205,6 +205,25 @@ def run_with_deadline(argv: list[str], *, cwd: str | os.PathLike, env: dict[str,
                      timed_out, error)
 
 
+def open_trace(root: Path, wait_s: float = 60.0) -> FileTrace:
+    """A `FileTrace` of `root` for one call: an inotify instance is held only while a call runs.
+
+    The kernel allows `fs.inotify.max_user_instances` (often 128) per user: a warm pool of idle sandboxes, or several
+    runs side by side, would exhaust them if each sandbox held one. Exhausted, it waits (up to `wait_s` seconds) for a
+    running call to release one. Raises TraceUnavailable after that.
+    """
+    deadline = time.monotonic() + wait_s
+    delay = 0.05
+    while True:
+        try:
+            return FileTrace(str(root))
+        except TraceUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(1.0, 2 * delay)
+
+
 class LocalSandbox:
     """Non-isolated sandbox: a temp-dir workspace and `python3 -c` / `bash -c` subprocesses.
 
@@ -237,7 +256,6 @@ class LocalSandbox:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(bytes(data))
         self._env = dict(state.env)
-        self._trace = FileTrace(str(self._root))  # kernel-observed reads/writes per call, as in the Docker backend
 
     @property
     def fault(self) -> str:
@@ -302,13 +320,17 @@ class LocalSandbox:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self._root), "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", **self._env}
         limit = self._timeout_s if timeout_s is None else float(timeout_s)
-        self._trace.begin()
+        tracer = open_trace(self._root)  # kernel-observed reads/writes of this call, as in the Docker backend
         try:
-            done = run_with_deadline(argv, cwd=self._root, env=env, timeout_s=limit)
-        except (ValueError, OSError) as exc:  # the code cannot be an argument (NUL byte, lone surrogate, E2BIG)
-            done = Completed(None, b"", b"", False, f"cannot run the code: {type(exc).__name__}: {exc}")
-        t1 = time.time()
-        trace = self._trace.end()
+            tracer.begin()
+            try:
+                done = run_with_deadline(argv, cwd=self._root, env=env, timeout_s=limit)
+            except (ValueError, OSError) as exc:  # the code cannot be an argument (NUL byte, lone surrogate, E2BIG)
+                done = Completed(None, b"", b"", False, f"cannot run the code: {type(exc).__name__}: {exc}")
+            t1 = time.time()
+            trace = tracer.end()
+        finally:
+            tracer.close()
         out = done.stdout.decode("utf-8", errors="replace")
         err = done.stderr.decode("utf-8", errors="replace")
         shown_out, cut1 = self._cut(out)
@@ -373,7 +395,6 @@ class LocalSandbox:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._trace.close()
             shutil.rmtree(self._root, ignore_errors=True)
 
     def __enter__(self) -> "LocalSandbox":
