@@ -85,7 +85,8 @@ def test_the_tabular_run_file_runs_with_a_judge_bound_that_sees_the_hosts_answer
     with JudgeServer(judge) as server:
         bindings = [f"policy.PolicyConfig.tiny = {micro}", "experiment.BiCuRLConfig.rounds = 1",
                     "experiment.BiCuRLConfig.grpo_steps_per_round = 1", "experiment.BiCuRLConfig.backend = 'local'",
-                    "factory.FactoryConfig.backend = 'local'", f"factory.FactoryConfig.bank_dir = '{tmp_path / 'bank'}'",
+                    "factory.FactoryConfig.backend = 'local'",
+                    f"factory.FactoryConfig.bank_dir = '{tmp_path / 'bank'}'",
                     "factory.FactoryConfig.tracks = ('group_mean',)", "factory.FactoryConfig.outcomes = ('mixed',)",
                     "sft.SFTConfig.total_steps = 2", "sft.SFTConfig.global_batch_size = 2",
                     "pools.PoolConfig.batch_size = 4", "sampling.SamplingConfig.group_size = 2",

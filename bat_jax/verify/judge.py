@@ -195,7 +195,8 @@ class JudgeConfig:
         object.__setattr__(self, "items", tuple(self.items))
         bad = [i for i in self.items if not isinstance(i, str) or "." not in i or not all(i.split(".", 1))]
         if not self.items or bad:
-            raise ValueError(f"JudgeConfig.items must be non-empty rubric item ids '<stage>.<name>'; got {self.items!r}")
+            raise ValueError(f"JudgeConfig.items must be non-empty rubric item ids '<stage>.<name>'; "
+                             f"got {self.items!r}")
         if self.trip_after < 0:
             raise ValueError(f"JudgeConfig.trip_after must be >= 0, got {self.trip_after}")
         if self.budget_tokens < MIN_REQUEST_TOKENS:
@@ -293,7 +294,8 @@ class RubricJudge:
         if self._clock() < self._down_until:
             self.failures += 1
             self.skipped += 1
-            raise InfraError(f"judge {self.config.endpoint.base_url} marked down after {self.config.trip_after} failures")
+            raise InfraError(f"judge {self.config.endpoint.base_url} marked down after {self.config.trip_after} "
+                             "failures")
         try:
             verdict = self.llm.decide(item.description, evidence_text, context)
         except JudgeLimit:

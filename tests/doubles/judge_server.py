@@ -30,8 +30,8 @@ class JudgeServer:
     `answer(item, evidence, host, structured) -> str | dict` writes the reply the model would write whole (a dict is
     a message, e.g. {"content": None, "refusal": "..."}); the server answers HTTP 400 when prompt tokens
     (`approx_tokens` + 8 a message) plus max_tokens exceed `context`, when `schema=False` and a response_format is
-    sent, or when `reject(item, evidence, structured)` is true; it cuts a reply at max_tokens with finish_reason 'length'. The
-    host's control question is answered correctly unless `answer` handles it (`control=True`).
+    sent, or when `reject(item, evidence, structured)` is true; it cuts a reply at max_tokens with finish_reason
+    'length'. The host's control question is answered correctly unless `answer` handles it (`control=True`).
     Attributes: log, one (item, status, finish_reason, prompt tokens) per request.
     """
 
