@@ -302,3 +302,13 @@ def test_16_a_schema_sized_request_never_exceeds_the_context_whatever_the_host_b
     assert request_tokens(messages) + len(json.dumps(VERDICT_SCHEMA)) + 4096 <= cfg.context_tokens
     with pytest.raises(ValueError, match="JudgeConfig.context_tokens = 8192 leaves"):
         JudgeConfig(cfg.endpoint, context_tokens=8192)
+
+
+def test_17_an_endpoint_whose_context_is_smaller_than_configured_never_blames_the_agent():
+    """JudgeConfig.context_tokens set above the judge's real window: its 'maximum context length' 400 on a long
+    honest plan is the judge's limit (unscored, a warning naming the binding), never the agent's failure."""
+    with JudgeServer(lambda i, e, h, s: answer(e), context=8192) as server:
+        with pytest.warns(RuntimeWarning, match="lower JudgeConfig.context_tokens"):
+            reward, judge = score(server, HONEST + " " + SENTENCES * 6, receipts=_control_flood(8))
+        assert reward is None and judge.stats()["judge_limits"] == 1 and judge.stats()["evidence_faults"] == 0
+        assert score(server, HONEST, judge=judge)[0] == 1.0

@@ -64,6 +64,14 @@ class ChatError(RuntimeError):
         self.cause = cause
 
 
+def _error_text(exc: urllib.error.HTTPError) -> str:
+    """The first 300 characters of an error reply's body ('' when it cannot be read)."""
+    try:
+        return exc.read(300).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return ""
+
+
 class ChatClient:
     """Posts chat requests; `sleep` is injectable for tests."""
 
@@ -103,7 +111,7 @@ class ChatClient:
             except urllib.error.HTTPError as exc:
                 last = f"HTTP {exc.code}"
                 if exc.code not in (408, 429) and exc.code < 500:
-                    raise ChatError("http_error", f"{url}: {last}") from None
+                    raise ChatError("http_error", f"{url}: {last}: {_error_text(exc)}") from None
             except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError,
                     json.JSONDecodeError) as exc:
                 last = f"{type(exc).__name__}: {exc}"

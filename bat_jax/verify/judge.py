@@ -9,6 +9,7 @@ import functools
 import hashlib
 import inspect
 import json
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -28,6 +29,11 @@ def _takes_response_format(client: _Completes) -> bool:
         return "response_format" in inspect.signature(client.complete).parameters
     except (TypeError, ValueError):
         return False
+
+
+#: An endpoint's words for a request over its context window (vLLM, OpenAI, llama.cpp).
+_OVER_CONTEXT = re.compile(r"context[ _](?:length|window)|maximum context|too many tokens|exceeds? the context",
+                           re.IGNORECASE)
 
 
 class JudgeLimit(InfraError):
@@ -107,8 +113,8 @@ class LLMJudge:
         error, a reply cut for length, a refusal, an unreadable reply) the host-written control question follows.
         Unanswered: the judge is down (InfraError). Answered: the item fails as the agent's doing (False,
         `evidence_faults`) when the evidence request was refused (HTTP 4xx: the request is bounded, so its content
-        did it) or the reply has no verdict while the evidence shown holds verdict-shaped text
-        (`verdict.verdict_shaped`); otherwise it is the judge's limit (`JudgeLimit`, `judge_limits`).
+        did it; but a refusal as over the context is the bound's fault) or the reply has no verdict while the
+        evidence shown is verdict-shaped (`verdict.verdict_shaped`); otherwise the judge's limit (`JudgeLimit`).
 
         Raises:
           InfraError: the judge is down, or `JudgeLimit`.
@@ -122,7 +128,11 @@ class LLMJudge:
         if not self._control_answered():
             raise InfraError(f"judge unavailable: {failure}") from None
         cause = failure.cause if isinstance(failure, ChatError) else "no_verdict"
-        if cause == "http_error" or (cause != "unreachable" and verdict_shaped(shown)):
+        if cause == "http_error" and _OVER_CONTEXT.search(str(failure)):
+            warnings.warn(f"LLM judge refused a request as over its context ({failure}); lower "
+                          "JudgeConfig.context_tokens to the judge's context window", RuntimeWarning, stacklevel=2)
+            cause = "over_context"  # the host's bound was set too high: the judge's limit, never the agent's
+        elif cause == "http_error" or (cause != "unreachable" and verdict_shaped(shown)):
             self.evidence_faults += 1
             self.reasons[item] = f"no verdict on this evidence ({failure})"
             return False

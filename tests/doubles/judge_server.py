@@ -83,10 +83,13 @@ class JudgeServer:
         except (AttributeError, IndexError, ValueError):
             item, evidence, host = "(check)", "", messages[-1]["content"]
         structured = body.get("response_format") is not None
-        if prompt + body["max_tokens"] > self.context or (structured and not self.schema) or (
-                self.reject is not None and self.reject(item, evidence, structured)):
+        if prompt + body["max_tokens"] > self.context:
             self.log.append((item, 400, None, prompt))
-            return 400, {"error": {"message": f"prompt of {prompt} tokens + max_tokens over {self.context}"}}
+            return 400, {"error": {"message": f"This model's maximum context length is {self.context} tokens. However, "
+                                              f"you requested {prompt + body['max_tokens']} tokens."}}
+        if (structured and not self.schema) or (self.reject is not None and self.reject(item, evidence, structured)):
+            self.log.append((item, 400, None, prompt))
+            return 400, {"error": {"message": "request rejected"}}
         if item in (_CONTROL_ITEM, "(check)") and not self.control:
             verdict = "yes" if "ready" in evidence or item == "(check)" else "no"
             message = {"content": json.dumps({"verdict": verdict, "reason": "control"})}
