@@ -70,3 +70,18 @@ def test_a_client_error_is_not_retried_and_a_reply_without_content_is_bad(server
 def test_bad_configs_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):
         ChatEndpointConfig(**{"base_url": "http://x/v1", "model": "m", **kw})
+
+
+@pytest.mark.parametrize("choice,cause", [
+    ({"finish_reason": "length", "message": {"content": '<think>cut </think>{"verdict": "yes"}'}}, "length"),
+    ({"finish_reason": "stop", "message": {"content": None, "refusal": "I can't help with that."}}, "refusal"),
+    ({"finish_reason": "content_filter", "message": {"content": ""}}, "refusal"),
+    ({"finish_reason": "tool_calls", "message": {"content": None, "tool_calls": []}}, "bad_reply"),
+])
+def test_a_reply_cut_for_length_or_refused_is_an_error_never_content(server, choice, cause):
+    stub, sleeps = server([(200, {"choices": [choice]})]), []
+    with pytest.raises(ChatError) as err:
+        _client(stub.url, sleeps, max_tokens=8).complete([{"role": "user", "content": "hi"}])
+    assert err.value.cause == cause and len(stub.requests) == 1 and sleeps == []
+    assert _client(server([(200, {"choices": [{"finish_reason": "stop", "message": {"content": "x"}}]})]).url,
+                   sleeps).complete([{"role": "user", "content": "hi"}]) == "x"

@@ -1,5 +1,5 @@
 """The micro BiCuRL run (tests/micro_config.py) with an unreachable LLM judge: judged rollouts and cells are
-unscored, the run goes on, and the counts reach the ledger and report.md."""
+unscored, the run goes on, and the counts reach the ledger and report.md; the tabular run file with a local judge."""
 
 import dataclasses
 
@@ -21,8 +21,8 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
     # Confirm the plan-file evidence on judged rubrics so every rollout whose stages include S1 reaches the judge.
     apply = RubricJudge.apply
 
-    def apply_with_plan_evidence(self, rubric, brief):
-        out = apply(self, rubric, brief)
+    def apply_with_plan_evidence(self, rubric, brief, facts=lambda item_id: ""):
+        out = apply(self, rubric, brief, facts)
         reqs = dict(out.requirements)
         reqs["file.plan"] = dataclasses.replace(reqs["file.plan"], check=lambda ev: True)
         return dataclasses.replace(out, requirements=reqs)
@@ -54,3 +54,55 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
     assert record.grpo.agent_failed == 0 and record.eval_agent_failed == 0
     assert line.split() == ["round", "1", "8", str(8 - record.grpo.unscored), "0", str(record.grpo.unscored),
                             "0/1", "1/1"]
+
+
+@pytest.mark.slow
+def test_the_tabular_run_file_runs_with_a_judge_bound_that_sees_the_hosts_answer(tmp_path, monkeypatch):
+    """`tabular_tiny.gin` with the LLM judge bound (its `report.written` binding) over a local OpenAI-style judge,
+    shortened by bindings as tests/test_tabular_benchmark.py shortens it: the run launches, every judged request
+    carries the host's recomputed facts, and the ledger's reward version names the judge."""
+    from bat_jax import launch
+    from doubles import JudgeServer
+
+    apply = RubricJudge.apply
+
+    def apply_with_report_evidence(self, rubric, brief, facts=lambda item_id: ""):
+        out = apply(self, rubric, brief, facts)  # a micro policy never writes report.md: confirm its evidence
+        reqs = dict(out.requirements)
+        reqs["file.report"] = dataclasses.replace(reqs["file.report"], check=lambda ev: True)
+        return dataclasses.replace(out, requirements=reqs)
+
+    monkeypatch.setattr(RubricJudge, "apply", apply_with_report_evidence)
+    seen = []
+
+    def judge(item, evidence, host, structured):
+        seen.append((item, host))
+        return '{"verdict": "no", "reason": "no report"}'
+
+    micro = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+             "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
+    with JudgeServer(judge) as server:
+        bindings = [f"policy.PolicyConfig.tiny = {micro}", "experiment.BiCuRLConfig.rounds = 1",
+                    "experiment.BiCuRLConfig.grpo_steps_per_round = 1", "experiment.BiCuRLConfig.backend = 'local'",
+                    "factory.FactoryConfig.backend = 'local'",
+                    f"factory.FactoryConfig.bank_dir = '{tmp_path / 'bank'}'",
+                    "factory.FactoryConfig.tracks = ('group_mean',)", "factory.FactoryConfig.outcomes = ('mixed',)",
+                    "sft.SFTConfig.total_steps = 2", "sft.SFTConfig.global_batch_size = 2",
+                    "pools.PoolConfig.batch_size = 4", "sampling.SamplingConfig.group_size = 2",
+                    "agent_loop.AgentLoopConfig.max_assistant_turns = 2",
+                    "agent_loop.AgentLoopConfig.max_response_tokens = 64",
+                    "agent_loop.AgentLoopConfig.max_tokens_per_turn = 32",
+                    "dynamic_sampling.DynamicSamplingConfig.enabled = False", "kl.PolicyShiftConfig.num_prompts = 2",
+                    "kl.PolicyShiftConfig.batch_size = 2", "evaluation.EvalConfig.max_turns = 2",
+                    "evaluation.EvalConfig.final_repeats = 1", "evaluation.EvalConfig.variants = ('mixed',)",
+                    "experiment.Components.judge = @judge.JudgeConfig()",
+                    f"judge/chat_endpoint.ChatEndpointConfig.base_url = '{server.url}'",
+                    "judge/chat_endpoint.ChatEndpointConfig.model = 'judge-m'",
+                    "judge/chat_endpoint.ChatEndpointConfig.api_key_env = ''"]
+        launch.launch(["tabular_tiny.gin"], bindings, run_dir=str(tmp_path / "run"))
+    (record,) = Ledger(tmp_path / "run" / "ledger.jsonl").read()
+    assert record.reward_version == f"{REWARD_VERSION}+judge:judge-m[report.written]"
+    judged = [host for item, host in seen if item == "the report names the task id, the rows kept and the answer"]
+    assert judged and all("Facts the host computed" in h and "rows kept: " in h and "the answer: " in h
+                          for h in judged)

@@ -120,7 +120,8 @@ def test_the_readme_judge_bindings_parse_on_the_run_files():
     assert isinstance(judge, JudgeConfig)
     endpoint = judge.endpoint
     assert (endpoint.base_url, endpoint.model, judge.items) == ("http://localhost:8000/v1", "my-judge", ("plan.written",))
-    assert (endpoint.timeout_s, endpoint.max_retries, endpoint.max_tokens) == (30.0, 2, 256)
+    assert (endpoint.timeout_s, endpoint.max_retries, endpoint.max_tokens) == (120.0, 2, 4096)
+    assert judge.context_tokens == 16384
 
 
 def test_bicurl_small_trains_the_pretrained_smollm2_in_its_own_chatml_template():

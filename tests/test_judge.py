@@ -76,7 +76,9 @@ def test_unreachable_judge_leaves_judged_rollouts_unscored(task):
     assert plain.reward == 1.0 and plain.version == REWARD_VERSION  # all three S1 items pass programmatically
     out = rollout_reward(row, trajectory, task.state(), IMAGING, judge)
     assert out.reward is None and out.version == f"{REWARD_VERSION}+judge:judge-m[plan.written]"
-    assert judge.stats() == {"calls": 1, "cache_hits": 0, "failures": 1, "skipped": 0, "evidence_faults": 0}
+    # the evidence request, then the host's control question: unanswered too, so the judge is down
+    assert judge.stats() == {"calls": 2, "cache_hits": 0, "failures": 1, "skipped": 0, "evidence_faults": 0,
+                             "judge_limits": 0}
     # E2E rows include S1 → unscored too; an S3 row has no judged item → scored (0: no S3 evidence)
     assert rollout_reward(judged_row(task, "E2E"), judged_trajectory(task, "E2E", "p"), task.state(), IMAGING,
                           judge).reward is None
@@ -84,7 +86,7 @@ def test_unreachable_judge_leaves_judged_rollouts_unscored(task):
     assert s3.reward == 0.0 and s3.version.endswith("+judge:judge-m[plan.written]")
     # without the plan file the judge is not asked: the item fails on evidence, η = 2/3, r = 2/3 · 2/3
     none = rollout_reward(judged_row(task, "S1"), judged_trajectory(task, "S1", None), task.state(), IMAGING, judge)
-    assert none.reward == pytest.approx(4 / 9) and judge.llm.calls == 2
+    assert none.reward == pytest.approx(4 / 9) and judge.llm.calls == 4
 
 
 def test_judge_decides_its_items_and_caches_by_evidence_digest(task):
@@ -103,7 +105,8 @@ def test_judge_decides_its_items_and_caches_by_evidence_digest(task):
     assert "[file notes/plan.md]" in agent or f"[file {task.layout.plan_path}]" in agent
     # identical evidence (another rollout writing the same plan) is judged once
     assert rollout_reward(judged_row(task, "S1"), weak, task.state(), IMAGING, judge).reward == 1.0
-    assert judge.stats() == {"calls": 1, "cache_hits": 1, "failures": 0, "skipped": 0, "evidence_faults": 0}
+    assert judge.stats() == {"calls": 1, "cache_hits": 1, "failures": 0, "skipped": 0, "evidence_faults": 0,
+                             "judge_limits": 0}
     # different evidence → a new request; the judge's 'no' fails a plan the predicate would pass
     good = judged_trajectory(task, "S1", _good_plan(task))
     assert rollout_reward(judged_row(task, "S1"), good, task.state(), IMAGING, judge).reward == pytest.approx(2 / 3)
@@ -113,8 +116,8 @@ def test_judge_decides_its_items_and_caches_by_evidence_digest(task):
 
 def test_dead_endpoint_trips_and_recovers_after_cooldown(task):
     now = [0.0]
-    client = _Stub(ChatError("unreachable", "down"), "no verdict", "no verdict to the control question either",
-                   '{"verdict": "yes"}')
+    client = _Stub(ChatError("unreachable", "down"), ChatError("unreachable", "down"), "no verdict",
+                   "no verdict to the control question either", '{"verdict": "yes"}')
     judge = RubricJudge(judge_config(base_url=CLOSED, model="m", trip_after=2, cooldown_s=60.0), client=client,
                         clock=lambda: now[0])
     rubric = judge.apply(build_rubric(get_track("vqa"), task), task.brief)
@@ -126,10 +129,12 @@ def test_dead_endpoint_trips_and_recovers_after_cooldown(task):
     for _ in range(3):  # two failed decisions trip the judge; the third fails without a request
         with pytest.raises(InfraError):
             item.check(ev)
-    # requests: the unreachable one, then a reply without a verdict and the control question it failed too
-    assert judge.stats() == {"calls": 3, "cache_hits": 0, "failures": 3, "skipped": 1, "evidence_faults": 0}
+    # requests: the unreachable one and the control question, then a reply without a verdict and the control
+    # question it failed too
+    assert judge.stats() == {"calls": 4, "cache_hits": 0, "failures": 3, "skipped": 1, "evidence_faults": 0,
+                             "judge_limits": 0}
     now[0] = 61.0
-    assert item.check(ev) is True and judge.llm.calls == 4
+    assert item.check(ev) is True and judge.llm.calls == 5
 
 
 def test_judge_over_a_local_http_endpoint(task):
@@ -296,7 +301,8 @@ def test_replies_with_reasoning_do_not_trip_the_judge(task):
     judge = RubricJudge(judge_config(base_url=CLOSED, model="m", trip_after=3), client=_Stub(*replies))
     item = [i for i in build_rubric(get_track("vqa"), task).items if i.item_id == "plan.written"][0]
     assert [judge.decide(item, f"evidence {i}") for i in range(3)] == [True, True, True]
-    assert judge.stats() == {"calls": 3, "cache_hits": 0, "failures": 0, "skipped": 0, "evidence_faults": 0}
+    assert judge.stats() == {"calls": 3, "cache_hits": 0, "failures": 0, "skipped": 0, "evidence_faults": 0,
+                             "judge_limits": 0}
 
 
 def test_evidence_cannot_forge_the_verdict(task):

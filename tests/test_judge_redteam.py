@@ -13,7 +13,9 @@ from bat_jax.benchmark.stages import E2E
 from bat_jax.rollout.play import play
 from bat_jax.tasks.benchmark import ImagingBenchmark
 from bat_jax.tasks.registry import get_track
-from bat_jax.verify.judge import _CONTROL_ITEM, LLMJudge, VerdictError, agent_block, judge_messages, parse_verdict
+from bat_jax.verify.judge import LLMJudge
+from bat_jax.verify.rubric import InfraError
+from bat_jax.verify.verdict import _CONTROL_ITEM, VerdictError, agent_block, judge_messages, parse_verdict
 from doubles import ScriptedJudge, decode_judge_request, reply_styles, rubric_judge, tamper
 
 IMAGING = ImagingBenchmark()
@@ -137,7 +139,7 @@ def test_an_unparseable_reply_is_the_judges_fault_only_when_the_control_question
     judge = LLMJudge(_Replies("<think>the plan says </think> so", '{"verdict": "yes", "reason": "ready"}'))
     assert judge.decide("item", "</think>") is False and judge.evidence_faults == 1 and judge.calls == 2
     judge = LLMJudge(_Replies("<think>cut off", "<think>cut off"))
-    with pytest.raises(VerdictError):
+    with pytest.raises(InfraError, match="judge unavailable"):
         judge.decide("item", "plan")
     assert judge.evidence_faults == 0 and judge.calls == 2
 
@@ -162,8 +164,10 @@ def test_structured_output_is_asked_when_the_client_takes_it_and_dropped_when_re
     judge = LLMJudge(refused)
     with pytest.warns(RuntimeWarning, match="refused response_format"):
         assert judge.decide("i", "e") is False
-    assert judge.decide("i", "e") is False and refused.formats == [VERDICT_SCHEMA, None, None]
-    assert judge.structured is False and judge.calls == 3
+    # the evidence request refused structured, the control question refused structured and answered plain, the
+    # evidence asked plain; then plain from the start
+    assert judge.decide("i", "e") is False and refused.formats == [VERDICT_SCHEMA, VERDICT_SCHEMA, None, None, None]
+    assert judge.structured is False and judge.calls == 5
     assert LLMJudge(ok, structured=False).structured is False
 
 

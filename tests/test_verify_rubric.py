@@ -156,7 +156,7 @@ def test_llm_judge_items_and_unscored_on_judge_failure():
 
     ev = Evidence((_receipt(0, "cat task.md", stdout="# Task"),), {"plan.md": b"restore from archive"})
     client = _StubClient(['ok {"verdict": "yes", "reason": "names restore"}', '{"verdict": "no"}',
-                          ChatError("unreachable", "down"), "maybe", "maybe"])
+                          ChatError("unreachable", "down"), ChatError("unreachable", "down"), "maybe", "maybe"])
     judge = LLMJudge(client)
     rub = _judged_rubric(judge)
     assert verify_stage(rub, "S1", ev).reward == 1.0
@@ -165,10 +165,10 @@ def test_llm_judge_items_and_unscored_on_judge_failure():
     assert temperature == 0.0 and "restore from archive" in messages[1]["content"]
     assert "cat task.md" in messages[1]["content"]
     assert verify_stage(rub, "S1", ev).reward == 0.0
-    assert verify_stage(rub, "S1", ev) is None  # judge unreachable → unscored, not 0
+    assert verify_stage(rub, "S1", ev) is None  # judge unreachable, and on the control question → unscored, not 0
     assert verify_stage(rub, "S1", ev) is None  # no verdict, nor to the control question → unscored
     # without the evidence file the judge is never asked and the item fails
-    assert verify_stage(rub, "S1", Evidence((), {})).reward == 0.0 and judge.calls == 5
+    assert verify_stage(rub, "S1", Evidence((), {})).reward == 0.0 and judge.calls == 6
 
 
 def test_receipt_evidence_is_the_kernel_trace_not_the_code_text():

@@ -45,6 +45,8 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
     if benchmark is None:
         raise ConfigValueError("experiment.Components.benchmark (the staged benchmark to evaluate on) is required")
     benchmark.validate()
+    if components.judge is not None:
+        benchmark.check_judged_items(components.judge.items)  # against this benchmark's rubric items
     run_dir = pathlib.Path(run_dir)
     evaluation = dataclasses.replace(components.evaluation, purpose=purpose)  # validates purpose
     t0 = time.perf_counter()

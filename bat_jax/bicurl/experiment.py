@@ -313,6 +313,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
         raise ConfigValueError("experiment.Components.bank (a FactoryConfig naming the Stage Bank directory) is "
                                "required")
     benchmark.validate()
+    if components.judge is not None:
+        benchmark.check_judged_items(components.judge.items)  # against this benchmark's rubric items
     controller_config = _with_late_stages(components.controller, benchmark)
     components = dataclasses.replace(components, controller=controller_config)
     policy = build_policy(components.policy)

@@ -53,11 +53,23 @@ class ChatEndpointConfig:
 
 
 class ChatError(RuntimeError):
-    """The endpoint failed; `cause` is a short category ('http_error', 'unreachable', 'bad_reply')."""
+    """The endpoint failed; `cause` is a short category.
+
+    'http_error' (a non-retryable status: the request was refused), 'unreachable', 'bad_reply' (no content),
+    'length' (the reply was cut at max_tokens: finish_reason 'length') or 'refusal' (the model declined: a
+    `message.refusal` or finish_reason 'content_filter')."""
 
     def __init__(self, cause: str, detail: str):
         super().__init__(f"{cause}: {detail}")
         self.cause = cause
+
+
+def _error_text(exc: urllib.error.HTTPError) -> str:
+    """The first 300 characters of an error reply's body ('' when it cannot be read)."""
+    try:
+        return exc.read(300).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return ""
 
 
 class ChatClient:
@@ -69,12 +81,13 @@ class ChatClient:
 
     def complete(self, messages: list[dict], temperature: float | None = None,
                  response_format: dict | None = None) -> str:
-        """The first choice's message content.
+        """The first choice's message content, whole: a reply cut at max_tokens is an error, never returned.
 
         `response_format` (e.g. a json_schema the endpoint enforces) is sent as given.
 
         Raises:
-          ChatError: non-retryable HTTP status, retries exhausted, or a reply without choices[0].message.content.
+          ChatError: non-retryable HTTP status, retries exhausted, a reply cut for length, a refusal, or a reply
+            without choices[0].message.content.
         """
         cfg = self.config
         payload = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_tokens,
@@ -98,16 +111,23 @@ class ChatClient:
             except urllib.error.HTTPError as exc:
                 last = f"HTTP {exc.code}"
                 if exc.code not in (408, 429) and exc.code < 500:
-                    raise ChatError("http_error", f"{url}: {last}") from None
+                    raise ChatError("http_error", f"{url}: {last}: {_error_text(exc)}") from None
             except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError,
                     json.JSONDecodeError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
         else:
             raise ChatError("unreachable", f"{url} after {cfg.max_retries + 1} attempts ({last})")
         try:
-            content = reply["choices"][0]["message"]["content"]
+            choice = reply["choices"][0]
+            message = choice["message"]
+            content = message["content"] if isinstance(message, dict) else None
         except (KeyError, IndexError, TypeError):
             raise ChatError("bad_reply", "no choices[0].message.content") from None
+        finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+        if finish == "length":
+            raise ChatError("length", f"{url}: reply cut at max_tokens={cfg.max_tokens}")
+        if finish == "content_filter" or (isinstance(message, dict) and message.get("refusal")):
+            raise ChatError("refusal", f"{url}: the model declined ({str(message.get('refusal'))[:200]!r})")
         if not isinstance(content, str):
             raise ChatError("bad_reply", "content is not a string")
         return content

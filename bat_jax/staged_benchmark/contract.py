@@ -202,6 +202,12 @@ class StagedBenchmark(abc.ABC):
         Only called when `has_e2e_surrogate`."""
         raise NotImplementedError(f"benchmark {self.name!r} has no E2E surrogate")
 
+    def judge_facts(self, task: Task, item_id: str) -> str:
+        """What the host knows that the LLM judge needs to decide item `item_id` of `task` (e.g. the recomputed answer).
+
+        Shown to the judge as the host's words, never to the agent. Default: '' (none)."""
+        return ""
+
     def validation_passes(self, evidence: Evidence, task: Task) -> int:
         """Validation passes an E2E surrogate episode spent (Accept's λ_validate budget); default 0."""
         return 0
@@ -237,7 +243,7 @@ class StagedBenchmark(abc.ABC):
         """
         rubric = self.rubric(task)
         if judge is not None:
-            rubric = judge.apply(rubric, task.brief)  # the host's brief, never the workspace's
+            rubric = judge.apply(rubric, task.brief, lambda item_id: self.judge_facts(task, item_id))
         metric = None
         if focus == E2E and not evidence.infra_error:
             metric = self.task_metric(task, evidence.files, evidence.submitted, evidence.limits)
@@ -306,6 +312,20 @@ class StagedBenchmark(abc.ABC):
         check_manifest(self.manifest(suite), suite, where)
         for task in [self.training_task(track, 0, self.variants[0]) for track in self.tracks] + list(suite):
             check_on_start(self, task, where)
+
+    def rubric_item_ids(self) -> tuple[str, ...]:
+        """Every rubric item id of this benchmark's tasks: over each track and variant's first training task."""
+        ids = {i.item_id: None for t in self.tracks for v in self.variants
+               for i in self.rubric(self.training_task(t, 0, v)).items}
+        return tuple(ids)
+
+    def check_judged_items(self, items: Sequence[str]) -> None:
+        """Raises BenchmarkError naming `JudgeConfig.items` when one of `items` is no rubric item of this benchmark."""
+        known = self.rubric_item_ids()
+        unknown = [i for i in items if i not in known]
+        if unknown:
+            raise BenchmarkError(f"JudgeConfig.items {unknown} are not rubric items of benchmark {self.name!r} "
+                                 f"(its items: {list(known)})")
 
     def eval_variants(self) -> tuple[str, ...]:
         """The variants the held-out evaluation plays by default: `heldout_variants`, else every variant."""

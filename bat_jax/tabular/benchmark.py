@@ -14,7 +14,7 @@ from bat_jax.staged_benchmark.contract import StagedBenchmark
 from bat_jax.staged_benchmark.episode import ActionPolicy
 from bat_jax.tabular import rubric as rubric_items
 from bat_jax.tabular import tasks
-from bat_jax.tabular.tables import TASK_FAMILIES, TOP_K, VARIANTS
+from bat_jax.tabular.tables import TASK_FAMILIES, TOP_K, VARIANTS, answer_phrases
 from bat_jax.tabular.tasks import TabularTask
 from bat_jax.tabular.teacher import VERSION as TEACHER_VERSION, ScriptedTeacher
 from bat_jax.verify.rubric import Rubric
@@ -72,6 +72,13 @@ class TabularBenchmark(StagedBenchmark):
 
     def stage_skill(self, stage: str) -> str:
         return tasks.stage_skill(stage)
+
+    def judge_facts(self, task: TabularTask, item_id: str) -> str:
+        """For 'report.written': the task id, the host's count of rows kept and its recomputed answer's phrases."""
+        if item_id != "report.written":
+            return ""
+        phrases = "; ".join(answer_phrases(task.track, task.answer))
+        return f"task id: {task.task_id}\nrows kept: {task.cleaned[1]['kept']}\nthe answer: {phrases}"
 
     def teacher(self, kind: str, endpoint: ChatEndpointConfig | None = None) -> ActionPolicy:
         if kind != "scripted":

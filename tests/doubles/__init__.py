@@ -2,7 +2,7 @@
 
 One module per role, each section naming the tests that use it: `rows` (stand-in rows and banks, example rows, a
 micro policy config, factory builds), `models` (tiny models), `agent_loop` (the agent loop's scripted tokenizer /
-episode builder / engine / sandbox), `judges` (judge endpoints and evidence) and `grpo` (reward rows and
+episode builder / engine / sandbox), `judges` (judge endpoints and evidence), `judge_server` (a local HTTP judge) and `grpo` (reward rows and
 trajectories, the GRPO block's learner and scorer stand-ins). Every name is re-exported here, so tests import
 `from doubles import X`.
 """
@@ -16,6 +16,7 @@ from .agent_loop import (ACTION, CALL, EOT, IM_START, REQUEST, SUBMIT, FakeSandb
 from .judges import (EVIDENCE_BLOCK, FORGED_BRIEF, JUDGED_SEED, JUDGED_TEMPLATE, JUDGED_VARIANT, ScriptedJudge,
                      decode_judge_request, judge_config, judged_row, judged_trajectory, reply_styles, rubric_judge,
                      tamper, traced_receipt)
+from .judge_server import JudgeServer, approx_tokens
 from .grpo import (FakeLearner, failed_trajectory, patch_rollout_scoring, reward_row, reward_trajectory)
 
 __all__ = ['EXAMPLE_STATE', 'H', 'MICRO_POLICY', 'OUTCOMES', 'TINY_BANK_ROWS_PER_FOCUS', 'TRACKS',
@@ -25,5 +26,5 @@ __all__ = ['EXAMPLE_STATE', 'H', 'MICRO_POLICY', 'OUTCOMES', 'TINY_BANK_ROWS_PER
            'FakeSandbox', 'RealCallEngine', 'ScriptedEngine', 'StubBuilder', 'StubEpisode', 'WordTokenizer',
            'scripted_agent_loop', 'EVIDENCE_BLOCK', 'FORGED_BRIEF', 'JUDGED_SEED', 'JUDGED_TEMPLATE', 'JUDGED_VARIANT',
            'ScriptedJudge', 'decode_judge_request', 'judge_config', 'judged_row', 'judged_trajectory', 'reply_styles',
-           'rubric_judge', 'tamper', 'traced_receipt', 'FakeLearner', 'failed_trajectory', 'patch_rollout_scoring',
+           'rubric_judge', 'tamper', 'traced_receipt', 'JudgeServer', 'approx_tokens', 'FakeLearner', 'failed_trajectory', 'patch_rollout_scoring',
            'reward_row', 'reward_trajectory']
