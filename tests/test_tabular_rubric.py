@@ -90,11 +90,15 @@ def test_a_clean_table_changed_after_the_analysis_is_no_replay():
 
 def test_an_answer_its_own_clean_table_does_not_give_earns_no_replay_credit():
     files = _files()
-    kept = TASK.cleaned[0]
-    files[CLEAN_CSV] = _csv(TASK.table.header, kept[:-1])  # one record short: clean.rows fails too
+    valid = [list(r) for r in TASK.table.rows if tables.is_valid(r, len(r))]  # the repeated ids kept: rows fails
+    files[CLEAN_CSV] = _csv(TASK.table.header, valid)
     verdicts = _score(_receipts(files), files).verdicts
     assert verdicts["clean"].items == {"clean.ran": True, "clean.rows": False, "clean.log": True}
-    assert tables.analyse("group_mean", TASK.table.header, kept[:-1], TASK.params) != TASK.answer
+    assert tables.analyse("group_mean", TASK.table.header, valid, TASK.params) != TASK.answer
+    assert verdicts["analyse"].items == {"analyse.ran": True, "analyse.replayed": False, "analyse.correct": True}
+    files[CLEAN_CSV] = _csv(TASK.table.header, TASK.cleaned[0][:-1])  # a record the rule keeps is missing
+    verdicts = _score(_receipts(files), files).verdicts
+    assert verdicts["clean"].items == {"clean.ran": False, "clean.rows": False, "clean.log": True}
     assert verdicts["analyse"].items == {"analyse.ran": True, "analyse.replayed": False, "analyse.correct": True}
 
 
