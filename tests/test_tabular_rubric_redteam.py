@@ -4,6 +4,7 @@ reward-hacking policy would try, and the item outcome before (round four's rules
 Each test plays a scripted policy through `play` (the benchmark's `score_episode`): the scripted teacher's actions for
 the honest stages, then the attempt. Before-values are in the test docstrings and in the notes' table."""
 
+import collections
 import json
 
 import pytest
@@ -124,13 +125,13 @@ def test_issue_5_submitting_all_candidates_through_an_episode():
 def test_the_best_constant_answer_scores_about_zero():
     """A data-free number: the best two-decimal constant in [10, 80] for the filtered median of 400 tasks (every
     variant) is right on 3 of them (before, within 0.1%: 6); the vocabulary's every level at the best constant group
-    mean scores 0.002 on average; empty and bool answers 0."""
+    mean scores 0.0025 on average; empty and bool answers 0."""
     medians = [make_task("filtered_median", s, tables.VARIANTS[s % 4]).answer for s in range(400)]
     hits = {c / 100: sum(tables.answer_score("filtered_median", c / 100, m) for m in medians) for c in range(1000, 8001)}
     assert max(hits.values()) == 3.0
     means = [make_task("group_mean", s, tables.VARIANTS[s % 4]).answer for s in range(400)]
     guess = {lv: 41.77 for lv in tables.TRAIN_VOCAB.levels}
-    assert sum(tables.answer_score("group_mean", guess, m) for m in means) / 400 == pytest.approx(0.002)
+    assert sum(tables.answer_score("group_mean", guess, m) for m in means) / 400 == pytest.approx(0.0025)
     for family, guess in [("group_mean", {}), ("filtered_median", True), ("top_corr", {})]:
         task = make_task(family, 1, "clean")
         assert tables.answer_score(family, guess, task.answer) == 0.0
@@ -269,6 +270,29 @@ def test_a_top_corr_answer_of_all_candidates_with_their_r_is_not_the_top_k():
         _bash(f"cat {CLEAN_CSV} > /dev/null && echo '{json.dumps({'answer': r})}' > {RESULT}", "analyse"), SUBMIT])
     assert _items(result, "analyse") == {"analyse.ran": False, "analyse.replayed": False, "analyse.correct": False}
     assert result.score.stage_rewards()["analyse"] == 0.0 and result.score.task == 0.0
+
+
+def test_a_guessed_clean_log_beside_a_copied_raw_table_is_not_credited():
+    """`cp raw.csv clean.csv` and clean.json with the right counts (a lucky guess from the variant). Before:
+    clean.ran and clean.log (clean 2/3); now clean.log also needs its 'kept' to be clean.csv's record count (1/3)."""
+    task = make_task("group_mean", 4, "missing")
+    result = _play(task, [_bash(f"mkdir -p work && cp {RAW} {CLEAN_CSV} && "
+                                f"echo '{json.dumps(task.cleaned[1])}' > work/clean.json", "clean")])
+    assert _items(result, "clean") == {"clean.ran": True, "clean.rows": False, "clean.log": False}
+    assert result.score.stage_rewards()["clean"] == pytest.approx(1 / 3)
+
+
+def test_the_variant_name_does_not_give_the_profile_counts():
+    """Before, 'duplicates' always had 2 repeated ids and no invalid record, so its profile was the row count plus
+    the variant's name. Now the commonest (duplicate_ids, invalid_rows) of a defect variant is at most 109 of 300
+    tasks (100 seeds x 3 families); only 'clean' is fixed (no defects)."""
+    for variant, most in [("missing", 83), ("duplicates", 109), ("mixed", 30), ("clean", 300)]:
+        counts = collections.Counter()
+        for seed in range(100):
+            for family in tables.TASK_FAMILIES:
+                p = make_task(family, seed, variant).profile
+                counts[p["duplicate_ids"], p["invalid_rows"]] += 1
+        assert counts.most_common(1)[0][1] == most, variant
 
 
 @pytest.mark.docker

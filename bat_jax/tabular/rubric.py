@@ -97,7 +97,9 @@ def build_rubric(task: TabularTask) -> Rubric:
                 and tables.drawn_from(task.table, *tables.parse_csv(text)))
 
     def log_ok(ev: Evidence) -> bool:
-        return _same_types(ev.json(CLEAN_LOG), task.cleaned[1])
+        """clean.json's counts are the host's and its 'kept' is clean.csv's record count (not guessed beside it)."""
+        return (_same_types(ev.json(CLEAN_LOG), task.cleaned[1])
+                and len(tables.parse_csv(ev.text(CLEAN_CSV) or "")[1]) == task.cleaned[1]["kept"])
 
     def analysed(ev: Evidence) -> bool:
         """result.json holds an answer of the family's shape, left by a call that read clean.csv (or the start's)."""
@@ -153,8 +155,8 @@ def build_rubric(task: TabularTask) -> Rubric:
                    "the rule keeps among them", ("receipt.clean",), drawn),
         RubricItem("clean.rows", "clean", "clean.csv holds exactly the records the cleaning rule keeps, in order",
                    ("receipt.clean",), rows_ok),
-        RubricItem("clean.log", "clean", "clean.json's counts are the host's (kept, duplicates, invalid)",
-                   ("file.clean_log",), log_ok),
+        RubricItem("clean.log", "clean", "clean.json's counts are the host's (kept, duplicates, invalid), kept that of "
+                   "clean.csv", ("file.clean_log",), log_ok),
         RubricItem("analyse.ran", "analyse", "a call that read clean.csv wrote an answer of the question's shape",
                    ("receipt.analyse",), analysed),
         RubricItem("analyse.replayed", "analyse", "the answer is what the question gives on the clean.csv the call "

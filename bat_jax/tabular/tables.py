@@ -257,15 +257,16 @@ def _draw(family: str, rng: random.Random, vocab: Vocabulary) -> tuple[list[str]
 def _defects(rows: list[list[str]], variant: str, rng: random.Random) -> list[list[str]]:
     """The raw records of `variant`, with its defects.
 
-    Invalid cells first (never in the first record), then exact copies of valid records inserted after their originals.
+    Invalid cells first (1-4, never in the first record), then exact copies of 1-3 valid records inserted after their
+    originals: how many varies, so the variant's name does not give the profile's counts.
     """
     rows = [list(r) for r in rows]
     if variant in ("missing", "mixed"):
-        for i in rng.sample(range(1, len(rows)), rng.randint(2, 3)):
+        for i in rng.sample(range(1, len(rows)), rng.randint(1, 4)):
             rows[i][rng.randrange(2, len(rows[i]))] = rng.choice(MISSING)
     if variant in ("duplicates", "mixed"):
         valid = [i for i, r in enumerate(rows) if is_valid(r, len(r))]
-        for i in sorted(rng.sample(valid, 2), reverse=True):
+        for i in sorted(rng.sample(valid, rng.randint(1, 3)), reverse=True):
             rows.insert(rng.randint(i + 1, len(rows)), list(rows[i]))
     return rows
 
