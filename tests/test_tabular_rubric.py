@@ -116,6 +116,33 @@ def test_wrong_counts_a_bool_for_an_int_and_a_report_without_the_kept_rows_fail(
     assert verdicts["report"].reward == 0.5
 
 
+@pytest.mark.parametrize("edit, written", [
+    (lambda r: r, True),
+    (lambda r: "\n".join(reversed(r.split("\n"))) + ".", True),  # any order; a sentence's final dot
+    (lambda r: r + "\n(out of 37)", False),  # another number
+    (lambda r: r + "\n" + r, False),  # every number twice
+    (lambda r: r.replace("rows kept", "rows kept, 6 dropped"), False),
+    (lambda r: r + "\n" + "words " * 700, False),  # over REPORT_MAX_BYTES (4096)
+    (lambda r: r.replace(TASK.task_id, "the task"), False),
+])
+def test_the_report_states_exactly_the_tasks_numbers(edit, written):
+    files = _files()
+    files[REPORT] = edit(files[REPORT].decode()).encode()
+    assert _score(_receipts(files), files).verdicts["report"].items["report.written"] is written
+
+
+def test_a_report_by_a_call_that_did_not_read_the_final_result_is_not_credited():
+    files = _files()
+    receipts = _receipts(files)
+    receipts[3] = _receipt(3, ("task.md", CLEAN_LOG), (REPORT,), files)  # did not read result.json
+    assert _score(receipts, files).verdicts["report"].items["report.written"] is False
+    receipts = _receipts(files)
+    receipts.insert(4, _receipt(4, (CLEAN_CSV,), (RESULT,), files))  # result.json rewritten after the report
+    assert _score(receipts, files).verdicts["report"].items["report.written"] is False
+    receipts[4] = _receipt(4, (CLEAN_CSV,), (INSPECT,), files)  # another file rewritten: still credited
+    assert _score(receipts, files).verdicts["report"].items["report.written"] is True
+
+
 def test_reading_nothing_earns_no_inspect_credit():
     files = _files()
     receipts = _receipts(files)
