@@ -165,8 +165,8 @@ def build_rubric(task: TabularTask) -> Rubric:
                    ("receipt.analyse",), correct),
         RubricItem("report.written", "report", "a call that read result.json (right, unchanged since) wrote a report "
                    "of the task id, the rows kept and the answer, and no other number", ("file.report",), report_ok),
-        RubricItem("report.submitted", "report", "result.json, an analysis's answer, was submitted", ("receipt.submit",),
-                   lambda ev: ev.submitted == RESULT and analysed(ev)),
+        RubricItem("report.submitted", "report", "result.json, an analysis's answer, was submitted",
+                   ("receipt.submit",), lambda ev: ev.submitted == RESULT and analysed(ev)),
     )
     return Rubric(items, {r.key: r for r in requirements}, STAGES)
 
