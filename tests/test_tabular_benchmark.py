@@ -25,7 +25,7 @@ def test_the_definition():
     assert list(d["tracks"]) == ["group_mean", "filtered_median", "top_corr"]
     assert d["variants"] == ["clean", "missing", "duplicates", "mixed"] and d["has_e2e_surrogate"] is False
     assert bench.eval_variants() == ("clean", "missing", "duplicates", "mixed")
-    assert d["late_stages"] == ["analyse", "report"] and bench.recipe("scripted") == "teacher=scripted/v2"
+    assert d["late_stages"] == ["analyse", "report"] and bench.recipe("scripted") == "teacher=scripted/v3"
     assert TabularBenchmark() == bench  # no settings: equal objects
 
 

@@ -53,8 +53,8 @@ def _score(receipts, files, submitted=RESULT, start=None, task=TASK):
 
 
 def test_the_host_values_of_the_task():
-    assert TASK.profile["duplicate_ids"] == 2 and TASK.profile["invalid_rows"] >= 2
-    assert TASK.cleaned[1]["kept"] == TASK.profile["rows"] - 2 - TASK.profile["invalid_rows"]
+    assert TASK.profile["duplicate_ids"] == 3 and TASK.profile["invalid_rows"] == 3 and TASK.profile["rows"] == 37
+    assert TASK.cleaned[1] == {"kept": 31, "dropped_duplicates": 3, "dropped_invalid": 3}
     assert sorted(TASK.answer) == sorted({r[1] for r in TASK.cleaned[0]})
 
 
@@ -90,11 +90,16 @@ def test_a_clean_table_changed_after_the_analysis_is_no_replay():
 
 def test_an_answer_its_own_clean_table_does_not_give_earns_no_replay_credit():
     files = _files()
-    kept = TASK.cleaned[0]
-    files[CLEAN_CSV] = _csv(TASK.table.header, kept[:-1])  # one record short: clean.rows fails too
+    valid = [list(r) for r in TASK.table.rows if tables.is_valid(r, len(r))]  # the repeated ids kept: rows fails
+    files[CLEAN_CSV] = _csv(TASK.table.header, valid)
     verdicts = _score(_receipts(files), files).verdicts
-    assert verdicts["clean"].items == {"clean.ran": True, "clean.rows": False, "clean.log": True}
-    assert tables.analyse("group_mean", TASK.table.header, kept[:-1], TASK.params) != TASK.answer
+    # clean.json's kept (31) is not clean.csv's record count (34) now: clean.log fails with clean.rows
+    assert verdicts["clean"].items == {"clean.ran": True, "clean.rows": False, "clean.log": False}
+    assert tables.analyse("group_mean", TASK.table.header, valid, TASK.params) != TASK.answer
+    assert verdicts["analyse"].items == {"analyse.ran": True, "analyse.replayed": False, "analyse.correct": True}
+    files[CLEAN_CSV] = _csv(TASK.table.header, TASK.cleaned[0][:-1])  # a record the rule keeps is missing
+    verdicts = _score(_receipts(files), files).verdicts
+    assert verdicts["clean"].items == {"clean.ran": False, "clean.rows": False, "clean.log": False}
     assert verdicts["analyse"].items == {"analyse.ran": True, "analyse.replayed": False, "analyse.correct": True}
 
 
@@ -109,6 +114,33 @@ def test_wrong_counts_a_bool_for_an_int_and_a_report_without_the_kept_rows_fail(
     assert verdicts["clean"].items["clean.log"] is False and verdicts["clean"].reward == pytest.approx(2 / 3)
     assert verdicts["report"].items == {"report.written": False, "report.submitted": True}
     assert verdicts["report"].reward == 0.5
+
+
+@pytest.mark.parametrize("edit, written", [
+    (lambda r: r, True),
+    (lambda r: "\n".join(reversed(r.split("\n"))) + ".", True),  # any order; a sentence's final dot
+    (lambda r: r + "\n(out of 37)", False),  # another number
+    (lambda r: r + "\n" + r, False),  # every number twice
+    (lambda r: r.replace("rows kept", "rows kept, 6 dropped"), False),
+    (lambda r: r + "\n" + "words " * 700, False),  # over REPORT_MAX_BYTES (4096)
+    (lambda r: r.replace(TASK.task_id, "the task"), False),
+])
+def test_the_report_states_exactly_the_tasks_numbers(edit, written):
+    files = _files()
+    files[REPORT] = edit(files[REPORT].decode()).encode()
+    assert _score(_receipts(files), files).verdicts["report"].items["report.written"] is written
+
+
+def test_a_report_by_a_call_that_did_not_read_the_final_result_is_not_credited():
+    files = _files()
+    receipts = _receipts(files)
+    receipts[3] = _receipt(3, ("task.md", CLEAN_LOG), (REPORT,), files)  # did not read result.json
+    assert _score(receipts, files).verdicts["report"].items["report.written"] is False
+    receipts = _receipts(files)
+    receipts.insert(4, _receipt(4, (CLEAN_CSV,), (RESULT,), files))  # result.json rewritten after the report
+    assert _score(receipts, files).verdicts["report"].items["report.written"] is False
+    receipts[4] = _receipt(4, (CLEAN_CSV,), (INSPECT,), files)  # another file rewritten: still credited
+    assert _score(receipts, files).verdicts["report"].items["report.written"] is True
 
 
 def test_reading_nothing_earns_no_inspect_credit():

@@ -48,22 +48,26 @@ def test_top_corr_orders_by_absolute_r():
     rows = [[f"r{i}", "g"] + [str(cols[n][i]) for n in header[2:]] for i in range(4)]
     r = tables.correlations(header, rows, "y", ["b", "c", "d", "a"])
     assert r == pytest.approx({"a": 1.0, "b": 0.6, "c": 10 ** -0.5, "d": -0.8})
-    assert tables.analyse("top_corr", header, rows, {"target": "y", "candidates": ["b", "c", "d", "a"], "k": 2}) \
-        == ["a", "d"]
+    top = tables.analyse("top_corr", header, rows, {"target": "y", "candidates": ["b", "c", "d", "a"], "k": 2})
+    assert list(top) == ["a", "d"] and top == pytest.approx({"a": 1.0, "d": -0.8})
 
 
 @pytest.mark.parametrize("family, got, want, score", [
-    ("group_mean", {"x": 2.0005, "y": 11, "z": 1}, {"x": 2.0, "y": 10.0}, 1 / 3),  # x within 0.1%; y wrong; z extra
+    ("group_mean", {"x": 2.005, "y": 10.006, "z": 1}, {"x": 2.0, "y": 10.0}, 1 / 3),  # x within 0.005; y not; z extra
     ("group_mean", {"x": 2.0, "y": 10.0}, {"x": 2.0, "y": 10.0}, 1.0),
     ("group_mean", {"x": True, "y": 10}, {"x": 1.0, "y": 10.0}, 0.5),  # a bool is not a number
     ("group_mean", [2.0, 10.0], {"x": 2.0, "y": 10.0}, 0.0),
-    ("filtered_median", 11.51, 11.5, 1.0),  # |0.01| <= 0.0115
-    ("filtered_median", 11.52, 11.5, 0.0),  # |0.02| > 0.0115
+    ("filtered_median", 11.505, 11.5, 1.0),  # right to 2 decimals: |0.005| <= 0.005
+    ("filtered_median", 11.506, 11.5, 0.0),
+    ("filtered_median", 11.5, float("inf"), 0.0),  # no credit against a non-finite host value
     ("filtered_median", "11.5", 11.5, 0.0),
-    ("top_corr", ["d", "a"], ["a", "d"], 1.0),
-    ("top_corr", ["a", "b", "c"], ["a", "d"], 1 / 3),  # naming more columns costs
-    ("top_corr", ["a", "a"], ["a", "d"], 0.5),
-    ("top_corr", "a, d", ["a", "d"], 0.0),
+    ("top_corr", {"d": -0.8, "a": 0.99}, {"a": 1.0, "d": -0.8}, 0.5),  # any order; a's r is off
+    ("top_corr", {"d": -0.8, "a": 1.0}, {"a": 1.0, "d": -0.8}, 1.0),
+    ("top_corr", {"a": 1.0, "d": -0.8, "b": 0.6}, {"a": 1.0, "d": -0.8}, 0.0),  # exactly k columns or nothing
+    ("top_corr", {"a": 1.0, "b": 0.6}, {"a": 1.0, "d": -0.8}, 0.5),
+    ("top_corr", {"a": 1.0, "d": 0.8}, {"a": 1.0, "d": -0.8}, 0.5),  # the sign is part of r
+    ("top_corr", ["a", "d"], {"a": 1.0, "d": -0.8}, 0.0),  # names alone: the round-4 answer
+    ("top_corr", {}, {}, 0.0),
 ])
 def test_answer_score(family, got, want, score):
     assert tables.answer_score(family, got, want) == pytest.approx(score)
@@ -72,7 +76,30 @@ def test_answer_score(family, got, want, score):
 def test_answer_phrases():
     assert tables.answer_phrases("group_mean", {"x": 2.0, "y": 10.456}) == ["x: 2.00", "y: 10.46"]
     assert tables.answer_phrases("filtered_median", 11.5) == ["11.50"]
-    assert tables.answer_phrases("top_corr", ["a", "d"]) == ["a", "d"]
+    assert tables.answer_phrases("top_corr", {"a": 1.0, "d": -0.8}) == ["a: 1.00", "d: -0.80"]
+
+
+@pytest.mark.parametrize("family, got, ok", [
+    ("filtered_median", 1.5, True), ("filtered_median", True, False), ("filtered_median", [1.5], False),
+    ("group_mean", {"x": 1.0}, True), ("group_mean", {}, False), ("group_mean", {"x": "1.0"}, False),
+    ("top_corr", {"a": 0.5, "b": -0.1}, True), ("top_corr", {"a": 0.5}, False),
+    ("top_corr", {"a": 0.5, "z": 0.1}, False), ("top_corr", ["a", "b"], False)])
+def test_is_answer(family, got, ok):
+    assert tables.is_answer(family, got, {"candidates": ["a", "b", "c"], "k": 2}) is ok
+
+
+def test_drawn_from():
+    table = tables.Table(("id", "g", "x"), (("r1", "a", "1.50"), ("r2", "b", "NA"), ("r1", "a", "1.50"),
+                                             ("r3", "b", "2.00")))
+    kept = [["r1", "a", "1.5"], ["r3", "b", "2"]]  # numbers compare as numbers
+    assert tables.drawn_from(table, ["id", "g", "x"], kept)
+    assert tables.drawn_from(table, ["id", "g", "x"], [["r1", "a", "1.50"]] * 2 + [["r3", "b", "2.00"]])  # raw has 2
+    assert tables.drawn_from(table, ["id", "g", "x"], [["r3", "b", "2.00"], ["r1", "a", "1.50"], ["r2", "b", "NA"]])
+    assert not tables.drawn_from(table, ["id", "g", "x"], kept * 2)  # r3 thrice: raw has it once
+    assert not tables.drawn_from(table, ["id", "g", "x"], kept[:1])  # a record the rule keeps is missing
+    assert not tables.drawn_from(table, ["id", "g", "x"], kept + [["r4", "b", "2.00"]])  # not a raw record
+    assert not tables.drawn_from(table, ["id", "g", "x"], [["r1", "a", "1.5"], ["r3", "b", "inf"]])
+    assert not tables.drawn_from(table, ["id", "x", "g"], kept)
 
 
 @pytest.mark.parametrize("family", tables.TASK_FAMILIES)

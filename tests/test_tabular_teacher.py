@@ -100,11 +100,13 @@ def test_a_guessed_result_without_the_work_earns_no_credit():
                   Action("Hand in.", "submit", {"path": RESULT}, "report")])
     result = play(BENCH, task, lambda conversation: next(steps, None))
     rewards = result.score.stage_rewards()
-    # the submit call is real (report: eta 1/2 x 1 of 2 items); nothing else was done by a call that read its input
-    assert rewards == {"inspect": 0.0, "clean": 0.0, "analyse": 0.0, "report": 0.25}
+    # the submit call is real, but what it handed in no analysis wrote (report.submitted fails too); nothing was
+    # done by a call that read its input
+    assert rewards == {"inspect": 0.0, "clean": 0.0, "analyse": 0.0, "report": 0.0}
     assert _failed(result)["analyse"] == ["analyse.correct", "analyse.ran", "analyse.replayed"]
-    # E2E: 0.5 * (0.2 * 0.25) + 0.5 * task; the metric reads the submitted answer only
-    assert result.score.task == 1.0 and result.score.reward == pytest.approx(0.525)
+    assert _failed(result)["report"] == ["report.submitted", "report.written"]
+    # E2E: 0.5 * 0 + 0.5 * task; the metric reads the submitted answer only
+    assert result.score.task == 1.0 and result.score.reward == pytest.approx(0.5)
     idle = play(BENCH, task, lambda conversation: None)
     assert idle.score.reward == 0.0 and idle.score.task == 0.0
 

@@ -20,9 +20,9 @@ from bat_jax.tabular.teacher import VERSION as TEACHER_VERSION, ScriptedTeacher
 from bat_jax.verify.rubric import Rubric
 
 METRICS = {
-    "group_mean": "fraction of group means within 0.1%",
-    "filtered_median": "filtered median within 0.1% (1 or 0)",
-    "top_corr": f"top-{TOP_K} column overlap",
+    "group_mean": "fraction of group means within 0.005",
+    "filtered_median": "filtered median within 0.005 (1 or 0)",
+    "top_corr": f"fraction of the top-{TOP_K} columns named with r within 0.005 (0 unless exactly {TOP_K} named)",
 }
 
 

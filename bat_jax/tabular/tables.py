@@ -5,6 +5,7 @@ Details: docs/design.md.
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -23,6 +24,8 @@ MISSING = ("", "NA", "n/a", "?")
 MAD_K = 3.0
 #: How many columns `top_corr` names.
 TOP_K = 2
+#: How far an answer's number may be from the host's: right to its second decimal.
+TOLERANCE = 0.005
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +134,8 @@ def correlations(header: Sequence[str], rows: Sequence[Sequence[str]], target: s
 def analyse(family: str, header: Sequence[str], rows: Sequence[Sequence[str]], params: dict):
     """The answer of `family` on cleaned rows.
 
-    group_mean → {level: mean of `value`}; filtered_median → the median of `value` after the MAD filter; top_corr → the
-    `k` candidate columns with the largest |r| with `target`, largest first.
+    group_mean → {level: mean of `value`}; filtered_median → the median of `value` after the MAD filter; top_corr →
+    {column: Pearson r with `target`} of the `k` candidate columns with the largest |r|, largest first.
 
     Raises:
       ValueError: an unknown family, a column the header lacks, or too few rows for the statistic.
@@ -148,45 +151,71 @@ def analyse(family: str, header: Sequence[str], rows: Sequence[Sequence[str]], p
         return statistics.median(filtered_values(_column(header, rows, params["value"]), params["mad_k"]))
     if family == "top_corr":
         r = correlations(header, rows, params["target"], params["candidates"])
-        return sorted(r, key=lambda c: -abs(r[c]))[:params["k"]]
+        return {c: r[c] for c in sorted(r, key=lambda c: -abs(r[c]))[:params["k"]]}
     raise ValueError(f"tabular: unknown task family {family!r}; known: {TASK_FAMILIES}")
 
 
-def _close(got, want: float) -> bool:
-    """A JSON number (not a bool) within 1e-3 relative (or absolute, below 1) of `want`."""
+def _close(got, want) -> bool:
+    """`got` is a JSON number (not a bool) within `TOLERANCE` of `want`, both finite (no credit against an inf)."""
     return (isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got)
-            and abs(got - want) <= 1e-3 * max(1.0, abs(want)))
+            and isinstance(want, (int, float)) and math.isfinite(want) and abs(got - want) <= TOLERANCE + 1e-9)
+
+
+def is_answer(family: str, got, params: dict) -> bool:
+    """`got` has the shape of a `family` answer: finite numbers, keyed by group or by exactly k candidate columns."""
+    finite = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if family == "filtered_median":
+        return finite(got)
+    if not isinstance(got, dict) or not got or not all(finite(v) for v in got.values()):
+        return False
+    return family == "group_mean" or (len(got) == params["k"] and set(got) <= set(params["candidates"]))
 
 
 def answer_score(family: str, got, want) -> float:
     """The task metric, 0–1, of an answer `got` (decoded JSON, any shape) against the host's `want`.
 
-    group_mean: the fraction of groups (of either answer) whose mean is right; filtered_median: 1 when close, else 0;
-    top_corr: |named ∩ right| / max(k, number named).
+    group_mean: the fraction of groups (of either answer) whose mean is right; filtered_median: 1 when right, else 0;
+    top_corr: 0 unless exactly k columns are named, else the fraction of the host's k columns named with the right r.
+    Right: within `TOLERANCE`. An answer the brief gives away (every candidate, a constant) scores about 0.
     """
     if family == "group_mean":
-        if not isinstance(got, dict):
+        if not isinstance(got, dict) or not want:
             return 0.0
         keys = set(got) | set(want)
         return sum(k in got and k in want and _close(got[k], want[k]) for k in keys) / len(keys)
     if family == "filtered_median":
         return float(_close(got, want))
     if family == "top_corr":
-        if not isinstance(got, list) or not all(isinstance(c, str) for c in got):
+        if not isinstance(got, dict) or len(got) != len(want) or not want:
             return 0.0
-        return len(set(got) & set(want)) / max(len(want), len(set(got)))
+        return sum(k in got and _close(got[k], want[k]) for k in want) / len(want)
     raise ValueError(f"tabular: unknown task family {family!r}; known: {TASK_FAMILIES}")
 
 
 def answer_phrases(family: str, answer) -> list[str]:
-    """What a report must state of the answer.
+    """What a report must state of the answer: 'level: mean' per group, the median, or 'column: r' per column.
 
-    'level: mean' per group, the median, or the column names (numbers with two decimals)."""
-    if family == "group_mean":
-        return [f"{g}: {v:.2f}" for g, v in answer.items()]
+    Numbers with two decimals."""
     if family == "filtered_median":
         return [f"{answer:.2f}"]
-    return list(answer)
+    return [f"{g}: {v:.2f}" for g, v in answer.items()]
+
+
+def _key(row: Sequence[str]) -> tuple:
+    """A record as its cells compare: id and category as text, numeric cells as numbers (text when not one)."""
+    return tuple(row[:2]) + tuple(c if number(c) is None else number(c) for c in row[2:])
+
+
+def drawn_from(table: Table, header: Sequence[str], rows: Sequence[Sequence[str]]) -> bool:
+    """`rows` under `header` are a cleaning of `table` (a clean table that a replay may trust).
+
+    Its header, raw records only (each at most as often as the raw table has it, numbers compared as numbers) and
+    every record the cleaning rule keeps."""
+    if list(header) != list(table.header):
+        return False
+    raw, got = collections.Counter(map(_key, table.rows)), collections.Counter(map(_key, rows))
+    kept = collections.Counter(map(_key, clean(table.header, table.rows)[0]))
+    return not got - raw and not kept - got
 
 
 def _draw(family: str, rng: random.Random, vocab: Vocabulary) -> tuple[list[str], list[list[float | str]], dict]:
@@ -222,15 +251,16 @@ def _draw(family: str, rng: random.Random, vocab: Vocabulary) -> tuple[list[str]
 def _defects(rows: list[list[str]], variant: str, rng: random.Random) -> list[list[str]]:
     """The raw records of `variant`, with its defects.
 
-    Invalid cells first (never in the first record), then exact copies of valid records inserted after their originals.
+    Invalid cells first (1-4, never in the first record), then exact copies of 1-3 valid records inserted after their
+    originals: how many varies, so the variant's name does not give the profile's counts.
     """
     rows = [list(r) for r in rows]
     if variant in ("missing", "mixed"):
-        for i in rng.sample(range(1, len(rows)), rng.randint(2, 3)):
+        for i in rng.sample(range(1, len(rows)), rng.randint(1, 4)):
             rows[i][rng.randrange(2, len(rows[i]))] = rng.choice(MISSING)
     if variant in ("duplicates", "mixed"):
         valid = [i for i, r in enumerate(rows) if is_valid(r, len(r))]
-        for i in sorted(rng.sample(valid, 2), reverse=True):
+        for i in sorted(rng.sample(valid, rng.randint(1, 3)), reverse=True):
             rows.insert(rng.randint(i + 1, len(rows)), list(rows[i]))
     return rows
 

@@ -40,8 +40,8 @@ QUESTIONS = {
     "group_mean": "the mean of `{value}` for each level of `{group}`",
     "filtered_median": ("the median of `{value}` after dropping outliers: values more than {mad_k:g} median "
                         "absolute deviations from the median of `{value}`"),
-    "top_corr": "the {k} columns of {candidates} with the largest absolute Pearson correlation with `{target}`, "
-                "largest first (a list of names)",
+    "top_corr": "the Pearson correlation with `{target}` of the {k} columns of {candidates} whose correlation is "
+                "largest in absolute value (an object {{column: r}} of exactly {k} columns)",
 }
 
 SKILLS = {
@@ -49,9 +49,10 @@ SKILLS = {
                 f"invalid records; write {INSPECT}."),
     "clean": (f"Stage clean: apply the cleaning rule to {RAW}; write the kept records (with the header) to "
               f"{CLEAN_CSV} and the counts to {CLEAN_LOG}."),
-    "analyse": f"Stage analyse: read {CLEAN_CSV}, answer the question, write {RESULT} as {{\"answer\": ...}}.",
-    "report": (f"Stage report: write {REPORT} (task id, 'N rows kept', the answer with 2 decimals), then submit "
-               f"{RESULT}."),
+    "analyse": (f"Stage analyse: read {CLEAN_CSV}, answer the question, write {RESULT} as {{\"answer\": ...}} "
+                "(numbers right to 2 decimals)."),
+    "report": (f"Stage report: read {RESULT}; write {REPORT} (task id, 'N rows kept', the answer with 2 decimals as "
+               f"'name: value' per group or column; no other number), then submit {RESULT}."),
 }
 
 
@@ -70,7 +71,8 @@ def render_brief(task_id: str, family: str, params: dict) -> str:
             "Cleaning rule: drop a record whose id appeared earlier (keep the first), then any record with an "
             "empty category or a numeric cell that is not a number.\n"
             f"Write: {INSPECT} {{rows, columns, duplicate_ids, invalid_rows}} of the raw table; {CLEAN_CSV} and "
-            f"{CLEAN_LOG} {{kept, dropped_duplicates, dropped_invalid}}; {RESULT} {{\"answer\": ...}}; {REPORT}. "
+            f"{CLEAN_LOG} {{kept, dropped_duplicates, dropped_invalid}}; {RESULT} {{\"answer\": ...}}; {REPORT} "
+            "(the task id, 'N rows kept' and the answer to 2 decimals, no other number). "
             f"Submit {RESULT}.\n")
 
 

@@ -13,7 +13,8 @@ from bat_jax.tabular.tasks import RESULT
 
 #: Version of the action texts (a Stage Bank recipe names it: rows of two versions are not trained on together).
 #: v2: each stage's own body first, the shared text after it (v1 shared whole lines between stages mid-action).
-VERSION = "v2"
+#: v3: top_corr answers {column: r}; the report states only its numbers (the rubric's report rule).
+VERSION = "v3"
 
 #: Ends every action after its body: the brief's task id T and parameters Q, the table reader and the record check.
 #: Reading task.md is every action's; only a body that calls `table` reads a table.
@@ -76,8 +77,8 @@ elif Q["family"] == "filtered_median":
     d = st.median([abs(y - m) for y in v])
     A = st.median([y for y in v if abs(y - m) <= Q["mad_k"] * d] if d > 0 else v)
 else:
-    c = {n: abs(st.correlation(col(n), col(Q["target"]))) for n in Q["candidates"]}
-    A = sorted(c, key=lambda n: -c[n])[:Q["k"]]
+    c = {n: st.correlation(col(n), col(Q["target"])) for n in Q["candidates"]}
+    A = {n: c[n] for n in sorted(c, key=lambda n: -abs(c[n]))[:Q["k"]]}
 json.dump({"answer": A}, open("work/result.json", "w"))
 print(A)
 """
@@ -86,10 +87,7 @@ REPORT = """# report: write the report
 print("next: submit")
 ans = json.load(open("work/result.json"))["answer"]
 n = json.load(open("work/clean.json"))["kept"]
-if isinstance(ans, dict):
-    s = "\\n".join(f"- {k}: {v:.2f}" for k, v in ans.items())
-else:
-    s = ", ".join(ans) if isinstance(ans, list) else f"{ans:.2f}"
+s = "\\n".join(f"- {k}: {v:.2f}" for k, v in ans.items()) if isinstance(ans, dict) else f"{ans:.2f}"
 open("work/report.md", "w").write(f"# Report {T}\\n{n} rows kept\\nAnswer:\\n{s}\\n")
 print(open("work/report.md").read())
 """
