@@ -19,8 +19,9 @@ most `sync_bucket_bytes` (`sync_staging.plan_sync`: a decoder layer never split 
 the bound — a 9B model's embedding and output head — in row chunks). The parent allocates **one staging buffer per
 device for the whole sync** (`SyncPlan.staging_bytes` ≤ the bound). Bucket by bucket, it casts and all-gathers the
 bucket on the learner's mesh (`weight_sync.stream_pieces`, compiled once per bucket signature), copies each
-device's copy into that device's staging buffer, and waits until **every replica has loaded the bucket** —
-acknowledged after vLLM's ``load_weights`` has taken all of it (`vllm_replica_worker`) — before it writes the next.
+device's copy into that device's staging buffer, synchronises each of those devices, tells the replicas, and waits
+until **every replica has loaded the bucket** — acknowledged after vLLM's ``load_weights`` has taken all of it and
+the replica's device has finished those copies (`vllm_replica_worker`) — before it writes the next.
 
 * GPU: the staging buffer is a torch CUDA tensor on the replica's device (XLA's allocations cannot be exported),
   exported once by CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor``). The replica hands views of it to
@@ -163,6 +164,7 @@ class VLLMReplicaPool:
       sync_bucket_bytes: largest bucket of a weight sync (bytes in the engine dtype): the staging buffer's size.
       measure_sync: record the peak of torch's CPU allocator during each sync, here and in every replica
         (`last_sync`; for tests/test_vllm_memory_sync.py).
+      cuda: the parent's CUDA calls of a sync (`sync_staging.TorchCuda`; a test's double).
     Raises:
       ValueError: `num_replicas` < 1, fewer `gpus` than replicas, or an ordinal that is not visible.
       RuntimeError: a replica that fails to start (naming it and its error); the others are shut down.
@@ -170,12 +172,12 @@ class VLLMReplicaPool:
 
     def __init__(self, config: VLLMEngineConfig, num_replicas: int, *, gpus: Sequence[int] | None = None,
                  start_timeout_s: float = 900.0, call_timeout_s: float = 600.0,
-                 sync_bucket_bytes: int = SYNC_BUCKET_BYTES, measure_sync: bool = False):
+                 sync_bucket_bytes: int = SYNC_BUCKET_BYTES, measure_sync: bool = False, cuda: Any = None):
         if num_replicas < 1:
             raise ValueError(f"VLLMReplicaPool: num_replicas must be >= 1, got {num_replicas}")
         gpus = pin_gpus(int(num_replicas), gpus)
         self.config, self.num_replicas, self.gpus = config, int(num_replicas), gpus
-        self.measure_sync = bool(measure_sync)
+        self.measure_sync, self.cuda = bool(measure_sync), cuda
         self.last_sync: dict[str, Any] = {}  # the latest sync's plan and measurements (diagnostics)
         self.started: list[dict] = []  # each replica's start reply: pid, jax_imported, cuda_visible_devices
         self.call_timeout_s, self.sync_bucket_bytes = float(call_timeout_s), int(sync_bucket_bytes)
@@ -375,7 +377,7 @@ class VLLMReplicaPool:
         done = {}
         measured = None
         try:
-            with StagingBuffers(plan.staging_bytes, self.gpus, self.num_replicas) as staging:
+            with StagingBuffers(plan.staging_bytes, self.gpus, self.num_replicas, cuda=self.cuda) as staging:
                 for r in self._replicas:
                     done[r.index] = self._send(r, "sync", {"whole": whole, "chunk_buckets": chunk_buckets,
                                                           "staging": staging.payloads[r.index],
