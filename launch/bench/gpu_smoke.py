@@ -23,8 +23,8 @@ Stages, in this order, each printing one ``[smoke] <stage> ok|skipped|FAILED ...
 7. vllm (skipped, with a line, when ``import vllm`` fails): the memory plan of `rollout/vllm_memory.py`, engine
    start on the same Qwen3.5 model, generate with logprobs, a streamed weight sync, and the synced engine's
    logprobs of fixed completions against the learner's (max |Δ|, nats).
-8. replicas (skipped without vLLM or with fewer than 2 GPUs): two replica processes pinned by GPU UUID, two weight
-   syncs through the CUDA IPC staging buffers (seconds, buckets, staging bytes), each replica's score against the
+8. replicas (skipped without vLLM or with fewer than 2 GPUs): two replica processes pinned to their GPUs (UUID, or
+   NVML index before vLLM 0.24), two weight syncs through the CUDA IPC staging buffers (seconds, buckets, staging bytes), each replica's score against the
    learner's logprobs.
 
 At the end one table holds every figure of every stage. Exit status 0 when every stage that ran passed.
@@ -318,7 +318,7 @@ def stage_sampler(args, learner, ids) -> None:
 
 
 def stage_replicas(args, learner, ids, cfg) -> None:
-    """Two vLLM replica processes pinned by GPU UUID, two weight syncs through CUDA IPC staging buffers."""
+    """Two vLLM replica processes pinned to their GPUs (`gpus.pin_env`), two weight syncs through CUDA IPC staging."""
     import numpy as np
 
     t0 = time.perf_counter()
