@@ -24,8 +24,8 @@ Stages, in this order, each printing one ``[smoke] <stage> ok|skipped|FAILED ...
    start on the same Qwen3.5 model, generate with logprobs, a streamed weight sync, and the synced engine's
    logprobs of fixed completions against the learner's (max |Δ|, nats).
 8. replicas (skipped without vLLM or with fewer than 2 GPUs): two replica processes pinned to their GPUs (UUID, or
-   NVML index before vLLM 0.24), two weight syncs through the CUDA IPC staging buffers (seconds, buckets, staging bytes), each replica's score against the
-   learner's logprobs.
+   NVML index before vLLM 0.24), two weight syncs through the CUDA IPC staging buffers (seconds, buckets, staging
+   bytes), each replica's score against the learner's logprobs.
 
 At the end one table holds every figure of every stage. Exit status 0 when every stage that ran passed.
 """
