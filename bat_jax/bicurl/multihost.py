@@ -325,13 +325,16 @@ class HostWeights:
 def engine_policy(policy: Any) -> Any:
     """`policy`, or with several processes a copy holding its own model for the rollout engine.
 
-    With one process `policy` itself; with several, `policy` holding its own copy of the model (``nnx.clone``) for the
-    rollout engine: the JAX sampler keeps the model's variables, and the learner's weight sync writes arrays that span
-    every process into the learner's model, which would move the sampler onto the global mesh (a program only process 0
-    runs, waiting forever for the others)."""
+    With one process `policy` itself; with several, `policy` holding its own copy of the model, its parameters gathered
+    to this host tensor by tensor (numpy): the learner's model holds arrays that span every process (a checkpoint is
+    loaded onto the learner's mesh; the learner's weight sync writes such arrays too), and an engine that kept them
+    would run on the global mesh (a program only process 0 runs, waiting forever for the others). The JAX sampler
+    places its copy on this host's first device; vLLM writes it to its checkpoint."""
     if jax.process_count() == 1:
         return policy
-    return dataclasses.replace(policy, model=nnx.clone(policy.model))
+    model = nnx.clone(policy.model)
+    nnx.update(model, distributed.host_gather(nnx.state(model, nnx.Param)))
+    return dataclasses.replace(policy, model=model)
 
 
 def local_engine(engine: Any) -> Any:
