@@ -305,7 +305,10 @@ class HostWeights:
     """A rollout engine on this process's own devices, fed the learner's weights gathered to the host.
 
     The learner's parameters span every process, the engine's copy must be whole and local. `update_weights` is then a
-    collective (every process calls it, as the loop does); everything else is the engine's."""
+    collective (every process calls it, as the loop does); everything else is the engine's. A vLLM engine (its
+    `VLLMEngineConfig`) gets each tensor cast to its dtype on the learner's mesh before the gather
+    (`weight_sync.host_weights`: bf16 through host memory, no float32 cast on the CPU per replica); the JAX sampler
+    gets the parameters as they are."""
 
     def __init__(self, engine: Any):
         self.engine = engine
@@ -315,6 +318,12 @@ class HostWeights:
 
         `options` (e.g. ``in_flight``) are passed on.
         """
+        from bat_jax.rollout.vllm_engine import VLLMEngineConfig
+        from bat_jax.rollout.weight_sync import host_weights
+
+        config = getattr(self.engine, "config", None)
+        if isinstance(config, VLLMEngineConfig):
+            return self.engine.update_weights(host_weights(params, config.dtype), **options)
         state = nnx.state(params) if isinstance(params, nnx.Module) else params
         return self.engine.update_weights(distributed.host_gather(state), **options)
 
