@@ -2,8 +2,8 @@
 `build_policy`) lands on the learner's mesh, shard by shard: no device ever holds more than its share.
 
 Runs in a subprocess on 8 fake CPU devices (``--xla_force_host_platform_device_count=8``) so that
-``jax.live_arrays()`` sees only this process's arrays. Live bytes per device = the bytes of every live array's shard
-on that device. The bound per device is its planned share (the parameter shards `Learner.param_shardings` puts there,
+``jax.live_arrays()`` sees only this process's arrays. Live bytes per device = the bytes of every device buffer of a
+live array there (`launch/bench/memory_walk.live_bytes`). The bound per device is its planned share (the parameter shards `Learner.param_shardings` puts there,
 params / fsdp plus the replicated norms) plus one bucket (the largest tensor). The old load (the whole checkpoint on
 device 0, kept by the model object) is measured in the same process and passes that bound almost three times over.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = r'''
-import collections, gc, json, sys
+import gc, json, sys
 import jax, numpy as np
 from flax import nnx
 from bat_jax.learn.learner import Learner, checkpoint_sharding
@@ -29,20 +29,13 @@ from bat_jax.models.mesh import MeshConfig
 from bat_jax.models.qwen3 import Qwen3ForCausalLM
 from bat_jax.models.tokenizer import TINY_TOKENIZER_DIR
 from bat_jax.policy import PolicyConfig, build_policy
+from launch.bench.memory_walk import live_bytes as live
 
 ckpt = sys.argv[1]
 config = Qwen3Config(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False)
 hf_io.save_pretrained(Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), ckpt, tokenizer_dir=TINY_TOKENIZER_DIR)
 gc.collect()
-
-
-def live():
-    per = collections.Counter()
-    for a in jax.live_arrays():
-        for sh in a.addressable_shards:
-            per[sh.device.id] += sh.data.nbytes
-    return [per[d.id] for d in jax.devices()]
 
 
 mesh = MeshConfig(fsdp=8)
