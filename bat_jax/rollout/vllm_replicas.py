@@ -197,8 +197,9 @@ class VLLMReplicaPool:
         self._replicas: list[_Replica] = []
         started = []  # each replica's start reply (its reader pops it from `pending` when it comes)
         fields = dataclasses.asdict(config)
+        envs = [replica_env(i, self.num_replicas, gpus) for i in range(self.num_replicas)]  # refused before any starts
         for i in range(self.num_replicas):
-            process, conn = start_replica(i, replica_env(i, self.num_replicas, gpus))
+            process, conn = start_replica(i, envs[i])
             replica = _Replica(i, process, conn)
             started.append(concurrent.futures.Future())
             replica.pending["start"] = started[-1]
