@@ -82,8 +82,12 @@ class Policy:
     prompt_style: str = "full"
 
 
-def build_policy(config: PolicyConfig) -> Policy:
+def build_policy(config: PolicyConfig, sharding_fn: Callable[[tuple, tuple], Any] | None = None) -> Policy:
     """The tiny default or a local HF checkpoint.
+
+    `sharding_fn` places each checkpoint parameter (`hf_io.load_pretrained`'s; a run passes
+    `learn.learner.checkpoint_sharding`, so the model never exists whole on one device); default the first local
+    device. The tiny default is initialised on the default device.
 
     Raises:
       errors.ConfigPathError: `checkpoint_dir` does not exist or lacks config.json, weights (*.safetensors) or the
@@ -102,7 +106,7 @@ def build_policy(config: PolicyConfig) -> Policy:
 
         from bat_jax.models import hf_io
 
-        model = hf_io.load_pretrained(path, dtype=config.dtype)
+        model = hf_io.load_pretrained(path, sharding_fn=sharding_fn, dtype=config.dtype)
         family = config.chat_family or chat.MODEL_CHAT_FAMILY[model.config.family]
         return Policy(model, AutoTokenizer.from_pretrained(str(path)), family, config.prompt_style)
     from bat_jax.models.tokenizer import load_tiny_tokenizer

@@ -95,6 +95,37 @@ def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(
     assert multihost.share(5) == range(3, 5)
 
 
+def test_host_weights_feed_a_vllm_engine_bf16_and_the_jax_sampler_its_state():
+    """`HostWeights`: a vLLM engine (its `VLLMEngineConfig` in bf16) gets ``{HF name: bf16 numpy}``, cast on the mesh
+    (`weight_sync.host_weights`); another engine gets the model's state gathered as it is (float32)."""
+    import jax
+    from flax import nnx
+
+    from bat_jax.rollout.vllm_engine import VLLMEngineConfig
+    from doubles import tiny_model
+
+    class Recording:
+        def __init__(self, config=None):
+            self.config, self.got = config, None
+
+        def update_weights(self, params, **options):
+            self.got = params
+            return 7
+
+    model = tiny_model("qwen3")
+    vllm, sampler = Recording(VLLMEngineConfig(model_dir="x", dtype="bfloat16")), Recording()
+    assert multihost.HostWeights(vllm).update_weights(model) == 7
+    assert multihost.HostWeights(sampler).update_weights(model) == 7
+    want = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    assert set(vllm.got) == set(want) and "model.embed_tokens.weight" in want
+    assert {v.dtype.name for v in vllm.got.values()} == {"bfloat16"}
+    emb = vllm.got["model.embed_tokens.weight"]
+    assert emb.astype("float32").tolist() == jax.numpy.asarray(want["model.embed_tokens.weight"], "bfloat16"
+                                                                ).astype("float32").tolist()
+    assert isinstance(sampler.got, nnx.State)
+    assert {str(v.get_value().dtype) for _, v in nnx.to_flat_state(sampler.got)} == {"float32"}
+
+
 def test_one_process_scored_rollouts_runs_the_whole_batch():
     class Loop:
         def run(self, requests, *, seed, on_trajectory):

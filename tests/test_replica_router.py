@@ -79,8 +79,10 @@ def test_replica_env_pins_each_replica():
     from bat_jax.rollout.gpus import Gpu
     from bat_jax.rollout.vllm_replicas import replica_env
 
-    gpus = [Gpu(i, f"GPU-{i:08x}-aaaa") for i in range(8)]
-    assert replica_env(3, 8, gpus) == {"CUDA_VISIBLE_DEVICES": "GPU-00000003-aaaa", "JAX_PLATFORMS": "cpu"}
+    gpus = [Gpu(i, f"GPU-{i:08x}-aaaa", index=i + 8) for i in range(8)]  # a parent on physical GPUs 8-15
+    assert replica_env(3, 8, gpus, "0.33.0") == {"CUDA_VISIBLE_DEVICES": "GPU-00000003-aaaa", "JAX_PLATFORMS": "cpu"}
+    assert replica_env(3, 8, gpus, "0.19.1") == {"CUDA_VISIBLE_DEVICES": "11", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                                                 "JAX_PLATFORMS": "cpu"}
     cores = sorted(os.sched_getaffinity(0))
     binds = [replica_env(i, 2, None)["VLLM_CPU_OMP_THREADS_BIND"] for i in range(2)]
     if len(cores) >= 2:  # disjoint equal shares

@@ -42,6 +42,7 @@ SUITES = {
     "test_box_stack.py": "the other dependency stacks build and run the core tests",
     "test_install_resolves.py": "the pinned install resolves",
     "test_bench_learner_step.py": "launch/bench/bench_learner_step.py",
+    "test_bench_memory_walk.py": "launch/bench/memory_walk.py",
     "test_bench_rollout_loops.py": "launch/bench/rollout_loops.py",
     "test_bench_workloads.py": "launch/bench/workloads.py",
     "test_compile_probe.py": "launch/bench/compile_probe.py",

@@ -35,7 +35,7 @@ from bat_jax.errors import ConfigValueError
 from bat_jax.curriculum import router
 from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
-from bat_jax.learn.learner import Learner, MemoryConfig
+from bat_jax.learn.learner import Learner, MemoryConfig, checkpoint_sharding
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.ledger import Ledger, RoundRecord
@@ -317,7 +317,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
         benchmark.check_judged_items(components.judge.items)  # against this benchmark's rubric items
     controller_config = _with_late_stages(components.controller, benchmark)
     components = dataclasses.replace(components, controller=controller_config)
-    policy = build_policy(components.policy)
+    policy = build_policy(components.policy, checkpoint_sharding(components.mesh))  # straight onto the mesh
     learner = Learner(policy.model, components.mesh, components.memory)
 
     manifest_path = multihost.on_primary(lambda: ev.write_heldout_manifest(

@@ -273,7 +273,10 @@ class HostWeights:
     """A rollout engine on this process's own devices, fed the learner's weights gathered to the host.
 
     The learner's parameters span every process, the engine's copy must be whole and local. `update_weights` is then a
-    collective (every process calls it, as the loop does); everything else is the engine's."""
+    collective (every process calls it, as the loop does); everything else is the engine's. A vLLM engine (its
+    `VLLMEngineConfig`) gets each tensor cast to its dtype on the learner's mesh before the gather
+    (`weight_sync.host_weights`: bf16 through host memory, no float32 cast on the CPU per replica); the JAX sampler
+    gets the parameters as they are."""
 
     def __init__(self, engine: Any):
         self.engine = engine
@@ -283,6 +286,12 @@ class HostWeights:
 
         `options` (e.g. ``in_flight``) are passed on.
         """
+        from bat_jax.rollout.vllm_engine import VLLMEngineConfig
+        from bat_jax.rollout.weight_sync import host_weights
+
+        config = getattr(self.engine, "config", None)
+        if isinstance(config, VLLMEngineConfig):
+            return self.engine.update_weights(host_weights(params, config.dtype), **options)
         state = nnx.state(params) if isinstance(params, nnx.Module) else params
         return self.engine.update_weights(distributed.host_gather(state), **options)
 
@@ -293,13 +302,16 @@ class HostWeights:
 def engine_policy(policy: Any) -> Any:
     """`policy`, or with several processes a copy holding its own model for the rollout engine.
 
-    With one process `policy` itself; with several, `policy` holding its own copy of the model (``nnx.clone``) for the
-    rollout engine: the JAX sampler keeps the model's variables, and the learner's weight sync writes arrays that span
-    every process into the learner's model, which would move the sampler onto the global mesh (a program only process 0
-    runs, waiting forever for the others)."""
+    With one process `policy` itself; with several, `policy` holding its own copy of the model, its parameters gathered
+    to this host tensor by tensor (numpy): the learner's model holds arrays that span every process (a checkpoint is
+    loaded onto the learner's mesh; the learner's weight sync writes such arrays too), and an engine that kept them
+    would run on the global mesh (a program only process 0 runs, waiting forever for the others). The JAX sampler
+    places its copy on this host's first device; vLLM writes it to its checkpoint."""
     if jax.process_count() == 1:
         return policy
-    return dataclasses.replace(policy, model=nnx.clone(policy.model))
+    model = nnx.clone(policy.model)
+    nnx.update(model, distributed.host_gather(nnx.state(model, nnx.Param)))
+    return dataclasses.replace(policy, model=model)
 
 
 def local_engine(engine: Any) -> Any:

@@ -85,8 +85,23 @@ def make_ref_logprob_fn(apply_fn, config: grpo.GRPOConfig, mesh: jax.sharding.Me
     return grpo.make_logprob_fn(apply_fn, config, out_shardings=mesh_lib.batch_sharding(mesh, 2))
 
 
+def learner_mesh(mesh_config: mesh_lib.MeshConfig) -> jax.sharding.Mesh:
+    """The learner's mesh: the first `data·fsdp·tensor` devices (all of them when one axis is -1)."""
+    sizes = [s for s in (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)]
+    devices = None if -1 in sizes else jax.devices()[: int(np.prod(sizes))]
+    return mesh_lib.build_mesh(mesh_config, devices)
+
+
+def checkpoint_sharding(mesh_config: mesh_lib.MeshConfig) -> Callable[[tuple, tuple], jax.sharding.Sharding]:
+    """The `hf_io.load_pretrained` ``sharding_fn`` that loads a checkpoint straight into the learner's shardings."""
+    return mesh_lib.sharding_fn(learner_mesh(mesh_config), mesh_config.logical_axis_rules)
+
+
 class Learner:
     """Owns the mesh, the parameters (pure dict, placed on the mesh) and the jitted steps.
+
+    The model object holds the learner's parameters (the same arrays, set with `params`), never a copy of its own, so
+    a model loaded onto one device is released once its parameters are placed on the mesh.
 
     Args:
       model: the NNX policy (its parameters are read now and written back by `sync_model`).
@@ -97,9 +112,7 @@ class Learner:
     def __init__(self, model: nnx.Module, mesh_config: mesh_lib.MeshConfig, memory: MemoryConfig = MemoryConfig()):
         self.model = model
         self.memory = memory
-        sizes = [s for s in (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)]
-        devices = None if -1 in sizes else jax.devices()[: int(np.prod(sizes))]
-        self.mesh = mesh_lib.build_mesh(mesh_config, devices)
+        self.mesh = learner_mesh(mesh_config)
         self.apply_fn, params, self.logical_specs = ts.split_model(
             model, memory.forward_options(self.mesh), memory.logit_chunk)
         self.param_shardings = mesh_lib.param_shardings(params, self.logical_specs, self.mesh,
@@ -107,6 +120,18 @@ class Learner:
         self.params = jax.device_put(params, self.param_shardings)
         self._logprob_fns: dict[tuple, Callable] = {}
         self._steps: dict[tuple, tuple[Callable, ts.TrainState, Any]] = {}
+
+    @property
+    def params(self) -> Any:
+        """The learner's parameters (pure dict); setting them writes the same arrays into the model object."""
+        return self._params
+
+    @params.setter
+    def params(self, value: Any) -> None:
+        self._params = value
+        param_state = nnx.state(self.model, nnx.Param)
+        nnx.replace_by_pure_dict(param_state, value)
+        nnx.update(self.model, param_state)
 
     @property
     def batch_devices(self) -> int:

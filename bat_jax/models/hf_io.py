@@ -148,8 +148,8 @@ def load_pretrained(path: str | os.PathLike, *, sharding_fn: ShardingFn | None =
     return nnx.merge(graphdef, state)
 
 
-def _host_array(x: jax.Array) -> np.ndarray:
-    if not x.is_fully_addressable:
+def _host_array(x: jax.Array | np.ndarray) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
         x = multihost_utils.process_allgather(x, tiled=True)
     return np.asarray(jax.device_get(x))

@@ -174,6 +174,14 @@ def param_shardings(
     )
 
 
+def sharding_fn(mesh: Mesh, rules: Sequence[tuple[str, Any]] = DEFAULT_LOGICAL_AXIS_RULES):
+    """``(logical names, shape) -> NamedSharding``: one parameter placed as `param_shardings` places it.
+
+    The form of ``hf_io.load_pretrained``'s ``sharding_fn``, so a checkpoint loads straight into the learner's
+    shardings."""
+    return lambda names, shape: NamedSharding(mesh, logical_to_mesh_spec(tuple(names), tuple(shape), mesh, rules))
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Sharding for a batch-leading array: dim 0 split over (data, fsdp), the rest replicated."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))

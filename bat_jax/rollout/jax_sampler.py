@@ -128,6 +128,13 @@ def _generate(state, cache, prompt_ids, prompt_mask, budgets, seeds, temperature
     return bufs, (cache if return_cache else None)
 
 
+def _on_one_device(x: Any) -> Any:
+    """A jax array on several devices or a numpy array as a copy on this process's first device; else `x`."""
+    if isinstance(x, jax.Array) and len(x.sharding.device_set) == 1 or not isinstance(x, (jax.Array, np.ndarray)):
+        return x
+    return jax.device_put(x, jax.local_devices()[0])
+
+
 class JaxSampler:
     """`RolloutEngine` over an NNX causal LM (`Qwen3ForCausalLM` / `Qwen3_5ForCausalLM`).
 
@@ -162,6 +169,8 @@ class JaxSampler:
         self.placement = None if mesh is None else SamplerPlacement(self._state, mesh, devices)
         if self.placement is not None:
             self._state = self.placement.reshard(self._state)
+        else:  # one device: a model whose parameters are on the learner's mesh (or host) gets its own copy there
+            self._state = jax.tree.map(_on_one_device, self._state)
         cfg = getattr(model, "config", None)
         self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 32768))
         self.min_prompt_bucket = int(min_prompt_bucket)

@@ -178,32 +178,70 @@ class TorchAllocationPeak:
         self.peak = peak
 
 
+class TorchCuda:
+    """The CUDA calls of a sync through CUDA IPC staging buffers (torch's; a test passes a double with these methods)."""
+
+    def buffer(self, nbytes: int, ordinal: int):
+        """(parent) A 1-D uint8 tensor of `nbytes` on ``cuda:<ordinal>``."""
+        import torch
+
+        return torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{ordinal}")
+
+    def export(self, buffer):
+        """(parent) The CUDA IPC handle of `buffer` a replica opens (`open`)."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        return reduce_tensor(buffer)
+
+    def open(self, handle):
+        """(replica) The parent's buffer from its handle, on this process's one visible GPU."""
+        import torch
+
+        rebuild, args = handle  # the handle names the parent's device ordinal; this process sees one GPU
+        args = list(args)
+        args[6] = torch.cuda.current_device()
+        return rebuild(*args)
+
+    def synchronize(self, ordinal: int | None = None) -> None:
+        """Waits for every stream of device `ordinal` (None: the current device)."""
+        import torch
+
+        torch.cuda.synchronize(ordinal)
+
+    def release(self, ordinals=(None,)) -> None:
+        """Synchronises `ordinals`, then frees the IPC cache and the allocator's cached blocks."""
+        import torch
+
+        for ordinal in ordinals:
+            torch.cuda.synchronize(ordinal)
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
+
+
 class StagingBuffers:
     """(parent side) Context: the staging buffers of one sync of `nbytes`.
 
     On GPUs one torch CUDA tensor per replica device (`gpus`: a `gpus.Gpu` per replica), exported once by CUDA IPC; on
     CPU one shared-memory segment for every replica. `payloads[i]` is what replica i opens; `fill` writes one bucket
     into every buffer. On exit the buffers are freed (CUDA: ``ipc_collect`` + ``empty_cache``; CPU: the segment
-    unlinked)."""
+    unlinked). `cuda`: the CUDA calls (default `TorchCuda`)."""
 
-    def __init__(self, nbytes: int, gpus: Sequence[Any] | None, num_replicas: int):
+    def __init__(self, nbytes: int, gpus: Sequence[Any] | None, num_replicas: int, *, cuda: Any = None):
         self.nbytes, self.gpus, self.num_replicas = max(1, int(nbytes)), gpus, num_replicas
+        self.cuda = cuda if cuda is not None else TorchCuda()
         self.buffers: list[Any] = []  # per replica (GPU) or one (CPU)
         self.payloads: dict[int, Any] = {}
         self._shm = None
 
     def __enter__(self) -> "StagingBuffers":
-        import torch
-
         try:
             if self.gpus is not None:
-                from torch.multiprocessing.reductions import reduce_tensor
-
                 for i, gpu in enumerate(self.gpus):
-                    buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=f"cuda:{gpu.ordinal}")
+                    buffer = self.cuda.buffer(self.nbytes, gpu.ordinal)
                     self.buffers.append(buffer)
-                    self.payloads[i] = ("cuda", reduce_tensor(buffer))
+                    self.payloads[i] = ("cuda", self.cuda.export(buffer))
             else:
+                import torch
                 from multiprocessing import shared_memory
 
                 self._shm = shared_memory.SharedMemory(create=True, size=self.nbytes)
@@ -218,15 +256,18 @@ class StagingBuffers:
         """Writes one bucket into every staging buffer, each from the copy on its own device.
 
         The bucket is `weight_sync.stream_pieces`' pieces and values. ``to_tensor(value, device ordinal or None,
-        dtype)`` gives that copy as a torch tensor (the caller's: it knows JAX arrays)."""
-        import torch
-
+        dtype)`` gives that copy as a torch tensor (the caller's: it knows JAX arrays). On GPUs it returns after
+        every device it copied to is synchronised, so the replicas may read."""
         for i, buffer in enumerate(self.buffers):
             ordinal = None if self.gpus is None else self.gpus[i].ordinal
             for (piece, view), value in zip(bucket_views(buffer, pieces), values):
                 view.copy_(to_tensor(value, ordinal, piece.dtype).reshape(piece.shape))
-        if self.gpus is not None:
-            torch.cuda.synchronize()
+        for ordinal in self._ordinals():
+            self.cuda.synchronize(ordinal)
+
+    def _ordinals(self) -> list[int]:
+        """The distinct CUDA ordinals of the buffers ([] on CPU)."""
+        return [] if self.gpus is None else list(dict.fromkeys(g.ordinal for g in self.gpus))
 
     def __exit__(self, *exc) -> None:
         self.buffers.clear()
@@ -236,8 +277,4 @@ class StagingBuffers:
             self._shm.unlink()
             self._shm = None
         if self.gpus is not None:
-            import torch
-
-            torch.cuda.synchronize()
-            torch.cuda.ipc_collect()
-            torch.cuda.empty_cache()
+            self.cuda.release(self._ordinals())

@@ -15,8 +15,10 @@ from typing import Any
 _ABORT = "abort"
 
 
-def open_staging(staging: tuple) -> tuple[Any, Any]:
-    """The parent's staging buffer in this process: ``(1-D uint8 torch tensor, handle to close or None)``."""
+def open_staging(staging: tuple, cuda: Any = None) -> tuple[Any, Any]:
+    """The parent's staging buffer in this process: ``(1-D uint8 torch tensor, handle to close or None)``.
+
+    `cuda`: the CUDA calls (default `sync_staging.TorchCuda`)."""
     import torch
 
     kind, body = staging
@@ -25,24 +27,26 @@ def open_staging(staging: tuple) -> tuple[Any, Any]:
 
         shm = shared_memory.SharedMemory(name=body)
         return torch.frombuffer(shm.buf, dtype=torch.uint8), shm
-    rebuild, args = body  # CUDA IPC: the handle names the parent's device ordinal; this process sees one GPU
-    args = list(args)
-    args[6] = torch.cuda.current_device()
-    return rebuild(*args), None
+    from bat_jax.rollout.sync_staging import TorchCuda
+
+    return (cuda or TorchCuda()).open(body), None
 
 
-def close_staging(handle: Any) -> None:
+def close_staging(handle: Any, cuda: Any = None) -> None:
     """Unmaps the staging tensor after the last reference to it is gone.
 
-    CPU: closes the shared-memory segment; CUDA: frees the IPC cache and the allocator's cached blocks."""
+    CPU: closes the shared-memory segment; CUDA (`cuda`, default `sync_staging.TorchCuda` where CUDA is available):
+    frees the IPC cache and the allocator's cached blocks."""
     import torch
 
     if handle is not None:
         handle.close()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.ipc_collect()
-        torch.cuda.empty_cache()
+    if cuda is None and torch.cuda.is_available():
+        from bat_jax.rollout.sync_staging import TorchCuda
+
+        cuda = TorchCuda()
+    if cuda is not None:
+        cuda.release()
 
 
 def clone_pending(lo: int, hi: int) -> int | None:
@@ -67,10 +71,17 @@ def clone_pending(lo: int, hi: int) -> int | None:
 
 
 class _Sync:
-    """One sync on this replica: its staging buffer, its bucket queue, its counters."""
+    """One sync on this replica: its staging buffer, its bucket queue, its counters.
 
-    def __init__(self, info: dict, send):
-        self.buffer, self.handle = open_staging(info["staging"])
+    `cuda`: the CUDA calls (default `sync_staging.TorchCuda` for a CUDA IPC buffer; none for shared memory)."""
+
+    def __init__(self, info: dict, send, cuda: Any = None):
+        if cuda is None and info["staging"][0] == "cuda":
+            from bat_jax.rollout.sync_staging import TorchCuda
+
+            cuda = TorchCuda()
+        self.cuda = cuda
+        self.buffer, self.handle = open_staging(info["staging"], cuda)
         self.whole, self.chunk_buckets = int(info["whole"]), int(info["chunk_buckets"])
         self.measure = bool(info.get("measure"))
         self.queue: queue.Queue = queue.Queue()
@@ -101,6 +112,7 @@ class _Sync:
                                    "reload.layerwise.LAYERWISE_INFO) to keep the staging buffer safe")
             self.cloned += cloned
             left -= len(pieces)
+            self._settle()
             self.send("ok", call_id, None)
 
     def rows(self):
@@ -112,7 +124,13 @@ class _Sync:
             for piece, view in bucket_views(self.buffer, pieces):
                 yield piece.name, piece.row0, view
             del view
+            self._settle()
             self.send("ok", call_id, None)
+
+    def _settle(self) -> None:
+        """Waits until this device's streams have finished reading the bucket (CUDA copies only queue)."""
+        if self.cuda is not None:
+            self.cuda.synchronize()
 
     def run(self, engine) -> dict:
         peak = None
@@ -127,12 +145,15 @@ class _Sync:
                 version = engine.install_weights(self.weights(), self.rows())
         finally:
             self.buffer = None
-            close_staging(self.handle)
+            close_staging(self.handle, self.cuda)
         return {"version": version, "cloned_bytes": self.cloned, "torch_peak_bytes": peak}
 
 
-def serve(conn, index: int) -> None:
-    """Starts the engine from the first message, then serves messages until "close" or a closed socket."""
+def serve(conn, index: int, *, make_engine: Any = None, cuda: Any = None) -> None:
+    """Starts the engine from the first message, then serves messages until "close" or a closed socket.
+
+    `make_engine(config fields)` (default: a `VLLMEngine`) and `cuda` (`_Sync`'s) let a test serve a double in a
+    thread."""
     send_lock = threading.Lock()
 
     def send(*msg):
@@ -141,9 +162,12 @@ def serve(conn, index: int) -> None:
 
     try:
         kind, fields = conn.recv()
-        from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+        if make_engine is None:
+            from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
 
-        engine = VLLMEngine(VLLMEngineConfig(**fields))
+            engine = VLLMEngine(VLLMEngineConfig(**fields))
+        else:
+            engine = make_engine(fields)
     except BaseException as exc:  # noqa: BLE001 — the parent reports it with the replica's index
         send("error", "start", type(exc).__name__, str(exc))
         return
@@ -171,7 +195,7 @@ def serve(conn, index: int) -> None:
             calls.submit(reply, call_id, engine.score, *msg[2])
         elif op == "sync":
             try:
-                syncs[call_id] = _Sync(msg[2], send)
+                syncs[call_id] = _Sync(msg[2], send, cuda)
             except BaseException as exc:  # noqa: BLE001
                 send("error", call_id, type(exc).__name__, f"cannot open the staging buffer: {exc}")
                 continue

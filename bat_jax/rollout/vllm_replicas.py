@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from bat_jax.rollout.engine import Completion, SamplingParams
-from bat_jax.rollout.gpus import Gpu, visible_gpus
+from bat_jax.rollout.gpus import Gpu, installed_vllm, pin_env, visible_gpus
 from bat_jax.rollout.replica_router import ReplicaRouter
 from bat_jax.rollout.sync_staging import StagingBuffers
 from bat_jax.rollout.vllm_engine import VLLMEngineConfig, check_request, checkpoint_tensor_shapes, write_checkpoint
@@ -30,15 +30,17 @@ from bat_jax.rollout.weight_sync import (SYNC_BUCKET_BYTES, device_copy, named_w
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def replica_env(index: int, num_replicas: int, gpus: Sequence[Gpu] | None) -> dict[str, str]:
+def replica_env(index: int, num_replicas: int, gpus: Sequence[Gpu] | None, vllm_version: str | None = None
+                ) -> dict[str, str]:
     """Environment of replica `index`, set before its interpreter starts.
 
-    With `gpus`, ``CUDA_VISIBLE_DEVICES`` = its GPU's UUID (a physical device, whatever this process's own
-    ``CUDA_VISIBLE_DEVICES``); without (CPU), an equal share of this process's cores for vLLM's OpenMP threads (all of
-    them when there are fewer cores than replicas). ``JAX_PLATFORMS=cpu`` in case anything it loads ever imports JAX
-    (the replica itself does not)."""
+    With `gpus`, ``CUDA_VISIBLE_DEVICES`` names its GPU's physical device, whatever this process's own
+    ``CUDA_VISIBLE_DEVICES``, in the form `vllm_version` (default: the installed vLLM's) parses: the UUID, or the NVML
+    index with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` before vLLM 0.24 (`gpus.pin_env`). Without (CPU), an equal share of
+    this process's cores for vLLM's OpenMP threads (all of them when there are fewer cores than replicas).
+    ``JAX_PLATFORMS=cpu`` in case anything it loads ever imports JAX (the replica itself does not)."""
     if gpus is not None:
-        return {"CUDA_VISIBLE_DEVICES": gpus[index].uuid, "JAX_PLATFORMS": "cpu"}
+        return {**pin_env(gpus[index], vllm_version or installed_vllm()), "JAX_PLATFORMS": "cpu"}
     cores = sorted(os.sched_getaffinity(0))
     per = len(cores) // num_replicas
     mine = cores[index * per:(index + 1) * per] if per else cores
@@ -123,12 +125,14 @@ class VLLMReplicaPool:
       config: the engine config every replica starts with (its checkpoint gives architecture and tensor names).
       num_replicas: >= 1.
       gpus: GPU per replica: `gpus.Gpu`s or this process's CUDA ordinals (default: replica i on this process's
-        ordinal i when CUDA is available; None on CPU); each replica is pinned by the GPU's UUID.
+        ordinal i when CUDA is available; None on CPU); each replica is pinned by the GPU's UUID
+        (its NVML index for a vLLM before 0.24).
       start_timeout_s: seconds to wait for every replica to start (they start at once).
       call_timeout_s: seconds to wait for one bucket's acknowledgement or one replica's sync result.
       sync_bucket_bytes: largest bucket of a weight sync (bytes in the engine dtype): the staging buffer's size.
       measure_sync: record the peak of torch's CPU allocator during each sync, here and in every replica
         (`last_sync`; for tests/test_vllm_memory_sync.py).
+      cuda: the parent's CUDA calls of a sync (`sync_staging.TorchCuda`; a test's double).
     Raises:
       ValueError: `num_replicas` < 1, fewer `gpus` than replicas, or an ordinal that is not visible.
       RuntimeError: a replica that fails to start (naming it and its error); the others are shut down.
@@ -136,12 +140,12 @@ class VLLMReplicaPool:
 
     def __init__(self, config: VLLMEngineConfig, num_replicas: int, *, gpus: Sequence[int] | None = None,
                  start_timeout_s: float = 900.0, call_timeout_s: float = 600.0,
-                 sync_bucket_bytes: int = SYNC_BUCKET_BYTES, measure_sync: bool = False):
+                 sync_bucket_bytes: int = SYNC_BUCKET_BYTES, measure_sync: bool = False, cuda: Any = None):
         if num_replicas < 1:
             raise ValueError(f"VLLMReplicaPool: num_replicas must be >= 1, got {num_replicas}")
         gpus = pin_gpus(int(num_replicas), gpus)
         self.config, self.num_replicas, self.gpus = config, int(num_replicas), gpus
-        self.measure_sync = bool(measure_sync)
+        self.measure_sync, self.cuda = bool(measure_sync), cuda
         self.last_sync: dict[str, Any] = {}  # the latest sync's plan and measurements (diagnostics)
         self.started: list[dict] = []  # each replica's start reply: pid, jax_imported, cuda_visible_devices
         self.call_timeout_s, self.sync_bucket_bytes = float(call_timeout_s), int(sync_bucket_bytes)
@@ -157,8 +161,9 @@ class VLLMReplicaPool:
         self._replicas: list[_Replica] = []
         started = []  # each replica's start reply (its reader pops it from `pending` when it comes)
         fields = dataclasses.asdict(config)
+        envs = [replica_env(i, self.num_replicas, gpus) for i in range(self.num_replicas)]  # refused before any starts
         for i in range(self.num_replicas):
-            process, conn = start_replica(i, replica_env(i, self.num_replicas, gpus))
+            process, conn = start_replica(i, envs[i])
             replica = _Replica(i, process, conn)
             started.append(concurrent.futures.Future())
             replica.pending["start"] = started[-1]
@@ -341,7 +346,7 @@ class VLLMReplicaPool:
         done = {}
         measured = None
         try:
-            with StagingBuffers(plan.staging_bytes, self.gpus, self.num_replicas) as staging:
+            with StagingBuffers(plan.staging_bytes, self.gpus, self.num_replicas, cuda=self.cuda) as staging:
                 for r in self._replicas:
                     done[r.index] = self._send(r, "sync", {"whole": whole, "chunk_buckets": chunk_buckets,
                                                           "staging": staging.payloads[r.index],

@@ -40,7 +40,7 @@ def to_torch(x: Any, dtype: str):
     """One tensor as a torch tensor of `dtype` (a torch dtype name), without a host copy where possible.
 
     jax.Array: zero-copy through DLPack (a sharded array is first gathered onto its first device, on the
-    device); numpy arrays: `torch.from_numpy`; torch tensors pass through. The cast copies only if the dtype
+    device); numpy arrays: `torch.from_numpy` (bfloat16 ones by their bits); torch tensors pass through. The cast copies only if the dtype
     differs.
     """
     import jax
@@ -53,7 +53,11 @@ def to_torch(x: Any, dtype: str):
     elif isinstance(x, torch.Tensor):
         t = x
     else:
-        t = torch.from_numpy(np.ascontiguousarray(np.asarray(x)))
+        x = np.ascontiguousarray(np.asarray(x))
+        if x.dtype.name == "bfloat16":  # ml_dtypes' bfloat16, which torch.from_numpy does not know: same bits
+            t = torch.from_numpy(x.view(np.uint16)).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(x)
     return t.to(getattr(torch, dtype))
 
 
@@ -178,6 +182,33 @@ def stream_buckets(named: Sequence[tuple[str, Any]], dtype: str, max_bytes: int 
             del gathered
         yield group
         del group
+
+
+_CASTS: dict[str, Any] = {}
+
+
+def host_weights(params: Any, dtype: str) -> dict[str, np.ndarray]:
+    """``{HF name: numpy array}`` of `params` on this host, each tensor in its transfer dtype (`sync_dtype`).
+
+    One tensor at a time: a jax array is cast on its own devices (sharding kept), then gathered to the host
+    (``process_allgather`` when it spans processes: a collective, every process calls it), so the host receives the
+    engine's dtype, never float32 to cast; numpy values are cast on the host. A multi-host run feeds its own engines
+    with it (`bicurl.multihost.HostWeights`)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    out = {}
+    for name, x in flat_named_arrays(params):
+        d = sync_dtype(name, dtype)
+        if isinstance(x, jax.Array):
+            if x.dtype.name != d:
+                if d not in _CASTS:
+                    _CASTS[d] = jax.jit(lambda a, d=d: a.astype(d))
+                x = _CASTS[d](x)
+            x = jax.device_get(x) if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+        arr = np.asarray(x)
+        out[name] = arr if arr.dtype.name == d else arr.astype(d)
+    return out
 
 
 def device_copy(x: Any, device_id: int | None = None) -> Any:

@@ -295,7 +295,7 @@ def stage_sampler(args, learner, ids) -> None:
 
 
 def stage_replicas(args, learner, ids, cfg) -> None:
-    """Two vLLM replica processes pinned by GPU UUID, two weight syncs through CUDA IPC staging buffers."""
+    """Two vLLM replica processes pinned to their GPUs (`gpus.pin_env`), two weight syncs through CUDA IPC staging."""
     import numpy as np
 
     t0 = time.perf_counter()

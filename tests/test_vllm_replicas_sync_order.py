@@ -1,0 +1,193 @@
+"""A weight sync's CUDA ordering across `VLLMReplicaPool` (bat_jax/rollout/vllm_replicas.py), its staging buffers
+(bat_jax/rollout/sync_staging.py) and the replica's message loop (bat_jax/rollout/vllm_replica_worker.py).
+
+No GPU and no vLLM: the pool runs its real sync against two replicas served in threads (`vllm_replica_worker.serve`
+with an engine double), pinned to two pretend GPUs, with the CUDA calls replaced by a recording double
+(`sync_staging.TorchCuda`'s methods) and the parent's copies into the staging buffers recorded by a torch function
+mode. Per bucket the order must be: copy into device d → synchronize(d) → notify replica → replica reads → replica
+synchronizes → ack, and every ack before the next bucket's first copy.
+"""
+
+from __future__ import annotations
+
+import threading
+from multiprocessing import Pipe
+
+import numpy as np
+import torch
+from safetensors.numpy import save_file
+from torch.overrides import TorchFunctionMode
+
+from bat_jax.rollout import vllm_replica_worker, vllm_replicas
+from bat_jax.rollout.gpus import Gpu
+from bat_jax.rollout.vllm_engine import VLLMEngineConfig
+
+TENSORS = {"model.layers.0.mlp.up_proj.weight": np.arange(32, dtype=np.float32).reshape(4, 8),
+           "model.layers.1.mlp.up_proj.weight": -np.arange(32, dtype=np.float32).reshape(4, 8),
+           "model.embed_tokens.weight": np.arange(128, dtype=np.float32).reshape(16, 8) / 7}
+# with a 256-byte bound: one bucket per layer (128 B each: the second would start at 256), the 512-byte embedding in
+# two row chunks of 8 rows -> 4 buckets, 1 piece each
+
+
+class RecordingCuda:
+    """`sync_staging.TorchCuda` on CPU tensors, recording each synchronize (parent: by ordinal; replica r: its own)."""
+
+    def __init__(self, events, replica=None):
+        self.events, self.replica, self.buffers = events, replica, {}
+
+    def buffer(self, nbytes, ordinal):
+        out = torch.zeros(nbytes, dtype=torch.uint8)
+        self.buffers[ordinal] = out
+        return out
+
+    def export(self, buffer):
+        return buffer  # in-process: the replica opens the tensor itself
+
+    def open(self, handle):
+        return handle
+
+    def synchronize(self, ordinal=None):
+        self.events.append(("synchronize", ordinal) if self.replica is None else ("replica_synchronize", self.replica))
+
+    def release(self, ordinals=(None,)):
+        pass
+
+
+class CopyRecorder(TorchFunctionMode):
+    """Records ``("copy", ordinal)`` for every ``Tensor.copy_`` into one of the parent's staging buffers."""
+
+    def __init__(self, events, cuda):
+        super().__init__()
+        self.events, self.cuda = events, cuda
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.copy_:
+            ptr = args[0].data_ptr()
+            for ordinal, buf in self.cuda.buffers.items():
+                if buf.data_ptr() <= ptr < buf.data_ptr() + buf.numel():
+                    self.events.append(("copy", ordinal))
+        return func(*args, **(kwargs or {}))
+
+
+class RecordingConn:
+    """One end of the pool ↔ replica pipe; records the parent's bucket notices and the replica's bucket acks."""
+
+    def __init__(self, conn, events, replica):
+        self.conn, self.events, self.replica = conn, events, replica
+
+    def send(self, msg):
+        if msg[0] == "bucket":
+            self.events.append(("notify", self.replica))
+        elif msg[0] == "ok" and str(msg[1]).startswith("bucket-"):
+            self.events.append(("ack", self.replica))
+        self.conn.send(msg)
+
+    def recv(self):
+        return self.conn.recv()
+
+    def close(self):
+        self.conn.close()
+
+
+class ThreadProcess:
+    """The replica "process": a thread running `serve`."""
+
+    def __init__(self, thread):
+        self.thread, self.pid = thread, 10_000 + len(thread.name)
+
+    @property
+    def exitcode(self):
+        return None if self.thread.is_alive() else 0
+
+    def is_alive(self):
+        return self.thread.is_alive()
+
+    def join(self, timeout=None):
+        self.thread.join(timeout)
+
+    def kill(self):
+        pass
+
+
+class ReadingEngine:
+    """The replica's engine: reads (clones) each view it is given, recording ``("read", replica)``."""
+
+    def __init__(self, index, events):
+        self.index, self.events, self.params, self.version = index, events, {}, 0
+
+    def install_weights(self, weights, rows=None):
+        for name, view in weights:
+            self.events.append(("read", self.index))
+            self.params[name] = view.clone().numpy()
+        for name, row0, view in rows or ():
+            self.events.append(("read", self.index))
+            self.params.setdefault(name, np.zeros(TENSORS[name].shape, np.float32))[row0:row0 + view.shape[0]] = (
+                view.numpy())
+        self.version += 1
+        return self.version
+
+    def close(self):
+        pass
+
+
+def _chunks(events, kinds, who, sizes):
+    """Positions in `events` of the events of `kinds` concerning `who`, split into groups of `sizes`."""
+    at = [i for i, e in enumerate(events) if e[0] in kinds and e[1] == who]
+    out, k = [], 0
+    for n in sizes:
+        out.append(at[k:k + n])
+        k += n
+    assert k == len(at), (who, kinds, len(at), sizes)
+    return out
+
+
+def test_bucket_is_copied_synchronised_notified_read_synchronised_then_acknowledged(tmp_path, monkeypatch):
+    save_file(TENSORS, str(tmp_path / "model.safetensors"))
+    events: list[tuple] = []
+    parent_cuda = RecordingCuda(events)
+    engines = {}
+
+    def start_replica(index, env):
+        ours, theirs = Pipe()
+        engines[index] = ReadingEngine(index, events)
+        thread = threading.Thread(target=vllm_replica_worker.serve, name=f"replica-{index}", daemon=True,
+                                  args=(RecordingConn(theirs, events, index), index),
+                                  kwargs={"make_engine": lambda fields: engines[index],
+                                          "cuda": RecordingCuda(events, replica=index)})
+        thread.start()
+        return ThreadProcess(thread), RecordingConn(ours, events, index)
+
+    monkeypatch.setattr(vllm_replicas, "start_replica", start_replica)
+    monkeypatch.setattr(vllm_replica_worker, "clone_pending", lambda lo, hi: 0)  # vLLM's layer-wise state: none
+    gpus = [Gpu(0, "GPU-aaaa"), Gpu(1, "GPU-bbbb")]
+    pool = vllm_replicas.VLLMReplicaPool(VLLMEngineConfig(model_dir=str(tmp_path), dtype="float32"), 2, gpus=gpus,
+                                         start_timeout_s=30, call_timeout_s=30, sync_bucket_bytes=256,
+                                         cuda=parent_cuda)
+    try:
+        with CopyRecorder(events, parent_cuda):
+            assert pool.update_weights({k: v * 2 for k, v in TENSORS.items()}) == 1
+    finally:
+        pool.close()
+    assert pool.last_sync["buckets"] == 4 and pool.sync_buckets == 4
+    for r in (0, 1):  # each replica read its own device's buffer, every byte
+        assert engines[r].params.keys() == TENSORS.keys()
+        for name, value in TENSORS.items():
+            np.testing.assert_array_equal(engines[r].params[name], value * 2, err_msg=f"replica {r} {name}")
+
+    buckets = 4  # one piece each
+    copies = {d: _chunks(events, {"copy"}, d, [1] * buckets) for d in (0, 1)}
+    syncs = {d: _chunks(events, {"synchronize"}, d, [1] * buckets) for d in (0, 1)}
+    assert not [e for e in events if e[0] == "synchronize" and e[1] not in (0, 1)]  # never "the current device"
+    notices = {r: _chunks(events, {"notify"}, r, [1] * buckets) for r in (0, 1)}
+    reads = {r: _chunks(events, {"read"}, r, [1] * buckets) for r in (0, 1)}
+    settled = {r: _chunks(events, {"replica_synchronize"}, r, [1] * buckets) for r in (0, 1)}
+    acks = {r: _chunks(events, {"ack"}, r, [1] * buckets) for r in (0, 1)}
+    for k in range(buckets):
+        first_notice = min(notices[r][k][0] for r in (0, 1))
+        for d in (0, 1):  # copy into d -> synchronize(d) -> any replica told
+            assert max(copies[d][k]) < syncs[d][k][0] < first_notice, (k, d, events)
+        for r in (0, 1):  # told -> reads -> synchronizes its device -> acknowledges
+            assert notices[r][k][0] < min(reads[r][k]) and max(reads[r][k]) < settled[r][k][0] < acks[r][k][0], (
+                k, r, events)
+        if k + 1 < buckets:  # the next bucket overwrites the buffers only after every ack
+            assert max(acks[r][k][0] for r in (0, 1)) < min(copies[d][k + 1][0] for d in (0, 1)), (k, events)
