@@ -1,23 +1,6 @@
 """Live bytes per device, phase by phase, of a run's learner on its mesh: where a paper-scale run's memory goes.
 
-The run's policy, mesh, learner memory, SFT and GRPO settings come from a gin run file (default
-`gin/bicurl_tiny.gin`; `--fsdp N` puts the learner on an fsdp mesh of N devices instead of the file's). Phases:
-
-  * load: the policy built straight onto the learner's mesh (`learner.checkpoint_sharding`) and the `Learner`;
-  * sft step: one SFT step on `--rows` × `--seq` random tokens, its train state alive (params + AdamW's two moments);
-  * after sft: the learner adopted the step's parameters, the train state dropped;
-  * grpo step / after grpo: the same for one GRPO step (reference and behaviour logprobs from the learner);
-  * evaluation sync: a host copy of the parameters placed back on the mesh in the model object
-    (`Learner.sync_model`, as a held-out evaluation does), beside the learner's own.
-
-Per phase, per device: the bytes of every live jax array's shard there (`jax.live_arrays()`), beside the plan: the
-parameter shards `Learner.param_shardings` puts on a device ("share": params / fsdp plus what stays replicated) and
-the largest tensor ("bucket"). XLA's temporaries inside a step are not live arrays: these are what stays between
-steps, not a step's peak (`launch/bench/compile_probe.py` reads those from the compiled step).
-
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m launch.bench.memory_walk --fsdp 8
-
-tests/test_bench_memory_walk.py runs it on the micro configuration and checks each phase against the plan.
+Details: docs/design.md.
 """
 
 from __future__ import annotations
