@@ -236,3 +236,10 @@ def test_a_reply_to_another_request_is_dropped_by_id(client):
         s._channel.send({"op": "exec", "language": "python", "code": "print('stale')", "id": 10_000})
         obs = s.execute_code("python", "print('fresh')")  # the stale reply arrives first and is dropped
         assert obs.stdout == "fresh\n" and s.receipts()[-1].stdout == "fresh\n" and s.stray_replies == 1
+
+
+def test_a_missing_image_names_the_build_command(client):
+    """A checkout whose image tag was never built here (a newcomer's first run after pulling) says what to run."""
+    with pytest.raises(SandboxError, match=r"sandbox image 'bat-sandbox:never-built' is missing; build it with "
+                                           r"`bash launch/build_images.sh`"):
+        DockerSandbox(client, DockerSandboxConfig(image="bat-sandbox:never-built"), owner=OWNER)

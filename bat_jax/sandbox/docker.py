@@ -305,6 +305,9 @@ class DockerSandbox:
                 TimeoutError, ValueError) as e:
             self._fault = "infra"
             self.close()
+            if isinstance(e, docker.errors.ImageNotFound):  # a checkout whose image tag was never built here
+                raise SandboxError(f"sandbox image {image!r} is missing; build it with `bash launch/build_images.sh` "
+                                   "(its tag follows the image's contents, so a new checkout may need a new one)") from e
             raise SandboxError(f"could not start a sandbox from image {image!r}: {type(e).__name__}: {e}") from e
 
     def close(self) -> None:
