@@ -4,8 +4,8 @@ scripted manner of answering (test_judge_round5, test_tabular_judge)."""
 import json
 import math
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from openai_stub import json_endpoint
 
 from .judges import decode_judge_request
 
@@ -39,25 +39,7 @@ class JudgeServer:
         self.answer, self.context, self.schema, self.control = answer, context, schema, control
         self.reject = reject
         self.log: list[tuple[str, int, str | None, int]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, payload = server._reply(body)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self._httpd, self.url = json_endpoint(lambda path, headers, body: self._reply(body), threaded=True)
 
     def close(self):
         self._httpd.shutdown()
