@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch, has_signal
@@ -17,10 +18,20 @@ def test_signal_needs_two_scored_rewards_that_differ():
     assert has_signal([0.0, 0.25, None, 0.0])
     assert not has_signal([0.5, 0.5, 0.5, 0.5])
     assert not has_signal([0.3, None, None, None])  # one scored reward: nothing to compare
-    assert not has_signal([0.15000000000000002, 0.15, 0.15, 0.15])  # round-off is not signal
+    assert not has_signal([0.2] * 4)  # float mean 0.2 exactly: std 0
     assert not has_signal([None] * 4)
     with pytest.raises(ValueError, match="non-finite"):
         has_signal([float("nan"), 0.1])
+
+
+def test_round_off_groups_are_kept_as_verl_keeps_them():
+    """verl's DAPO filter keeps np.std > 0: [0.1] * 3 (equal, but its float mean is 0.1 + 2⁻⁵⁶: std 2⁻⁵⁶) and
+    [0.15 + 2⁻⁵⁵, 0.15, 0.15, 0.15] (std 2.4e-17) are kept, [0.2] * 4 (std 0) is not; a tolerance drops them."""
+    assert float(np.std([0.1] * 3)) == 2 ** -56
+    assert has_signal([0.1] * 3) and has_signal([0.15000000000000002, 0.15, 0.15, 0.15])
+    assert DynamicSamplingConfig().keeps([0.1, 0.1, None, 0.1])
+    assert not DynamicSamplingConfig(signal_tol=1e-12).keeps([0.1] * 3)
+    assert has_signal([0.0, 1e-12], tol=4e-13) and not has_signal([0.0, 1e-12], tol=5e-13)  # std 5e-13
 
 
 def test_a_capped_budget_keeps_the_pool_mix_over_the_trained_groups():

@@ -7,9 +7,12 @@ Builds use the local (non-isolated) backend and tiny grids (1–2 sources of the
 import dataclasses
 import http.server
 import json
+import os
+import platform
 import socket
 import threading
 
+import numpy
 import pytest
 
 from bat_jax.benchmark.stages import E2E
@@ -120,6 +123,9 @@ def test_tiny_build_rows_states_and_leakage(fresh):
     assert leak.hits == [] and leak.rows_scanned == 2 + report.sft_rows
     saved = json.loads((bank.root / "work" / "build_report.json").read_text())
     assert saved["digest"] == report.digest and saved["version"] == 1
+    # the one input besides the commit and the config its rows record: the sandboxes' numpy (the S2 env.json)
+    assert report.sandbox == {"python": platform.python_version(), "numpy": numpy.__version__}
+    assert json.loads(bank.load_state(s3_row.state).files["outputs/env.json"])["numpy"] == numpy.__version__
 
 
 def test_resume_recomputes_a_missing_source_to_identical_rows(fresh):
@@ -316,3 +322,38 @@ def test_docker_container_killed_mid_trajectory_rejects_the_source(tmp_path):
     cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), backend="docker", **ONE)
     _assert_rejected(build_bank(cfg, IMAGING, progress=False, make_sandbox=killed), cfg.bank_dir,
                      "sandbox_failure")
+
+
+def _tabular_digest(bank_dir, backend="local", workers=2):
+    from bat_jax.tabular.benchmark import TabularBenchmark
+
+    cfg = FactoryConfig(bank_dir=str(bank_dir), backend=backend, teacher="scripted", tracks=("group_mean",),
+                        outcomes=("missing",), workers=workers)
+    report = build_bank(cfg, TabularBenchmark(), progress=False)
+    assert report.sources_total == 5 and report.cached_sources == 0
+    return report.digest
+
+
+@pytest.mark.slow
+def test_the_tabular_digest_does_not_depend_on_path_cwd_timezone_or_workers(tmp_path, monkeypatch):
+    """The tabular tiny bank's grid narrowed to one family and variant (5 sources), built twice: another bank
+    directory, working directory, TZ and worker count give the same digest."""
+    first = _tabular_digest(tmp_path / "a" / "bank", workers=2)
+    other = tmp_path / "elsewhere" / "deeper"
+    other.mkdir(parents=True)
+    monkeypatch.chdir(other)
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    assert _tabular_digest(other / "bank", workers=1) == first
+    assert os.getcwd() == str(other)
+
+
+@pytest.mark.docker
+def test_the_tabular_digest_is_the_same_on_docker_and_local(tmp_path):
+    """Docker sandboxes (the image's Python and numpy 1.24) and local ones (the host's) write the same tabular rows."""
+    from bat_jax.sandbox.backends import BackendUnavailable
+
+    try:
+        docker = _tabular_digest(tmp_path / "docker" / "bank", backend="docker")
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    assert _tabular_digest(tmp_path / "local" / "bank") == docker

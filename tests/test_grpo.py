@@ -43,6 +43,31 @@ def test_identical_rewards_give_zeros_without_nan():
     assert keep.all() and not np.isnan(adv).any()
 
 
+def test_groups_equal_up_to_round_off_get_no_large_advantages():
+    """[0.1] * 3 (float mean 0.1 + 2⁻⁵⁶) gets exactly 0; [0.3, 0.1 + 0.2] (one ulp, 2⁻⁵⁴, apart; the float mean rounds
+    to 0.1 + 0.2, sample std 2⁻⁵⁴) gets −2⁻⁵⁴ / (2⁻⁵⁴ + 1e-6) = −5.55e-11 and 0; ε = 0 (which would make that −1) is
+    refused."""
+    adv, _ = grpo.group_advantages([0.1] * 3, [0] * 3)
+    assert np.mean([0.1] * 3) == 0.1 + 2 ** -56 and adv.tolist() == [0.0, 0.0, 0.0]
+    adv, _ = grpo.group_advantages([0.3, 0.1 + 0.2], [0, 0])
+    assert 0.1 + 0.2 - 0.3 == 2 ** -54
+    np.testing.assert_allclose(adv, [-(2 ** -54) / (2 ** -54 + 1e-6), 0.0], rtol=1e-6)
+    assert abs(adv[0] + 5.551115e-11) < 1e-16
+    with pytest.raises(ValueError, match="adv_eps"):
+        GRPOConfig(adv_eps=0.0)
+
+
+def test_bounded_staleness_turns_tis_on_unless_bound():
+    """s > 0 with 'recompute': a None tis_cap becomes 2.0, a bound one stays; s = 0 or 'bypass': unchanged."""
+    stale = grpo.for_staleness(GRPOConfig(), 1)
+    assert stale.tis_cap == grpo.STALENESS_TIS_CAP == 2.0 and grpo.batch_fields(stale)[-1] == "is_weights"
+    assert grpo.for_staleness(GRPOConfig(), 0).tis_cap is None
+    assert grpo.for_staleness(GRPOConfig(tis_cap=1.5), 3).tis_cap == 1.5
+    ranged = grpo.for_staleness(GRPOConfig(seq_ratio_range=(0.5, 2.0)), 2)
+    assert ranged.tis_cap == 2.0 and ranged.seq_ratio_range == (0.5, 2.0)
+    assert grpo.for_staleness(GRPOConfig(old_logprobs="bypass"), 1).tis_cap is None
+
+
 def test_hand_computed_group_of_four_and_no_std_option():
     r = [0.0, 0.25, 0.5, 1.0]  # mean 0.4375
     mean = 0.4375

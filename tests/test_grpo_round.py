@@ -167,6 +167,22 @@ def test_group_variance_counts_groups_whose_scored_rewards_differ():
         gr.group_variance([0.1], ["a", "b"])
 
 
+def test_a_block_with_bounded_staleness_trains_with_tis_by_default():
+    """GRPOBlockConfig with max_staleness 1 and no tis_cap bound trains with TIS at 2.0 (`is_weights` in the batch);
+    with max_staleness 0 the objective is the one given."""
+    from bat_jax.learn.staleness import StalenessConfig
+    stale = gr.GRPOBlockConfig(staleness=StalenessConfig(max_staleness=1))
+    assert stale.grpo.tis_cap == 2.0 and "is_weights" in grpo.batch_fields(stale.objective)
+    assert gr.GRPOBlockConfig().grpo == grpo.GRPOConfig()
+    assert gr.GRPOBlockConfig(grpo=grpo.GRPOConfig(tis_cap=3.0),
+                              staleness=StalenessConfig(max_staleness=2)).grpo.tis_cap == 3.0
+
+
+def test_round_off_groups_count_as_varied_as_verl_keeps_them():
+    """[0.1] * 3 (np.std 2⁻⁵⁶) counts as a group with variance, as verl's DAPO filter keeps it; [0.2] * 2 does not."""
+    assert gr.group_variance([0.1, 0.1, 0.1, 0.2, 0.2], ["a", "a", "a", "b", "b"]) == (1, 2)
+
+
 def test_grpo_block_takes_epochs_optimizer_steps_on_each_batch_and_reports_the_signal(monkeypatch):
     """`GRPOConfig.epochs` optimizer steps per pool batch, each on the same host batch (same advantages);
     the signal diagnostics come from the first batch before and the re-rollout after."""

@@ -201,12 +201,12 @@ def test_a_group_of_one_gets_its_reward_as_verl_does(std, want):
 
 def test_dynamic_sampling_filter_as_verl_one_binding_away():
     """verl's DAPO filter keeps a group whose ``np.std`` > 0 or that has one member: [0.1 + 0.2, 0.3, 0.3, 0.3]
-    (std 2.4e-17) is kept there and dropped by the default tolerance 1e-12; a lone scored rollout is kept with
+    (std 4.8e-17) and [0.1] * 3 (std 2⁻⁵⁶) are kept there and by the default; a lone scored rollout is kept with
     ``keep_singletons``."""
     roundoff, lone = [0.1 + 0.2, 0.3, 0.3, 0.3], [0.3, None, None, None]
-    assert np.std(roundoff) > 0
+    assert np.std(roundoff) > 0 and np.std([0.1] * 3) > 0
     default, verl = DynamicSamplingConfig(), DynamicSamplingConfig(signal_tol=0.0, keep_singletons=True)
-    assert not default.keeps(roundoff) and verl.keeps(roundoff)
+    assert default.keeps(roundoff) and verl.keeps(roundoff) and default.keeps([0.1] * 3)
     assert not default.keeps(lone) and verl.keeps(lone)
     assert not verl.keeps([0.3] * 4) and not verl.keeps([None] * 4)
     with pytest.raises(ValueError, match="signal_tol"):

@@ -95,3 +95,19 @@ def test_a_call_after_close_is_the_hosts_failure_on_both_backends(make_box):
     assert fault_of(box) == ("infra", "sandbox is closed")
     assert box.submit("x.json").exit_code is None and fault_of(box)[0] == "infra"
     assert fault_of(object()) == ("", "")
+
+
+def test_environment_versions_names_the_sandbox_python_and_numpy():
+    """The local backend runs this interpreter: its versions; a factory that cannot start a sandbox gives {}."""
+    import platform
+
+    import numpy
+
+    from bat_jax.sandbox.backends import environment_versions, local_sandbox
+
+    assert environment_versions(local_sandbox) == {"python": platform.python_version(), "numpy": numpy.__version__}
+
+    def broken(state):
+        raise RuntimeError("no engine")
+
+    assert environment_versions(broken) == {}

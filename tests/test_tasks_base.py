@@ -71,3 +71,19 @@ def test_a_task_scores_zero_unless_its_submission_was_submitted():
     assert VQA.score_task(inst, {}, None) == 0.0
     assert VQA.score_task(inst, {inst.layout.submission: b"{}"}, "elsewhere.json") == 0.0
     assert VQA.score_task(inst, {inst.layout.submission: b"not json"}, inst.layout.submission) == 0.0
+
+
+def test_a_method_writes_floats_that_differ_in_the_last_bits_as_the_same_bytes(tmp_path):
+    """The provided method's entries keep 12 significant digits: the scores two numpy versions computed for one
+    case (measured: numpy 1.24.2 in the sandbox image, 2.3.5 on the host) are written byte for byte alike."""
+    from bat_jax.tasks.base import METHOD_PRELUDE
+    ns: dict = {"__file__": str(tmp_path / "model.py")}
+    exec(compile(METHOD_PRELUDE, "model.py", "exec"), ns)  # noqa: S102 — the prelude the sandbox runs
+    a = {"label": "nevus", "scores": {"nevus": 0.001659012576622161, "n": 3, "ok": True}, "boxes": [(1.0, 2.5)]}
+    b = {"label": "nevus", "scores": {"nevus": 0.0016590125766221611, "n": 3, "ok": True}, "boxes": [(1.0, 2.5)]}
+    assert a != b
+    ns["_write_entry"](str(tmp_path / "a"), "c1", a)
+    written = ns["_write_entry"](str(tmp_path / "b"), "c1", b)
+    assert (tmp_path / "a" / "c1.json").read_bytes() == (tmp_path / "b" / "c1.json").read_bytes()
+    assert written == {"label": "nevus", "scores": {"nevus": 0.00165901257662, "n": 3, "ok": True},
+                       "boxes": [[1.0, 2.5]]}

@@ -329,9 +329,11 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
         check_recipe(bank, components.bank, benchmark)  # another benchmark's or recipe's bank is refused, never mixed
         if not bank.versions():
             built = build_bank(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark)
+            versions = ", ".join(f"{k} {v}" for k, v in built.sandbox.items())  # what the digest depends on too
             print(f"[bat_jax] Stage Bank v{built.version} built in {built.elapsed_s:.0f} s: {built.sources_accepted} "
                   f"of {built.sources_total} sources accepted, {built.rl_rows} RL rows, {built.sft_rows} SFT rows, "
-                  f"digest {built.digest[:8]}…" + (f"; rejected {built.rejected}" if built.rejected else ""))
+                  f"digest {built.digest[:8]}… (sandbox {versions or 'versions unknown'})"
+                  + (f"; rejected {built.rejected}" if built.rejected else ""))
 
     multihost.on_primary(check_or_build, "Stage Bank check and build")
     feed = BankFeed(bank, run_dir, config.bank_version, benchmark)

@@ -42,7 +42,8 @@ class GRPOBlockConfig:
     """What one GRPO block reads (the experiment builds it from its `Components`).
 
     Attributes:
-      grpo: the objective (`learn/grpo.GRPOConfig`; rollout correction through its `tis_cap` / `seq_ratio_range`).
+      grpo: the objective (`learn/grpo.GRPOConfig`; rollout correction through its `tis_cap` / `seq_ratio_range`);
+        construction applies `grpo.for_staleness` (TIS on at cap 2.0 when `staleness` allows s > 0 and none is bound).
       optimizer: the GRPO optimizer, fresh each block.
       micro_batches: gradient accumulation inside one step (the batch is padded to devices × micro_batches rows).
       max_context_tokens: longest rollout (tokens); batches are padded to their length bucket below it.
@@ -64,6 +65,9 @@ class GRPOBlockConfig:
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     staleness: StalenessConfig = StalenessConfig()
+
+    def __post_init__(self):
+        object.__setattr__(self, "grpo", grpo.for_staleness(self.grpo, self.staleness.max_staleness))
 
     @property
     def max_staleness(self) -> int:
@@ -345,10 +349,10 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
 
 
 def group_variance(rewards, groups) -> tuple[int, int]:
-    """(groups whose scored rewards are not all equal, groups with at least two scored rewards) of one batch.
+    """(groups with reward variance, groups with at least two scored rewards) of one batch.
 
-    `rewards[i]` (None = unscored) belongs to group `groups[i]`. Only the first kind gives GRPO a non-zero advantage (a
-    group of equal rewards normalises to zero; `dynamic_sampling.has_signal`)."""
+    `rewards[i]` (None = unscored) belongs to group `groups[i]`. Variance is verl's filter rule,
+    `dynamic_sampling.has_signal` (np.std > 0: a group equal up to round-off counts, as verl keeps it)."""
     by_group: dict = {}
     for reward, group in zip(rewards, groups, strict=True):
         by_group.setdefault(group, []).append(reward)

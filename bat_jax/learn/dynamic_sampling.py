@@ -12,7 +12,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-SIGNAL_TOL = 1e-12  # rewards closer than this are equal (float round-off is not signal)
+import numpy as np
+
+SIGNAL_TOL = 0.0  # verl's DAPO filter: a group is kept when np.std of its rewards > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,9 +28,9 @@ class DynamicSamplingConfig:
         generation (verl ``max_num_gen_batches`` counts whole generation batches and stops the run when they
         cannot fill the batch; here rows, so the cost is bounded per batch and a batch may train on fewer
         groups). 0 drops groups without replacing them.
-      signal_tol: a group has signal when its scored rewards span more than this (max − min), 1e-12: float
-        round-off is not signal. verl keeps a group whose ``np.std`` > 0, i.e. 0.0 here (it keeps
-        [0.1 + 0.2, 0.3, 0.3, 0.3], whose advantages are then ~1e-10).
+      signal_tol: a group has signal when the population std (``np.std``, float64) of its scored rewards exceeds
+        this; 0.0 is verl's rule (:func:`has_signal`), so a group equal up to round-off, e.g. [0.1] * 3 (std 2⁻⁵⁶),
+        is kept as verl keeps it (its advantages are ~1e-11: `grpo.group_advantages`).
       keep_singletons: keep a group with one scored rollout (verl's filter keeps groups of one; there its
         advantage is the reward itself, `GRPOConfig.singleton_advantage = 'reward'`). False: dropped, as a group
         with nothing to compare.
@@ -56,15 +58,18 @@ class DynamicSamplingConfig:
 
 
 def has_signal(rewards: Sequence[float | None], tol: float = SIGNAL_TOL) -> bool:
-    """Whether a group's rewards give GRPO a non-zero advantage.
+    """Whether a group has reward variance: at least two scored rewards (not None) with ``np.std`` > ``tol``.
 
-    It takes at least two scored rewards (not None) that differ by more than ``tol`` (max − min).
+    With ``tol = 0`` this is verl's DAPO filter, ``np.std(metric_vals) > 0`` on the float64 rewards
+    (volcengine/verl ``recipe/dapo/dapo_ray_trainer.py``, ``kept_prompt_uids``, commit 004c888): [0.1] * 3 has
+    std 2⁻⁵⁶ (its mean rounds to 0.1 + 2⁻⁵⁶) and is kept, [0.2] * 4 has std 0 and is dropped. verl also keeps a
+    group of one (`DynamicSamplingConfig.keep_singletons`).
 
     Raises: ValueError on a NaN or infinite reward (a scorer defect, not a group without signal)."""
     scored = [float(r) for r in rewards if r is not None]
     if not all(math.isfinite(r) for r in scored):
         raise ValueError(f"has_signal: non-finite reward in {list(rewards)}")
-    return len(scored) >= 2 and max(scored) - min(scored) > tol
+    return len(scored) >= 2 and float(np.std(np.asarray(scored, dtype=np.float64))) > tol
 
 
 class SpareRows:

@@ -59,7 +59,8 @@ class GRPOConfig:
       entropy_coef: entropy bonus: the loss subtracts this × the aggregated per-token entropy of the sampling
         distribution (verl ``entropy_coeff``), 0 [0]. Non-zero makes the learner compute the entropy, chunk by
         chunk like the logprobs.
-      adv_eps: ε in (r − mean) / (std + ε), 1e-6 [1e-6, verl].
+      adv_eps: ε in (r − mean) / (std + ε), 1e-6 [1e-6, verl]; > 0, so a group equal up to round-off
+        (std ~1e-17) gets advantages ~1e-11, not ±1.
       adv_std_normalize: divide by the group std (paper) or not [False: ``norm_adv_by_std_in_grpo=false``,
         Dr.GRPO style].
       adv_std_ddof: 1 = sample std (as ``torch.std`` in verl/TRL), 0 = population std.
@@ -76,7 +77,8 @@ class GRPOConfig:
         are off-policy by the earlier ones; the clipped ratio (Eq. 18) against the batch's behaviour logprobs
         bounds them.
       tis_cap, seq_ratio_range: rollout correction (:mod:`bat_jax.learn.rollout_correction`; off in the paper
-        and the released run [None, None]; needs ``old_logprobs = 'recompute'``). The engine's logprobs give the
+        and the released run [None, None]; needs ``old_logprobs = 'recompute'``; a None ``tis_cap`` becomes
+        :data:`STALENESS_TIS_CAP` with bounded staleness s > 0, :func:`for_staleness`). The engine's logprobs give the
         importance weight w = π_learner / π_engine per sampled token: truncated at ``tis_cap`` C and multiplied
         into the policy loss (TIS; verl ``rollout_is_threshold``, slime ``--tis-clip``), and a rollout whose
         per-token-clamped (±20) mean log w leaves the bounds ``seq_ratio_range`` (lo, hi) is masked out.
@@ -154,6 +156,8 @@ class GRPOConfig:
                 raise ValueError(f"GRPOConfig.{name} must be a positive number or None, got {value}")
         if not 0.0 < self.log_ratio_clamp < math.inf:
             raise ValueError(f"GRPOConfig.log_ratio_clamp must be a positive number, got {self.log_ratio_clamp}")
+        if not 0.0 < self.adv_eps < math.inf:
+            raise ValueError(f"GRPOConfig.adv_eps must be a positive number (verl: 1e-6), got {self.adv_eps}")
         if not math.isfinite(self.entropy_coef):
             raise ValueError(f"GRPOConfig.entropy_coef must be finite, got {self.entropy_coef}")
         if self.tis_cap is not None and not 0.0 < self.tis_cap < math.inf:
@@ -164,6 +168,21 @@ class GRPOConfig:
                 raise ValueError(f"GRPOConfig.seq_ratio_range must be (lo, hi) with 0 < lo <= 1 <= hi, got "
                                  f"{self.seq_ratio_range}")
             object.__setattr__(self, "seq_ratio_range", (float(lo), float(hi)))
+
+
+STALENESS_TIS_CAP = 2.0  # TIS cap C of a bounded-staleness run that binds none (verl rollout_is_threshold's 2.0)
+
+
+def for_staleness(config: GRPOConfig, max_staleness: int) -> GRPOConfig:
+    """`config` as a block with bounded staleness `max_staleness` trains it: with s > 0, TIS on at the cap given.
+
+    With s > 0 and ``old_logprobs = 'recompute'`` the ratio's denominator is the learner's current policy, so only the
+    importance weight π_learner / π_engine corrects for the rollouts' older weights: a None ``tis_cap`` becomes
+    :data:`STALENESS_TIS_CAP`; a bound one is kept. With s = 0, or ``'bypass'`` (the ratio is taken against the
+    engine's logprobs), `config` is returned unchanged."""
+    if max_staleness > 0 and config.tis_cap is None and config.old_logprobs == "recompute":
+        return dataclasses.replace(config, tis_cap=STALENESS_TIS_CAP)
+    return config
 
 
 BATCH_FIELDS = ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "ref_logprobs", "advantages")
@@ -195,9 +214,9 @@ def group_advantages(
     Returns:
       ``(advantages [N] float32, keep [N] bool)``. Unscored rollouts get advantage 0 and ``keep`` False;
       the caller drops them from the batch. A group whose scored rewards are all equal gets advantage 0
-      everywhere (nothing to compare); one with a single scored rollout gets 0 too, or with
-      ``singleton_advantage='reward'`` verl's r / (1 + ε) (r without std normalisation). No variance floor is
-      applied beyond ``adv_eps``. Computed in float64, so nearly-equal rewards are not lost to rounding.
+      everywhere (also [0.1] * 3, whose float mean is 0.1 + 2⁻⁵⁶); one with a single scored rollout gets 0 too, or
+      with ``singleton_advantage='reward'`` verl's r / (1 + ε) (r without std normalisation). No variance floor is
+      applied beyond ``adv_eps`` (a group equal up to round-off gets ~1e-11). Computed in float64.
     Raises:
       ValueError: ``rewards`` and ``group_ids`` differ in length, or a reward is NaN / inf (an error of the
         scorer, never "unscored": a rollout must not leave its group by making its reward NaN).
@@ -222,6 +241,8 @@ def group_advantages(
                 adv[idx] = r[idx] / (1.0 + config.adv_eps) if config.adv_std_normalize else r[idx]
             continue
         x = r[idx]
+        if x.min() == x.max():  # equal rewards: exactly 0, not the round-off of their float mean
+            continue
         centred = x - x.mean()
         if config.adv_std_normalize:
             centred = centred / (x.std(ddof=config.adv_std_ddof) + config.adv_eps)

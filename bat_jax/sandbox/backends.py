@@ -6,6 +6,7 @@ Details: docs/design.md.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,30 @@ def local_sandbox(state: SandboxState) -> Sandbox:
     from bat_jax.sandbox.local import LocalSandbox
 
     return LocalSandbox(state, timeout_s=60.0)
+
+
+#: What `environment_versions` runs in a sandbox (stdout: one JSON object).
+ENV_PROBE = ("import json, platform, numpy\n"
+             "print(json.dumps({'python': platform.python_version(), 'numpy': numpy.__version__}))")
+
+
+def environment_versions(make_sandbox: SandboxFactory) -> dict[str, str]:
+    """The Python and numpy versions the sandboxes of `make_sandbox` run ({} when the probe fails).
+
+    Task code that records them (the imaging suite's Setup stage writes the numpy version) puts them into rows: a
+    Stage Bank's digest depends on them (`stage_bank.factory.BuildReport.sandbox`)."""
+    try:
+        box = make_sandbox(SandboxState(files={}))
+    except Exception:  # noqa: BLE001 — no sandbox, no versions; the build reports its own failures
+        return {}
+    try:
+        obs = box.execute_code("python", ENV_PROBE)
+        found = json.loads(obs.stdout.strip().splitlines()[-1])
+        return {k: str(found[k]) for k in ("python", "numpy")}
+    except Exception:  # noqa: BLE001 — as above
+        return {}
+    finally:
+        box.close()
 
 
 def backend_factory(name: str, concurrency: int = 16) -> SandboxFactory:

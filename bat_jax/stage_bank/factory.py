@@ -24,7 +24,7 @@ from bat_jax.benchmark.stages import E2E
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.errors import ConfigValueError
 from bat_jax.rollout.action_loop import STAGE_TAG_REJECTION, run_action_episode
-from bat_jax.sandbox.backends import SandboxFactory, backend_factory
+from bat_jax.sandbox.backends import SandboxFactory, backend_factory, environment_versions
 from bat_jax.sandbox.types import Sandbox, SandboxState, fault_of
 from bat_jax.stage_bank import e2e_surrogate as e2e
 from bat_jax.stage_bank import slicing
@@ -158,6 +158,7 @@ class BuildReport:
       cached_sources: sources read from the work cache instead of being recomputed.
       leakage_hits, leakage_rows_scanned: the final preflight (hits are always 0 in a written version).
       elapsed_s: wall-clock seconds.
+      sandbox: Python and numpy versions of its sandboxes (`backends.environment_versions`; {}: factory injected).
     """
 
     bank_dir: str
@@ -176,6 +177,7 @@ class BuildReport:
     leakage_hits: int = 0
     leakage_rows_scanned: int = 0
     elapsed_s: float = 0.0
+    sandbox: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -348,9 +350,7 @@ def check_recipe(bank: StageBank, config: FactoryConfig, benchmark: StagedBenchm
       ValueError: naming the bank directory, what built it and what the run asks for.
     """
     versions = bank.versions()
-    if not versions:
-        return
-    note = bank.note(versions[0])
+    note = bank.note(versions[0]) if versions else ""
     if not note.startswith(FACTORY_VERSION):
         return
     if "benchmark=" not in note:
@@ -387,8 +387,7 @@ def load_manifest(config: FactoryConfig, benchmark: StagedBenchmark) -> HeldOutM
 
 
 def build_bank(config: FactoryConfig, benchmark: StagedBenchmark, progress: bool = True, *,
-               make_sandbox: SandboxFactory | None = None,
-               on_source: Callable[[Source, str], None] | None = None,
+               make_sandbox: SandboxFactory | None = None, on_source: Callable[[Source, str], None] | None = None,
                grid: Sequence[Source] | None = None, hold_lock: bool = True) -> BuildReport:
     """Builds (or resumes) the bank described by `config` for `benchmark` and admits one new version.
 
@@ -437,7 +436,8 @@ def _build(config: FactoryConfig, benchmark: StagedBenchmark, bank: StageBank, p
     work = Path(config.bank_dir) / "work" / "sources"
     grid = list(sources(config, benchmark) if grid is None else grid)
     results: dict[int, dict] = {}
-    report = BuildReport(str(config.bank_dir), sources_total=len(grid))
+    report = BuildReport(str(config.bank_dir), sources_total=len(grid),
+                         sandbox={} if make_sandbox else environment_versions(ctx.make_sandbox))
     todo = []
     for src in grid:
         cached = _load_cached(work / f"{_cache_key(config, benchmark, src, salt)}.json", bank)
