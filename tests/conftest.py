@@ -21,8 +21,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 _OWN_JAX_CACHE = None if os.environ.get("JAX_COMPILATION_CACHE_DIR") else tempfile.mkdtemp(prefix="bat_jax-xla-cache-")
 if _OWN_JAX_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # every program: most are small ones
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))  # bounded, and file-locked across processes
+# Every program (most are small ones). No size bound: a bounded cache scans the whole folder on every write.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 import pytest  # noqa: E402  (after XLA_FLAGS: importing pytest fixtures must not import jax first)
