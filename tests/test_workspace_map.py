@@ -21,7 +21,7 @@ SUITES = {
     "test_workspace_map.py": "this map: modules, test files, no test importing another",
     "test_docstrings.py": "the package's docstrings: a one-line summary first, few long sentences",
     "test_docs.py": "README as a landing page, docs/ links, anchors and named paths",
-    "test_conftest_devices.py": "the test session's 8 fake CPU devices",
+    "test_conftest_devices.py": "the test session's setup: 8 fake CPU devices, one shared compilation cache",
     "test_gin_configs.py": "every gin run file parses and binds what it says",
     "test_byo_benchmark.py": "a benchmark brought from outside the package, end to end",
     "test_tasks_framework.py": "the imaging suite's task framework: episodes, stage boundaries, baselines, teachers",
