@@ -62,7 +62,7 @@ def test_the_tabular_run_file_runs_with_a_judge_bound_that_sees_the_hosts_answer
     shortened by bindings as tests/test_tabular_benchmark.py shortens it: the run launches, every judged request
     carries the host's recomputed facts, and the ledger's reward version names the judge."""
     from bat_jax import launch
-    from doubles import JudgeServer
+    from doubles import JudgeServer, tabular_micro_bindings
 
     apply = RubricJudge.apply
 
@@ -79,23 +79,8 @@ def test_the_tabular_run_file_runs_with_a_judge_bound_that_sees_the_hosts_answer
         seen.append((item, host))
         return '{"verdict": "no", "reason": "no report"}'
 
-    micro = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-             "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
     with JudgeServer(judge) as server:
-        bindings = [f"policy.PolicyConfig.tiny = {micro}", "experiment.BiCuRLConfig.rounds = 1",
-                    "experiment.BiCuRLConfig.grpo_steps_per_round = 1", "experiment.BiCuRLConfig.backend = 'local'",
-                    "factory.FactoryConfig.backend = 'local'",
-                    f"factory.FactoryConfig.bank_dir = '{tmp_path / 'bank'}'",
-                    "factory.FactoryConfig.tracks = ('group_mean',)", "factory.FactoryConfig.outcomes = ('mixed',)",
-                    "sft.SFTConfig.total_steps = 2", "sft.SFTConfig.global_batch_size = 2",
-                    "pools.PoolConfig.batch_size = 4", "sampling.SamplingConfig.group_size = 2",
-                    "agent_loop.AgentLoopConfig.max_assistant_turns = 2",
-                    "agent_loop.AgentLoopConfig.max_response_tokens = 64",
-                    "agent_loop.AgentLoopConfig.max_tokens_per_turn = 32",
-                    "dynamic_sampling.DynamicSamplingConfig.enabled = False", "kl.PolicyShiftConfig.num_prompts = 2",
-                    "kl.PolicyShiftConfig.batch_size = 2", "evaluation.EvalConfig.max_turns = 2",
-                    "evaluation.EvalConfig.final_repeats = 1", "evaluation.EvalConfig.variants = ('mixed',)",
+        bindings = tabular_micro_bindings(tmp_path / "bank", ("group_mean",)) + [
                     "experiment.Components.judge = @judge.JudgeConfig()",
                     f"judge/chat_endpoint.ChatEndpointConfig.base_url = '{server.url}'",
                     "judge/chat_endpoint.ChatEndpointConfig.model = 'judge-m'",
@@ -103,6 +88,8 @@ def test_the_tabular_run_file_runs_with_a_judge_bound_that_sees_the_hosts_answer
         launch.launch(["tabular_tiny.gin"], bindings, run_dir=str(tmp_path / "run"))
     (record,) = Ledger(tmp_path / "run" / "ledger.jsonl").read()
     assert record.reward_version == f"{REWARD_VERSION}+judge:judge-m[report.written]"
-    judged = [host for item, host in seen if item == "the report names the task id, the rows kept and the answer"]
+    judged = [host for item, host in seen if item == ("a call that read result.json (right, unchanged since) wrote a "
+                                                       "report of the task id, the rows kept and the answer, and no "
+                                                       "other number")]
     assert judged and all("Facts the host computed" in h and "rows kept: " in h and "the answer: " in h
                           for h in judged)

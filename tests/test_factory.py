@@ -331,6 +331,8 @@ def _tabular_digest(bank_dir, backend="local", workers=2):
                         outcomes=("missing",), workers=workers)
     report = build_bank(cfg, TabularBenchmark(), progress=False)
     assert report.sources_total == 5 and report.cached_sources == 0
+    # every focus is accepted: a stage row's checks credit the files its start state holds (analyse, report)
+    assert report.rejected == {} and report.rl_by_focus == {f: 1 for f in ("E2E", *TabularBenchmark().stages.ids)}
     return report.digest
 
 

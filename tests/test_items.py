@@ -233,7 +233,7 @@ def test_item_outputs_hold_the_heldout_firewall(tmp_path):
 
     raw = ev.heldout_manifest(config, imaging)
     manifest = HeldOutManifest.from_task_manifest(raw)
-    assert len(manifest.task_ids) == 2 * (1 + 2)  # per track: the controller's task, the final run's two
+    assert len(manifest.task_ids) == 2 * (1 + 2 + 2)  # per track: the controller's task, two per final suite
     scan = preflight(manifest, files=[run_dir])
     assert scan.files_scanned >= 6 and scan.clean, [str(h) for h in scan.hits]
     blob = b"".join(p.read_bytes() for p in run_dir.rglob("*") if p.is_file())

@@ -29,7 +29,7 @@ def test_malformed_binding_is_named():
 def test_a_base_file_run_alone_names_the_run_files_that_include_it():
     with pytest.raises(launch.LaunchError, match=r"bind no launch\.run\.job / launch\.run\.run_name: "
                                                  r"bicurl_base\.gin is a base file that run files include; run one "
-                                                 r"of them \(bicurl_paper_base\.gin, bicurl_tiny\.gin\)"):
+                                                 r"of them \(bicurl_paper_base\.gin, bicurl_tiny\.gin, plugin_base\.gin\)"):
         launch.launch(["bicurl_base.gin"])
     with pytest.raises(launch.LaunchError, match=r"bind no launch\.run\.run_name: .*\(bicurl_4b\.gin, bicurl_9b\.gin\)"):
         launch.launch(["bicurl_paper_base.gin"], ["launch.run.job = @launch.show_config"])

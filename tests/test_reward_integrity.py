@@ -207,7 +207,7 @@ def test_a_sandbox_that_dies_during_an_agent_call_is_scored_as_the_agents_failur
 def test_engine_failure_before_any_agent_action_is_unscored():
     from bat_jax.sandbox.docker import DockerSandbox, DockerSandboxConfig, SandboxError, connect
 
-    with pytest.raises(SandboxError, match="could not start"):
+    with pytest.raises(SandboxError, match="'bat-sandbox:does-not-exist' is missing; build it with"):
         DockerSandbox(connect(), DockerSandboxConfig(image="bat-sandbox:does-not-exist"))
 
     def make(state):

@@ -12,6 +12,7 @@ import pytest
 
 from bat_jax.staged_benchmark.contract import describe
 from bat_jax.tabular.benchmark import TabularBenchmark
+from doubles import tabular_micro_bindings
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -48,23 +49,8 @@ def test_its_whole_loop_runs_from_its_gin_file(tmp_path, mode):
     """`python -m bat_jax.launch --gin_file=tabular_tiny.gin`, shortened by bindings (micro model, local sandboxes,
     2 of 3 families, 1 round of 1 GRPO step): bank → SFT → BiCuRL (or the GRPO-E2E baseline, by one binding) → final
     evaluation, and the ledger, the staircase and the report name its stages."""
-    micro = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-             "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
-    bindings = [f"policy.PolicyConfig.tiny = {micro}", "experiment.BiCuRLConfig.rounds = 1",
-                "experiment.BiCuRLConfig.grpo_steps_per_round = 1", "experiment.BiCuRLConfig.backend = 'local'",
-                "factory.FactoryConfig.backend = 'local'", f"factory.FactoryConfig.bank_dir = '{tmp_path / 'bank'}'",
-                "factory.FactoryConfig.tracks = ('group_mean', 'top_corr')",
-                "factory.FactoryConfig.outcomes = ('mixed',)",
-                "sft.SFTConfig.total_steps = 2", "sft.SFTConfig.global_batch_size = 2",
-                "pools.PoolConfig.batch_size = 4", "sampling.SamplingConfig.group_size = 2",
-                "agent_loop.AgentLoopConfig.max_assistant_turns = 2",
-                "agent_loop.AgentLoopConfig.max_response_tokens = 64",
-                "agent_loop.AgentLoopConfig.max_tokens_per_turn = 32",
-                "dynamic_sampling.DynamicSamplingConfig.enabled = False", "kl.PolicyShiftConfig.num_prompts = 2",
-                "kl.PolicyShiftConfig.batch_size = 2", "evaluation.EvalConfig.max_turns = 2",
-                "evaluation.EvalConfig.final_repeats = 1", "evaluation.EvalConfig.variants = ('mixed',)",
-                f"experiment.BiCuRLConfig.mode = '{mode}'"]
+    bindings = tabular_micro_bindings(tmp_path / "bank", ("group_mean", "top_corr")) + [
+        f"experiment.BiCuRLConfig.mode = '{mode}'"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "bat_jax.launch", f"--gin_search_paths={REPO / 'gin'}",

@@ -217,7 +217,7 @@ def _play(ctx: _Context, state: SandboxState, brief: str, task_id: str, focus: s
                                 focus, ctx.config.horizon + 1)
         if _died(box, ep):
             raise _Rejected("sandbox_failure")
-        evidence = collect_evidence(box)
+        evidence = collect_evidence(box, start=state)  # the start state: checks credit its unchanged files
     except _Rejected:
         raise
     except Exception as exc:  # noqa: BLE001 — the sandbox died mid-trajectory

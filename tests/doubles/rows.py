@@ -109,6 +109,24 @@ MICRO_POLICY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers":
                 "linear_num_key_heads": 1, "linear_num_value_heads": 2}
 
 
+def tabular_micro_bindings(bank_dir, tracks) -> list[str]:
+    """tabular_tiny.gin shortened to one round of one GRPO step: micro policy, local sandboxes, the families `tracks`
+    of the 'mixed' variant, 2-turn episodes (test_tabular_benchmark, test_experiment_judge)."""
+    micro = {**MICRO_POLICY, "max_position_embeddings": 8192}
+    return [f"policy.PolicyConfig.tiny = {micro}", "experiment.BiCuRLConfig.rounds = 1",
+            "experiment.BiCuRLConfig.grpo_steps_per_round = 1", "experiment.BiCuRLConfig.backend = 'local'",
+            "factory.FactoryConfig.backend = 'local'", f"factory.FactoryConfig.bank_dir = '{bank_dir}'",
+            f"factory.FactoryConfig.tracks = {tuple(tracks)}", "factory.FactoryConfig.outcomes = ('mixed',)",
+            "sft.SFTConfig.total_steps = 2", "sft.SFTConfig.global_batch_size = 2",
+            "pools.PoolConfig.batch_size = 4", "sampling.SamplingConfig.group_size = 2",
+            "agent_loop.AgentLoopConfig.max_assistant_turns = 2",
+            "agent_loop.AgentLoopConfig.max_response_tokens = 64",
+            "agent_loop.AgentLoopConfig.max_tokens_per_turn = 32",
+            "dynamic_sampling.DynamicSamplingConfig.enabled = False", "kl.PolicyShiftConfig.num_prompts = 2",
+            "kl.PolicyShiftConfig.batch_size = 2", "evaluation.EvalConfig.max_turns = 2",
+            "evaluation.EvalConfig.final_repeats = 1", "evaluation.EvalConfig.variants = ('mixed',)"]
+
+
 # --- Data Factory builds (test_factory_loop, test_bank_feed) ---------------------------------------------------
 
 
