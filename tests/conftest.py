@@ -79,6 +79,21 @@ def smollm2_dir(tmp_path_factory):
 SUITE_BUDGET_S = 35 * 60
 
 
+#: Modules that start Ray clusters (`ray.init(address="auto")` finds "the" local one) or vLLM engines (GBs each): under
+#: `pytest -n N` one worker runs them one after another. Every other module stays on one worker (its fixtures once).
+_ONE_WORKER = ("test_multihost", "test_ray_workers", "test_bank_feed", "test_vllm")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, each test's `xdist_group` (`--dist=loadgroup` in pyproject): its module, or 'engines'."""
+    if not hasattr(config, "workerinput"):
+        return
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("engines" if module.startswith(_ONE_WORKER) else module))
+
+
 def pytest_sessionstart(session):
     session.config.stash[_STARTED] = time.monotonic()
 
