@@ -24,11 +24,11 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 @dataclasses.dataclass(frozen=True)
 class LoRAConfig:
-    """A LoRA adapter (Hu et al., 2021), in the terms of ``peft.LoraConfig``.
+    """A LoRA adapter (Hu et al., 2021), in the terms of ``peft.LoraConfig``; rank, alpha and dropout default to PEFT's.
 
     Attributes:
-      rank: ``r``, the adapter's inner dimension.
-      alpha: ``lora_alpha``; the update is scaled by ``alpha / rank`` (PEFT's default, not rsLoRA).
+      rank: ``r``, the adapter's inner dimension (PEFT: 8).
+      alpha: ``lora_alpha``; the update is scaled by ``alpha / rank`` (PEFT's scaling, not rsLoRA; PEFT: 8).
       target_modules: PEFT's rule: a tuple of names, each matching a module path equal to it or ending in
         ``'.' + name`` (e.g. ``'q_proj'``, ``'layers.0.mlp.up_proj'``), or one string matched with ``re.fullmatch``
         against the whole dotted path (e.g. ``r'.*\\.self_attn\\.(q|v)_proj'``).
@@ -38,7 +38,7 @@ class LoRAConfig:
     """
 
     rank: int = 8
-    alpha: float = 16.0
+    alpha: float = 8.0
     target_modules: tuple[str, ...] | str = DEFAULT_TARGETS
     dropout: float = 0.0
 
