@@ -15,6 +15,7 @@ from flax import nnx
 from bat_jax.errors import ConfigPathError
 from bat_jax.models import chat
 from bat_jax.models.episode import EpisodeBuilder
+from bat_jax.models.lora import LoRAConfig, add_lora
 from bat_jax.prompts import PROMPT_STYLES
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from bat_jax.rollout.engine import RolloutEngine
@@ -43,6 +44,8 @@ class PolicyConfig:
       seed: parameter-init seed of the tiny default.
       prompt_style: 'full' (paper scale: full system prompt, tools block, brief and skills) or 'compact'
         (small policies: short system prompt naming the tools, terse brief and one-line skills).
+      lora: a LoRA adapter on the model (`models.lora.LoRAConfig`; its A drawn from `seed`, B = 0): the learner then
+        trains the adapter only and keeps the base frozen. None (the default) trains every weight.
     """
 
     architecture: str = "qwen3_5"
@@ -52,6 +55,7 @@ class PolicyConfig:
     dtype: str = "float32"
     seed: int = 0
     prompt_style: str = "full"
+    lora: LoRAConfig | None = None
 
     def __post_init__(self):
         if self.architecture not in TINY_ARCHITECTURES:
@@ -107,6 +111,8 @@ def build_policy(config: PolicyConfig, sharding_fn: Callable[[tuple, tuple], Any
         from bat_jax.models import hf_io
 
         model = hf_io.load_pretrained(path, sharding_fn=sharding_fn, dtype=config.dtype)
+        if config.lora is not None:
+            add_lora(model, config.lora, config.seed)
         family = config.chat_family or chat.MODEL_CHAT_FAMILY[model.config.family]
         return Policy(model, AutoTokenizer.from_pretrained(str(path)), family, config.prompt_style)
     from bat_jax.models.tokenizer import load_tiny_tokenizer
@@ -123,6 +129,8 @@ def build_policy(config: PolicyConfig, sharding_fn: Callable[[tuple, tuple], Any
         from bat_jax.models.qwen3 import Qwen3ForCausalLM
 
         model = Qwen3ForCausalLM(Qwen3Config(**overrides), rngs=nnx.Rngs(config.seed))
+    if config.lora is not None:
+        add_lora(model, config.lora, config.seed)
     return Policy(model, tokenizer, "qwen3_5", config.prompt_style)  # the shipped tokenizer's chat template
 
 

@@ -1,6 +1,6 @@
 """The end of a run (bicurl/export.py): the retained policy written to `run_dir/export/` as a Hugging Face checkpoint
 directory (weights, config, tokenizer, chat template) that reloads to the same parameters; a second export
-replaces the first; an unwritable run directory raises OSError."""
+replaces the first; an unwritable run directory raises OSError; a LoRA policy exports merged weights and its adapter."""
 
 import json
 
@@ -71,3 +71,23 @@ def test_an_unwritable_run_directory_raises_oserror(tmp_path, tokenizer):
     with pytest.raises(OSError):
         export_retained(tiny_model("qwen3"), blocker, tokenizer)
     assert blocker.read_text() == "a file where the run directory should be"
+
+
+def test_a_lora_policy_exports_merged_weights_and_its_adapter(tmp_path, tokenizer, capsys):
+    from bat_jax.bicurl.export import ADAPTER_DIR
+    from bat_jax.models import lora
+
+    model = tiny_model("qwen3", seed=0)
+    lora.add_lora(model, lora.LoRAConfig(rank=2, alpha=4.0, target_modules=("q_proj",)))
+    q = model.model.layers[0].self_attn.q_proj
+    q.lora_b[...] = q.lora_b[...] + 1.0
+    out = export_retained(model, tmp_path, tokenizer)
+    assert "LoRA adapter exported" in capsys.readouterr().out
+    weights = load_file(str(out / "model.safetensors"))
+    assert len(weights) == TENSORS and sum(w.size for w in weights.values()) == PARAMS  # merged: no adapter tensor
+    np.testing.assert_allclose(weights["model.layers.0.self_attn.q_proj.weight"],
+                               np.asarray(q.weight[...]) + 2.0 * np.ones((64, 2)) @ np.asarray(q.lora_a[...]),
+                               rtol=1e-6, atol=1e-6)
+    adapter = load_file(str(tmp_path / ADAPTER_DIR / "adapter_model.safetensors"))
+    assert sorted(adapter) == [f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_{ab}.weight"
+                               for i in (0, 1) for ab in "AB"]

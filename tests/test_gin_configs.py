@@ -135,6 +135,27 @@ def test_bicurl_small_trains_the_pretrained_smollm2_in_its_own_chatml_template()
     assert gin.query_parameter("sft/optim.OptimizerConfig.learning_rate") == 1e-4
 
 
+def test_the_tiny_lora_file_is_the_tiny_default_with_an_adapter():
+    """`bicurl_tiny_lora.gin`: the tiny default's bindings, and the policy gains a rank-8, alpha-16 adapter."""
+    from bat_jax.models.lora import DEFAULT_TARGETS, LoRAConfig
+    from bat_jax.policy import PolicyConfig
+
+    launch.parse_gin(["bicurl_tiny.gin"], [])
+    tiny = {k: v for k, v in _config_snapshot().items()}
+    launch.parse_gin(["bicurl_tiny_lora.gin"], [])
+    assert gin.query_parameter("launch.run.run_name") == "bicurl_tiny_lora"
+    config = gin.get_configurable(PolicyConfig)()  # as the run builds it, the reference called
+    adapter = config.lora
+    assert isinstance(adapter, LoRAConfig)
+    assert (adapter.rank, adapter.alpha, adapter.scale, adapter.target_modules) == (8, 16.0, 2.0, DEFAULT_TARGETS)
+    assert config.prompt_style == "compact" and dict(config.tiny) == dict(tiny[("", "bat_jax.policy.PolicyConfig")]
+                                                                           .get("tiny", {}))
+    changed = {key for key, params in _config_snapshot().items() if tiny.get(key) != params}
+    assert changed == {("", "bat_jax.launch.run"), ("", "bat_jax.policy.PolicyConfig"),
+                       ("", "bat_jax.models.lora.LoRAConfig")}
+    gin.clear_config(clear_constants=True)
+
+
 @pytest.mark.parametrize("name", ["bicurl_tiny.gin", "baseline_grpo_e2e_tiny.gin"])
 def test_tiny_run_files_can_draw_every_round_from_the_tiny_bank(name):
     launch.parse_gin([name], [])

@@ -216,8 +216,9 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
             if journal.line():
                 print(journal.line(), flush=True)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
-            shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.params, exp.learner.on_mesh(best_params),
-                                       *kl_probe, config=exp.components.policy_shift)
+            shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.full(exp.learner.params),
+                                       exp.learner.full(exp.learner.on_mesh(best_params)), *kl_probe,
+                                       config=exp.components.policy_shift)
             verdict = multihost.agree(_judge_candidate(exp, controller, r, summary, shift), f"round {r} decision")
             if verdict.new_best:
                 best_params = exp.learner.host_copy(exp.learner.params)

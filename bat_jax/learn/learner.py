@@ -17,6 +17,7 @@ from bat_jax.learn import distributed, grpo, sft
 from bat_jax.models import mesh as mesh_lib
 from bat_jax.learn import train_state as ts
 from bat_jax.learn.optim import OptimizerConfig, make_optimizer
+from bat_jax.models import lora
 from bat_jax.models.causal_lm import REMAT_POLICIES, ForwardOptions
 
 BATCH_FIELDS_SFT = ("input_ids", "attention_mask", "loss_mask")
@@ -63,17 +64,18 @@ def batch_shardings(mesh: jax.sharding.Mesh, fields) -> dict[str, jax.sharding.N
 
 
 def make_block_step(loss_fn, normalizer_fn, optimizer: OptimizerConfig, total_steps: int, fields,
-                    num_micro_batches: int, params: Any, param_shardings: Any, mesh: jax.sharding.Mesh
-                    ) -> tuple[Callable, ts.TrainState, Any]:
+                    num_micro_batches: int, params: Any, param_shardings: Any, mesh: jax.sharding.Mesh,
+                    frozen_shardings: Any = None) -> tuple[Callable, ts.TrainState, Any]:
     """The jitted, donated train step of one block and its state shardings.
 
-    ``params`` may be arrays or ``jax.ShapeDtypeStruct`` (only shapes are read). Returns
-    ``(step_fn, state_shardings, tx)``.
+    ``params`` may be arrays or ``jax.ShapeDtypeStruct`` (only shapes are read). With ``frozen_shardings`` (a LoRA
+    adapter's base) the step takes the frozen parameters as a third argument (``train_state.make_train_step``).
+    Returns ``(step_fn, state_shardings, tx)``.
     """
     tx = make_optimizer(optimizer, total_steps)
     shardings = ts.train_state_shardings(params, param_shardings, tx, mesh)
     step = ts.make_train_step(loss_fn, normalizer_fn, tx, shardings, batch_shardings(mesh, fields),
-                              num_micro_batches)
+                              num_micro_batches, frozen_shardings)
     return step, shardings, tx
 
 
@@ -103,6 +105,10 @@ class Learner:
     The model object holds the learner's parameters (the same arrays, set with `params`), never a copy of its own, so
     a model loaded onto one device is released once its parameters are placed on the mesh.
 
+    A model with a LoRA adapter (`models.lora.add_lora`) trains the adapter only: `params` (and every copy, step and
+    optimizer state made of them) is the adapter (``nnx.LoRAParam``), `frozen` the base model's weights, placed once;
+    `apply_fn` takes `full(params)`.
+
     Args:
       model: the NNX policy (its parameters are read now and written back by `sync_model`).
       mesh_config: mesh shape; the mesh takes the first `data·fsdp·tensor` devices (all when one axis is -1).
@@ -113,10 +119,16 @@ class Learner:
         self.model = model
         self.memory = memory
         self.mesh = learner_mesh(mesh_config)
+        self.trainable = nnx.LoRAParam if lora.has_lora(model) else nnx.Param
         self.apply_fn, params, self.logical_specs = ts.split_model(
-            model, memory.forward_options(self.mesh), memory.logit_chunk)
-        self.param_shardings = mesh_lib.param_shardings(params, self.logical_specs, self.mesh,
-                                                        mesh_config.logical_axis_rules)
+            model, memory.forward_options(self.mesh), memory.logit_chunk, self.trainable)
+        rules = mesh_config.logical_axis_rules
+        self.param_shardings = mesh_lib.param_shardings(params, self.logical_specs, self.mesh, rules)
+        frozen, frozen_specs = ts.frozen_params(model, self.trainable)
+        self.frozen_shardings = mesh_lib.param_shardings(frozen, frozen_specs, self.mesh, rules) if frozen else None
+        self.frozen = jax.device_put(frozen, self.frozen_shardings) if frozen else {}
+        if frozen:  # the model holds the placed base, not a copy of its own
+            _write(self.model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)), self.frozen)
         self.params = jax.device_put(params, self.param_shardings)
         self._logprob_fns: dict[tuple, Callable] = {}
         self._steps: dict[tuple, tuple[Callable, ts.TrainState, Any]] = {}
@@ -129,9 +141,11 @@ class Learner:
     @params.setter
     def params(self, value: Any) -> None:
         self._params = value
-        param_state = nnx.state(self.model, nnx.Param)
-        nnx.replace_by_pure_dict(param_state, value)
-        nnx.update(self.model, param_state)
+        _write(self.model, self.trainable, value)
+
+    def full(self, params: Any) -> Any:
+        """``params`` with the frozen base joined in, what `apply_fn` takes (``params`` itself without LoRA)."""
+        return ts.join(params, self.frozen)
 
     @property
     def batch_devices(self) -> int:
@@ -145,8 +159,10 @@ class Learner:
         # compiled programs instead of compiling its own (~22 s a round for the tiny default on 2 cores)
         key = (objective, optimizer, total_steps, tuple(fields), num_micro_batches)
         if key not in self._steps:
-            self._steps[key] = make_block_step(loss_fn, normalizer_fn, optimizer, total_steps, fields,
-                                               num_micro_batches, self.params, self.param_shardings, self.mesh)
+            step, shardings, tx = make_block_step(loss_fn, normalizer_fn, optimizer, total_steps, fields,
+                                                  num_micro_batches, self.params, self.param_shardings, self.mesh,
+                                                  self.frozen_shardings)
+            self._steps[key] = (_with_frozen(step, self.frozen) if self.frozen else step), shardings, tx
         step, shardings, tx = self._steps[key]
         # a fresh optimizer state for every block (paper: optimizer reset between rounds)
         params = jax.tree.map(lambda x: x.copy(), self.params)
@@ -202,7 +218,8 @@ class Learner:
             ids = np.concatenate([ids, np.zeros((pad,) + ids.shape[1:], ids.dtype)])
             mask = np.concatenate([mask, np.zeros((pad,) + mask.shape[1:], mask.dtype)])
         sh = mesh_lib.batch_sharding(self.mesh, 2)
-        out = [distributed.host_gather(fn(params, jax.device_put(ids[lo:lo + per], sh),
+        full = self.full(params)
+        out = [distributed.host_gather(fn(full, jax.device_put(ids[lo:lo + per], sh),
                                           jax.device_put(mask[lo:lo + per], sh)))
                for lo in range(0, len(ids), per)]
         return np.concatenate(out, axis=0)[:rows]
@@ -222,7 +239,17 @@ class Learner:
         """Writes `params` into the model object and returns it (for weight sync).
 
         `params` default to the learner's; a host copy is placed on the mesh, sharded, never on one device."""
-        param_state = nnx.state(self.model, nnx.Param)
-        nnx.replace_by_pure_dict(param_state, self.on_mesh(self.params if params is None else params))
-        nnx.update(self.model, param_state)
+        _write(self.model, self.trainable, self.on_mesh(self.params if params is None else params))
         return self.model
+
+
+def _write(model: nnx.Module, which: Any, values: Any) -> None:
+    """Sets the model's variables selected by the nnx filter ``which`` to the arrays of the pure dict ``values``."""
+    state = nnx.state(model, which)
+    nnx.replace_by_pure_dict(state, values)
+    nnx.update(model, state)
+
+
+def _with_frozen(step: Callable, frozen: Any) -> Callable:
+    """``step(state, batch, frozen)`` as ``(state, batch)``, the learner's placed base passed at every call."""
+    return lambda state, batch: step(state, batch, frozen)

@@ -71,18 +71,21 @@ class ModelApply:
         return self.head(p, self.hidden(p, input_ids, attention_mask))
 
 
-def split_model(model: nnx.Module, options: Any = None, logit_chunk: int = 0) -> tuple[ApplyFn, Any, Any]:
+def split_model(model: nnx.Module, options: Any = None, logit_chunk: int = 0,
+                trainable: Any = nnx.Param) -> tuple[ApplyFn, Any, Any]:
     """Functional view of an nnx model.
 
     Returns:
-      ``(apply_fn, params, logical_specs)``: ``apply_fn(params, input_ids, attention_mask) -> logits``;
-      ``params`` the pure dict of ``nnx.Param`` arrays; ``logical_specs`` the same tree with
-      ``PartitionSpec`` leaves of logical axis names (empty spec where the model set none).
+      ``(apply_fn, params, logical_specs)``: ``apply_fn(full_params, input_ids, attention_mask) -> logits``;
+      ``params`` the pure dict of the ``trainable`` variables (an nnx filter: every ``nnx.Param`` by default,
+      ``nnx.LoRAParam`` for a LoRA adapter); ``logical_specs`` the same tree with ``PartitionSpec`` leaves of
+      logical axis names (empty spec where the model set none). ``full_params`` is ``join(params, frozen)`` with the
+      other ``nnx.Param`` (:func:`frozen_params`; none, so ``params`` itself, by default).
       For a model with ``hidden_states`` / ``logits_from_hidden`` (``causal_lm.CausalLM``), ``apply_fn`` is a
       :class:`ModelApply` built with ``options`` and ``logit_chunk``; for any other module a plain function.
     Non-parameter state (buffers, rngs) is captured as a constant of ``apply_fn``.
     """
-    graphdef, param_state, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, param_state, _, rest = nnx.split(model, trainable, nnx.Param, ...)
     params = nnx.to_pure_dict(param_state)
     specs = nnx.to_pure_dict(nnx.get_partition_spec(param_state))
     if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
@@ -92,6 +95,26 @@ def split_model(model: nnx.Module, options: Any = None, logit_chunk: int = 0) ->
         return nnx.merge(graphdef, p, rest)(input_ids, attention_mask)
 
     return apply_fn, params, specs
+
+
+def frozen_params(model: nnx.Module, trainable: Any = nnx.Param) -> tuple[Any, Any]:
+    """``(frozen, logical_specs)``: pure dicts of the model's ``nnx.Param`` that ``trainable`` leaves out.
+
+    Empty dicts for the default filter; the base model's weights under a LoRA adapter (``nnx.LoRAParam``)."""
+    _, frozen = nnx.state(model, trainable, nnx.Param)
+    return nnx.to_pure_dict(frozen), nnx.to_pure_dict(nnx.get_partition_spec(frozen))
+
+
+def join(params: Any, frozen: Any) -> Any:
+    """The full parameter dict: nested dicts ``params`` and ``frozen`` (disjoint leaves) in one.
+
+    ``params`` itself when ``frozen`` is empty."""
+    if not frozen:
+        return params
+    out = dict(params)
+    for key, value in frozen.items():
+        out[key] = join(out[key], value) if key in out else value
+    return out
 
 
 def train_state_shardings(
@@ -147,30 +170,31 @@ def split_micro_batches(batch: Batch, num_micro_batches: int) -> dict[str, jax.A
 
 def accumulate_gradients(
     loss_fn: LossFn, params: Any, batch: Batch, normalizers: Mapping[str, jax.Array], num_micro_batches: int,
-    micro_sharding: Mapping[str, NamedSharding] | None = None,
+    micro_sharding: Mapping[str, NamedSharding] | None = None, frozen: Any = None,
 ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
     """Sum of loss, metrics and gradients over micro-batches (= the full-batch values, see module doc).
 
     ``micro_sharding``: per field, the sharding of the split ``[M, B/M, ...]`` batch (rows of every micro-batch
-    spread over the batch axes); applied as a constraint."""
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    spread over the batch axes); applied as a constraint. ``frozen``: parameters the loss reads
+    (``join(params, frozen)``) but that get no gradient (a LoRA adapter's base model)."""
+    grad_fn = jax.value_and_grad(lambda p, f, b, n: loss_fn(join(p, f), b, n), has_aux=True)
     if num_micro_batches == 1:
-        (loss, metrics), grads = grad_fn(params, batch, normalizers)
+        (loss, metrics), grads = grad_fn(params, frozen, batch, normalizers)
         return loss, metrics, grads
     micro = split_micro_batches(batch, num_micro_batches)
     if micro_sharding is not None:
         micro = {k: jax.lax.with_sharding_constraint(v, micro_sharding[k]) if k in micro_sharding else v
                  for k, v in micro.items()}
     first = jax.tree.map(lambda v: v[0], micro)
-    (loss_s, metrics_s), grads_s = jax.eval_shape(grad_fn, params, first, normalizers)
+    (loss_s, metrics_s), grads_s = jax.eval_shape(grad_fn, params, frozen, first, normalizers)
     # accumulate in float32 even for bf16 parameters, cast back at the end
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), (loss_s, metrics_s, grads_s))
 
     def body(carry, mb):
         # the barrier ties the parameters to this iteration's micro-batch, so XLA cannot hoist their (FSDP)
         # all-gathers out of the loop and keep every layer's gathered weights alive for the whole step
-        p, mb = jax.lax.optimization_barrier((params, mb))
-        (loss, metrics), grads = grad_fn(p, mb, normalizers)
+        p, f, mb = jax.lax.optimization_barrier((params, frozen, mb))
+        (loss, metrics), grads = grad_fn(p, f, mb, normalizers)
         return jax.tree.map(lambda c, x: c + x.astype(c.dtype), carry, (loss, metrics, grads)), None
 
     (loss, metrics, grads), _ = jax.lax.scan(body, zeros, micro)
@@ -198,7 +222,8 @@ def make_train_step(
     state_shardings: TrainState,
     batch_shardings: Mapping[str, NamedSharding],
     num_micro_batches: int = 1,
-) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    frozen_shardings: Any = None,
+) -> Callable[..., tuple[TrainState, dict[str, jax.Array]]]:
     """One jitted optimizer step ``(state, batch) -> (state, metrics)``, state donated.
 
     Args:
@@ -209,6 +234,9 @@ def make_train_step(
       state_shardings: from :func:`train_state_shardings` (in and out sharding of the state).
       batch_shardings: one NamedSharding per batch field.
       num_micro_batches: gradient-accumulation steps inside one optimizer step.
+      frozen_shardings: the shardings of parameters the loss reads but does not train (a LoRA adapter's base);
+        the step is then ``(state, batch, frozen) -> (state, metrics)`` (``frozen`` an argument, not donated, never
+        a constant of the program).
     Metrics returned (replicated scalars, no host sync inside the step): the loss function's metrics
     plus ``loss`` and ``grad_norm`` (global L2 norm before clipping).
     """
@@ -217,21 +245,24 @@ def make_train_step(
 
     micro_sharding = {k: _micro_sharding(s, num_micro_batches) for k, s in batch_shardings.items()}
 
-    def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    def step(state: TrainState, batch: Batch, frozen: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
         normalizers = normalizer_fn(batch)
         micro = {k: v for k, v in micro_sharding.items()
                  if v is not None and batch[k].shape[0] % (num_micro_batches * _batch_ways(v, 1)) == 0}
         loss, metrics, grads = accumulate_gradients(loss_fn, state.params, batch, normalizers, num_micro_batches,
-                                                    micro)
+                                                    micro, frozen)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     rep = jax.tree.map(lambda s: mesh_lib.replicated(s.mesh), state_shardings.step)
+    in_shardings = (state_shardings, dict(batch_shardings))
+    if frozen_shardings is not None:
+        in_shardings += (frozen_shardings,)
     return jax.jit(
         step,
-        in_shardings=(state_shardings, dict(batch_shardings)),
+        in_shardings=in_shardings,
         out_shardings=(state_shardings, rep),
         donate_argnums=0,
     )

@@ -21,7 +21,9 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from bat_jax.atomic_io import atomic_directory
+from bat_jax.models import lora
 from bat_jax.models.configs import LlamaConfig, Qwen3_5Config, Qwen3Config, config_from_hf
+from bat_jax.models.layers import Linear
 from bat_jax.models.llama import LlamaForCausalLM
 from bat_jax.models.qwen3 import Qwen3ForCausalLM
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
@@ -173,6 +175,17 @@ def byte_buckets(sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
     return groups
 
 
+def _hf_items(model) -> list[tuple[str, jax.Array]]:
+    """(HF name, array) of every base parameter; a projection with a LoRA adapter gives its merged weight."""
+    merged = {f"{'.'.join(map(str, p))}.weight": lora.merged_weight(m) for p, m in nnx.iter_modules(model)
+              if isinstance(m, Linear) and m.lora_a is not None}
+    return [(name, merged.get(name, v.get_value())) for name, v in
+            ((".".join(map(str, p)), v) for p, v in nnx.to_flat_state(nnx.state(model, _BASE)))]
+
+
+_BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
+
+
 def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None,
                     tokenizer=None, max_shard_bytes: int = 4 << 30, overwrite: bool = False) -> Path:
     """Writes ``model`` in the HF layout to ``out_dir`` (tensors in their parameter dtype).
@@ -180,7 +193,8 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
     Gathers one tensor at a time to the host. With several processes and parameters that span them, every process
     joins the gathers and process 0 alone writes; parameters local to each process (a host's own engine copy) are
     written by every process to its own ``out_dir``.
-    Tokenizer files found in ``tokenizer_dir`` are copied; a ``tokenizer`` object (transformers) is written with
+    A LoRA adapter (``models.lora``) is merged into its base weight (``lora.merged_weight``; the adapter itself:
+    ``peft_io.save_adapter``). Tokenizer files found in ``tokenizer_dir`` are copied; a ``tokenizer`` object (transformers) is written with
     its own ``save_pretrained`` (tokenizer.json, tokenizer_config.json, chat_template.jinja), so the directory
     loads in transformers and vLLM as it is. Raises FileExistsError if ``out_dir`` exists and ``overwrite`` is
     false. Returns ``out_dir``.
@@ -188,8 +202,7 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True)")
-    items = [(".".join(map(str, p)), v.get_value())
-             for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+    items = _hf_items(model)
     shards = byte_buckets([x.size * x.dtype.itemsize for _, x in items], max_shard_bytes)
     local = all(not isinstance(x, jax.Array) or x.is_fully_addressable for _, x in items)
     writer = local or jax.process_index() == 0  # global parameters: every process joins the gathers, process 0 writes

@@ -29,18 +29,25 @@ def _fill(value):
 
 
 class Linear(nnx.Module):
-    """``y = x @ weight.T (+ bias)``; ``weight`` is ``[out, in]`` (torch layout), computed in ``dtype``."""
+    """``y = x @ weight.T (+ bias) (+ LoRA update)``; ``weight`` is ``[out, in]`` (torch layout), computed in ``dtype``."""
 
     def __init__(self, in_features: int, out_features: int, names: tuple, *, bias: bool = False,
                  dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.weight = param(rngs, _normal, (out_features, in_features), param_dtype, names)
         self.bias = param(rngs, _fill(0.0), (out_features,), param_dtype, names[:1]) if bias else None
         self.dtype = dtype
+        # a LoRA adapter (``models.lora.add_lora``): lora_a [r, in], lora_b [out, r], update scaled by lora_scale
+        self.lora_a, self.lora_b = nnx.data(None), nnx.data(None)
+        self.lora_scale = 0.0
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.einsum("...i,oi->...o", x.astype(self.dtype), self.weight[...].astype(self.dtype))
+        x = x.astype(self.dtype)
+        y = jnp.einsum("...i,oi->...o", x, self.weight[...].astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
+        if self.lora_a is not None:  # peft LoraLayer: base(x) + lora_B(lora_A(x)) * scaling
+            a = jnp.einsum("...i,ri->...r", x, self.lora_a[...].astype(self.dtype))
+            y = y + self.lora_scale * jnp.einsum("...r,or->...o", a, self.lora_b[...].astype(self.dtype))
         return y
 
 
