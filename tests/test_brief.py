@@ -1,10 +1,10 @@
-"""Public task text of the imaging suite (bat_jax/tasks/brief.py): template wordings, stage skills and the compact
-first user turn, which leaves a brief from elsewhere unchanged."""
+"""Public task text of the imaging suite (bat_jax/benchmarks/imaging/brief.py): template wordings, stage skills and
+the compact first user turn, which leaves a brief from elsewhere unchanged."""
 
 import pytest
 
-from bat_jax.tasks.brief import (HELDOUT_TEMPLATE, N_TEMPLATES, SKILL_HEADING, VARIED_TEMPLATES, compact_skill,
-                                 compact_user_message, stage_skill, wording)
+from bat_jax.benchmarks.imaging.brief import (HELDOUT_TEMPLATE, N_TEMPLATES, SKILL_HEADING, VARIED_TEMPLATES,
+                                              compact_skill, compact_user_message, stage_skill, wording)
 
 
 def test_templates_map_to_their_wording_and_the_held_out_one_is_never_varied():

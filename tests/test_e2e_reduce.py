@@ -1,5 +1,5 @@
-"""The imaging suite's E2E surrogate R_λ (bat_jax/tasks/e2e_reduce.py): kept cases, cropped inputs, the rewritten
-manifest and brief, and its validation passes."""
+"""The imaging suite's E2E surrogate R_λ (bat_jax/benchmarks/imaging/e2e_reduce.py): kept cases, cropped inputs, the
+rewritten manifest and brief, and its validation passes."""
 
 import gzip
 
@@ -8,10 +8,10 @@ import pytest
 
 from bat_jax.sandbox.types import Receipt
 from bat_jax.staged_benchmark.contract import Reduction
-from bat_jax.tasks import e2e_reduce
-from bat_jax.tasks.base import decode_array
-from bat_jax.tasks.heldout import training_task
-from bat_jax.tasks.registry import TRACKS
+from bat_jax.benchmarks.imaging import e2e_reduce
+from bat_jax.benchmarks.imaging.base import decode_array
+from bat_jax.benchmarks.imaging.heldout import training_task
+from bat_jax.benchmarks.imaging.registry import TRACKS
 from bat_jax.verify.rubric import Evidence
 
 

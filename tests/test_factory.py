@@ -16,7 +16,7 @@ import numpy
 import pytest
 
 from bat_jax.benchmark.stages import E2E
-from bat_jax.tasks.stages import Stage
+from bat_jax.benchmarks.imaging.stages import Stage
 from bat_jax.sandbox.local import LocalSandbox
 from bat_jax.stage_bank import e2e_surrogate as e2e
 from bat_jax.staged_benchmark.contract import Reduction
@@ -26,11 +26,11 @@ from bat_jax.stage_bank.leakage import preflight
 from bat_jax.stage_bank.row import content_digest
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.staged_benchmark.episode import Conversation
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, training_task
-from bat_jax.tasks.registry import TRACKS
-from bat_jax.tasks.stages import STAGES
-from bat_jax.tasks.teacher import ChatTeacher
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.heldout import HELDOUT_SEED_BASE, training_task
+from bat_jax.benchmarks.imaging.registry import TRACKS
+from bat_jax.benchmarks.imaging.stages import STAGES
+from bat_jax.benchmarks.imaging.teacher import ChatTeacher
 
 IMAGING = ImagingBenchmark()
 
@@ -325,7 +325,7 @@ def test_docker_container_killed_mid_trajectory_rejects_the_source(tmp_path):
 
 
 def _tabular_digest(bank_dir, backend="local", workers=2):
-    from bat_jax.tabular.benchmark import TabularBenchmark
+    from bat_jax.benchmarks.tabular.benchmark import TabularBenchmark
 
     cfg = FactoryConfig(bank_dir=str(bank_dir), backend=backend, teacher="scripted", tracks=("group_mean",),
                         outcomes=("missing",), workers=workers)

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from bat_jax.benchmark.scoring import aggregate, overall_score
-from bat_jax.tasks.heldout import (
+from bat_jax.benchmarks.imaging.heldout import (
     HELDOUT_SEED_BASE, heldout_suite, manifest, manifest_strings, training_task, write_manifest)
 from bat_jax.rollout.play import play
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import TRACKS
-from bat_jax.tasks.stages import STAGES
-from bat_jax.tasks.teacher import DoNothingPolicy, RandomCommandPolicy, ScriptedExpert
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import TRACKS
+from bat_jax.benchmarks.imaging.stages import STAGES
+from bat_jax.benchmarks.imaging.teacher import DoNothingPolicy, RandomCommandPolicy, ScriptedExpert
 
 IMAGING = ImagingBenchmark()
 

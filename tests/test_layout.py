@@ -1,9 +1,9 @@
-"""Workspace layouts (bat_jax/tasks/layout.py): the fixed training and held-out layouts, the brief's path lines
-rendered and parsed back, and seed-drawn training layouts that never spell a held-out path or prefix."""
+"""Workspace layouts (bat_jax/benchmarks/imaging/layout.py): the fixed training and held-out layouts, the brief's path
+lines rendered and parsed back, and seed-drawn training layouts that never spell a held-out path or prefix."""
 
 import pytest
 
-from bat_jax.tasks.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, Layout, varied_naming
+from bat_jax.benchmarks.imaging.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, Layout, varied_naming
 
 
 def test_derived_paths_sit_under_the_outputs_directory():

@@ -1,15 +1,16 @@
-"""Host-side replay of a task's provided method (bat_jax/tasks/method_replay.py): information bits of hand-made
-values, the files an entry names, and a VQA case's replay against entries equal to it, off by more than `ATOL`,
-or short of a key."""
+"""Host-side replay of a task's provided method (bat_jax/benchmarks/imaging/method_replay.py): information bits of
+hand-made values, the files an entry names, and a VQA case's replay against entries equal to it, off by more than
+`ATOL`, or short of a key."""
 
 import math
 
 import numpy as np
 import pytest
 
-from bat_jax.tasks.method_replay import (ATOL, GUESS_BITS, case_matches, entry_files, guessable, information_bits,
-                                         is_method_output, method_output, method_outputs)
-from bat_jax.tasks.registry import get_track
+from bat_jax.benchmarks.imaging.method_replay import (ATOL, GUESS_BITS, case_matches, entry_files, guessable,
+                                                      information_bits, is_method_output, method_output,
+                                                      method_outputs)
+from bat_jax.benchmarks.imaging.registry import get_track
 
 
 def test_information_bits_of_hand_made_values():

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from bat_jax.tasks import metrics as M
+from bat_jax.benchmarks.imaging import metrics as M
 
 
 def test_dice_of_known_masks():

@@ -1,4 +1,5 @@
-"""The portable scripted expert (bat_jax/tasks/portable_expert.py): one set of action texts, full marks on every track.
+"""The portable scripted expert (bat_jax/benchmarks/imaging/portable_expert.py): one set of action texts, full marks on
+every track.
 
 The tiny default's teacher must be learnable by heart by a tiny model: every action except the submit path is
 the same text whatever the task, track, layout or outcome, and the expert still earns every stage's full
@@ -11,17 +12,17 @@ import dataclasses
 
 import pytest
 
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 from bat_jax.sandbox.types import Observation
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, check_recipe, recipe
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.brief import VARIED_TEMPLATES
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.brief import VARIED_TEMPLATES
 from bat_jax.staged_benchmark.episode import Conversation, Turn
 from bat_jax.rollout.play import play
-from bat_jax.tasks.heldout import heldout_suite, training_task
-from bat_jax.tasks.portable_expert import NEXT, SCRIPT, SUBMIT_THOUGHT, THOUGHTS, PortableExpert
-from bat_jax.tasks.registry import TRACKS
+from bat_jax.benchmarks.imaging.heldout import heldout_suite, training_task
+from bat_jax.benchmarks.imaging.portable_expert import NEXT, SCRIPT, SUBMIT_THOUGHT, THOUGHTS, PortableExpert
+from bat_jax.benchmarks.imaging.registry import TRACKS
 
 CODES = [code for _, _, code in SCRIPT]
 IMAGING = ImagingBenchmark()

@@ -1,9 +1,10 @@
-"""The imaging suite's track registry (bat_jax/tasks/registry.py): the seven tracks in the paper's order."""
+"""The imaging suite's track registry (bat_jax/benchmarks/imaging/registry.py): the seven tracks in the paper's
+order."""
 
 import pytest
 
-from bat_jax.tasks.registry import TRACKS, get_track
-from bat_jax.tasks.report_generation import ReportTrack
+from bat_jax.benchmarks.imaging.registry import TRACKS, get_track
+from bat_jax.benchmarks.imaging.report_generation import ReportTrack
 
 
 def test_seven_tracks_in_the_papers_order():

@@ -1,4 +1,4 @@
-"""Per-stage rubric items of the imaging suite (bat_jax/tasks/rubric_items.py): the items a task's rubric holds,
+"""Per-stage rubric items of the imaging suite (bat_jax/benchmarks/imaging/rubric.py): the items a task's rubric holds,
 and S1 / S2 verdicts on hand-made evidence (r = η · mean(v), hand-computed)."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from bat_jax.sandbox.types import Receipt
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.rubric_items import build_rubric
-from bat_jax.tasks.stages import Stage
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.rubric import build_rubric
+from bat_jax.benchmarks.imaging.stages import Stage
 from bat_jax.verify.rubric import Evidence, verify_stage
 
 VQA = get_track("vqa")

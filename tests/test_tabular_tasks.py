@@ -7,7 +7,7 @@ import re
 import pytest
 
 from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageScanner
-from bat_jax.tabular import tables, tasks
+from bat_jax.benchmarks.tabular import tables, tasks
 
 
 def test_stages_and_weights():

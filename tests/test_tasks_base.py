@@ -1,4 +1,4 @@
-"""The imaging suite's task framework base (bat_jax/tasks/base.py): input encodings, array entries, a task
+"""The imaging suite's task framework base (bat_jax/benchmarks/imaging/base.py): input encodings, array entries, a task
 instance's cases and faults, and the submission checker, on hand-made values."""
 
 import dataclasses
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from bat_jax.tasks.base import Fault, array_entry_errors, artefact_array, decode_array, encode_input
-from bat_jax.tasks.registry import get_track
+from bat_jax.benchmarks.imaging.base import Fault, array_entry_errors, artefact_array, decode_array, encode_input
+from bat_jax.benchmarks.imaging.registry import get_track
 
 VQA = get_track("vqa")
 
@@ -76,7 +76,7 @@ def test_a_task_scores_zero_unless_its_submission_was_submitted():
 def test_a_method_writes_floats_that_differ_in_the_last_bits_as_the_same_bytes(tmp_path):
     """The provided method's entries keep 12 significant digits: the scores two numpy versions computed for one
     case (measured: numpy 1.24.2 in the sandbox image, 2.3.5 on the host) are written byte for byte alike."""
-    from bat_jax.tasks.base import METHOD_PRELUDE
+    from bat_jax.benchmarks.imaging.base import METHOD_PRELUDE
     ns: dict = {"__file__": str(tmp_path / "model.py")}
     exec(compile(METHOD_PRELUDE, "model.py", "exec"), ns)  # noqa: S102 — the prelude the sandbox runs
     a = {"label": "nevus", "scores": {"nevus": 0.001659012576622161, "n": 3, "ok": True}, "boxes": [(1.0, 2.5)]}

@@ -1,14 +1,14 @@
-"""The medical-imaging suite as a staged benchmark (bat_jax/tasks/benchmark.py): its settings' checks, tracks and
-variants, source templates, recipes, teachers and its cases-per-task override."""
+"""The medical-imaging suite as a staged benchmark (bat_jax/benchmarks/imaging/benchmark.py): its settings' checks,
+tracks and variants, source templates, recipes, teachers and its cases-per-task override."""
 
 import dataclasses
 
 import pytest
 
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.portable_expert import PortableExpert
-from bat_jax.tasks.teacher import ChatTeacher, ScriptedExpert
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.portable_expert import PortableExpert
+from bat_jax.benchmarks.imaging.teacher import ChatTeacher, ScriptedExpert
 
 
 def test_settings_are_checked_naming_the_field():

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from bat_jax.benchmark.scoring import overall_score
-from bat_jax.tasks.classification import CLASSES
+from bat_jax.benchmarks.imaging.classification import CLASSES
 from bat_jax.rollout.play import play
-from bat_jax.tasks.heldout import heldout_suite
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.stages import STAGES
-from bat_jax.tasks.teacher import DoNothingPolicy, RandomCommandPolicy, ScriptedExpert
+from bat_jax.benchmarks.imaging.heldout import heldout_suite
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.stages import STAGES
+from bat_jax.benchmarks.imaging.teacher import DoNothingPolicy, RandomCommandPolicy, ScriptedExpert
 
 IMAGING = ImagingBenchmark()
 TRACK = get_track("classification")

@@ -9,15 +9,15 @@ from openai_stub import FakeChatServer
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 
 from bat_jax.benchmark.stages import E2E
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 from bat_jax.rollout.action_loop import run_action_episode
 from bat_jax.sandbox.tools import Action
 from bat_jax.staged_benchmark.episode import Conversation, PolicyError
 from bat_jax.sandbox.backends import local_sandbox
 from bat_jax.rollout.play import play, stage_start_state
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.teacher import ChatTeacher, RandomCommandPolicy, ScriptedExpert
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.teacher import ChatTeacher, RandomCommandPolicy, ScriptedExpert
 
 IMAGING = ImagingBenchmark()
 SEG = get_track("segmentation")

@@ -28,17 +28,17 @@ def _imported_modules(path: pathlib.Path) -> set[str]:
 
 
 @pytest.mark.parametrize("module, forbidden", [
-    ("brief", ("bat_jax.tasks.base",)),
-    ("layout", ("bat_jax.tasks.base", "bat_jax.tasks.brief")),
+    ("brief", ("bat_jax.benchmarks.imaging.base",)),
+    ("layout", ("bat_jax.benchmarks.imaging.base", "bat_jax.benchmarks.imaging.brief")),
 ])
 def test_lower_modules_never_import_the_ones_above(module, forbidden):
     imported = _imported_modules(TASKS / f"{module}.py")
-    assert not imported & set(forbidden), f"tasks/{module}.py imports {sorted(imported & set(forbidden))}"
+    assert not imported & set(forbidden), f"benchmarks/imaging/{module}.py imports {sorted(imported & set(forbidden))}"
 
 
 @pytest.mark.parametrize("order", [("base", "brief"), ("brief", "base"), ("layout", "brief", "base")])
 def test_each_import_order_works_in_a_fresh_interpreter(order):
-    code = "; ".join(f"import bat_jax.tasks.{m}" for m in order)
+    code = "; ".join(f"import bat_jax.benchmarks.imaging.{m}" for m in order)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=TASKS.parents[1])
     assert done.returncode == 0, done.stderr

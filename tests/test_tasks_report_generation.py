@@ -4,14 +4,14 @@ import pytest
 
 from bat_jax.benchmark.scoring import overall_score
 from bat_jax.rollout.play import play
-from bat_jax.tasks.heldout import heldout_suite
-from bat_jax.tasks.layout import HELDOUT_LAYOUT
-from bat_jax.tasks.metrics import report_labels
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.report_generation import FINDINGS
-from bat_jax.tasks.stages import STAGES
-from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.benchmarks.imaging.heldout import heldout_suite
+from bat_jax.benchmarks.imaging.layout import HELDOUT_LAYOUT
+from bat_jax.benchmarks.imaging.metrics import report_labels
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.report_generation import FINDINGS
+from bat_jax.benchmarks.imaging.stages import STAGES
+from bat_jax.benchmarks.imaging.teacher import ScriptedExpert
 
 IMAGING = ImagingBenchmark()
 TRACK = get_track("report")

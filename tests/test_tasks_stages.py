@@ -1,7 +1,7 @@
-"""The imaging suite's stages (bat_jax/tasks/stages.py): S1 Plan … S5 Submit with the paper's Agentic weights
-(App. A.6, Table 7) and the gate's late stages."""
+"""The imaging suite's stages (bat_jax/benchmarks/imaging/stages.py): S1 Plan … S5 Submit with the paper's Agentic
+weights (App. A.6, Table 7) and the gate's late stages."""
 
-from bat_jax.tasks.stages import LATE_STAGES, STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import LATE_STAGES, STAGES, Stage
 
 
 def test_five_stages_in_workflow_order_with_the_papers_weights():

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 
 from bat_jax.benchmark.scoring import overall_score
-from bat_jax.tasks.base import decode_array, encode_input
+from bat_jax.benchmarks.imaging.base import decode_array, encode_input
 from bat_jax.rollout.play import play
-from bat_jax.tasks.heldout import heldout_suite
-from bat_jax.tasks.metrics import ssim
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.stages import STAGES
-from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.benchmarks.imaging.heldout import heldout_suite
+from bat_jax.benchmarks.imaging.metrics import ssim
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.stages import STAGES
+from bat_jax.benchmarks.imaging.teacher import ScriptedExpert
 
 IMAGING = ImagingBenchmark()
 TRACK = get_track("synthesis")

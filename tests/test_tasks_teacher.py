@@ -1,5 +1,5 @@
-"""Teachers and baselines of the imaging suite (bat_jax/tasks/teacher.py): the LLM teacher over a local stub
-endpoint (its request, the stage it names, failures as `PolicyError`) and the two baselines. The scripted expert's
+"""Teachers and baselines of the imaging suite (bat_jax/benchmarks/imaging/teacher.py): the LLM teacher over a local
+stub endpoint (its request, the stage it names, failures as `PolicyError`) and the two baselines. The scripted expert's
 full marks are in the track tests."""
 
 import json
@@ -11,8 +11,8 @@ from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation
 from bat_jax.staged_benchmark.episode import Conversation, PolicyError, Turn
-from bat_jax.tasks.stages import STAGES
-from bat_jax.tasks.teacher import ChatTeacher, DoNothingPolicy, RandomCommandPolicy
+from bat_jax.benchmarks.imaging.stages import STAGES
+from bat_jax.benchmarks.imaging.teacher import ChatTeacher, DoNothingPolicy, RandomCommandPolicy
 
 
 def _conversation(turns=0):

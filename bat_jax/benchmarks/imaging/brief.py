@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
-from bat_jax.tasks.stages import STAGES, Stage
-from bat_jax.tasks.layout import Layout
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.layout import Layout
 
 
 class TrackText(Protocol):

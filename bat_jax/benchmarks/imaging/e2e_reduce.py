@@ -14,8 +14,8 @@ import math
 import numpy as np
 
 from bat_jax.staged_benchmark.contract import Reduction
-from bat_jax.tasks.base import TaskInstance, Track, decode_array, encode_input
-from bat_jax.tasks.brief import render_brief
+from bat_jax.benchmarks.imaging.base import TaskInstance, Track, decode_array, encode_input
+from bat_jax.benchmarks.imaging.brief import render_brief
 from bat_jax.verify.rubric import Evidence
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import textwrap
 
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation
 from bat_jax.staged_benchmark.episode import Conversation
-from bat_jax.tasks.teacher import _last_json
+from bat_jax.benchmarks.imaging.teacher import _last_json
 
 #: Version of the action texts (the Stage Bank recipe names it): v2 = each step prints the next step's name first
 #: and the thought repeats it.

@@ -18,8 +18,8 @@ import numpy as np
 
 from bat_jax.sandbox.readers import DecodeLimits, json_or_none, limits_of, load_array, load_json, workspace
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.tasks.brief import HELDOUT_TEMPLATE, render_brief
-from bat_jax.tasks.layout import TRAIN_LAYOUT, Layout
+from bat_jax.benchmarks.imaging.brief import HELDOUT_TEMPLATE, render_brief
+from bat_jax.benchmarks.imaging.layout import TRAIN_LAYOUT, Layout
 
 VARIANTS = ("success", "recovery", "failure")
 #: Fault kinds the agent must name in its validation report ('spacing' only on tracks with `spacing`).
@@ -430,7 +430,7 @@ class ImageToImageTrack(Track):
         return array_entry_errors(entry, "image", "npy", files)
 
     def case_score(self, entry, files, case: Case) -> float:
-        from bat_jax.tasks.metrics import ssim
+        from bat_jax.benchmarks.imaging.metrics import ssim
 
         img = artefact_array(files, entry["image"])
         if img.shape != case.target.shape:

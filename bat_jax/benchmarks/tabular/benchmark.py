@@ -12,11 +12,11 @@ from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.staged_benchmark.contract import StagedBenchmark
 from bat_jax.staged_benchmark.episode import ActionPolicy
-from bat_jax.tabular import rubric as rubric_items
-from bat_jax.tabular import tasks
-from bat_jax.tabular.tables import TASK_FAMILIES, TOP_K, VARIANTS, answer_phrases
-from bat_jax.tabular.tasks import TabularTask
-from bat_jax.tabular.teacher import VERSION as TEACHER_VERSION, ScriptedTeacher
+from bat_jax.benchmarks.tabular import rubric as rubric_items
+from bat_jax.benchmarks.tabular import tasks
+from bat_jax.benchmarks.tabular.tables import TASK_FAMILIES, TOP_K, VARIANTS, answer_phrases
+from bat_jax.benchmarks.tabular.tasks import TabularTask
+from bat_jax.benchmarks.tabular.teacher import VERSION as TEACHER_VERSION, ScriptedTeacher
 from bat_jax.verify.rubric import Rubric
 
 METRICS = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bat_jax.tasks.base import Case, Track
+from bat_jax.benchmarks.imaging.base import Case, Track
 
 CLASSES = ("keratosis", "nevus", "melanoma")
 _LEVELS = {"keratosis": 0.28, "nevus": 0.5, "melanoma": 0.82}

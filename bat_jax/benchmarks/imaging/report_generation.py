@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bat_jax.tasks.base import Case, Track
-from bat_jax.tasks.metrics import label_f1, report_labels
+from bat_jax.benchmarks.imaging.base import Case, Track
+from bat_jax.benchmarks.imaging.metrics import label_f1, report_labels
 
 FINDINGS = ("effusion", "nodule", "cardiomegaly")
 

@@ -10,12 +10,12 @@ import random
 import re
 import time
 
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 from bat_jax.clients.chat_endpoint import ChatClient, ChatEndpointConfig, ChatError
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import Observation
 from bat_jax.staged_benchmark.episode import Conversation, PolicyError
-from bat_jax.tasks.layout import Layout
+from bat_jax.benchmarks.imaging.layout import Layout
 
 def _last_json(obs: Observation) -> dict:
     """The last stdout line that parses as a JSON object ({} if none)."""

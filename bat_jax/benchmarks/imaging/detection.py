@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from bat_jax.tasks.base import Case, TaskInstance, Track
-from bat_jax.tasks.metrics import average_precision
+from bat_jax.benchmarks.imaging.base import Case, TaskInstance, Track
+from bat_jax.benchmarks.imaging.metrics import average_precision
 
 _METHOD = '''
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 
 from bat_jax.benchmark.stages import StageSet
 from bat_jax.sandbox.types import SandboxState
-from bat_jax.tabular import tables
-from bat_jax.tabular.tables import TASK_FAMILIES, VARIANTS, Table
+from bat_jax.benchmarks.tabular import tables
+from bat_jax.benchmarks.tabular.tables import TASK_FAMILIES, VARIANTS, Table
 
 #: The suite's stages in workflow order, with their Agentic weights (ids are their own titles).
 STAGES = StageSet.of([("inspect", "inspect", 0.2), ("clean", "clean", 0.3), ("analyse", "analyse", 0.3),

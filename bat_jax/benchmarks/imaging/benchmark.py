@@ -12,14 +12,14 @@ from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.staged_benchmark.contract import Reduction, StagedBenchmark
 from bat_jax.staged_benchmark.episode import ActionPolicy
-from bat_jax.tasks import e2e_reduce, heldout
-from bat_jax.tasks.base import VARIANTS, TaskInstance
-from bat_jax.tasks.brief import VARIED_TEMPLATE_BASE, compact_user_message, stage_skill
-from bat_jax.tasks.portable_expert import VERSION as PORTABLE_VERSION, PortableExpert
-from bat_jax.tasks.registry import TRACKS
-from bat_jax.tasks.rubric_items import build_rubric
-from bat_jax.tasks.stages import LATE_STAGES, STAGES
-from bat_jax.tasks.teacher import ChatTeacher, ScriptedExpert
+from bat_jax.benchmarks.imaging import e2e_reduce, heldout
+from bat_jax.benchmarks.imaging.base import VARIANTS, TaskInstance
+from bat_jax.benchmarks.imaging.brief import VARIED_TEMPLATE_BASE, compact_user_message, stage_skill
+from bat_jax.benchmarks.imaging.portable_expert import VERSION as PORTABLE_VERSION, PortableExpert
+from bat_jax.benchmarks.imaging.registry import TRACKS
+from bat_jax.benchmarks.imaging.rubric import build_rubric
+from bat_jax.benchmarks.imaging.stages import LATE_STAGES, STAGES
+from bat_jax.benchmarks.imaging.teacher import ChatTeacher, ScriptedExpert
 from bat_jax.verify.rubric import Evidence, Rubric
 
 LAYOUTS = ("fixed", "varied")

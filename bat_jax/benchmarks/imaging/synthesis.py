@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bat_jax.tasks.base import ImageToImageTrack
+from bat_jax.benchmarks.imaging.base import ImageToImageTrack
 
 _T1 = (0.0, 0.3, 0.6, 0.9)
 _T2 = (0.0, 0.8, 0.5, 0.2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bat_jax.tasks.base import ImageToImageTrack
+from bat_jax.benchmarks.imaging.base import ImageToImageTrack
 
 _METHOD = '''
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from bat_jax.sandbox.readers import array_extension, json_or_none, limits_of
 from bat_jax.sandbox.types import Receipt, sha256_hex
-from bat_jax.tasks.base import TaskInstance, artefact_array, decode_array
+from bat_jax.benchmarks.imaging.base import TaskInstance, artefact_array, decode_array
 
 #: Absolute tolerance on array and float values when comparing an artefact with the replay (float32 outputs,
 #: the same numpy / scipy code on both sides).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bat_jax.tasks.base import Case, Track, array_entry_errors, artefact_array
-from bat_jax.tasks.metrics import mean_dice
+from bat_jax.benchmarks.imaging.base import Case, Track, array_entry_errors, artefact_array
+from bat_jax.benchmarks.imaging.metrics import mean_dice
 
 SHAPE = (16, 16, 8)
 

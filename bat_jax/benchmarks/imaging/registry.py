@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from bat_jax.tasks.base import Track
-from bat_jax.tasks.classification import ClassificationTrack
-from bat_jax.tasks.detection import DetectionTrack
-from bat_jax.tasks.enhancement import EnhancementTrack
-from bat_jax.tasks.report_generation import ReportTrack
-from bat_jax.tasks.segmentation import SegmentationTrack
-from bat_jax.tasks.synthesis import SynthesisTrack
-from bat_jax.tasks.vqa import VQATrack
+from bat_jax.benchmarks.imaging.base import Track
+from bat_jax.benchmarks.imaging.classification import ClassificationTrack
+from bat_jax.benchmarks.imaging.detection import DetectionTrack
+from bat_jax.benchmarks.imaging.enhancement import EnhancementTrack
+from bat_jax.benchmarks.imaging.report_generation import ReportTrack
+from bat_jax.benchmarks.imaging.segmentation import SegmentationTrack
+from bat_jax.benchmarks.imaging.synthesis import SynthesisTrack
+from bat_jax.benchmarks.imaging.vqa import VQATrack
 
 TRACKS: dict[str, Track] = {t.name: t for t in (
     ClassificationTrack(), DetectionTrack(), EnhancementTrack(), ReportTrack(), SegmentationTrack(),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bat_jax.tasks.base import Case, Track
-from bat_jax.tasks.metrics import normalize_answer
+from bat_jax.benchmarks.imaging.base import Case, Track
+from bat_jax.benchmarks.imaging.metrics import normalize_answer
 
 #: Question templates by phrasing: 0 training, 1 held-out (disjoint strings, same method keywords).
 QUESTIONS = (

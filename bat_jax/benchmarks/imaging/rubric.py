@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 
-from bat_jax.tasks.stages import STAGES, Stage
-from bat_jax.tasks.base import TaskInstance, Track
-from bat_jax.tasks.method_replay import case_matches, method_run_calls
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.base import TaskInstance, Track
+from bat_jax.benchmarks.imaging.method_replay import case_matches, method_run_calls
 from bat_jax.verify.rubric import Evidence, EvidenceRequirement, Rubric, RubricItem
 
 

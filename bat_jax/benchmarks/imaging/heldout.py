@@ -11,11 +11,11 @@ import random
 from collections.abc import Iterable, Sequence
 
 from bat_jax.atomic_io import atomic_write
-from bat_jax.tasks.base import TaskInstance, Track
-from bat_jax.tasks.brief import HELDOUT_TEMPLATE, N_TEMPLATES, VARIED_TEMPLATES, render_brief, stage_skill
-from bat_jax.tasks.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, varied_naming
-from bat_jax.tasks.registry import TRACKS
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.base import TaskInstance, Track
+from bat_jax.benchmarks.imaging.brief import HELDOUT_TEMPLATE, N_TEMPLATES, VARIED_TEMPLATES, render_brief, stage_skill
+from bat_jax.benchmarks.imaging.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, varied_naming
+from bat_jax.benchmarks.imaging.registry import TRACKS
+from bat_jax.benchmarks.imaging.stages import STAGES
 
 HELDOUT_SEED_BASE = 1_000_000_000
 HELDOUT_PREFIX = "hx"

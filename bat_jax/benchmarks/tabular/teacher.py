@@ -9,7 +9,7 @@ import textwrap
 
 from bat_jax.sandbox.tools import Action
 from bat_jax.staged_benchmark.episode import Conversation
-from bat_jax.tabular.tasks import RESULT
+from bat_jax.benchmarks.tabular.tasks import RESULT
 
 #: Version of the action texts (a Stage Bank recipe names it: rows of two versions are not trained on together).
 #: v2: each stage's own body first, the shared text after it (v1 shared whole lines between stages mid-action).
