@@ -38,7 +38,7 @@ class ScriptedExpert:
 
     Args:
       diagnose: when False the Validate input check and restoration are skipped (an ablation: this teacher
-        loses Validate credit on recovery variants, `tests/test_tasks_framework.py`).
+        loses Validate credit on recovery variants, `tests/test_imaging_framework.py`).
     """
 
     def __init__(self, diagnose: bool = True):
