@@ -1,4 +1,4 @@
-"""The task framework's imports go one way: `tasks.base` → `tasks.brief` → `tasks.layout` (no circle).
+"""The imaging task framework's imports go one way: `base` → `brief` → `layout` (no circle).
 
 Checked statically (every import statement of the module, at any depth, including `TYPE_CHECKING` blocks and
 imports inside functions) and by importing each module first in a fresh interpreter.
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-TASKS = pathlib.Path(__file__).resolve().parents[1] / "bat_jax" / "tasks"
+IMAGING = pathlib.Path(__file__).resolve().parents[1] / "bat_jax" / "benchmarks" / "imaging"
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:
@@ -32,7 +32,7 @@ def _imported_modules(path: pathlib.Path) -> set[str]:
     ("layout", ("bat_jax.benchmarks.imaging.base", "bat_jax.benchmarks.imaging.brief")),
 ])
 def test_lower_modules_never_import_the_ones_above(module, forbidden):
-    imported = _imported_modules(TASKS / f"{module}.py")
+    imported = _imported_modules(IMAGING / f"{module}.py")
     assert not imported & set(forbidden), f"benchmarks/imaging/{module}.py imports {sorted(imported & set(forbidden))}"
 
 
@@ -40,5 +40,5 @@ def test_lower_modules_never_import_the_ones_above(module, forbidden):
 def test_each_import_order_works_in_a_fresh_interpreter(order):
     code = "; ".join(f"import bat_jax.benchmarks.imaging.{m}" for m in order)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=TASKS.parents[1])
+                          cwd=IMAGING.parents[2])
     assert done.returncode == 0, done.stderr
