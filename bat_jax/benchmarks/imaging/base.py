@@ -18,6 +18,7 @@ import numpy as np
 
 from bat_jax.sandbox.readers import DecodeLimits, json_or_none, limits_of, load_array, load_json, workspace
 from bat_jax.sandbox.types import SandboxState
+from bat_jax.benchmarks.imaging import nifti
 from bat_jax.benchmarks.imaging.brief import HELDOUT_TEMPLATE, render_brief
 from bat_jax.benchmarks.imaging.layout import TRAIN_LAYOUT, Layout
 
@@ -385,8 +386,9 @@ def _short(value: Any, chars: int = 80) -> str:
 def decode_array(data: bytes, path: str, limits: DecodeLimits | None = None) -> np.ndarray:
     """Host-side load of an artefact by extension ('.nii.gz', '.png', '.npy'), within `limits`.
 
-    It calls `readers.load_array`. Raises ValueError (`readers.ArtefactError`) if unreadable, and nothing else."""
-    return load_array(data, path, limits or DecodeLimits())
+    It calls `readers.load_array` with the suite's NIfTI decoder. Raises ValueError (`readers.ArtefactError`) if
+    unreadable, and nothing else."""
+    return load_array(data, path, limits or DecodeLimits(), nifti.DECODERS)
 
 
 def artefact_array(files: Mapping[str, bytes], path: str) -> np.ndarray:

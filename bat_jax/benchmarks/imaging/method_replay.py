@@ -22,6 +22,7 @@ import numpy as np
 from bat_jax.sandbox.readers import array_extension, json_or_none, limits_of
 from bat_jax.sandbox.types import Receipt, sha256_hex
 from bat_jax.benchmarks.imaging.base import TaskInstance, artefact_array, decode_array
+from bat_jax.benchmarks.imaging.nifti import DECODERS
 
 #: Absolute tolerance on array and float values when comparing an artefact with the replay (float32 outputs,
 #: the same numpy / scipy code on both sides).
@@ -278,7 +279,7 @@ def preexisting_cases(inst: TaskInstance, start: Mapping[str, bytes]) -> set[str
             continue
         for _, want in ((k, a) for out in outs for k, a in out[1].items()):
             for path in start:
-                if array_extension(path) and path not in arrays:
+                if array_extension(path, DECODERS) and path not in arrays:
                     try:
                         arrays[path] = artefact_array(start, path)
                     except ValueError:
