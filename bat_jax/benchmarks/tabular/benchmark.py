@@ -14,6 +14,7 @@ from bat_jax.staged_benchmark.contract import StagedBenchmark
 from bat_jax.staged_benchmark.episode import ActionPolicy
 from bat_jax.benchmarks.tabular import rubric as rubric_items
 from bat_jax.benchmarks.tabular import tasks
+from bat_jax.benchmarks.tabular.stages import LATE_STAGES, STAGES
 from bat_jax.benchmarks.tabular.tables import TASK_FAMILIES, TOP_K, VARIANTS, answer_phrases
 from bat_jax.benchmarks.tabular.tasks import TabularTask
 from bat_jax.benchmarks.tabular.teacher import VERSION as TEACHER_VERSION, ScriptedTeacher
@@ -31,7 +32,7 @@ class TabularBenchmark(StagedBenchmark):
     """The bundled tabular data-analysis suite (no settings: its tables, families and variants are fixed)."""
 
     name = "tabular"
-    late_stages = tasks.LATE_STAGES
+    late_stages = LATE_STAGES
     teachers = ("scripted",)
     training_seeds = tasks.HELDOUT_SEED_BASE
     system_prompt = ("You are a data-analysis agent. Work through the stages of the task using the tools: "
@@ -43,7 +44,7 @@ class TabularBenchmark(StagedBenchmark):
 
     @property
     def stages(self):
-        return tasks.STAGES
+        return STAGES
 
     @property
     def tracks(self) -> Mapping[str, str]:

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from bat_jax.sandbox.readers import DecodeLimits, json_or_none
 from bat_jax.sandbox.types import Receipt
 from bat_jax.benchmarks.tabular import tables
-from bat_jax.benchmarks.tabular.tasks import CLEAN_CSV, CLEAN_LOG, INSPECT, RAW, REPORT, RESULT, STAGES, TabularTask
+from bat_jax.benchmarks.tabular.stages import STAGES
+from bat_jax.benchmarks.tabular.tasks import CLEAN_CSV, CLEAN_LOG, INSPECT, RAW, REPORT, RESULT, TabularTask
 from bat_jax.verify.rubric import Evidence, EvidenceRequirement, Rubric, RubricItem
 
 #: A report longer than this earns no credit (the honest one is a few lines).

@@ -1,7 +1,7 @@
 """Tasks of the tabular suite.
 
-Its four stages, the workspace paths, briefs and stage skills, training tasks, and the held-out suite with its
-manifest.
+The workspace paths, briefs and stage skills, training tasks, and the held-out suite with its manifest (the stages:
+`stages.py`).
 
 Details: docs/design.md.
 """
@@ -13,16 +13,10 @@ import functools
 import json
 from collections.abc import Iterable, Sequence
 
-from bat_jax.benchmark.stages import StageSet
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.benchmarks.tabular import tables
+from bat_jax.benchmarks.tabular.stages import STAGES
 from bat_jax.benchmarks.tabular.tables import TASK_FAMILIES, VARIANTS, Table
-
-#: The suite's stages in workflow order, with their Agentic weights (ids are their own titles).
-STAGES = StageSet.of([("inspect", "inspect", 0.2), ("clean", "clean", 0.3), ("analyse", "analyse", 0.3),
-                      ("report", "report", 0.2)], benchmark="tabular")
-#: Stages the non-inferiority gate holds to its late-stage margin.
-LATE_STAGES = ("analyse", "report")
 
 #: Workspace paths every brief names (the same for training and held-out tasks).
 RAW = "data/raw.csv"
