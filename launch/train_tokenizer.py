@@ -13,7 +13,7 @@ import pathlib
 import time
 
 from bat_jax.models import tokenizer as tiny
-from bat_jax.tasks.heldout import sample_training_prompt
+from bat_jax.benchmarks.imaging.heldout import sample_training_prompt
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import bat_jax.learn.kl as kl
 import bat_jax.rollout.agent_loop as agent_loop
 import bat_jax.rollout.sampling as sampling
 import bat_jax.bicurl.evaluation as evaluation
-import bat_jax.tasks.benchmark as imaging
+import bat_jax.benchmarks.imaging.benchmark as imaging
 
 launch.run:
   job = @experiment.run

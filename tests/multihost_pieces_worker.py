@@ -224,9 +224,9 @@ def ray_rollouts(run_dir: pathlib.Path) -> dict:
     from bat_jax.prompts import PromptFormat, rl_request
     from bat_jax.rollout.agent_loop import AgentLoopConfig
     from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
-    from bat_jax.tasks import heldout
-    from bat_jax.tasks.benchmark import ImagingBenchmark
-    from bat_jax.tasks.registry import get_track
+    from bat_jax.benchmarks.imaging import heldout
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.registry import get_track
 
     requests = []
     for i, seed in enumerate((3, 4)):

@@ -16,16 +16,16 @@ import numpy
 import pytest
 
 from bat_jax.benchmark.stages import E2E
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 from bat_jax.rollout.action_loop import ActionEpisodeRequest, run_action_episode, run_action_episodes
 from bat_jax.sandbox.tools import Action
 from bat_jax.staged_benchmark.episode import PolicyError, collect_evidence
 from bat_jax.sandbox.backends import local_sandbox
-from bat_jax.tasks.portable_expert import PortableExpert
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.rubric_items import build_rubric
-from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.benchmarks.imaging.portable_expert import PortableExpert
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.rubric import build_rubric
+from bat_jax.benchmarks.imaging.teacher import ScriptedExpert
 from bat_jax.verify.rubric import score
 
 IMAGING = ImagingBenchmark()

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from bat_jax.sandbox.readers import ArtefactError, DecodeLimits, json_or_none, load_array, load_json, text_or_none
 from bat_jax.sandbox.types import Receipt, sha256_hex
-from bat_jax.tasks.registry import TRACKS, get_track
-from bat_jax.tasks.rubric_items import build_rubric
+from bat_jax.benchmarks.imaging.nifti import DECODERS
+from bat_jax.benchmarks.imaging.registry import TRACKS, get_track
+from bat_jax.benchmarks.imaging.rubric import build_rubric
 from bat_jax.verify.rubric import Evidence, score
 
 #: Small caps, so that a property run exercises them quickly; what a reader may cost is bounded by them.
@@ -195,7 +196,7 @@ def test_array_readers_are_total_and_capped(ext):
     def check(data):
         tracemalloc.start()
         try:
-            array = load_array(data, "f" + ext, LIMITS)
+            array = load_array(data, "f" + ext, LIMITS, DECODERS)
         except ArtefactError:
             array = None
         finally:

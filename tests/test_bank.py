@@ -191,7 +191,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is
 def test_a_build_is_refused_while_another_writer_holds_the_bank(tmp_path):
     from bat_jax.stage_bank.bank import BankLocked
     from bat_jax.stage_bank.factory import FactoryConfig, build_bank
-    from bat_jax.tasks.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 
     config = FactoryConfig(bank_dir=str(tmp_path / "bank"), tracks=("vqa",), foci=("S1",), outcomes=("success",))
     with StageBank(config.bank_dir).writer("the running factory"):

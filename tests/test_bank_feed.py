@@ -15,7 +15,7 @@ from bat_jax.stage_bank import steering
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, Source
 from bat_jax.stage_bank.factory_loop import FactoryLoopConfig, serve
-from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 
 from doubles import fake_build
 

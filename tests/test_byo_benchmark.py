@@ -195,3 +195,39 @@ def test_the_guides_command_runs_as_written(tmp_path):
     assert all(r["selected_stage"] in ("count", "submit") for r in records)
     assert all(r["eval_cells"] == 4 for r in records)  # 4 held-out episodes of the one family each round
     assert (run_dir / "report.md").read_text().startswith("# BiCuRL run report: wordcount")
+
+
+def test_the_factory_reads_no_seed_from_a_task(wordcount, tmp_path):
+    """`Task` declares task_id, track, brief and state(): a benchmark whose tasks carry no `seed` builds its bank, and
+    each row's task_synthesis step records the seed the factory asked the benchmark for."""
+    import dataclasses
+
+    from bat_jax.stage_bank.bank import StageBank
+    from bat_jax.stage_bank.factory import FactoryConfig, build_bank, sources
+
+    @dataclasses.dataclass(frozen=True)
+    class SeedlessTask:  # the contract's fields and what this benchmark's own rubric reads; no seed
+        task_id: str
+        track: str
+        variant: str
+        brief: str
+        text: str
+        word: str
+        answer: int
+
+        state = wordcount.Task.state
+
+    class SeedlessBenchmark(wordcount.WordCountBenchmark):
+        def training_task(self, track, seed, variant, template=0):
+            task = super().training_task(track, seed, variant, template)
+            return SeedlessTask(**{f.name: getattr(task, f.name) for f in dataclasses.fields(SeedlessTask)})
+
+    bench = SeedlessBenchmark()
+    assert not hasattr(bench.training_task("count", 3, "success"), "seed")
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"), foci=("E2E", "count"), workers=1)
+    built = build_bank(cfg, bench, progress=False)
+    assert built.rejected == {} and built.version == 1
+    seeds = {src.task_seed for src in sources(cfg, bench)}
+    rows = StageBank(cfg.bank_dir).read().rl_rows
+    recorded = {r.provenance.transformations[0].params["seed"] for r in rows}
+    assert [r.provenance.transformations[0].name for r in rows] == ["task_synthesis"] * 2 and recorded == seeds

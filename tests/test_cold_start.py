@@ -12,8 +12,8 @@ from bat_jax.policy import PolicyConfig, build_policy
 from bat_jax.prompts import PromptFormat
 from bat_jax.sandbox.tools import Action
 from bat_jax.stage_bank.row import Message, Provenance, SFTRow
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.stages import STAGES
 
 MICRO = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
          "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bat_jax.tasks.stages import LATE_STAGES, STAGES
+from bat_jax.benchmarks.imaging.stages import LATE_STAGES, STAGES
 from bat_jax.curriculum.controller import (ACCEPT, DECISIONS, FALLBACK, HOLD, RULE_GATE, UNSCORED, Controller,
                                            ControllerConfig, ControllerState, Evaluation, NonInferiorityMargins,
                                            gate_failures)

@@ -9,8 +9,8 @@ import pytest
 
 from bat_jax.benchmark.stages import E2E
 from bat_jax.rollout.play import play
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import TRACKS, get_track
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import TRACKS, get_track
 
 IMAGING = ImagingBenchmark()
 

@@ -54,7 +54,7 @@ def test_a_late_stage_the_benchmark_lacks_is_a_configuration_error():
     from bat_jax.bicurl.experiment import _with_late_stages
     from bat_jax.curriculum.controller import ControllerConfig, NonInferiorityMargins
     from bat_jax.errors import ConfigError
-    from bat_jax.tasks.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 
     bad = ControllerConfig(margins=NonInferiorityMargins(late_stages=("S9",)))
     with pytest.raises(ConfigError, match=r"controller.NonInferiorityMargins.late_stages \['S9'\] are not stages of "

@@ -18,7 +18,7 @@ from bat_jax.policy import PolicyConfig, build_policy, make_agent_loop
 from bat_jax.prompts import PromptFormat
 from bat_jax.rollout.agent_loop import AgentLoopConfig
 from bat_jax.sandbox.backends import backend_factory
-from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 
 IMAGING = ImagingBenchmark()
 COMPONENTS = Components(

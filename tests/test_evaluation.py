@@ -9,9 +9,9 @@ import pytest
 from bat_jax.bicurl import evaluation as evaluator
 from bat_jax.benchmark.scoring import Cell, Summary
 from bat_jax.sandbox.backends import local_sandbox
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.stages import STAGES
-from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.stages import STAGES
+from bat_jax.benchmarks.imaging.teacher import DoNothingPolicy, ScriptedExpert
 from doubles import failed_trajectory
 
 IMAGING = ImagingBenchmark()

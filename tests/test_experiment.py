@@ -10,7 +10,7 @@ from bat_jax.bicurl.engines import EngineConfig
 from bat_jax.ledger import Ledger
 from bat_jax.policy import PolicyConfig
 from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.stages import STAGES
 
 import micro_config
 

@@ -16,21 +16,22 @@ import numpy
 import pytest
 
 from bat_jax.benchmark.stages import E2E
-from bat_jax.tasks.stages import Stage
+from bat_jax.benchmarks.imaging.stages import Stage
 from bat_jax.sandbox.local import LocalSandbox
 from bat_jax.stage_bank import e2e_surrogate as e2e
 from bat_jax.staged_benchmark.contract import Reduction
 from bat_jax.stage_bank.bank import StageBank
-from bat_jax.stage_bank.factory import FactoryConfig, build_bank, load_manifest, sources
+from bat_jax.stage_bank.factory import (FACTORY_VERSION, FactoryConfig, build_bank, check_recipe, load_manifest,
+                                        recipe, sources)
 from bat_jax.stage_bank.leakage import preflight
 from bat_jax.stage_bank.row import content_digest
 from bat_jax.clients.chat_endpoint import ChatEndpointConfig
 from bat_jax.staged_benchmark.episode import Conversation
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, training_task
-from bat_jax.tasks.registry import TRACKS
-from bat_jax.tasks.stages import STAGES
-from bat_jax.tasks.teacher import ChatTeacher
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.heldout import HELDOUT_SEED_BASE, training_task
+from bat_jax.benchmarks.imaging.registry import TRACKS
+from bat_jax.benchmarks.imaging.stages import STAGES
+from bat_jax.benchmarks.imaging.teacher import ChatTeacher
 
 IMAGING = ImagingBenchmark()
 
@@ -68,6 +69,33 @@ def test_imaging_task_settings_are_validated_naming_the_field():
 def test_openai_teacher_without_an_endpoint_is_a_config_error():
     with pytest.raises(ValueError, match="teacher_endpoint"):
         FactoryConfig(teacher="openai").validate(IMAGING)
+
+
+class _FirstNote:
+    """A bank as `check_recipe` reads it: one version and that version's note."""
+
+    def __init__(self, note: str):
+        self._note = note
+
+    def versions(self) -> list[int]:
+        return [1]
+
+    def note(self, version: int) -> str:
+        return self._note
+
+
+def test_a_bank_whose_note_names_no_benchmark_is_refused_not_taken_for_imaging(tmp_path):
+    cfg = FactoryConfig(bank_dir=str(tmp_path / "bank"))
+    assert recipe(cfg, IMAGING) == "benchmark=imaging teacher=scripted layouts=fixed"
+    check_recipe(_FirstNote(f"{FACTORY_VERSION} seed=0 benchmark=imaging teacher=scripted layouts=fixed digest=ab"),
+                 cfg, IMAGING)
+    check_recipe(_FirstNote("a custom note"), cfg, IMAGING)  # custom notes are not checked
+    with pytest.raises(ValueError, match=r"built with no benchmark named \(an older factory\); this run asks for "
+                                         r"benchmark=imaging teacher=scripted layouts=fixed"):
+        check_recipe(_FirstNote(f"{FACTORY_VERSION} seed=0 teacher=scripted layouts=fixed digest=ab"), cfg, IMAGING)
+    with pytest.raises(ValueError, match=r"built with benchmark=tabular teacher=scripted; this run asks for "
+                                         r"benchmark=imaging"):
+        check_recipe(_FirstNote(f"{FACTORY_VERSION} seed=0 benchmark=tabular teacher=scripted digest=ab"), cfg, IMAGING)
 
 
 def test_accept_reports_first_failed_factor():
@@ -325,7 +353,7 @@ def test_docker_container_killed_mid_trajectory_rejects_the_source(tmp_path):
 
 
 def _tabular_digest(bank_dir, backend="local", workers=2):
-    from bat_jax.tabular.benchmark import TabularBenchmark
+    from bat_jax.benchmarks.tabular.benchmark import TabularBenchmark
 
     cfg = FactoryConfig(bank_dir=str(bank_dir), backend=backend, teacher="scripted", tracks=("group_mean",),
                         outcomes=("missing",), workers=workers)

@@ -12,8 +12,8 @@ from bat_jax.stage_bank import steering
 from bat_jax.stage_bank.bank import BankLocked, StageBank
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank
 from bat_jax.stage_bank.factory_loop import FactoryLoopConfig, FactoryProcess, serve
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.stages import STAGES
 from doubles import crashing_build, fake_build, slow_build
 
 

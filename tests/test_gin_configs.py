@@ -75,7 +75,7 @@ def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, sty
     """Small policies get compact prompts, varied training layouts and the portable teacher; paper
     scale keeps the full prompts (PolicyConfig's default 'full') and the factory's default teacher."""
     from bat_jax.policy import PolicyConfig
-    from bat_jax.tasks.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 
     launch.parse_gin([name], [])
     bound = gin.get_bindings("policy.PolicyConfig")

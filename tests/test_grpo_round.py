@@ -12,7 +12,7 @@ import pytest
 from bat_jax.bicurl import grpo_round as gr
 from bat_jax.learn import grpo
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
-from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 from doubles import FakeLearner, failed_trajectory, patch_rollout_scoring
 
 IMAGING = ImagingBenchmark()

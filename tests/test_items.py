@@ -199,8 +199,8 @@ def test_item_outputs_hold_the_heldout_firewall(tmp_path):
     from bat_jax.curriculum.controller import Evaluation
     from bat_jax.sandbox.backends import local_sandbox
     from bat_jax.stage_bank.leakage import HeldOutManifest, preflight
-    from bat_jax.tasks.benchmark import ImagingBenchmark
-    from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.teacher import DoNothingPolicy, ScriptedExpert
 
     imaging = ImagingBenchmark()
     config = ev.EvalConfig(repeats=1, final_repeats=2, tracks=("vqa", "classification"), max_workers=2)

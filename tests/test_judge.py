@@ -11,10 +11,10 @@ from bat_jax.clients.chat_endpoint import ChatError
 from bat_jax.ledger import GRPOStats, Ledger, RoundRecord
 from bat_jax.report import scoring_table
 from bat_jax.sandbox.types import Receipt
-from bat_jax.tasks import heldout
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.rubric_items import build_rubric
+from bat_jax.benchmarks.imaging import heldout
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.rubric import build_rubric
 from bat_jax.verify.judge import DEFAULT_ITEMS, RubricJudge, evidence_digest
 from bat_jax.bicurl.reward import rollout_reward
 from bat_jax.verify.rubric import REWARD_VERSION
@@ -166,7 +166,7 @@ from __gin__ import dynamic_registration
 import bat_jax.bicurl.experiment as experiment
 import bat_jax.verify.judge as judge
 import bat_jax.clients.chat_endpoint as chat_endpoint
-import bat_jax.tasks.benchmark as imaging
+import bat_jax.benchmarks.imaging.benchmark as imaging
 experiment.Components.benchmark = @imaging.ImagingBenchmark()
 experiment.Components.judge = @judge.JudgeConfig()
 judge.JudgeConfig.endpoint = @judge/chat_endpoint.ChatEndpointConfig()

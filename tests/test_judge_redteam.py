@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from bat_jax.benchmark.stages import E2E
 from bat_jax.rollout.play import play
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
 from bat_jax.verify.judge import LLMJudge
 from bat_jax.verify.rubric import InfraError
 from bat_jax.verify.verdict import _CONTROL_ITEM, VerdictError, agent_block, judge_messages, parse_verdict

@@ -13,10 +13,10 @@ from bat_jax.benchmark.stages import E2E
 from bat_jax.bicurl.reward import RolloutScorer
 from bat_jax.errors import ConfigValueError
 from bat_jax.rollout.play import play
-from bat_jax.tabular.benchmark import TabularBenchmark
-from bat_jax.tasks import heldout
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
+from bat_jax.benchmarks.tabular.benchmark import TabularBenchmark
+from bat_jax.benchmarks.imaging import heldout
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
 from bat_jax.verify.judge import JudgeConfig, RubricJudge
 from bat_jax.verify.verdict import VERDICT_SCHEMA, judge_messages, request_tokens, verdict_shaped
 from doubles import (JUDGED_SEED, JUDGED_TEMPLATE, JUDGED_VARIANT, JudgeServer, approx_tokens, judge_config,

@@ -19,13 +19,14 @@ LAYERS = (
                 "bat_jax.sweep_report")),
     ("mechanisms", ("bat_jax.verify", "bat_jax.staged_benchmark", "bat_jax.models", "bat_jax.rollout",
                     "bat_jax.learn", "bat_jax.stage_bank", "bat_jax.curriculum", "bat_jax.prompts", "bat_jax.policy")),
-    ("benchmarks", ("bat_jax.tasks", "bat_jax.tabular")),
+    ("benchmarks", ("bat_jax.benchmarks", "bat_jax.benchmarks.imaging", "bat_jax.benchmarks.tabular")),
     ("composition", ("bat_jax.bicurl",)),
     ("edge", ("bat_jax.launch",)),
 )
 UNITS = [unit for _, units in LAYERS for unit in units]
-#: The staged benchmarks (plug-ins): nothing outside a benchmark's own unit imports it, and no benchmark another.
-BENCHMARK_UNITS = dict(LAYERS)["benchmarks"]
+#: The staged benchmarks (plug-ins, `bat_jax/benchmarks/<name>/`): nothing outside a benchmark's own unit imports it,
+#: and no benchmark another.
+BENCHMARK_UNITS = tuple(u for u in dict(LAYERS)["benchmarks"] if u.startswith("bat_jax.benchmarks."))
 RANK = {unit: i for i, unit in enumerate(UNITS)}
 LAYER_OF = {unit: layer for layer, units in LAYERS for unit in units}
 
@@ -78,9 +79,10 @@ def imports_of(module: str) -> list[tuple[str, int]]:
 
 
 def unit_of(module: str) -> str:
-    """The declared unit a module belongs to (its top-level package or module under `bat_jax`)."""
+    """The declared unit a module belongs to (its top-level package or module under `bat_jax`; a benchmark's package
+    under `bat_jax/benchmarks/`)."""
     parts = module.split(".")
-    unit = ".".join(parts[:2])
+    unit = ".".join(parts[:3] if parts[1:2] == ["benchmarks"] else parts[:2])
     if unit not in RANK:
         raise AssertionError(f"{MODULES[module].relative_to(REPO)}: unit {unit} is in no layer of tests/test_layers.py")
     return unit
@@ -146,7 +148,7 @@ def test_no_unit_cycle():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("from bat_jax.tasks import registry\n", ["bat_jax.tasks.registry"]),
+    ("from bat_jax.benchmarks.imaging import registry\n", ["bat_jax.benchmarks.imaging.registry"]),
     ("def f():\n    import bat_jax.policy as p\n", ["bat_jax.policy"]),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from bat_jax.ledger import Ledger\n", ["bat_jax.ledger"]),
     ("from .stages import STAGES\n", ["bat_jax.benchmark.stages"]),

@@ -9,7 +9,7 @@ import pytest
 from bat_jax.curriculum.controller import Controller, ControllerConfig, ControllerState, Evaluation
 from bat_jax.curriculum.router import route
 from bat_jax.ledger import GRPOStats, Ledger, LedgerError, RoundRecord
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.stages import STAGES
 
 
 def record(r, controller):

@@ -7,10 +7,10 @@ import pytest
 
 from bat_jax.rollout.play import play, stage_start_state
 from bat_jax.sandbox.backends import local_sandbox
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.stages import Stage
-from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.stages import Stage
+from bat_jax.benchmarks.imaging.teacher import ScriptedExpert
 
 IMAGING = ImagingBenchmark()
 SEG = get_track("segmentation")

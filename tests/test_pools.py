@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 from bat_jax.stage_bank.pools import (PoolConfig, batch_counts, build_round_view, max_batches, partition_pools,
                                       round_state_id)
 from doubles import make_bank

@@ -4,7 +4,7 @@ import pytest
 
 from bat_jax.benchmark.stages import StageSet
 from bat_jax.stage_bank.prescription import PrescriptionError, check_prescription
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.stages import STAGES
 
 
 def test_prescription_allows_only_aggregates():

@@ -5,7 +5,7 @@ import pytest
 
 from bat_jax.policy import PolicyConfig, build_policy
 from bat_jax.prompts import PromptFormat
-from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 from doubles import MICRO_POLICY as MICRO
 
 IMAGING = ImagingBenchmark()
@@ -13,7 +13,7 @@ IMAGING = ImagingBenchmark()
 
 def _e2e_prompt_tokens(style: str) -> int:
     from bat_jax.models.episode import EpisodeBuilder
-    from bat_jax.tasks.heldout import heldout_suite
+    from bat_jax.benchmarks.imaging.heldout import heldout_suite
 
     policy = build_policy(PolicyConfig(tiny=MICRO, prompt_style=style))
     task = heldout_suite(1, ("recovery",), tracks=["segmentation"])[0]
@@ -28,7 +28,7 @@ def test_compact_prompt_is_a_fifth_of_the_full_one():
 
 
 def test_compact_user_message_keeps_every_path_id_and_the_start_stage():
-    from bat_jax.tasks.heldout import heldout_suite
+    from bat_jax.benchmarks.imaging.heldout import heldout_suite
 
     row_prompt, row_skill = IMAGING.row_prompt, IMAGING.row_skill
     full, compact = PromptFormat.of(IMAGING, "full"), PromptFormat.of(IMAGING, "compact")

@@ -86,9 +86,9 @@ def test_two_ray_workers_match_the_in_process_loop():
     from bat_jax.bicurl.engines import EngineConfig
     from bat_jax.bicurl.ray_workers import RayRollouts, WorkerSpec, host_params, install_params
     from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
-    from bat_jax.tasks import heldout
-    from bat_jax.tasks.benchmark import ImagingBenchmark
-    from bat_jax.tasks.registry import get_track
+    from bat_jax.benchmarks.imaging import heldout
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.registry import get_track
     from bat_jax.bicurl.reward import rollout_reward
 
     imaging = ImagingBenchmark()

@@ -18,8 +18,8 @@ from bat_jax.rollout import trajectory as tj
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from bat_jax.rollout.sampling import SamplingConfig
 from bat_jax.rollout.play import play
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
 from bat_jax.verify.judge import (_CONTROL_ITEM, MAX_EVIDENCE_CHARS, RubricJudge, VerdictError, judge_messages,
                                   parse_verdict)
 

@@ -5,7 +5,7 @@ import pytest
 from bat_jax import report
 from bat_jax.benchmark.scoring import Cell, aggregate
 from bat_jax.benchmark.stages import StageSet
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 
 THREE = StageSet.of([("inspect", "Inspect", 0.2), ("clean", "Clean", 0.3), ("report", "Report", 0.5)], "tabular")
 

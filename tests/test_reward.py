@@ -7,9 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from bat_jax.tasks import heldout
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
+from bat_jax.benchmarks.imaging import heldout
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
 from bat_jax.bicurl import reward as row_reward
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache, rollout_reward, score_rollouts, task_key
 from doubles import reward_row, reward_trajectory

@@ -9,14 +9,14 @@ import time
 import pytest
 
 from bat_jax.benchmark.stages import E2E
-from bat_jax.tasks.stages import Stage
+from bat_jax.benchmarks.imaging.stages import Stage
 from bat_jax.sandbox.evidence import EvidenceLimits, gather_files
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.sandbox.tools import Action
 from bat_jax.rollout.play import play
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.teacher import DoNothingPolicy
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.teacher import DoNothingPolicy
 
 IMAGING = ImagingBenchmark()
 SEG = get_track("segmentation")
@@ -126,7 +126,7 @@ def _forgeries(inst):
 def test_reading_the_method_and_writing_anything_else_is_not_a_method_run(factory, forgery):
     """Kernel traces show what a call touched, not that it ran the method: a call that reads model.py, the
     config and a case input and writes a case entry earns 'the method ran' only when the entry equals the host's
-    replay of the method (tasks/method_replay.py)."""
+    replay of the method (benchmarks/imaging/method_replay.py)."""
     inst = SEG.generate(5, "success")
     L = inst.layout
     result = play(IMAGING, inst, _Script([_forgeries(inst)[forgery]]), make_sandbox=factory)
@@ -142,8 +142,8 @@ def test_method_replay_equals_the_method_run_in_the_sandbox_on_every_track(facto
     """The host's replay matches what the method writes inside the sandbox, for every track and every
     replayable case (restored archive copies included); a 'spacing' fault's case run without repairing its
     header matches the replay on the input as given, not the correct one (on the repaired input)."""
-    from bat_jax.tasks.method_replay import case_matches, is_method_output
-    from bat_jax.tasks.registry import TRACKS
+    from bat_jax.benchmarks.imaging.method_replay import case_matches, is_method_output
+    from bat_jax.benchmarks.imaging.registry import TRACKS
 
     for name in TRACKS:
         track = get_track(name)

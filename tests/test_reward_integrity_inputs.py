@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 
 from bat_jax.benchmark.stages import E2E
-from bat_jax.tasks.stages import Stage
+from bat_jax.benchmarks.imaging.stages import Stage
 from bat_jax.rollout.trajectory import Trajectory
 from bat_jax.sandbox.docker import state_to_tar
 from bat_jax.sandbox.tools import Action
 from bat_jax.sandbox.types import SandboxState
 from bat_jax.rollout.play import play
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import get_track
-from bat_jax.tasks.teacher import DoNothingPolicy, ScriptedExpert
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import get_track
+from bat_jax.benchmarks.imaging.teacher import DoNothingPolicy, ScriptedExpert
 
 IMAGING = ImagingBenchmark()
 SEG, ENH, VQA, CLS = (get_track(n) for n in ("segmentation", "enhancement", "vqa", "classification"))
@@ -167,7 +167,7 @@ def test_deep_submission_through_play_and_the_rollout_scorer():
     both give a finite reward (this episode's E2E reward), and the batch's other rollout is scored too."""
     from doubles import reward_row
 
-    from bat_jax.tasks import heldout
+    from bat_jax.benchmarks.imaging import heldout
     from bat_jax.bicurl.reward import RolloutScorer
 
     inst = heldout.training_task(SEG, 5, "success", 0)
@@ -208,12 +208,12 @@ def test_huge_finite_predictions_give_finite_metrics_and_rewards(value):
     files[L.submission] = json.dumps({"task_id": inst.task_id, "predictions": preds}).encode()
     task = ENH.score_task(inst, files, L.submission)
     assert task == pytest.approx(0.0, abs=1e-6)
-    from bat_jax.tasks.metrics import psnr, ssim
+    from bat_jax.benchmarks.imaging.metrics import psnr, ssim
 
     target = inst.cases[0].target
     assert math.isfinite(ssim(target, np.full(target.shape, value), 1.0))
     assert math.isfinite(psnr(target, np.full(target.shape, value), 1.0))
-    from bat_jax.tasks.rubric_items import build_rubric
+    from bat_jax.benchmarks.imaging.rubric import build_rubric
     from bat_jax.verify.rubric import Evidence, score
 
     reward = score(build_rubric(ENH, inst), Evidence((), files, L.submission), task).reward
@@ -223,7 +223,7 @@ def test_huge_finite_predictions_give_finite_metrics_and_rewards(value):
 def test_ssim_of_huge_values_is_the_metric_not_round_off():
     """A test image of huge alternating values has no structure in common with the reference: SSIM ~ 0, not
     the 1.0 a float-overflow NaN or a round-off ratio could give."""
-    from bat_jax.tasks.metrics import box_iou, ssim
+    from bat_jax.benchmarks.imaging.metrics import box_iou, ssim
 
     rng = np.random.default_rng(0)
     ref = rng.uniform(0, 1, (32, 32))
@@ -325,7 +325,7 @@ def _bomb_submission(inst, bomb_name, bomb):
 
 
 def test_a_nifti_decompression_bomb_costs_the_host_nothing():
-    from bat_jax.tasks.rubric_items import build_rubric
+    from bat_jax.benchmarks.imaging.rubric import build_rubric
     from bat_jax.verify.rubric import Evidence, score
 
     inst = SEG.generate(5, "success")
@@ -370,7 +370,8 @@ def test_constant_answers_are_not_a_smoke_run(seed):
 def test_the_right_answer_alone_is_not_the_methods_output():
     """Even the correct answer (taken here from the hidden key: the luckiest guess) is not the method's output:
     the method's entry also holds the measurements it answered from, which only running it gives."""
-    from bat_jax.tasks.method_replay import GUESS_BITS, case_matches, guessable, information_bits, method_output
+    from bat_jax.benchmarks.imaging.method_replay import (GUESS_BITS, case_matches, guessable, information_bits,
+                                                          method_output)
 
     inst = VQA.generate(3, "success")
     for case in inst.cases:
@@ -421,7 +422,7 @@ def test_one_real_case_and_zero_masks_is_not_every_case_predicted(factory):
 def test_a_recovery_fault_needs_the_methods_output_on_the_correct_input():
     """'spacing' fault: a mask on the right grid that is not the method's output (here all background) does not
     handle the fault, nor does the method's output on the unrepaired input; the method on the repaired one does."""
-    from bat_jax.tasks.method_replay import case_matches, method_outputs
+    from bat_jax.benchmarks.imaging.method_replay import case_matches, method_outputs
 
     inst = next(i for i in (SEG.generate(s, "recovery") for s in range(40)) if i.fault.kind == "spacing")
     cid = inst.fault.case_id
@@ -487,7 +488,7 @@ def test_an_honest_rerun_of_the_smoke_case_still_counts():
     """The smoke case run again by the method in S4 is the method's own output of this call (a reduced task
     whose only usable case is the smoke case): novel because the call did not read the earlier output."""
     from bat_jax.staged_benchmark.contract import Reduction
-    from bat_jax.tasks import e2e_reduce
+    from bat_jax.benchmarks.imaging import e2e_reduce
 
     inst = SEG.generate(6, "failure")
     reduced, _ = e2e_reduce.reduce_task(SEG, inst, Reduction(cases=2), 0)
@@ -539,7 +540,7 @@ def test_a_scorer_exception_is_the_agents_failure_and_a_rebuild_failure_is_unsco
     batch's other rollouts are scored either way."""
     from doubles import reward_row, reward_trajectory
 
-    from bat_jax.tasks import heldout
+    from bat_jax.benchmarks.imaging import heldout
     from bat_jax.bicurl import reward as row_reward
     from bat_jax.bicurl.reward import RolloutScorer
 

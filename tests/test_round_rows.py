@@ -64,7 +64,7 @@ def test_the_kl_probe_pads_the_first_prompts_of_training_rows():
     from bat_jax.models.episode import EpisodeBuilder
     from bat_jax.policy import PolicyConfig, build_policy
     from bat_jax.prompts import PromptFormat
-    from bat_jax.tasks.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 
     policy = build_policy(PolicyConfig(architecture="qwen3", tiny={"hidden_size": 32, "intermediate_size": 64,
                                                                    "num_hidden_layers": 1}))
@@ -83,7 +83,7 @@ def test_a_round_the_bank_cannot_fill_is_refused_at_launch_naming_the_bindings()
     """3 steps of 8 rows (4 / 2 / 2) need 12 target rows; a bank of 2 rows per focus holds 2 per target stage. With
     refill the same bank fits; a bank without E2E rows leaves the E2E pool empty, refill or not."""
     from bat_jax.errors import ConfigValueError
-    from bat_jax.tasks.stages import STAGES
+    from bat_jax.benchmarks.imaging.stages import STAGES
 
     small = _view(make_bank(per_focus=2))
     rows = RoundRows("bicurl", 3, PoolConfig(), DynamicSamplingConfig(), HeldOutManifest(), None)

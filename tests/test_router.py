@@ -7,7 +7,7 @@ import pytest
 from bat_jax.benchmark.stages import StageSet
 from bat_jax.curriculum import router
 from bat_jax.curriculum.router import RULE_NO_SCORED, RULE_REGRESSION, RULE_WEAKEST, SCORE_TOL, RouterConfig
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 
 
 def route(stage_scores, stages=STAGES, **kwargs):

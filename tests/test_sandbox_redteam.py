@@ -1099,10 +1099,10 @@ def test_dead_sandbox_keeps_receipts_and_answers_with_errors(client):
 
 from bat_jax.sandbox.tools import Action  # noqa: E402
 from bat_jax.rollout.play import play, stage_start_state  # noqa: E402
-from bat_jax.tasks.benchmark import ImagingBenchmark  # noqa: E402
-from bat_jax.tasks.registry import get_track  # noqa: E402
-from bat_jax.tasks.stages import Stage  # noqa: E402
-from bat_jax.tasks.teacher import ScriptedExpert  # noqa: E402
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark  # noqa: E402
+from bat_jax.benchmarks.imaging.registry import get_track  # noqa: E402
+from bat_jax.benchmarks.imaging.stages import Stage  # noqa: E402
+from bat_jax.benchmarks.imaging.teacher import ScriptedExpert  # noqa: E402
 
 IMAGING = ImagingBenchmark()
 

@@ -5,7 +5,7 @@ import tarfile
 
 import pytest
 
-from bat_jax.tasks.stages import Stage
+from bat_jax.benchmarks.imaging.stages import Stage
 from bat_jax.sandbox import tools
 from bat_jax.sandbox.docker import state_to_tar
 from bat_jax.sandbox.types import Observation, SandboxState

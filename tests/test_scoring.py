@@ -7,7 +7,7 @@ import pytest
 from bat_jax.benchmark import scoring
 from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell, agentic_score, display, overall_score
 from bat_jax.benchmark.stages import StageSet
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 
 
 def aggregate(cells, stages=STAGES):

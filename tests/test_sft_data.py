@@ -11,7 +11,7 @@ from bat_jax.bicurl.sft_data import render_sft_row
 from bat_jax.rollout.agent_loop import cut_observation
 from bat_jax.sandbox.tools import Action
 from bat_jax.stage_bank.row import Message, Provenance, SFTRow
-from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 from doubles import MICRO_POLICY as MICRO
 
 IMAGING = ImagingBenchmark()
@@ -90,7 +90,7 @@ def test_compact_sft_row_has_the_short_system_prompt_no_tools_block_and_the_same
 
 def test_compact_rendering_keeps_injected_tags_as_text():
     from bat_jax.models.episode import TextCodec
-    from bat_jax.tasks.heldout import heldout_suite
+    from bat_jax.benchmarks.imaging.heldout import heldout_suite
 
     row_skill = IMAGING.row_skill
     policy = build_policy(PolicyConfig(tiny=MICRO, prompt_style="compact"))

@@ -10,8 +10,8 @@ from bat_jax.sandbox.types import Observation, SandboxState
 from bat_jax.stage_bank import slicing
 from bat_jax.stage_bank.row import Provenance
 from bat_jax.staged_benchmark.episode import RecordedEpisode, Turn
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 
 IMAGING = ImagingBenchmark()
 

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from bat_jax.staged_benchmark.contract import BenchmarkError
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.stages import Stage
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.stages import Stage
 from bat_jax.sandbox import tools
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.stage_bank.row import EvidenceSpec, Message, StateRef, canonical_json

@@ -6,7 +6,7 @@ import json
 from bat_jax.sandbox.tools import STOP, Action
 from bat_jax.sandbox.types import Observation, SandboxState
 from bat_jax.staged_benchmark.episode import Conversation, RecordedEpisode, Turn, collect_evidence, snapshot_state
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.stages import STAGES
 
 LS = Action("look", "execute_code", {"language": "bash", "code": "ls"})
 

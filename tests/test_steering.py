@@ -10,8 +10,8 @@ from bat_jax.stage_bank import steering
 from bat_jax.stage_bank.factory import FactoryConfig, sources
 from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageReport, LeakageScanner
 from bat_jax.stage_bank.prescription import PrescriptionError
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.stages import STAGES
 
 RECORD = {"round": 2, "bank_version": 3, "target_stage": "S3", "overall": 0.41,
           "stage_scores": {"S1": 0.7, "S2": 0.5, "S3": 0.2, "S4": 0.4, "S5": None},

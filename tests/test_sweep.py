@@ -79,7 +79,7 @@ def test_init_from_copies_the_sft_cold_start_once(tmp_path):
 def test_report_only_writes_one_table_over_finished_entries(tmp_path, capsys):
     from bat_jax import report
     from bat_jax.benchmark.scoring import Cell, aggregate
-    from bat_jax.tasks.stages import STAGES
+    from bat_jax.benchmarks.imaging.stages import STAGES
 
     def summary(values):
         return report.summary_dict(aggregate([Cell(f"t{i}", 0, {s: v for s in STAGES.ids}, task=v)

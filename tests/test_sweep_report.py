@@ -4,7 +4,7 @@ controller path."""
 from bat_jax.benchmark.scoring import Cell, aggregate
 from bat_jax.report import summary_dict
 from bat_jax.sweep_report import sweep_report
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.stages import STAGES
 
 
 def _summary(values):

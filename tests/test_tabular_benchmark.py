@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bat_jax.staged_benchmark.contract import describe
-from bat_jax.tabular.benchmark import TabularBenchmark
+from bat_jax.benchmarks.tabular.benchmark import TabularBenchmark
 from doubles import tabular_micro_bindings
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -9,10 +9,10 @@ import pytest
 
 from bat_jax.sandbox.readers import DecodeLimits
 from bat_jax.sandbox.types import Receipt
-from bat_jax.tabular import tables
-from bat_jax.tabular.benchmark import TabularBenchmark
-from bat_jax.tabular.rubric import build_rubric, score_task
-from bat_jax.tabular.tasks import CLEAN_CSV, CLEAN_LOG, INSPECT, RAW, REPORT, RESULT, make_task
+from bat_jax.benchmarks.tabular import tables
+from bat_jax.benchmarks.tabular.benchmark import TabularBenchmark
+from bat_jax.benchmarks.tabular.rubric import build_rubric, score_task
+from bat_jax.benchmarks.tabular.tasks import CLEAN_CSV, CLEAN_LOG, INSPECT, RAW, REPORT, RESULT, make_task
 from bat_jax.verify.rubric import Evidence, score
 
 TASK = make_task("group_mean", 5, "mixed")  # repeated ids and invalid records

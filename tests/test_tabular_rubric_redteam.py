@@ -11,10 +11,10 @@ import pytest
 
 from bat_jax.rollout.play import play
 from bat_jax.sandbox.tools import Action
-from bat_jax.tabular import tables
-from bat_jax.tabular.benchmark import TabularBenchmark
-from bat_jax.tabular.tasks import CLEAN_CSV, RAW, REPORT, RESULT, make_task
-from bat_jax.tabular.teacher import SCRIPT
+from bat_jax.benchmarks.tabular import tables
+from bat_jax.benchmarks.tabular.benchmark import TabularBenchmark
+from bat_jax.benchmarks.tabular.tasks import CLEAN_CSV, RAW, REPORT, RESULT, make_task
+from bat_jax.benchmarks.tabular.teacher import SCRIPT
 
 BENCH = TabularBenchmark()
 SUBMIT = SCRIPT["report"][1]

@@ -3,7 +3,7 @@ values; generation is deterministic, well posed and its held-out vocabulary is d
 
 import pytest
 
-from bat_jax.tabular import tables
+from bat_jax.benchmarks.tabular import tables
 
 HEADER = ["id", "site", "a", "b"]
 # r1 twice (an exact copy), r2 first invalid ('NA') then valid again under the same id, r3 without a category,

@@ -7,13 +7,8 @@ import re
 import pytest
 
 from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageScanner
-from bat_jax.tabular import tables, tasks
-
-
-def test_stages_and_weights():
-    assert tasks.STAGES.ids == ("inspect", "clean", "analyse", "report")
-    assert tasks.STAGES.weights == {"inspect": 0.2, "clean": 0.3, "analyse": 0.3, "report": 0.2}
-    assert tasks.STAGES.label("clean") == "clean" and tasks.STAGES.foci[0] == "E2E"
+from bat_jax.benchmarks.tabular import tables, tasks
+from bat_jax.benchmarks.tabular.stages import STAGES
 
 
 def test_a_brief_carries_its_parameters_and_outputs():
@@ -28,7 +23,7 @@ def test_a_brief_carries_its_parameters_and_outputs():
 
 
 def test_stage_skills():
-    assert [tasks.stage_skill(s).split(":")[0] for s in tasks.STAGES.ids] == [
+    assert [tasks.stage_skill(s).split(":")[0] for s in STAGES.ids] == [
         "Stage inspect", "Stage clean", "Stage analyse", "Stage report"]
     with pytest.raises(ValueError, match="unknown stage 'S1' for benchmark 'tabular'"):
         tasks.stage_skill("S1")

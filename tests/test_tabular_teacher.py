@@ -10,10 +10,10 @@ import pytest
 
 from bat_jax.rollout.play import play
 from bat_jax.sandbox.tools import Action
-from bat_jax.tabular import tables
-from bat_jax.tabular.benchmark import TabularBenchmark
-from bat_jax.tabular.tasks import RESULT, heldout_suite
-from bat_jax.tabular.teacher import CLEAN, PREAMBLE, SCRIPT, ScriptedTeacher, _code, shared_span
+from bat_jax.benchmarks.tabular import tables
+from bat_jax.benchmarks.tabular.benchmark import TabularBenchmark
+from bat_jax.benchmarks.tabular.tasks import RESULT, heldout_suite
+from bat_jax.benchmarks.tabular.teacher import CLEAN, PREAMBLE, SCRIPT, ScriptedTeacher, _code, shared_span
 
 BENCH = TabularBenchmark()
 PERFECT = {"inspect": 1.0, "clean": 1.0, "analyse": 1.0, "report": 1.0}

@@ -26,7 +26,7 @@ from bat_jax.bicurl.sft_data import render_sft_row
 from bat_jax.prompts import PromptFormat
 from bat_jax.sandbox.tools import Action
 from bat_jax.stage_bank.row import Message, Provenance, SFTRow
-from bat_jax.tasks.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 
 IMAGING = ImagingBenchmark()
 

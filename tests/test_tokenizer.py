@@ -8,7 +8,7 @@ from tokenizers import Tokenizer
 
 from bat_jax.models import chat
 from bat_jax.models import tokenizer as tiny
-from bat_jax.tasks.heldout import sample_training_prompt
+from bat_jax.benchmarks.imaging.heldout import sample_training_prompt
 
 #: The imaging suite's training-split first user turns: the brief maker the shipped tokenizer's corpus drew from.
 BRIEFS = sample_training_prompt
@@ -112,8 +112,8 @@ def test_corpus_is_deterministic_and_covers_the_glue():
 
 
 def test_corpus_briefs_come_from_the_training_split_only():
-    from bat_jax.tasks.brief import _OPENINGS, HELDOUT_TEMPLATE
-    from bat_jax.tasks.layout import HELDOUT_LAYOUT
+    from bat_jax.benchmarks.imaging.brief import _OPENINGS, HELDOUT_TEMPLATE
+    from bat_jax.benchmarks.imaging.layout import HELDOUT_LAYOUT
 
     joined = "".join(tiny.generate_corpus(600, seed=0, brief_text=BRIEFS))
     assert joined.count("## Stage skill") == 100  # every 6th document is a brief with stage skills

@@ -8,12 +8,13 @@ import pytest
 
 from bat_jax.stage_bank.factory import FactoryConfig, sources
 from bat_jax.stage_bank.leakage import HeldOutManifest, LeakageScanner
-from bat_jax.tasks.brief import VARIED_TEMPLATES
-from bat_jax.tasks.heldout import HELDOUT_SEED_BASE, heldout_suite, manifest, manifest_strings, training_task
-from bat_jax.tasks.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, Layout, varied_naming
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.registry import TRACKS
-from bat_jax.tasks.stages import STAGES
+from bat_jax.benchmarks.imaging.brief import VARIED_TEMPLATES
+from bat_jax.benchmarks.imaging.heldout import (HELDOUT_SEED_BASE, heldout_suite, manifest, manifest_strings,
+                                                training_task)
+from bat_jax.benchmarks.imaging.layout import HELDOUT_LAYOUT, TRAIN_LAYOUT, Layout, varied_naming
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.registry import TRACKS
+from bat_jax.benchmarks.imaging.stages import STAGES
 
 
 def test_varied_naming_is_a_pure_function_of_the_seed_and_varies_widely():
@@ -91,7 +92,7 @@ def test_factory_sources_use_varied_templates_and_the_reward_rebuilds_the_same_t
 def test_the_scripted_expert_solves_a_varied_task():
     from bat_jax.benchmark.scoring import overall_score
     from bat_jax.rollout.play import play
-    from bat_jax.tasks.teacher import ScriptedExpert
+    from bat_jax.benchmarks.imaging.teacher import ScriptedExpert
 
     for track, seed in (("segmentation", 11), ("vqa", 12)):
         inst = training_task(TRACKS[track], seed, "recovery", template=11)

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from bat_jax.benchmark.scoring import NOT_APPLICABLE, Cell
-from bat_jax.tasks.stages import STAGES, Stage
+from bat_jax.benchmarks.imaging.stages import STAGES, Stage
 from bat_jax.sandbox.types import Receipt
 from bat_jax.verify.rubric import (
     REWARD_VERSION, Evidence, EvidenceRequirement, Rubric, RubricItem, ScorerError, e2e_reward, score, verify_stage)

@@ -1,4 +1,4 @@
-"""Total readers of agent-written bytes: JSON, text and arrays (.nii.gz, .png, .npy) under decoded-size caps.
+"""Total readers of agent-written bytes: JSON, text and arrays (.npy, .png, a benchmark's own) under decoded-size caps.
 
 Details: docs/design.md.
 """
@@ -6,12 +6,11 @@ Details: docs/design.md.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import io
 import json
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: Largest integer a JSON artefact may hold (magnitude): the int64 range.
@@ -135,11 +134,14 @@ def text_or_none(data: bytes | None, limits: DecodeLimits = DEFAULT_LIMITS) -> s
 
 
 # ---- arrays ---------------------------------------------------------------------------------------------------
-#: Array extensions `load_array` reads, longest first.
-ARRAY_EXTENSIONS = (".nii.gz", ".npy", ".png")
+#: Array extensions `load_array` reads; a benchmark adds its own formats with `decoders`.
+ARRAY_EXTENSIONS = (".npy", ".png")
+#: A decoder of one array format: (bytes, path, limits) -> np.ndarray; raises ArtefactError (anything else is read as
+#: "unreadable"). It checks a header against `limits` (`check_dtype`, `check_shape`) before it inflates the data.
+ArrayDecoder = Callable[[bytes, str, "DecodeLimits"], Any]
 
 
-def _check_shape(shape, itemsize: int, path: str, limits: DecodeLimits) -> None:
+def check_shape(shape, itemsize: int, path: str, limits: DecodeLimits) -> None:
     """Raises ArtefactError unless `shape` is a tuple of non-negative ints within the dimension and size caps."""
     shape = tuple(int(n) for n in shape)
     if len(shape) > limits.max_array_dims or any(n < 0 for n in shape):
@@ -150,7 +152,8 @@ def _check_shape(shape, itemsize: int, path: str, limits: DecodeLimits) -> None:
                             f"{limits.max_array_bytes}-byte decoded cap")
 
 
-def _numeric(dtype, path: str) -> None:
+def check_dtype(dtype, path: str) -> None:
+    """Raises ArtefactError unless `dtype` is a plain bool, int or float type."""
     import numpy as np
 
     dtype = np.dtype(dtype)
@@ -170,40 +173,11 @@ def _npy(data: bytes, path: str, limits: DecodeLimits):
         shape, fortran, dtype = npy_format.read_array_header_2_0(buf)
     else:
         raise ArtefactError(f"{path}: .npy format version {version} is not supported")
-    _numeric(dtype, path)
-    _check_shape(shape, dtype.itemsize, path, limits)
+    check_dtype(dtype, path)
+    check_shape(shape, dtype.itemsize, path, limits)
     if len(data) - buf.tell() < math.prod(shape) * dtype.itemsize:
         raise ArtefactError(f"{path}: .npy data shorter than its header's shape {shape}")
     return np.load(io.BytesIO(data), allow_pickle=False)
-
-
-#: Bytes of a NIfTI-1 header; header extensions after it are allowed up to `_NIFTI_EXTENSION_BYTES`.
-_NIFTI_HEADER_BYTES = 348
-_NIFTI_EXTENSION_BYTES = 1 << 16
-
-
-def _nifti(data: bytes, path: str, limits: DecodeLimits):
-    """A gzip'd NIfTI-1 volume, its header checked before the data is inflated.
-
-    Its header is inflated and checked first; the stream is then inflated only up to the bytes that header's shape and
-    data type need (a bomb stops there, whatever it would inflate to)."""
-    import nibabel as nib
-    import numpy as np
-
-    with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-        head = stream.read(_NIFTI_HEADER_BYTES)
-        header = nib.Nifti1Header.from_fileobj(io.BytesIO(head), check=True)
-        dtype, shape = header.get_data_dtype(), header.get_data_shape()
-        _numeric(dtype, path)
-        _check_shape(shape, 8, path, limits)
-        offset = int(header.get_data_offset())  # nibabel reads the data from there, 0 included
-        if not 0 <= offset <= _NIFTI_HEADER_BYTES + _NIFTI_EXTENSION_BYTES:
-            raise ArtefactError(f"{path}: NIfTI data offset {offset} is past the header and its extensions")
-        need = max(offset + math.prod(shape) * dtype.itemsize, _NIFTI_HEADER_BYTES + 4)
-        raw = head + stream.read(need - len(head))
-    if len(raw) < need:
-        raise ArtefactError(f"{path}: NIfTI data shorter than its header's shape {tuple(shape)}")
-    return np.asarray(nib.Nifti1Image.from_bytes(raw).get_fdata())
 
 
 def _png(data: bytes, path: str, limits: DecodeLimits):
@@ -216,24 +190,26 @@ def _png(data: bytes, path: str, limits: DecodeLimits):
             if im.format != "PNG":
                 raise ArtefactError(f"{path}: not a PNG image ({im.format})")
             width, height = im.size
-            _check_shape((height, width, len(im.getbands())), 8, path, limits)
+            check_shape((height, width, len(im.getbands())), 8, path, limits)
             im.load()
             return np.asarray(im, dtype=np.float64) / 255.0
 
 
-_DECODERS = {".nii.gz": _nifti, ".npy": _npy, ".png": _png}
+_DECODERS: dict[str, ArrayDecoder] = {".npy": _npy, ".png": _png}
 
 
-def array_extension(path: str) -> str:
-    """The array extension `path` ends with (one of `ARRAY_EXTENSIONS`), or ''."""
-    return next((ext for ext in ARRAY_EXTENSIONS if isinstance(path, str) and path.endswith(ext)), "")
+def array_extension(path: str, decoders: Mapping[str, ArrayDecoder] | None = None) -> str:
+    """The array extension `path` ends with (one of `ARRAY_EXTENSIONS` or of `decoders`, longest first), or ''."""
+    extensions = sorted({*ARRAY_EXTENSIONS, *(decoders or {})}, key=len, reverse=True)
+    return next((ext for ext in extensions if isinstance(path, str) and path.endswith(ext)), "")
 
 
-def load_array(data: bytes, path: str, limits: DecodeLimits = DEFAULT_LIMITS):
-    """The array of an agent-written `.nii.gz`, `.png` or `.npy` file.
+def load_array(data: bytes, path: str, limits: DecodeLimits = DEFAULT_LIMITS,
+               decoders: Mapping[str, ArrayDecoder] | None = None):
+    """The array of an agent-written `.png` or `.npy` file, or of a format a benchmark's `decoders` read.
 
-    Values: `.nii.gz` float64 voxel values, scaling applied; `.png` float64 in 0-1 per 8-bit sample; `.npy` its stored
-    numeric dtype.
+    Values: `.png` float64 in 0-1 per 8-bit sample; `.npy` its stored numeric dtype. A decoder's array is held to the
+    same dtype and size caps.
 
     Returns:
       an np.ndarray of a bool / int / float dtype within `limits`; its values may be non-finite (the caller
@@ -241,15 +217,16 @@ def load_array(data: bytes, path: str, limits: DecodeLimits = DEFAULT_LIMITS):
     Raises:
       ArtefactError (only): unsupported extension, not bytes, corrupt, non-numeric dtype, or over a cap.
     """
-    ext = array_extension(path)
+    table = {**_DECODERS, **(decoders or {})}
+    ext = array_extension(path, table)
     if not ext:
-        raise ArtefactError(f"{path}: unsupported extension (expected one of {', '.join(ARRAY_EXTENSIONS)})")
+        raise ArtefactError(f"{path}: unsupported extension (expected one of {', '.join(sorted(table))})")
     if not isinstance(data, (bytes, bytearray)):
         raise ArtefactError(f"{path}: not a file's bytes ({type(data).__name__})")
     try:
-        array = _DECODERS[ext](bytes(data), path, limits)
-        _numeric(array.dtype, path)
-        _check_shape(array.shape, array.dtype.itemsize, path, limits)
+        array = table[ext](bytes(data), path, limits)
+        check_dtype(array.dtype, path)
+        check_shape(array.shape, array.dtype.itemsize, path, limits)
         return array
     except ArtefactError:
         raise

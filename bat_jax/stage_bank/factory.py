@@ -251,7 +251,7 @@ def _process(ctx: _Context, src: Source) -> dict:
     inst = benchmark.training_task(src.track, src.task_seed, src.outcome, src.template)
     rubric = benchmark.rubric(inst)
     base = Provenance(inst.task_id, inst.state().digest(), src.track, src.outcome, (
-        slicing.transformation("task_synthesis", seed=inst.seed, variant=src.outcome, template=src.template,
+        slicing.transformation("task_synthesis", seed=src.task_seed, variant=src.outcome, template=src.template,
                                factory=FACTORY_VERSION),))
     try:
         ep, evidence = _play(ctx, inst.state(), inst.brief, inst.task_id, E2E)
@@ -344,7 +344,7 @@ def check_recipe(bank: StageBank, config: FactoryConfig, benchmark: StagedBenchm
     """Refuses a bank whose first version was written for another benchmark, teacher or layout family.
 
     Rows of two recipes would otherwise be trained on together. Versions admitted with a custom `FactoryConfig.note`
-    are not checked; a note without 'benchmark=' was written for the imaging suite.
+    are not checked; a factory note that names no benchmark is refused (no benchmark is assumed).
 
     Raises:
       ValueError: naming the bank directory, what built it and what the run asks for.
@@ -353,12 +353,10 @@ def check_recipe(bank: StageBank, config: FactoryConfig, benchmark: StagedBenchm
     note = bank.note(versions[0]) if versions else ""
     if not note.startswith(FACTORY_VERSION):
         return
-    if "benchmark=" not in note:
-        note += " benchmark=imaging"
     wanted = recipe(config, benchmark)
     if not all(f" {word} " in f" {note} " for word in wanted.split()):
-        found = (" ".join(w for w in note.split() if w.startswith(("benchmark=", "teacher=", "layouts=")))
-                 or "teacher=scripted layouts=fixed (an older bank)")
+        found = (" ".join(w for w in note.split()[1:] if "=" in w and not w.startswith(("seed=", "digest=")))
+                 if "benchmark=" in note else "no benchmark named (an older factory)")
         raise ValueError(f"Stage Bank {config.bank_dir} was built with {found}; this run asks for {wanted}: "
                          f"set FactoryConfig.bank_dir to a new directory or remove {config.bank_dir}")
 

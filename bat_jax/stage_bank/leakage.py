@@ -71,7 +71,7 @@ class HeldOutManifest:
     @classmethod
     def from_task_manifest(cls, man: Mapping[str, Any], *, ignore_paths: Iterable[str] = ("task.md",)
                            ) -> "HeldOutManifest":
-        """Converts the held-out suite manifest of `bat_jax.tasks.heldout.manifest`.
+        """Converts a benchmark's held-out suite manifest (`StagedBenchmark.manifest`).
 
         Its shape: {'tasks': [{'task_id', 'paths', 'cases': [{'case_id', 'file', 'question', 'answer', 'report_text',
         ...}]}]}.
@@ -83,7 +83,7 @@ class HeldOutManifest:
           ValueError: the mapping has no 'tasks' list.
         """
         if not isinstance(man.get("tasks"), list):
-            raise ValueError("a task manifest needs a 'tasks' list (bat_jax.tasks.heldout.manifest)")
+            raise ValueError("a task manifest needs a 'tasks' list (StagedBenchmark.manifest)")
         ignore = set(ignore_paths)
         fields: dict[str, list[str]] = {f.name: [] for f in dataclasses.fields(cls)}
         for task in man["tasks"]:

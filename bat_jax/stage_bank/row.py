@@ -74,7 +74,7 @@ class EvidenceSpec:
     Attributes:
       item_id: unique within the row.
       kind: what must exist, e.g. 'receipt' (an execution receipt), 'artifact' (a file), 'submission'.
-      params: JSON-serialisable predicate parameters (e.g. {'path': 'out/mask.nii.gz'}).
+      params: JSON-serialisable predicate parameters (e.g. {'path': 'out/result.json'}).
     """
 
     item_id: str

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     from bat_jax.rollout.continuous_batching import jax_engine
     from bat_jax.stage_bank.bank import StageBank
     from bat_jax.sandbox.backends import open_backend
-    from bat_jax.tasks.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
     from launch.bench.workloads import tiny_default
 
     tiny = tiny_default()

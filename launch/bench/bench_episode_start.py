@@ -13,9 +13,9 @@ import statistics
 import sys
 import time
 
-from bat_jax.tasks import heldout
+from bat_jax.benchmarks.imaging import heldout
 from bat_jax.sandbox.backends import open_backend
-from bat_jax.tasks.registry import get_track
+from bat_jax.benchmarks.imaging.registry import get_track
 
 
 def _episode(backend, state) -> tuple[float, float]:

@@ -14,10 +14,10 @@ from pathlib import Path
 from bat_jax.stage_bank.factory import FactoryConfig, build_bank, load_manifest, sources
 from bat_jax.stage_bank.leakage import preflight
 from bat_jax.rollout.play import play
-from bat_jax.tasks.benchmark import ImagingBenchmark
-from bat_jax.tasks.heldout import training_task
-from bat_jax.tasks.registry import TRACKS
-from bat_jax.tasks.teacher import ScriptedExpert
+from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+from bat_jax.benchmarks.imaging.heldout import training_task
+from bat_jax.benchmarks.imaging.registry import TRACKS
+from bat_jax.benchmarks.imaging.teacher import ScriptedExpert
 
 #: The bundled imaging suite (fixed training layouts), the benchmark whose bank is built.
 IMAGING = ImagingBenchmark()

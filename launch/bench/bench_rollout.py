@@ -186,8 +186,8 @@ def real_prompts(tokenizer, batch: int, length: int) -> list[list[int]]:
     seven tracks with seeds 11, 12, ..., left-cut to its last `length` tokens (so every row ends in the
     generation prompt). Raises ValueError when a prompt is shorter than `length`."""
     from bat_jax.prompts import PromptFormat
-    from bat_jax.tasks.benchmark import ImagingBenchmark
-    from bat_jax.tasks.registry import TRACKS
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.registry import TRACKS
 
     imaging = ImagingBenchmark()
     compact = PromptFormat.of(imaging, "compact")

@@ -17,7 +17,7 @@ import numpy as np
 
 def imaging(layouts: str = "fixed"):
     """The bundled imaging suite with training layouts `layouts`."""
-    from bat_jax.tasks.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
 
     return ImagingBenchmark(layouts=layouts)
 
@@ -45,7 +45,7 @@ def prompt_tokens(policy, style: str) -> dict[str, float]:
     """Tokens of the held-out E2E prompt (mean over the 7 tracks) and of its parts in `style`."""
     from bat_jax.models.episode import EpisodeBuilder
     from bat_jax.prompts import PromptFormat
-    from bat_jax.tasks.heldout import heldout_suite
+    from bat_jax.benchmarks.imaging.heldout import heldout_suite
 
     def n(messages, tools):
         return len(EpisodeBuilder(policy.tokenizer, policy.chat_family).start(messages, tools))

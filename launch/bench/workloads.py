@@ -100,9 +100,9 @@ def real_tasks(tracks: list[str], style: str = "full", expert: bool = True):
     from bat_jax.prompts import request as policy_request
     from bat_jax.rollout.agent_loop import RolloutRequest
     from bat_jax.rollout.play import play
-    from bat_jax.tasks.benchmark import ImagingBenchmark
-    from bat_jax.tasks.registry import get_track
-    from bat_jax.tasks.teacher import ScriptedExpert
+    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
+    from bat_jax.benchmarks.imaging.registry import get_track
+    from bat_jax.benchmarks.imaging.teacher import ScriptedExpert
 
     imaging = ImagingBenchmark()
     prompt = PromptFormat.of(imaging, style)

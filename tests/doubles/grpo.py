@@ -13,8 +13,8 @@ from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Tran
 
 def reward_row(seed, focus, variant="success", track="vqa"):
     """The RL row of training task `seed` of `track` at `focus` (provenance: its synthesis transformation)."""
-    from bat_jax.tasks import heldout
-    from bat_jax.tasks.registry import get_track
+    from bat_jax.benchmarks.imaging import heldout
+    from bat_jax.benchmarks.imaging.registry import get_track
 
     syn = Transformation("task_synthesis", "ab" * 32, {"seed": seed, "variant": variant, "template": 0})
     state = heldout.training_task(get_track(track), seed, variant, 0).state()

@@ -34,7 +34,7 @@ OUTCOMES = ("success", "recovery", "failure")
 
 def make_bank(per_focus=400, foci=None):
     """`per_focus` RL rows per focus (default: the imaging suite's S1–S5 and E2E), states not stored."""
-    from bat_jax.tasks.stages import STAGES
+    from bat_jax.benchmarks.imaging.stages import STAGES
 
     rows = []
     for focus in foci if foci is not None else STAGES.foci:
@@ -58,7 +58,7 @@ def assert_rounds_fit_the_tiny_bank(context: str) -> None:
     from bat_jax.bicurl.experiment import BiCuRLConfig
     from bat_jax.bicurl.round_rows import mode_pools
     from bat_jax.stage_bank.pools import PoolConfig, build_round_view
-    from bat_jax.tasks.stages import STAGES
+    from bat_jax.benchmarks.imaging.stages import STAGES
 
     run = BiCuRLConfig(**gin.get_bindings("bat_jax.bicurl.experiment.BiCuRLConfig"))
     rows, pools = mode_pools(make_bank(per_focus=TINY_BANK_ROWS_PER_FOCUS), run.mode,
