@@ -102,6 +102,12 @@ def test_the_policy_binds_lora_in_one_place():
     jax.tree.map(np.testing.assert_array_equal, _host(nnx.state(plain.model, nnx.Param)),
                  _host(nnx.state(adapted.model, BASE)))
 
+    from bat_jax.bicurl.engines import EngineConfig, build_engine
+
+    with pytest.raises(ValueError, match="vLLM rollouts do not serve a LoRA adapter yet; bind "
+                                         r"engines\.EngineConfig\.kind = 'jax'"):
+        build_engine(adapted, EngineConfig(kind="vllm"), max_context=64, run_dir=None)
+
 
 def _lora_learner(mesh=MeshConfig(data=1, fsdp=1, tensor=1), family="qwen3_5"):
     model = _model(family)

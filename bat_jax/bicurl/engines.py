@@ -11,6 +11,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+from bat_jax.models.lora import has_lora
 from bat_jax.policy import Policy
 from bat_jax.rollout import vllm_memory
 from bat_jax.rollout.engine import RolloutEngine
@@ -85,6 +86,9 @@ def build_engine(policy: Policy, config: EngineConfig, max_context: int, run_dir
             plan = check_memory(sampler.memory_plan(config.slots or max(config.max_batch, batch_episodes)))
             print(f"[bat_jax] sampler memory: {plan.describe()}", flush=True)
         return engine
+    if has_lora(policy.model):  # the weight sync sends full-weight names; vLLM's LoRARequest path is not built yet
+        raise ValueError("engines.EngineConfig.kind = 'vllm' with policy.PolicyConfig.lora bound: vLLM rollouts do "
+                         "not serve a LoRA adapter yet; bind engines.EngineConfig.kind = 'jax' or unbind the LoRA")
     from bat_jax.rollout.vllm_engine import VLLMEngine
     from bat_jax.rollout.vllm_replicas import VLLMReplicaPool, replica_count
 
