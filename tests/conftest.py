@@ -86,7 +86,7 @@ _ONE_WORKER = ("test_multihost", "test_ray_workers", "test_bank_feed", "test_vll
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist, each test's `xdist_group` (`--dist=loadgroup` in pyproject): its module, or 'engines'."""
+    """Under pytest-xdist, each test's `xdist_group` (`--dist=loadgroup` in the test command): module or 'engines'."""
     if not hasattr(config, "workerinput"):
         return
     for item in items:

@@ -49,6 +49,6 @@ print(events.count("/jax/compilation_cache/cache_hits"), events.count("/jax/comp
 
 
 def test_reports_list_the_twenty_slowest_tests():
-    """CI's log names the slowest tests (`.ci/run` runs `python -m pytest -n 2 tests`), so the budget's trend shows."""
+    """CI's log names the slowest tests (`.ci/run` runs `python -m pytest -n 2 --dist=loadgroup tests`), so the budget's trend shows."""
     addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
     assert "--durations=20" in addopts.split()

@@ -11,7 +11,7 @@ PAGES = sorted((REPO / "docs").glob("*.md"))
 MAX_README_LINES = 300
 #: The two set-up commands on a fresh machine (README): the main job on the tiny default, and the tests (CI's).
 MAIN_COMMAND = "bash launch/setup.sh && python -m bat_jax.launch --gin_file=bicurl_tiny.gin"
-TEST_COMMAND = "bash launch/setup.sh --with-vllm && python -m pytest -n 2 tests"
+TEST_COMMAND = "bash launch/setup.sh --with-vllm && python -m pytest -n 2 --dist=loadgroup tests"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 #: A path in backticks that starts at a top-level folder of the repository and names a file.
 REPO_PATH = re.compile(r"`((?:bat_jax|launch|gin|tests|docs)/[\w/.-]+\.(?:py|gin|md|json|sh|txt))`")
