@@ -24,7 +24,7 @@ DENSE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_lay
              num_key_value_heads=1, head_dim=16)
 HYBRID = dict(DENSE, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=1,
               linear_num_value_heads=2, layer_types=("linear_attention", "full_attention"))
-BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
+BASE = lora.BASE
 
 
 def _model(family: str, seed: int = 0):

@@ -34,7 +34,7 @@ def _adapted(family):
     base = jnp.asarray(model(jnp.asarray(IDS), jnp.asarray(MASK)))
     lora.add_lora(model, lora.LoRAConfig(rank=4, alpha=8.0), seed=1)
     rng = np.random.default_rng(2)
-    for _, m in peft_io.adapted_linears(model):
+    for _, m in lora.adapted_linears(model):
         m.lora_b[...] = jnp.asarray(0.5 * rng.normal(size=m.lora_b.shape), jnp.float32)
     return model, base
 

@@ -128,7 +128,7 @@ class Learner:
         self.frozen_shardings = mesh_lib.param_shardings(frozen, frozen_specs, self.mesh, rules) if frozen else None
         self.frozen = jax.device_put(frozen, self.frozen_shardings) if frozen else {}
         if frozen:  # the model holds the placed base, not a copy of its own
-            _write(self.model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)), self.frozen)
+            _write(self.model, lora.BASE, self.frozen)
         self.params = jax.device_put(params, self.param_shardings)
         self._logprob_fns: dict[tuple, Callable] = {}
         self._steps: dict[tuple, tuple[Callable, ts.TrainState, Any]] = {}

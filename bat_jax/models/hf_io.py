@@ -23,7 +23,6 @@ from safetensors.numpy import save_file
 from bat_jax.atomic_io import atomic_directory
 from bat_jax.models import lora
 from bat_jax.models.configs import LlamaConfig, Qwen3_5Config, Qwen3Config, config_from_hf
-from bat_jax.models.layers import Linear
 from bat_jax.models.llama import LlamaForCausalLM
 from bat_jax.models.qwen3 import Qwen3ForCausalLM
 from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
@@ -177,13 +176,9 @@ def byte_buckets(sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
 
 def _hf_items(model) -> list[tuple[str, jax.Array]]:
     """(HF name, array) of every base parameter; a projection with a LoRA adapter gives its merged weight."""
-    merged = {f"{'.'.join(map(str, p))}.weight": lora.merged_weight(m) for p, m in nnx.iter_modules(model)
-              if isinstance(m, Linear) and m.lora_a is not None}
+    merged = {f"{path}.weight": lora.merged_weight(m) for path, m in lora.adapted_linears(model)}
     return [(name, merged.get(name, v.get_value())) for name, v in
-            ((".".join(map(str, p)), v) for p, v in nnx.to_flat_state(nnx.state(model, _BASE)))]
-
-
-_BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
+            ((".".join(map(str, p)), v) for p, v in nnx.to_flat_state(nnx.state(model, lora.BASE)))]
 
 
 def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None,

@@ -98,15 +98,24 @@ def add_lora(model: nnx.Module, config: LoRAConfig, seed: int = 0) -> list[str]:
     return [p for p, _ in targets]
 
 
+#: The frozen base's parameters under an adapter: every ``nnx.Param`` that is not an ``nnx.LoRAParam``.
+BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
+
+
 def has_lora(model: nnx.Module) -> bool:
     """Whether ``model`` carries any ``nnx.LoRAParam``."""
     return bool(jax.tree.leaves(nnx.state(model, nnx.LoRAParam)))
 
 
+def adapted_linears(model: nnx.Module) -> list[tuple[str, Linear]]:
+    """(dotted path, module) of every ``Linear`` of ``model`` carrying an adapter, in module order."""
+    return [(".".join(map(str, p)), m) for p, m in nnx.iter_modules(model)
+            if isinstance(m, Linear) and m.lora_a is not None]
+
+
 def adapter_paths(model: nnx.Module) -> list[str]:
     """Dotted paths of the ``Linear`` modules of ``model`` that carry an adapter, in module order."""
-    return [".".join(map(str, p)) for p, m in nnx.iter_modules(model)
-            if isinstance(m, Linear) and m.lora_a is not None]
+    return [p for p, _ in adapted_linears(model)]
 
 
 def merged_weight(linear: Linear) -> jax.Array:

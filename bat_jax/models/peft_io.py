@@ -26,18 +26,12 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # a PeftModel's state-dict prefix before the base model's own names
 
 
-def adapted_linears(model: nnx.Module) -> list[tuple[str, Linear]]:
-    """(dotted path, module) of every ``Linear`` carrying an adapter, in module order."""
-    return [(".".join(map(str, p)), m) for p, m in nnx.iter_modules(model)
-            if isinstance(m, Linear) and m.lora_a is not None]
-
-
 def target_modules(model: nnx.Module) -> list[str]:
     """PEFT ``target_modules`` selecting exactly the adapted projections of ``model``.
 
     The adapted modules' last names when those select no other ``Linear`` (e.g. ``['down_proj', 'q_proj']``), else
     their full paths."""
-    adapted = [p for p, _ in adapted_linears(model)]
+    adapted = [p for p, _ in lora.adapted_linears(model)]
     names = sorted({p.rsplit(".", 1)[-1] for p in adapted})
     every = [".".join(map(str, p)) for p, m in nnx.iter_modules(model) if isinstance(m, Linear)]
     if [p for p in every if lora.is_target(p, tuple(names))] == adapted:
@@ -50,7 +44,7 @@ def adapter_config(model: nnx.Module, base_model_name_or_path: str | None = None
 
     Raises ValueError when the model has no adapter or its adapters differ in rank or scale (one ``add_lora``
     gives one of each)."""
-    found = adapted_linears(model)
+    found = lora.adapted_linears(model)
     if not found:
         raise ValueError("the model carries no LoRA adapter (models.lora.add_lora)")
     ranks = {m.lora_a.shape[0] for _, m in found}
@@ -70,7 +64,7 @@ def adapter_config(model: nnx.Module, base_model_name_or_path: str | None = None
 def adapter_tensors(model: nnx.Module) -> dict[str, jax.Array]:
     """PEFT name → array (``lora_A.weight [r, in]``, ``lora_B.weight [out, r]``) of every adapted projection."""
     out = {}
-    for path, m in adapted_linears(model):
+    for path, m in lora.adapted_linears(model):
         out[f"{PEFT_PREFIX}{path}.lora_A.weight"] = m.lora_a.get_value()
         out[f"{PEFT_PREFIX}{path}.lora_B.weight"] = m.lora_b.get_value()
     return out
