@@ -161,8 +161,10 @@ def run(job: Callable[..., object] = gin.REQUIRED, run_name: str = gin.REQUIRED,
 
 
 def check_renames(directory: pathlib.Path) -> None:
-    """Renames a fresh directory inside `directory` and removes it: the Stage Bank and Orbax commit by renaming
-    directories, which some filesystems refuse (a gcsfuse mount without ``--rename-dir-limit``).
+    """Refuses a run directory whose filesystem cannot rename a directory (probe: a fresh one, renamed, removed).
+
+    The Stage Bank and Orbax commit by renaming directories, which some filesystems refuse (a gcsfuse mount of a flat
+    bucket without ``--rename-dir-limit``).
 
     Raises:
       LaunchError: the rename failed; the message names the run directory and the storage to use instead.
