@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = r'''
@@ -41,3 +43,44 @@ def test_memory_walk_of_the_micro_run_stays_within_its_plan(tmp_path):
                          ("evaluation sync", 2)):
         assert (shares - 0.1) * share <= min(phases[name]) and max(phases[name]) <= shares * share + bucket, (
             name, phases[name], share, bucket)
+
+
+def test_scaled_config_divides_every_width_and_keeps_layers_and_heads():
+    from launch.bench.compile_probe import MODELS
+    from launch.bench.memory_walk import scaled_config
+
+    c = scaled_config(MODELS["9b"], 16)
+    assert (c.hidden_size, c.intermediate_size, c.vocab_size, c.head_dim, c.linear_key_head_dim,
+            c.linear_value_head_dim) == (256, 768, 15_520, 16, 8, 8)
+    assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.linear_num_value_heads,
+            c.layer_types) == (32, 16, 4, 32, MODELS["9b"].layer_types)
+    with pytest.raises(ValueError, match="head_dim=256"):
+        scaled_config(MODELS["9b"], 512)
+
+
+def test_abstract_share_of_the_scaled_9b_on_one_device_is_its_hand_counted_parameters():
+    """Qwen3.5-9B / 16 (h 256, I 768, V 15,520; 24 Gated DeltaNet + 8 attention layers), counted by hand:
+    embed + untied head 2·15,520·256 = 7,946,240; per layer 2 norms 512 + MLP 3·768·256 = 590,336; DeltaNet
+    A_log 32 + dt_bias 32 + conv 512·4 + in_proj_a/b 2·32·256 + qkv 512·256 + z 256·256 + norm 8 + out 256·256
+    = 280,648; attention q 512·256 + k/v 2·64·256 + o 256·256 + q/k norms 2·16 = 229,408; final norm 256.
+    7,946,240 + 32·590,336 + 24·280,648 + 8·229,408 + 256 = 35,408,064 parameters, fp32."""
+    from types import SimpleNamespace
+
+    from bat_jax.learn.learner import MemoryConfig
+    from bat_jax.models.mesh import MeshConfig
+    from launch.bench.compile_probe import MODELS
+    from launch.bench.memory_walk import abstract_share, scaled_config
+
+    one = SimpleNamespace(mesh=MeshConfig(fsdp=1), memory=MemoryConfig())
+    assert abstract_share(scaled_config(MODELS["9b"], 16), one) == 35_408_064 * 4
+
+
+def test_describe_scales_each_phase_to_full_size_by_the_share_ratio():
+    from launch.bench.memory_walk import describe
+
+    mib = 1 << 20
+    out = describe([("load", [mib, mib]), ("sft step", [4 * mib, 3 * mib])],
+                   {"share": mib, "total": 2 * mib, "bucket": mib // 2}, full_share=3_000_000_000)
+    assert "full size: share 3.00 GB (x 2861.02)" in out  # 3e9 / 2**20 = 2861.02
+    load, step = out.splitlines()[2:]
+    assert load.split()[-2:] == ["1.00", "3.00"] and step.split()[-2:] == ["4.00", "12.00"]  # 4 shares · 3 GB

@@ -3,8 +3,8 @@ is asked for each one and the test fails naming the conflicting pins (pip's "The
 
 The installs (README's set-up, docs/gpu.md): the `gpu` and `gpu-cuda12` extras with the test tools for Python 3.11
 and 3.12 (launch/install_gpu.sh, with and without --cuda12),
-`test` + `vllm` in one call with the CPU constraints (launch/setup.sh --with-vllm), and the `tpu-probe`, `ray` and
-`gguf` extras. The project is resolved as a wheel built from this checkout (so another Python version or platform
+`test` + `vllm` in one call with the CPU constraints (launch/setup.sh --with-vllm), and the `tpu-probe`, `tpu`, `ray`
+and `gguf` extras. The project is resolved as a wheel built from this checkout (so another Python version or platform
 never builds it). A Python version other than this interpreter's is resolved by that interpreter when one is on
 PATH or under pyenv (``python3.12``), else with ``--python-version`` / ``--platform`` / ``--only-binary=:all:``.
 
@@ -51,6 +51,7 @@ INSTALLS = {
     "test + vllm (CPU)": Install("test,vllm", "3.11", "bash launch/setup.sh --with-vllm",
                                  constraints="launch/constraints/cpu.txt"),
     "tpu-probe": Install("tpu-probe", "3.11", 'pip install -e ".[tpu-probe]"'),
+    "tpu": Install("tpu", "3.11", 'pip install -e ".[tpu]"'),
     "ray": Install("ray", "3.11", 'pip install -e ".[ray]"'),
     "gguf": Install("gguf", "3.11", 'pip install -e ".[gguf]"'),
 }

@@ -103,3 +103,30 @@ def test_guarded_with_one_process_prints_a_config_error_as_one_line_and_re_raise
     with pytest.raises(KeyError, match="lost"):
         launch.guarded(lambda: {}["lost"], several=False)
     assert launch.guarded(lambda: None, several=False) is None
+
+
+def test_a_run_dir_that_refuses_directory_renames_stops_the_launch_in_one_line(tmp_path, monkeypatch, capsys):
+    """A default gcsfuse mount refuses to rename a directory (ENOTSUP): the launch stops before the job runs, naming
+    the run directory and the fix, and leaves no probe behind."""
+    import errno
+
+    from absl import flags
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+    def refuse(src, dst):
+        raise OSError(errno.ENOTSUP, "Operation not supported", str(src))
+
+    ran = []
+    monkeypatch.setattr(launch.os, "rename", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        launch.guarded(lambda: launch.run(job=lambda run_dir: ran.append(run_dir), run_name="r",
+                                          run_dir=str(tmp_path / "run")), several=False)
+    assert exit_info.value.code == 2 and ran == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"[bat_jax] error: run directory {(tmp_path / 'run').resolve()}: "
+                                                    "its filesystem refuses to rename a directory ([Errno 95]")
+    assert "--rename-dir-limit" in err and list((tmp_path / "run").iterdir()) == []
+    monkeypatch.undo()
+    launch.check_renames(tmp_path / "run")  # a local disk renames
+    assert list((tmp_path / "run").iterdir()) == []

@@ -12,7 +12,9 @@ import dataclasses
 import logging
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -140,7 +142,8 @@ def run(job: Callable[..., object] = gin.REQUIRED, run_name: str = gin.REQUIRED,
         wins.
 
     Raises:
-      LaunchError: `xla_memory_fraction` outside (0, 1].
+      LaunchError: `xla_memory_fraction` outside (0, 1]; a run directory whose filesystem refuses to rename a
+        directory (`check_renames`).
     """
     if xla_memory_fraction is not None:
         if not 0.0 < xla_memory_fraction <= 1.0:
@@ -148,12 +151,36 @@ def run(job: Callable[..., object] = gin.REQUIRED, run_name: str = gin.REQUIRED,
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{xla_memory_fraction:.2f}")
     directory = pathlib.Path(run_dir) if run_dir else pathlib.Path(runs_root) / run_name
     directory.mkdir(parents=True, exist_ok=True)
+    check_renames(directory)
     atomic_write(directory / "config.gin", gin.config_str().encode())
     logging.info("run directory: %s", directory.resolve())
     print(f"[bat_jax] run directory: {directory.resolve()}", flush=True)
     result = job(run_dir=directory)
     atomic_write(directory / "operative_config.gin", gin.operative_config_str().encode())
     return Launched(run_dir=directory, result=result)
+
+
+def check_renames(directory: pathlib.Path) -> None:
+    """Refuses a run directory whose filesystem cannot rename a directory (probe: a fresh one, renamed, removed).
+
+    The Stage Bank and Orbax commit by renaming directories, which some filesystems refuse (a gcsfuse mount of a flat
+    bucket without ``--rename-dir-limit``).
+
+    Raises:
+      LaunchError: the rename failed; the message names the run directory and the storage to use instead.
+    """
+    probe = pathlib.Path(tempfile.mkdtemp(prefix=".rename-probe-", dir=directory))
+    renamed = probe.with_name(probe.name + "-renamed")
+    try:
+        os.rename(probe, renamed)
+    except OSError as e:
+        raise LaunchError(
+            f"run directory {directory.resolve()}: its filesystem refuses to rename a directory ({e}), and the Stage "
+            "Bank and Orbax checkpoints commit by renaming directories; use storage that renames directories (a local "
+            "or NFS disk, or gcsfuse with --rename-dir-limit; docs/scaling.md)") from e
+    finally:
+        for path in (probe, renamed):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def show_config(run_dir: pathlib.Path) -> str:

@@ -9,6 +9,7 @@ import argparse
 import collections
 import dataclasses
 import gc
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,49 @@ def plan(learner: Any) -> dict[str, int]:
     leaves, shardings = jax.tree.leaves(learner.params), jax.tree.leaves(learner.param_shardings)
     share = sum(int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize for x, s in zip(leaves, shardings))
     return {"share": share, "bucket": max(x.nbytes for x in leaves), "total": sum(x.nbytes for x in leaves)}
+
+
+_WIDTHS = ("hidden_size", "intermediate_size", "vocab_size", "head_dim", "linear_key_head_dim", "linear_value_head_dim")
+
+
+def scaled_config(config: Any, k: int) -> Any:
+    """`config` with every width in `_WIDTHS` divided by `k`; layers, layer types and head counts kept."""
+    bad = [f for f in _WIDTHS if getattr(config, f) % k]
+    if bad:
+        raise ValueError(f"--scale {k} does not divide {', '.join(f'{f}={getattr(config, f)}' for f in bad)}")
+    return dataclasses.replace(config, **{f: getattr(config, f) // k for f in _WIDTHS})
+
+
+def abstract_share(config: Any, components: Any) -> int:
+    """Bytes of one parameter copy per device for `config` on `components`' learner mesh, from shapes only."""
+    import jax
+    from flax import nnx
+
+    from bat_jax.learn import train_state as ts
+    from bat_jax.learn.learner import learner_mesh
+    from bat_jax.models import mesh as mesh_lib
+    from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+
+    mesh = learner_mesh(components.mesh)
+    model = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0)))
+    _, params, specs = ts.split_model(model, components.memory.forward_options(mesh), components.memory.logit_chunk)
+    shardings = mesh_lib.param_shardings(params, specs, mesh, components.mesh.logical_axis_rules)
+    return sum(int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
+               for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(shardings)))
+
+
+def scaled_checkpoint(config: Any, out_dir: Any, dtype: str) -> str:
+    """Writes a random-init Qwen3.5 of `config` in the Hugging Face layout (shipped tiny tokenizer) to `out_dir`."""
+    import importlib.resources
+
+    from flax import nnx
+
+    from bat_jax.models import hf_io
+    from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+
+    model = Qwen3_5ForCausalLM(dataclasses.replace(config, dtype=dtype), rngs=nnx.Rngs(0))
+    tokenizer_dir = importlib.resources.files("bat_jax") / "assets" / "tiny_tokenizer"
+    return str(hf_io.save_pretrained(model, out_dir, tokenizer_dir=str(tokenizer_dir)))
 
 
 def _batch(rows: int, seq: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
@@ -89,15 +133,21 @@ def walk(components: Any, rows: int, seq: int, seed: int = 0) -> tuple[list[tupl
     return phases, plan(learner)
 
 
-def describe(phases: list[tuple[str, list[int]]], planned: dict[str, int]) -> str:
-    """The table `main` prints: MiB per device per phase, and each phase's largest device in shares."""
+def describe(phases: list[tuple[str, list[int]]], planned: dict[str, int], full_share: int = 0) -> str:
+    """The table `main` prints: MiB per device per phase, and each phase's largest device in shares; with
+    `full_share` (one parameter copy per device at full size) also that largest device scaled to full size,
+    ``max × full_share / share`` in GB."""
     mib = 1 << 20
     n = len(phases[0][1])
     lines = [f"plan per device: parameter share {planned['share'] / mib:.2f} MiB (all parameters "
-             f"{planned['total'] / mib:.2f} MiB), largest tensor {planned['bucket'] / mib:.2f} MiB",
-             f"{'phase':16s}" + "".join(f"{'dev ' + str(i):>9s}" for i in range(n)) + "   max / share"]
+             f"{planned['total'] / mib:.2f} MiB), largest tensor {planned['bucket'] / mib:.2f} MiB"
+             + (f"; full size: share {full_share / 1e9:.2f} GB (x {full_share / planned['share']:.2f})"
+                if full_share else ""),
+             f"{'phase':16s}" + "".join(f"{'dev ' + str(i):>9s}" for i in range(n)) + "   max / share"
+             + ("   full GB" if full_share else "")]
     for name, per in phases:
-        lines.append(f"{name:16s}" + "".join(f"{b / mib:9.2f}" for b in per) + f"   {max(per) / planned['share']:.2f}")
+        lines.append(f"{name:16s}" + "".join(f"{b / mib:9.2f}" for b in per) + f"   {max(per) / planned['share']:11.2f}"
+                     + (f"   {max(per) * full_share / planned['share'] / 1e9:7.2f}" if full_share else ""))
     return "\n".join(lines)
 
 
@@ -108,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fsdp", type=int, default=0, help="learner mesh MeshConfig(fsdp=N) (0: the run file's)")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--model", choices=("9b", "4b"), default=None,
+                    help="instead of the run file's checkpoint: a random-init Qwen3.5 of this size (compile_probe's "
+                         "config) divided by --scale, written as a checkpoint and loaded as the run loads one")
+    ap.add_argument("--scale", type=int, default=8, help="with --model: divide every width by this")
     args = ap.parse_args(argv)
     import gin
 
@@ -122,8 +176,21 @@ def main(argv: list[str] | None = None) -> int:
         gin.clear_config(clear_constants=True)
     if args.fsdp:
         components = dataclasses.replace(components, mesh=MeshConfig(fsdp=args.fsdp))
-    phases, planned = walk(components, args.rows, args.seq)
-    print(describe(phases, planned), flush=True)
+    full_share = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model:
+            from launch.bench.compile_probe import MODELS
+
+            full = MODELS[args.model]
+            small = scaled_config(full, args.scale)
+            full_share = abstract_share(full, components)
+            ckpt = scaled_checkpoint(small, f"{tmp}/checkpoint", components.policy.dtype)
+            components = dataclasses.replace(
+                components, policy=dataclasses.replace(components.policy, checkpoint_dir=ckpt, lora=None))
+            print(f"Qwen3.5-{args.model} with widths / {args.scale} ({', '.join(_WIDTHS)}); layers and heads kept",
+                  flush=True)
+        phases, planned = walk(components, args.rows, args.seq)
+    print(describe(phases, planned, full_share), flush=True)
     return 0
 
 
