@@ -79,3 +79,82 @@ def test_a_lora_run_resumes_over_its_base_and_is_refused_over_another(tmp_path):
         ckpt.check_base(None)  # a full-weight run over the adapter's steps
     assert json.loads((tmp_path / "ck" / BASE_RECORD).read_text())["digest"] == record.digest  # unchanged
     ckpt.close()
+
+
+# ------------------------------------------------------------------------------ kill -9 and resume, LoRA on
+
+STEPS, SAVE_EVERY = 4, 2
+OPT = dict(learning_rate=1e-2, warmup_ratio=0.0)
+
+
+def _batches():
+    """STEPS SFT batches of 4 random rows (prompt, response, end of turn) padded to 12 tokens."""
+    from bat_jax.learn import sft
+    from bat_jax.learn.batching import pad_batch
+
+    rng = np.random.default_rng(7)
+    return [pad_batch([sft.build_sft_example(rng.integers(8, 64, 3).tolist(), rng.integers(8, 64, 5).tolist(),
+                                             end_of_turn_id=6, max_seq_len=12) for _ in range(4)],
+                      multiple=1, pad_to=12) for _ in range(STEPS)]
+
+
+def _block(learner):
+    from bat_jax.learn import sft
+    from bat_jax.learn.optim import OptimizerConfig
+
+    config = sft.SFTConfig(optimizer=OptimizerConfig(**OPT), global_batch_size=4, total_steps=STEPS)
+    return learner.sft_block(config, STEPS)
+
+
+def killed_run(directory: str) -> None:
+    """The child process: records the base, saves adapter + Adam state at step 2, takes step 3, then SIGKILLs itself
+    while it waits for batch 4."""
+    from bat_jax.learn import train_state as ts
+
+    learner = _lora_learner()
+    ckpt = Checkpointer(CheckpointConfig(directory=directory))
+    ckpt.check_base(BaseRecord("tiny", base_digest(learner.frozen)))
+    step, state = _block(learner)
+
+    def batches():
+        for i, batch in enumerate(_batches()):
+            if i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield batch
+
+    ts.run_steps(step, state, batches(), num_steps=STEPS, checkpointer=ckpt, checkpoint_every=SAVE_EVERY)
+
+
+def test_a_lora_learner_killed_mid_run_resumes_to_the_uninterrupted_adapter_and_adam_state(tmp_path):
+    from bat_jax.learn import train_state as ts
+
+    directory = str(tmp_path / "ck")
+    child = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import test_lora_checkpoint as t; t.killed_run({directory!r})
+        """)
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+
+    learner = _lora_learner()
+    step, fresh = _block(learner)
+    uninterrupted, _ = ts.run_steps(step, fresh, _batches(), num_steps=STEPS)
+
+    resumed_learner = _lora_learner()  # a new learner, as a relaunched process builds it
+    ckpt = Checkpointer(CheckpointConfig(directory=directory))
+    assert ckpt.all_steps() == [2]  # step 3 was taken but never saved
+    ckpt.check_base(BaseRecord("tiny", base_digest(resumed_learner.frozen)))
+    step, fresh = _block(resumed_learner)
+    shardings = jax.tree.map(lambda x: x.sharding, fresh)
+    restored = ckpt.restore(ts.abstract_train_state(fresh, shardings))
+    assert restored.step == 2 and restored.extra == {"data_cursor": 2}
+    resumed, cursor = ts.run_steps(step, restored.state, _batches()[2:], num_steps=STEPS - 2, data_cursor=2)
+    assert cursor == STEPS and int(resumed.step) == STEPS
+    ckpt.close()
+    moments = [x for x in jax.tree.leaves(resumed.opt_state) if x.ndim > 0]
+    assert sum(x.size for x in moments) == 2 * sum(x.size for x in jax.tree.leaves(resumed.params))  # adapter only
+    for got, want in zip(jax.tree.leaves(jax.device_get(resumed)), jax.tree.leaves(jax.device_get(uninterrupted)),
+                         strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3  # the adapter did move from its start
+               for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(learner.params)))
