@@ -136,7 +136,8 @@ def test_bicurl_small_trains_the_pretrained_smollm2_in_its_own_chatml_template()
 
 
 def test_the_tiny_lora_file_is_the_tiny_default_with_an_adapter():
-    """`bicurl_tiny_lora.gin`: the tiny default's bindings, and the policy gains a rank-8, alpha-16 adapter."""
+    """`bicurl_tiny_lora.gin`: the tiny default's bindings, the policy gains a rank-8, alpha-16 adapter and the learning
+    rates are 10x the tiny default's."""
     from bat_jax.models.lora import DEFAULT_TARGETS, LoRAConfig
     from bat_jax.policy import PolicyConfig
 
@@ -150,9 +151,15 @@ def test_the_tiny_lora_file_is_the_tiny_default_with_an_adapter():
     assert (adapter.rank, adapter.alpha, adapter.scale, adapter.target_modules) == (8, 16.0, 2.0, DEFAULT_TARGETS)
     assert config.prompt_style == "compact" and dict(config.tiny) == dict(tiny[("", "bat_jax.policy.PolicyConfig")]
                                                                            .get("tiny", {}))
+    # LoRA's learning rates: 10x the tiny default's ("LoRA Without Regret")
+    assert gin.query_parameter("sft/optim.OptimizerConfig.learning_rate") == 3e-2
+    assert gin.query_parameter("grpo/optim.OptimizerConfig.learning_rate") == 1e-3
     changed = {key for key, params in _config_snapshot().items() if tiny.get(key) != params}
     assert changed == {("", "bat_jax.launch.run"), ("", "bat_jax.policy.PolicyConfig"),
-                       ("", "bat_jax.models.lora.LoRAConfig")}
+                       ("", "bat_jax.models.lora.LoRAConfig"), ("sft", "bat_jax.learn.optim.OptimizerConfig"),
+                       ("grpo", "bat_jax.learn.optim.OptimizerConfig")}
+    for scope, tiny_lr in (("sft", 3e-3), ("grpo", 1e-4)):
+        assert tiny[(scope, "bat_jax.learn.optim.OptimizerConfig")]["learning_rate"] == tiny_lr
     gin.clear_config(clear_constants=True)
 
 
