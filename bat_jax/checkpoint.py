@@ -1,8 +1,7 @@
 """Orbax checkpoints for the learner.
 
 Latest-N and best-by-Overall are kept by separate rules; a step restores onto any mesh; a run resumes with its
-optimizer state and data cursor, falling back past a corrupted newest step. A LoRA run's steps hold the adapter
-only; a record beside them names the frozen base (path and digest) so that a resume over another base is refused.
+optimizer state and data cursor, falling back past a corrupted newest step; a LoRA run's frozen base is recorded.
 
 Details: docs/design.md.
 """

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import jax
 import numpy as np
@@ -129,11 +128,9 @@ def test_a_lora_learner_killed_mid_run_resumes_to_the_uninterrupted_adapter_and_
     from bat_jax.learn import train_state as ts
 
     directory = str(tmp_path / "ck")
-    child = textwrap.dedent(f"""
-        import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
-        import test_lora_checkpoint as t; t.killed_run({directory!r})
-        """)
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), directory], capture_output=True, text=True,
+                          timeout=600, cwd=repo, env=dict(os.environ, PYTHONPATH=repo))  # this checkout's bat_jax
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
 
     learner = _lora_learner()
@@ -158,3 +155,7 @@ def test_a_lora_learner_killed_mid_run_resumes_to_the_uninterrupted_adapter_and_
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3  # the adapter did move from its start
                for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(learner.params)))
+
+
+if __name__ == "__main__":  # the killed child of the test above
+    killed_run(sys.argv[1])

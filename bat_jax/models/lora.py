@@ -116,8 +116,10 @@ def add_lora(model: nnx.Module, config: LoRAConfig, seed: int = 0) -> list[str]:
 
 
 def cast_base(model: nnx.Module, dtype: str) -> None:
-    """Casts every floating ``BASE`` parameter of ``model`` to ``dtype`` in place, one leaf at a time (so the peak is
-    one leaf's copy, not the model's); shardings and logical axes are kept, the adapter is untouched."""
+    """Casts every floating ``BASE`` parameter of ``model`` to ``dtype``, in place.
+
+    One leaf at a time, so the peak is one leaf's copy, not the model's; shardings and logical axes are kept, the
+    adapter is untouched."""
     for _, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Param) and not isinstance(node, nnx.LoRAParam) \
                 and jnp.issubdtype(node.dtype, jnp.floating):
