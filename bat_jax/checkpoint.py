@@ -1,7 +1,7 @@
 """Orbax checkpoints for the learner.
 
 Latest-N and best-by-Overall are kept by separate rules; a step restores onto any mesh; a run resumes with its
-optimizer state and data cursor, falling back past a corrupted newest step.
+optimizer state and data cursor, falling back past a corrupted newest step; a LoRA run's frozen base is recorded.
 
 Details: docs/design.md.
 """
@@ -9,12 +9,20 @@ Details: docs/design.md.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
+import pathlib
 import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocp_managers
+
+from bat_jax.atomic_io import atomic_write
+from bat_jax.errors import ConfigValueError
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +84,39 @@ class Restored:
     extra: dict[str, Any]
 
 
+#: The file beside a LoRA run's steps that names the frozen base they were trained over (`Checkpointer.check_base`).
+BASE_RECORD = "lora_base.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseRecord:
+    """The frozen base a LoRA run's adapter checkpoints were trained over.
+
+    Attributes:
+      path: the base checkpoint directory (absolute), or the tiny default's description.
+      digest: `base_digest` of the base weights as the learner holds them (after `LoRAConfig.base_dtype`).
+    """
+
+    path: str
+    digest: str
+
+
+def base_digest(tree: Any, gather: Callable[[Any], Any] = np.asarray) -> str:
+    """``'sha256:<hex>'`` over the leaves of ``tree`` in sorted dotted-path order.
+
+    For each leaf the hash takes one line ``'<path> <dtype> <shape>\\n'`` and then the leaf's bytes in C order.
+    ``gather`` brings one leaf at a time to the host (with several processes `learn.distributed.host_gather`, a
+    collective every process calls)."""
+    digest = hashlib.sha256()
+    leaves = sorted((jax.tree_util.keystr(p, simple=True, separator="."), x)
+                    for p, x in jax.tree_util.tree_leaves_with_path(tree))
+    for path, leaf in leaves:
+        host = np.ascontiguousarray(gather(leaf))
+        digest.update(f"{path} {host.dtype} {tuple(host.shape)}\n".encode())
+        digest.update(host.reshape(-1).view(np.uint8))
+    return "sha256:" + digest.hexdigest()
+
+
 class _Pinned(ocp_managers.PreservationPolicy):
     """Keeps the steps in a set the owner may change between saves."""
 
@@ -121,6 +162,35 @@ class Checkpointer:
         # in its first save(); wait here so that listing, restoring or deleting never races that cleanup
         # (orbax-checkpoint 0.12.8, pinned; no public call waits for it).
         self._manager._maybe_await_cleanup_tmp_directory()  # noqa: SLF001
+
+    def check_base(self, record: BaseRecord | None) -> None:
+        """Refuses to resume a run over another frozen base; records ``record`` while no step exists yet.
+
+        ``record`` is the run's LoRA base, or None for a full-weight run. The record is written as `BASE_RECORD`
+        (temp then rename) beside the steps. Call it before the first save, on one process.
+
+        Raises:
+          errors.ConfigValueError: one line: steps exist over a base with another digest (both paths and digests
+            named), steps of a LoRA run and a full-weight run or the other way round.
+        """
+        path = pathlib.Path(self.config.directory) / BASE_RECORD
+        saved = BaseRecord(**json.loads(path.read_text())) if path.is_file() else None
+        if self.all_steps():
+            where = f"checkpoints under {self.config.directory}"
+            if record is None and saved is not None:
+                raise ConfigValueError(f"{where} hold a LoRA adapter over base {saved.path!r} ({saved.digest}); this "
+                                       "run trains every weight: bind policy.PolicyConfig.lora as that run did or "
+                                       "use another run directory")
+            if record is not None and saved is None:
+                raise ConfigValueError(f"{where} hold full weights, not a LoRA adapter over base {record.path!r}: "
+                                       "unbind policy.PolicyConfig.lora or use another run directory")
+            if record is not None and saved.digest != record.digest:
+                raise ConfigValueError(f"{where} hold a LoRA adapter trained over base {saved.path!r} "
+                                       f"({saved.digest}), but this run's base {record.path!r} is {record.digest}: "
+                                       "bind policy.PolicyConfig.checkpoint_dir to that base or use another run "
+                                       "directory")
+        if record is not None and record != saved:
+            atomic_write(path, json.dumps(dataclasses.asdict(record), indent=1).encode())
 
     def save(
         self,

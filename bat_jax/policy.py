@@ -71,6 +71,12 @@ class PolicyConfig:
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(f"PolicyConfig.prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}")
 
+    def base_source(self) -> str:
+        """Where the base weights come from: the checkpoint directory (absolute) or the tiny default's name."""
+        if self.checkpoint_dir is not None:
+            return str(pathlib.Path(self.checkpoint_dir).resolve())
+        return f"tiny default ({self.architecture}, seed {self.seed})"
+
 
 @dataclasses.dataclass
 class Policy:

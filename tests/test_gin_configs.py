@@ -57,10 +57,12 @@ PAPER_NUMBERS = {
 }
 #: The paper's actor learning rate; the tiny default trains a random-init model for a few GRPO steps only and
 #: uses a larger one (stated in bicurl_tiny.gin).
-GRPO_LR = {"bicurl_9b.gin": 1e-6, "bicurl_4b.gin": 1e-6, "bicurl_tiny.gin": 1e-4, "bicurl_small.gin": 1e-5}
+GRPO_LR = {"bicurl_9b.gin": 1e-6, "bicurl_4b.gin": 1e-6, "bicurl_tiny.gin": 1e-4, "bicurl_small.gin": 1e-5,
+           "bicurl_9b_lora.gin": 1e-5}
 
 
-@pytest.mark.parametrize("name", ["bicurl_9b.gin", "bicurl_4b.gin", "bicurl_tiny.gin", "bicurl_small.gin"])
+@pytest.mark.parametrize("name", ["bicurl_9b.gin", "bicurl_4b.gin", "bicurl_tiny.gin", "bicurl_small.gin",
+                                  "bicurl_9b_lora.gin"])
 def test_bicurl_files_carry_the_design_card_numbers(name):
     launch.parse_gin([name], [])
     for binding, expected in PAPER_NUMBERS.items():
@@ -93,7 +95,8 @@ def test_only_the_tiny_default_prompts_compactly_on_seed_drawn_layouts(name, sty
 
 
 @pytest.mark.parametrize("name, engine", [("bicurl_9b.gin", "vllm"), ("bicurl_4b.gin", "vllm"),
-                                          ("bicurl_tiny.gin", "jax"), ("bicurl_small.gin", "jax")])
+                                          ("bicurl_tiny.gin", "jax"), ("bicurl_small.gin", "jax"),
+                                          ("bicurl_9b_lora.gin", "jax")])
 def test_paper_scale_files_roll_out_on_vllm_and_the_tiny_default_on_the_jax_sampler(name, engine):
     launch.parse_gin([name], [])
     try:
@@ -136,7 +139,8 @@ def test_bicurl_small_trains_the_pretrained_smollm2_in_its_own_chatml_template()
 
 
 def test_the_tiny_lora_file_is_the_tiny_default_with_an_adapter():
-    """`bicurl_tiny_lora.gin`: the tiny default's bindings, and the policy gains a rank-8, alpha-16 adapter."""
+    """`bicurl_tiny_lora.gin`: the tiny default's bindings, the policy gains a rank-8, alpha-16 adapter and the learning
+    rates are 10x the tiny default's."""
     from bat_jax.models.lora import DEFAULT_TARGETS, LoRAConfig
     from bat_jax.policy import PolicyConfig
 
@@ -150,9 +154,47 @@ def test_the_tiny_lora_file_is_the_tiny_default_with_an_adapter():
     assert (adapter.rank, adapter.alpha, adapter.scale, adapter.target_modules) == (8, 16.0, 2.0, DEFAULT_TARGETS)
     assert config.prompt_style == "compact" and dict(config.tiny) == dict(tiny[("", "bat_jax.policy.PolicyConfig")]
                                                                            .get("tiny", {}))
+    # LoRA's learning rates: 10x the tiny default's ("LoRA Without Regret")
+    assert gin.query_parameter("sft/optim.OptimizerConfig.learning_rate") == 3e-2
+    assert gin.query_parameter("grpo/optim.OptimizerConfig.learning_rate") == 1e-3
     changed = {key for key, params in _config_snapshot().items() if tiny.get(key) != params}
     assert changed == {("", "bat_jax.launch.run"), ("", "bat_jax.policy.PolicyConfig"),
-                       ("", "bat_jax.models.lora.LoRAConfig")}
+                       ("", "bat_jax.models.lora.LoRAConfig"), ("sft", "bat_jax.learn.optim.OptimizerConfig"),
+                       ("grpo", "bat_jax.learn.optim.OptimizerConfig")}
+    for scope, tiny_lr in (("sft", 3e-3), ("grpo", 1e-4)):
+        assert tiny[(scope, "bat_jax.learn.optim.OptimizerConfig")]["learning_rate"] == tiny_lr
+    gin.clear_config(clear_constants=True)
+
+
+def test_the_9b_lora_file_is_bicurl_9b_with_an_adapter_on_one_device():
+    """`bicurl_9b_lora.gin`: bicurl_9b.gin's bindings but the adapter (rank 32, alpha 32, bf16 base), one device (one
+    row per micro-batch, as at fsdp = 8), the JAX sampler with JAX's 0.9 share, and 10x the learning rates."""
+    from bat_jax.models.lora import LoRAConfig
+    from bat_jax.policy import PolicyConfig
+
+    launch.parse_gin(["bicurl_9b.gin"], [])
+    full = _config_snapshot()
+    launch.parse_gin(["bicurl_9b_lora.gin"], [])
+    adapter = gin.get_configurable(PolicyConfig)().lora
+    assert isinstance(adapter, LoRAConfig) and (adapter.rank, adapter.alpha, adapter.base_dtype) == (32, 32.0,
+                                                                                                     "bfloat16")
+    assert (resolved("mesh.MeshConfig.data"), resolved("mesh.MeshConfig.fsdp"), resolved("mesh.MeshConfig.tensor")) \
+        == (1, 1, 1)
+    assert (gin.query_parameter("sft.SFTConfig.num_micro_batches"), resolved("sft.SFTConfig.global_batch_size")) == (
+        64, 64)
+    assert gin.query_parameter("experiment.Components.grpo_micro_batches") == 32
+    assert gin.query_parameter("launch.run.xla_memory_fraction") == 0.9
+    for scope, full_lr in (("sft", 2e-5), ("grpo", 1e-6)):
+        assert full.get((scope, "bat_jax.learn.optim.OptimizerConfig"), {}).get(  # unbound: OptimizerConfig's 2e-5
+            "learning_rate", 2e-5) == full_lr
+        assert gin.query_parameter(f"{scope}/optim.OptimizerConfig.learning_rate") == pytest.approx(10 * full_lr)
+    assert gin.query_parameter("policy.PolicyConfig.checkpoint_dir") == "/models/Qwen3.5-9B-Instruct"
+    changed = {key for key, params in _config_snapshot().items() if full.get(key) != params}
+    assert changed == {("", "bat_jax.launch.run"), ("", "bat_jax.policy.PolicyConfig"),
+                       ("", "bat_jax.models.lora.LoRAConfig"), ("", "bat_jax.models.mesh.MeshConfig"),
+                       ("", "bat_jax.learn.sft.SFTConfig"), ("", "bat_jax.bicurl.experiment.Components"),
+                       ("", "bat_jax.bicurl.engines.EngineConfig"), ("sft", "bat_jax.learn.optim.OptimizerConfig"),
+                       ("grpo", "bat_jax.learn.optim.OptimizerConfig")}
     gin.clear_config(clear_constants=True)
 
 

@@ -203,3 +203,42 @@ def test_sharded_lora_learner_gives_the_single_device_loss():
     for loss, params in ((loss2, p2), (loss8, p8)):
         assert loss == pytest.approx(loss1, abs=1e-5)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params, p1)
+
+
+def test_a_bf16_frozen_base_under_a_float32_adapter():
+    """`LoRAConfig.base_dtype = 'bfloat16'`: every base leaf is bf16, the adapter and Adam's moments float32; the
+    logits equal a model whose base was cast to bf16 by hand; one SFT step moves the adapter only."""
+    config = lora.LoRAConfig(rank=4, alpha=8.0, base_dtype="bfloat16")
+    model, by_hand = _model("qwen3"), _model("qwen3")
+    lora.add_lora(model, config)
+    lora.add_lora(by_hand, lora.LoRAConfig(rank=4, alpha=8.0))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(by_hand, BASE)):  # by hand: leaf by leaf
+        assert leaf.dtype == jnp.float32, path
+    nnx.update(by_hand, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(by_hand, BASE)))
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(model, BASE))} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam))} == {jnp.dtype(jnp.float32)}
+    for m in (model, by_hand):  # the same non-zero B on both, so the adapter's term counts too
+        rng = np.random.default_rng(5)
+        for _, linear in lora.adapted_linears(m):
+            linear.lora_b[...] = jnp.asarray(rng.normal(0, 0.05, linear.lora_b.shape), jnp.float32)
+    ids, mask = _ids(), jnp.ones((3, 11), jnp.int32)
+    np.testing.assert_allclose(np.asarray(model(ids, mask)), np.asarray(by_hand(ids, mask)), rtol=0, atol=1e-6)
+
+    learner = Learner(model, MeshConfig(data=1, fsdp=1, tensor=1))
+    assert {x.dtype for x in jax.tree.leaves(learner.frozen)} == {jnp.dtype(jnp.bfloat16)}
+    base_before, adapter_before = _host(learner.frozen), _host(learner.params)
+    opt = OptimizerConfig(learning_rate=1e-2, warmup_ratio=0.0)
+    step, state = learner.sft_block(sft.SFTConfig(optimizer=opt, global_batch_size=4, total_steps=1), 1)
+    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
+    assert {x.dtype for x in moments} == {jnp.dtype(jnp.float32)}
+    assert sum(x.size for x in moments) == 2 * sum(x.size for x in jax.tree.leaves(adapter_before))
+    state, metrics = step(state, _sft_batch())
+    assert np.isfinite(float(metrics["loss"]))
+    learner.adopt(state)
+    assert {x.dtype for x in jax.tree.leaves(learner.params)} == {jnp.dtype(jnp.float32)}
+    assert all(np.abs(a - b).max() > 0 for a, b in zip(_adapter_leaves(_host(learner.params), "lora_b"),
+                                                       _adapter_leaves(adapter_before, "lora_b")))
+    jax.tree.map(np.testing.assert_array_equal, _host(learner.frozen), base_before)
+    jax.tree.map(np.testing.assert_array_equal, _host(nnx.state(learner.model, BASE)), base_before)
+    with pytest.raises(ValueError, match="base_dtype"):
+        lora.LoRAConfig(base_dtype="int8")

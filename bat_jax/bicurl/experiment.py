@@ -29,11 +29,12 @@ from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
 from bat_jax.bicurl.reward import RewardConfig
 from bat_jax.bicurl.round_rows import RoundRows, fit_probe, kl_prompts
 from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
-from bat_jax.checkpoint import CheckpointConfig, Checkpointer, checkpoint_name, checkpoint_step
+from bat_jax.checkpoint import (BaseRecord, CheckpointConfig, Checkpointer, base_digest, checkpoint_name,
+                                checkpoint_step)
 from bat_jax.curriculum import controller as ctl
 from bat_jax.errors import ConfigValueError
 from bat_jax.curriculum import router
-from bat_jax.learn import grpo, kl, sft
+from bat_jax.learn import distributed, grpo, kl, sft
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
 from bat_jax.learn.learner import Learner, MemoryConfig, checkpoint_sharding
 from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
@@ -320,6 +321,10 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     components = dataclasses.replace(components, controller=controller_config)
     policy = build_policy(components.policy, checkpoint_sharding(components.mesh))  # straight onto the mesh
     learner = Learner(policy.model, components.mesh, components.memory)
+    checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
+    base = (BaseRecord(components.policy.base_source(), base_digest(learner.frozen, distributed.host_gather))
+            if learner.frozen else None)  # a LoRA run's frozen base; every process hashes (a collective)
+    multihost.on_primary(lambda: checkpoints.check_base(base), "LoRA base check")  # another base: refused
 
     manifest_path = multihost.on_primary(lambda: ev.write_heldout_manifest(
         run_dir / "heldout_manifest.json", components.evaluation, benchmark), "held-out manifest")
@@ -378,8 +383,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                             reward=components.reward, dynamic_sampling=components.dynamic_sampling,
                             max_response_tokens=agent.max_response_tokens, staleness=components.staleness)
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, round_rows,
-                       engine, loops, judge,
-                       Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve()))),
+                       engine, loops, judge, checkpoints,
                        multihost.primary_only(lambda: Ledger(run_dir / "ledger.jsonl")),  # writers: process 0
                        multihost.primary_only(lambda: report.ScalarWriter(run_dir / "tensorboard", benchmark.stages)),
                        block)

@@ -33,14 +33,19 @@ class LoRAConfig:
         ``'.' + name`` (e.g. ``'q_proj'``, ``'layers.0.mlp.up_proj'``), or one string matched with ``re.fullmatch``
         against the whole dotted path (e.g. ``r'.*\\.self_attn\\.(q|v)_proj'``).
       dropout: ``lora_dropout``; only 0 (the default) is supported.
+      base_dtype: the frozen base's dtype, e.g. ``'bfloat16'`` (half the base's memory under a float32 param dtype;
+        QLoRA's bf16 frozen weights); its floating leaves are cast once when the adapter is added. None (the default)
+        keeps the model's param dtype. The adapter and its optimizer state stay float32 either way.
     Raises:
-      ValueError: a rank < 1, a non-positive alpha, no targets, or a dropout other than 0.
+      ValueError: a rank < 1, a non-positive alpha, no targets, a dropout other than 0, or a base_dtype that is not
+        a floating dtype.
     """
 
     rank: int = 8
     alpha: float = 8.0
     target_modules: tuple[str, ...] | str = DEFAULT_TARGETS
     dropout: float = 0.0
+    base_dtype: str | None = None
 
     def __post_init__(self):
         if self.rank < 1:
@@ -51,6 +56,9 @@ class LoRAConfig:
             raise ValueError("LoRAConfig.target_modules names no module")
         if self.dropout != 0.0:
             raise ValueError(f"LoRAConfig.dropout: only 0 is supported, got {self.dropout}")
+        if self.base_dtype is not None and not _is_float_dtype(self.base_dtype):
+            raise ValueError(f"LoRAConfig.base_dtype must be a floating dtype such as 'bfloat16', got "
+                             f"{self.base_dtype!r}")
         if not isinstance(self.target_modules, str):
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
 
@@ -58,6 +66,13 @@ class LoRAConfig:
     def scale(self) -> float:
         """``alpha / rank``, PEFT's ``scaling``."""
         return self.alpha / self.rank
+
+
+def _is_float_dtype(name: str) -> bool:
+    try:
+        return jnp.issubdtype(jnp.dtype(name), jnp.floating)
+    except TypeError:
+        return False
 
 
 def is_target(path: str, targets: tuple[str, ...] | str) -> bool:
@@ -95,7 +110,20 @@ def add_lora(model: nnx.Module, config: LoRAConfig, seed: int = 0) -> list[str]:
         linear.lora_b = nnx.LoRAParam(jnp.zeros((out_f, config.rank), jnp.float32), out_sharding=(out_name, None),
                                       eager_sharding=False)
         linear.lora_scale = config.scale
+    if config.base_dtype is not None:
+        cast_base(model, config.base_dtype)
     return [p for p, _ in targets]
+
+
+def cast_base(model: nnx.Module, dtype: str) -> None:
+    """Casts every floating ``BASE`` parameter of ``model`` to ``dtype``, in place.
+
+    One leaf at a time, so the peak is one leaf's copy, not the model's; shardings and logical axes are kept, the
+    adapter is untouched."""
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Param) and not isinstance(node, nnx.LoRAParam) \
+                and jnp.issubdtype(node.dtype, jnp.floating):
+            node.set_value(node.get_value().astype(dtype))
 
 
 #: The frozen base's parameters under an adapter: every ``nnx.Param`` that is not an ``nnx.LoRAParam``.

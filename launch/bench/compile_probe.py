@@ -20,6 +20,7 @@ from flax import nnx
 
 from bat_jax.learn import grpo, kl, sft
 from bat_jax.learn import learner as learner_lib
+from bat_jax.models import lora as lora_lib
 from bat_jax.models import mesh as mesh_lib
 from bat_jax.learn import train_state as ts
 from bat_jax.models.configs import Qwen3_5Config
@@ -45,6 +46,9 @@ MODELS = {
 GIN_FILES = {"9b": "bicurl_9b.gin", "4b": "bicurl_4b.gin", "tiny": "bicurl_9b.gin"}
 STEPS = ("sft_step", "ref_logprobs", "grpo_step", "policy_shift_kl", "weight_sync_bucket", "sampler_prefill",
          "sampler_decode")
+#: The default steps of a LoRA run (`PolicyConfig.lora`): the learner's (its weight sync is not the full-weight one
+#: `weight_sync_bucket` lowers; the sampler steps lower the model without its adapter).
+LORA_STEPS = ("sft_step", "ref_logprobs", "grpo_step", "policy_shift_kl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +72,7 @@ class RunShapes:
     sampler_dtype: str | None = "bfloat16"
     turn_tokens: int = 2048  # the longest completion of one turn (the longest prompt is the context minus it)
     sampler_chunk: int = 16  # decode steps per continuous-batching chunk
+    lora: lora_lib.LoRAConfig | None = None  # the run's adapter: the learner trains it over a frozen base
 
 
 def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
@@ -86,7 +91,7 @@ def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
                      turn_tokens=c.agent.max_tokens_per_turn, mesh=c.mesh, memory=c.memory, sft=c.sft, grpo=c.grpo, grpo_rows=rows,
                      grpo_seq=c.agent.max_context_tokens, grpo_micro_batches=c.grpo_micro_batches,
                      kl_rows=c.policy_shift.batch_size, kl_seq=c.agent.max_context_tokens,
-                     compute_dtype=c.policy.dtype, param_dtype="float32",
+                     compute_dtype=c.policy.dtype, param_dtype="float32", lora=c.policy.lora,
                      vllm_share=float(dict(c.engine.vllm_options).get("gpu_memory_utilization", 0.0))
                      if c.engine.kind == "vllm" else 0.0)
 
@@ -125,16 +130,35 @@ def step_builders(config: Qwen3_5Config, run: RunShapes, devices, *, scale_seq: 
     ``scale_seq`` / ``scale_rows`` replace the sequence lengths / row counts (reduced-size CPU mode).
     """
     cfg = dataclasses.replace(config, dtype=run.compute_dtype, param_dtype=run.param_dtype)
-    abstract_model = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+
+    def build():
+        model = Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0))
+        if run.lora is not None:
+            lora_lib.add_lora(model, run.lora)
+        return model
+
+    abstract_model = nnx.eval_shape(build)
     mesh = mesh_lib.build_mesh(run.mesh, list(devices))
-    apply_fn, params, specs = ts.split_model(abstract_model, run.memory.forward_options(mesh), run.memory.logit_chunk)
+    # with LoRA, `params` is the adapter (what the optimizer and every parameter copy hold) and the frozen base is one
+    # more argument of each step, as `learn.learner.Learner` passes it
+    trainable = nnx.LoRAParam if run.lora is not None else nnx.Param
+    apply_fn, params, specs = ts.split_model(abstract_model, run.memory.forward_options(mesh), run.memory.logit_chunk,
+                                             trainable)
     param_sh = mesh_lib.param_shardings(params, specs, mesh, run.mesh.logical_axis_rules)
     a_params = _abstract(params, param_sh)
+    frozen, frozen_specs = ts.frozen_params(abstract_model, trainable)
+    frozen_sh = mesh_lib.param_shardings(frozen, frozen_specs, mesh, run.mesh.logical_axis_rules) if frozen else None
+    a_frozen = _abstract(frozen, frozen_sh) if frozen else {}
+    a_full = ts.join(a_params, a_frozen)
     n_dev = len(devices)
-    param_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(params))
+    size = lambda tree: sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    param_bytes = size(params)
     per_copy = param_bytes / n_dev  # one fully sharded parameter copy per device
-    log(f"[probe] {sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)) / 1e9:.2f}e9 parameters, "
-        f"{run.param_dtype} {param_bytes / GB:.1f} GB ({per_copy / GB:.2f} GB per device per copy); mesh {dict(mesh.shape)}")
+    log(f"[probe] {sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)) / 1e9:.4f}e9 trainable parameters, "
+        f"{param_bytes / GB:.2f} GB ({per_copy / GB:.3f} GB per device per copy)"
+        + (f"; frozen base {size(frozen) / GB:.1f} GB ({size(frozen) / n_dev / GB:.2f} GB per device, "
+           f"{sorted({str(x.dtype) for x in jax.tree.leaves(frozen)})}), an argument of every step" if frozen else "")
+        + f"; mesh {dict(mesh.shape)}")
     seq_sft = scale_seq or run.sft.max_seq_len
     seq_grpo = scale_seq or run.grpo_seq
     seq_kl = scale_seq or run.kl_seq
@@ -152,10 +176,10 @@ def step_builders(config: Qwen3_5Config, run: RunShapes, devices, *, scale_seq: 
 
     def train(loss_fn, norm_fn, optimizer, fields, micro, rows, seq):
         step, state_sh, tx = learner_lib.make_block_step(loss_fn, norm_fn, optimizer, 10, fields, micro, params,
-                                                         param_sh, mesh)
+                                                         param_sh, mesh, frozen_sh)
         state = ts.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32, sharding=state_sh.step), params=a_params,
                               opt_state=_abstract(jax.eval_shape(tx.init, params), state_sh.opt_state))
-        return step, (state, batch(fields, rows, seq))
+        return step, (state, batch(fields, rows, seq)) + ((a_frozen,) if frozen else ())
 
     # what the experiment keeps on each device beside the step's own arguments (bat_jax/bicurl/experiment.py), in
     # parameter copies: the learner's params beside the SFT state, the round-start reference beside the GRPO
@@ -171,13 +195,14 @@ def step_builders(config: Qwen3_5Config, run: RunShapes, devices, *, scale_seq: 
         "sft_step": lambda: train(sft.make_sft_loss(apply_fn), sft.sft_normalizers, run.sft.optimizer,
                                   learner_lib.BATCH_FIELDS_SFT, run.sft.num_micro_batches, rows_sft, seq_sft),
         "ref_logprobs": lambda: (learner_lib.make_ref_logprob_fn(apply_fn, run.grpo, mesh),
-                                 (a_params, ids(n_dev * run.memory.logprob_rows_per_device, seq_grpo),
+                                 (a_full, ids(n_dev * run.memory.logprob_rows_per_device, seq_grpo),
                                   ids(n_dev * run.memory.logprob_rows_per_device, seq_grpo))),
         "grpo_step": lambda: train(grpo.make_grpo_loss(apply_fn, run.grpo), grpo.grpo_normalizers,
                                    learner_lib.OptimizerConfig(learning_rate=1e-6, schedule="constant",
                                                                warmup_ratio=0.0),
                                    grpo.batch_fields(run.grpo), run.grpo_micro_batches, rows_grpo, seq_grpo),
-        "policy_shift_kl": lambda: (kl.make_kl_sum_fn(apply_fn), (a_params, a_params, ids(rows_kl, seq_kl),
+        # with LoRA both arguments hold the same base arrays: the compiler counts that argument twice
+        "policy_shift_kl": lambda: (kl.make_kl_sum_fn(apply_fn), (a_full, a_full, ids(rows_kl, seq_kl),
                                                                   ids(rows_kl, seq_kl))),
         "weight_sync_bucket": lambda: _sync_bucket(params, param_sh, mesh),
     }
@@ -282,7 +307,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gin_file", default=None, help="run file (default: bicurl_9b.gin / bicurl_4b.gin)")
     ap.add_argument("--gin_bindings", action="append", default=[])
     ap.add_argument("--topology", default="v5p:2x2x2", help="TPU topology name, or 'cpu' (jax.devices())")
-    ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--steps", default=None, help="comma-separated (default: every step; a LoRA run's: LORA_STEPS)")
     ap.add_argument("--budget_gb", type=float, default=None, help="per-device budget (default 80 for 9b, 40 for 4b)")
     ap.add_argument("--seq", type=int, default=None, help="replace every sequence length (reduced mode)")
     ap.add_argument("--rows", type=int, default=None, help="replace every row count (reduced mode)")
@@ -293,6 +318,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     run = shapes_from_gin(args.gin_file or GIN_FILES[args.model], tuple(args.gin_bindings))
     devices = topology_devices(args.topology)
+    sizes = (run.mesh.data, run.mesh.fsdp, run.mesh.tensor)
+    if -1 not in sizes:  # the first data·fsdp·tensor devices, as `learner.learner_mesh` takes them
+        devices = devices[: int(np.prod(sizes))]
     budget = args.budget_gb or (40.0 if args.model == "4b" else 80.0)
     print(f"[probe] Qwen3.5-{args.model} on {len(devices)} x {devices[0].device_kind} ({args.topology}); "
           f"memory {run.memory}; SFT {run.sft.global_batch_size} x {run.sft.max_seq_len} in "
@@ -301,7 +329,8 @@ def main(argv=None) -> int:
     config = MODELS[args.model]
     if args.layers:
         config = dataclasses.replace(config, num_hidden_layers=args.layers, layer_types=())
-    results = probe(config, run, devices, tuple(args.steps.split(",")), scale_seq=args.seq,
+    steps = tuple(args.steps.split(",")) if args.steps else (LORA_STEPS if run.lora is not None else STEPS)
+    results = probe(config, run, devices, steps, scale_seq=args.seq,
                     scale_rows=args.rows)
     over = [k for k, r in results.items() if r["total"] > budget * GB]
     print(f"[probe] budget {budget:.0f} GB per device: "
