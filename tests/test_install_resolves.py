@@ -204,7 +204,7 @@ def test_every_readme_install_resolves(tmp_path):
     assert build.returncode == 0, build.stderr
     (wheel,) = (tmp_path / "wheel").glob("bat_jax-*.whl")
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(INSTALLS)) as pool:
         futures = {name: pool.submit(resolve, install, wheel, tmp_path / f"{i}.json")
                    for i, (name, install) in enumerate(INSTALLS.items())}
         results = {name: f.result() for name, f in futures.items()}
