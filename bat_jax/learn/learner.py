@@ -6,7 +6,7 @@ Details: docs/design.md.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -87,11 +87,15 @@ def make_ref_logprob_fn(apply_fn, config: grpo.GRPOConfig, mesh: jax.sharding.Me
     return grpo.make_logprob_fn(apply_fn, config, out_shardings=mesh_lib.batch_sharding(mesh, 2))
 
 
+def mesh_devices(mesh_config: mesh_lib.MeshConfig, devices: Sequence[jax.Device]) -> list[jax.Device] | None:
+    """The first `data·fsdp·tensor` of `devices`; None (every device, laid out by the topology) when an axis is -1."""
+    sizes = (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)
+    return None if -1 in sizes else list(devices)[: int(np.prod(sizes))]
+
+
 def learner_mesh(mesh_config: mesh_lib.MeshConfig) -> jax.sharding.Mesh:
-    """The learner's mesh: the first `data·fsdp·tensor` devices (all of them when one axis is -1)."""
-    sizes = [s for s in (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)]
-    devices = None if -1 in sizes else jax.devices()[: int(np.prod(sizes))]
-    return mesh_lib.build_mesh(mesh_config, devices)
+    """The learner's mesh over `mesh_devices` of `jax.devices()`."""
+    return mesh_lib.build_mesh(mesh_config, mesh_devices(mesh_config, jax.devices()))
 
 
 def checkpoint_sharding(mesh_config: mesh_lib.MeshConfig) -> Callable[[tuple, tuple], jax.sharding.Sharding]:

@@ -318,9 +318,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     run = shapes_from_gin(args.gin_file or GIN_FILES[args.model], tuple(args.gin_bindings))
     devices = topology_devices(args.topology)
-    sizes = (run.mesh.data, run.mesh.fsdp, run.mesh.tensor)
-    if -1 not in sizes:  # the first data·fsdp·tensor devices, as `learner.learner_mesh` takes them
-        devices = devices[: int(np.prod(sizes))]
+    devices = learner_lib.mesh_devices(run.mesh, devices) or devices  # as the learner takes them (None: all)
     budget = args.budget_gb or (40.0 if args.model == "4b" else 80.0)
     print(f"[probe] Qwen3.5-{args.model} on {len(devices)} x {devices[0].device_kind} ({args.topology}); "
           f"memory {run.memory}; SFT {run.sft.global_batch_size} x {run.sft.max_seq_len} in "
