@@ -321,8 +321,6 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     components = dataclasses.replace(components, controller=controller_config)
     policy = build_policy(components.policy, checkpoint_sharding(components.mesh))  # straight onto the mesh
     learner = Learner(policy.model, components.mesh, components.memory)
-    base = (BaseRecord(components.policy.base_source(), base_digest(learner.frozen, distributed.host_gather))
-            if learner.frozen else None)  # a LoRA run's frozen base; every process hashes (a collective)
 
     manifest_path = multihost.on_primary(lambda: ev.write_heldout_manifest(
         run_dir / "heldout_manifest.json", components.evaluation, benchmark), "held-out manifest")
@@ -382,6 +380,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                             max_response_tokens=agent.max_response_tokens, staleness=components.staleness)
     # checkpoints/ is created only now: a run the leakage preflight or the loops stop leaves none behind
     checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
+    base = (BaseRecord(components.policy.base_source(), base_digest(learner.frozen, distributed.host_gather))
+            if learner.frozen else None)  # a LoRA run's frozen base; every process hashes (a collective)
     multihost.on_primary(lambda: checkpoints.check_base(base), "LoRA base check")  # another base: refused
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, round_rows,
                        engine, loops, judge, checkpoints,
