@@ -4,6 +4,7 @@ XLA_FLAGS must be set before jax is imported anywhere, so that sharding tests se
 compilation cache, also set before jax loads, is one folder for the session and every process its tests start (launch
 runs, multihost workers, the other stacks): a program compiled once is read back, not compiled again. The folder is
 `JAX_COMPILATION_CACHE_DIR` when set (keep one to reuse it across runs), else a temporary one removed at the end.
+The micro Stage Bank's work cache (`micro_config.seeded`) is one temporary folder for the session in the same way.
 """
 
 import os
@@ -21,6 +22,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 _OWN_JAX_CACHE = None if os.environ.get("JAX_COMPILATION_CACHE_DIR") else tempfile.mkdtemp(prefix="bat_jax-xla-cache-")
 if _OWN_JAX_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE
+_OWN_BANK_CACHE = None if os.environ.get("BAT_MICRO_BANK_CACHE") else tempfile.mkdtemp(prefix="bat_jax-micro-bank-")
+if _OWN_BANK_CACHE:
+    os.environ["BAT_MICRO_BANK_CACHE"] = _OWN_BANK_CACHE
 # Every program (most are small ones). No size bound: a bounded cache scans the whole folder on every write.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
@@ -112,5 +116,6 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def pytest_unconfigure(config):
-    if _OWN_JAX_CACHE:
-        shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
+    for folder in (_OWN_JAX_CACHE, _OWN_BANK_CACHE):
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)

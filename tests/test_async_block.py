@@ -207,7 +207,7 @@ def test_a_micro_run_trains_with_max_staleness_1(tmp_path):
     from bat_jax.bicurl import experiment as ex
     from bat_jax.ledger import Ledger
 
-    comps = micro_config.components(tmp_path / "bank")
+    comps = micro_config.components(micro_config.seeded(tmp_path / "bank"))
     comps = dataclasses.replace(comps, staleness=StalenessConfig(max_staleness=1),
                                 pools=dataclasses.replace(comps.pools, refill=True))  # 2 batches from a micro bank
     run_dir = tmp_path / "run"

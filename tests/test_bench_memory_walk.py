@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import micro_config
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,8 +29,8 @@ print("RESULT " + json.dumps({"phases": phases, "plan": planned}))
 def test_memory_walk_of_the_micro_run_stays_within_its_plan(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "bank")], capture_output=True, text=True,
-                          timeout=900, env=env, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(micro_config.seeded(tmp_path / "bank"))],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert "max / share" in proc.stdout and "dev 7" in proc.stdout

@@ -33,7 +33,7 @@ def test_bicurl_runs_with_vllm_rollouts(tmp_path):
     # vLLM's CPU build loads Qwen3 dense (not the hybrid) and needs a head size of at least 32
     qwen3 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 8192}
-    comps = dataclasses.replace(micro_config.components(tmp_path / "bank"),
+    comps = dataclasses.replace(micro_config.components(micro_config.seeded(tmp_path / "bank")),
                                 policy=PolicyConfig(architecture="qwen3", tiny=qwen3), engine=EngineConfig(kind="vllm"))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -67,7 +67,7 @@ def _export_reloads_in_transformers(export_dir):
 
 @pytest.mark.slow
 def test_bicurl_runs_end_to_end_and_resumes(tmp_path):
-    comps = micro_config.components(tmp_path / "bank")
+    comps = micro_config.components(micro_config.seeded(tmp_path / "bank"))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     out = ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1, backend="local"), comps)
@@ -120,7 +120,7 @@ def test_the_controller_decides_unscored_and_unpaired_rounds_of_a_real_run(tmp_p
     real_evaluate = evaluator.evaluate
     monkeypatch.setattr(evaluator, "evaluate", lambda cells, config, benchmark: next(scripted)
                         if config.purpose == "controller" else real_evaluate(cells, config, benchmark))
-    comps = dataclasses.replace(micro_config.components(tmp_path / "bank"),
+    comps = dataclasses.replace(micro_config.components(micro_config.seeded(tmp_path / "bank")),
                                 controller=ControllerConfig(acceptance="noninferiority"))
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -29,7 +29,7 @@ def test_unreachable_judge_leaves_rollouts_unscored_and_the_run_going(tmp_path, 
 
     monkeypatch.setattr(RubricJudge, "apply", apply_with_plan_evidence)
     judge = JudgeConfig(ChatEndpointConfig("http://127.0.0.1:9/v1", "judge-m", timeout_s=0.5, max_retries=0))
-    comps = dataclasses.replace(micro_config.components(tmp_path / "bank"), judge=judge)
+    comps = dataclasses.replace(micro_config.components(micro_config.seeded(tmp_path / "bank")), judge=judge)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     out = ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1, backend="local"), comps)

@@ -101,7 +101,7 @@ def micro(tmp_path_factory):
     manifest_path = root / "heldout_manifest.json"
     manifest_path.write_text(json.dumps(_heldout_manifest()))
     bank_dir = root / "bank"
-    components = micro_config.components(bank_dir)
+    components = micro_config.components(micro_config.seeded(bank_dir))
     bank = dataclasses.replace(components.bank, heldout_manifest=str(manifest_path))
     build_bank(bank, components.benchmark)
     return root, bank_dir, _write_gin(root / "micro.gin", bank_dir)

@@ -349,7 +349,7 @@ def _micro_run_file(root: pathlib.Path, rounds: int = 1, extra: str = "") -> pat
     from bat_jax.bicurl import evaluation as ev
     from bat_jax.stage_bank.factory import build_bank
 
-    components = micro_config.components(root / "bank")
+    components = micro_config.components(micro_config.seeded(root / "bank"))
     manifest = ev.heldout_manifest(components.evaluation, components.benchmark)
     (root / "heldout_manifest.json").write_text(json.dumps(manifest))
     build_bank(dataclasses.replace(components.bank, heldout_manifest=str(root / "heldout_manifest.json")),

@@ -232,7 +232,7 @@ def test_a_micro_run_killed_mid_round_resumes_to_the_uninterrupted_ledger(tmp_pa
 
     from bat_jax.ledger import Ledger
 
-    comps = micro_config.components(tmp_path / "bank")
+    comps = micro_config.components(micro_config.seeded(tmp_path / "bank"))
     comps = dataclasses.replace(comps, pools=dataclasses.replace(comps.pools, refill=True))  # 2 batches
     _micro_run(tmp_path / "whole", comps)
     with pytest.raises(Killed):

@@ -116,7 +116,7 @@ def _docker_count(owner):
 def test_the_experiment_loops_share_one_warm_pool_by_default(tmp_path):
     from bat_jax.policy import build_policy
 
-    c = micro_config.components(tmp_path / "bank")
+    c = micro_config.components(micro_config.seeded(tmp_path / "bank"))
     assert ex.BiCuRLConfig().sandbox_pool is True
     cells = eval_cells(c.evaluation, c.benchmark)
     assert warm_pool_size(c.pools.batch_size * c.sampling.group_size, cells) == 8  # 4 rows x K=2 > 1 cell
@@ -159,7 +159,7 @@ def test_run_removes_the_pool_when_it_raises(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with pytest.raises(RuntimeError, match="unwritable"):
-        ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1), micro_config.components(tmp_path / "bank"))
+        ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1), micro_config.components(micro_config.seeded(tmp_path / "bank")))
     (loops,) = opened
     assert loops.sandboxes.pool.size == 8 and loops.sandboxes.pool._closed
     assert _docker_count(loops.sandboxes.pool.owner) == 0
