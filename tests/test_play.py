@@ -1,5 +1,6 @@
 """Playing one episode of a staged benchmark (bat_jax/rollout/play.py): an E2E episode's stages in order, the
-boundary state a stage focus starts from, a stage focus scored on its stage only, unknown foci refused."""
+boundary state a stage focus starts from, a stage focus scored on its stage only, the diagnosis ablation, unknown
+foci refused."""
 
 import json
 
@@ -63,3 +64,12 @@ def test_unknown_foci_and_stages_are_refused(recovery_task):
         play(IMAGING, recovery_task, ScriptedExpert(), focus="S9")
     with pytest.raises(ValueError, match="S9"):
         stage_start_state(local_sandbox, IMAGING, recovery_task, ScriptedExpert(), "S9")
+
+
+def test_removing_the_diagnosis_step_loses_validate_credit(recovery_task, s3_start):
+    full = play(IMAGING, recovery_task, ScriptedExpert(), focus="S3", start_state=s3_start)
+    ablated = play(IMAGING, recovery_task, ScriptedExpert(diagnose=False), focus="S3", start_state=s3_start)
+    v = ablated.score.verdicts[Stage.VALIDATE]
+    assert v.items["validate.issues"] is False and v.eta == pytest.approx(1.0)
+    # 3 of 4 Validate items pass with all evidence present → r = 1 · 3/4
+    assert v.reward == pytest.approx(0.75) and full.score.reward - v.reward == pytest.approx(0.25)

@@ -149,7 +149,8 @@ def load_pretrained(path: str | os.PathLike, *, sharding_fn: ShardingFn | None =
     return nnx.merge(graphdef, state)
 
 
-def _host_array(x: jax.Array | np.ndarray) -> np.ndarray:
+def host_array(x: jax.Array | np.ndarray) -> np.ndarray:
+    """`x` as one numpy array on this host (a multi-process array is gathered from every process first)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
         x = multihost_utils.process_allgather(x, tiled=True)
@@ -204,7 +205,7 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
     with atomic_directory(out_dir) if writer else contextlib.nullcontext() as tmp:
         weight_map = {}
         for n, shard in enumerate(shards):
-            tensors = {items[i][0]: _host_array(items[i][1]) for i in shard}
+            tensors = {items[i][0]: host_array(items[i][1]) for i in shard}
             if tmp is None:
                 continue
             name = "model.safetensors" if len(shards) == 1 else f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"

@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 from bat_jax.atomic_io import atomic_directory
 from bat_jax.models import lora
-from bat_jax.models.hf_io import _host_array
+from bat_jax.models.hf_io import host_array
 from bat_jax.models.layers import Linear
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -80,7 +80,7 @@ def save_adapter(model: nnx.Module, out_dir: str | os.PathLike, *, base_model_na
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True)")
     config = adapter_config(model, base_model_name_or_path)
-    tensors = {k: _host_array(v) for k, v in adapter_tensors(model).items()}
+    tensors = {k: host_array(v) for k, v in adapter_tensors(model).items()}
     writer = jax.process_index() == 0
     with atomic_directory(out_dir) if writer else contextlib.nullcontext() as tmp:
         if tmp is not None:
