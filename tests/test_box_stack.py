@@ -19,6 +19,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -63,14 +64,22 @@ def stack_python(stack: str) -> pathlib.Path:
     return python
 
 
+@pytest.fixture(scope="module")
+def stacks() -> dict[str, pathlib.Path]:
+    """Each stack's interpreter, the environments built side by side (pip mostly waits on the index)."""
+    names = ("box", "newest")
+    with ThreadPoolExecutor(len(names)) as pool:
+        return dict(zip(names, pool.map(stack_python, names)))
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
     env["JAX_PLATFORMS"] = "cpu"
     return env
 
 
-def test_gpu_smoke_runs_on_the_box_stack_from_a_wheel_folder(tmp_path):
-    python, env = stack_python("box"), _env()
+def test_gpu_smoke_runs_on_the_box_stack_from_a_wheel_folder(stacks, tmp_path):
+    python, env = stacks["box"], _env()
     missing = subprocess.run([str(python), "-P", "-c", "import gin"], capture_output=True, env=env, cwd=tmp_path)
     assert missing.returncode != 0, "the box stack must lack gin-config, as the box does"
 
@@ -97,8 +106,8 @@ def test_gpu_smoke_runs_on_the_box_stack_from_a_wheel_folder(tmp_path):
 
 
 @pytest.mark.parametrize("stack", ["box", "newest"])
-def test_core_tests_pass_on_another_stack(stack, tmp_path):
-    python, env = stack_python(stack), _env()
+def test_core_tests_pass_on_another_stack(stacks, stack, tmp_path):
+    python, env = stacks[stack], _env()
     site = tmp_path / "site"  # what the stack lacks, as the smoke installs it (from the index here)
     wheel_list = [ln.split()[1] for ln in (CONSTRAINTS / "box-wheels.txt").read_text().splitlines()
                   if ln.strip() and not ln.startswith("#")]

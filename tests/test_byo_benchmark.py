@@ -146,35 +146,6 @@ def test_a_plugin_that_cannot_work_stops_the_launch_with_one_line(tmp_path, caps
 
 
 @pytest.mark.slow
-def test_its_whole_loop_runs_from_its_gin_file(tmp_path):
-    """`python -m bat_jax.launch --gin_search_paths=<fixture> --gin_file=wordcount_tiny.gin` with the fixture on
-    PYTHONPATH, shortened by bindings (micro model, local sandboxes, 1 round of 1 GRPO step; the KL probe fitted to
-    the bank's 3 RL rows): bank → SFT → BiCuRL → final evaluation, and the ledger and report name its stages."""
-    micro = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "num_key_value_heads": 1, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-             "linear_num_key_heads": 1, "linear_num_value_heads": 2, "max_position_embeddings": 8192}
-    bindings = [f"policy.PolicyConfig.tiny = {micro}", "experiment.BiCuRLConfig.rounds = 1",
-                "experiment.BiCuRLConfig.grpo_steps_per_round = 1", "experiment.BiCuRLConfig.backend = 'local'",
-                "factory.FactoryConfig.backend = 'local'", f"factory.FactoryConfig.bank_dir = '{tmp_path / 'bank'}'",
-                "sft.SFTConfig.total_steps = 2", "sft.SFTConfig.global_batch_size = 2",
-                "pools.PoolConfig.batch_size = 4", "sampling.SamplingConfig.group_size = 2",
-                "agent_loop.AgentLoopConfig.max_assistant_turns = 2",
-                "agent_loop.AgentLoopConfig.max_response_tokens = 64", "agent_loop.AgentLoopConfig.max_tokens_per_turn = 32",
-                "dynamic_sampling.DynamicSamplingConfig.enabled = False", "evaluation.EvalConfig.max_turns = 2"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURE), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "bat_jax.launch", f"--gin_search_paths={FIXTURE}", "--gin_file=wordcount_tiny.gin",
-           f"--run_dir={run_dir}"] + [f"--gin_bindings={b}" for b in bindings]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (record,) = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
-    assert record["selected_stage"] in ("count", "submit")
-    assert set(record["routing_report"]["scores_in"]) == {"count", "submit"}
-    text = (run_dir / "report.md").read_text()
-    assert text.startswith("# BiCuRL run report: wordcount") and "count Count" in text and "submit Submit" in text
-
-
-@pytest.mark.slow
 @pytest.mark.docker
 def test_the_guides_command_runs_as_written(tmp_path):
     """The guide's command, unshortened, from a folder whose `tests/` is this checkout's (so `runs/` lands in
@@ -193,8 +164,10 @@ def test_the_guides_command_runs_as_written(tmp_path):
     records = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1, 2]
     assert all(r["selected_stage"] in ("count", "submit") for r in records)
+    assert all(set(r["routing_report"]["scores_in"]) == {"count", "submit"} for r in records)
     assert all(r["eval_cells"] == 4 for r in records)  # 4 held-out episodes of the one family each round
-    assert (run_dir / "report.md").read_text().startswith("# BiCuRL run report: wordcount")
+    text = (run_dir / "report.md").read_text()
+    assert text.startswith("# BiCuRL run report: wordcount") and "count Count" in text and "submit Submit" in text
 
 
 def test_the_factory_reads_no_seed_from_a_task(wordcount, tmp_path):
