@@ -20,6 +20,13 @@ for arg in "$@"; do
     *) echo "setup.sh: unknown option $arg (known: --with-vllm)" >&2; exit 2 ;;
   esac
 done
+# The Docker engine (apt-get + dockerd) needs no Python package: it is installed beside pip's work.
+DOCKER_LOG="${TMPDIR:-/tmp}/bat_jax-setup-dockerd.log"
+if [ "${SKIP_DOCKER:-0}" != "1" ]; then
+  echo "[setup] docker engine, in the background (log: $DOCKER_LOG)"
+  bash launch/start_dockerd.sh >"$DOCKER_LOG" 2>&1 &
+  DOCKER_PID=$!
+fi
 echo "[setup] python packages: .[$EXTRAS] with launch/constraints/cpu.txt"
 # one resolver call for every extra (tests/test_install_resolves.py checks that it resolves)
 "$PY" -m pip install --disable-pip-version-check -q -e ".[$EXTRAS]" -c launch/constraints/cpu.txt
@@ -41,8 +48,12 @@ print(f'[setup] vllm {vllm.__version__}, torch {torch.__version__}, numpy {numpy
 fi
 
 if [ "${SKIP_DOCKER:-0}" != "1" ]; then
-  echo "[setup] docker engine"
-  bash launch/start_dockerd.sh
+  if ! wait "$DOCKER_PID"; then
+    echo "[setup] docker engine failed:" >&2
+    cat "$DOCKER_LOG" >&2
+    exit 1
+  fi
+  echo "[setup] docker engine: $(tail -n 1 "$DOCKER_LOG")"
   echo "[setup] sandbox images"
   PYTHON="$PY" bash launch/build_images.sh
 fi
