@@ -72,6 +72,9 @@ def test_bicurl_runs_end_to_end_and_resumes(tmp_path):
     run_dir.mkdir()
     out = ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=1, backend="local"), comps)
     assert out["rounds"] == 1
+    # the run read the seeded micro bank's 12 sources back (the suite's micro runs rely on it for their time)
+    built = json.loads((tmp_path / "bank" / "work" / "build_report.json").read_text())
+    assert (built["cached_sources"], built["sources_total"], built["rl_rows"]) == (12, 12, 12)
     assert set(out["final"]) == {"untrained", "SFT", "BiCuRL (retained)"}
     (record,) = Ledger(run_dir / "ledger.jsonl").read()
     assert record.round == 1 and record.selected_stage in {"S1", "S2", "S3", "S4", "S5"}
