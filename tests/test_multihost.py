@@ -580,8 +580,9 @@ def test_a_killed_process_ends_the_run_and_a_restart_resumes_to_the_same_ledger(
     a, b = Ledger(tmp_path / "ref" / "ledger.jsonl").read(), Ledger(ledger).read()
     assert [r.round for r in a] == [r.round for r in b] == [1, 2]
     for x, y in zip(a, b):
-        assert (x.selected_stage, x.decision, x.retained_checkpoint, x.state_ids, x.controller_state) == \
-               (y.selected_stage, y.decision, y.retained_checkpoint, y.state_ids, y.controller_state)
+        assert (x.selected_stage, x.decision, x.retained_checkpoint, x.state_ids, x.controller_state,
+                x.bank_version) == \
+               (y.selected_stage, y.decision, y.retained_checkpoint, y.state_ids, y.controller_state, y.bank_version)
         assert x.controller_scores == y.controller_scores and x.kl == pytest.approx(y.kl, abs=1e-5)
         assert x.grpo.rollouts == y.grpo.rollouts
         assert x.grpo.reward_mean == pytest.approx(y.grpo.reward_mean, abs=1e-6)
