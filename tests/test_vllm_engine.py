@@ -2,7 +2,7 @@
 
 In-process vLLM engines (fp32, tiny Qwen3 dense: hidden 128, 2 layers, 2 heads of dim 64, vocab 512), one with a
 tied output head (the project default, and Qwen3 up to 4B) and one untied, are started from checkpoints of weights
-A and shared by the module; each test installs the weights it needs.
+A and shared by the module; each test installs the weights it needs. A third serves a LoRA adapter (section below).
 The reference is `bat_jax.models.qwen3.Qwen3ForCausalLM` on the same parameters, scored with
 `bat_jax.rollout.engine.token_logprobs` (the project's definition of "logprob as sampled").
 """
@@ -18,10 +18,10 @@ from flax import nnx
 
 pytest.importorskip("vllm")
 
-from bat_jax.models import hf_io  # noqa: E402
+from bat_jax.models import hf_io, lora  # noqa: E402
 from bat_jax.models.configs import Qwen3Config  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams, token_logprobs  # noqa: E402
-from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
+from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig, lora_rank_for  # noqa: E402
 from doubles import VLLM_TINY, vllm_reference_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -268,3 +268,93 @@ def test_from_model_rejects_bad_overrides(tmp_path):
     with pytest.raises(ValueError, match="VLLMEngineConfig.dtype"):
         VLLMEngine.from_model(model, tmp_path, dtype="int8")
     assert not any(tmp_path.iterdir())  # nothing written before the config is valid
+
+
+# --- serving a LoRA adapter (`VLLMEngineConfig.max_lora_rank`): vLLM over the frozen base. The reference is the JAX
+# Qwen3 with its adapter (`bat_jax.models.lora`) on the same parameters. Started on adapter A, then two syncs (every A
+# and B matrix changed); after each, vLLM's sampled logprobs equal the JAX model's within this module's tolerance
+# (1e-3), the prefix cache serves the new adapter, and only the newest adapter directory is left.
+def _lora_reference(model, prompts, completions) -> list[np.ndarray]:
+    """Temperature-1 logprobs of each completion token under `model` (its adapter included)."""
+    return [np.asarray(token_logprobs(jnp.asarray(lg), jnp.asarray(c), 1.0, 1.0))
+            for lg, c in zip(_reference_logits(model, prompts, completions), completions)]
+
+
+def _set_adapter(model, seed: int, scale: float = 0.5) -> None:
+    """Random non-zero A and B in every adapted projection (B = 0 at init would leave the base)."""
+    rng = np.random.default_rng(seed)
+    for _, m in lora.adapted_linears(model):
+        m.lora_a[...] = jnp.asarray(rng.normal(size=m.lora_a.shape) / np.sqrt(m.lora_a.shape[1]), jnp.float32)
+        m.lora_b[...] = jnp.asarray(scale * rng.normal(size=m.lora_b.shape), jnp.float32)
+
+
+LORA_RNG = np.random.default_rng(5)
+LORA_PROMPTS = [LORA_RNG.integers(0, 512, n).tolist() for n in (4, 9)] + [LORA_RNG.integers(0, 512, 40).tolist()]
+LORA_COMPLETIONS = [LORA_RNG.integers(0, 512, 6).tolist() for _ in LORA_PROMPTS]
+LORA_SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    model, base = vllm_reference_model(1, tied=False), vllm_reference_model(1, tied=False)
+    lora.add_lora(model, lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "o_proj",
+                                                                           "gate_proj", "down_proj")), seed=0)
+    _set_adapter(model, 1)
+    work = tmp_path_factory.mktemp("vllm_lora")
+    engine = VLLMEngine.from_model(model, work, dtype="float32", max_model_len=128, kv_cache_memory_bytes=32 << 20,
+                                   max_num_seqs=16, block_size=32)
+    yield engine, model, base, work
+    engine.close()
+
+
+def _check_lora(engine, model):
+    sampled = engine.generate(LORA_PROMPTS, LORA_SAMPLE)
+    for c, want in zip(sampled, _lora_reference(model, LORA_PROMPTS, [c.token_ids for c in sampled])):
+        np.testing.assert_allclose(c.logprobs, want, atol=1e-3)
+    return sampled
+
+
+def test_the_engine_starts_on_the_frozen_base_and_serves_the_models_adapter(served):
+    engine, model, base, work = served
+    assert engine.config.max_lora_rank == 8 and engine.weight_version == 0  # rank 4 fits vLLM's rank 8
+    sampled = _check_lora(engine, model)
+    plain = _lora_reference(base, LORA_PROMPTS, [c.token_ids for c in sampled])
+    assert max(float(np.abs(c.logprobs - p).max()) for c, p in zip(sampled, plain)) > 0.1  # the adapter matters
+    assert sorted(p.name for p in (work / "adapters").iterdir()) == ["v0"]
+
+
+def test_two_syncs_load_each_new_adapter_in_place(served):
+    engine, model, _, work = served
+    before = engine.generate(LORA_PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=8))  # fills the prefix cache
+    for version, seed in ((1, 2), (2, 3)):
+        _set_adapter(model, seed)
+        assert engine.update_weights(model) == version == engine.weight_version
+        sampled = _check_lora(engine, model)
+        assert all(c.weight_version == version for c in sampled)
+        assert sorted(p.name for p in (work / "adapters").iterdir()) == [f"v{version}"]
+    after = engine.generate(LORA_PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert any(list(a.token_ids) != list(b.token_ids) for a, b in zip(after, before))
+
+
+def test_a_model_without_its_adapter_is_refused_and_nothing_changes(served):
+    engine, model, _, _ = served
+    version = engine.weight_version
+    with pytest.raises(ValueError, match="without an adapter"):
+        engine.update_weights(vllm_reference_model(1, tied=False))
+    with pytest.raises(TypeError, match="nnx.Module"):
+        engine.update_weights(nnx.state(model))
+    assert engine.weight_version == version
+    _check_lora(engine, model)
+
+
+def test_scoring_through_a_cpu_lora_engine_is_refused_in_one_line(served):
+    with pytest.raises(NotImplementedError, match="CPU backend"):
+        served[0].score(LORA_PROMPTS, LORA_COMPLETIONS)
+
+
+def test_vllm_rank_is_the_smallest_that_holds_the_adapter():
+    assert [lora_rank_for(r) for r in (1, 2, 8, 9, 32, 300, 512)] == [1, 8, 8, 16, 32, 320, 512]
+    with pytest.raises(ValueError, match="up to 512"):
+        lora_rank_for(513)
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        VLLMEngineConfig(model_dir="x", max_lora_rank=4)

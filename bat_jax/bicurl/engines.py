@@ -86,9 +86,6 @@ def build_engine(policy: Policy, config: EngineConfig, max_context: int, run_dir
             plan = check_memory(sampler.memory_plan(config.slots or max(config.max_batch, batch_episodes)))
             print(f"[bat_jax] sampler memory: {plan.describe()}", flush=True)
         return engine
-    if has_lora(policy.model):  # the weight sync sends full-weight names; vLLM's LoRARequest path is not built yet
-        raise ValueError("engines.EngineConfig.kind = 'vllm' with policy.PolicyConfig.lora bound: vLLM rollouts do "
-                         "not serve a LoRA adapter yet; bind engines.EngineConfig.kind = 'jax' or unbind the LoRA")
     from bat_jax.rollout.vllm_engine import VLLMEngine
     from bat_jax.rollout.vllm_replicas import VLLMReplicaPool, replica_count
 
@@ -96,6 +93,10 @@ def build_engine(policy: Policy, config: EngineConfig, max_context: int, run_dir
         raise ValueError("build_engine: the vLLM engine needs a run_dir (its checkpoint is written there)")
     options = {"max_model_len": max_context, **dict(config.vllm_options)}
     replicas = replica_count(config.vllm_replicas)
+    if has_lora(policy.model) and replicas > 1:  # the replicas' sync stages full-weight buckets; adapters: not yet
+        raise ValueError(f"engines.EngineConfig.kind = 'vllm' with policy.PolicyConfig.lora bound serves the adapter "
+                         f"from one in-process engine; vllm_replicas = {config.vllm_replicas} gives {replicas} "
+                         "replicas: bind engines.EngineConfig.vllm_replicas = 1 or engines.EngineConfig.kind = 'jax'")
     plans = check_vllm_memory(policy.model.config, options, replicas)
     print("[bat_jax] vLLM memory:\n" + vllm_memory.describe_replicas(plans, batch_episodes), flush=True)
     if replicas == 1:  # one engine in this process

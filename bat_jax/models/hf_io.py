@@ -175,21 +175,26 @@ def byte_buckets(sizes: Sequence[int], max_bytes: int) -> list[list[int]]:
     return groups
 
 
-def _hf_items(model) -> list[tuple[str, jax.Array]]:
-    """(HF name, array) of every base parameter; a projection with a LoRA adapter gives its merged weight."""
-    merged = {f"{path}.weight": lora.merged_weight(m) for path, m in lora.adapted_linears(model)}
+def _hf_items(model, merge_lora: bool = True) -> list[tuple[str, jax.Array]]:
+    """(HF name, array) of every base parameter; a projection with a LoRA adapter gives its merged weight.
+
+    With `merge_lora` false it gives the frozen base weight instead."""
+    merged = ({f"{path}.weight": lora.merged_weight(m) for path, m in lora.adapted_linears(model)}
+              if merge_lora else {})
     return [(name, merged.get(name, v.get_value())) for name, v in
             ((".".join(map(str, p)), v) for p, v in nnx.to_flat_state(nnx.state(model, lora.BASE)))]
 
 
 def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None,
-                    tokenizer=None, max_shard_bytes: int = 4 << 30, overwrite: bool = False) -> Path:
+                    tokenizer=None, max_shard_bytes: int = 4 << 30, overwrite: bool = False,
+                    merge_lora: bool = True) -> Path:
     """Writes ``model`` in the HF layout to ``out_dir`` (tensors in their parameter dtype).
 
     Gathers one tensor at a time to the host. With several processes and parameters that span them, every process
     joins the gathers and process 0 alone writes; parameters local to each process (a host's own engine copy) are
     written by every process to its own ``out_dir``.
-    A LoRA adapter (``models.lora``) is merged into its base weight (``lora.merged_weight``; the adapter itself:
+    A LoRA adapter (``models.lora``) is merged into its base weight (``lora.merged_weight``), or left out with
+    ``merge_lora=False`` (the frozen base, which an adapter is served over; the adapter itself:
     ``peft_io.save_adapter``). Tokenizer files found in ``tokenizer_dir`` are copied; a ``tokenizer`` object (transformers) is written with
     its own ``save_pretrained`` (tokenizer.json, tokenizer_config.json, chat_template.jinja), so the directory
     loads in transformers and vLLM as it is. Raises FileExistsError if ``out_dir`` exists and ``overwrite`` is
@@ -198,7 +203,7 @@ def save_pretrained(model, out_dir: str | os.PathLike, *, tokenizer_dir: str | o
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True)")
-    items = _hf_items(model)
+    items = _hf_items(model, merge_lora)
     shards = byte_buckets([x.size * x.dtype.itemsize for _, x in items], max_shard_bytes)
     local = all(not isinstance(x, jax.Array) or x.is_fully_addressable for _, x in items)
     writer = local or jax.process_index() == 0  # global parameters: every process joins the gathers, process 0 writes

@@ -71,17 +71,18 @@ def adapter_tensors(model: nnx.Module) -> dict[str, jax.Array]:
 
 
 def save_adapter(model: nnx.Module, out_dir: str | os.PathLike, *, base_model_name_or_path: str | None = None,
-                 overwrite: bool = False) -> Path:
+                 overwrite: bool = False, every_process: bool = False) -> Path:
     """Writes ``model``'s adapter to ``out_dir`` in PEFT's layout (float32 tensors), all or nothing; returns it.
 
-    With several processes every process joins the gathers and process 0 writes. Raises FileExistsError if
+    With several processes every process joins the gathers and process 0 writes (every process, to its own
+    ``out_dir``, with ``every_process``: a host's own rollout engine reads it). Raises FileExistsError if
     ``out_dir`` exists and ``overwrite`` is false, ValueError as :func:`adapter_config`."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True)")
     config = adapter_config(model, base_model_name_or_path)
     tensors = {k: host_array(v) for k, v in adapter_tensors(model).items()}
-    writer = jax.process_index() == 0
+    writer = every_process or jax.process_index() == 0
     with atomic_directory(out_dir) if writer else contextlib.nullcontext() as tmp:
         if tmp is not None:
             save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})

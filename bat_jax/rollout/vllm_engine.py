@@ -20,6 +20,9 @@ from bat_jax.rollout.engine import FINISH_LENGTH, FINISH_STOP, Completion, Sampl
 from bat_jax.rollout.inflight import InflightDriver
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM accepts as ``max_lora_rank`` (vLLM 0.19-0.33 ``config.lora.MaxLoRARanks``)."""
+ADAPTER_NAME, ADAPTER_ID = "policy", 1  # the one adapter a LoRA engine serves (vLLM's name and integer id)
 CPU_KV_CACHE_BYTES = 256 << 20
 """Cache size (bytes) of an engine on the CPU backend when `VLLMEngineConfig.kv_cache_memory_bytes` is None."""
 
@@ -48,6 +51,9 @@ class VLLMEngineConfig:
         at the first batch and the tiny test models gain nothing.
       enable_prefix_caching: reuse KV blocks of shared prompt prefixes (reset at every weight sync).
       seed: engine seed (rows with explicit seeds do not depend on it).
+      max_lora_rank: 0 = full weights (`update_weights` installs every tensor); else one of `VLLM_LORA_RANKS`: the
+        checkpoint is the frozen base and vLLM serves a LoRA adapter of at most this rank over it (``enable_lora``),
+        every request passes it and `update_weights` writes a new version of it and loads that in place.
     """
 
     model_dir: str
@@ -61,12 +67,24 @@ class VLLMEngineConfig:
     compile: bool = False
     enable_prefix_caching: bool = True
     seed: int = 0
+    max_lora_rank: int = 0
 
     def __post_init__(self):
         if self.dtype not in _TORCH_DTYPES:
             raise ValueError(f"VLLMEngineConfig.dtype must be one of {_TORCH_DTYPES}, got {self.dtype!r}")
         if self.max_model_len < 2:
             raise ValueError(f"VLLMEngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_lora_rank != 0 and self.max_lora_rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"VLLMEngineConfig.max_lora_rank must be 0 (no adapter) or one of {VLLM_LORA_RANKS} "
+                             f"(vLLM's ranks), got {self.max_lora_rank}")
+
+
+def lora_rank_for(rank: int) -> int:
+    """The smallest of `VLLM_LORA_RANKS` that holds an adapter of `rank`. Raises ValueError above 512."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(f"a LoRA adapter of rank {rank}: vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}")
+    return fits[0]
 
 
 def kv_cache_bytes(config: VLLMEngineConfig) -> int | None:
@@ -106,6 +124,7 @@ def write_checkpoint(model: Any, work_dir: str | os.PathLike, *, tokenizer: Any 
     errors."""
     import tempfile
 
+    from bat_jax.models import lora
     from bat_jax.models.hf_io import save_pretrained
 
     fields = {f.name for f in dataclasses.fields(VLLMEngineConfig)}
@@ -115,6 +134,9 @@ def write_checkpoint(model: Any, work_dir: str | os.PathLike, *, tokenizer: Any 
                          "model_dir (the checkpoint goes to work_dir/checkpoint)")
     if unknown:
         raise ValueError(f"VLLMEngine.from_model: {unknown} are not VLLMEngineConfig fields")
+    adapted = lora.adapted_linears(model)
+    if adapted and "max_lora_rank" not in config_overrides:  # the frozen base is the checkpoint, the adapter rides
+        config_overrides["max_lora_rank"] = lora_rank_for(max(m.lora_a.shape[0] for _, m in adapted))
     if "max_model_len" not in config_overrides:
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         config_overrides["max_model_len"] = min(4096, int(limit)) if limit else 4096
@@ -124,7 +146,7 @@ def write_checkpoint(model: Any, work_dir: str | os.PathLike, *, tokenizer: Any 
         if tokenizer is not None:
             tokenizer.save_pretrained(tok_dir)
         save_pretrained(model, config.model_dir, tokenizer_dir=tok_dir if tokenizer is not None else None,
-                        overwrite=True)
+                        overwrite=True, merge_lora=config.max_lora_rank == 0)
     return config
 
 
@@ -232,6 +254,9 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = kv_bytes
         if config.block_size is not None:
             kwargs["block_size"] = int(config.block_size)
+        if config.max_lora_rank:  # one adapter, loaded before any request (`install_adapter`)
+            kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1)
+        self._lora = None  # the LoRARequest every request passes (LoRA engines, once an adapter is installed)
         self._llm = vllm.LLM(
             model=str(config.model_dir), skip_tokenizer_init=True, dtype=config.dtype,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
@@ -243,7 +268,7 @@ class VLLMEngine:
         engine = self._llm.llm_engine
         # one driver thread steps the engine: concurrent `generate` calls share its running batch (in flight)
         self._driver = InflightDriver(
-            add=lambda request_id, item: engine.add_request(request_id, item[0], item[1]),
+            add=lambda request_id, item: engine.add_request(request_id, item[0], item[1], lora_request=self._lora),
             step=lambda: [(out.request_id, out) for out in engine.step() if out.finished],
             abort=engine.abort_request, name="vllm")
 
@@ -271,13 +296,18 @@ class VLLMEngine:
             are token ids (``skip_tokenizer_init``).
           **config_overrides: any other `VLLMEngineConfig` field (``dtype``, ``max_model_len``,
             ``kv_cache_memory_bytes``, ...). ``max_model_len`` defaults to the smaller of 4,096 and the model's
-            ``max_position_embeddings``.
+            ``max_position_embeddings``; ``max_lora_rank`` to the smallest of vLLM's ranks that holds the model's
+            LoRA adapter (`models.lora`; 0 without one): the checkpoint is then the frozen base and the adapter is
+            served over it.
         Returns: the started engine (``weight_version`` 0 = the model's weights at the call).
         Raises: ValueError when ``config_overrides`` sets ``model_dir`` or a key that is not a `VLLMEngineConfig`
           field, or a field's value is invalid; ImportError without vLLM; vLLM's own errors when it cannot load
           the model family.
         """
-        return cls(write_checkpoint(model, work_dir, tokenizer=tokenizer, **config_overrides))
+        engine = cls(write_checkpoint(model, work_dir, tokenizer=tokenizer, **config_overrides))
+        if engine.config.max_lora_rank:
+            engine.install_adapter(model, bump=False)  # version 0: the model's adapter at the call
+        return engine
 
     @property
     def weight_version(self) -> int:
@@ -344,7 +374,9 @@ class VLLMEngine:
         Returns: per row a float32 array ``[len(completion)]`` (nats), the logprob of each completion token
           given everything before it.
         Raises: ValueError naming the row on an empty prompt or completion, ``prompt + completion + 1`` above
-          ``max_model_len``, or lists of different lengths.
+          ``max_model_len``, or lists of different lengths; NotImplementedError for a LoRA engine on the CPU
+          backend (vLLM 0.32's CPU LoRA logits processor maps one row per request, so prompt logprobs fail inside
+          vLLM; the run never scores through the engine: sampled logprobs come with `generate`).
         """
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
@@ -352,6 +384,9 @@ class VLLMEngine:
 
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
+        if self.config.max_lora_rank and kv_cache_bytes(dataclasses.replace(self.config, kv_cache_memory_bytes=None)):
+            raise NotImplementedError("score: a LoRA engine on vLLM's CPU backend cannot compute prompt logprobs "
+                                      "(its LoRA logits processor maps one row per request); use generate's logprobs")
         requests = []
         for i, (prompt, completion) in enumerate(zip(prompts, completions)):
             ids, comp = [int(t) for t in prompt], [int(t) for t in completion]
@@ -381,6 +416,8 @@ class VLLMEngine:
             checkpoint in `config.model_dir` must be given, with the same shape; values are cast to
             `config.dtype`.
         Returns: the new `weight_version`.
+        A LoRA engine (`VLLMEngineConfig.max_lora_rank`) takes the model instead and installs its adapter
+        (`install_adapter`).
         Raises: ValueError naming missing or unknown tensor names or a shape mismatch (nothing is installed
         then); TypeError for another params type; RuntimeError while `generate` / `score` requests are in flight
         or another update holds the engine (`InflightDriver.exclusive`), or if the prefix cache cannot be reset.
@@ -389,6 +426,8 @@ class VLLMEngine:
         """
         from bat_jax.rollout.weight_sync import named_weights, stream_torch_weights  # JAX: the learner's side
 
+        if self.config.max_lora_rank:
+            return self.install_adapter(params)
         named = named_weights(params, self._shapes, self.config.model_dir)
         return self.install_weights(stream_torch_weights(named, self.config.dtype))  # buckets of <= 1 GB
 
@@ -410,6 +449,51 @@ class VLLMEngine:
             if not self._llm.reset_prefix_cache():
                 raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running)")
             self._version += 1  # before any queued call runs on the new weights
+        return self._version
+
+    def install_adapter(self, model: Any, *, bump: bool = True) -> int:
+        """Serves `model`'s LoRA adapter from now on; returns the weight version (+1 when `bump`).
+
+        The adapter goes in PEFT's layout to a new directory ``<model_dir>/../adapters/v<version>`` (never one vLLM
+        may still be reading; all or nothing), vLLM loads it in place of the previous one under the same id
+        (``LoRARequest(..., load_inplace=True)``; later requests name it without reloading), the prefix cache is
+        reset and older directories are removed. Source: vLLM ``LLMEngine.add_lora``,
+        ``WorkerLoRAManager.add_adapter`` (0.19-0.33).
+
+        Raises: ValueError when this engine serves no adapter or `model` carries none (names both); TypeError for
+        a `model` that is not an ``nnx.Module``; RuntimeError as `install_weights`.
+        """
+        import shutil
+
+        import jax
+        from flax import nnx
+        from vllm.lora.request import LoRARequest
+
+        from bat_jax.models import lora, peft_io
+
+        if not self.config.max_lora_rank:
+            raise ValueError("install_adapter: this engine serves full weights (VLLMEngineConfig.max_lora_rank = 0)")
+        if not isinstance(model, nnx.Module):
+            raise TypeError(f"a LoRA engine's weights are a model carrying its adapter (nnx.Module), got "
+                            f"{type(model).__name__}")
+        if not lora.has_lora(model):
+            raise ValueError("a LoRA engine (VLLMEngineConfig.max_lora_rank > 0) was given a model without an "
+                             "adapter (models.lora.add_lora)")
+        version = self._version + (1 if bump else 0)
+        root = Path(self.config.model_dir).parent / "adapters"
+        if jax.process_count() > 1:  # every host's engine reads its own copy
+            root = root / f"process{jax.process_index()}"
+        path = peft_io.save_adapter(model, root / f"v{version}", base_model_name_or_path=self.config.model_dir,
+                                    overwrite=True, every_process=True)
+        with self._driver.exclusive("update_weights"):  # never under a running request
+            self._llm.llm_engine.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, str(path), load_inplace=True))
+            if not self._llm.reset_prefix_cache():
+                raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running)")
+            self._lora = LoRARequest(ADAPTER_NAME, ADAPTER_ID, str(path))  # named by requests, loaded already
+            self._version = version
+        for old in root.glob("v*"):
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
         return self._version
 
     def close(self) -> None:
