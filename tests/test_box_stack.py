@@ -6,7 +6,8 @@
   installed with `pip --no-index --target`; every stage passes and vLLM's is skipped;
 - `newest`: the newest JAX the index offers (`launch/constraints/newest.txt`);
 
-and in each the sampler / learner / checkpoint tests pass a second time (`CORE_TESTS`). Each environment is built once per
+and in each the sampler / learner / checkpoint tests pass a second time (`CORE_TESTS`; on the newest, each code path
+once). Each environment is built once per
 constraints file under `build/<stack>-venv` (a few minutes; reused while the file is unchanged). Slow: it needs the
 package index.
 """
@@ -28,15 +29,22 @@ pytestmark = pytest.mark.slow
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "launch" / "constraints"
 # The JAX code paths a run takes, per stack: on the box's stack the sampler (plain and continuously batched), the
-# learner (SFT, GRPO, KL, objective options, sharded steps) and checkpoints; on the newest JAX the same without the
-# sampler's slower cases. The transformers-parity tests need torch, which these stacks lack.
+# learner (SFT, GRPO, KL, objective options, sharded steps) and checkpoints. The newest JAX is a canary for API drift:
+# each code path once — the sampler, the learner (its SFT and GRPO blocks, sharded steps), the GRPO loss and
+# checkpoints, without the slow cases, the pure-jnp math of the objective and KL modules, and one parameter of tests
+# that repeat a path (the Qwen3.5 sampler covers its attention layers and Gated DeltaNet; one loss aggregation).
+# The transformers-parity tests need torch, which these stacks lack.
 CORE_TESTS = {
     "box": ("test_jax_sampler.py", "test_continuous_batching.py", "test_learner.py", "test_grpo.py",
             "test_objective.py", "test_kl.py", "test_sft.py", "test_mesh.py", "test_checkpoint.py"),
-    "newest": ("test_jax_sampler.py", "test_learner.py", "test_grpo.py", "test_objective.py", "test_kl.py",
-               "test_sft.py", "test_mesh.py", "test_checkpoint.py"),
+    "newest": ("test_jax_sampler.py", "test_learner.py", "test_grpo.py", "test_checkpoint.py"),
 }
 SELECT = {"box": "not docker and not vllm", "newest": "not docker and not vllm and not slow"}
+DESELECT = {"box": (), "newest": (
+    "test_jax_sampler.py::test_step_buckets_and_last_only_prefill_give_the_same_completions[qwen3]",
+    "test_jax_sampler.py::test_learner_reproduces_sampled_logprobs[qwen3]",
+    "test_learner.py::test_chunked_head_entropy_and_micro_batched_gradients_are_exact[seq-mean-token-mean]",
+)}
 
 
 def _python312() -> str:
@@ -119,7 +127,8 @@ def test_core_tests_pass_on_another_stack(stacks, stack, tmp_path):
     pinned = next(ln for ln in (CONSTRAINTS / f"{stack}.txt").read_text().splitlines() if ln.startswith("jax=="))
     assert version == pinned.split("==")[1]
     tests = subprocess.run([str(python), "-m", "pytest", *[f"tests/{t}" for t in CORE_TESTS[stack]], "-q", "-p",
-                            "no:cacheprovider", "-m", SELECT[stack]], cwd=REPO, capture_output=True,
+                            "no:cacheprovider", "-m", SELECT[stack],
+                            *[f"--deselect=tests/{t}" for t in DESELECT[stack]]], cwd=REPO, capture_output=True,
                            text=True, env={**env, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}, timeout=2400)
     print(f"jax {version}: {tests.stdout.splitlines()[-1] if tests.stdout else ''}")
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
