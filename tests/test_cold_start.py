@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from bat_jax.benchmark.scoring import Cell, aggregate
-from bat_jax.bicurl.cold_start import ROUND0_FILE, load_round0, round0_items, save_round0, sft_examples
+from bat_jax.bicurl.cold_start import (ROUND0_FILE, load_round0, round0_items, round0_matches, save_round0,
+                                      sft_examples)
+from bat_jax.bicurl.evaluation import EvalConfig, suite_jobs
 from bat_jax.learn.sft import SFTConfig
 from bat_jax.policy import PolicyConfig, build_policy
 from bat_jax.prompts import PromptFormat
@@ -39,6 +41,26 @@ def test_round0_is_written_once_and_read_back_with_its_items(tmp_path):
 def test_an_unscored_round0_stays_unscored(tmp_path):
     evaluation = save_round0(tmp_path, aggregate([_cell("a", None)], STAGES))
     assert evaluation.overall is None and load_round0(tmp_path).overall is None
+
+
+def test_round0_names_the_jobs_it_played_and_another_controller_evaluation_does_not_match(tmp_path):
+    """An SFT cold start copied into a run with 4 controller repeats or another seed (`launch.sweep --init_from`)
+    must not serve as that run's round 0: its 3 tracks x 1 repeat are not the run's 3 x 4 cells."""
+    bench = ImagingBenchmark()
+    tracks = ("classification", "detection", "segmentation")
+    base = EvalConfig(tracks=tracks, repeats=1, purpose="controller")
+    jobs = suite_jobs(base, bench)
+    save_round0(tmp_path, aggregate([_cell(t, 0.2) for t in tracks], STAGES), jobs)
+    record = json.loads((tmp_path / ROUND0_FILE).read_text())
+    assert [j[:2] for j in record["jobs"]] == [[t, 0] for t in tracks] and all(len(j) == 4 for j in record["jobs"])
+    assert round0_matches(tmp_path, suite_jobs(base, bench))
+    four = suite_jobs(EvalConfig(tracks=tracks, repeats=4, purpose="controller"), bench)
+    assert len(four) == 12 and not round0_matches(tmp_path, four)
+    assert not round0_matches(tmp_path, suite_jobs(EvalConfig(tracks=tracks, repeats=1, seed=1,
+                                                                  purpose="controller"), bench))
+    # a file written before jobs were recorded: its scored cells' (track, repeat) keys decide
+    (tmp_path / ROUND0_FILE).write_text(json.dumps({k: v for k, v in record.items() if k != "jobs"}))
+    assert round0_matches(tmp_path, jobs) and not round0_matches(tmp_path, four)
 
 
 @pytest.fixture(scope="module")

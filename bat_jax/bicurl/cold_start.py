@@ -81,13 +81,33 @@ def sft_cold_start(learner: Learner, policy: Policy, prompt: PromptFormat, rows:
     learner.adopt(state)
 
 
-def save_round0(run_dir: pathlib.Path, summary: Summary) -> Evaluation:
-    """Writes the SFT policy's controller evaluation (round 0) and its rubric item counts.
+def save_round0(run_dir: pathlib.Path, summary: Summary, jobs: Sequence | None = None) -> Evaluation:
+    """Writes the SFT policy's controller evaluation (round 0), its rubric item counts and the jobs it played.
 
+    `jobs`: the evaluation's cells as `round0_jobs` keys them (`round0_matches` compares a later run's with them).
     Returns the evaluation as `load_round0` reads it back."""
-    atomic_write(pathlib.Path(run_dir) / ROUND0_FILE, json.dumps({**Evaluation.from_summary(summary).to_dict(),
-                                                                  "items": summary.items.to_dict()}).encode())
+    record = {**Evaluation.from_summary(summary).to_dict(), "items": summary.items.to_dict()}
+    if jobs is not None:
+        record["jobs"] = round0_jobs(jobs)
+    atomic_write(pathlib.Path(run_dir) / ROUND0_FILE, json.dumps(record).encode())
     return load_round0(run_dir)
+
+
+def round0_jobs(jobs: Sequence) -> list[list]:
+    """`[track, repeat, task id, seed]` of each `evaluation.EvalJob`, sorted: what makes two evaluations paired."""
+    return sorted([j.track, j.repeat, j.task.task_id, j.seed] for j in jobs)
+
+
+def round0_matches(run_dir: pathlib.Path, jobs: Sequence) -> bool:
+    """Whether the round-0 evaluation in `run_dir` played exactly `jobs` (this run's controller evaluation).
+
+    A file that records no jobs (written before they were recorded) matches when its scored cells are `jobs`'
+    (track, repeat) keys."""
+    record = json.loads((pathlib.Path(run_dir) / ROUND0_FILE).read_text())
+    if "jobs" in record:
+        return record["jobs"] == round0_jobs(jobs)
+    cells = record.get("cells")
+    return cells is None or sorted(map(list, cells)) == sorted([j.track, j.repeat] for j in jobs)
 
 
 def load_round0(run_dir: pathlib.Path) -> Evaluation:

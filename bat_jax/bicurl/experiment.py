@@ -20,7 +20,8 @@ from bat_jax.benchmark.stages import StageSet
 from bat_jax.bicurl import evaluation as ev
 from bat_jax.bicurl import multihost, round_journal
 from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
-from bat_jax.bicurl.cold_start import SFT_TARGETS, load_round0, round0_items, save_round0, sft_cold_start
+from bat_jax.bicurl.cold_start import (ROUND0_FILE, SFT_TARGETS, load_round0, round0_items, round0_matches,
+                                      save_round0, sft_cold_start)
 from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
 from bat_jax.bicurl.async_block import run_grpo_block
@@ -408,9 +409,17 @@ def _with_late_stages(config: ctl.ControllerConfig, benchmark: StagedBenchmark) 
 
 def _cold_start(exp: _Experiment) -> ctl.Evaluation:
     """SFT cold start once (checkpoint step 0) and its controller evaluation (round 0); restored on resume."""
+    jobs = ev.suite_jobs(dataclasses.replace(exp.components.evaluation, purpose="controller"), exp.benchmark)
     if 0 in exp.checkpoints.all_steps():
         exp.learner.params = exp.restore(checkpoint_name(0))
-        return multihost.on_primary(lambda: load_round0(exp.run_dir), "round 0 evaluation")
+        if multihost.on_primary(lambda: round0_matches(exp.run_dir, jobs), "round 0 evaluation"):
+            return multihost.on_primary(lambda: load_round0(exp.run_dir), "round 0 evaluation")
+        # e.g. an SFT cold start copied from a run with other controller repeats or seed (`launch.sweep
+        # --init_from`): every round would be compared with a baseline over other cells
+        print(f"[bat_jax] the round 0 evaluation in {ROUND0_FILE} played other cells than this run's controller "
+              f"evaluation ({len(jobs)} cells): evaluating the SFT policy again", flush=True)
+        summary, _ = exp.evaluate(exp.learner.params, "controller")
+        return multihost.on_primary(lambda: save_round0(exp.run_dir, summary, jobs), "round 0 evaluation")
     t0 = time.perf_counter()
     sft_cold_start(exp.learner, exp.policy, exp.prompt, list(exp.view.sft_rows)[: exp.config.sft_max_rows or None],
                    exp.components.sft, exp.config.sft_targets, exp.config.seed,
@@ -419,7 +428,7 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
     summary, _ = exp.evaluate(exp.learner.params, "controller")
     print(f"[bat_jax] SFT cold start done in {t1 - t0:.0f} s; controller evaluation Overall "
           f"{display(summary.overall)} ({time.perf_counter() - t1:.0f} s)", flush=True)
-    round0 = multihost.on_primary(lambda: save_round0(exp.run_dir, summary), "round 0 evaluation")
+    round0 = multihost.on_primary(lambda: save_round0(exp.run_dir, summary, jobs), "round 0 evaluation")
     exp.checkpoints.save(0, {"params": exp.learner.params}, extra={"round": 0},
                          metrics=None if summary.overall is None else {"overall": summary.overall})
     return round0
