@@ -82,5 +82,7 @@ def request(state_id: str, state: SandboxState, brief: str, skill: str, stage: s
 
 def rl_request(row: RLRow, state: SandboxState, round_state_id: str | None = None,
                prompt: PromptFormat = PromptFormat()) -> RolloutRequest:
-    """The agent-loop request of one Stage Bank RL row (state p, prompt, skill κ) in `prompt`'s format."""
-    return request(round_state_id or row.state_id, state, row.prompt, row.skill, row.focus, prompt)
+    """The agent-loop request of one Stage Bank RL row (state p, prompt, skill κ, its teacher's turns) in `prompt`'s
+    format."""
+    return dataclasses.replace(request(round_state_id or row.state_id, state, row.prompt, row.skill, row.focus, prompt),
+                               teacher_turns=row.teacher_turns)

@@ -66,6 +66,17 @@ def test_turn_and_tool_limits_parse_errors_and_observation_cut():
     (traj,) = _loop(ScriptedEngine([[11, 11, EOT], ACTION, ACTION]), config).run([REQUEST])
     assert traj.finish_reason == tj.FINISH_MAX_TURNS and traj.num_tool_calls == 2 and len(traj.receipts) == 2
     assert traj.messages[-1]["role"] == "assistant"
+    # a stage row's request: its teacher's turns + stage_turn_slack, within max_assistant_turns; unset: no cap
+    stage = dataclasses.replace(REQUEST, teacher_turns=1)
+    for slack, turns in ((0, 1), (1, 2), (None, 3), (7, 3)):
+        config = AgentLoopConfig(sampling=SamplingConfig(group_size=1), max_assistant_turns=3, stage_turn_slack=slack,
+                                 progress=False)
+        (traj,) = _loop(ScriptedEngine([ACTION] * 3), config).run([stage])
+        assert (traj.finish_reason, traj.num_turns) == (tj.FINISH_MAX_TURNS, turns), slack
+        (traj,) = _loop(ScriptedEngine([ACTION] * 3), config).run([REQUEST])  # no teacher turns: E2E, evaluation
+        assert traj.num_turns == 3
+    with pytest.raises(ValueError, match="stage_turn_slack"):
+        AgentLoopConfig(stage_turn_slack=-1)
     # end_on_no_tool_call
     config = AgentLoopConfig(sampling=SamplingConfig(group_size=1), end_on_no_tool_call=True, progress=False)
     (traj,) = _loop(ScriptedEngine([[11, 11, EOT]]), config).run([REQUEST])

@@ -114,3 +114,20 @@ def test_rows_hold_the_one_agent_action_and_keep_their_stored_form_and_digest():
     assert row.to_dict()["context"][2]["action"] == {"text": "", "tool": "execute_code",
                                                      "arguments": {"language": "bash", "code": "ls"}}
     assert row.digest == SFT_ROW_DIGEST
+
+
+def test_a_stage_rows_teacher_turns_come_from_its_teacher_check_and_reach_its_rollout_request():
+    from bat_jax.prompts import rl_request
+    from bat_jax.stage_bank.row import Provenance, Transformation
+
+    def with_steps(focus, *steps):
+        p = provenance()
+        return rl_row(focus=focus, provenance=Provenance(p.source_id, p.source_digest, p.track, p.outcome,
+                                                         p.transformations + steps))
+
+    check = Transformation("teacher_check", "ab" * 32, {"trajectory": "cd" * 32, "turns": 2})
+    row = with_steps("S3", check)
+    assert row.teacher_turns == 2 and rl_request(row, STATE).teacher_turns == 2
+    assert with_steps("E2E", check).teacher_turns is None  # an E2E row's episode is the whole task
+    assert rl_row().teacher_turns is None  # no teacher_check step recorded
+    assert rl_request(rl_row(), STATE).teacher_turns is None

@@ -51,6 +51,10 @@ class AgentLoopConfig:
       max_concurrent_generate: engine calls in flight at once under 'continuous' (1: one call at a time, for
         an engine that runs one call per device, e.g. the embedded JAX sampler; more for a server that batches
         concurrent requests in flight, e.g. vLLM or `SimulatedLatency(inflight=True)`).
+      stage_turn_slack: None (default): a request's turns are capped by `max_assistant_turns` alone. n >= 0: a
+        request that names its teacher's turns (`RolloutRequest.teacher_turns`: a stage row's) ends after those + n
+        turns, so its stage reward credits the stage's work done as the teacher did it, not after other stages'
+        actions (the stage prompt asks for "the work of <stage> only, then stop"; docs/measurements.md).
     Raises:
       ValueError: naming the field, for a limit below its minimum or an unknown schedule.
     """
@@ -71,6 +75,7 @@ class AgentLoopConfig:
     schedule: str = "continuous"
     max_generate_batch: int = 64
     max_concurrent_generate: int = 1
+    stage_turn_slack: int | None = None
 
     def __post_init__(self):
         if self.schedule not in EPISODE_SCHEDULES:
@@ -80,13 +85,19 @@ class AgentLoopConfig:
                      "max_concurrent_generate"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AgentLoopConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_tool_calls", "max_workers"):
-            if getattr(self, name) < 0:
+        for name in ("max_tool_calls", "max_workers", "stage_turn_slack"):
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"AgentLoopConfig.{name} must be >= 0, got {getattr(self, name)}")
 
     def workers(self, episodes: int) -> int:
         """Threads a call over `episodes` episodes uses for sandbox work: `max_workers`, or one per episode (>= 1)."""
         return self.max_workers or max(1, int(episodes))
+
+    def max_turns(self, teacher_turns: int | None) -> int:
+        """Assistant turns of a request whose teacher took `teacher_turns` (None: not a stage row's)."""
+        if teacher_turns is None or self.stage_turn_slack is None:
+            return self.max_assistant_turns
+        return min(self.max_assistant_turns, teacher_turns + self.stage_turn_slack)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +111,8 @@ class RolloutRequest:
       user_message: the first user turn (the task brief and the stage skill κ).
       tools: tool schemas for the template's tools block (default: execute_code and submit).
       stage: stage name, recorded in the trajectories.
+      teacher_turns: the turns the teacher took from this state (a stage row's own episode), None when unknown or
+        not capped (`AgentLoopConfig.stage_turn_slack`).
     """
 
     state_id: str
@@ -108,6 +121,7 @@ class RolloutRequest:
     user_message: str
     tools: tuple[Mapping[str, Any], ...] = tuple(tool_schemas())
     stage: str = ""
+    teacher_turns: int | None = None
 
 
 def cut_observation(text: str, max_chars: int) -> str:
@@ -341,7 +355,7 @@ class AgentLoop:
         if isinstance(action, ParseError):
             if action.kind == "no_tool_call" and cfg.end_on_no_tool_call:
                 ep.finish = tj.FINISH_NO_TOOL_CALL
-            elif ep.turns >= cfg.max_assistant_turns:
+            elif ep.turns >= cfg.max_turns(ep.request.teacher_turns):
                 ep.finish = tj.FINISH_MAX_TURNS
             else:
                 self._append_observation(ep, action.observation)
@@ -373,7 +387,7 @@ class AgentLoop:
         ep.tool_calls += 1
         if submitted:
             ep.finish = tj.FINISH_SUBMITTED
-        elif ep.turns >= self.config.max_assistant_turns:
+        elif ep.turns >= self.config.max_turns(ep.request.teacher_turns):
             ep.finish = tj.FINISH_MAX_TURNS
         else:
             try:

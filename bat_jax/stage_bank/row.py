@@ -182,6 +182,16 @@ class RLRow:
     provenance: Provenance
     reward_source: str = "rubric"
 
+    @property
+    def teacher_turns(self) -> int | None:
+        """The turns the teacher took in this stage row's own episode (its `teacher_check` step); None for an E2E
+        row or a row whose provenance does not record them."""
+        if self.focus == E2E:
+            return None
+        steps = [t for t in self.provenance.transformations if t.name == "teacher_check"]
+        turns = dict(steps[-1].params).get("turns") if steps else None
+        return int(turns) if isinstance(turns, int) and turns > 0 else None
+
     def __post_init__(self):
         object.__setattr__(self, "rubric", tuple(self.rubric))
         object.__setattr__(self, "evidence", tuple(self.evidence))
