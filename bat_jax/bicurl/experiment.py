@@ -418,7 +418,10 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
         # --init_from`): every round would be compared with a baseline over other cells
         print(f"[bat_jax] the round 0 evaluation in {ROUND0_FILE} played other cells than this run's controller "
               f"evaluation ({len(jobs)} cells): evaluating the SFT policy again", flush=True)
+        t0 = time.perf_counter()
         summary, _ = exp.evaluate(exp.learner.params, "controller")
+        print(f"[bat_jax] controller evaluation of the SFT policy: Overall {display(summary.overall)} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
         return multihost.on_primary(lambda: save_round0(exp.run_dir, summary, jobs), "round 0 evaluation")
     t0 = time.perf_counter()
     sft_cold_start(exp.learner, exp.policy, exp.prompt, list(exp.view.sft_rows)[: exp.config.sft_max_rows or None],
