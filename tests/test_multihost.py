@@ -418,20 +418,29 @@ def _run_both(gin_file, tmp_path, seconds=2400) -> dict[str, int]:
     return {n: p.returncode for n, p in procs.items()}
 
 
-@pytest.mark.slow
-def test_two_processes_run_bounded_staleness_grpo_as_one(tmp_path):
-    """The micro run at max_staleness = 1 as 2 processes × 2 devices ends as 1 process × 4 devices.
+_LORA = """\
+import bat_jax.models.lora as lora
+policy.PolicyConfig.lora = @lora.LoRAConfig()
+lora.LoRAConfig.rank = 4
+"""
 
-    Two GRPO steps (step 1's groups roll out while step 0 trains): the same ledger and exported parameters, the
-    same groups drawn and trained, none dropped, and a staleness of at most 1 (the staleness of step 1's groups is
-    1 when they began before step 1's sync, as the learner's steps here take far longer than the micro rollouts; a
-    sync that came first would make it 0 in either run).
+
+@pytest.mark.slow
+def test_two_processes_run_bounded_staleness_grpo_with_lora_as_one(tmp_path):
+    """The micro run at max_staleness = 1 with a LoRA adapter as 2 processes × 2 devices ends as 1 process × 4 devices.
+
+    Two GRPO steps (step 1's groups roll out while step 0 trains): the same ledger, exported merged weights and
+    exported adapter (to 1e-5) and the same recorded base digest; the same groups drawn and trained, none dropped,
+    and a staleness of at most 1 (the staleness of step 1's groups is 1 when they began before step 1's sync, as the
+    learner's steps here take far longer than the micro rollouts; a sync that came first would make it 0 in either
+    run). One run for both features: each is a two-process run of its own otherwise (CI time).
     """
     import numpy as np
+    from safetensors.numpy import load_file
 
     from bat_jax.ledger import Ledger
 
-    gin_file = _micro_run_file(tmp_path, extra=_STALENESS)
+    gin_file = _micro_run_file(tmp_path, extra=_STALENESS + _LORA)
     rc = _run_both(gin_file, tmp_path)
     logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in rc}
     assert rc == {"ref": 0, "p0": 0, "p1": 0}, logs
@@ -449,6 +458,13 @@ def test_two_processes_run_bounded_staleness_grpo_as_one(tmp_path):
     for k in p_ref:
         np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
                                    err_msg=k)
+    a_ref, a_multi = (load_file(tmp_path / n / "export_adapter" / "adapter_model.safetensors") for n in ("ref", "multi"))
+    assert sorted(a_ref) == sorted(a_multi) and any(k.endswith("lora_B.weight") for k in a_ref)
+    assert any(np.abs(v).max() > 0 for k, v in a_ref.items() if k.endswith("lora_B.weight"))  # GRPO moved B off 0
+    for k in a_ref:
+        np.testing.assert_allclose(a_multi[k], a_ref[k], atol=1e-5, rtol=0, err_msg=k)
+    base = [json.loads((tmp_path / n / "checkpoints" / "lora_base.json").read_text()) for n in ("ref", "multi")]
+    assert base[0] == base[1] and base[0]["digest"].startswith("sha256:")
 
 
 _VLLM = """\
