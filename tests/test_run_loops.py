@@ -197,3 +197,37 @@ def test_a_rollout_worker_keeps_its_own_warm_pool_and_removes_it_on_close():
     finally:
         assert worker.close() == 2
     assert _docker_count(pool.owner) == 0 and pool._closed
+
+
+def test_a_benchmarks_own_sandbox_image_is_used_and_a_failed_build_names_the_benchmark_and_command(monkeypatch):
+    """The shared package list is the shared image: found, nothing built. Another list whose image is missing is built;
+    a build that fails (here: debootstrap missing) is one BackendUnavailable naming the benchmark, its packages and the
+    command that builds the image, and opening its sandboxes fails the same way."""
+    from bat_jax.benchmarks.tabular.benchmark import TabularBenchmark
+    from bat_jax.bicurl.run_loops import ensure_sandbox_image
+    from bat_jax.sandbox import images
+    from bat_jax.sandbox.backends import BackendUnavailable
+
+    class Shared(TabularBenchmark):
+        sandbox_packages = tuple(images.packages())
+
+    assert ensure_sandbox_image(Shared()) == images.task_tag()
+    with open_backend("docker", image=Shared().sandbox_image()) as backend:
+        box = backend.make(SandboxState(files={"a.txt": b"hi"}))
+        assert box.execute_code("python", "print(open('a.txt').read())").stdout.strip() == "hi"
+        box.close()  # fresh sandboxes: no release hook
+
+    class Own(TabularBenchmark):
+        sandbox_packages = ("python3", "python3-bat-jax-test-no-such-package")
+
+    def no_debootstrap(*args, **kw):
+        raise RuntimeError("debootstrap is not installed (apt-get install -y debootstrap)")
+
+    monkeypatch.setattr(images, "ensure_images", no_debootstrap)
+    with pytest.raises(BackendUnavailable, match=r"benchmark 'tabular': its sandbox image bat-sandbox:\w{12} "
+                                                 r"\(sandbox_packages python3,python3-bat-jax-test-no-such-package\) "
+                                                 r"could not be built: RuntimeError: debootstrap is not installed.*"
+                                                 r"python -m bat_jax.sandbox.images --packages python3,"):
+        ensure_sandbox_image(Own())
+    with pytest.raises(BackendUnavailable, match="docker backend unavailable"):
+        open_backend("docker", image=Own().sandbox_image())

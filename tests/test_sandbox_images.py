@@ -28,6 +28,16 @@ def test_tags_are_content_addressed(tmp_path):
         images.packages(recipe)
 
 
+def test_a_benchmarks_own_package_list_gives_its_own_tags_and_the_default_list_the_shared_ones():
+    assert images.task_tag(pkgs=images.packages()) == images.task_tag()  # the same list: the shared image
+    own_base, own = images.base_tag(pkgs=("python3",)), images.task_tag(pkgs=("python3",))
+    assert own_base != images.base_tag() and own != images.task_tag() and own.startswith("bat-sandbox:")
+    assert images.task_tag(pkgs=["python3"]) == own  # a list or a tuple: the same image
+    for bad in (("python3", "x; rm -rf /"), (), ("",)):
+        with pytest.raises(ValueError, match="Debian package names expected"):
+            images.task_tag(pkgs=bad)
+
+
 def test_mirror_read_from_apt_sources(tmp_path):
     deb822 = tmp_path / "debian.sources"
     deb822.write_text("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n"

@@ -232,3 +232,21 @@ def test_a_rubric_check_with_a_misspelt_evidence_name_is_refused_a_failing_read_
             return dataclasses.replace(base, items=base.items + (read,))
 
     Missing().validate()  # KeyError on the starting workspace: the item fails there, as it should
+
+
+def test_a_benchmark_may_declare_its_own_sandbox_packages_and_a_bad_name_is_refused():
+    from bat_jax.sandbox import images
+
+    assert GOOD.sandbox_packages is None and GOOD.sandbox_image() is None  # the shared image
+
+    class Own(_Broken):
+        sandbox_packages = ("python3", "python3-pandas")
+
+    assert Own().sandbox_image() == images.task_tag(pkgs=("python3", "python3-pandas")) != images.task_tag()
+    Own().validate()
+
+    class Bad(_Broken):
+        sandbox_packages = ("python3", "pandas>=2")
+
+    with pytest.raises(BenchmarkError, match=r"benchmark 'broken': sandbox_packages: .*'pandas>=2'"):
+        Bad().validate()

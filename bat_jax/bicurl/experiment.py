@@ -29,7 +29,7 @@ from bat_jax.bicurl.grpo_round import GRPOBlockConfig
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
 from bat_jax.bicurl.reward import RewardConfig
 from bat_jax.bicurl.round_rows import RoundRows, fit_probe, kl_prompts
-from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
+from bat_jax.bicurl.run_loops import RunLoops, ensure_sandbox_image, open_run_loops
 from bat_jax.checkpoint import (BaseRecord, CheckpointConfig, Checkpointer, base_digest, checkpoint_name,
                                 checkpoint_step)
 from bat_jax.curriculum import controller as ctl
@@ -318,6 +318,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     benchmark.validate()
     if components.judge is not None:
         benchmark.check_judged_items(components.judge.items)  # against this benchmark's rubric items
+    if "docker" in (config.backend, components.bank.backend):
+        ensure_sandbox_image(benchmark)  # a benchmark's own image, built once (every host: its own Docker)
     controller_config = _with_late_stages(components.controller, benchmark)
     components = dataclasses.replace(components, controller=controller_config)
     policy = build_policy(components.policy, checkpoint_sharding(components.mesh))  # straight onto the mesh

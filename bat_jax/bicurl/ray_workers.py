@@ -59,6 +59,7 @@ class WorkerSpec:
       engine: the worker's rollout engine (the JAX sampler: kind 'jax'; `engines.EngineConfig`).
       warm_pool: Docker containers the worker keeps started and resets between its episodes (its share of a
         GRPO batch, `bicurl/run_loops.py`); 0 = a fresh container per episode. Ignored for 'local'.
+      sandbox_image: the benchmark's own Docker image (`StagedBenchmark.sandbox_image`); None: the shared one.
     Raises:
       ValueError: an engine other than the JAX sampler.
     """
@@ -68,6 +69,7 @@ class WorkerSpec:
     sandbox_backend: str = "local"
     engine: EngineConfig = EngineConfig()
     warm_pool: int = 0
+    sandbox_image: str | None = None
 
     def __post_init__(self):
         if self.engine.kind != "jax":
@@ -81,7 +83,8 @@ class WorkerSpec:
         """This worker's sandbox backend (a warm Docker pool of `warm_pool` containers, or fresh sandboxes).
 
         The caller closes it. Raises `BackendUnavailable`."""
-        return open_backend(self.sandbox_backend, self.agent.workers(self.warm_pool), warm=self.warm_pool)
+        return open_backend(self.sandbox_backend, self.agent.workers(self.warm_pool), warm=self.warm_pool,
+                            image=self.sandbox_image)
 
     def build_loop(self, policy: Policy, sandboxes: SandboxBackend | None = None) -> AgentLoop:
         """An `AgentLoop` over the JAX sampler of `policy` and `sandboxes`.
@@ -89,7 +92,8 @@ class WorkerSpec:
         `sandboxes` default to fresh sandboxes of this spec's backend. It is the same loop an in-process reference
         builds."""
         if sandboxes is None:
-            sandboxes = SandboxBackend(self.sandbox_backend, backend_factory(self.sandbox_backend))
+            sandboxes = SandboxBackend(self.sandbox_backend,
+                                       backend_factory(self.sandbox_backend, image=self.sandbox_image))
         engine = build_engine(policy, self.engine, self.agent.max_context_tokens)
         return make_agent_loop(policy, engine, sandboxes.make, self.agent, sandboxes.release)
 

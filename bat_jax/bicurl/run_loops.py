@@ -6,6 +6,7 @@ Details: docs/design.md.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from bat_jax.benchmark.scoring import Summary
 from bat_jax.bicurl import evaluation as ev
@@ -15,7 +16,7 @@ from bat_jax.policy import Policy, make_agent_loop
 from bat_jax.prompts import PromptFormat
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from bat_jax.rollout.engine import RolloutEngine
-from bat_jax.sandbox.backends import SandboxBackend, open_backend
+from bat_jax.sandbox.backends import BackendUnavailable, SandboxBackend, open_backend
 from bat_jax.staged_benchmark.contract import StagedBenchmark
 from bat_jax.verify.judge import RubricJudge
 
@@ -84,11 +85,15 @@ def open_run_loops(policy: Policy, engine: RolloutEngine, agent: AgentLoopConfig
         raise ValueError("open_run_loops: Ray rollouts need the WorkerSpec each worker builds")
     batch_episodes = batch_rows * agent.sampling.group_size
     concurrent = warm_pool_size(0 if ray is not None else batch_episodes, eval_cells(evaluation, benchmark))
-    sandboxes = open_backend(backend, agent.workers(concurrent), warm=concurrent if warm_pool else 0)
+    if backend == "docker":
+        ensure_sandbox_image(benchmark)
+    sandboxes = open_backend(backend, agent.workers(concurrent), warm=concurrent if warm_pool else 0,
+                             image=benchmark.sandbox_image())
     try:
         if ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
             share = -(-batch_episodes // ray.num_workers) if warm_pool else 0  # each worker's share
-            rollouts = RayRollouts.start(dataclasses.replace(worker, sandbox_backend=backend, warm_pool=share), ray)
+            rollouts = RayRollouts.start(dataclasses.replace(worker, sandbox_backend=backend, warm_pool=share,
+                                                             sandbox_image=benchmark.sandbox_image()), ray)
         else:
             rollouts = make_agent_loop(policy, engine, sandboxes.make, agent, sandboxes.release)
         one_each = dataclasses.replace(agent, sampling=dataclasses.replace(agent.sampling, group_size=1),
@@ -98,3 +103,35 @@ def open_run_loops(policy: Policy, engine: RolloutEngine, agent: AgentLoopConfig
         sandboxes.close()
         raise
     return RunLoops(rollouts, loop, sandboxes)
+
+
+def ensure_sandbox_image(benchmark: StagedBenchmark) -> str | None:
+    """Builds `benchmark`'s own Docker image when it is missing (debootstrap: minutes, once); returns its tag.
+
+    None for a benchmark on the shared image (`launch/setup.sh` builds that one). Raises `BackendUnavailable`
+    naming the benchmark, its packages, the cause and the command that builds it."""
+    if benchmark.sandbox_packages is None:
+        return None
+    from bat_jax.sandbox import images
+
+    packages = ",".join(benchmark.sandbox_packages)
+    tag, t0 = benchmark.sandbox_image(), time.perf_counter()
+    try:
+        import docker
+
+        client = docker.from_env(timeout=600)
+        try:
+            client.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+        print(f"[bat_jax] building the sandbox image of benchmark {benchmark.name!r} ({packages}): a few minutes, "
+              "once", flush=True)
+        images.ensure_images(client, pkgs=tuple(benchmark.sandbox_packages))
+    except Exception as exc:  # noqa: BLE001 - no engine, no root or debootstrap, a package Debian does not have
+        raise BackendUnavailable(
+            f"benchmark {benchmark.name!r}: its sandbox image {tag} (sandbox_packages {packages}) could not be built: "
+            f"{type(exc).__name__}: {str(exc)[-300:]}; build it as root with `python -m bat_jax.sandbox.images "
+            f"--packages {packages}` (debootstrap and Docker: launch/setup.sh)") from None
+    print(f"[bat_jax] sandbox image {tag} built in {time.perf_counter() - t0:.0f} s", flush=True)
+    return tag

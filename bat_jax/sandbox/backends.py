@@ -57,11 +57,12 @@ def environment_versions(make_sandbox: SandboxFactory) -> dict[str, str]:
         box.close()
 
 
-def backend_factory(name: str, concurrency: int = 16) -> SandboxFactory:
+def backend_factory(name: str, concurrency: int = 16, image: str | None = None) -> SandboxFactory:
     """A sandbox factory by backend name: 'local' (non-isolated, tests only) or 'docker'.
 
     `concurrency`: most threads using sandboxes at once (the agent loop's `max_workers`); the Docker client's connection
-    pool is sized to it plus a margin, so no 'connection pool is full' warnings.
+    pool is sized to it plus a margin, so no 'connection pool is full' warnings. `image`: the Docker image tag (a
+    benchmark's own, `StagedBenchmark.sandbox_image`); None: the shared task image.
 
     Raises:
       BackendUnavailable: Docker backend module, engine or task image missing (the message says which).
@@ -75,12 +76,13 @@ def backend_factory(name: str, concurrency: int = 16) -> SandboxFactory:
         from bat_jax.sandbox import docker as docker_backend
 
         pool = max(docker_backend.DockerSandboxConfig.max_pool_size, int(concurrency) + 4)
-        client = docker_backend.connect(docker_backend.DockerSandboxConfig(max_pool_size=pool))
-        probe = docker_backend.DockerSandbox(client, state=SandboxState(files={}))
+        config = docker_backend.DockerSandboxConfig(max_pool_size=pool, image=image)
+        client = docker_backend.connect(config)
+        probe = docker_backend.DockerSandbox(client, config, state=SandboxState(files={}))
         probe.close()
     except Exception as exc:  # noqa: BLE001 — any failure here means the backend is not usable
         raise BackendUnavailable(f"docker backend unavailable: {type(exc).__name__}: {exc}") from None
-    return lambda state: docker_backend.DockerSandbox(client, state=state)
+    return lambda state: docker_backend.DockerSandbox(client, config, state=state)
 
 
 @dataclasses.dataclass
@@ -110,15 +112,15 @@ class SandboxBackend:
         self.close()
 
 
-def open_backend(name: str, concurrency: int = 16, warm: int = 0, acquire_timeout_s: float = 60.0
-                 ) -> SandboxBackend:
+def open_backend(name: str, concurrency: int = 16, warm: int = 0, acquire_timeout_s: float = 60.0,
+                 image: str | None = None) -> SandboxBackend:
     """A sandbox backend by name, fresh per episode or a warm Docker pool.
 
     Fresh sandboxes come from `backend_factory`; for 'docker' with `warm` > 0 it is a warm pool of `warm` started
     containers reset between episodes. 'local' sandboxes are host directories and are always made fresh (`warm` is
     ignored). `concurrency`: threads calling sandboxes at once (sizes the Docker client's connection pool).
     `acquire_timeout_s`: longest wait, seconds, for an idle pooled sandbox (an episode that gets none is unscored, as
-    for a container that cannot start).
+    for a container that cannot start). `image`: as in `backend_factory`.
 
     Raises:
       BackendUnavailable: Docker backend module, engine or task image missing, or the pool failed to start.
@@ -127,13 +129,13 @@ def open_backend(name: str, concurrency: int = 16, warm: int = 0, acquire_timeou
     if warm < 0:
         raise ValueError(f"open_backend: warm (pool size) must be >= 0, got {warm}")
     if name != "docker" or warm == 0:
-        return SandboxBackend(name, backend_factory(name, concurrency))
+        return SandboxBackend(name, backend_factory(name, concurrency, image))
     try:
         from bat_jax.sandbox import docker as docker_backend
         from bat_jax.sandbox.pool import SandboxPool
 
         config = docker_backend.DockerSandboxConfig(
-            max_pool_size=max(docker_backend.DockerSandboxConfig.max_pool_size, int(concurrency) + 4))
+            max_pool_size=max(docker_backend.DockerSandboxConfig.max_pool_size, int(concurrency) + 4), image=image)
         pool = SandboxPool(warm, config)
     except Exception as exc:  # noqa: BLE001 — any failure here means the backend is not usable
         raise BackendUnavailable(f"docker backend unavailable: {type(exc).__name__}: {exc}") from None

@@ -430,7 +430,9 @@ def _build(config: FactoryConfig, benchmark: StagedBenchmark, bank: StageBank, p
     t0 = time.time()
     manifest = load_manifest(config, benchmark)
     salt = content_digest([dataclasses.asdict(manifest), code_fingerprint(benchmark)])  # manifest + code → cache key
-    ctx = _Context(config, benchmark, bank, make_sandbox or backend_factory(config.backend), LeakageScanner(manifest))
+    ctx = _Context(config, benchmark, bank,
+                   make_sandbox or backend_factory(config.backend, image=benchmark.sandbox_image()),
+                   LeakageScanner(manifest))
     work = Path(config.bank_dir) / "work" / "sources"
     grid = list(sources(config, benchmark) if grid is None else grid)
     results: dict[int, dict] = {}

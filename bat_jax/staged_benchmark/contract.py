@@ -88,6 +88,9 @@ class StagedBenchmark(abc.ABC):
       note: one line for reports (what the held-out suite is).
       system_prompt, compact_system_prompt: the agent's system prompt in the 'full' and 'compact' prompt styles
         (`prompts.PromptFormat`): its role and the two tools.
+      sandbox_packages: the Debian (bookworm) packages of its own sandbox image, e.g. ('python3', 'python3-pandas');
+        None (default): the shared image of `sandboxes/packages.txt` (python3, numpy, scipy, nibabel, PIL). A run on
+        Docker builds the image once when missing (`sandbox_image`).
     and implement the abstract methods below.
     """
 
@@ -102,6 +105,7 @@ class StagedBenchmark(abc.ABC):
     has_e2e_surrogate: bool = False
     training_seeds: int = 1_000_000_000
     note: str = ""
+    sandbox_packages: tuple[str, ...] | None = None
 
     def __new__(cls, *args, **kwargs):
         """Refuses a subclass that leaves abstract methods unimplemented, naming them (not Python's TypeError).
@@ -189,6 +193,15 @@ class StagedBenchmark(abc.ABC):
 
         It is an action policy that solves this benchmark's tasks, naming each action's stage
         (`sandbox.tools.Action.stage`)."""
+
+    def sandbox_image(self) -> str | None:
+        """The tag of its own sandbox image (`sandbox.images.task_tag` of `sandbox_packages`), None for the shared
+        one. Raises ValueError for a package name that is not one."""
+        if self.sandbox_packages is None:
+            return None
+        from bat_jax.sandbox import images  # docker-py: only for a benchmark with its own image
+
+        return images.task_tag(pkgs=tuple(self.sandbox_packages))
 
     def recipe(self, teacher: str) -> str:
         """What a bank version's note records of how its rows were made.
@@ -297,6 +310,10 @@ class StagedBenchmark(abc.ABC):
             raise BenchmarkError(f"{where}: heldout_variants {unknown} are not among its variants {self.variants}")
         if not self.teachers:
             raise BenchmarkError(f"{where}: teachers is empty (the Data Factory needs one)")
+        try:
+            self.sandbox_image()
+        except ValueError as e:
+            raise BenchmarkError(f"{where}: sandbox_packages: {e}") from None
         for track in self.tracks:
             task = self.training_task(track, 0, self.variants[0])
             try:
