@@ -20,11 +20,12 @@ for arg in "$@"; do
     *) echo "setup.sh: unknown option $arg (known: --with-vllm)" >&2; exit 2 ;;
   esac
 done
-# The Docker engine (apt-get + dockerd) needs no Python package: it is installed beside pip's work.
 DOCKER_LOG="${TMPDIR:-/tmp}/bat_jax-setup-dockerd.log"
 if [ "${SKIP_DOCKER:-0}" != "1" ]; then
-  echo "[setup] docker engine, in the background (log: $DOCKER_LOG)"
-  bash launch/start_dockerd.sh >"$DOCKER_LOG" 2>&1 &
+  # The engine and the images (debootstrap: mostly downloads) build while pip installs; they need docker-py only.
+  echo "[setup] docker engine and sandbox images, in the background (log: $DOCKER_LOG)"
+  "$PY" -m pip install --disable-pip-version-check -q docker -c launch/constraints/cpu.txt
+  (bash launch/start_dockerd.sh && PYTHON="$PY" bash launch/build_images.sh) >"$DOCKER_LOG" 2>&1 &
   DOCKER_PID=$!
 fi
 echo "[setup] python packages: .[$EXTRAS] with launch/constraints/cpu.txt"
@@ -49,12 +50,11 @@ fi
 
 if [ "${SKIP_DOCKER:-0}" != "1" ]; then
   if ! wait "$DOCKER_PID"; then
-    echo "[setup] docker engine failed:" >&2
+    echo "[setup] docker engine or sandbox images failed:" >&2
     cat "$DOCKER_LOG" >&2
     exit 1
   fi
-  echo "[setup] docker engine: $(tail -n 1 "$DOCKER_LOG")"
-  echo "[setup] sandbox images"
-  PYTHON="$PY" bash launch/build_images.sh
+  echo "[setup] docker engine: $(grep 'start_dockerd:' "$DOCKER_LOG" | tail -n 1)"
+  echo "[setup] sandbox image: $(tail -n 1 "$DOCKER_LOG")"
 fi
 echo "[setup] done"
