@@ -82,7 +82,8 @@ def request(state_id: str, state: SandboxState, brief: str, skill: str, stage: s
 
 def rl_request(row: RLRow, state: SandboxState, round_state_id: str | None = None,
                prompt: PromptFormat = PromptFormat()) -> RolloutRequest:
-    """The agent-loop request of one Stage Bank RL row (state p, prompt, skill κ, its teacher's turns) in `prompt`'s
-    format."""
+    """The agent-loop request of one Stage Bank RL row in `prompt`'s format.
+
+    It carries the row's state p, prompt, skill κ and its teacher's turns (`RLRow.teacher_turns`)."""
     return dataclasses.replace(request(round_state_id or row.state_id, state, row.prompt, row.skill, row.focus, prompt),
                                teacher_turns=row.teacher_turns)

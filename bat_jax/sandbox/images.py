@@ -31,8 +31,10 @@ _PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/s
 
 
 def packages(recipe_dir: pathlib.Path = RECIPE_DIR, pkgs: Sequence[str] | None = None) -> list[str]:
-    """The Debian packages of the base image: `pkgs` (a benchmark's own, `StagedBenchmark.sandbox_packages`) or
-    `packages.txt`. Raises FileNotFoundError, ValueError (naming the bad name)."""
+    """The Debian packages of the base image.
+
+    `pkgs` (a benchmark's own, `StagedBenchmark.sandbox_packages`) or else `packages.txt`. Raises FileNotFoundError,
+    ValueError (naming the bad name)."""
     if pkgs is not None:
         bad = [n for n in pkgs if not (isinstance(n, str) and n and all(c.isalnum() or c in "+-._" for c in n))]
         if bad or not pkgs:

@@ -184,8 +184,9 @@ class RLRow:
 
     @property
     def teacher_turns(self) -> int | None:
-        """The turns the teacher took in this stage row's own episode (its `teacher_check` step); None for an E2E
-        row or a row whose provenance does not record them."""
+        """The turns the teacher took in this stage row's own episode (its `teacher_check` step).
+
+        None for an E2E row or a row whose provenance does not record them."""
         if self.focus == E2E:
             return None
         steps = [t for t in self.provenance.transformations if t.name == "teacher_check"]

@@ -195,8 +195,9 @@ class StagedBenchmark(abc.ABC):
         (`sandbox.tools.Action.stage`)."""
 
     def sandbox_image(self) -> str | None:
-        """The tag of its own sandbox image (`sandbox.images.task_tag` of `sandbox_packages`), None for the shared
-        one. Raises ValueError for a package name that is not one."""
+        """The tag of its own sandbox image (`sandbox.images.task_tag` of `sandbox_packages`).
+
+        None for the shared one. Raises ValueError for a package name that is not one."""
         if self.sandbox_packages is None:
             return None
         from bat_jax.sandbox import images  # docker-py: only for a benchmark with its own image
