@@ -7,6 +7,7 @@ SFT policy's controller evaluation (round 0 of the ledger's story) beside its ru
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -82,10 +83,10 @@ def sft_cold_start(learner: Learner, policy: Policy, prompt: PromptFormat, rows:
 
 
 def save_round0(run_dir: pathlib.Path, summary: Summary, jobs: Sequence | None = None) -> Evaluation:
-    """Writes the SFT policy's controller evaluation (round 0), its rubric item counts and the jobs it played.
+    """Writes the SFT policy's controller evaluation (round 0), its rubric item counts and which jobs it played.
 
-    `jobs`: the evaluation's cells as `round0_jobs` keys them (`round0_matches` compares a later run's with them).
-    Returns the evaluation as `load_round0` reads it back."""
+    `jobs`: the evaluation's cells (`evaluation.EvalJob`), recorded as `round0_jobs` digests them (held-out task ids
+    never leave the evaluator: the leakage firewall). Returns the evaluation as `load_round0` reads it back."""
     record = {**Evaluation.from_summary(summary).to_dict(), "items": summary.items.to_dict()}
     if jobs is not None:
         record["jobs"] = round0_jobs(jobs)
@@ -93,9 +94,11 @@ def save_round0(run_dir: pathlib.Path, summary: Summary, jobs: Sequence | None =
     return load_round0(run_dir)
 
 
-def round0_jobs(jobs: Sequence) -> list[list]:
-    """`[track, repeat, task id, seed]` of each `evaluation.EvalJob`, sorted: what makes two evaluations paired."""
-    return sorted([j.track, j.repeat, j.task.task_id, j.seed] for j in jobs)
+def round0_jobs(jobs: Sequence) -> dict:
+    """`{"count", "sha256"}` of the sorted `[track, repeat, task id, seed]` of `evaluation.EvalJob`s: what makes two
+    evaluations paired, without the held-out task ids."""
+    keys = sorted([j.track, j.repeat, j.task.task_id, j.seed] for j in jobs)
+    return {"count": len(keys), "sha256": hashlib.sha256(json.dumps(keys).encode()).hexdigest()}
 
 
 def round0_matches(run_dir: pathlib.Path, jobs: Sequence) -> bool:
