@@ -95,8 +95,9 @@ def save_round0(run_dir: pathlib.Path, summary: Summary, jobs: Sequence | None =
 
 
 def round0_jobs(jobs: Sequence) -> dict:
-    """`{"count", "sha256"}` of the sorted `[track, repeat, task id, seed]` of `evaluation.EvalJob`s: what makes two
-    evaluations paired, without the held-out task ids."""
+    """The digest of a set of `evaluation.EvalJob`s: what makes two evaluations paired, without held-out task ids.
+
+    Returns `{"count", "sha256"}` over the sorted `[track, repeat, task id, seed]` of the jobs."""
     keys = sorted([j.track, j.repeat, j.task.task_id, j.seed] for j in jobs)
     return {"count": len(keys), "sha256": hashlib.sha256(json.dumps(keys).encode()).hexdigest()}
 
