@@ -412,7 +412,8 @@ def _with_late_stages(config: ctl.ControllerConfig, benchmark: StagedBenchmark) 
 def _cold_start(exp: _Experiment) -> ctl.Evaluation:
     """SFT cold start once (checkpoint step 0) and its controller evaluation (round 0); restored on resume."""
     jobs = ev.suite_jobs(dataclasses.replace(exp.components.evaluation, purpose="controller"), exp.benchmark)
-    if 0 in exp.checkpoints.all_steps():
+    restored = 0 in exp.checkpoints.all_steps()
+    if restored:
         exp.learner.params = exp.restore(checkpoint_name(0))
         if multihost.on_primary(lambda: round0_matches(exp.run_dir, jobs), "round 0 evaluation"):
             return multihost.on_primary(lambda: load_round0(exp.run_dir), "round 0 evaluation")
@@ -420,22 +421,20 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
         # --init_from`): every round would be compared with a baseline over other cells
         print(f"[bat_jax] the round 0 evaluation in {ROUND0_FILE} played other cells than this run's controller "
               f"evaluation ({len(jobs)} cells): evaluating the SFT policy again", flush=True)
+    else:
         t0 = time.perf_counter()
-        summary, _ = exp.evaluate(exp.learner.params, "controller")
-        print(f"[bat_jax] controller evaluation of the SFT policy: Overall {display(summary.overall)} "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
-        return multihost.on_primary(lambda: save_round0(exp.run_dir, summary, jobs), "round 0 evaluation")
-    t0 = time.perf_counter()
-    sft_cold_start(exp.learner, exp.policy, exp.prompt, list(exp.view.sft_rows)[: exp.config.sft_max_rows or None],
-                   exp.components.sft, exp.config.sft_targets, exp.config.seed,
-                   exp.components.agent.max_observation_chars)
+        sft_cold_start(exp.learner, exp.policy, exp.prompt,
+                       list(exp.view.sft_rows)[: exp.config.sft_max_rows or None], exp.components.sft,
+                       exp.config.sft_targets, exp.config.seed, exp.components.agent.max_observation_chars)
+        print(f"[bat_jax] SFT cold start done in {time.perf_counter() - t0:.0f} s", flush=True)
     t1 = time.perf_counter()
     summary, _ = exp.evaluate(exp.learner.params, "controller")
-    print(f"[bat_jax] SFT cold start done in {t1 - t0:.0f} s; controller evaluation Overall "
-          f"{display(summary.overall)} ({time.perf_counter() - t1:.0f} s)", flush=True)
+    print(f"[bat_jax] controller evaluation of the SFT policy: Overall {display(summary.overall)} "
+          f"({time.perf_counter() - t1:.0f} s)", flush=True)
     round0 = multihost.on_primary(lambda: save_round0(exp.run_dir, summary, jobs), "round 0 evaluation")
-    exp.checkpoints.save(0, {"params": exp.learner.params}, extra={"round": 0},
-                         metrics=None if summary.overall is None else {"overall": summary.overall})
+    if not restored:
+        exp.checkpoints.save(0, {"params": exp.learner.params}, extra={"round": 0},
+                             metrics=None if summary.overall is None else {"overall": summary.overall})
     return round0
 
 

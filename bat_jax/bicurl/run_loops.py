@@ -85,15 +85,13 @@ def open_run_loops(policy: Policy, engine: RolloutEngine, agent: AgentLoopConfig
         raise ValueError("open_run_loops: Ray rollouts need the WorkerSpec each worker builds")
     batch_episodes = batch_rows * agent.sampling.group_size
     concurrent = warm_pool_size(0 if ray is not None else batch_episodes, eval_cells(evaluation, benchmark))
-    if backend == "docker":
-        ensure_sandbox_image(benchmark)
-    sandboxes = open_backend(backend, agent.workers(concurrent), warm=concurrent if warm_pool else 0,
-                             image=benchmark.sandbox_image())
+    image = ensure_sandbox_image(benchmark) if backend == "docker" else None  # 'local' runs no image
+    sandboxes = open_backend(backend, agent.workers(concurrent), warm=concurrent if warm_pool else 0, image=image)
     try:
         if ray is not None:  # GRPO rollouts on Ray workers (same `run` / `engine.update_weights` interface)
             share = -(-batch_episodes // ray.num_workers) if warm_pool else 0  # each worker's share
             rollouts = RayRollouts.start(dataclasses.replace(worker, sandbox_backend=backend, warm_pool=share,
-                                                             sandbox_image=benchmark.sandbox_image()), ray)
+                                                             sandbox_image=image), ray)
         else:
             rollouts = make_agent_loop(policy, engine, sandboxes.make, agent, sandboxes.release)
         one_each = dataclasses.replace(agent, sampling=dataclasses.replace(agent.sampling, group_size=1),
@@ -120,11 +118,8 @@ def ensure_sandbox_image(benchmark: StagedBenchmark) -> str | None:
         import docker
 
         client = docker.from_env(timeout=600)
-        try:
-            client.images.get(tag)
+        if images.image_exists(client, tag):
             return tag
-        except docker.errors.ImageNotFound:
-            pass
         print(f"[bat_jax] building the sandbox image of benchmark {benchmark.name!r} ({packages}): a few minutes, "
               "once", flush=True)
         images.ensure_images(client, pkgs=tuple(benchmark.sandbox_packages))

@@ -95,7 +95,8 @@ def debian_mirror(sources: tuple[pathlib.Path, ...] = _APT_SOURCES) -> str:
     raise RuntimeError(f"no Debian mirror found in {', '.join(map(str, sources))}")
 
 
-def _image_exists(client: docker.DockerClient, tag: str) -> bool:
+def image_exists(client: docker.DockerClient, tag: str) -> bool:
+    """Whether the engine of `client` holds an image tagged `tag`."""
     try:
         client.images.get(tag)
         return True
@@ -149,10 +150,10 @@ def ensure_images(client: docker.DockerClient | None = None, force: bool = False
 
     `pkgs`: a benchmark's own package list (its own image); None: `packages.txt`."""
     client = client or docker.from_env(timeout=600)
-    if force or not _image_exists(client, base_tag(recipe_dir, pkgs)):
+    if force or not image_exists(client, base_tag(recipe_dir, pkgs)):
         build_base(client, recipe_dir, pkgs)
     tag = task_tag(recipe_dir, pkgs)
-    if force or not _image_exists(client, tag):
+    if force or not image_exists(client, tag):
         build_task(client, recipe_dir, pkgs)
     return tag
 
