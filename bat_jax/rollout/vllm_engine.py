@@ -384,7 +384,9 @@ class VLLMEngine:
 
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
-        if self.config.max_lora_rank and kv_cache_bytes(dataclasses.replace(self.config, kv_cache_memory_bytes=None)):
+        import torch
+
+        if self.config.max_lora_rank and not torch.cuda.is_available():
             raise NotImplementedError("score: a LoRA engine on vLLM's CPU backend cannot compute prompt logprobs "
                                       "(its LoRA logits processor maps one row per request); use generate's logprobs")
         requests = []
