@@ -172,3 +172,16 @@ def test_random_rule_draws_each_round_from_its_seed_whatever_the_scores():
 def test_unknown_rule_is_named():
     with pytest.raises(ValueError, match=r"RouterConfig.rule must be one of .*'weakest'.*got 'easiest'"):
         RouterConfig(rule="easiest")
+
+
+def test_bottleneck_rule_routes_to_the_largest_drop_in_the_stage_funnel():
+    """Drops 1 − 0.667, 0.667 − 0.25, 0.25 − 0.083, 0.083 − 0.021 (the tabular SFT policy's scores): the second stage
+    loses most, though the last is the weakest; unscored stages are skipped, ties go to the earliest."""
+    config = RouterConfig(rule="bottleneck")
+    d = route(scores(0.667, 0.25, 0.083, 0.021, 0.02), config=config)
+    assert d.target == Stage.SETUP and d.rule == router.RULE_BOTTLENECK
+    assert route(scores(0.667, 0.25, 0.083, 0.021, 0.02)).target == Stage.SUBMIT  # the weakest rule
+    drops = router.funnel_drops(scores(0.9, None, 0.3, 0.25, 0.1), STAGES)
+    assert drops == pytest.approx({"S1": 0.1, "S3": 0.6, "S4": 0.05, "S5": 0.15})
+    assert route(scores(0.9, None, 0.3, 0.25, 0.1), config=config).target == Stage.VALIDATE
+    assert route(scores(0.5, 0.0, 0.0, 0.0, 0.0), config=config).target == Stage.PLAN  # 0.5 = 0.5: earliest

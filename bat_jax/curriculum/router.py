@@ -22,7 +22,8 @@ RULE_WEAKEST = "weakest"
 RULE_REGRESSION = "largest_regression"
 RULE_NO_SCORED = "no_scored_stage"
 RULE_RANDOM = "random"
-RULES = (RULE_WEAKEST, RULE_RANDOM)
+RULE_BOTTLENECK = "bottleneck"
+RULES = (RULE_WEAKEST, RULE_RANDOM, RULE_BOTTLENECK)
 
 #: Scores (0–1) within this of each other are equal in every comparison the router and the controller make.
 SCORE_TOL = 1e-12
@@ -32,8 +33,10 @@ SCORE_TOL = 1e-12
 class RouterConfig:
     """Router settings (gin binds these).
 
-    `rule`: 'weakest' (the paper) or 'random' (ablation: a uniformly random stage each round, drawn from `seed`
-    and the round). `corrective`: use the largest-regression rule after a held candidate (released code); the
+    `rule`: 'weakest' (the paper), 'random' (ablation: a uniformly random stage each round, drawn from `seed`
+    and the round) or 'bottleneck' (not the paper's: the stage whose score falls most below the previous stage's,
+    `funnel_drops`, for benchmarks whose stage scores come from whole episodes, where a stage fails whenever an
+    earlier one did). `corrective`: use the largest-regression rule after a held candidate (released code); the
     paper's default is the weakest-stage rule only."""
 
     rule: str = RULE_WEAKEST
@@ -65,7 +68,7 @@ class RoutingDecision:
       round_index: the round the choice is for.
       target: s*, a stage id.
       target_title: its title.
-      rule: RULE_WEAKEST, RULE_REGRESSION or RULE_NO_SCORED.
+      rule: RULE_WEAKEST, RULE_BOTTLENECK, RULE_RANDOM, RULE_REGRESSION or RULE_NO_SCORED.
       scores_in: stage scores read (candidate's when held), stage id → 0–1 or None, in workflow order.
       reference_scores: the retained checkpoint's scores used by the corrective rule, or None.
       regressions: reference − candidate per stage (positive = fell), empty unless corrective rule was tried.
@@ -118,6 +121,18 @@ def earliest_max(values: Mapping[str, float], stages: StageSet) -> str:
     return next(s for s in stages.ids if s in values and values[s] >= high - SCORE_TOL)
 
 
+def funnel_drops(scores: Mapping[str, float | None], stages: StageSet) -> dict[str, float]:
+    """Per scored stage, the previous scored stage's score minus its own (1.0 before the first); None = unscored.
+
+    E.g. scores 0.667, 0.25, 0.083, 0.021 give drops 0.333, 0.417, 0.167, 0.062: the second stage loses most."""
+    drops, previous = {}, 1.0
+    for stage in stages.ids:
+        if scores.get(stage) is not None:
+            drops[stage] = previous - scores[stage]
+            previous = scores[stage]
+    return drops
+
+
 def route(
     stage_scores: Mapping[str, float | None],
     stages: StageSet,
@@ -158,7 +173,10 @@ def route(
                                rule=RULE_RANDOM, scores_in=scores, reference_scores=None, regressions={}, held=held)
     reference = None
     regressions: dict[str, float] = {}
-    rule, target = RULE_WEAKEST, earliest_min(scored, stages)
+    if config.rule == RULE_BOTTLENECK:
+        rule, target = RULE_BOTTLENECK, earliest_max(funnel_drops(scored, stages), stages)
+    else:
+        rule, target = RULE_WEAKEST, earliest_min(scored, stages)
     if held and config.corrective:
         if reference_scores is None:
             raise ValueError("the corrective rule needs reference_scores (the retained checkpoint's stage scores)")
