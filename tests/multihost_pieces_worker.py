@@ -1,7 +1,7 @@
 """One process of tests/test_multihost.py's two-process checks of bat_jax/bicurl/multihost.py.
 
     python tests/multihost_pieces_worker.py OUT_JSON SCENARIO
-        (SCENARIO: 'pieces', 'no_docker', 'die', 'raises', 'async', 'vllm', 'ray')
+        (SCENARIO: 'pieces', 'no_docker', 'die', 'raises', 'async')
 
 Joins the job the environment describes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID,
 BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
@@ -15,15 +15,7 @@ BAT_JAX_HEARTBEAT_TIMEOUT_S) and writes what it saw to OUT_JSON:
 * 'async': the bounded-staleness GRPO block (max_staleness = 1) over a stand-in loop, scorer and learner: three
   steps of two rows, row s1 stale at step 0 and row s2 failed (both refilled from the pool's spares): the batches
   each step trained, the round's counts and the rows this process rolled out. Also run as one process (no
-  JAX_COORDINATOR_ADDRESS) for the reference;
-* 'vllm': each process starts its own vLLM engine (tiny Qwen3, fp32, CPU) on weights A through the run's path
-  (`engines.build_engine` on `multihost.engine_policy`, files under `multihost.host_dir`, `multihost.local_engine`);
-  the learner's weights B, sharded over both processes, are synced (gathered to each host); greedy completions
-  after the sync, their teacher-forced logprobs and the largest difference to the JAX model B's;
-* 'ray': each process drives its own Ray rollout worker (one Ray cluster on this machine, started by process 0):
-  the learner's weights (sharded over both processes) pushed to both workers, a batch of 2 rows x K = 2 rolled out
-  by `multihost.scored_rollouts` (each process's share on its own worker), and the same share rolled out by an
-  in-process agent loop on the same weights for comparison.
+  JAX_COORDINATOR_ADDRESS) for the reference.
 """
 
 import concurrent.futures
@@ -167,117 +159,6 @@ def async_block() -> dict:
                                 benchmark=None, seed=3)
     steps = [{k: np.asarray(v).round(6).tolist() for k, v in host.items()} for host in learner.seen]
     return {"steps": steps, "stats": stats.__dict__, "ran": sorted(set(loop.ran))}
-
-
-def vllm(run_dir: pathlib.Path) -> dict:
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from bat_jax.bicurl.engines import EngineConfig, build_engine
-    from bat_jax.learn.learner import Learner
-    from bat_jax.models.mesh import MeshConfig
-    from bat_jax.policy import Policy
-    from bat_jax.rollout.engine import SamplingParams, token_logprobs
-
-    from doubles import vllm_reference_model
-
-    model_a, model_b = vllm_reference_model(1), vllm_reference_model(2)
-    policy = Policy(model_a, tokenizer=None, chat_family="qwen3")
-    learner = Learner(model_a, MeshConfig(data=1, fsdp=2, tensor=1))
-    config = EngineConfig(kind="vllm", vllm_options=dict(dtype="float32", kv_cache_memory_bytes=32 << 20,
-                                                          max_num_seqs=8, block_size=32))
-    engine = multihost.local_engine(build_engine(multihost.engine_policy(policy), config, 128,
-                                                 multihost.host_dir(run_dir)))
-    try:
-        prompts = [[5, 17, 301, 42], [7, 7, 99]]
-        greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
-        fresh = engine.generate(prompts, greedy)
-        synced = learner.sync_model(nnx.state(model_b, nnx.Param).to_pure_dict())  # B, sharded over both processes
-        spans = any(not x.is_fully_addressable for x in jax.tree.leaves(nnx.state(synced, nnx.Param)))
-        version = engine.update_weights(synced)
-        after = engine.generate(prompts, greedy)
-        scored = engine.score(prompts, [c.token_ids for c in after])
-        diff = 0.0
-        for prompt, c, s in zip(prompts, after, scored):
-            ids = jnp.asarray([list(prompt) + list(c.token_ids)], jnp.int32)
-            logits = model_b(ids, jnp.ones_like(ids))[0, len(prompt) - 1:-1]
-            ref = np.asarray(token_logprobs(logits, jnp.asarray(c.token_ids), 1.0, 1.0))
-            diff = max(diff, float(np.abs(np.asarray(s) - ref).max()))
-        return {"spans_processes": spans, "version": version, "fresh": [c.token_ids.tolist() for c in fresh],
-                "after": [c.token_ids.tolist() for c in after], "versions": [c.weight_version for c in after],
-                "max_logprob_diff": diff, "checkpoint": str(getattr(engine, "engine", engine).config.model_dir)}
-    finally:
-        engine.close()
-
-
-def ray_rollouts(run_dir: pathlib.Path) -> dict:
-    import dataclasses
-
-    import ray
-
-    from bat_jax.bicurl.engines import EngineConfig
-    from bat_jax.bicurl.ray_workers import RayRolloutConfig, RayRollouts, WorkerSpec, host_params, install_params
-    from bat_jax.learn.learner import Learner
-    from bat_jax.models.mesh import MeshConfig
-    from bat_jax.policy import PolicyConfig, build_policy
-    from bat_jax.prompts import PromptFormat, rl_request
-    from bat_jax.rollout.agent_loop import AgentLoopConfig
-    from bat_jax.stage_bank.row import Provenance, RLRow, RubricSpec, StateRef, Transformation
-    from bat_jax.benchmarks.imaging import heldout
-    from bat_jax.benchmarks.imaging.benchmark import ImagingBenchmark
-    from bat_jax.benchmarks.imaging.registry import get_track
-
-    requests = []
-    for i, seed in enumerate((3, 4)):
-        state = heldout.training_task(get_track("vqa"), seed, "success", 0).state()
-        syn = Transformation("task_synthesis", "ab" * 32, {"seed": seed, "variant": "success", "template": 0})
-        row = RLRow(StateRef.from_state(state, f"states/{state.digest()}.tar"), "S1", "do the stage",
-                    (RubricSpec("x", "y"),), (), "skill", Provenance("src-1", "cd" * 32, "vqa", "success", (syn,)))
-        requests.append(rl_request(row, state, f"st-{i}", PromptFormat.of(ImagingBenchmark(), "compact")))
-    agent = AgentLoopConfig(sampling=SamplingConfig(group_size=2), max_assistant_turns=2, max_tokens_per_turn=8,
-                            max_context_tokens=2048, progress=False, schedule="lockstep")
-    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=1, head_dim=16)
-    spec = WorkerSpec(PolicyConfig(architecture="qwen3", tiny=tiny, prompt_style="compact"), agent, "local",
-                      EngineConfig(max_batch=8))
-    learner = Learner(build_policy(dataclasses.replace(spec.policy, seed=1)).model, MeshConfig(data=1, fsdp=2,
-                                                                                                 tensor=1))
-    if multihost.is_primary():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    multihost.barrier("ray started")
-    if not multihost.is_primary():
-        ray.init(address="auto", log_to_driver=False)
-    rollouts = RayRollouts.start(spec, RayRolloutConfig(num_workers=1, cpus_per_worker=1, start_timeout_s=300,
-                                                        worker_env={"JAX_PLATFORMS": "cpu"}))
-    try:
-        version = rollouts.engine.update_weights(learner.sync_model())  # a collective: every process pushes
-
-        class Scorer:
-            def __init__(self):
-                self.got = {}
-
-            def submit(self, position, trajectory):
-                self.got[position] = trajectory.response_tokens
-
-            def results(self, positions=None):
-                return [self.got[p] for p in positions]
-
-        trajectories, rewards = multihost.scored_rollouts(rollouts, requests, 7, Scorer())
-    finally:
-        rollouts.close()
-        multihost.barrier("workers closed")
-        ray.shutdown()
-    reference = spec.build_policy()
-    loop = spec.build_loop(reference)
-    install_params(reference, loop.engine, host_params(learner.sync_model()))
-    episodes = [(r, i, k) for i, r in enumerate(requests) for k in range(2)]
-    mine = multihost.share(len(episodes))
-    local = loop.run_episodes([episodes[p] for p in mine], seed=7)
-    return {"version": version, "episodes": [[t.state_id, t.episode] for t in trajectories],
-            "versions": [t.weight_version for t in trajectories], "rewards": rewards,
-            "ids": [t.ids.tolist() for t in trajectories], "share": [mine.start, mine.stop],
-            "local_ids": [t.ids.tolist() for t in local]}
 
 
 def _caught(fn):

@@ -193,28 +193,3 @@ def test_the_staleness_counts_reach_the_ledger_and_the_report(monkeypatch, tmp_p
     table = report.staleness_table([types.SimpleNamespace(round=1, grpo=back)])
     assert table.splitlines()[2].split() == ["round", "1", "1", "1", "0", "2", f"{back.staleness_mean:.2f}",
                                              str(back.staleness_max)]
-
-
-@pytest.mark.slow
-def test_a_micro_run_trains_with_max_staleness_1(tmp_path):
-    """The micro BiCuRL configuration (tests/micro_config.py: real tiny learner, JAX sampler, agent loop, local
-    sandboxes, rubric scoring) with max_staleness = 1 over two GRPO steps: every group trained, the second batch's
-    groups at most one version old, nothing dropped, the counts in the ledger and the table in report.md."""
-    import dataclasses
-
-    import micro_config
-
-    from bat_jax.bicurl import experiment as ex
-    from bat_jax.ledger import Ledger
-
-    comps = micro_config.components(micro_config.seeded(tmp_path / "bank"))
-    comps = dataclasses.replace(comps, staleness=StalenessConfig(max_staleness=1),
-                                pools=dataclasses.replace(comps.pools, refill=True))  # 2 batches from a micro bank
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    ex.run(run_dir, ex.BiCuRLConfig(rounds=1, grpo_steps_per_round=2, backend="local"), comps)
-    (record,) = Ledger(run_dir / "ledger.jsonl").read()
-    g = record.grpo
-    assert g.groups_trained == g.groups_drawn == 8 and g.groups_dropped_stale == g.groups_evicted == 0
-    assert g.staleness_max is not None and 0 <= g.staleness_mean <= g.staleness_max <= 1
-    assert "Bounded-staleness GRPO per round" in (run_dir / "report.md").read_text()
