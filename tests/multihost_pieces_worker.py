@@ -156,7 +156,7 @@ def async_block() -> dict:
                                micro_batches=1,
                                max_response_tokens=8, staleness=StalenessConfig(max_staleness=1))
     stats = ab.async_grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, block,
-                                benchmark=None, seed=3)
+                                benchmark=None, seed=3, hosts=multihost.ManyHosts())
     steps = [{k: np.asarray(v).round(6).tolist() for k, v in host.items()} for host in learner.seen]
     return {"steps": steps, "stats": stats.__dict__, "ran": sorted(set(loop.ran))}
 

@@ -1,4 +1,4 @@
-"""bat_jax/bicurl/multihost.py: with one process every piece is the local computation; (slow) two processes joined
+"""bat_jax/bicurl/multihost.py: with one process each primitive is the local computation; (slow) two processes joined
 by jax.distributed on CPU agree on process 0's values, see its errors, gather each other's rollouts, write only on
 process 0, stop together when one host has no Docker, and a dead process ends the other within a bounded time."""
 
@@ -48,27 +48,6 @@ def test_one_process_is_the_local_computation(tmp_path):
     multihost.check_config(sampler_mesh=True)  # nothing to refuse with one process
     assert multihost.host_label(2, "node-b") == "process 2 (node-b)"
     assert multihost.host_dir(tmp_path) == tmp_path
-
-
-def test_one_process_finished_returns_the_groups_done_once_one_is():
-    """One process: `finished` returns, by key, every future done once the first is.
-
-    A future's error is raised as it is; no futures, nothing.
-    """
-    import concurrent.futures
-    import threading
-
-    gate = threading.Event()
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        slow = pool.submit(lambda: gate.wait(30) and "slow")
-        fast = pool.submit(lambda: ("trajs", [1.0]))
-        assert multihost.finished({0: slow, 3: fast}, "step 0's groups") == {3: ("trajs", [1.0])}
-        gate.set()
-        assert multihost.finished({0: slow}, "step 0's groups") == {0: "slow"}
-        broken = pool.submit(lambda: {}["sandbox"])
-        with pytest.raises(KeyError, match="sandbox"):
-            multihost.finished({1: broken}, "step 1's groups")
-    assert multihost.finished({}, "nothing") == {}
 
 
 def test_elsewhere_writer_does_nothing():
@@ -124,27 +103,6 @@ def test_host_weights_feed_a_vllm_engine_bf16_and_the_jax_sampler_its_state():
                                                                 ).astype("float32").tolist()
     assert isinstance(sampler.got, nnx.State)
     assert {str(v.get_value().dtype) for _, v in nnx.to_flat_state(sampler.got)} == {"float32"}
-
-
-def test_one_process_scored_rollouts_runs_the_whole_batch():
-    class Loop:
-        def run(self, requests, *, seed, on_trajectory):
-            out = [f"{r}@{seed}" for r in requests]
-            for i, t in enumerate(out):
-                on_trajectory(i, t)
-            return out
-
-    class Scorer:
-        def __init__(self):
-            self.got = {}
-
-        def submit(self, i, t):
-            self.got[i] = len(t)
-
-        def results(self):
-            return [self.got[i] for i in sorted(self.got)]
-
-    assert multihost.scored_rollouts(Loop(), ["a", "bb"], 5, Scorer()) == (["a@5", "bb@5"], [3, 4])
 
 
 def _free_port() -> int:

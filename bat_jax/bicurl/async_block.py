@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from bat_jax.bicurl import grpo_round as gr
-from bat_jax.bicurl import multihost
+from bat_jax.bicurl.hosts import OneHost
 from bat_jax.bicurl.reward import TaskCache
 from bat_jax.bicurl.round_journal import RoundJournal
 from bat_jax.learn.dynamic_sampling import SpareRows
@@ -32,15 +32,18 @@ from bat_jax.verify.judge import RubricJudge
 
 def run_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
                    block: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
-                   judge: RubricJudge | None = None, journal: RoundJournal | None = None) -> GRPOStats:
+                   judge: RubricJudge | None = None, journal: RoundJournal | None = None,
+                   hosts: OneHost | None = None) -> GRPOStats:
     """The round's GRPO block, synchronous or bounded-staleness.
 
     It is `grpo_round.grpo_block` when `block.staleness.max_staleness == 0`, else `async_grpo_block` (module docstring);
-    `journal` keeps what it rolls out (`bicurl/round_journal.py`).
+    `journal` keeps what it rolls out (`bicurl/round_journal.py`); `hosts` splits the rollouts over the run's processes.
     """
     if block.staleness.max_staleness == 0:
-        return gr.grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge, journal=journal)
-    return async_grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge, journal=journal)
+        return gr.grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge, journal=journal,
+                             hosts=hosts)
+    return async_grpo_block(learner, loop, bank, round_view, block, benchmark, seed, judge, journal=journal,
+                            hosts=hosts)
 
 
 @dataclasses.dataclass
@@ -89,7 +92,8 @@ def gated(loop: AgentLoop) -> AgentLoop:
 
 def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView,
                      block: gr.GRPOBlockConfig, benchmark: StagedBenchmark, seed: int,
-                     judge: RubricJudge | None = None, journal: RoundJournal | None = None) -> GRPOStats:
+                     judge: RubricJudge | None = None, journal: RoundJournal | None = None,
+                     hosts: OneHost | None = None) -> GRPOStats:
     """Runs one round's GRPO block with bounded staleness (module docstring) and returns what it did.
 
     Each group goes through `journal` (`bicurl/round_journal.py`: a resumed round reuses the groups it finished before
@@ -100,7 +104,8 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
     rules = block.staleness
     s = rules.max_staleness
     batches = [list(b) for b in round_view.batches]
-    run = gr.BlockRun(learner, round_view, block, benchmark)
+    run = gr.BlockRun(learner, round_view, block, benchmark, hosts)
+    hosts = run.hosts
     loop = gated(loop)
     spares = SpareRows(round_view.spares)
     counts = StaleCounts()
@@ -113,7 +118,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
 
     def submit(slot: _Slot) -> None:
         """Rolls the slot out on this process when it is in this process's share of its batch (all with one)."""
-        if slot.index not in multihost.share(len(batches[slot.batch])):
+        if slot.index not in hosts.share(len(batches[slot.batch])):
             return
         group_seed, item = gr.wave_seed(seed, slot.batch, slot.wave), slot.item
         slot.future = pool.submit(
@@ -176,7 +181,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
                     admitted += 1
                 while unsettled := [slot for slot in slots[b] if not slot.settled]:
                     mine = {slot.index: slot.future for slot in unsettled if slot.future is not None}
-                    done = multihost.finished(mine, f"step {b}'s groups")
+                    done = hosts.finished(mine, f"step {b}'s groups")
                     for slot in unsettled:
                         if slot.index in done:
                             settle(slot, current, done[slot.index])

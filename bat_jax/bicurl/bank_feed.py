@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bat_jax.atomic_io import atomic_write
-from bat_jax.bicurl import multihost
+from bat_jax.bicurl.hosts import OneHost
 from bat_jax.errors import ConfigValueError
 from bat_jax.ledger import RoundRecord
 from bat_jax.stage_bank import steering
@@ -43,8 +43,9 @@ class BankFeed:
     """The versions of one run's rounds (module docstring); `view(version)` reads and keeps the newest view."""
 
     def __init__(self, bank: StageBank, run_dir: pathlib.Path, setting: str | int, benchmark: StagedBenchmark,
-                 factory: "FactoryProcess | RayFactory | None" = None):
+                 factory: "FactoryProcess | RayFactory | None" = None, hosts: OneHost | None = None):
         self.bank = bank
+        self.hosts = hosts or OneHost()
         self.path = pathlib.Path(run_dir) / VERSIONS_FILE
         self.setting = check_bank_version(setting)
         self.benchmark = benchmark
@@ -73,7 +74,7 @@ class BankFeed:
           ConfigValueError: the pinned version is not published in this bank, or the bank is empty.
         """
         # process 0 resolves and records it; with several processes every one gets its answer
-        return multihost.on_primary(lambda: self._resolve(round_index), f"bank version of round {round_index}")
+        return self.hosts.on_primary(lambda: self._resolve(round_index), f"bank version of round {round_index}")
 
     def _resolve(self, round_index: int) -> int:
         recorded = self._recorded()

@@ -18,7 +18,8 @@ from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary, display
 from bat_jax.benchmark.stages import StageSet
 from bat_jax.bicurl import evaluation as ev
-from bat_jax.bicurl import multihost, round_journal
+from bat_jax.bicurl import hosts as run_hosts
+from bat_jax.bicurl import round_journal
 from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
 from bat_jax.bicurl.cold_start import (ROUND0_FILE, SFT_TARGETS, load_round0, round0_items, round0_matches,
                                       save_round0, sft_cold_start)
@@ -180,7 +181,8 @@ class Components:
             raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine kind 'jax'")
 
 
-def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components: Components = Components()) -> dict:
+def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components: Components = Components(),
+        hosts: run_hosts.OneHost | None = None) -> dict:
     """Runs (or resumes) one experiment in `run_dir`; returns the final summary (also written as JSON).
 
     The sandboxes (warm pool), rollout engine and Ray workers it starts are released when it returns or raises.
@@ -194,7 +196,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
     """
     run_dir = pathlib.Path(run_dir)
     with contextlib.ExitStack() as resources:
-        exp = _open(run_dir, config, components, resources)
+        exp = _open(run_dir, config, components, resources, hosts or run_hosts.current())
         untrained = exp.learner.host_copy(exp.learner.params)
         round0 = _cold_start(exp)
         sft_params = exp.learner.host_copy(exp.learner.params)
@@ -212,16 +214,16 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
             view = exp.feed.round_start(r, exp.view)  # resolved now, never waiting on a factory
             round_view = exp.round_rows.view(view, decision.target, r)
             # what the block rolls out is journaled: a killed round resumes on it (one process: its writer)
-            journal = round_journal.for_round(run_dir, r, enabled=jax.process_count() == 1)
+            journal = round_journal.for_round(run_dir, r, enabled=exp.hosts.count == 1)
             stats = run_grpo_block(exp.learner, exp.loops.rollouts, exp.bank, round_view, exp.block, exp.benchmark,
-                                   seed=config.seed * 1000 + r, judge=exp.judge, journal=journal)
+                                   seed=config.seed * 1000 + r, judge=exp.judge, journal=journal, hosts=exp.hosts)
             if journal.line():
                 print(journal.line(), flush=True)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.full(exp.learner.params),
                                        exp.learner.full(exp.learner.on_mesh(best_params)), *kl_probe,
                                        config=exp.components.policy_shift)
-            verdict = multihost.agree(_judge_candidate(exp, controller, r, summary, shift), f"round {r} decision")
+            verdict = exp.hosts.agree(_judge_candidate(exp, controller, r, summary, shift), f"round {r} decision")
             if verdict.new_best:
                 best_params = exp.learner.host_copy(exp.learner.params)
             if verdict.retained_checkpoint != checkpoint_name(r):
@@ -238,7 +240,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
             exp.ledger.append(record)
             journal.clear()
             records.append(record)
-            if multihost.is_primary():
+            if exp.hosts.is_primary:
                 exp.feed.publish_steering(records, view)
             _log_round(exp.writer, record, summary, time.perf_counter() - t_round)
 
@@ -247,7 +249,7 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
         # SFT without rounds; with several processes all join the gathers and process 0 writes
         export_retained(exp.learner.sync_model(best_params), run_dir, exp.policy.tokenizer)
         exp.loops.close()  # Ray rollout workers, the sandbox pool
-        return multihost.on_primary(lambda: report.write_run_report(
+        return exp.hosts.on_primary(lambda: report.write_run_report(
             run_dir, final, records, round0, exp.stages, exp.writer, note=exp.benchmark.note,
             round0_items=round0_items(run_dir)), "run report")
 
@@ -277,6 +279,7 @@ class _Experiment:
     ledger: Ledger
     writer: report.ScalarWriter
     block: GRPOBlockConfig
+    hosts: run_hosts.OneHost  # or multihost.ManyHosts: every exchange between the run's processes
 
     @property
     def stages(self) -> StageSet:
@@ -287,7 +290,7 @@ class _Experiment:
         self.engine.update_weights(self.learner.sync_model(params))  # every process (a collective with several)
         config = dataclasses.replace(self.components.evaluation, purpose=purpose)
         # on process 0 alone; its aggregates go to every process
-        return multihost.on_primary(lambda: self.loops.evaluate(config, self.benchmark, self.judge, self.prompt),
+        return self.hosts.on_primary(lambda: self.loops.evaluate(config, self.benchmark, self.judge, self.prompt),
                                     f"{purpose} evaluation")
 
     def restore(self, name: str):
@@ -302,7 +305,7 @@ class _Experiment:
 
 
 def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
-          resources: contextlib.ExitStack) -> _Experiment:
+          resources: contextlib.ExitStack, hosts: run_hosts.OneHost) -> _Experiment:
     """Opens a run: the benchmark, policy, learner, Stage Bank version, engine, loops and records.
 
     It checks the benchmark, builds the policy and learner (a missing checkpoint directory fails before other work),
@@ -325,7 +328,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     policy = build_policy(components.policy, checkpoint_sharding(components.mesh))  # straight onto the mesh
     learner = Learner(policy.model, components.mesh, components.memory)
 
-    manifest_path = multihost.on_primary(lambda: ev.write_heldout_manifest(
+    manifest_path = hosts.on_primary(lambda: ev.write_heldout_manifest(
         run_dir / "heldout_manifest.json", components.evaluation, benchmark), "held-out manifest")
     manifest = HeldOutManifest.load(manifest_path)
     bank = StageBank(components.bank.bank_dir)
@@ -340,8 +343,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                   f"digest {built.digest[:8]}… (sandbox {versions or 'versions unknown'})"
                   + (f"; rejected {built.rejected}" if built.rejected else ""))
 
-    multihost.on_primary(check_or_build, "Stage Bank check and build")
-    feed = BankFeed(bank, run_dir, config.bank_version, benchmark)
+    hosts.on_primary(check_or_build, "Stage Bank check and build")
+    feed = BankFeed(bank, run_dir, config.bank_version, benchmark, hosts=hosts)
     view = feed.view(feed.version_for(0))  # SFT and the KL probe set read this version, also after a resume
     feed.check_foci(view, 0)
     preflight(manifest, files=[components.bank.bank_dir]).raise_if_leaky()
@@ -353,15 +356,16 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     components = dataclasses.replace(components, policy_shift=fit_probe(components.policy_shift, len(view.rl_rows)))
 
     agent = components.agent
-    multihost.check_config(sampler_mesh=components.engine.sampler_mesh is not None)
-    engine = multihost.local_engine(build_engine(  # with several processes: its own model copy, fed gathered weights
-        multihost.engine_policy(policy), components.engine, agent.max_context_tokens, multihost.host_dir(run_dir),
-        batch_episodes=components.pools.batch_size * components.sampling.group_size))
+    engine = hosts.local_engine(  # with several processes: its own model copy, fed gathered weights
+        lambda engine_policy, directory: build_engine(
+            engine_policy, components.engine, agent.max_context_tokens, directory,
+            batch_episodes=components.pools.batch_size * components.sampling.group_size),
+        policy, run_dir, sampler_mesh=components.engine.sampler_mesh is not None)
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None
     rows_in_flight = components.pools.batch_size * (1 + components.staleness.max_staleness)  # s later batches too
-    loops = multihost.all_ok(  # every host opens its own sandboxes; one that cannot stops every process, named
+    loops = hosts.all_ok(  # every host opens its own sandboxes; one that cannot stops every process, named
         lambda: open_run_loops(policy, engine, agent, components.evaluation, benchmark, rows_in_flight,
                                config.backend, warm_pool=config.sandbox_pool, ray=components.ray, worker=worker),
         "opening the sandboxes", release=lambda opened: opened.close())
@@ -370,7 +374,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     if judge is not None:
         judge.check_endpoint()  # a rejected request (wrong model / key) stops here; unreachable only warns
     # after the first build: the factory admits the versions after it (one factory: process 0's)
-    if components.factory_loop is not None and multihost.is_primary():
+    if components.factory_loop is not None and hosts.is_primary:
         kind = RayFactory if components.ray is not None else FactoryProcess  # Ray is up: the rollout workers
         feed.factory = kind(dataclasses.replace(components.bank, heldout_manifest=str(manifest_path)), benchmark,
                             components.factory_loop).start()
@@ -385,12 +389,12 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
     base = (BaseRecord(components.policy.base_source(), base_digest(learner.frozen, distributed.host_gather))
             if learner.frozen else None)  # a LoRA run's frozen base; every process hashes (a collective)
-    multihost.on_primary(lambda: checkpoints.check_base(base), "LoRA base check")  # another base: refused
+    hosts.on_primary(lambda: checkpoints.check_base(base), "LoRA base check")  # another base: refused
     return _Experiment(run_dir, config, components, benchmark, prompt, policy, learner, bank, feed, view, round_rows,
                        engine, loops, judge, checkpoints,
-                       multihost.primary_only(lambda: Ledger(run_dir / "ledger.jsonl")),  # writers: process 0
-                       multihost.primary_only(lambda: report.ScalarWriter(run_dir / "tensorboard", benchmark.stages)),
-                       block)
+                       hosts.primary_only(lambda: Ledger(run_dir / "ledger.jsonl")),  # writers: process 0
+                       hosts.primary_only(lambda: report.ScalarWriter(run_dir / "tensorboard", benchmark.stages)),
+                       block, hosts)
 
 
 def _with_late_stages(config: ctl.ControllerConfig, benchmark: StagedBenchmark) -> ctl.ControllerConfig:
@@ -415,8 +419,8 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
     restored = 0 in exp.checkpoints.all_steps()
     if restored:
         exp.learner.params = exp.restore(checkpoint_name(0))
-        if multihost.on_primary(lambda: round0_matches(exp.run_dir, jobs), "round 0 evaluation"):
-            return multihost.on_primary(lambda: load_round0(exp.run_dir), "round 0 evaluation")
+        if exp.hosts.on_primary(lambda: round0_matches(exp.run_dir, jobs), "round 0 evaluation"):
+            return exp.hosts.on_primary(lambda: load_round0(exp.run_dir), "round 0 evaluation")
         # e.g. an SFT cold start copied from a run with other controller repeats or seed (`launch.sweep
         # --init_from`): every round would be compared with a baseline over other cells
         print(f"[bat_jax] the round 0 evaluation in {ROUND0_FILE} played other cells than this run's controller "
@@ -431,7 +435,7 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
     summary, _ = exp.evaluate(exp.learner.params, "controller")
     print(f"[bat_jax] controller evaluation of the SFT policy: Overall {display(summary.overall)} "
           f"({time.perf_counter() - t1:.0f} s)", flush=True)
-    round0 = multihost.on_primary(lambda: save_round0(exp.run_dir, summary, jobs), "round 0 evaluation")
+    round0 = exp.hosts.on_primary(lambda: save_round0(exp.run_dir, summary, jobs), "round 0 evaluation")
     if not restored:
         exp.checkpoints.save(0, {"params": exp.learner.params}, extra={"round": 0},
                              metrics=None if summary.overall is None else {"overall": summary.overall})
@@ -442,7 +446,7 @@ def _resume(exp: _Experiment, round0: ctl.Evaluation) -> tuple[ctl.Controller, l
     """The controller and the ledger's rounds of a resumed run (a new run: round 0 observed).
 
     A checkpoint saved by a round killed before its ledger line is deleted: that round is redone."""
-    records = multihost.on_primary(exp.ledger.read, "ledger")
+    records = exp.hosts.on_primary(exp.ledger.read, "ledger")
     for step in exp.checkpoints.all_steps():
         if step > (records[-1].round if records else 0):
             print(f"[bat_jax] dropping checkpoint {step}: its round is not in the ledger (killed run)", flush=True)

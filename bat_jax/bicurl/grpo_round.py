@@ -17,7 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from bat_jax.benchmark.items import ItemRates
-from bat_jax.bicurl import multihost
+from bat_jax.bicurl.hosts import OneHost
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
 from bat_jax.bicurl.round_journal import RoundJournal
 from bat_jax.learn import grpo, rollout_correction
@@ -87,7 +87,7 @@ class GRPOBlockConfig:
 
 def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: pools.RoundView, block: GRPOBlockConfig,
                benchmark: StagedBenchmark, seed: int, judge: RubricJudge | None = None,
-               journal: RoundJournal | None = None) -> GRPOStats:
+               journal: RoundJournal | None = None, hosts: OneHost | None = None) -> GRPOStats:
     """Runs one round's GRPO block on `learner` and returns what it did (`ledger.GRPOStats`).
 
     Rollouts are scored by `benchmark`'s rule (`StagedBenchmark.score_episode`). The learner's params become the
@@ -96,11 +96,11 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
     one more pass after. The round's learner-vs-engine metrics (`GRPOStats.rollout_mismatch`) cover every trained
     batch with recomputed logprobs, the first one in bypass mode. Each wave of rollouts goes through `journal`
     (`bicurl/round_journal.py`: a resumed round reuses the waves it finished before the kill and rolls out the
-    rest; None keeps nothing).
+    rest; None keeps nothing). `hosts` (default: one process) splits each wave's episodes over the run's processes.
     """
     journal = journal if journal is not None else RoundJournal(None)
     base_version = 0  # the engine's version at the block's first sync (the journal's versions count from it)
-    run = BlockRun(learner, round_view, block, benchmark)
+    run = BlockRun(learner, round_view, block, benchmark, hosts)
     spares = SpareRows(round_view.spares)
     k_rollouts = block.grpo.sampling.group_size
     for b, batch in enumerate(tqdm(round_view.batches, desc="GRPO", unit="step")):
@@ -112,7 +112,7 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
             wave = next(waves)
             trajs, scored = journal.rolled_out(
                 f"sync-b{b:04d}-w{wave:03d}", [item.round_state_id for item in items], wave_seed(seed, b, wave),
-                base_version, lambda: rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, run.tasks))
+                base_version, lambda: rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, run.tasks, run.hosts))
             run.count_rollouts(trajs, scored, [item for item in items for _ in range(k_rollouts)],
                                first_wave=b == 0 and wave == 0)
             return [(trajs[i * k_rollouts:(i + 1) * k_rollouts], scored[i * k_rollouts:(i + 1) * k_rollouts])
@@ -168,8 +168,9 @@ class BlockRun:
     """
 
     def __init__(self, learner: Learner, round_view: pools.RoundView, block: GRPOBlockConfig,
-                 benchmark: StagedBenchmark):
+                 benchmark: StagedBenchmark, hosts: OneHost | None = None):
         self.learner, self.block, self.cfg = learner, block, block.objective
+        self.hosts = hosts or OneHost()
         self.step_fn, self.state = learner.grpo_block(self.cfg, block.optimizer,
                                                       total_steps=len(round_view.batches) * self.cfg.epochs,
                                                       num_micro_batches=block.micro_batches)
@@ -244,7 +245,7 @@ class BlockRun:
         else:
             shift = dict.fromkeys(SHIFT_KEYS, float("nan"))
         loop.engine.update_weights(learner.sync_model(learner.params))
-        _, probe = rollouts(loop, bank, round_view.batches[0], self.block, seed * 100, judge, self.tasks)
+        _, probe = rollouts(loop, bank, round_view.batches[0], self.block, seed * 100, judge, self.tasks, self.hosts)
         after = [s.reward for s in probe if s.reward is not None]
         return GRPOStats(
             rollouts=tally.rollouts, unscored=tally.unscored, agent_failed=tally.agent_failed,
@@ -332,7 +333,7 @@ def batch_rows(learner: Learner, trajectories: Sequence, block: GRPOBlockConfig)
 
 
 def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem], block: GRPOBlockConfig, seed: int,
-             judge: RubricJudge | None, tasks: TaskCache):
+             judge: RubricJudge | None, tasks: TaskCache, hosts: OneHost):
     """(trajectories, `RolloutReward`s) of K rollouts per item of one pool batch, sampled with `seed`.
 
     Each is scored as soon as its episode ends, concurrently with the others' generation (`block.reward` threads), tasks
@@ -345,7 +346,7 @@ def rollouts(loop: AgentLoop, bank: StageBank, batch: Sequence[pools.RoundItem],
     with RolloutScorer([item.row for item in per_rollout], [starts[item.round_state_id] for item in per_rollout],
                        tasks.benchmark, judge, block.reward, tasks) as scorer:
         # scored as they finish; with several processes each rolls out and scores its share, then all gather
-        return multihost.scored_rollouts(loop, requests, seed, scorer)
+        return hosts.scored_rollouts(loop, requests, seed, scorer)
 
 
 def group_variance(rewards, groups) -> tuple[int, int]:

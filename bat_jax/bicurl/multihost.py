@@ -1,6 +1,7 @@
 """One BiCuRL run over several processes (``jax.distributed``).
 
-Who writes, what every process agrees on, how a batch's rollouts are split over the hosts.
+Who writes, what every process agrees on, how a batch's rollouts are split over the hosts: `ManyHosts`, what
+`hosts.current()` gives a run of several processes, over the exchanges below.
 
 Details: docs/design.md.
 """
@@ -216,12 +217,9 @@ def share(n: int, index: int | None = None, count: int | None = None) -> range:
 def scored_rollouts(loop, requests: Sequence[Any], seed: int, scorer) -> tuple[list, list]:
     """(trajectories, rewards) of `loop.run(requests, seed=seed)` scored by `scorer`, split over processes.
 
-    `scorer` is a `reward.RolloutScorer` over every position. With one process exactly that; with several, each process
-    rolls out and scores its :func:`share` of the episodes (``loop.run_episodes``: the same seeds as the whole batch)
-    and both lists are gathered, in position order, on every process."""
-    if jax.process_count() == 1:
-        trajectories = loop.run(requests, seed=seed, on_trajectory=scorer.submit)
-        return trajectories, scorer.results()
+    `scorer` is a `reward.RolloutScorer` over every position. Each process rolls out and scores its :func:`share` of
+    the episodes (``loop.run_episodes``: the same seeds as the whole batch) and both lists are gathered, in position
+    order, on every process (one process: `hosts.OneHost.scored_rollouts`)."""
     k = loop.config.sampling.group_size
     episodes = [(request, i, j) for i, request in enumerate(requests) for j in range(k)]
     mine = share(len(episodes))
@@ -236,20 +234,14 @@ def finished(futures: Mapping[Any, concurrent.futures.Future], name: str,
              timeout_s: float = WAIT_TIMEOUT_S) -> dict[Any, Any]:
     """Results of finished work by key, the same on every process.
 
-    With one process: the futures of `futures` done once at least one is (``{}`` for no futures). With several:
-    every future of this process's `futures` (its share of the work, possibly none) waited for, and the results of
+    Every future of this process's `futures` (its share of the work, possibly none) waited for, and the results of
     every process gathered into one dict (the processes' keys must be distinct). Every process calls it the same
-    number of times (the keys of the exchange are numbered by call order).
+    number of times (the keys of the exchange are numbered by call order); one process: `hosts.OneHost.finished`.
 
     Raises:
       whatever a future of this process raised (after the other processes have been told);
       PeerError: on the other processes, naming the process whose work failed and its error.
     """
-    if jax.process_count() == 1:
-        if not futures:
-            return {}
-        concurrent.futures.wait(futures.values(), return_when=concurrent.futures.FIRST_COMPLETED)
-        return {key: f.result() for key, f in futures.items() if f.done()}
     concurrent.futures.wait(futures.values())
     mine: dict[Any, Any] = {}
     error: BaseException | None = None
@@ -342,3 +334,45 @@ def check_config(*, sampler_mesh: bool) -> None:
     if jax.process_count() > 1 and sampler_mesh:
         raise ConfigError(f"{jax.process_count()} processes: engines.EngineConfig.sampler_mesh: unset it; each "
                           "host's sampler runs on its own devices")
+
+
+class ManyHosts:
+    """The processes of a run under ``jax.distributed`` (`hosts.OneHost`'s methods, across processes).
+
+    Process 0 writes the records and decides what all agree on; each process rolls out its share of a batch on its
+    own engine and sandboxes, and the results are gathered on every process."""
+
+    def __init__(self):
+        self.count, self.index = jax.process_count(), jax.process_index()
+        self.is_primary = self.index == 0
+
+    def on_primary(self, fn: Callable[[], Any], name: str) -> Any:
+        return on_primary(fn, name)
+
+    def agree(self, value: Any, name: str) -> Any:
+        return agree(value, name)
+
+    def all_ok(self, fn: Callable[[], Any], name: str, release: Callable[[Any], Any] | None = None) -> Any:
+        return all_ok(fn, name, release)
+
+    def primary_only(self, make: Callable[[], Any]) -> Any:
+        return primary_only(make)
+
+    def share(self, n: int) -> range:
+        return share(n)
+
+    def scored_rollouts(self, loop, requests: Sequence[Any], seed: int, scorer) -> tuple[list, list]:
+        return scored_rollouts(loop, requests, seed, scorer)
+
+    def finished(self, futures: Mapping[Any, concurrent.futures.Future], name: str) -> dict[Any, Any]:
+        return finished(futures, name)
+
+    def local_engine(self, build: Callable[[Any, Any], Any], policy: Any, run_dir: Any, *,
+                     sampler_mesh: bool) -> Any:
+        """`build(policy copy, host directory)` wrapped in :class:`HostWeights` (see :func:`engine_policy`).
+
+        Raises:
+          errors.ConfigError: the sampler on the global mesh (:func:`check_config`).
+        """
+        check_config(sampler_mesh=sampler_mesh)
+        return local_engine(build(engine_policy(policy), host_dir(run_dir)))
