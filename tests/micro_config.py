@@ -32,6 +32,7 @@ _GIN = """\
 from __gin__ import dynamic_registration
 import bat_jax.launch as launch
 import bat_jax.bicurl.experiment as experiment
+import bat_jax.bicurl.grpo_round as grpo_round
 import bat_jax.policy as policy
 import bat_jax.stage_bank.factory as factory
 import bat_jax.stage_bank.pools as pools
@@ -60,7 +61,7 @@ experiment.Components:
   policy = @policy.PolicyConfig()
   bank = @factory.FactoryConfig()
   sft = @sft.SFTConfig()
-  grpo = @grpo.GRPOConfig()
+  block = @grpo_round.GRPOBlockConfig()
   pools = @pools.PoolConfig()
   agent = @agent_loop.AgentLoopConfig()
   sampling = @sampling.SamplingConfig()

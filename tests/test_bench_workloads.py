@@ -29,7 +29,7 @@ def test_tiny_default_carries_the_gin_files_engine_agent_and_model_settings():
         6, 832, 3072, 1, 64, 0.7)
     assert dict(tiny.policy.tiny) == {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
                                       "max_position_embeddings": 8192, "chunk_size": 16}
-    assert (tiny.memory.attention_block, tiny.sampling.group_size, tiny.grpo_optimizer.learning_rate) == (128, 4, 1e-4)
+    assert (tiny.memory.attention_block, tiny.sampling.group_size, tiny.block.optimizer.learning_rate) == (128, 4, 1e-4)
 
 
 def test_tiny_default_follows_a_binding_and_leaves_gin_cleared():

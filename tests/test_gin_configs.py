@@ -182,7 +182,7 @@ def test_the_9b_lora_file_is_bicurl_9b_with_an_adapter_on_one_device():
         == (1, 1, 1)
     assert (gin.query_parameter("sft.SFTConfig.num_micro_batches"), resolved("sft.SFTConfig.global_batch_size")) == (
         64, 64)
-    assert gin.query_parameter("experiment.Components.grpo_micro_batches") == 32
+    assert gin.query_parameter("grpo_round.GRPOBlockConfig.micro_batches") == 32
     assert gin.query_parameter("launch.run.xla_memory_fraction") == 0.9
     for scope, full_lr in (("sft", 2e-5), ("grpo", 1e-6)):
         assert full.get((scope, "bat_jax.learn.optim.OptimizerConfig"), {}).get(  # unbound: OptimizerConfig's 2e-5
@@ -192,7 +192,7 @@ def test_the_9b_lora_file_is_bicurl_9b_with_an_adapter_on_one_device():
     changed = {key for key, params in _config_snapshot().items() if full.get(key) != params}
     assert changed == {("", "bat_jax.launch.run"), ("", "bat_jax.policy.PolicyConfig"),
                        ("", "bat_jax.models.lora.LoRAConfig"), ("", "bat_jax.models.mesh.MeshConfig"),
-                       ("", "bat_jax.learn.sft.SFTConfig"), ("", "bat_jax.bicurl.experiment.Components"),
+                       ("", "bat_jax.learn.sft.SFTConfig"), ("", "bat_jax.bicurl.grpo_round.GRPOBlockConfig"),
                        ("", "bat_jax.bicurl.engines.EngineConfig"), ("sft", "bat_jax.learn.optim.OptimizerConfig"),
                        ("grpo", "bat_jax.learn.optim.OptimizerConfig")}
     gin.clear_config(clear_constants=True)
@@ -237,9 +237,9 @@ def test_released_preset_over_the_tiny_default_binds_the_released_objective():
     launch.parse_gin(["bicurl_9b.gin"], ["dynamic_sampling.DynamicSamplingConfig.enabled = True"])
     from bat_jax.bicurl.experiment import Components
 
-    assert gin.get_configurable(Components)().dynamic_sampling.enabled is True
+    assert gin.get_configurable(Components)().block.dynamic_sampling.enabled is True
     launch.parse_gin(["bicurl_9b.gin"], [])
-    assert gin.get_configurable(Components)().dynamic_sampling.enabled is False
+    assert gin.get_configurable(Components)().block.dynamic_sampling.enabled is False
     # the run file alone keeps the paper's objective
     launch.parse_gin(["bicurl_tiny.gin"], [])
     assert resolved("grpo.GRPOConfig.kl_coef") == 1e-3
@@ -272,7 +272,7 @@ def test_one_sampling_binding_reaches_the_loop_and_grpo_and_the_old_bindings_are
         launch.parse_gin(["bicurl_tiny.gin"], ["sampling.SamplingConfig.temperature = 0.9",
                                                "sampling.SamplingConfig.group_size = 2"])
         comps = gin.get_configurable(experiment.Components)()
-        assert comps.agent.sampling is comps.grpo.sampling is comps.sampling
+        assert comps.agent.sampling is comps.block.grpo.sampling is comps.sampling
         assert comps.sampling == SamplingConfig(group_size=2, temperature=0.9)
         for old in ("agent_loop.AgentLoopConfig.temperature", "agent_loop.AgentLoopConfig.episodes_per_state",
                     "grpo.GRPOConfig.temperature", "grpo.GRPOConfig.group_size"):

@@ -87,6 +87,25 @@ def test_the_block_hands_dr_grpo_the_response_budget(monkeypatch):
     assert learner.config.loss_scale_factor == 48.0  # GRPOBlockConfig.max_response_tokens
 
 
+def test_the_run_sets_the_blocks_budgets_and_prompts_and_refuses_them_bound():
+    """`for_run` takes the agent loop's context / response budgets and the run's prompts, keeping every other field;
+    a budget bound on the block itself is one error naming the binding to use instead."""
+    from bat_jax.errors import ConfigValueError
+    from bat_jax.prompts import PromptFormat
+    from bat_jax.rollout.agent_loop import AgentLoopConfig
+
+    agent = AgentLoopConfig(max_context_tokens=2048, max_response_tokens=512)
+    prompt = PromptFormat(style="compact")
+    dr_grpo = grpo.GRPOConfig(loss_agg="seq-mean-token-sum-norm")
+    block = gr.GRPOBlockConfig(grpo=dr_grpo, micro_batches=2).for_run(agent, prompt)
+    assert (block.max_context_tokens, block.max_response_tokens, block.prompt, block.micro_batches) == (
+        2048, 512, prompt, 2)
+    assert block.objective.loss_scale_factor == 512.0  # Dr.GRPO's C: the agent loop's response budget
+    with pytest.raises(ConfigValueError, match="GRPOBlockConfig.max_context_tokens is set by the run .* bind "
+                                               "agent_loop.AgentLoopConfig instead"):
+        gr.GRPOBlockConfig(max_context_tokens=99).for_run(agent, prompt)
+
+
 def test_first_update_ratios_start_at_one_on_a_real_learner():
     """A tiny Qwen3 learner: the behaviour pass (`Learner.logprobs`, rows in chunks) and the train step's own logprobs
     (one micro-batch of 2 rows) agree to float round-off, so the first step has no clipped token and its policy loss

@@ -304,7 +304,7 @@ def _export_params(run_dir):
 _STALENESS = """\
 import bat_jax.learn.staleness as staleness
 experiment.BiCuRLConfig.grpo_steps_per_round = 2
-experiment.Components.staleness = @staleness.StalenessConfig()
+grpo_round.GRPOBlockConfig.staleness = @staleness.StalenessConfig()
 staleness.StalenessConfig.max_staleness = 1
 grpo.GRPOConfig.tis_cap = 2.0
 pools.PoolConfig.refill = True

@@ -31,17 +31,20 @@ def test_components_hand_their_one_object_to_the_agent_loop_and_grpo():
     """`Components.sampling` is the only binding: construction puts that same object into the agent loop's and
     GRPO's configs, whatever they held (no second copy that could disagree)."""
     from bat_jax.bicurl.experiment import Components
+    from bat_jax.bicurl.grpo_round import GRPOBlockConfig
     from bat_jax.learn.grpo import GRPOConfig
     from bat_jax.rollout.agent_loop import AgentLoopConfig
 
     one = SamplingConfig(group_size=2, temperature=0.9, top_k=5)
-    comps = Components(sampling=one, agent=AgentLoopConfig(max_assistant_turns=3), grpo=GRPOConfig(kl_coef=0.0))
-    assert comps.agent.sampling is one and comps.grpo.sampling is one
-    assert (comps.agent.max_assistant_turns, comps.grpo.kl_coef) == (3, 0.0)  # the rest of each config kept
+    comps = Components(sampling=one, agent=AgentLoopConfig(max_assistant_turns=3),
+                       block=GRPOBlockConfig(grpo=GRPOConfig(kl_coef=0.0)))
+    assert comps.agent.sampling is one and comps.block.grpo.sampling is one
+    assert (comps.agent.max_assistant_turns, comps.block.grpo.kl_coef) == (3, 0.0)  # the rest of each config kept
     # a sampling set on the loop's config alone is used, everywhere (never dropped for the default)
     stray = Components(agent=AgentLoopConfig(sampling=one))
-    assert stray.sampling is stray.agent.sampling is stray.grpo.sampling is one
-    assert Components(grpo=GRPOConfig(sampling=one), sampling=one).agent.sampling is one  # equal bindings agree
+    assert stray.sampling is stray.agent.sampling is stray.block.grpo.sampling is one
+    equal = Components(block=GRPOBlockConfig(grpo=GRPOConfig(sampling=one)), sampling=one)
+    assert equal.agent.sampling is one  # equal bindings agree
 
 
 def test_a_loop_sampling_that_disagrees_with_the_runs_is_refused_naming_both():
@@ -96,7 +99,7 @@ def test_one_temperature_binding_reaches_the_loops_engine_calls_and_grpos_logpro
     batch = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     sampled = np.stack([c.logprobs for c in out])
     learner = Learner(model, MeshConfig(data=1, fsdp=1, tensor=1))
-    recomputed = learner.logprobs(learner.params, batch, comps.grpo)[:, 4:]
+    recomputed = learner.logprobs(learner.params, batch, comps.block.grpo)[:, 4:]
     np.testing.assert_allclose(np.exp(recomputed - sampled), 1.0, atol=1e-4)  # the first ratios: exactly 1
     at_default = learner.logprobs(learner.params, batch, grpo.GRPOConfig())[:, 4:]
     assert np.abs(at_default - sampled).max() > 1e-2  # a second, unbound temperature would have broken them

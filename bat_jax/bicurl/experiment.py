@@ -28,7 +28,6 @@ from bat_jax.bicurl.export import export_retained
 from bat_jax.bicurl.async_block import run_grpo_block
 from bat_jax.bicurl.grpo_round import GRPOBlockConfig
 from bat_jax.bicurl.ray_workers import RayRolloutConfig, WorkerSpec
-from bat_jax.bicurl.reward import RewardConfig
 from bat_jax.bicurl.round_rows import RoundRows, fit_probe, kl_prompts
 from bat_jax.bicurl.run_loops import RunLoops, ensure_sandbox_image, open_run_loops
 from bat_jax.checkpoint import (BaseRecord, CheckpointConfig, Checkpointer, base_digest, checkpoint_name,
@@ -36,11 +35,8 @@ from bat_jax.checkpoint import (BaseRecord, CheckpointConfig, Checkpointer, base
 from bat_jax.curriculum import controller as ctl
 from bat_jax.errors import ConfigValueError
 from bat_jax.curriculum import router
-from bat_jax.learn import distributed, grpo, kl, sft
-from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig
+from bat_jax.learn import distributed, kl, sft
 from bat_jax.learn.learner import Learner, MemoryConfig, checkpoint_sharding
-from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
-from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.ledger import Ledger, RoundRecord
 from bat_jax.models.mesh import MeshConfig
 from bat_jax.policy import Policy, PolicyConfig, build_policy
@@ -120,20 +116,18 @@ class Components:
     benchmark the run teaches with (`staged_benchmark.contract.StagedBenchmark`; gin names it, e.g.
     `@imaging.ImagingBenchmark()`): its stages, tasks, rubric, teachers and held-out suite. `engine` picks the rollout engine and its
     memory bounds (`engines.EngineConfig`: the JAX sampler, on one device or the mesh, or vLLM, one replica per
-    GPU). `grpo_micro_batches`: gradient accumulation inside one GRPO step (the loss is exact under the split). `judge` (optional) names the LLM judge endpoint and the rubric
+    GPU). `block` is what a round's GRPO block reads (`grpo_round.GRPOBlockConfig`: the objective, its optimizer,
+    micro-batches, reward scoring, dynamic sampling, staleness). `judge` (optional) names the LLM judge endpoint and the rubric
     items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic. `ray` (optional,
     `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy, JAX
     sampler and sandboxes (`bicurl/ray_workers.py`); unset = in this process. Evaluation stays in-process.
-    `reward` bounds the threads scoring a GRPO batch and the rebuilt tasks a round keeps (`bicurl/reward.py`).
-    `dynamic_sampling` drops GRPO groups without reward variance and replaces them from the same pool
-    (`learn/dynamic_sampling.py`); rollout correction is `grpo.tis_cap` / `grpo.seq_ratio_range`.
     `factory_loop` (optional) runs the Data Factory beside training in its own process (a Ray actor when `ray` is
     set: `bank_feed.RayFactory`), admitting new versions of
     `bank` steered by the run's aggregate scores (`stage_bank/factory_loop.py`); it stops with the run, and rounds
     read whatever version is admitted when they start (`BiCuRLConfig.bank_version`). Unset = the bank is built once.
 
     `sampling` (`rollout/sampling.SamplingConfig`) is the run's one K and sampling transform: construction puts
-    one object into `sampling`, `agent.sampling` and `grpo.sampling`, so the rollouts and GRPO's logprobs cannot
+    one object into `sampling`, `agent.sampling` and `block.grpo.sampling`, so the rollouts and GRPO's logprobs cannot
     disagree: the one of them that differs from the default (a sampling set on the loop's or GRPO's config is used).
 
     Raises:
@@ -145,8 +139,7 @@ class Components:
     policy: PolicyConfig = PolicyConfig()
     bank: FactoryConfig | None = None
     sft: sft.SFTConfig = sft.SFTConfig()
-    grpo: grpo.GRPOConfig = grpo.GRPOConfig()
-    grpo_optimizer: OptimizerConfig = GRPO_OPTIMIZER
+    block: GRPOBlockConfig = GRPOBlockConfig()
     pools: pools.PoolConfig = pools.PoolConfig()
     router: router.RouterConfig = router.RouterConfig()
     controller: ctl.ControllerConfig = ctl.ControllerConfig()
@@ -156,19 +149,15 @@ class Components:
     memory: MemoryConfig = MemoryConfig()  # learner remat / attention block / logit chunk
     policy_shift: kl.PolicyShiftConfig = kl.PolicyShiftConfig()
     engine: EngineConfig = EngineConfig()
-    grpo_micro_batches: int = 4
     judge: JudgeConfig | None = None
     ray: RayRolloutConfig | None = None
-    reward: RewardConfig = RewardConfig()
-    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
-    staleness: StalenessConfig = StalenessConfig()  # bounded-staleness GRPO (learn/staleness.py); 0 = synchronous
     factory_loop: FactoryLoopConfig | None = None
     sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self):
         bound = {name: value for name, value in (("sampling.SamplingConfig", self.sampling),
                                                  ("agent_loop.AgentLoopConfig.sampling", self.agent.sampling),
-                                                 ("grpo.GRPOConfig.sampling", self.grpo.sampling))
+                                                 ("grpo.GRPOConfig.sampling", self.block.grpo.sampling))
                  if value != SamplingConfig()}
         if len(set(bound.values())) > 1:
             raise ConfigValueError("the run has one K and sampling temperature, bound on sampling.SamplingConfig; "
@@ -176,7 +165,8 @@ class Components:
         one = next(iter(bound.values()), self.sampling)  # a binding is used wherever it was made, never dropped
         object.__setattr__(self, "sampling", one)
         object.__setattr__(self, "agent", dataclasses.replace(self.agent, sampling=one))
-        object.__setattr__(self, "grpo", dataclasses.replace(self.grpo, sampling=one))
+        object.__setattr__(self, "block", dataclasses.replace(
+            self.block, grpo=dataclasses.replace(self.block.grpo, sampling=one)))
         if self.ray is not None and self.engine.kind != "jax":
             raise ValueError("Components.ray runs the JAX sampler on its workers; it needs engine kind 'jax'")
 
@@ -350,7 +340,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     preflight(manifest, files=[components.bank.bank_dir]).raise_if_leaky()
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
-    round_rows = RoundRows(config.mode, config.grpo_steps_per_round, components.pools, components.dynamic_sampling,
+    round_rows = RoundRows(config.mode, config.grpo_steps_per_round, components.pools, components.block.dynamic_sampling,
                            manifest, bank.load_state)
     round_rows.check_fits(view, benchmark.stages.ids)  # bank-dependent sizes, before the engine and SFT
     components = dataclasses.replace(components, policy_shift=fit_probe(components.policy_shift, len(view.rl_rows)))
@@ -364,7 +354,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     if hasattr(engine, "close"):
         resources.callback(engine.close)  # vLLM
     worker = WorkerSpec(components.policy, agent, config.backend, components.engine) if components.ray else None
-    rows_in_flight = components.pools.batch_size * (1 + components.staleness.max_staleness)  # s later batches too
+    rows_in_flight = components.pools.batch_size * (1 + components.block.max_staleness)  # s later batches too
     loops = hosts.all_ok(  # every host opens its own sandboxes; one that cannot stops every process, named
         lambda: open_run_loops(policy, engine, agent, components.evaluation, benchmark, rows_in_flight,
                                config.backend, warm_pool=config.sandbox_pool, ray=components.ray, worker=worker),
@@ -380,11 +370,7 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
                             components.factory_loop).start()
         resources.callback(feed.close)
     prompt = PromptFormat.of(benchmark, policy.prompt_style)
-    block = GRPOBlockConfig(grpo=components.grpo, optimizer=components.grpo_optimizer,
-                            micro_batches=components.grpo_micro_batches,
-                            max_context_tokens=agent.max_context_tokens, prompt=prompt,
-                            reward=components.reward, dynamic_sampling=components.dynamic_sampling,
-                            max_response_tokens=agent.max_response_tokens, staleness=components.staleness)
+    block = components.block.for_run(agent, prompt)
     # checkpoints/ is created only now: a run the leakage preflight or the loops stop leaves none behind
     checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
     base = (BaseRecord(components.policy.base_source(), base_digest(learner.frozen, distributed.host_gather))

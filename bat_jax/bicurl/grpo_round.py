@@ -20,6 +20,7 @@ from bat_jax.benchmark.items import ItemRates
 from bat_jax.bicurl.hosts import OneHost
 from bat_jax.bicurl.reward import RewardConfig, RolloutScorer, TaskCache
 from bat_jax.bicurl.round_journal import RoundJournal
+from bat_jax.errors import ConfigValueError
 from bat_jax.learn import grpo, rollout_correction
 from bat_jax.learn.dynamic_sampling import DynamicSamplingConfig, SpareRows, fill_batch, has_signal
 from bat_jax.learn.batching import grpo_bucket, pad_batch
@@ -28,7 +29,7 @@ from bat_jax.learn.optim import GRPO_OPTIMIZER, OptimizerConfig
 from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.ledger import GRPOStats
 from bat_jax.prompts import PromptFormat, rl_request
-from bat_jax.rollout.agent_loop import AgentLoop
+from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.staged_benchmark.contract import StagedBenchmark
@@ -39,32 +40,46 @@ SHIFT_KEYS = ("logp_shift_pos", "logp_shift_neg", "token_kl")
 
 @dataclasses.dataclass(frozen=True)
 class GRPOBlockConfig:
-    """What one GRPO block reads (the experiment builds it from its `Components`).
+    """What one GRPO block reads (gin: `experiment.Components.block`; its fields bound on their own dataclasses).
 
     Attributes:
       grpo: the objective (`learn/grpo.GRPOConfig`; rollout correction through its `tis_cap` / `seq_ratio_range`);
         construction applies `grpo.for_staleness` (TIS on at cap 2.0 when `staleness` allows s > 0 and none is bound).
       optimizer: the GRPO optimizer, fresh each block.
       micro_batches: gradient accumulation inside one step (the batch is padded to devices × micro_batches rows).
-      max_context_tokens: longest rollout (tokens); batches are padded to their length bucket below it.
-      max_response_tokens: the response budget (`AgentLoopConfig.max_response_tokens`): Dr.GRPO's constant C
-        when `grpo.loss_scale_factor` is None (`objective`).
-      prompt: the prompts of the rollout requests (`prompts.PromptFormat`: the policy's style, the benchmark's words).
       reward: scoring threads and the round's task cache (`bicurl/reward.RewardConfig`).
       dynamic_sampling: groups without reward variance dropped and replaced (`learn/dynamic_sampling.py`).
       staleness: bounded-staleness rollouts (`learn/staleness.py`; max_staleness 0: this synchronous block, s > 0:
         `bicurl/async_block.py`).
+      max_context_tokens, max_response_tokens, prompt: what the run's agent loop and prompts fix (`for_run`, never
+        bound): the longest rollout (batches are padded to their length bucket below it), the response budget
+        (Dr.GRPO's constant C when `grpo.loss_scale_factor` is None: `objective`), the rollout requests' prompts.
     """
 
     grpo: grpo.GRPOConfig = grpo.GRPOConfig()
     optimizer: OptimizerConfig = GRPO_OPTIMIZER
     micro_batches: int = 4
-    max_context_tokens: int = 12288
-    max_response_tokens: int = 16384
-    prompt: PromptFormat = PromptFormat()
     reward: RewardConfig = RewardConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     staleness: StalenessConfig = StalenessConfig()
+    max_context_tokens: int = 12288
+    max_response_tokens: int = 16384
+    prompt: PromptFormat = PromptFormat()
+
+    def for_run(self, agent: AgentLoopConfig, prompt: PromptFormat) -> GRPOBlockConfig:
+        """This block with the budgets of the run's agent loop and its prompts.
+
+        Raises:
+          ConfigValueError: one of them bound on this config (they are the agent loop's bindings).
+        """
+        default = GRPOBlockConfig()
+        bound = [name for name in ("max_context_tokens", "max_response_tokens", "prompt")
+                 if getattr(self, name) != getattr(default, name)]
+        if bound:
+            raise ConfigValueError(f"grpo_round.GRPOBlockConfig.{bound[0]} is set by the run (the agent loop's budgets "
+                                   "and the benchmark's prompts): bind agent_loop.AgentLoopConfig instead")
+        return dataclasses.replace(self, max_context_tokens=agent.max_context_tokens,
+                                   max_response_tokens=agent.max_response_tokens, prompt=prompt)
 
     def __post_init__(self):
         object.__setattr__(self, "grpo", grpo.for_staleness(self.grpo, self.staleness.max_staleness))

@@ -43,7 +43,7 @@ class RolloutReward:
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-    """How a GRPO batch is scored (gin: `Components.reward`).
+    """How a GRPO batch is scored (gin: `grpo_round.GRPOBlockConfig.reward`).
 
     Attributes:
       max_workers: rollouts scored at once (threads; task metrics run in numpy, judge calls wait on the network).

@@ -127,8 +127,8 @@ def policy_kl(staleness=(0, 1, 2), steps: int = 8, rows: int = 4, tokens: int = 
     view = types.SimpleNamespace(batches=[[item(f"b{b}r{r}") for r in range(rows)] for b in range(steps)],
                                  spares={"target": []})
     bank = types.SimpleNamespace(load_state=lambda state: None)
-    cfg = dataclasses.replace(tiny.grpo, tis_cap=tiny.grpo.tis_cap or 2.0)
-    optimizer = tiny.grpo_optimizer
+    cfg = dataclasses.replace(tiny.block.grpo, tis_cap=tiny.block.grpo.tis_cap or 2.0)
+    optimizer = tiny.block.optimizer
     if learning_rate is not None:
         optimizer = dataclasses.replace(optimizer, learning_rate=learning_rate)
 

@@ -120,10 +120,7 @@ def measure(staleness=(0, 1), steps: int = 2, bank_dir: str = "runs/stage_bank_t
         loops = open_run_loops(policy, engine, agent, comps.evaluation, benchmark,
                                comps.pools.batch_size * (1 + max(staleness)), "local", warm_pool=False)
         stack.callback(loops.close)
-        block = grpo_round.GRPOBlockConfig(
-            grpo=comps.grpo, optimizer=comps.grpo_optimizer, micro_batches=comps.grpo_micro_batches,
-            max_context_tokens=agent.max_context_tokens, prompt=PromptFormat.of(benchmark, policy.prompt_style),
-            reward=comps.reward, dynamic_sampling=comps.dynamic_sampling, max_response_tokens=agent.max_response_tokens)
+        block = comps.block.for_run(agent, PromptFormat.of(benchmark, policy.prompt_style))
         warm = pools.build_round_view(rows, benchmark.stages.ids[0], round_index=2, n_batches=1, config=pool_config)
         for s, timed in [(s, False) for s in staleness if warmup] + [(s, True) for s in staleness]:
             learner.params = learner.on_mesh(start)

@@ -38,13 +38,13 @@ def run_setting(block: int, chunk: int, batch: dict, args) -> dict:
     tiny = tiny_default()
     learner = Learner(tiny_policy(chunk_size=chunk).model, MeshConfig(data=1, fsdp=1, tensor=1),
                       dataclasses.replace(tiny.memory, attention_block=block))
-    config = tiny.grpo
+    config = tiny.block.grpo
     lp = learner.logprobs(learner.params, batch, config)  # warm-up (compile)
     t = time.perf_counter()
     lp = learner.logprobs(learner.params, batch, config)
     logprob_s = time.perf_counter() - t
     full = dict(batch, old_logprobs=lp, ref_logprobs=lp)
-    step, state = learner.grpo_block(config, tiny.grpo_optimizer, args.steps + 1, args.micro)
+    step, state = learner.grpo_block(config, tiny.block.optimizer, args.steps + 1, args.micro)
     t = time.perf_counter()
     state, _ = step(state, full)
     jax.block_until_ready(state.params)

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     loss_mask = np.zeros_like(ids)
     loss_mask[:, args.seq // 2:] = 1
     probe = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    engine_lp = (learner.logprobs(learner.params, probe, tiny.grpo) - 0.1) * loss_mask
+    engine_lp = (learner.logprobs(learner.params, probe, tiny.block.grpo) - 0.1) * loss_mask
     trajectories = [types.SimpleNamespace(ids=ids[i], loss_mask=loss_mask[i], logprobs=engine_lp[i], agent_error=None)
                     for i in range(args.rows)]
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 
     def block(mode: str) -> tuple[float, float]:
         learner.params = learner.on_mesh(start)
-        cfg = dataclasses.replace(tiny.grpo, old_logprobs=mode, epochs=args.epochs)
+        cfg = dataclasses.replace(tiny.block.grpo, old_logprobs=mode, epochs=args.epochs)
         c = gr.GRPOBlockConfig(grpo=cfg, micro_batches=args.micro, max_context_tokens=args.seq)
         t, cpu = time.perf_counter(), time.process_time()
         stats = gr.grpo_block(learner, loop, bank, view, c, None, seed=1)  # no benchmark: `_Scorer` scores

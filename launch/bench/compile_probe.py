@@ -88,8 +88,8 @@ def shapes_from_gin(gin_file: str, bindings: tuple[str, ...] = ()) -> RunShapes:
     sampler = c.engine.sampler_mesh
     return RunShapes(sampler_tensor=sampler.tensor if sampler else 1,
                      sampler_dtype=sampler.param_dtype if sampler else "bfloat16",
-                     turn_tokens=c.agent.max_tokens_per_turn, mesh=c.mesh, memory=c.memory, sft=c.sft, grpo=c.grpo, grpo_rows=rows,
-                     grpo_seq=c.agent.max_context_tokens, grpo_micro_batches=c.grpo_micro_batches,
+                     turn_tokens=c.agent.max_tokens_per_turn, mesh=c.mesh, memory=c.memory, sft=c.sft, grpo=c.block.grpo, grpo_rows=rows,
+                     grpo_seq=c.agent.max_context_tokens, grpo_micro_batches=c.block.micro_batches,
                      kl_rows=c.policy_shift.batch_size, kl_seq=c.agent.max_context_tokens,
                      compute_dtype=c.policy.dtype, param_dtype="float32", lora=c.policy.lora,
                      vllm_share=float(dict(c.engine.vllm_options).get("gpu_memory_utilization", 0.0))

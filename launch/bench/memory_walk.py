@@ -107,7 +107,7 @@ def walk(components: Any, rows: int, seq: int, seed: int = 0) -> tuple[list[tupl
     policy = build_policy(components.policy, checkpoint_sharding(components.mesh))
     learner = Learner(policy.model, components.mesh, components.memory)
     mark("load")
-    per = learner.batch_devices * max(components.grpo_micro_batches, components.sft.num_micro_batches)
+    per = learner.batch_devices * max(components.block.micro_batches, components.sft.num_micro_batches)
     rows = -(-rows // per) * per
     batch = _batch(rows, seq, policy.model.config.vocab_size, seed)
     step, state = learner.sft_block(components.sft, 1)
@@ -117,11 +117,11 @@ def walk(components: Any, rows: int, seq: int, seed: int = 0) -> tuple[list[tupl
     learner.adopt(state)
     del state
     mark("after sft")
-    config = components.grpo
+    config = components.block.grpo
     lp = learner.logprobs(learner.params, batch, config)
     extra = {"advantages": np.random.default_rng(seed).standard_normal(rows).astype(np.float32)}
     full = {f: batch.get(f, extra.get(f, lp)) for f in grpo.batch_fields(config)}
-    step, state = learner.grpo_block(config, components.grpo_optimizer, 1, components.grpo_micro_batches)
+    step, state = learner.grpo_block(config, components.block.optimizer, 1, components.block.micro_batches)
     state, _ = step(state, full)
     jax.block_until_ready(state.params)
     mark("grpo step")
