@@ -246,7 +246,8 @@ def test_a_micro_run_killed_mid_round_resumes_to_the_uninterrupted_ledger(tmp_pa
     assert Ledger(tmp_path / "killed" / "ledger.jsonl").read() == [whole]
     assert not (tmp_path / "killed" / "journal" / "round_001").exists()
 
-    async_comps = dataclasses.replace(comps, staleness=StalenessConfig(max_staleness=1))
+    async_comps = dataclasses.replace(
+        comps, block=dataclasses.replace(comps.block, staleness=StalenessConfig(max_staleness=1)))
     with pytest.raises(Killed):
         _micro_run(tmp_path / "async", async_comps, kill_after=3, monkeypatch=monkeypatch)
     journal = rj.RoundJournal(tmp_path / "async" / "journal" / "round_001")

@@ -114,13 +114,14 @@ class Components:
 
     The experiment hands each mechanism its own config, never this whole. `benchmark` (required) is the staged
     benchmark the run teaches with (`staged_benchmark.contract.StagedBenchmark`; gin names it, e.g.
-    `@imaging.ImagingBenchmark()`): its stages, tasks, rubric, teachers and held-out suite. `engine` picks the rollout engine and its
-    memory bounds (`engines.EngineConfig`: the JAX sampler, on one device or the mesh, or vLLM, one replica per
-    GPU). `block` is what a round's GRPO block reads (`grpo_round.GRPOBlockConfig`: the objective, its optimizer,
-    micro-batches, reward scoring, dynamic sampling, staleness). `judge` (optional) names the LLM judge endpoint and the rubric
-    items it decides, for rollout rewards and evaluation cells alike; unset = all programmatic. `ray` (optional,
-    `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its own policy copy, JAX
-    sampler and sandboxes (`bicurl/ray_workers.py`); unset = in this process. Evaluation stays in-process.
+    `@imaging.ImagingBenchmark()`): its stages, tasks, rubric, teachers and held-out suite. `engine` picks the rollout
+    engine and its memory bounds (`engines.EngineConfig`: the JAX sampler, on one device or the mesh, or vLLM, one
+    replica per GPU). `block` is what a round's GRPO block reads (`grpo_round.GRPOBlockConfig`: the objective, its
+    optimizer, micro-batches, reward scoring, dynamic sampling, staleness). `judge` (optional) names the LLM judge
+    endpoint and the rubric items it decides, for rollout rewards and evaluation cells alike; unset = all
+    programmatic. `ray` (optional, `gin/rollout/ray_local2.gin`) runs the GRPO rollouts on Ray workers, each with its
+    own policy copy, JAX sampler and sandboxes (`bicurl/ray_workers.py`); unset = in this process. Evaluation stays
+    in-process.
     `factory_loop` (optional) runs the Data Factory beside training in its own process (a Ray actor when `ray` is
     set: `bank_feed.RayFactory`), admitting new versions of
     `bank` steered by the run's aggregate scores (`stage_bank/factory_loop.py`); it stops with the run, and rounds
@@ -340,7 +341,8 @@ def _open(run_dir: pathlib.Path, config: BiCuRLConfig, components: Components,
     preflight(manifest, files=[components.bank.bank_dir]).raise_if_leaky()
     print(f"[bat_jax] Stage Bank v{view.version}: {len(view.rl_rows)} RL rows, {len(view.sft_rows)} SFT rows; "
           f"leakage preflight clean")
-    round_rows = RoundRows(config.mode, config.grpo_steps_per_round, components.pools, components.block.dynamic_sampling,
+    round_rows = RoundRows(config.mode, config.grpo_steps_per_round, components.pools,
+                           components.block.dynamic_sampling,
                            manifest, bank.load_state)
     round_rows.check_fits(view, benchmark.stages.ids)  # bank-dependent sizes, before the engine and SFT
     components = dataclasses.replace(components, policy_shift=fit_probe(components.policy_shift, len(view.rl_rows)))

@@ -127,7 +127,8 @@ def grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_view: p
             wave = next(waves)
             trajs, scored = journal.rolled_out(
                 f"sync-b{b:04d}-w{wave:03d}", [item.round_state_id for item in items], wave_seed(seed, b, wave),
-                base_version, lambda: rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, run.tasks, run.hosts))
+                base_version,
+                lambda: rollouts(loop, bank, items, block, wave_seed(seed, b, wave), judge, run.tasks, run.hosts))
             run.count_rollouts(trajs, scored, [item for item in items for _ in range(k_rollouts)],
                                first_wave=b == 0 and wave == 0)
             return [(trajs[i * k_rollouts:(i + 1) * k_rollouts], scored[i * k_rollouts:(i + 1) * k_rollouts])
