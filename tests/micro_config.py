@@ -67,6 +67,7 @@ experiment.Components:
   sampling = @sampling.SamplingConfig()
   evaluation = @evaluation.EvalConfig()
   policy_shift = @kl.PolicyShiftConfig()
+grpo_round.GRPOBlockConfig.grpo = @grpo.GRPOConfig()
 policy.PolicyConfig.tiny = {model}
 factory.FactoryConfig:
   bank_dir = '{bank_dir}'

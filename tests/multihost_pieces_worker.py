@@ -33,7 +33,7 @@ from bat_jax.learn import distributed
 if __name__ == "__main__":  # not in the processes vLLM spawns (they import this file as __mp_main__)
     distributed.initialize(distributed.DistributedConfig.from_env(initialization_timeout_s=120))
 
-from bat_jax.bicurl import multihost  # noqa: E402
+from bat_jax.bicurl import hosts, multihost  # noqa: E402
 from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.sandbox.backends import BackendUnavailable  # noqa: E402
 
@@ -156,7 +156,7 @@ def async_block() -> dict:
                                micro_batches=1,
                                max_response_tokens=8, staleness=StalenessConfig(max_staleness=1))
     stats = ab.async_grpo_block(learner, loop, types.SimpleNamespace(load_state=lambda s: None), view, block,
-                                benchmark=None, seed=3, hosts=multihost.ManyHosts())
+                                benchmark=None, seed=3, hosts=hosts.current())
     steps = [{k: np.asarray(v).round(6).tolist() for k, v in host.items()} for host in learner.seen]
     return {"steps": steps, "stats": stats.__dict__, "ran": sorted(set(loop.ran))}
 
@@ -239,6 +239,5 @@ if __name__ == "__main__":
     out_path = pathlib.Path(sys.argv[1])
     scenario = sys.argv[2]
     result = {"pieces": lambda: pieces(out_path.parent), "no_docker": no_docker, "die": die, "raises": raises,
-              "async": async_block, "vllm": lambda: vllm(out_path.parent),
-              "ray": lambda: ray_rollouts(out_path.parent)}[scenario]()
+              "async": async_block}[scenario]()
     out_path.write_text(json.dumps(result))

@@ -87,7 +87,7 @@ def measure(staleness=(0, 1), steps: int = 2, bank_dir: str = "runs/stage_bank_t
 
     With `warmup`, one untimed block of one step at each setting comes first (the engine's and the learner's programs
     are compiled before any timed block, so neither setting pays for them)."""
-    from bat_jax.bicurl import async_block, grpo_round
+    from bat_jax.bicurl import async_block
     from bat_jax.bicurl.engines import build_engine
     from bat_jax.bicurl.round_rows import mode_pools
     from bat_jax.bicurl.run_loops import open_run_loops
