@@ -193,7 +193,21 @@ def test_a_sandbox_that_dies_during_an_agent_call_is_scored_as_the_agents_failur
         return boxes[-1]
 
     inst = SEG.generate(5, "success")
-    killer = threading.Timer(1.5, lambda: client.api.kill(boxes[0].container_id))
+
+    def kill_during_the_call():  # once the agent's `sleep 6` runs (not a fixed delay: container start varies with load)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if boxes and getattr(boxes[0], "container_id", None):
+                try:
+                    top = client.api.top(boxes[0].container_id)
+                except Exception:  # noqa: BLE001 - not started yet
+                    top = {}
+                if any("sleep 6" in " ".join(map(str, row)) for row in top.get("Processes") or []):
+                    client.api.kill(boxes[0].container_id)
+                    return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_during_the_call)
     killer.start()
     result = play(IMAGING, inst, _Script([_bash(f"cat task.md; sleep 6"), _py("print(1)")]), make_sandbox=make)
     killer.join()
