@@ -105,7 +105,7 @@ def async_grpo_block(learner: Learner, loop: AgentLoop, bank: StageBank, round_v
     s = rules.max_staleness
     batches = [list(b) for b in round_view.batches]
     run = gr.BlockRun(learner, round_view, block, benchmark, hosts)
-    hosts = run.hosts
+    hosts = run.hosts  # OneHost when none was given
     loop = gated(loop)
     spares = SpareRows(round_view.spares)
     counts = StaleCounts()

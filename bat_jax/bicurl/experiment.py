@@ -282,7 +282,7 @@ class _Experiment:
         config = dataclasses.replace(self.components.evaluation, purpose=purpose)
         # on process 0 alone; its aggregates go to every process
         return self.hosts.on_primary(lambda: self.loops.evaluate(config, self.benchmark, self.judge, self.prompt),
-                                    f"{purpose} evaluation")
+                                     f"{purpose} evaluation")
 
     def restore(self, name: str):
         """The parameters of checkpoint `name` (`checkpoint.checkpoint_name`), on the learner's mesh."""
