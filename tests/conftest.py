@@ -88,47 +88,14 @@ SUITE_BUDGET_S = 35 * 60
 _ONE_WORKER = ("test_multihost", "test_ray_workers", "test_bank_feed", "test_vllm")
 
 
-#: Groups that take minutes, longest first (CI's --durations: engines ~1,000 s, box stacks ~550 s, the pip resolves
-#: ~240 s mostly waiting on the index, ...). xdist hands groups out in collection order, so the long ones start first
-#: and the short ones fill the end; its default order (most tests first) started them last, leaving a worker idle.
-_HEAVIEST_FIRST = ("engines", "test_box_stack", "test_install_resolves", "test_byo_benchmark", "test_round_journal",
-                   "test_experiment_recovery", "test_bench_rollout_loops", "test_experiment_async_bank",
-                   "test_sandbox_pool", "test_tabular_benchmark", "test_compile_probe", "test_distributed")
-
-
-def group_of(item) -> str:
-    """A test's xdist group: its module, or 'engines' for the modules that must share one worker."""
-    module = item.path.stem
-    return "engines" if module.startswith(_ONE_WORKER) else module
-
-
-def heaviest_first(items) -> list:
-    """`items` with whole groups ordered: `_HEAVIEST_FIRST`, then groups with more slow-marked tests, then the rest in
-    collection order (a stable sort, so every worker collects the same order)."""
-    groups = [group_of(item) for item in items]
-    slow = {}
-    for item, group in zip(items, groups):
-        slow[group] = slow.get(group, 0) + (item.get_closest_marker("slow") is not None)
-    first = {group: i for i, group in enumerate(_HEAVIEST_FIRST)}
-    rank = {group: (first.get(group, len(first)), -slow[group]) for group in slow}
-    order = sorted(range(len(items)), key=lambda i: rank[groups[i]])
-    return [items[i] for i in order]
-
-
-def pytest_configure(config):
-    # Keep the order `heaviest_first` gives (xdist's --loadscope-reorder sorts groups by their number of tests).
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist, each test's `xdist_group` (`--dist=loadgroup` in the test command), heaviest groups first."""
+    """Under pytest-xdist, each test's `xdist_group` (`--dist=loadgroup` in the test command): module or 'engines'."""
     if not hasattr(config, "workerinput"):
         return
-    items[:] = heaviest_first(items)
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("engines" if module.startswith(_ONE_WORKER) else module))
 
 
 def pytest_sessionstart(session):

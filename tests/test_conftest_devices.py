@@ -52,22 +52,3 @@ def test_reports_list_the_twenty_slowest_tests():
     """CI's log names the slowest tests (`.ci/run` runs `python -m pytest -n 2 --dist=loadgroup tests`), so the budget's trend shows."""
     addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
     assert "--durations=20" in addopts.split()
-
-
-def test_the_heaviest_groups_are_handed_out_first():
-    """Under `-n 2 --dist=loadgroup` whole groups go to workers in collection order: the declared heavy groups first
-    (engines before the box stacks), then groups by their number of slow tests, then the rest as collected."""
-    import types
-
-    import conftest
-
-    def item(module, slow=False):
-        marker = object() if slow else None
-        return types.SimpleNamespace(path=pathlib.Path(f"tests/{module}.py"), name=module,
-                                     get_closest_marker=lambda name: marker if name == "slow" else None)
-
-    items = [item("test_a"), item("test_b", slow=True), item("test_box_stack", slow=True), item("test_a"),
-             item("test_vllm_llama", slow=True), item("test_c", slow=True), item("test_c", slow=True),
-             item("test_multihost")]
-    ordered = [conftest.group_of(i) for i in conftest.heaviest_first(items)]
-    assert ordered == ["engines", "engines", "test_box_stack", "test_c", "test_c", "test_b", "test_a", "test_a"]
