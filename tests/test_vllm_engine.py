@@ -22,32 +22,16 @@ from bat_jax.models import hf_io, lora  # noqa: E402
 from bat_jax.models.configs import Qwen3Config  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams, token_logprobs  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig, lora_rank_for  # noqa: E402
-from doubles import VLLM_TINY, vllm_reference_model  # noqa: E402
+from doubles import (VLLM_TINY, lora_reference_logprobs, reference_logits, set_random_adapter,  # noqa: E402
+                     vllm_reference_model)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 CFG = Qwen3Config(**VLLM_TINY, tie_word_embeddings=True)
-PAD_LEN = 64  # reference batches are left-padded to this many tokens (one compile)
-
-
-@nnx.jit
-def _forward(model, ids, mask):
-    return model(ids, mask)
-
-
-def _reference_logits(model, prompts, completions) -> list[np.ndarray]:
-    """Logits `[len(completion), vocab]` that predicted each completion token, per row."""
-    n = len(prompts)
-    ids, mask = np.zeros((n, PAD_LEN), np.int32), np.zeros((n, PAD_LEN), np.int32)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        seq = list(p) + list(c)
-        ids[i, PAD_LEN - len(seq):], mask[i, PAD_LEN - len(seq):] = seq, 1
-    logits = np.asarray(_forward(model, jnp.asarray(ids), jnp.asarray(mask)))
-    return [logits[i, PAD_LEN - len(c) - 1:PAD_LEN - 1] for i, c in enumerate(completions)]
 
 
 def _reference_logprobs(model, prompts, comps, temperature, top_p=1.0) -> list[np.ndarray]:
-    logits = _reference_logits(model, prompts, [c.token_ids for c in comps])
+    logits = reference_logits(model, prompts, [c.token_ids for c in comps])
     return [np.asarray(token_logprobs(jnp.asarray(lg), jnp.asarray(c.token_ids), temperature, top_p))
             for lg, c in zip(logits, comps)]
 
@@ -98,7 +82,7 @@ def test_greedy_after_sync_equals_fresh_engine(request, which):
     assert all(c.weight_version == v for c in on_b)
     assert any(not np.array_equal(b.token_ids, a.token_ids) for a, b in zip(fresh, on_b))
     # every greedy token is the reference argmax under B (up to float round-off at near-ties)
-    for lg, c in zip(_reference_logits(model_b, GREEDY_PROMPTS, [c.token_ids for c in on_b]), on_b):
+    for lg, c in zip(reference_logits(model_b, GREEDY_PROMPTS, [c.token_ids for c in on_b]), on_b):
         np.testing.assert_allclose(lg[np.arange(len(c.token_ids)), c.token_ids], lg.max(-1), atol=1e-4)
         np.testing.assert_array_equal(c.logprobs, np.zeros(12, np.float32))  # one-hot limit at T == 0
     assert engine.update_weights(model_a) == v + 1  # back to A, given as a module this time
@@ -274,20 +258,6 @@ def test_from_model_rejects_bad_overrides(tmp_path):
 # Qwen3 with its adapter (`bat_jax.models.lora`) on the same parameters. Started on adapter A, then two syncs (every A
 # and B matrix changed); after each, vLLM's sampled logprobs equal the JAX model's within this module's tolerance
 # (1e-3), the prefix cache serves the new adapter, and only the newest adapter directory is left.
-def _lora_reference(model, prompts, completions) -> list[np.ndarray]:
-    """Temperature-1 logprobs of each completion token under `model` (its adapter included)."""
-    return [np.asarray(token_logprobs(jnp.asarray(lg), jnp.asarray(c), 1.0, 1.0))
-            for lg, c in zip(_reference_logits(model, prompts, completions), completions)]
-
-
-def _set_adapter(model, seed: int, scale: float = 0.5) -> None:
-    """Random non-zero A and B in every adapted projection (B = 0 at init would leave the base)."""
-    rng = np.random.default_rng(seed)
-    for _, m in lora.adapted_linears(model):
-        m.lora_a[...] = jnp.asarray(rng.normal(size=m.lora_a.shape) / np.sqrt(m.lora_a.shape[1]), jnp.float32)
-        m.lora_b[...] = jnp.asarray(scale * rng.normal(size=m.lora_b.shape), jnp.float32)
-
-
 LORA_RNG = np.random.default_rng(5)
 LORA_PROMPTS = [LORA_RNG.integers(0, 512, n).tolist() for n in (4, 9)] + [LORA_RNG.integers(0, 512, 40).tolist()]
 LORA_COMPLETIONS = [LORA_RNG.integers(0, 512, 6).tolist() for _ in LORA_PROMPTS]
@@ -299,7 +269,7 @@ def served(tmp_path_factory):
     model, base = vllm_reference_model(1, tied=False), vllm_reference_model(1, tied=False)
     lora.add_lora(model, lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "o_proj",
                                                                            "gate_proj", "down_proj")), seed=0)
-    _set_adapter(model, 1)
+    set_random_adapter(model, 1)
     work = tmp_path_factory.mktemp("vllm_lora")
     engine = VLLMEngine.from_model(model, work, dtype="float32", max_model_len=128, kv_cache_memory_bytes=32 << 20,
                                    max_num_seqs=16, block_size=32)
@@ -309,7 +279,7 @@ def served(tmp_path_factory):
 
 def _check_lora(engine, model):
     sampled = engine.generate(LORA_PROMPTS, LORA_SAMPLE)
-    for c, want in zip(sampled, _lora_reference(model, LORA_PROMPTS, [c.token_ids for c in sampled])):
+    for c, want in zip(sampled, lora_reference_logprobs(model, LORA_PROMPTS, [c.token_ids for c in sampled])):
         np.testing.assert_allclose(c.logprobs, want, atol=1e-3)
     return sampled
 
@@ -318,7 +288,7 @@ def test_the_engine_starts_on_the_frozen_base_and_serves_the_models_adapter(serv
     engine, model, base, work = served
     assert engine.config.max_lora_rank == 8 and engine.weight_version == 0  # rank 4 fits vLLM's rank 8
     sampled = _check_lora(engine, model)
-    plain = _lora_reference(base, LORA_PROMPTS, [c.token_ids for c in sampled])
+    plain = lora_reference_logprobs(base, LORA_PROMPTS, [c.token_ids for c in sampled])
     assert max(float(np.abs(c.logprobs - p).max()) for c, p in zip(sampled, plain)) > 0.1  # the adapter matters
     assert sorted(p.name for p in (work / "adapters").iterdir()) == ["v0"]
 
@@ -327,7 +297,7 @@ def test_two_syncs_load_each_new_adapter_in_place(served):
     engine, model, _, work = served
     before = engine.generate(LORA_PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=8))  # fills the prefix cache
     for version, seed in ((1, 2), (2, 3)):
-        _set_adapter(model, seed)
+        set_random_adapter(model, seed)
         assert engine.update_weights(model) == version == engine.weight_version
         sampled = _check_lora(engine, model)
         assert all(c.weight_version == version for c in sampled)

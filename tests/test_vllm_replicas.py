@@ -1,6 +1,6 @@
 """vLLM data-parallel replicas (bat_jax/rollout/vllm_replicas.py): two engine processes give what one engine gives,
-take a weight sync from the JAX learner through shared memory, and a replica killed mid-sync fails the sync with
-its index named.
+take a weight sync from the JAX learner through shared memory, serve a LoRA adapter and load each new one in place,
+and a replica killed mid-sync fails the sync with its index named.
 
 The model is test_vllm_engine's tiny fp32 Qwen3 (tied head, peaked logits); the one-replica reference is an
 in-process `VLLMEngine` on the same checkpoint. The routing rules themselves are tested without vLLM in
@@ -22,13 +22,13 @@ from bat_jax.learn import grpo  # noqa: E402
 from bat_jax.learn.learner import Learner, MemoryConfig  # noqa: E402
 from bat_jax.models.mesh import MeshConfig  # noqa: E402
 from bat_jax.learn.optim import OptimizerConfig  # noqa: E402
-from bat_jax.models import hf_io  # noqa: E402
+from bat_jax.models import hf_io, lora  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams  # noqa: E402
 from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
 from bat_jax.rollout.vllm_replicas import VLLMReplicaPool  # noqa: E402
 
-from doubles import vllm_reference_model  # noqa: E402
+from doubles import lora_reference_logprobs, set_random_adapter, vllm_reference_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -126,6 +126,47 @@ def test_grpo_step_then_sync_reaches_both_replicas(setup):
         np.testing.assert_allclose(scored, after, atol=1e-3, err_msg=f"replica {replica}")
     got = pool.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=4))[0]
     assert got.weight_version == version
+
+
+@pytest.fixture(scope="module")
+def lora_pool(tmp_path_factory):
+    """(2-replica pool serving a rank-4 adapter over the frozen base, the JAX LoRA model, the base model, work dir)."""
+    model, base = vllm_reference_model(1, tied=False), vllm_reference_model(1, tied=False)
+    lora.add_lora(model, lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "o_proj",
+                                                                           "gate_proj", "down_proj")), seed=0)
+    set_random_adapter(model, 1)
+    work = tmp_path_factory.mktemp("replicas_lora")
+    pool = VLLMReplicaPool.from_model(model, work, 2, dtype="float32", max_model_len=128,
+                                      kv_cache_memory_bytes=32 << 20, max_num_seqs=16, block_size=32)
+    yield pool, model, base, work
+    pool.close()
+
+
+def test_two_replicas_serve_the_adapter_and_load_each_new_one_in_place(lora_pool):
+    """Both replicas start on the model's adapter (version 0) and, after each of two syncs that change every A and B,
+    sample with the new one: logprobs within 1e-3 of the JAX LoRA model's (1e-3: test_vllm_engine's tolerance), the
+    adapter written once per version and only the newest directory left. Without the adapter the logprobs differ by
+    more than 0.1, so a replica left on an older adapter fails the check."""
+    pool, model, base, work = lora_pool
+    assert pool.config.max_lora_rank == 8 and pool.weight_version == 0  # rank 4 fits vLLM's rank 8
+    prompts = _prompts(6, seed=9)
+    for version, seed in ((0, None), (1, 2), (2, 3)):
+        if seed is not None:
+            set_random_adapter(model, seed)
+            assert pool.update_weights(model) == version == pool.weight_version
+        before = list(pool.router.rows_per_replica)
+        sampled = pool.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8), seeds=list(range(6)))
+        assert all(a > b for a, b in zip(pool.router.rows_per_replica, before))  # both replicas sampled rows
+        completions = [c.token_ids for c in sampled]
+        for i, (c, want) in enumerate(zip(sampled, lora_reference_logprobs(model, prompts, completions))):
+            np.testing.assert_allclose(c.logprobs, want, atol=1e-3, err_msg=f"version {version}, row {i}")
+        plain = lora_reference_logprobs(base, prompts, completions)
+        assert max(float(np.abs(c.logprobs - p).max()) for c, p in zip(sampled, plain)) > 0.1
+        assert {c.weight_version for c in sampled} == {version}
+        assert sorted(p.name for p in (work / "adapters").iterdir()) == [f"v{version}"]
+    with pytest.raises(ValueError, match="without an adapter"):
+        pool.update_weights(vllm_reference_model(1, tied=False))
+    assert pool.weight_version == 2
 
 
 def test_replica_killed_mid_sync_fails_the_step_naming_it(setup):

@@ -5,20 +5,24 @@ No GPU and no vLLM: the pool runs its real sync against two replicas served in t
 with an engine double), pinned to two pretend GPUs, with the CUDA calls replaced by a recording double
 (`sync_staging.TorchCuda`'s methods) and the parent's copies into the staging buffers recorded by a torch function
 mode. Per bucket the order must be: copy into device d → synchronize(d) → notify replica → replica reads → replica
-synchronizes → ack, and every ack before the next bucket's first copy.
+synchronizes → ack, and every ack before the next bucket's first copy. A LoRA pool's sync (an adapter directory
+per version, loaded by every replica) is checked on the same threads.
 """
 
 from __future__ import annotations
 
 import threading
 from multiprocessing import Pipe
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors.numpy import save_file
 from torch.overrides import TorchFunctionMode
 
 from bat_jax.rollout import vllm_replica_worker, vllm_replicas
+from bat_jax.rollout.engine import SamplingParams
 from bat_jax.rollout.gpus import Gpu
 from bat_jax.rollout.vllm_engine import VLLMEngineConfig
 
@@ -191,3 +195,60 @@ def test_bucket_is_copied_synchronised_notified_read_synchronised_then_acknowled
                 k, r, events)
         if k + 1 < buckets:  # the next bucket overwrites the buffers only after every ack
             assert max(acks[r][k][0] for r in (0, 1)) < min(copies[d][k + 1][0] for d in (0, 1)), (k, events)
+
+
+class AdapterEngine(ReadingEngine):
+    """A LoRA replica's engine: records each adapter directory it loads (and the file it found there); raises when
+    `fail_at` is the version asked for."""
+
+    def __init__(self, index, events, fail_at=None):
+        super().__init__(index, events)
+        self.loaded, self.fail_at = [], fail_at
+
+    def load_adapter(self, path, version):
+        if version == self.fail_at:
+            raise RuntimeError("adapter rank 16 > max_lora_rank 8")
+        self.loaded.append((Path(path).name, version, (Path(path) / "adapter_config.json").exists()))
+        self.version = version
+        return version
+
+
+def test_an_adapter_is_written_once_loaded_by_every_replica_and_a_failed_load_names_the_replica(tmp_path,
+                                                                                                 monkeypatch):
+    """A LoRA pool (two replicas in threads): version 0 at start and one sync reach both replicas from one
+    directory each, the older removed only after both loaded the new one; a sync that replica 1 fails names it,
+    leaves the pool refusing rollouts and keeps the directory both replicas still serve."""
+    from bat_jax.models import lora
+    from doubles import tiny_model
+
+    model = tiny_model("qwen3")
+    lora.add_lora(model, lora.LoRAConfig(rank=4, alpha=8.0), seed=0)
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    save_file(TENSORS, str(ckpt / "model.safetensors"))
+    engines = {0: AdapterEngine(0, []), 1: AdapterEngine(1, [], fail_at=2)}
+
+    def start_replica(index, env):
+        ours, theirs = Pipe()
+        thread = threading.Thread(target=vllm_replica_worker.serve, name=f"replica-{index}", daemon=True,
+                                  args=(theirs, index), kwargs={"make_engine": lambda fields: engines[index]})
+        thread.start()
+        return ThreadProcess(thread), ours
+
+    monkeypatch.setattr(vllm_replicas, "start_replica", start_replica)
+    pool = vllm_replicas.VLLMReplicaPool(VLLMEngineConfig(model_dir=str(ckpt), dtype="float32", max_lora_rank=8), 2,
+                                         start_timeout_s=30, call_timeout_s=30)
+    try:
+        pool._load_adapter(model, 0)  # what `from_model` does at start
+        assert pool.update_weights(model) == 1 == pool.weight_version
+        assert [e.loaded for e in engines.values()] == [[("v0", 0, True), ("v1", 1, True)]] * 2
+        assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["v1"]
+        with pytest.raises(RuntimeError, match="adapter rank 16"):
+            pool.update_weights(model)
+        with pytest.raises(RuntimeError, match="may hold different weights"):
+            pool.generate([[1, 2]], SamplingParams(temperature=0.0, max_new_tokens=2))
+        assert pool.weight_version == 1 and (tmp_path / "adapters" / "v1").is_dir()
+        with pytest.raises(TypeError, match="nnx.Module"):
+            pool.update_weights(TENSORS)  # a LoRA pool takes the model, not tensors
+    finally:
+        pool.close()

@@ -11,7 +11,6 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from bat_jax.models.lora import has_lora
 from bat_jax.policy import Policy
 from bat_jax.rollout import vllm_memory
 from bat_jax.rollout.engine import RolloutEngine
@@ -93,10 +92,6 @@ def build_engine(policy: Policy, config: EngineConfig, max_context: int, run_dir
         raise ValueError("build_engine: the vLLM engine needs a run_dir (its checkpoint is written there)")
     options = {"max_model_len": max_context, **dict(config.vllm_options)}
     replicas = replica_count(config.vllm_replicas)
-    if has_lora(policy.model) and replicas > 1:  # the replicas' sync stages full-weight buckets; adapters: not yet
-        raise ValueError(f"engines.EngineConfig.kind = 'vllm' with policy.PolicyConfig.lora bound serves the adapter "
-                         f"from one in-process engine; vllm_replicas = {config.vllm_replicas} gives {replicas} "
-                         "replicas: bind engines.EngineConfig.vllm_replicas = 1 or engines.EngineConfig.kind = 'jax'")
     plans = check_vllm_memory(policy.model.config, options, replicas)
     print("[bat_jax] vLLM memory:\n" + vllm_memory.describe_replicas(plans, batch_episodes), flush=True)
     if replicas == 1:  # one engine in this process

@@ -232,6 +232,47 @@ def write_rows(worker, rows: Iterator[tuple[str, int, Any]]) -> int:
     return written
 
 
+def check_adapter_model(config: VLLMEngineConfig, model: Any) -> None:
+    """Refuses weights a LoRA engine cannot serve. Raises ValueError when `config` serves full weights or `model`
+    carries no adapter (`models.lora.add_lora`); TypeError for a `model` that is not an ``nnx.Module``."""
+    from flax import nnx
+
+    from bat_jax.models import lora
+
+    if not config.max_lora_rank:
+        raise ValueError("install_adapter: this engine serves full weights (VLLMEngineConfig.max_lora_rank = 0)")
+    if not isinstance(model, nnx.Module):
+        raise TypeError(f"a LoRA engine's weights are a model carrying its adapter (nnx.Module), got "
+                        f"{type(model).__name__}")
+    if not lora.has_lora(model):
+        raise ValueError("a LoRA engine (VLLMEngineConfig.max_lora_rank > 0) was given a model without an "
+                         "adapter (models.lora.add_lora)")
+
+
+def write_adapter(model: Any, model_dir: str | os.PathLike, version: int) -> Path:
+    """Writes `model`'s adapter in PEFT's layout to ``<model_dir>/../adapters/v<version>`` (under ``process<i>/``
+    when several JAX processes each write their own) and returns that directory: a new one per version, so never
+    one a vLLM engine may still be reading; all or nothing (`peft_io.save_adapter`)."""
+    import jax
+
+    from bat_jax.models import peft_io
+
+    root = Path(model_dir).parent / "adapters"
+    if jax.process_count() > 1:  # every host's engine reads its own copy
+        root = root / f"process{jax.process_index()}"
+    return peft_io.save_adapter(model, root / f"v{version}", base_model_name_or_path=str(model_dir),
+                                overwrite=True, every_process=True)
+
+
+def remove_older_adapters(path: Path) -> None:
+    """Removes the adapter directories beside `path` (``v*``) other than `path` itself."""
+    import shutil
+
+    for old in Path(path).parent.glob("v*"):
+        if old != Path(path):
+            shutil.rmtree(old, ignore_errors=True)
+
+
 class VLLMEngine:
     """`bat_jax.rollout.engine.RolloutEngine` on vLLM (``LLM`` in this process).
 
@@ -456,46 +497,32 @@ class VLLMEngine:
     def install_adapter(self, model: Any, *, bump: bool = True) -> int:
         """Serves `model`'s LoRA adapter from now on; returns the weight version (+1 when `bump`).
 
-        The adapter goes in PEFT's layout to a new directory ``<model_dir>/../adapters/v<version>`` (never one vLLM
-        may still be reading; all or nothing), vLLM loads it in place of the previous one under the same id
-        (``LoRARequest(..., load_inplace=True)``; later requests name it without reloading), the prefix cache is
-        reset and older directories are removed. Source: vLLM ``LLMEngine.add_lora``,
-        ``WorkerLoRAManager.add_adapter`` (0.19-0.33).
+        The adapter is written by `write_adapter` (a new directory per version), loaded in place (`load_adapter`),
+        and older directories are removed.
 
-        Raises: ValueError when this engine serves no adapter or `model` carries none (names both); TypeError for
-        a `model` that is not an ``nnx.Module``; RuntimeError as `install_weights`.
+        Raises: as `check_adapter_model`; RuntimeError as `install_weights`.
         """
-        import shutil
+        check_adapter_model(self.config, model)
+        version = self._version + (1 if bump else 0)
+        path = write_adapter(model, self.config.model_dir, version)
+        self.load_adapter(str(path), version)
+        remove_older_adapters(path)
+        return self._version
 
-        import jax
-        from flax import nnx
+    def load_adapter(self, path: str, version: int) -> int:
+        """Loads the PEFT adapter at `path` in place of the served one and returns `version`, now the weight version.
+
+        vLLM loads it under the one adapter id (``LoRARequest(..., load_inplace=True)``; later requests name it
+        without reloading) and the prefix cache is reset. Source: vLLM ``LLMEngine.add_lora``,
+        ``WorkerLoRAManager.add_adapter`` (0.19-0.33). Raises RuntimeError as `install_weights`."""
         from vllm.lora.request import LoRARequest
 
-        from bat_jax.models import lora, peft_io
-
-        if not self.config.max_lora_rank:
-            raise ValueError("install_adapter: this engine serves full weights (VLLMEngineConfig.max_lora_rank = 0)")
-        if not isinstance(model, nnx.Module):
-            raise TypeError(f"a LoRA engine's weights are a model carrying its adapter (nnx.Module), got "
-                            f"{type(model).__name__}")
-        if not lora.has_lora(model):
-            raise ValueError("a LoRA engine (VLLMEngineConfig.max_lora_rank > 0) was given a model without an "
-                             "adapter (models.lora.add_lora)")
-        version = self._version + (1 if bump else 0)
-        root = Path(self.config.model_dir).parent / "adapters"
-        if jax.process_count() > 1:  # every host's engine reads its own copy
-            root = root / f"process{jax.process_index()}"
-        path = peft_io.save_adapter(model, root / f"v{version}", base_model_name_or_path=self.config.model_dir,
-                                    overwrite=True, every_process=True)
         with self._driver.exclusive("update_weights"):  # never under a running request
             self._llm.llm_engine.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, str(path), load_inplace=True))
             if not self._llm.reset_prefix_cache():
                 raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running)")
             self._lora = LoRARequest(ADAPTER_NAME, ADAPTER_ID, str(path))  # named by requests, loaded already
-            self._version = version
-        for old in root.glob("v*"):
-            if old != path:
-                shutil.rmtree(old, ignore_errors=True)
+            self._version = int(version)
         return self._version
 
     def close(self) -> None:

@@ -193,6 +193,8 @@ def serve(conn, index: int, *, make_engine: Any = None, cuda: Any = None) -> Non
                          msg[2])
         elif op == "score":
             calls.submit(reply, call_id, engine.score, *msg[2])
+        elif op == "adapter":  # (path, version): the pool holds no call in flight meanwhile
+            calls.submit(reply, call_id, engine.load_adapter, msg[2], msg[3])
         elif op == "sync":
             try:
                 syncs[call_id] = _Sync(msg[2], send, cuda)

@@ -23,7 +23,8 @@ from bat_jax.rollout.engine import Completion, SamplingParams
 from bat_jax.rollout.gpus import Gpu, installed_vllm, pin_env, visible_gpus
 from bat_jax.rollout.replica_router import ReplicaRouter
 from bat_jax.rollout.sync_staging import StagingBuffers
-from bat_jax.rollout.vllm_engine import VLLMEngineConfig, check_request, checkpoint_tensor_shapes, write_checkpoint
+from bat_jax.rollout.vllm_engine import (VLLMEngineConfig, check_adapter_model, check_request, checkpoint_tensor_shapes,
+                                         remove_older_adapters, write_adapter, write_checkpoint)
 from bat_jax.rollout.weight_sync import (SYNC_BUCKET_BYTES, device_copy, named_weights, stream_pieces, sync_plan,
                                          to_torch)
 
@@ -183,10 +184,18 @@ class VLLMReplicaPool:
                    measure_sync: bool = False, **config_overrides: Any) -> "VLLMReplicaPool":
         """Writes `model` once to ``work_dir/checkpoint`` and starts `num_replicas` replicas on it.
 
-        The checkpoint comes from `vllm_engine.write_checkpoint`. `config_overrides`: `VLLMEngineConfig` fields; the
-        rest: the constructor's."""
-        return cls(write_checkpoint(model, work_dir, tokenizer=tokenizer, **config_overrides), num_replicas, gpus=gpus,
-                   sync_bucket_bytes=sync_bucket_bytes, measure_sync=measure_sync)
+        The checkpoint comes from `vllm_engine.write_checkpoint` (for a model with a LoRA adapter: the frozen base,
+        every replica then serving the model's adapter as version 0). `config_overrides`: `VLLMEngineConfig` fields;
+        the rest: the constructor's."""
+        pool = cls(write_checkpoint(model, work_dir, tokenizer=tokenizer, **config_overrides), num_replicas,
+                   gpus=gpus, sync_bucket_bytes=sync_bucket_bytes, measure_sync=measure_sync)
+        if pool.config.max_lora_rank:
+            try:
+                pool._load_adapter(model, 0)
+            except BaseException:
+                pool.close()
+                raise
+        return pool
 
     @property
     def weight_version(self) -> int:
@@ -312,17 +321,27 @@ class VLLMReplicaPool:
     def update_weights(self, params: Any) -> int:
         """Installs `params` on every replica (module docstring) and returns the new weight version.
 
-        Raises: ValueError naming missing / unknown tensors or a shape mismatch (nothing sent); RuntimeError while
-        calls are in flight (nothing sent), or naming the replica that failed or died during the sync (the pool
-        then refuses rollouts until a sync succeeds)."""
-        named = named_weights(params, self._shapes, self.config.model_dir)
+        A LoRA pool (`VLLMEngineConfig.max_lora_rank`) takes the model instead: its adapter is written once and every
+        replica loads it in place (`_load_adapter`).
+
+        Raises: ValueError naming missing / unknown tensors or a shape mismatch (nothing sent); for a LoRA pool, as
+        `vllm_engine.check_adapter_model`; RuntimeError while calls are in flight (nothing sent), or naming the
+        replica that failed or died during the sync (the pool then refuses rollouts until a sync succeeds)."""
+        if self.config.max_lora_rank:
+            check_adapter_model(self.config, params)
+            named = None
+        else:
+            named = named_weights(params, self._shapes, self.config.model_dir)
         with self._state:
             if self._in_flight or self._syncing:
                 busy = "another sync is running" if self._syncing else f"{self._in_flight} calls are in flight"
                 raise RuntimeError(f"VLLMReplicaPool.update_weights while {busy}; wait for the rollouts first")
             self._syncing = True
         try:
-            self._sync(named)
+            if named is None:
+                self._load_adapter(params, self._version + 1)
+            else:
+                self._sync(named)
             with self._state:
                 self._inconsistent = None
                 self._version += 1
@@ -336,6 +355,15 @@ class VLLMReplicaPool:
             with self._state:
                 self._syncing = False
                 self._state.notify_all()
+
+    def _load_adapter(self, model: Any, version: int) -> None:
+        """Writes `model`'s adapter once (`vllm_engine.write_adapter`: a new directory per version), has every replica
+        load it in place, then removes the older directories (none is read any more)."""
+        path = write_adapter(model, self.config.model_dir, version)
+        loads = [(r, self._send(r, "adapter", str(path), int(version))) for r in self._replicas]
+        for r, future in loads:
+            self._wait(r, future, "the adapter load", self.call_timeout_s)
+        remove_older_adapters(path)
 
     def _sync(self, named: list[tuple[str, Any]]) -> None:
         sync_id = f"sync-{next(self._ids)}"

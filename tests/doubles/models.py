@@ -1,6 +1,7 @@
 """Tiny random models for the sampler, cache, export and vLLM tests."""
 
 import dataclasses
+import functools
 
 # --- tiny models (test_jax_sampler, test_continuous_batching, test_prefix_cache, test_mesh_sampler, ...) -------
 
@@ -51,3 +52,54 @@ def vllm_reference_model(seed: int, tied: bool = True, vocab_size: int | None = 
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.set_value(layer.self_attn.o_proj.weight.get_value() * 100.0)
     return model
+
+
+# --- LoRA over the vLLM reference model (test_vllm_engine, test_vllm_replicas) -------------------------------------
+
+#: Left-padded length of `lora_reference_logprobs`'s batch (one compile).
+REFERENCE_PAD_LEN = 64
+
+
+def set_random_adapter(model, seed: int, scale: float = 0.5) -> None:
+    """Random non-zero A and B in every adapted projection of `model` (B = 0 at init would leave the base)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from bat_jax.models import lora
+
+    rng = np.random.default_rng(seed)
+    for _, m in lora.adapted_linears(model):
+        m.lora_a[...] = jnp.asarray(rng.normal(size=m.lora_a.shape) / np.sqrt(m.lora_a.shape[1]), jnp.float32)
+        m.lora_b[...] = jnp.asarray(scale * rng.normal(size=m.lora_b.shape), jnp.float32)
+
+
+@functools.cache
+def _forward():
+    from flax import nnx
+
+    return nnx.jit(lambda model, ids, mask: model(ids, mask))
+
+
+def reference_logits(model, prompts, completions) -> list:
+    """Logits `[len(completion), vocab]` under `model` that predicted each completion token, per row."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    n = len(prompts)
+    ids, mask = np.zeros((n, REFERENCE_PAD_LEN), np.int32), np.zeros((n, REFERENCE_PAD_LEN), np.int32)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        seq = list(p) + list(c)
+        ids[i, REFERENCE_PAD_LEN - len(seq):], mask[i, REFERENCE_PAD_LEN - len(seq):] = seq, 1
+    logits = np.asarray(_forward()(model, jnp.asarray(ids), jnp.asarray(mask)))
+    return [logits[i, REFERENCE_PAD_LEN - len(c) - 1:REFERENCE_PAD_LEN - 1] for i, c in enumerate(completions)]
+
+
+def lora_reference_logprobs(model, prompts, completions) -> list:
+    """Temperature-1 logprobs of each completion token under `model` (its adapter included)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from bat_jax.rollout.engine import token_logprobs
+
+    return [np.asarray(token_logprobs(jnp.asarray(lg), jnp.asarray(c), 1.0, 1.0))
+            for lg, c in zip(reference_logits(model, prompts, completions), completions)]
