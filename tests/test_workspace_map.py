@@ -48,6 +48,7 @@ SUITES = {
     "test_compile_probe.py": "launch/bench/compile_probe.py",
     "test_gpu_smoke_tiny.py": "launch/bench/gpu_smoke.py",
     "test_sweep.py": "launch/sweep.py",
+    "test_teacher_nll.py": "launch/teacher_nll.py",
 }
 
 

@@ -233,8 +233,10 @@ def write_rows(worker, rows: Iterator[tuple[str, int, Any]]) -> int:
 
 
 def check_adapter_model(config: VLLMEngineConfig, model: Any) -> None:
-    """Refuses weights a LoRA engine cannot serve. Raises ValueError when `config` serves full weights or `model`
-    carries no adapter (`models.lora.add_lora`); TypeError for a `model` that is not an ``nnx.Module``."""
+    """Refuses weights a LoRA engine cannot serve.
+
+    Raises: ValueError when `config` serves full weights or `model` carries no adapter (`models.lora.add_lora`);
+    TypeError for a `model` that is not an ``nnx.Module``."""
     from flax import nnx
 
     from bat_jax.models import lora
@@ -250,9 +252,10 @@ def check_adapter_model(config: VLLMEngineConfig, model: Any) -> None:
 
 
 def write_adapter(model: Any, model_dir: str | os.PathLike, version: int) -> Path:
-    """Writes `model`'s adapter in PEFT's layout to ``<model_dir>/../adapters/v<version>`` (under ``process<i>/``
-    when several JAX processes each write their own) and returns that directory: a new one per version, so never
-    one a vLLM engine may still be reading; all or nothing (`peft_io.save_adapter`)."""
+    """Writes `model`'s adapter in PEFT's layout to ``<model_dir>/../adapters/v<version>`` and returns that directory.
+
+    A new directory per version, so never one a vLLM engine may still be reading; all or nothing
+    (`peft_io.save_adapter`); under ``process<i>/`` when several JAX processes each write their own."""
     import jax
 
     from bat_jax.models import peft_io

@@ -357,8 +357,10 @@ class VLLMReplicaPool:
                 self._state.notify_all()
 
     def _load_adapter(self, model: Any, version: int) -> None:
-        """Writes `model`'s adapter once (`vllm_engine.write_adapter`: a new directory per version), has every replica
-        load it in place, then removes the older directories (none is read any more)."""
+        """Writes `model`'s adapter once and has every replica load it in place.
+
+        `vllm_engine.write_adapter` gives a new directory per version; the older ones are removed after every replica
+        has loaded the new one (none reads them any more)."""
         path = write_adapter(model, self.config.model_dir, version)
         loads = [(r, self._send(r, "adapter", str(path), int(version))) for r in self._replicas]
         for r, future in loads:
