@@ -11,7 +11,7 @@
 # 1. nvidia-smi, then what this interpreter lacks of launch/constraints/box-wheels.txt is installed from $WHEELS
 #    with `pip --no-index --target $SITE` (nothing is fetched; nothing outside $SITE changes);
 # 2. python -m launch.bench.gpu_smoke (from the repository root): versions (a version outside pyproject's range is a warning, not a stop), then the
-#    memory / sft / grpo / orbax / sampler / vllm / replicas stages, one "[smoke] <stage> ok|skipped ..." line each,
+#    memory / sft / grpo / orbax / lora / sampler / vllm / replicas stages, one "[smoke] <stage> ok|skipped ..." line each,
 #    then one table of every figure; the first failure exits non-zero.
 set -euo pipefail
 

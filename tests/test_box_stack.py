@@ -109,7 +109,7 @@ def test_gpu_smoke_runs_on_the_box_stack_from_a_wheel_folder(stacks, tmp_path):
     assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
     lines = {ln.split()[1]: ln for ln in smoke.stdout.splitlines() if ln.startswith("[smoke] ") and len(ln.split()) > 2}
     assert f"from {wheels} into {site}" in lines["installing"]  # the wheel-folder path ran
-    for stage in ("memory", "sft", "grpo", "orbax", "sampler"):
+    for stage in ("memory", "sft", "grpo", "orbax", "lora", "sampler"):
         assert lines[stage].split()[2] == "ok", lines[stage]
     assert lines["vllm"].split()[2] == "skipped" and "vllm_not_installed" in lines["vllm"]
     assert lines["replicas"].split()[2] == "skipped" and "[smoke] | sampler | prefix_hits |" in smoke.stdout

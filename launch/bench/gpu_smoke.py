@@ -151,7 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--peak_tflops", type=float, default=989.0)
     ap.add_argument("--memory_layers", type=int, default=4, help="decoder layers of the 9B slice (multiple of 4)")
-    ap.add_argument("--stages", default="memory,sft,grpo,orbax,sampler,vllm,replicas")
+    ap.add_argument("--stages", default="memory,sft,grpo,orbax,lora,sampler,vllm,replicas")
+    ap.add_argument("--lora_rank", type=int, default=32, help="adapter rank of the lora stage (4 with --tiny)")
     ap.add_argument("--sampler_rows", type=int, default=16, help="continuous-batching slots of the sampler stage")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes: checks every stage's code on a CPU")
     args = ap.parse_args(argv)
@@ -234,6 +235,8 @@ def main(argv=None) -> int:
 
     if "orbax" in stages:
         stage_orbax(learner)
+    if "lora" in stages:
+        stage_lora(args, model_cfg, ids, ones, loss_mask, cfg)
     if "sampler" in stages:
         stage_sampler(args, learner, ids)
     if "vllm" in stages:
@@ -355,6 +358,58 @@ def stage_orbax(learner) -> None:
         assert same, "Orbax restore differs from the saved parameters"
         ckpt.close()
     _line("orbax", t0, bytes=_gb(sum(x.nbytes for x in jax.tree.leaves(learner.params))))
+
+
+def stage_lora(args, model_cfg, ids, ones, loss_mask, cfg) -> None:
+    """A LoRA learner over a bf16 base (the model's shape): one SFT and one GRPO step move the adapter only, and its
+    adapter-only Orbax checkpoint and PEFT export hold exactly the adapter."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from bat_jax.checkpoint import CheckpointConfig, Checkpointer
+    from bat_jax.learn import sft
+    from bat_jax.learn.learner import Learner, MemoryConfig
+    from bat_jax.learn.optim import OptimizerConfig
+    from bat_jax.models import lora, peft_io
+    from bat_jax.models.mesh import MeshConfig
+    from bat_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+
+    t0 = time.perf_counter()
+    model = Qwen3_5ForCausalLM(model_cfg, rngs=nnx.Rngs(0))
+    lora.add_lora(model, lora.LoRAConfig(rank=4 if args.tiny else args.lora_rank), seed=0)
+    lora.cast_base(model, "bfloat16")
+    learner = Learner(model, MeshConfig(fsdp=-1), MemoryConfig(remat="full"))
+    base = [np.asarray(x) for x in jax.tree.leaves(nnx.state(learner.model, lora.BASE))]
+    n_adapter = sum(x.size for x in jax.tree.leaves(learner.params))
+    rows = len(ids)
+    opt = OptimizerConfig(learning_rate=1e-3, schedule="constant", warmup_ratio=0.0)
+    step, state = learner.sft_block(sft.SFTConfig(optimizer=opt, global_batch_size=rows, max_seq_len=args.seq), 2)
+    state, m, sft_s = _timed_steps(step, state, {"input_ids": ids, "attention_mask": ones, "loss_mask": loss_mask}, 1)
+    learner.adopt(state)
+    ref = learner.logprobs(learner.params, {"input_ids": ids, "attention_mask": ones}, cfg)
+    batch = {"input_ids": ids, "attention_mask": ones, "loss_mask": loss_mask, "old_logprobs": ref,
+             "ref_logprobs": ref, "advantages": np.linspace(-1.0, 1.0, rows).astype(np.float32)}
+    step, state = learner.grpo_block(cfg, opt, total_steps=2, num_micro_batches=1)
+    state, m, grpo_s = _timed_steps(step, state, batch, 1)
+    assert np.isfinite(float(m["loss"])), m
+    learner.adopt(state)
+    after = [np.asarray(x) for x in jax.tree.leaves(nnx.state(learner.model, lora.BASE))]
+    assert all(np.array_equal(a, b) for a, b in zip(base, after)), "a LoRA step changed the frozen base"
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = Checkpointer(CheckpointConfig(directory=f"{d}/ckpt"))
+        ckpt.save(1, {"params": learner.params}, metrics={"overall": 0.0})
+        ckpt.wait()
+        abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                           learner.params)}
+        back = ckpt.restore(abstract, step=1).state["params"]
+        assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(learner.params)))
+        ckpt.close()
+        saved = peft_io.save_adapter(learner.sync_model(), f"{d}/adapter")
+        adapter_bytes = sum(f.stat().st_size for f in Path(saved).iterdir())
+    _line("lora", t0, adapter_params=f"{n_adapter / 1e6:.2f}e6", adapter_file=f"{adapter_bytes / 1e6:.2f}MB",
+          sft_step_s=f"{sft_s:.2f}", grpo_step_s=f"{grpo_s:.2f}", peak_memory=_gb(peak_bytes(jax.devices()[0])))
 
 
 def stage_vllm(args, learner, ids, cfg) -> None:
