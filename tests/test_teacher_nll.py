@@ -44,3 +44,27 @@ def test_table_shows_each_step_against_the_sft_policy():
         "| --- | --- | --- |",
         "| 0 (SFT) | 0.5000 | 0.2500 |",
         "| 1 (clean) | 0.2500 (-0.2500) | 0.5000 (+0.2500) |"]
+
+
+def test_nll_on_a_real_learner_equals_the_sft_loss_per_token():
+    """`_nll` through `Learner.logprobs` equals the SFT objective's own per-token NLL (`sft.sft_token_nll`) on the
+    same rows: position t of the logprobs scores token t, as the loss mask marks targets."""
+    import jax.numpy as jnp
+
+    from bat_jax.learn import grpo, sft
+    from bat_jax.learn.learner import Learner
+    from bat_jax.models.mesh import MeshConfig
+    from bat_jax.rollout.sampling import SamplingConfig
+    from doubles import tiny_model
+
+    model = tiny_model("qwen3", seed=3)
+    rng = np.random.default_rng(0)
+    examples = [sft.build_sft_example(rng.integers(0, 200, n).tolist(), rng.integers(0, 200, k).tolist(), 255, 32)
+                for n, k in ((5, 4), (9, 7))]
+    learner = Learner(model, MeshConfig(data=1, fsdp=1, tensor=1))
+    got = teacher_nll._nll(learner, learner.params, examples,
+                           grpo.GRPOConfig(kl_coef=0.0, sampling=SamplingConfig(temperature=1.0)))
+    batch = {k: jnp.asarray(np.stack([e[k] for e in examples])) for k in ("input_ids", "attention_mask", "loss_mask")}
+    nll, mask = sft.sft_token_nll(model(batch["input_ids"], batch["attention_mask"]), batch)
+    want = float(nll.sum() / mask.sum())
+    assert abs(got - want) < 1e-4 * want and int(mask.sum()) == 4 + 1 + 7 + 1  # targets + end of turn per row

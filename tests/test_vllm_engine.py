@@ -11,7 +11,6 @@ from __future__ import annotations
 
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -20,20 +19,14 @@ pytest.importorskip("vllm")
 
 from bat_jax.models import hf_io, lora  # noqa: E402
 from bat_jax.models.configs import Qwen3Config  # noqa: E402
-from bat_jax.rollout.engine import SamplingParams, token_logprobs  # noqa: E402
+from bat_jax.rollout.engine import SamplingParams  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig, lora_rank_for  # noqa: E402
-from doubles import (VLLM_TINY, lora_reference_logprobs, reference_logits, set_random_adapter,  # noqa: E402
+from doubles import (VLLM_TINY, reference_logprobs, reference_logits, set_random_adapter,  # noqa: E402
                      vllm_reference_model)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 CFG = Qwen3Config(**VLLM_TINY, tie_word_embeddings=True)
-
-
-def _reference_logprobs(model, prompts, comps, temperature, top_p=1.0) -> list[np.ndarray]:
-    logits = reference_logits(model, prompts, [c.token_ids for c in comps])
-    return [np.asarray(token_logprobs(jnp.asarray(lg), jnp.asarray(c.token_ids), temperature, top_p))
-            for lg, c in zip(logits, comps)]
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -106,7 +99,7 @@ def test_logprobs_match_reference_after_sharded_sync(request, which):
     engine.update_weights(state)
     prompts = _prompts(4, seed=1)
     comps = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24, seed=5))
-    ref = _reference_logprobs(model_b, prompts, comps, 1.0)
+    ref = reference_logprobs(model_b, prompts, [c.token_ids for c in comps])
     scored = engine.score(prompts, [c.token_ids for c in comps])  # teacher-forced, raw = sampled at T = 1
     for r, c, s in zip(ref, comps, scored):
         assert len(c.token_ids) == 24
@@ -121,8 +114,8 @@ def test_importance_ratio_at_temperature_and_top_p(setup):
     prompts = _prompts(16, seed=2)
     comps = engine.generate(prompts, params)
     got = np.concatenate([c.logprobs for c in comps])
-    ref = np.concatenate(_reference_logprobs(model_b, prompts, comps, 0.6, 0.8))
-    raw = np.concatenate(_reference_logprobs(model_b, prompts, comps, 1.0))
+    ref = np.concatenate(reference_logprobs(model_b, prompts, [c.token_ids for c in comps], 0.6, 0.8))
+    raw = np.concatenate(reference_logprobs(model_b, prompts, [c.token_ids for c in comps]))
     ratio = np.exp(ref - got)
     assert got.size == 16 * 32
     assert abs(ratio.mean() - 1.0) < 0.01, (ratio.mean(), np.abs(ref - got).max())
@@ -279,7 +272,7 @@ def served(tmp_path_factory):
 
 def _check_lora(engine, model):
     sampled = engine.generate(LORA_PROMPTS, LORA_SAMPLE)
-    for c, want in zip(sampled, lora_reference_logprobs(model, LORA_PROMPTS, [c.token_ids for c in sampled])):
+    for c, want in zip(sampled, reference_logprobs(model, LORA_PROMPTS, [c.token_ids for c in sampled])):
         np.testing.assert_allclose(c.logprobs, want, atol=1e-3)
     return sampled
 
@@ -288,7 +281,7 @@ def test_the_engine_starts_on_the_frozen_base_and_serves_the_models_adapter(serv
     engine, model, base, work = served
     assert engine.config.max_lora_rank == 8 and engine.weight_version == 0  # rank 4 fits vLLM's rank 8
     sampled = _check_lora(engine, model)
-    plain = lora_reference_logprobs(base, LORA_PROMPTS, [c.token_ids for c in sampled])
+    plain = reference_logprobs(base, LORA_PROMPTS, [c.token_ids for c in sampled])
     assert max(float(np.abs(c.logprobs - p).max()) for c, p in zip(sampled, plain)) > 0.1  # the adapter matters
     assert sorted(p.name for p in (work / "adapters").iterdir()) == ["v0"]
 

@@ -2,8 +2,8 @@
 take a weight sync from the JAX learner through shared memory, serve a LoRA adapter and load each new one in place,
 and a replica killed mid-sync fails the sync with its index named.
 
-The model is test_vllm_engine's tiny fp32 Qwen3 (tied head, peaked logits); the one-replica reference is an
-in-process `VLLMEngine` on the same checkpoint. The routing rules themselves are tested without vLLM in
+The model is test_vllm_engine's tiny fp32 Qwen3 (tied head, peaked logits; untied under the LoRA adapter); the
+one-replica reference is an in-process `VLLMEngine` on the same checkpoint. The routing rules themselves are tested without vLLM in
 tests/test_replica_router.py.
 """
 
@@ -28,7 +28,7 @@ from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
 from bat_jax.rollout.vllm_replicas import VLLMReplicaPool  # noqa: E402
 
-from doubles import lora_reference_logprobs, set_random_adapter, vllm_reference_model  # noqa: E402
+from doubles import reference_logprobs, set_random_adapter, vllm_reference_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -158,9 +158,9 @@ def test_two_replicas_serve_the_adapter_and_load_each_new_one_in_place(lora_pool
         sampled = pool.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8), seeds=list(range(6)))
         assert all(a > b for a, b in zip(pool.router.rows_per_replica, before))  # both replicas sampled rows
         completions = [c.token_ids for c in sampled]
-        for i, (c, want) in enumerate(zip(sampled, lora_reference_logprobs(model, prompts, completions))):
+        for i, (c, want) in enumerate(zip(sampled, reference_logprobs(model, prompts, completions))):
             np.testing.assert_allclose(c.logprobs, want, atol=1e-3, err_msg=f"version {version}, row {i}")
-        plain = lora_reference_logprobs(base, prompts, completions)
+        plain = reference_logprobs(base, prompts, completions)
         assert max(float(np.abs(c.logprobs - p).max()) for c, p in zip(sampled, plain)) > 0.1
         assert {c.weight_version for c in sampled} == {version}
         assert sorted(p.name for p in (work / "adapters").iterdir()) == [f"v{version}"]

@@ -198,8 +198,8 @@ def test_bucket_is_copied_synchronised_notified_read_synchronised_then_acknowled
 
 
 class AdapterEngine(ReadingEngine):
-    """A LoRA replica's engine: records each adapter directory it loads (and the file it found there); raises when
-    `fail_at` is the version asked for."""
+    """A LoRA replica's engine: records each adapter directory it loads, whether its PEFT config was there and the
+    adapter directories beside it at that moment; raises while `fail_at` is the version asked for."""
 
     def __init__(self, index, events, fail_at=None):
         super().__init__(index, events)
@@ -208,7 +208,9 @@ class AdapterEngine(ReadingEngine):
     def load_adapter(self, path, version):
         if version == self.fail_at:
             raise RuntimeError("adapter rank 16 > max_lora_rank 8")
-        self.loaded.append((Path(path).name, version, (Path(path) / "adapter_config.json").exists()))
+        path = Path(path)
+        self.loaded.append((path.name, version, (path / "adapter_config.json").exists(),
+                            sorted(p.name for p in path.parent.iterdir())))
         self.version = version
         return version
 
@@ -216,8 +218,10 @@ class AdapterEngine(ReadingEngine):
 def test_an_adapter_is_written_once_loaded_by_every_replica_and_a_failed_load_names_the_replica(tmp_path,
                                                                                                  monkeypatch):
     """A LoRA pool (two replicas in threads): version 0 at start and one sync reach both replicas from one
-    directory each, the older removed only after both loaded the new one; a sync that replica 1 fails names it,
-    leaves the pool refusing rollouts and keeps the directory both replicas still serve."""
+    directory each, the older removed only after both loaded the new one. A sync that replica 1 fails names it and
+    leaves the pool refusing rollouts with both directories on disk (replica 0 serves v2, replica 1 still v1); the
+    next sync writes a directory of a new name (a replica may still read the failed one), reaches both, and leaves
+    only it."""
     from bat_jax.models import lora
     from doubles import tiny_model
 
@@ -238,16 +242,23 @@ def test_an_adapter_is_written_once_loaded_by_every_replica_and_a_failed_load_na
     monkeypatch.setattr(vllm_replicas, "start_replica", start_replica)
     pool = vllm_replicas.VLLMReplicaPool(VLLMEngineConfig(model_dir=str(ckpt), dtype="float32", max_lora_rank=8), 2,
                                          start_timeout_s=30, call_timeout_s=30)
+    adapters = tmp_path / "adapters"
     try:
-        pool._load_adapter(model, 0)  # what `from_model` does at start
+        pool._load_adapter(pool._write_adapter(model, 0), 0)  # what `from_model` does at start
         assert pool.update_weights(model) == 1 == pool.weight_version
-        assert [e.loaded for e in engines.values()] == [[("v0", 0, True), ("v1", 1, True)]] * 2
-        assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["v1"]
-        with pytest.raises(RuntimeError, match="adapter rank 16"):
+        for e in engines.values():  # v1 was loaded while v0 was still on disk
+            assert e.loaded == [("v0", 0, True, ["v0"]), ("v1", 1, True, ["v0", "v1"])]
+        assert sorted(p.name for p in adapters.iterdir()) == ["v1"]
+        with pytest.raises(RuntimeError, match=r"adapter load failed: vLLM replica 1: RuntimeError: adapter rank 16"):
             pool.update_weights(model)
         with pytest.raises(RuntimeError, match="may hold different weights"):
             pool.generate([[1, 2]], SamplingParams(temperature=0.0, max_new_tokens=2))
-        assert pool.weight_version == 1 and (tmp_path / "adapters" / "v1").is_dir()
+        assert pool.weight_version == 1 and sorted(p.name for p in adapters.iterdir()) == ["v1", "v2"]
+        assert engines[0].loaded[-1][:2] == ("v2", 2) and engines[1].loaded[-1][:2] == ("v1", 1)
+        engines[1].fail_at = None
+        assert pool.update_weights(model) == 2 == pool.weight_version
+        (again,) = [p.name for p in adapters.iterdir()]
+        assert again.startswith("v2-") and [e.loaded[-1][0] for e in engines.values()] == [again, again]
         with pytest.raises(TypeError, match="nnx.Module"):
             pool.update_weights(TENSORS)  # a LoRA pool takes the model, not tensors
     finally:

@@ -242,7 +242,8 @@ def check_adapter_model(config: VLLMEngineConfig, model: Any) -> None:
     from bat_jax.models import lora
 
     if not config.max_lora_rank:
-        raise ValueError("install_adapter: this engine serves full weights (VLLMEngineConfig.max_lora_rank = 0)")
+        raise ValueError("a LoRA adapter was given to an engine that serves full weights "
+                         "(VLLMEngineConfig.max_lora_rank = 0)")
     if not isinstance(model, nnx.Module):
         raise TypeError(f"a LoRA engine's weights are a model carrying its adapter (nnx.Module), got "
                         f"{type(model).__name__}")
@@ -251,20 +252,25 @@ def check_adapter_model(config: VLLMEngineConfig, model: Any) -> None:
                          "adapter (models.lora.add_lora)")
 
 
-def write_adapter(model: Any, model_dir: str | os.PathLike, version: int) -> Path:
-    """Writes `model`'s adapter in PEFT's layout to ``<model_dir>/../adapters/v<version>`` and returns that directory.
+def adapter_root(model_dir: str | os.PathLike) -> Path:
+    """Where a LoRA engine's adapter versions go: ``<model_dir>/../adapters``.
 
-    A new directory per version, so never one a vLLM engine may still be reading; all or nothing
-    (`peft_io.save_adapter`); under ``process<i>/`` when several JAX processes each write their own."""
+    Under ``process<i>/`` inside it when several JAX processes each write their own."""
     import jax
 
+    root = Path(model_dir).parent / "adapters"
+    return root / f"process{jax.process_index()}" if jax.process_count() > 1 else root
+
+
+def write_adapter(model: Any, directory: Path, model_dir: str | os.PathLike) -> Path:
+    """Writes `model`'s adapter in PEFT's layout to `directory` (over the base `model_dir`) and returns it.
+
+    Callers pass a directory no engine has read (a new one per version), so a load never reads a directory being
+    replaced; all or nothing (`peft_io.save_adapter`)."""
     from bat_jax.models import peft_io
 
-    root = Path(model_dir).parent / "adapters"
-    if jax.process_count() > 1:  # every host's engine reads its own copy
-        root = root / f"process{jax.process_index()}"
-    return peft_io.save_adapter(model, root / f"v{version}", base_model_name_or_path=str(model_dir),
-                                overwrite=True, every_process=True)
+    return peft_io.save_adapter(model, directory, base_model_name_or_path=str(model_dir), overwrite=True,
+                                every_process=True)
 
 
 def remove_older_adapters(path: Path) -> None:
@@ -507,7 +513,7 @@ class VLLMEngine:
         """
         check_adapter_model(self.config, model)
         version = self._version + (1 if bump else 0)
-        path = write_adapter(model, self.config.model_dir, version)
+        path = write_adapter(model, adapter_root(self.config.model_dir) / f"v{version}", self.config.model_dir)
         self.load_adapter(str(path), version)
         remove_older_adapters(path)
         return self._version

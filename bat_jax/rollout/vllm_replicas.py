@@ -23,8 +23,9 @@ from bat_jax.rollout.engine import Completion, SamplingParams
 from bat_jax.rollout.gpus import Gpu, installed_vllm, pin_env, visible_gpus
 from bat_jax.rollout.replica_router import ReplicaRouter
 from bat_jax.rollout.sync_staging import StagingBuffers
-from bat_jax.rollout.vllm_engine import (VLLMEngineConfig, check_adapter_model, check_request, checkpoint_tensor_shapes,
-                                         remove_older_adapters, write_adapter, write_checkpoint)
+from bat_jax.rollout.vllm_engine import (VLLMEngineConfig, adapter_root, check_adapter_model, check_request,
+                                         checkpoint_tensor_shapes, remove_older_adapters, write_adapter,
+                                         write_checkpoint)
 from bat_jax.rollout.weight_sync import (SYNC_BUCKET_BYTES, device_copy, named_weights, stream_pieces, sync_plan,
                                          to_torch)
 
@@ -191,7 +192,7 @@ class VLLMReplicaPool:
                    gpus=gpus, sync_bucket_bytes=sync_bucket_bytes, measure_sync=measure_sync)
         if pool.config.max_lora_rank:
             try:
-                pool._load_adapter(model, 0)
+                pool._load_adapter(pool._write_adapter(model, 0), 0)
             except BaseException:
                 pool.close()
                 raise
@@ -327,9 +328,9 @@ class VLLMReplicaPool:
         Raises: ValueError naming missing / unknown tensors or a shape mismatch (nothing sent); for a LoRA pool, as
         `vllm_engine.check_adapter_model`; RuntimeError while calls are in flight (nothing sent), or naming the
         replica that failed or died during the sync (the pool then refuses rollouts until a sync succeeds)."""
-        if self.config.max_lora_rank:
+        lora = bool(self.config.max_lora_rank)
+        if lora:
             check_adapter_model(self.config, params)
-            named = None
         else:
             named = named_weights(params, self._shapes, self.config.model_dir)
         with self._state:
@@ -338,8 +339,15 @@ class VLLMReplicaPool:
                 raise RuntimeError(f"VLLMReplicaPool.update_weights while {busy}; wait for the rollouts first")
             self._syncing = True
         try:
-            if named is None:
-                self._load_adapter(params, self._version + 1)
+            path = self._write_adapter(params, self._version + 1) if lora else None  # nothing sent if it fails
+        except BaseException:
+            with self._state:
+                self._syncing = False
+                self._state.notify_all()
+            raise
+        try:
+            if lora:
+                self._load_adapter(path, self._version + 1)
             else:
                 self._sync(named)
             with self._state:
@@ -356,16 +364,34 @@ class VLLMReplicaPool:
                 self._syncing = False
                 self._state.notify_all()
 
-    def _load_adapter(self, model: Any, version: int) -> None:
-        """Writes `model`'s adapter once and has every replica load it in place.
+    def _write_adapter(self, model: Any, version: int) -> Path:
+        """Writes `model`'s adapter to a directory no replica has read and returns it.
 
-        `vllm_engine.write_adapter` gives a new directory per version; the older ones are removed after every replica
-        has loaded the new one (none reads them any more)."""
-        path = write_adapter(model, self.config.model_dir, version)
-        loads = [(r, self._send(r, "adapter", str(path), int(version))) for r in self._replicas]
-        for r, future in loads:
-            self._wait(r, future, "the adapter load", self.call_timeout_s)
-        remove_older_adapters(path)
+        ``v<version>``, or a new name when a failed sync left that one (a replica may still be reading it)."""
+        root = adapter_root(self.config.model_dir)
+        directory = root / f"v{version}"
+        if directory.exists():
+            directory = root / f"v{version}-{next(self._ids)}"
+        return write_adapter(model, directory, self.config.model_dir)
+
+    def _load_adapter(self, path: Path, version: int) -> None:
+        """Has every replica load the adapter at `path` in place, then removes the older directories.
+
+        Waits for every replica's answer, also after a failure, and raises RuntimeError naming each replica that
+        failed or did not answer within `call_timeout_s`."""
+        loads = {r.index: self._send(r, "adapter", str(path), int(version)) for r in self._replicas}
+        concurrent.futures.wait(list(loads.values()), timeout=self.call_timeout_s)
+        failed = []
+        for r in self._replicas:
+            future = loads[r.index]
+            if not future.done():
+                failed.append(f"vLLM replica {r.index} (pid {r.process.pid}): no answer to the adapter load within "
+                              f"{self.call_timeout_s:.0f} s")
+            elif future.exception() is not None:
+                failed.append(str(future.exception()))
+        if failed:
+            raise RuntimeError("adapter load failed: " + "; ".join(failed))
+        remove_older_adapters(path)  # no replica reads them any more
 
     def _sync(self, named: list[tuple[str, Any]]) -> None:
         sync_id = f"sync-{next(self._ids)}"

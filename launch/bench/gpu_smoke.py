@@ -361,8 +361,8 @@ def stage_orbax(learner) -> None:
 
 
 def stage_lora(args, model_cfg, ids, ones, loss_mask, cfg) -> None:
-    """A LoRA learner over a bf16 base (the model's shape): one SFT and one GRPO step move the adapter only, and its
-    adapter-only Orbax checkpoint and PEFT export hold exactly the adapter."""
+    """A LoRA learner over a bf16 base (the model's shape): SFT and GRPO steps (a compile step, then a timed one)
+    train the adapter only and move it, and its adapter-only Orbax checkpoint and PEFT export hold exactly it."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -382,12 +382,16 @@ def stage_lora(args, model_cfg, ids, ones, loss_mask, cfg) -> None:
     lora.cast_base(model, "bfloat16")
     learner = Learner(model, MeshConfig(fsdp=-1), MemoryConfig(remat="full"))
     base = [np.asarray(x) for x in jax.tree.leaves(nnx.state(learner.model, lora.BASE))]
+    trained = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(learner.params)[0]]
+    assert trained and all("lora_a" in p or "lora_b" in p for p in trained), trained[:4]  # the adapter only
     n_adapter = sum(x.size for x in jax.tree.leaves(learner.params))
     rows = len(ids)
     opt = OptimizerConfig(learning_rate=1e-3, schedule="constant", warmup_ratio=0.0)
     step, state = learner.sft_block(sft.SFTConfig(optimizer=opt, global_batch_size=rows, max_seq_len=args.seq), 2)
     state, m, sft_s = _timed_steps(step, state, {"input_ids": ids, "attention_mask": ones, "loss_mask": loss_mask}, 1)
     learner.adopt(state)
+    moved = [np.abs(np.asarray(x)).max() for x in jax.tree.leaves(nnx.state(learner.model, nnx.LoRAParam))]
+    assert all(m > 0 for m in moved), "an SFT step left an adapter matrix at 0"  # B starts at 0
     ref = learner.logprobs(learner.params, {"input_ids": ids, "attention_mask": ones}, cfg)
     batch = {"input_ids": ids, "attention_mask": ones, "loss_mask": loss_mask, "old_logprobs": ref,
              "ref_logprobs": ref, "advantages": np.linspace(-1.0, 1.0, rows).astype(np.float32)}
@@ -408,8 +412,10 @@ def stage_lora(args, model_cfg, ids, ones, loss_mask, cfg) -> None:
         ckpt.close()
         saved = peft_io.save_adapter(learner.sync_model(), f"{d}/adapter")
         adapter_bytes = sum(f.stat().st_size for f in Path(saved).iterdir())
+    held = {"base": sum(x.nbytes for x in base), "adapter": sum(x.nbytes for x in jax.tree.leaves(learner.params)),
+            "optimizer": sum(x.nbytes for x in jax.tree.leaves(state.opt_state))}
     _line("lora", t0, adapter_params=f"{n_adapter / 1e6:.2f}e6", adapter_file=f"{adapter_bytes / 1e6:.2f}MB",
-          sft_step_s=f"{sft_s:.2f}", grpo_step_s=f"{grpo_s:.2f}", peak_memory=_gb(peak_bytes(jax.devices()[0])))
+          sft_step_s=f"{sft_s:.2f}", grpo_step_s=f"{grpo_s:.2f}", **{f"{k}_mb": f"{v / 1e6:.1f}" for k, v in held.items()})
 
 
 def stage_vllm(args, learner, ids, cfg) -> None:

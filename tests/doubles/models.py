@@ -54,9 +54,9 @@ def vllm_reference_model(seed: int, tied: bool = True, vocab_size: int | None = 
     return model
 
 
-# --- LoRA over the vLLM reference model (test_vllm_engine, test_vllm_replicas) -------------------------------------
+# --- reference logprobs of the vLLM reference model, and its LoRA adapter (test_vllm_engine, test_vllm_replicas) ---
 
-#: Left-padded length of `lora_reference_logprobs`'s batch (one compile).
+#: Left-padded length of `reference_logits`'s batch (one compile).
 REFERENCE_PAD_LEN = 64
 
 
@@ -94,12 +94,13 @@ def reference_logits(model, prompts, completions) -> list:
     return [logits[i, REFERENCE_PAD_LEN - len(c) - 1:REFERENCE_PAD_LEN - 1] for i, c in enumerate(completions)]
 
 
-def lora_reference_logprobs(model, prompts, completions) -> list:
-    """Temperature-1 logprobs of each completion token under `model` (its adapter included)."""
+def reference_logprobs(model, prompts, completions, temperature: float = 1.0, top_p: float = 1.0) -> list:
+    """Logprobs of each completion token under `model` (its adapter included) after the rollout transform
+    (`engine.token_logprobs` at `temperature`, `top_p`)."""
     import jax.numpy as jnp
     import numpy as np
 
     from bat_jax.rollout.engine import token_logprobs
 
-    return [np.asarray(token_logprobs(jnp.asarray(lg), jnp.asarray(c), 1.0, 1.0))
+    return [np.asarray(token_logprobs(jnp.asarray(lg), jnp.asarray(c), temperature, top_p))
             for lg, c in zip(reference_logits(model, prompts, completions), completions)]
