@@ -17,12 +17,12 @@ from flax import nnx
 
 pytest.importorskip("vllm")
 
-from bat_jax.models import hf_io, lora  # noqa: E402
+from bat_jax.models import hf_io  # noqa: E402
 from bat_jax.models.configs import Qwen3Config  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig, lora_rank_for  # noqa: E402
-from doubles import (VLLM_TINY, reference_logprobs, reference_logits, set_random_adapter,  # noqa: E402
-                     vllm_reference_model)
+from doubles import (VLLM_TINY, lora_reference_models, reference_logprobs, reference_logits,  # noqa: E402
+                     set_random_adapter, vllm_reference_model)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -259,10 +259,7 @@ LORA_SAMPLE = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    model, base = vllm_reference_model(1, tied=False), vllm_reference_model(1, tied=False)
-    lora.add_lora(model, lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "o_proj",
-                                                                           "gate_proj", "down_proj")), seed=0)
-    set_random_adapter(model, 1)
+    model, base = lora_reference_models()
     work = tmp_path_factory.mktemp("vllm_lora")
     engine = VLLMEngine.from_model(model, work, dtype="float32", max_model_len=128, kv_cache_memory_bytes=32 << 20,
                                    max_num_seqs=16, block_size=32)

@@ -3,8 +3,8 @@ take a weight sync from the JAX learner through shared memory, serve a LoRA adap
 and a replica killed mid-sync fails the sync with its index named.
 
 The model is test_vllm_engine's tiny fp32 Qwen3 (tied head, peaked logits; untied under the LoRA adapter); the
-one-replica reference is an in-process `VLLMEngine` on the same checkpoint. The routing rules themselves are tested without vLLM in
-tests/test_replica_router.py.
+one-replica reference is an in-process `VLLMEngine` on the same checkpoint. The routing rules themselves are tested
+without vLLM in tests/test_replica_router.py.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from bat_jax.learn import grpo  # noqa: E402
 from bat_jax.learn.learner import Learner, MemoryConfig  # noqa: E402
 from bat_jax.models.mesh import MeshConfig  # noqa: E402
 from bat_jax.learn.optim import OptimizerConfig  # noqa: E402
-from bat_jax.models import hf_io, lora  # noqa: E402
+from bat_jax.models import hf_io  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams  # noqa: E402
 from bat_jax.rollout.sampling import SamplingConfig  # noqa: E402
 from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig  # noqa: E402
 from bat_jax.rollout.vllm_replicas import VLLMReplicaPool  # noqa: E402
 
-from doubles import reference_logprobs, set_random_adapter, vllm_reference_model  # noqa: E402
+from doubles import (lora_reference_models, reference_logprobs, set_random_adapter,  # noqa: E402
+                     vllm_reference_model)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -131,10 +132,7 @@ def test_grpo_step_then_sync_reaches_both_replicas(setup):
 @pytest.fixture(scope="module")
 def lora_pool(tmp_path_factory):
     """(2-replica pool serving a rank-4 adapter over the frozen base, the JAX LoRA model, the base model, work dir)."""
-    model, base = vllm_reference_model(1, tied=False), vllm_reference_model(1, tied=False)
-    lora.add_lora(model, lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "o_proj",
-                                                                           "gate_proj", "down_proj")), seed=0)
-    set_random_adapter(model, 1)
+    model, base = lora_reference_models()
     work = tmp_path_factory.mktemp("replicas_lora")
     pool = VLLMReplicaPool.from_model(model, work, 2, dtype="float32", max_model_len=128,
                                       kv_cache_memory_bytes=32 << 20, max_num_seqs=16, block_size=32)

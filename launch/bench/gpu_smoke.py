@@ -415,7 +415,8 @@ def stage_lora(args, model_cfg, ids, ones, loss_mask, cfg) -> None:
     held = {"base": sum(x.nbytes for x in base), "adapter": sum(x.nbytes for x in jax.tree.leaves(learner.params)),
             "optimizer": sum(x.nbytes for x in jax.tree.leaves(state.opt_state))}
     _line("lora", t0, adapter_params=f"{n_adapter / 1e6:.2f}e6", adapter_file=f"{adapter_bytes / 1e6:.2f}MB",
-          sft_step_s=f"{sft_s:.2f}", grpo_step_s=f"{grpo_s:.2f}", **{f"{k}_mb": f"{v / 1e6:.1f}" for k, v in held.items()})
+          sft_step_s=f"{sft_s:.2f}", grpo_step_s=f"{grpo_s:.2f}",
+          **{f"{k}_mb": f"{v / 1e6:.1f}" for k, v in held.items()})
 
 
 def stage_vllm(args, learner, ids, cfg) -> None:

@@ -10,8 +10,8 @@ trajectories, the GRPO block's learner and scorer stand-ins). Every name is re-e
 from .rows import (EXAMPLE_STATE, H, MICRO_POLICY, OUTCOMES, TINY_BANK_ROWS_PER_FOCUS, TRACKS,
                    assert_rounds_fit_the_tiny_bank, crashing_build, example_provenance, example_rl_row, example_sft_row,
                    fake_build, make_bank, make_rows, slow_build, tabular_micro_bindings)
-from .models import (SAMPLER_KW, TINY, VLLM_TINY, reference_logprobs, reference_logits, set_random_adapter,
-                     tiny_model, vllm_reference_model)
+from .models import (SAMPLER_KW, TINY, VLLM_TINY, lora_reference_models, reference_logprobs, reference_logits,
+                     set_random_adapter, tiny_model, vllm_reference_model)
 from .agent_loop import (ACTION, CALL, EOT, IM_START, REQUEST, SUBMIT, FakeSandbox, RealCallEngine, ScriptedEngine,
                          StubBuilder, StubEpisode, WordTokenizer, scripted_agent_loop)
 from .judges import (EVIDENCE_BLOCK, FORGED_BRIEF, JUDGED_SEED, JUDGED_TEMPLATE, JUDGED_VARIANT, ScriptedJudge,
@@ -23,7 +23,7 @@ from .grpo import (FakeLearner, failed_trajectory, patch_rollout_scoring, reward
 __all__ = ['EXAMPLE_STATE', 'H', 'MICRO_POLICY', 'OUTCOMES', 'TINY_BANK_ROWS_PER_FOCUS', 'TRACKS',
            'assert_rounds_fit_the_tiny_bank', 'crashing_build', 'example_provenance', 'example_rl_row',
            'example_sft_row', 'fake_build', 'make_bank', 'make_rows', 'slow_build', 'tabular_micro_bindings', 'SAMPLER_KW', 'TINY', 'VLLM_TINY',
-           'tiny_model', 'vllm_reference_model', 'reference_logprobs', 'reference_logits',
+           'tiny_model', 'vllm_reference_model', 'lora_reference_models', 'reference_logprobs', 'reference_logits',
            'set_random_adapter', 'ACTION', 'CALL', 'EOT', 'IM_START', 'REQUEST', 'SUBMIT',
            'FakeSandbox', 'RealCallEngine', 'ScriptedEngine', 'StubBuilder', 'StubEpisode', 'WordTokenizer',
            'scripted_agent_loop', 'EVIDENCE_BLOCK', 'FORGED_BRIEF', 'JUDGED_SEED', 'JUDGED_TEMPLATE', 'JUDGED_VARIANT',

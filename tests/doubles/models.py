@@ -60,6 +60,18 @@ def vllm_reference_model(seed: int, tied: bool = True, vocab_size: int | None = 
 REFERENCE_PAD_LEN = 64
 
 
+def lora_reference_models():
+    """(the untied vLLM reference model with a rank-4 adapter on q/v/o/gate/down, random A and B; the same model
+    without it): the LoRA engine tests' policy and its base."""
+    from bat_jax.models import lora
+
+    model, base = vllm_reference_model(1, tied=False), vllm_reference_model(1, tied=False)
+    lora.add_lora(model, lora.LoRAConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "o_proj",
+                                                                           "gate_proj", "down_proj")), seed=0)
+    set_random_adapter(model, 1)
+    return model, base
+
+
 def set_random_adapter(model, seed: int, scale: float = 0.5) -> None:
     """Random non-zero A and B in every adapted projection of `model` (B = 0 at init would leave the base)."""
     import jax.numpy as jnp
