@@ -338,14 +338,10 @@ class VLLMReplicaPool:
                 busy = "another sync is running" if self._syncing else f"{self._in_flight} calls are in flight"
                 raise RuntimeError(f"VLLMReplicaPool.update_weights while {busy}; wait for the rollouts first")
             self._syncing = True
+        sent = False  # a failed adapter write sends nothing: the replicas still agree
         try:
-            path = self._write_adapter(params, self._version + 1) if lora else None  # nothing sent if it fails
-        except BaseException:
-            with self._state:
-                self._syncing = False
-                self._state.notify_all()
-            raise
-        try:
+            path = self._write_adapter(params, self._version + 1) if lora else None
+            sent = True
             if lora:
                 self._load_adapter(path, self._version + 1)
             else:
@@ -356,8 +352,10 @@ class VLLMReplicaPool:
             self.router.forget()
             return self._version
         except BaseException as exc:
-            with self._state:
-                self._inconsistent = f"replicas may hold different weights after a failed sync ({exc}); sync again"
+            if sent:
+                with self._state:
+                    self._inconsistent = (f"replicas may hold different weights after a failed sync ({exc}); "
+                                          "sync again")
             raise
         finally:
             with self._state:
