@@ -342,33 +342,38 @@ def stage_replicas(args, learner, ids, cfg) -> None:
 
 def stage_orbax(learner) -> None:
     import jax
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        orbax_round_trip(learner.params, d)
+    _line("orbax", t0, bytes=_gb(sum(x.nbytes for x in jax.tree.leaves(learner.params))))
+
+
+def orbax_round_trip(params, directory) -> None:
+    """Saves `params` with the run's Checkpointer under `directory`, restores them onto the same shardings and
+    asserts they are equal."""
+    import jax
     import jax.numpy as jnp
 
     from bat_jax.checkpoint import CheckpointConfig, Checkpointer
 
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as d:
-        ckpt = Checkpointer(CheckpointConfig(directory=d))
-        ckpt.save(1, {"params": learner.params}, metrics={"overall": 0.0})
-        ckpt.wait()
-        abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                           learner.params)}
-        back = ckpt.restore(abstract, step=1).state["params"]
-        same = all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(learner.params)))
-        assert same, "Orbax restore differs from the saved parameters"
-        ckpt.close()
-    _line("orbax", t0, bytes=_gb(sum(x.nbytes for x in jax.tree.leaves(learner.params))))
+    ckpt = Checkpointer(CheckpointConfig(directory=str(directory)))
+    ckpt.save(1, {"params": params}, metrics={"overall": 0.0})
+    ckpt.wait()
+    abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)}
+    back = ckpt.restore(abstract, step=1).state["params"]
+    same = all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)))
+    assert same, "Orbax restore differs from the saved parameters"
+    ckpt.close()
 
 
 def stage_lora(args, model_cfg, ids, ones, loss_mask, cfg) -> None:
     """A LoRA learner over a bf16 base (the model's shape): SFT and GRPO steps (a compile step, then a timed one)
     train the adapter only and move it, and its adapter-only Orbax checkpoint and PEFT export hold exactly it."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 
-    from bat_jax.checkpoint import CheckpointConfig, Checkpointer
     from bat_jax.learn import sft
     from bat_jax.learn.learner import Learner, MemoryConfig
     from bat_jax.learn.optim import OptimizerConfig
@@ -402,14 +407,7 @@ def stage_lora(args, model_cfg, ids, ones, loss_mask, cfg) -> None:
     after = [np.asarray(x) for x in jax.tree.leaves(nnx.state(learner.model, lora.BASE))]
     assert all(np.array_equal(a, b) for a, b in zip(base, after)), "a LoRA step changed the frozen base"
     with tempfile.TemporaryDirectory() as d:
-        ckpt = Checkpointer(CheckpointConfig(directory=f"{d}/ckpt"))
-        ckpt.save(1, {"params": learner.params}, metrics={"overall": 0.0})
-        ckpt.wait()
-        abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                           learner.params)}
-        back = ckpt.restore(abstract, step=1).state["params"]
-        assert all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(learner.params)))
-        ckpt.close()
+        orbax_round_trip(learner.params, f"{d}/ckpt")  # the adapter only
         saved = peft_io.save_adapter(learner.sync_model(), f"{d}/adapter")
         adapter_bytes = sum(f.stat().st_size for f in Path(saved).iterdir())
     held = {"base": sum(x.nbytes for x in base), "adapter": sum(x.nbytes for x in jax.tree.leaves(learner.params)),
