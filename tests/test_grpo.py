@@ -57,6 +57,22 @@ def test_groups_equal_up_to_round_off_get_no_large_advantages():
         GRPOConfig(adv_eps=0.0)
 
 
+def test_negative_advantage_weight_scales_only_the_negative_advantages():
+    """Rewards [1, 0, 0, 0]: mean 0.25, sample std sqrt(0.25) = 0.5, advantages [1.5, −0.5, −0.5, −0.5] (ε 1e-6 aside);
+    λ = 0 keeps 1.5 and zeroes the rest (PSR), λ = 0.2 gives −0.1; a group of equal rewards stays 0."""
+    rewards, ids = [1.0, 0.0, 0.0, 0.0, 0.3, 0.3], ["a"] * 4 + ["b"] * 2
+    full, _ = grpo.group_advantages(rewards, ids)
+    np.testing.assert_allclose(full, [1.5, -0.5, -0.5, -0.5, 0.0, 0.0], rtol=1e-5)
+    psr, _ = grpo.group_advantages(rewards, ids, GRPOConfig(negative_advantage_weight=0.0))
+    np.testing.assert_allclose(psr, [1.5, 0.0, 0.0, 0.0, 0.0, 0.0], rtol=1e-5)
+    assert psr[0] == full[0]
+    part, _ = grpo.group_advantages(rewards, ids, GRPOConfig(negative_advantage_weight=0.2))
+    np.testing.assert_allclose(part, [1.5, -0.1, -0.1, -0.1, 0.0, 0.0], rtol=1e-5)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="negative_advantage_weight"):
+            GRPOConfig(negative_advantage_weight=bad)
+
+
 def test_bounded_staleness_turns_tis_on_unless_bound():
     """s > 0 with 'recompute': a None tis_cap becomes 2.0, a bound one stays; s = 0 or 'bypass': unchanged."""
     stale = grpo.for_staleness(GRPOConfig(), 1)

@@ -66,6 +66,9 @@ class GRPOConfig:
       adv_std_ddof: 1 = sample std (as ``torch.std`` in verl/TRL), 0 = population std.
       singleton_advantage: the advantage of a group with one scored rollout: ``'zero'`` (paper: r − mean = 0)
         or ``'reward'`` (verl: mean 0 and std 1, so r / (1 + ε), or r without std normalisation) [``'reward'``].
+      negative_advantage_weight: λ multiplying every negative advantage after normalisation, 1 (paper) [1]. 0 keeps
+        positive-sample reinforcement only (PSR: Zhu et al. 2025, arXiv:2506.01347, §3; RAFT's positives, Dong et
+        al. 2023), so failed rollouts push nothing down; values in between weigh them down.
       old_logprobs: the ratio's denominator (Eq. 17): ``'recompute'`` — the learner's logprobs of the batch under
         the parameters the rollouts were sampled with, computed before the update (verl's default; the round's
         first batch reuses the round-start reference pass, later batches cost one more learner pass).
@@ -107,6 +110,7 @@ class GRPOConfig:
     adv_std_normalize: bool = True
     adv_std_ddof: int = 1
     singleton_advantage: str = "zero"
+    negative_advantage_weight: float = 1.0
     old_logprobs: str = "recompute"
     epochs: int = 1
     tis_cap: float | None = None
@@ -142,6 +146,9 @@ class GRPOConfig:
         if self.old_logprobs == "bypass" and self.rollout_correction:
             raise ValueError("GRPOConfig.old_logprobs = 'bypass' with tis_cap / seq_ratio_range: rollout correction "
                              "weighs the engine's logprobs against recomputed ones; use old_logprobs='recompute'")
+        if not 0.0 <= self.negative_advantage_weight <= 1.0:
+            raise ValueError(f"GRPOConfig.negative_advantage_weight must be in [0, 1], got "
+                             f"{self.negative_advantage_weight}")
         if self.epochs < 1:
             raise ValueError(f"GRPOConfig.epochs must be >= 1, got {self.epochs}")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
@@ -216,7 +223,8 @@ def group_advantages(
       the caller drops them from the batch. A group whose scored rewards are all equal gets advantage 0
       everywhere (also [0.1] * 3, whose float mean is 0.1 + 2⁻⁵⁶); one with a single scored rollout gets 0 too, or
       with ``singleton_advantage='reward'`` verl's r / (1 + ε) (r without std normalisation). No variance floor is
-      applied beyond ``adv_eps`` (a group equal up to round-off gets ~1e-11). Computed in float64.
+      applied beyond ``adv_eps`` (a group equal up to round-off gets ~1e-11). Negative advantages are then multiplied
+      by ``negative_advantage_weight``. Computed in float64.
     Raises:
       ValueError: ``rewards`` and ``group_ids`` differ in length, or a reward is NaN / inf (an error of the
         scorer, never "unscored": a rollout must not leave its group by making its reward NaN).
@@ -247,6 +255,7 @@ def group_advantages(
         if config.adv_std_normalize:
             centred = centred / (x.std(ddof=config.adv_std_ddof) + config.adv_eps)
         adv[idx] = centred
+    adv = np.where(adv < 0, adv * config.negative_advantage_weight, adv)  # PSR at 0 (Zhu et al. 2025, §3)
     return adv.astype(np.float32), keep
 
 
