@@ -111,7 +111,8 @@ def who_caps(report: dict, name: str, pinned: str, python: str) -> list[str]:
     return sorted(set(found))
 
 
-RESOLVER_PIP = "pip==26.3"  # 2.8x less CPU than the interpreters' pip 23.2 on the gpu install, same result
+RESOLVER_PIP = next(ln for ln in (REPO / "launch" / "constraints" / "pip.txt").read_text().splitlines()
+                    if ln.startswith("pip=="))  # the tests' pip (less CPU than the interpreters' 23.2, same result)
 
 
 @functools.cache
