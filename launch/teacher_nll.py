@@ -21,7 +21,6 @@ def measure(run_dir: pathlib.Path, components=None, rows_per_stage: int = 16) ->
 
     `components`: the run's `experiment.Components` (gin-bound from its ``config.gin`` by `main`).
     Raises FileNotFoundError when the run kept no checkpoint or its bank has no SFT row of a stage."""
-    import jax
 
     from bat_jax.bicurl.sft_data import render_sft_row
     from bat_jax.checkpoint import CheckpointConfig, Checkpointer
@@ -51,12 +50,10 @@ def measure(run_dir: pathlib.Path, components=None, rows_per_stage: int = 16) ->
     steps = checkpoints.all_steps()
     if not steps:
         raise FileNotFoundError(f"{run_dir}: no checkpoint under checkpoints/")
-    abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                       learner.params)}
     scoring = grpo.GRPOConfig(kl_coef=0.0, sampling=SamplingConfig(temperature=1.0))  # the model's own logprobs
     out = {"stages": list(benchmark.stages.ids), "rows": rows, "steps": {}, "targets": _targets(run_dir)}
     for step in steps:
-        params = checkpoints.restore(abstract, step=step).state["params"]
+        params = checkpoints.restore_params(learner.params, step)
         out["steps"][step] = {stage: _nll(learner, params, examples[stage], scoring) for stage in examples}
         print(f"[teacher_nll] step {step}: " + ", ".join(f"{s} {v:.4f}" for s, v in out["steps"][step].items()),
               flush=True)

@@ -112,6 +112,19 @@ def test_saved_on_8_devices_restores_on_1(tmp_path):
     ckpt.close()
 
 
+def test_restore_params_lands_on_the_shardings_of_the_parameters_given(tmp_path):
+    """Parameters saved on 8 devices come back onto `like`'s one device, equal to what was saved."""
+    state8, _ = make_state(mesh_lib.build_mesh(MeshConfig(fsdp=8)))
+    ckpt = Checkpointer(CheckpointConfig(directory=str(tmp_path / "ck")))
+    ckpt.save(3, {"params": state8.params}, metrics={"overall": 0.1})
+    ckpt.wait()
+    like, _ = make_state(mesh_lib.build_mesh(MeshConfig(fsdp=1), jax.devices()[:1]), seed=1)
+    back = ckpt.restore_params(like.params, step=3)
+    assert back["w"].sharding.device_set == {jax.devices()[0]}
+    assert_trees_equal(back, state8.params)
+    ckpt.close()
+
+
 def test_corrupted_newest_step_falls_back_with_warning(tmp_path):
     mesh = mesh_lib.build_mesh(MeshConfig(fsdp=1), jax.devices()[:1])
     state, shardings = make_state(mesh)

@@ -11,8 +11,6 @@ import json
 import pathlib
 import time
 
-import jax
-
 from bat_jax import report
 from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import Summary, display
@@ -286,9 +284,7 @@ class _Experiment:
 
     def restore(self, name: str):
         """The parameters of checkpoint `name` (`checkpoint.checkpoint_name`), on the learner's mesh."""
-        abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                           self.learner.params)}
-        return self.checkpoints.restore(abstract, step=checkpoint_step(name)).state["params"]
+        return self.checkpoints.restore_params(self.learner.params, checkpoint_step(name))
 
     def close_engine(self) -> None:
         if hasattr(self.engine, "close"):

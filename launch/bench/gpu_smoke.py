@@ -360,8 +360,7 @@ def orbax_round_trip(params, directory) -> None:
     ckpt = Checkpointer(CheckpointConfig(directory=str(directory)))
     ckpt.save(1, {"params": params}, metrics={"overall": 0.0})
     ckpt.wait()
-    abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)}
-    back = ckpt.restore(abstract, step=1).state["params"]
+    back = ckpt.restore_params(params, step=1)
     same = all(bool(jnp.array_equal(a, b)) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)))
     assert same, "Orbax restore differs from the saved parameters"
     ckpt.close()
