@@ -262,8 +262,10 @@ class Checkpointer:
         return None if best is None else -best[1]
 
     def restore_params(self, like: Any, step: int) -> Any:
-        """The ``params`` saved at `step`, restored onto the shapes, dtypes and shardings of `like` (a pytree of
-        ``jax.Array``, e.g. the learner's current parameters). Errors as :meth:`restore` with a step."""
+        """The ``params`` saved at `step`, on the shardings of `like`.
+
+        `like`: a pytree of ``jax.Array`` (e.g. the learner's current parameters) whose shapes, dtypes and shardings
+        the restored parameters take. Errors as :meth:`restore` with a step."""
         abstract = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                                            like)}
         return self.restore(abstract, step=step).state["params"]
