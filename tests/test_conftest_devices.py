@@ -10,6 +10,8 @@ import tomllib
 import jax
 import numpy as np
 
+from doubles import cpu_process_env
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The same program in this session and in a child process: x * 3 + 1, summed cumulatively.
 PROGRAM = """
@@ -26,7 +28,8 @@ def test_eight_fake_cpu_devices():
 
 def test_a_started_process_reads_the_program_the_session_compiled(tmp_path):
     """The session writes what it compiles to `JAX_COMPILATION_CACHE_DIR`; a process a test starts (a launch run, a
-    multihost worker) inherits the folder and reads the program back instead of compiling it."""
+    multihost worker, in `doubles.cpu_process_env`) inherits the folder and reads the program back instead of
+    compiling it."""
     cache = pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
     assert jax.config.jax_compilation_cache_dir == str(cache)
     scope = {}
@@ -42,7 +45,8 @@ x = np.array({x.tolist()}, dtype=np.float32)
 assert np.allclose(jax.jit(triple_cumsum)(x), np.cumsum(x * 3 + 1), rtol=1e-6)
 print(events.count("/jax/compilation_cache/cache_hits"), events.count("/jax/compilation_cache/cache_misses"))
 """
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=cpu_process_env(8))
     assert done.returncode == 0, done.stderr[-3000:]
     hits, misses = map(int, done.stdout.split())
     assert (hits, misses) == (1, 0)  # [1, 5, 12, 22, 35] without compiling

@@ -1,7 +1,6 @@
 """Multi-host learner (bat_jax/learn/distributed.py): configuration from the environment, which rows a process
 feeds, and (slow) two processes joined by jax.distributed on CPU (gloo) computing the same GRPO steps as one."""
 
-import os
 import pathlib
 import socket
 import subprocess
@@ -16,6 +15,7 @@ from bat_jax.learn import distributed
 from bat_jax.models import mesh as mesh_lib
 from bat_jax.learn.distributed import DistributedConfig
 from bat_jax.models.mesh import MeshConfig
+from doubles import cpu_process_env
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "multihost_worker.py"
@@ -87,9 +87,7 @@ def _free_port() -> int:
 
 
 def _spawn(out_prefix: pathlib.Path, devices: int, process: tuple[str, int, int] | None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    env = cpu_process_env(devices)
     if process is not None:
         address, num, pid = process
         env.update(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(num), JAX_PROCESS_ID=str(pid))

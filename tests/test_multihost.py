@@ -3,7 +3,6 @@ by jax.distributed on CPU agree on process 0's values, see its errors, gather ea
 process 0, stop together when one host has no Docker, and a dead process ends the other within a bounded time."""
 
 import json
-import os
 import pathlib
 import socket
 import subprocess
@@ -14,6 +13,7 @@ import pytest
 
 from bat_jax.bicurl import multihost
 from bat_jax.errors import ConfigError
+from doubles import cpu_process_env
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "multihost_pieces_worker.py"
@@ -117,10 +117,8 @@ def _run_pair(tmp_path, scenario, timeout_s=240, heartbeat_s=100):
     procs, logs = {}, {}
     t0 = time.monotonic()
     for index in (0, 1):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
-                   PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), JAX_COORDINATOR_ADDRESS=address,
-                   JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index), BAT_JAX_HEARTBEAT_TIMEOUT_S=str(heartbeat_s))
+        env = cpu_process_env(1, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index),
+                              BAT_JAX_HEARTBEAT_TIMEOUT_S=str(heartbeat_s))
         logs[index] = tmp_path / f"{scenario}.{index}.log"
         with open(logs[index], "w") as log:
             procs[index] = subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / f"{scenario}.{index}.json"),
@@ -219,8 +217,7 @@ def test_two_processes_run_the_bounded_staleness_block_of_one(tmp_path):
     """
     out, rc, logs, _ = _run_pair(tmp_path, "async")
     assert rc == {0: 0, 1: 0}, logs
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    env = cpu_process_env(1)
     subprocess.run([sys.executable, str(WORKER), str(tmp_path / "solo.json"), "async"], env=env, cwd=REPO,
                    check=True, timeout=240)
     solo = json.loads((tmp_path / "solo.json").read_text())
@@ -278,10 +275,7 @@ def _micro_run_file(root: pathlib.Path, rounds: int = 1, extra: str = "") -> pat
 
 
 def _launch(gin_file, run_dir, devices, process=None, extra_env=None, log_suffix=""):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    env.update(extra_env or {})
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    env = cpu_process_env(devices, **(extra_env or {}))
     name = "ref"
     if process is not None:
         address, index = process
