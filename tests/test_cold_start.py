@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bat_jax.benchmark.scoring import Cell, aggregate
-from bat_jax.bicurl.cold_start import (ROUND0_FILE, load_round0, round0_items, round0_matches, save_round0,
+from bat_jax.bicurl.cold_start import (ROUND0_FILE, load_round0, rehearse, round0_items, round0_matches, save_round0,
                                       sft_examples)
 from bat_jax.bicurl.evaluation import EvalConfig, suite_jobs
 from bat_jax.learn.sft import SFTConfig
@@ -89,3 +89,34 @@ def test_row_targets_give_one_sequence_per_row_with_one_target_and_none_fit_fail
         sft_examples([_row()], policy, prompt, SFTConfig(max_seq_len=8), "row", 512)
     assert str(e.value) == ("no SFT row of the Stage Bank's 1 SFT rows fits sft.SFTConfig.max_seq_len = 8; bind a "
                             "larger one")
+
+
+def test_rehearsal_reports_the_teacher_nll_and_at_lr_0_keeps_the_parameters(policy):
+    """`rehearse`: lr 0 leaves every parameter as it was, and the NLL it reports is the row's token-mean NLL under
+    them (from the model's full logits); three steps at lr 1e-2 on the one row lower it."""
+    import jax
+
+    from bat_jax.learn.batching import pad_batch
+    from bat_jax.learn.learner import Learner
+    from bat_jax.learn.optim import OptimizerConfig
+    from bat_jax.learn.sft import sft_token_nll
+    from bat_jax.models.mesh import MeshConfig
+
+    learner = Learner(build_policy(PolicyConfig(tiny=MICRO)).model, MeshConfig(data=1, fsdp=1, tensor=1))
+    prompt = PromptFormat.of(ImagingBenchmark(), policy.prompt_style)
+    (example,) = sft_examples([_row()], policy, prompt, SFTConfig(max_seq_len=4096), "row", 512)
+    batch = pad_batch([example], multiple=1, pad_to=len(example["input_ids"]))
+    batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
+    tokens, mask = sft_token_nll(learner.apply_fn(learner.params, batch["input_ids"], batch["attention_mask"]), batch)
+    want = float(tokens.sum() / mask.sum())
+    before = jax.tree.map(np.asarray, learner.params)
+
+    def config(lr, steps):
+        return SFTConfig(optimizer=OptimizerConfig(learning_rate=lr, schedule="constant", warmup_ratio=0.0),
+                         global_batch_size=2, total_steps=steps, max_seq_len=4096)
+
+    n, nll = rehearse(learner, policy, prompt, [_row()], config(0.0, 2), "row", 0, 512)
+    assert n == 1 and nll == pytest.approx(want, rel=1e-4) and want > 1.0
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), learner.params, before)
+    _, nll = rehearse(learner, policy, prompt, [_row()], config(1e-2, 3), "row", 0, 512)
+    assert nll < want - 0.1  # the third step's batch, after two steps on the same row

@@ -261,6 +261,27 @@ def test_the_tiny_default_turns_the_factory_on_with_one_binding():
     assert resolved("steering.SteeringRule.weak_share") == 0.5
 
 
+def test_the_rehearsal_preset_has_its_own_optimizer_and_leaves_the_cold_start_alone():
+    """presets/rehearsal.gin over the tabular tiny file: 3 SFT steps a round at a constant 1e-4, the cold start's batch
+    and length; the cold start keeps its 120 steps at 3e-3 (cosine). Without the preset: no rehearsal."""
+    from bat_jax.bicurl import experiment
+    from bat_jax.learn.optim import OptimizerConfig
+
+    try:
+        launch.parse_gin(["tabular_tiny.gin"], [])
+        assert gin.get_configurable(experiment.Components)().rehearsal is None
+        launch.parse_gin(["tabular_tiny.gin", "presets/rehearsal.gin"], [])
+        components = gin.get_configurable(experiment.Components)()
+        assert components.rehearsal.optimizer == OptimizerConfig(learning_rate=1e-4, schedule="constant",
+                                                                 warmup_ratio=0.0)
+        assert (components.rehearsal.total_steps, components.rehearsal.global_batch_size,
+                components.rehearsal.max_seq_len) == (3, components.sft.global_batch_size, components.sft.max_seq_len)
+        assert (components.sft.total_steps, components.sft.optimizer.learning_rate,
+                components.sft.optimizer.schedule) == (120, 3e-3, "cosine")
+    finally:
+        gin.clear_config(clear_constants=True)
+
+
 def test_one_sampling_binding_reaches_the_loop_and_grpo_and_the_old_bindings_are_gone():
     """`sampling.SamplingConfig` is the one place K and the temperature are bound: a binding reaches the agent loop and
     GRPO alike (the same object); the loop's and GRPO's own former fields no longer exist, so a binding of one of

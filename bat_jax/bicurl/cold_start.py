@@ -72,14 +72,41 @@ def sft_cold_start(learner: Learner, policy: Policy, prompt: PromptFormat, rows:
           f"actions within {config.max_seq_len} tokens; {config.total_steps} steps × {config.global_batch_size} "
           f"(about {config.total_steps * config.global_batch_size / len(examples):.0f} passes)",
           flush=True)
+    sft_steps(learner, examples, config, seed, "SFT")
+
+
+def sft_steps(learner: Learner, examples: Sequence[dict[str, np.ndarray]], config: SFTConfig, seed: int,
+              desc: str) -> float:
+    """`config.total_steps` SFT steps from the learner's parameters with a fresh optimizer state.
+
+    The learner adopts the result; `seed` draws the batches (`sft_data.sft_batch`). Returns the last batch's
+    token-mean NLL (nats)."""
     step_fn, state = learner.sft_block(config, config.total_steps)
     rng = np.random.default_rng(seed)
-    bar = tqdm(range(config.total_steps), desc="SFT", unit="step")
+    bar = tqdm(range(config.total_steps), desc=desc, unit="step")
+    nll = float("nan")
     for i in bar:
         state, metrics = step_fn(state, sft_batch(examples, config.global_batch_size, rng, config.max_seq_len))
-        if i % 10 == 9:
-            bar.set_postfix(nll=f"{float(metrics['nll']):.3f}")  # token-mean NLL of this batch's target actions
+        if i % 10 == 9 or i == config.total_steps - 1:
+            nll = float(metrics["nll"])  # token-mean NLL of this batch's target actions
+            bar.set_postfix(nll=f"{nll:.3f}")
     learner.adopt(state)
+    return nll
+
+
+def rehearse(learner: Learner, policy: Policy, prompt: PromptFormat, rows: Sequence[SFTRow], config: SFTConfig,
+             targets: str, seed: int, max_observation_chars: int) -> tuple[int, float]:
+    """Rehearsal after a round's GRPO block: `config.total_steps` SFT steps on the SFT rows of every stage.
+
+    An update aimed at one stage moves every stage's actions through the shared parameters; rehearsing the
+    teacher's actions keeps the other stages near them (replay against forgetting; PPO-ptx, Ouyang et al. 2022,
+    mixes the pretraining loss into the RL objective for the same reason). Returns (sequences, the last batch's NLL).
+
+    Raises:
+      ConfigValueError: no row fits `config.max_seq_len`.
+    """
+    examples = sft_examples(list(rows), policy, prompt, config, targets, max_observation_chars)
+    return len(examples), sft_steps(learner, examples, config, seed, "rehearsal")
 
 
 def save_round0(run_dir: pathlib.Path, summary: Summary, jobs: Sequence | None = None) -> Evaluation:

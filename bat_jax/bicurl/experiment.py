@@ -20,7 +20,7 @@ from bat_jax.bicurl import hosts as run_hosts
 from bat_jax.bicurl import round_journal
 from bat_jax.bicurl.bank_feed import BankFeed, RayFactory, check_bank_version
 from bat_jax.bicurl.cold_start import (ROUND0_FILE, SFT_TARGETS, load_round0, round0_items, round0_matches,
-                                      save_round0, sft_cold_start)
+                                      rehearse, save_round0, sft_cold_start)
 from bat_jax.bicurl.engines import EngineConfig, build_engine
 from bat_jax.bicurl.export import export_retained
 from bat_jax.bicurl.async_block import run_grpo_block
@@ -124,6 +124,8 @@ class Components:
     set: `bank_feed.RayFactory`), admitting new versions of
     `bank` steered by the run's aggregate scores (`stage_bank/factory_loop.py`); it stops with the run, and rounds
     read whatever version is admitted when they start (`BiCuRLConfig.bank_version`). Unset = the bank is built once.
+    `rehearsal` (optional, an `sft.SFTConfig` in scope `rehearsal/`) runs its `total_steps` SFT steps on every stage's
+    SFT rows after each round's GRPO block (`cold_start.rehearse`); unset = none (the paper).
 
     `sampling` (`rollout/sampling.SamplingConfig`) is the run's one K and sampling transform: construction puts
     one object into `sampling`, `agent.sampling` and `block.grpo.sampling`, so the rollouts and GRPO's logprobs cannot
@@ -152,6 +154,7 @@ class Components:
     ray: RayRolloutConfig | None = None
     factory_loop: FactoryLoopConfig | None = None
     sampling: SamplingConfig = SamplingConfig()
+    rehearsal: sft.SFTConfig | None = None
 
     def __post_init__(self):
         bound = {name: value for name, value in (("sampling.SamplingConfig", self.sampling),
@@ -208,6 +211,8 @@ def run(run_dir: pathlib.Path, config: BiCuRLConfig = BiCuRLConfig(), components
                                    seed=config.seed * 1000 + r, judge=exp.judge, journal=journal, hosts=exp.hosts)
             if journal.line():
                 print(journal.line(), flush=True)
+            if components.rehearsal is not None:
+                _rehearse(exp, view, components.rehearsal, seed=config.seed * 1000 + r, round_index=r)
             summary, agent_failed = exp.evaluate(exp.learner.params, "controller")
             shift = kl.policy_shift_kl(exp.learner.apply_fn, exp.learner.full(exp.learner.params),
                                        exp.learner.full(exp.learner.on_mesh(best_params)), *kl_probe,
@@ -424,6 +429,15 @@ def _cold_start(exp: _Experiment) -> ctl.Evaluation:
         exp.checkpoints.save(0, {"params": exp.learner.params}, extra={"round": 0},
                              metrics=None if summary.overall is None else {"overall": summary.overall})
     return round0
+
+
+def _rehearse(exp: _Experiment, view: BankView, config: sft.SFTConfig, seed: int, round_index: int) -> None:
+    """The round's rehearsal on the SFT rows of the version it read (`cold_start.rehearse`), one log line."""
+    t0 = time.perf_counter()
+    n, nll = rehearse(exp.learner, exp.policy, exp.prompt, list(view.sft_rows)[: exp.config.sft_max_rows or None],
+                      config, exp.config.sft_targets, seed, exp.components.agent.max_observation_chars)
+    print(f"[bat_jax] round {round_index} rehearsal: {config.total_steps} SFT steps on {n} sequences of every stage, "
+          f"last batch NLL {nll:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 def _resume(exp: _Experiment, round0: ctl.Evaluation) -> tuple[ctl.Controller, list[RoundRecord]]:
