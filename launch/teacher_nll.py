@@ -51,7 +51,7 @@ def measure(run_dir: pathlib.Path, components=None, rows_per_stage: int = 16) ->
     if not steps:
         raise FileNotFoundError(f"{run_dir}: no checkpoint under checkpoints/")
     scoring = grpo.GRPOConfig(kl_coef=0.0, sampling=SamplingConfig(temperature=1.0))  # the model's own logprobs
-    out = {"stages": list(benchmark.stages.ids), "rows": rows, "steps": {}, "targets": _targets(run_dir)}
+    out = {"stages": list(benchmark.stages.ids), "rows": rows, "steps": {}, "targets": round_targets(run_dir)}
     for step in steps:
         params = checkpoints.restore_params(learner.params, step)
         out["steps"][step] = {stage: _nll(learner, params, examples[stage], scoring) for stage in examples}
@@ -69,7 +69,7 @@ def _nll(learner, params, examples, scoring) -> float:
     return float(-(logprobs * mask).sum() / mask.sum())
 
 
-def _targets(run_dir: pathlib.Path) -> dict[int, str]:
+def round_targets(run_dir: pathlib.Path) -> dict[int, str]:
     """Each round's routed stage, from the run's ledger."""
     ledger = run_dir / "ledger.jsonl"
     if not ledger.exists():

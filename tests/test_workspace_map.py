@@ -49,6 +49,7 @@ SUITES = {
     "test_gpu_smoke_tiny.py": "launch/bench/gpu_smoke.py",
     "test_sweep.py": "launch/sweep.py",
     "test_teacher_nll.py": "launch/teacher_nll.py",
+    "test_evaluate_rounds.py": "launch/evaluate_rounds.py",
 }
 
 

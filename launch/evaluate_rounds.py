@@ -1,0 +1,97 @@
+"""Every kept checkpoint of a run on its final held-out cells, each paired with step 0 (the SFT policy).
+
+    python -m launch.evaluate_rounds --run_dir=runs/tabular_dev/lr1e4_r3s3_c4_t0_bn_s1 [--steps=0,3]
+writes ``rounds_eval.json`` / ``.md`` into the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import time
+
+import gin
+
+from bat_jax.atomic_io import atomic_write
+
+
+def measure(run_dir: pathlib.Path, components=None, steps: list[int] | None = None, backend: str = "docker") -> dict:
+    """{step: `Summary`} of the final evaluation played on each checkpoint in `steps` (default: every kept one).
+
+    `components`: the run's `experiment.Components` (gin-bound from its ``config.gin`` by `main`).
+    Raises FileNotFoundError for a step the run did not keep."""
+    from bat_jax.bicurl.engines import build_engine
+    from bat_jax.bicurl.run_loops import open_run_loops
+    from bat_jax.checkpoint import CheckpointConfig, Checkpointer
+    from bat_jax.learn.learner import Learner
+    from bat_jax.policy import build_policy
+    from bat_jax.prompts import PromptFormat
+    from bat_jax.verify.judge import RubricJudge
+
+    checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
+    kept = checkpoints.all_steps()
+    steps = kept if steps is None else steps
+    if missing := sorted(set(steps) - set(kept)):
+        raise FileNotFoundError(f"{run_dir}: no checkpoint of step(s) {missing} under checkpoints/ (kept: {kept})")
+    benchmark, policy = components.benchmark, build_policy(components.policy)
+    learner = Learner(policy.model, components.mesh, components.memory)
+    evaluation = dataclasses.replace(components.evaluation, purpose="final")
+    engine = build_engine(policy, components.engine, components.agent.max_context_tokens, run_dir)
+    judge = RubricJudge(components.judge) if components.judge is not None else None
+    prompt = PromptFormat.of(benchmark, policy.prompt_style)
+    out = {}
+    loops = open_run_loops(policy, engine, components.agent, evaluation, benchmark, batch_rows=0, backend=backend)
+    try:
+        for step in steps:
+            t0 = time.perf_counter()
+            engine.update_weights(learner.sync_model(checkpoints.restore_params(learner.params, step)))
+            out[step], _ = loops.evaluate(evaluation, benchmark, judge, prompt)
+            print(f"[evaluate_rounds] step {step}: Overall {100 * out[step].overall:.1f} over "
+                  f"{out[step].n_cells} cells ({time.perf_counter() - t0:.0f} s)", flush=True)
+    finally:
+        loops.close()
+        if hasattr(engine, "close"):
+            engine.close()
+    return out
+
+
+def table(summaries: dict, targets: dict[int, str]) -> str:
+    """The results table (one row per step) and each later step's paired difference with step 0."""
+    from bat_jax import report
+
+    name = {s: "step 0 (SFT)" if s == 0 else f"step {s} ({targets.get(s, '?')})" for s in summaries}
+    lines = ["```", report.results_table([(name[s], summaries[s]) for s in sorted(summaries)]), "```"]
+    if 0 in summaries:
+        lines += [report.paired_line(name[s], summaries[s], name[0], summaries[0]) for s in sorted(summaries) if s]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run_dir", required=True, help="a BiCuRL run directory (its config.gin, checkpoints/)")
+    parser.add_argument("--steps", default="", help="comma-separated checkpoint steps (default: every kept one)")
+    parser.add_argument("--backend", default="docker", help="sandbox backend: 'docker' or 'local' (tests only)")
+    args = parser.parse_args(argv)
+    run_dir = pathlib.Path(args.run_dir)
+    if not (run_dir / "config.gin").exists():
+        raise SystemExit(f"[evaluate_rounds] error: {run_dir / 'config.gin'} not found: not a run directory")
+    gin.parse_config_file(str(run_dir / "config.gin"))
+    gin.parse_config("from __gin__ import dynamic_registration\nimport bat_jax.bicurl.experiment as experiment\n"
+                     "import launch.evaluate_rounds as evaluate_rounds\n"
+                     "evaluate_rounds.measure.components = @experiment.Components()")
+    from bat_jax import report
+    from launch import evaluate_rounds, teacher_nll  # the registered module (this file may run as __main__)
+
+    steps = [int(s) for s in args.steps.split(",") if s.strip()] or None
+    summaries = gin.get_configurable(evaluate_rounds.measure)(run_dir=run_dir, steps=steps, backend=args.backend)
+    text = table(summaries, teacher_nll.round_targets(run_dir))
+    atomic_write(run_dir / "rounds_eval.json",
+                 json.dumps({s: report.summary_dict(v) for s, v in summaries.items()}, indent=2).encode())
+    atomic_write(run_dir / "rounds_eval.md", (text + "\n").encode())
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
