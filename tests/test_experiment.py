@@ -2,6 +2,7 @@
 and its resume."""
 
 import json
+import re
 
 import pytest
 
@@ -88,9 +89,11 @@ def _summary(overall, cells):
 
 
 @pytest.mark.slow
-def test_the_controller_decides_unscored_and_unpaired_rounds_of_a_real_run(tmp_path, monkeypatch):
+def test_the_controller_decides_unscored_and_unpaired_rounds_of_a_real_run(tmp_path, monkeypatch, capsys):
     """Round 0's evaluation is all unscored (stays None, never 0); round 1 is the first scored one (accepted); round
-    2 is evaluated on other cells than the incumbent's, so the gate holds it and names them."""
+    2 is evaluated on other cells than the incumbent's, so the gate holds it and names them. With a rehearsal bound,
+    each round takes its SFT step on every stage's rows after the GRPO block (the scripted evaluations do not depend
+    on the parameters)."""
     import dataclasses
 
     from bat_jax.bicurl import evaluation as evaluator
@@ -103,6 +106,7 @@ def test_the_controller_decides_unscored_and_unpaired_rounds_of_a_real_run(tmp_p
                         if config.purpose == "controller" else real_evaluate(cells, config, benchmark))
     comps = dataclasses.replace(micro_config.components(micro_config.seeded(tmp_path / "bank")),
                                 controller=ControllerConfig(acceptance="noninferiority"))
+    comps = dataclasses.replace(comps, rehearsal=dataclasses.replace(comps.sft, total_steps=1))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     ex.run(run_dir, ex.BiCuRLConfig(rounds=2, grpo_steps_per_round=1, backend="local"), comps)
@@ -119,6 +123,11 @@ def test_the_controller_decides_unscored_and_unpaired_rounds_of_a_real_run(tmp_p
     (reason,) = second.decision_reasons
     assert reason.startswith("unpaired") and "only the candidate has cells [('segmentation', 1)]" in reason
     assert "round 2" in (run_dir / "report.md").read_text()
+    out = capsys.readouterr().out
+    (cold,) = re.findall(r"SFT cold start: (\d+) sequences", out)  # the rehearsal renders the rows the same way
+    rehearsals = re.findall(r"^\[bat_jax\] round (\d) rehearsal: 1 SFT steps on (\d+) sequences of every stage, "
+                            r"last batch NLL \d+\.\d{3} ", out, re.M)
+    assert rehearsals == [("1", cold), ("2", cold)], out[-3000:]
 
 
 @pytest.mark.parametrize("size", ["9b", "4b"])
