@@ -12,15 +12,15 @@ import json
 import pathlib
 import time
 
-import gin
-
+from bat_jax import report
 from bat_jax.atomic_io import atomic_write
+from launch import teacher_nll
 
 
 def measure(run_dir: pathlib.Path, components=None, steps: list[int] | None = None, backend: str = "docker") -> dict:
     """{step: `Summary`} of the final evaluation played on each checkpoint in `steps` (default: every kept one).
 
-    `components`: the run's `experiment.Components` (gin-bound from its ``config.gin`` by `main`).
+    `components`: the run's `experiment.Components` (`teacher_nll.run_components`).
     Raises FileNotFoundError for a step the run did not keep."""
     from bat_jax.bicurl.engines import build_engine
     from bat_jax.bicurl.run_loops import open_run_loops
@@ -59,8 +59,6 @@ def measure(run_dir: pathlib.Path, components=None, steps: list[int] | None = No
 
 def table(summaries: dict, targets: dict[int, str]) -> str:
     """The results table (one row per step) and each later step's paired difference with step 0."""
-    from bat_jax import report
-
     name = {s: "step 0 (SFT)" if s == 0 else f"step {s} ({targets.get(s, '?')})" for s in summaries}
     lines = ["```", report.results_table([(name[s], summaries[s]) for s in sorted(summaries)]), "```"]
     if 0 in summaries:
@@ -75,17 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="docker", help="sandbox backend: 'docker' or 'local' (tests only)")
     args = parser.parse_args(argv)
     run_dir = pathlib.Path(args.run_dir)
-    if not (run_dir / "config.gin").exists():
-        raise SystemExit(f"[evaluate_rounds] error: {run_dir / 'config.gin'} not found: not a run directory")
-    gin.parse_config_file(str(run_dir / "config.gin"))
-    gin.parse_config("from __gin__ import dynamic_registration\nimport bat_jax.bicurl.experiment as experiment\n"
-                     "import launch.evaluate_rounds as evaluate_rounds\n"
-                     "evaluate_rounds.measure.components = @experiment.Components()")
-    from bat_jax import report
-    from launch import evaluate_rounds, teacher_nll  # the registered module (this file may run as __main__)
-
     steps = [int(s) for s in args.steps.split(",") if s.strip()] or None
-    summaries = gin.get_configurable(evaluate_rounds.measure)(run_dir=run_dir, steps=steps, backend=args.backend)
+    summaries = measure(run_dir, teacher_nll.run_components(run_dir, "evaluate_rounds"), steps, args.backend)
     text = table(summaries, teacher_nll.round_targets(run_dir))
     atomic_write(run_dir / "rounds_eval.json",
                  json.dumps({s: report.summary_dict(v) for s, v in summaries.items()}, indent=2).encode())

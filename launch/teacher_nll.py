@@ -19,7 +19,7 @@ from bat_jax.atomic_io import atomic_write
 def measure(run_dir: pathlib.Path, components=None, rows_per_stage: int = 16) -> dict:
     """{'stages', 'rows', 'steps': {step: {stage: NLL}}, 'targets': {step: routed stage}} for `run_dir`.
 
-    `components`: the run's `experiment.Components` (gin-bound from its ``config.gin`` by `main`).
+    `components`: the run's `experiment.Components` (`run_components`).
     Raises FileNotFoundError when the run kept no checkpoint or its bank has no SFT row of a stage."""
 
     from bat_jax.bicurl.sft_data import render_sft_row
@@ -69,6 +69,18 @@ def _nll(learner, params, examples, scoring) -> float:
     return float(-(logprobs * mask).sum() / mask.sum())
 
 
+def run_components(run_dir: pathlib.Path, tool: str):
+    """The `experiment.Components` of the run in `run_dir`, bound from its ``config.gin``.
+
+    Raises SystemExit (one `[tool] error:` line) when `run_dir` has no ``config.gin``."""
+    if not (run_dir / "config.gin").exists():
+        raise SystemExit(f"[{tool}] error: {run_dir / 'config.gin'} not found: not a run directory")
+    from bat_jax.bicurl import experiment
+
+    gin.parse_config_file(str(run_dir / "config.gin"))
+    return gin.get_configurable(experiment.Components)()
+
+
 def round_targets(run_dir: pathlib.Path) -> dict[int, str]:
     """Each round's routed stage, from the run's ledger."""
     ledger = run_dir / "ledger.jsonl"
@@ -101,15 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows_per_stage", type=int, default=16, help="SFT rows scored per stage")
     args = parser.parse_args(argv)
     run_dir = pathlib.Path(args.run_dir)
-    if not (run_dir / "config.gin").exists():
-        raise SystemExit(f"[teacher_nll] error: {run_dir / 'config.gin'} not found: not a run directory")
-    gin.parse_config_file(str(run_dir / "config.gin"))
-    gin.parse_config("from __gin__ import dynamic_registration\nimport bat_jax.bicurl.experiment as experiment\n"
-                     "import launch.teacher_nll as teacher_nll\n"
-                     "teacher_nll.measure.components = @experiment.Components()")
-    from launch import teacher_nll  # the registered module (this file may run as __main__)
-
-    result = gin.get_configurable(teacher_nll.measure)(run_dir=run_dir, rows_per_stage=args.rows_per_stage)
+    result = measure(run_dir, run_components(run_dir, "teacher_nll"), rows_per_stage=args.rows_per_stage)
     atomic_write(run_dir / "teacher_nll.json", json.dumps(result, indent=2).encode())
     text = table(result)
     atomic_write(run_dir / "teacher_nll.md", (text + "\n").encode())

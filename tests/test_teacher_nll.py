@@ -68,3 +68,11 @@ def test_nll_on_a_real_learner_equals_the_sft_loss_per_token():
     nll, mask = sft.sft_token_nll(model(batch["input_ids"], batch["attention_mask"]), batch)
     want = float(nll.sum() / mask.sum())
     assert abs(got - want) < 1e-4 * want and int(mask.sum()) == 4 + 1 + 7 + 1  # targets + end of turn per row
+
+
+def test_a_directory_without_a_run_file_is_one_error_line(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        teacher_nll.run_components(tmp_path, "evaluate_rounds")
+    assert str(e.value) == f"[evaluate_rounds] error: {tmp_path / 'config.gin'} not found: not a run directory"
