@@ -14,6 +14,7 @@ import time
 
 from bat_jax import report
 from bat_jax.atomic_io import atomic_write
+from bat_jax.benchmark.scoring import display
 from launch import teacher_nll
 
 
@@ -48,7 +49,7 @@ def measure(run_dir: pathlib.Path, components=None, steps: list[int] | None = No
             t0 = time.perf_counter()
             engine.update_weights(learner.sync_model(checkpoints.restore_params(learner.params, step)))
             out[step], _ = loops.evaluate(evaluation, benchmark, judge, prompt)
-            print(f"[evaluate_rounds] step {step}: Overall {100 * out[step].overall:.1f} over "
+            print(f"[evaluate_rounds] step {step}: Overall {display(out[step].overall)} over "
                   f"{out[step].n_cells} cells ({time.perf_counter() - t0:.0f} s)", flush=True)
     finally:
         loops.close()
