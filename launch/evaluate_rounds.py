@@ -7,7 +7,6 @@ writes ``rounds_eval.json`` / ``.md`` into the run directory.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import time
@@ -23,38 +22,24 @@ def measure(run_dir: pathlib.Path, components=None, steps: list[int] | None = No
 
     `components`: the run's `experiment.Components` (`teacher_nll.run_components`).
     Raises FileNotFoundError for a step the run did not keep."""
-    from bat_jax.bicurl.engines import build_engine
-    from bat_jax.bicurl.run_loops import open_run_loops
+    from bat_jax.bicurl.evaluate_only import open_held_out
     from bat_jax.checkpoint import CheckpointConfig, Checkpointer
     from bat_jax.learn.learner import Learner
-    from bat_jax.policy import build_policy
-    from bat_jax.prompts import PromptFormat
-    from bat_jax.verify.judge import RubricJudge
 
     checkpoints = Checkpointer(CheckpointConfig(directory=str((run_dir / "checkpoints").resolve())))
     kept = checkpoints.all_steps()
     steps = kept if steps is None else steps
     if missing := sorted(set(steps) - set(kept)):
         raise FileNotFoundError(f"{run_dir}: no checkpoint of step(s) {missing} under checkpoints/ (kept: {kept})")
-    benchmark, policy = components.benchmark, build_policy(components.policy)
-    learner = Learner(policy.model, components.mesh, components.memory)
-    evaluation = dataclasses.replace(components.evaluation, purpose="final")
-    engine = build_engine(policy, components.engine, components.agent.max_context_tokens, run_dir)
-    judge = RubricJudge(components.judge) if components.judge is not None else None
-    prompt = PromptFormat.of(benchmark, policy.prompt_style)
     out = {}
-    loops = open_run_loops(policy, engine, components.agent, evaluation, benchmark, batch_rows=0, backend=backend)
-    try:
+    with open_held_out(components, run_dir, "final", backend) as held_out:
+        learner = Learner(held_out.policy.model, components.mesh, components.memory)
         for step in steps:
             t0 = time.perf_counter()
-            engine.update_weights(learner.sync_model(checkpoints.restore_params(learner.params, step)))
-            out[step], _ = loops.evaluate(evaluation, benchmark, judge, prompt)
+            held_out.engine.update_weights(learner.sync_model(checkpoints.restore_params(learner.params, step)))
+            out[step], _ = held_out.evaluate()
             print(f"[evaluate_rounds] step {step}: Overall {display(out[step].overall)} over "
                   f"{out[step].n_cells} cells ({time.perf_counter() - t0:.0f} s)", flush=True)
-    finally:
-        loops.close()
-        if hasattr(engine, "close"):
-            engine.close()
     return out
 
 

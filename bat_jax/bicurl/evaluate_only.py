@@ -5,6 +5,7 @@ Details: docs/design.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -20,6 +21,52 @@ from bat_jax.errors import ConfigValueError
 from bat_jax.policy import build_policy
 from bat_jax.prompts import PromptFormat
 from bat_jax.verify.judge import RubricJudge
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """An open held-out evaluation of one policy: its engine, the run loops' sandboxes, the judge and prompts."""
+
+    policy: object
+    engine: object
+    loops: object
+    evaluation: object
+    benchmark: object
+    judge: RubricJudge | None
+    prompt: PromptFormat
+
+    def evaluate(self):
+        """(`Summary`, agent_failed) of the held-out suite played on the engine's current weights."""
+        return self.loops.evaluate(self.evaluation, self.benchmark, self.judge, self.prompt)
+
+
+@contextlib.contextmanager
+def open_held_out(components: Components, run_dir: pathlib.Path, purpose: str = "final", backend: str = "docker",
+                  sandbox_pool: bool = True):
+    """Opens `components.policy`'s engine and run loops for the held-out suite (`run`'s arguments); closes both.
+
+    Raises ConfigValueError without a benchmark, and what `run` names."""
+    benchmark = components.benchmark
+    if benchmark is None:
+        raise ConfigValueError("experiment.Components.benchmark (the staged benchmark to evaluate on) is required")
+    benchmark.validate()
+    if components.judge is not None:
+        benchmark.check_judged_items(components.judge.items)  # against this benchmark's rubric items
+    evaluation = dataclasses.replace(components.evaluation, purpose=purpose)  # validates purpose
+    policy = build_policy(components.policy)
+    engine = build_engine(policy, components.engine, components.agent.max_context_tokens, run_dir)
+    try:
+        loops = open_run_loops(policy, engine, components.agent, evaluation, benchmark, batch_rows=0,
+                               backend=backend, warm_pool=sandbox_pool)
+        try:
+            judge = RubricJudge(components.judge) if components.judge is not None else None
+            yield HeldOut(policy, engine, loops, evaluation, benchmark, judge,
+                          PromptFormat.of(benchmark, policy.prompt_style))
+        finally:
+            loops.close()
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
 
 
 def run(run_dir: pathlib.Path, components: Components = Components(), backend: str = "docker",
@@ -41,31 +88,12 @@ def run(run_dir: pathlib.Path, components: Components = Components(), backend: s
     Raises: FileNotFoundError for a missing checkpoint directory; `sandbox.backends.BackendUnavailable` when the
       Docker backend is asked for and not usable; ValueError for an unknown backend or purpose, or no benchmark.
     """
-    benchmark = components.benchmark
-    if benchmark is None:
-        raise ConfigValueError("experiment.Components.benchmark (the staged benchmark to evaluate on) is required")
-    benchmark.validate()
-    if components.judge is not None:
-        benchmark.check_judged_items(components.judge.items)  # against this benchmark's rubric items
     run_dir = pathlib.Path(run_dir)
-    evaluation = dataclasses.replace(components.evaluation, purpose=purpose)  # validates purpose
     t0 = time.perf_counter()
-    policy = build_policy(components.policy)
-    engine = build_engine(policy, components.engine, components.agent.max_context_tokens, run_dir)
-    try:
-        loops = open_run_loops(policy, engine, components.agent, evaluation, benchmark, batch_rows=0,
-                               backend=backend, warm_pool=sandbox_pool)
-        try:
-            judge = RubricJudge(components.judge) if components.judge is not None else None
-            t1 = time.perf_counter()
-            summary, agent_failed = loops.evaluate(evaluation, benchmark, judge,
-                                                   PromptFormat.of(benchmark, policy.prompt_style))
-            t2 = time.perf_counter()
-        finally:
-            loops.close()
-    finally:
-        if hasattr(engine, "close"):
-            engine.close()
+    with open_held_out(components, run_dir, purpose, backend, sandbox_pool) as held_out:
+        t1 = time.perf_counter()
+        summary, agent_failed = held_out.evaluate()
+        t2 = time.perf_counter()
     out = {"system": system, "purpose": purpose, "backend": backend, "policy": dataclasses.asdict(components.policy),
            "engine": components.engine.kind, "setup_s": round(t1 - t0, 1), "eval_s": round(t2 - t1, 1),
            "summary": report.summary_dict(summary), "agent_failed": agent_failed}
