@@ -1,20 +1,28 @@
 """Test session setup.
 
-XLA_FLAGS must be set before jax is imported anywhere, so that sharding tests see 8 fake CPU devices. JAX's persistent
-compilation cache, also set before jax loads, is one folder for the session and every process its tests start (launch
-runs, multihost workers, the other stacks): a program compiled once is read back, not compiled again. The folder is
+XLA_FLAGS must be set before jax is imported anywhere, so that sharding tests see 8 fake CPU devices and compile
+without LLVM's optimisations (`doubles.processes.FAST_COMPILE`; the multi-step processes run without it). JAX's
+persistent compilation cache, also set before jax loads, is one folder for the session and every process its tests
+start (launch runs, multihost workers, the other stacks): a program compiled once is read back, not compiled again
+(with the same XLA flags). The folder is
 `JAX_COMPILATION_CACHE_DIR` when set (keep one to reuse it across runs), else a temporary one removed at the end.
 The micro Stage Bank's work cache (`micro_config.seeded`) is one temporary folder for the session in the same way.
 """
 
+import importlib.util
 import os
 import shutil
 import tempfile
 import time
 
-_FAKE_DEVICES = "--xla_force_host_platform_device_count=8"
-if _FAKE_DEVICES not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FAKE_DEVICES).strip()
+# doubles/processes.py by its path: the doubles package's __init__ imports jax
+_spec = importlib.util.spec_from_file_location("_processes", os.path.join(os.path.dirname(__file__), "doubles",
+                                                                           "processes.py"))
+_processes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_processes)
+for _flag in ("--xla_force_host_platform_device_count=8", _processes.FAST_COMPILE):
+    if _flag not in os.environ.get("XLA_FLAGS", "").split():
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

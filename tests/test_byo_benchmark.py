@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from doubles.processes import without_fast_compile
+
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "wordcount"
 REPO = FIXTURE.parents[2]
 
@@ -153,7 +155,8 @@ def test_the_guides_command_runs_as_written(tmp_path):
     plug-in base's sizes on the 3-row bank: bank → SFT → 2 rounds → final evaluation in about 5-9 minutes on 2
     cores (notes: measured under load)."""
     (tmp_path / "tests").symlink_to(REPO / "tests")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["tests/fixtures/wordcount", str(REPO)])}
+    env = {**without_fast_compile(dict(os.environ)),
+           "PYTHONPATH": os.pathsep.join(["tests/fixtures/wordcount", str(REPO)])}
     cmd = [sys.executable, "-m", "bat_jax.launch", "--gin_search_paths=tests/fixtures/wordcount",
            "--gin_file=wordcount_tiny.gin"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
