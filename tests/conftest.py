@@ -3,10 +3,10 @@
 XLA_FLAGS must be set before jax is imported anywhere, so that sharding tests see 8 fake CPU devices and compile
 without LLVM's optimisations (`doubles.processes.FAST_COMPILE`; the multi-step processes run without it). JAX's
 persistent compilation cache, also set before jax loads, is one folder for the session and every process its tests
-start (launch runs, multihost workers, the other stacks): a program compiled once is read back, not compiled again
-(with the same XLA flags). The folder is
-`JAX_COMPILATION_CACHE_DIR` when set (keep one to reuse it across runs), else a temporary one removed at the end.
-The micro Stage Bank's work cache (`micro_config.seeded`) is one temporary folder for the session in the same way.
+start (launch runs, multihost workers, the other stacks): a program compiled once with the same XLA flags is read
+back, not compiled again. The folder is `JAX_COMPILATION_CACHE_DIR` when set (keep one to reuse it across runs), else
+a temporary one removed at the end. The micro Stage Bank's work cache (`micro_config.seeded`) is one temporary folder
+for the session in the same way.
 """
 
 import importlib.util

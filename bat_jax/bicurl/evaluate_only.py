@@ -16,10 +16,13 @@ from bat_jax.atomic_io import atomic_write
 from bat_jax.benchmark.scoring import display
 from bat_jax.bicurl.engines import build_engine
 from bat_jax.bicurl.experiment import Components
-from bat_jax.bicurl.run_loops import open_run_loops
+from bat_jax.bicurl.evaluation import EvalConfig
+from bat_jax.bicurl.run_loops import RunLoops, open_run_loops
 from bat_jax.errors import ConfigValueError
-from bat_jax.policy import build_policy
+from bat_jax.policy import Policy, build_policy
 from bat_jax.prompts import PromptFormat
+from bat_jax.rollout.engine import RolloutEngine
+from bat_jax.staged_benchmark.contract import StagedBenchmark
 from bat_jax.verify.judge import RubricJudge
 
 
@@ -27,11 +30,11 @@ from bat_jax.verify.judge import RubricJudge
 class HeldOut:
     """An open held-out evaluation of one policy: its engine, the run loops' sandboxes, the judge and prompts."""
 
-    policy: object
-    engine: object
-    loops: object
-    evaluation: object
-    benchmark: object
+    policy: Policy
+    engine: RolloutEngine
+    loops: RunLoops
+    evaluation: EvalConfig
+    benchmark: StagedBenchmark
     judge: RubricJudge | None
     prompt: PromptFormat
 
