@@ -236,6 +236,27 @@ def test_from_model_greedy_equals_jax_sampler(tmp_path):
     assert len(set(np.concatenate([c.token_ids for c in got]).tolist())) > 3  # not a repeated token
 
 
+def test_seeded_prompts_past_one_steps_token_budget_sample_what_they_sample_alone(tmp_path):
+    """Five seeded prompts of 1,000 tokens in one call (more than one step's 4,096-token budget on the CPU backend):
+    every row gets what it gets alone. vLLM's CPU backend fails an engine step that splits a seeded request's prefill
+    ("CPU Generator does not use offset"); the engine prefills every prompt in one step."""
+    model = vllm_reference_model(4, tied=True)
+    engine = VLLMEngine.from_model(model, tmp_path / "work", kv_cache_memory_bytes=32 << 20, max_num_seqs=8,
+                                   block_size=32)
+    try:
+        rng = np.random.default_rng(5)
+        prompts = [rng.integers(0, CFG.vocab_size, 1000).tolist() for _ in range(5)]
+        params = SamplingParams(temperature=1.0, max_new_tokens=8)
+        batch = engine.generate(prompts, params, seeds=[10, 11, 12, 13, 14])
+        alone = [engine.generate([prompts[i]], params, seeds=[10 + i])[0] for i in (0, 4)]
+    finally:
+        engine.close()
+    assert engine.config.max_model_len == 1024 and 5 * 1000 > 4096
+    assert all(len(c.token_ids) == 8 for c in batch)
+    for i, one in zip((0, 4), alone):
+        np.testing.assert_array_equal(one.token_ids, batch[i].token_ids)
+
+
 def test_from_model_rejects_bad_overrides(tmp_path):
     model = vllm_reference_model(4)
     with pytest.raises(ValueError, match="other than model_dir"):

@@ -25,6 +25,8 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ADAPTER_NAME, ADAPTER_ID = "policy", 1  # the one adapter a LoRA engine serves (vLLM's name and integer id)
 CPU_KV_CACHE_BYTES = 256 << 20
 """Cache size (bytes) of an engine on the CPU backend when `VLLMEngineConfig.kv_cache_memory_bytes` is None."""
+CPU_BATCHED_TOKENS = 4096
+"""The least tokens one engine step of the CPU backend takes (vLLM's CPU default); at least `max_model_len`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +99,13 @@ def kv_cache_bytes(config: VLLMEngineConfig) -> int | None:
     import torch
 
     return None if torch.cuda.is_available() else CPU_KV_CACHE_BYTES
+
+
+def _on_cpu() -> bool:
+    """Whether vLLM runs on its CPU backend (``vllm.platforms.current_platform``)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def checkpoint_tensor_shapes(model_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
@@ -306,6 +315,11 @@ class VLLMEngine:
             kwargs["block_size"] = int(config.block_size)
         if config.max_lora_rank:  # one adapter, loaded before any request (`install_adapter`)
             kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1)
+        if _on_cpu():
+            # A prefill split over engine steps rewinds a seeded request's generator, which the CPU's cannot ("CPU
+            # Generator does not use offset", vLLM 0.32 `gpu_model_runner`): every prompt is prefilled in one step.
+            kwargs.update(enable_chunked_prefill=False,
+                          max_num_batched_tokens=max(config.max_model_len, CPU_BATCHED_TOKENS))
         self._lora = None  # the LoRARequest every request passes (LoRA engines, once an adapter is installed)
         self._llm = vllm.LLM(
             model=str(config.model_dir), skip_tokenizer_init=True, dtype=config.dtype,
