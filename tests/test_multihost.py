@@ -76,7 +76,8 @@ def test_several_processes_refuse_what_is_not_split_and_write_on_process_0_only(
 
 def test_host_weights_feed_a_vllm_engine_bf16_and_the_jax_sampler_its_state():
     """`HostWeights`: a vLLM engine (its `VLLMEngineConfig` in bf16) gets ``{HF name: bf16 numpy}``, cast on the mesh
-    (`weight_sync.host_weights`); another engine gets the model's state gathered as it is (float32)."""
+    (`weight_sync.host_weights`); a LoRA vLLM engine the model itself; another engine gets the model's state gathered
+    as it is (float32)."""
     import jax
     from flax import nnx
 
@@ -103,6 +104,9 @@ def test_host_weights_feed_a_vllm_engine_bf16_and_the_jax_sampler_its_state():
                                                                 ).astype("float32").tolist()
     assert isinstance(sampler.got, nnx.State)
     assert {str(v.get_value().dtype) for _, v in nnx.to_flat_state(sampler.got)} == {"float32"}
+    lora_engine = Recording(VLLMEngineConfig(model_dir="x", dtype="bfloat16", max_lora_rank=8))
+    assert multihost.HostWeights(lora_engine).update_weights(model, in_flight=True) == 7
+    assert lora_engine.got is model  # its adapter is written from the model (every process joins the gathers)
 
 
 def _free_port() -> int:

@@ -267,8 +267,9 @@ class HostWeights:
     The learner's parameters span every process, the engine's copy must be whole and local. `update_weights` is then a
     collective (every process calls it, as the loop does); everything else is the engine's. A vLLM engine (its
     `VLLMEngineConfig`) gets each tensor cast to its dtype on the learner's mesh before the gather
-    (`weight_sync.host_weights`: bf16 through host memory, no float32 cast on the CPU per replica); the JAX sampler
-    gets the parameters as they are."""
+    (`weight_sync.host_weights`: bf16 through host memory, no float32 cast on the CPU per replica), a LoRA vLLM engine
+    the model itself (it writes the adapter, gathered by every process); the JAX sampler gets the parameters as they
+    are."""
 
     def __init__(self, engine: Any):
         self.engine = engine
@@ -282,6 +283,9 @@ class HostWeights:
         from bat_jax.rollout.weight_sync import host_weights
 
         config = getattr(self.engine, "config", None)
+        if isinstance(config, VLLMEngineConfig) and config.max_lora_rank:
+            # a LoRA engine takes the model: every process joins its adapter's gathers (`peft_io.save_adapter`)
+            return self.engine.update_weights(params, **options)
         if isinstance(config, VLLMEngineConfig):
             return self.engine.update_weights(host_weights(params, config.dtype), **options)
         state = nnx.state(params) if isinstance(params, nnx.Module) else params
