@@ -4,6 +4,7 @@ pool batch and the round's signal diagnostics, dynamic sampling with rollout cor
 taken, or the engine's in bypass mode), the learner-vs-engine mismatch and, on a real learner, the first update's
 ratios at 1."""
 
+import collections
 import types
 
 import numpy as np
@@ -19,11 +20,14 @@ IMAGING = ImagingBenchmark()
 ENGINE = np.array([0, 0, -0.2, -0.5, -2.0, 0], np.float32)  # the engine's logprobs of one rollout's tokens
 
 
-def run_block(monkeypatch, cfg, rewards, batches=(("s0", "s1"), ("s2", "s3")), dynamic=DynamicSamplingConfig()):
+def run_block(monkeypatch, cfg, rewards, batches=(("s0", "s1"), ("s2", "s3")), dynamic=DynamicSamplingConfig(),
+              infra=None):
+    """`infra`: state id → the infrastructure error of its rollouts whose reward is None."""
     def run(requests, seed, on_trajectory):
         out = [types.SimpleNamespace(state_id=r, ids=np.arange(6, dtype=np.int32), agent_error=None,
-                                     loss_mask=np.array([0, 0, 1, 1, 1, 0], np.int32), logprobs=ENGINE.copy())
-               for r in requests for _ in range(4)]
+                                     loss_mask=np.array([0, 0, 1, 1, 1, 0], np.int32), logprobs=ENGINE.copy(),
+                                     infra_error=(infra or {}).get(r, "") if rewards[r][i] is None else "")
+               for r in requests for i in range(4)]
         for position, t in enumerate(out):
             on_trajectory(position, t)
         return out
@@ -174,6 +178,20 @@ def test_rollout_counts_keep_agent_failures_apart_from_unscored():
     assert gr.rollout_counts([], []) == (0, 0)
     with pytest.raises(ValueError):
         gr.rollout_counts(trajectories, [0.5])
+
+
+def test_rollouts_left_unscored_by_the_infrastructure_are_one_log_line_naming_the_commonest_reason(
+        monkeypatch, capsys):
+    down = "generation failed: RuntimeError: vllm: engine step failed"
+    rewards = {**REWARDS, "s1": [None, None, 1.0, 0.0], "s3": [None, 1.0, 0.0, 1.0]}
+    _, stats = run_block(monkeypatch, grpo.GRPOConfig(), rewards, infra={"s1": down, "s3": "sandbox start failed"})
+    assert stats.unscored == 3
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[bat_jax]")]
+    assert lines == [f"[bat_jax] warning: 3 GRPO rollouts unscored by infrastructure failures (left out of the "
+                     f"loss); 2 of them: {down}"]
+    _, stats = run_block(monkeypatch, grpo.GRPOConfig(), REWARDS)
+    assert stats.unscored == 0 and "warning" not in capsys.readouterr().out
+    assert gr.infra_warning(collections.Counter({"x" * 400: 1})).endswith("x" * 294 + "...")
 
 
 def test_group_variance_counts_groups_whose_scored_rewards_differ():

@@ -155,6 +155,7 @@ class BlockTally:
       trained_pools: pool → groups trained.
       groups_with_variance, groups_scored, groups_drawn, groups_dropped, groups_trained: the GRPOStats group counts.
       first: the first trained host batch (None while none has trained): where the update's shift is measured.
+      infra_errors: message → rollouts it left unscored (`Trajectory.infra_error`), for the round's warning line.
     """
 
     rewards: list = dataclasses.field(default_factory=list)
@@ -172,6 +173,7 @@ class BlockTally:
     groups_dropped: int = 0
     groups_trained: int = 0
     first: dict | None = None
+    infra_errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 class BlockRun:
@@ -212,6 +214,7 @@ class BlockRun:
         tally.unscored += n_unscored
         tally.agent_failed += n_agent_failed
         tally.rollouts += len(rewards)
+        tally.infra_errors.update(t.infra_error for t in trajectories if getattr(t, "infra_error", ""))
         tally.rewards += [r for r in rewards if r is not None]
         tally.version = scored[0].version if scored else tally.version
         tally.items += [(item.row.provenance.track, s.items) for item, s in zip(items, scored)
@@ -253,6 +256,8 @@ class BlockRun:
         is measured on the first trained batch's own rollouts (none trained: None).
         """
         learner, cfg, tally = self.learner, self.cfg, self.tally
+        if tally.infra_errors:  # otherwise only a count in the report: say why
+            self.hosts.primary_only(lambda: print(infra_warning(tally.infra_errors), flush=True))
         learner.adopt(self.state)
         first = tally.first
         if first is not None:
@@ -276,6 +281,14 @@ class BlockRun:
             items=ItemRates.tally(tally.items).to_dict() or None, groups_with_variance=tally.groups_with_variance,
             groups_scored=tally.groups_scored, groups_drawn=tally.groups_drawn, groups_dropped=tally.groups_dropped,
             groups_trained=tally.groups_trained, **extra)
+
+
+def infra_warning(errors: collections.Counter) -> str:
+    """One log line: how many GRPO rollouts infrastructure failures left unscored, and the commonest reason."""
+    message, count = errors.most_common(1)[0]
+    message = message if len(message) <= 300 else message[:297] + "..."
+    return (f"[bat_jax] warning: {sum(errors.values())} GRPO rollouts unscored by infrastructure failures (left out "
+            f"of the loss); {count} of them: {message}")
 
 
 def _mean(values: Sequence[float]) -> float | None:
