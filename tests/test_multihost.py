@@ -337,49 +337,6 @@ lora.LoRAConfig.rank = 4
 """
 
 
-@pytest.mark.slow
-def test_two_processes_run_bounded_staleness_grpo_with_lora_as_one(tmp_path):
-    """The micro run at max_staleness = 1 with a LoRA adapter as 2 processes × 2 devices ends as 1 process × 4 devices.
-
-    Two GRPO steps (step 1's groups roll out while step 0 trains): the same ledger, exported merged weights and
-    exported adapter (to 1e-5) and the same recorded base digest; the same groups drawn and trained, none dropped,
-    and a staleness of at most 1 (the staleness of step 1's groups is 1 when they began before step 1's sync, as the
-    learner's steps here take far longer than the micro rollouts; a sync that came first would make it 0 in either
-    run). One run for both features: each is a two-process run of its own otherwise (CI time).
-    """
-    import numpy as np
-    from safetensors.numpy import load_file
-
-    from bat_jax.ledger import Ledger
-
-    gin_file = _micro_run_file(tmp_path, extra=_STALENESS + _LORA)
-    rc = _run_both(gin_file, tmp_path)
-    logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in rc}
-    assert rc == {"ref": 0, "p0": 0, "p1": 0}, logs
-    (a,), (b,) = (Ledger(tmp_path / name / "ledger.jsonl").read() for name in ("ref", "multi"))
-    assert (a.selected_stage, a.decision, a.retained_checkpoint, a.state_ids, a.controller_state) == \
-           (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.controller_state)
-    assert a.controller_scores == b.controller_scores and a.kl == pytest.approx(b.kl, abs=1e-5)
-    counts = ("rollouts", "groups_drawn", "groups_trained", "groups_dropped_stale", "groups_evicted",
-              "groups_refilled")
-    assert [getattr(a.grpo, c) for c in counts] == [getattr(b.grpo, c) for c in counts] == [16, 8, 8, 0, 0, 0]
-    assert a.grpo.staleness_max == b.grpo.staleness_max == 1 and 0 <= a.grpo.staleness_mean <= 1
-    assert "Bounded-staleness GRPO per round" in (tmp_path / "ref" / "report.md").read_text()
-    assert a.grpo.rollout_mismatch["tokens"] == b.grpo.rollout_mismatch["tokens"]  # the same trained tokens
-    p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
-    assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
-    for k in p_ref:
-        np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
-                                   err_msg=k)
-    a_ref, a_multi = (load_file(tmp_path / n / "export_adapter" / "adapter_model.safetensors") for n in ("ref", "multi"))
-    assert sorted(a_ref) == sorted(a_multi) and any(k.endswith("lora_B.weight") for k in a_ref)
-    assert any(np.abs(v).max() > 0 for k, v in a_ref.items() if k.endswith("lora_B.weight"))  # GRPO moved B off 0
-    for k in a_ref:
-        np.testing.assert_allclose(a_multi[k], a_ref[k], atol=1e-5, rtol=0, err_msg=k)
-    base = [json.loads((tmp_path / n / "checkpoints" / "lora_base.json").read_text()) for n in ("ref", "multi")]
-    assert base[0] == base[1] and base[0]["digest"].startswith("sha256:")
-
-
 _VLLM = """\
 import bat_jax.bicurl.engines as engines
 policy.PolicyConfig.architecture = 'qwen3'
@@ -393,19 +350,23 @@ engines.EngineConfig.vllm_options = {'kv_cache_memory_bytes': 67108864, 'max_num
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_two_processes_run_the_experiment_on_their_own_vllm_engines_as_one(tmp_path):
-    """The micro run with vLLM rollouts as 2 processes × 2 devices ends as 1 process × 4 devices.
+def test_two_processes_run_vllm_rollouts_bounded_staleness_and_lora_as_one(tmp_path):
+    """The micro run with vLLM rollouts, max_staleness = 1 and a LoRA adapter as 2 processes × 2 devices ends as
+    1 process × 4 devices.
 
-    A tiny Qwen3 (vLLM's CPU build loads Qwen3 dense); each host its own vLLM engine and checkpoint copy, against
-    one engine in the reference: the same ledger (8 rollouts sampled by vLLM, the same reward and tokens) and
-    exported parameters.
+    A tiny Qwen3 (vLLM's CPU build loads Qwen3 dense); each host its own vLLM engine serving the adapter over its own
+    copy of the frozen base, against one engine in the reference. Two GRPO steps (step 1's groups roll out while step
+    0 trains): the same ledger, the same groups drawn and trained (none dropped), a staleness of at most 1, each vLLM
+    logprob within float round-off of the learner's, and the same exported merged weights and adapter (to 1e-5) and
+    recorded base digest. One run for the three features: each is a two-process run of its own otherwise (CI time).
     """
     pytest.importorskip("vllm")
     import numpy as np
+    from safetensors.numpy import load_file
 
     from bat_jax.ledger import Ledger
 
-    gin_file = _micro_run_file(tmp_path, extra=_VLLM)
+    gin_file = _micro_run_file(tmp_path, extra=_STALENESS + _LORA + _VLLM)
     rc = _run_both(gin_file, tmp_path)
     logs = {n: (tmp_path / f"{'ref' if n == 'ref' else 'multi'}.{n}.log").read_text()[-4000:] for n in rc}
     assert rc == {"ref": 0, "p0": 0, "p1": 0}, logs
@@ -413,22 +374,32 @@ def test_two_processes_run_the_experiment_on_their_own_vllm_engines_as_one(tmp_p
     assert (a.selected_stage, a.decision, a.retained_checkpoint, a.state_ids, a.controller_state) == \
            (b.selected_stage, b.decision, b.retained_checkpoint, b.state_ids, b.controller_state)
     assert a.controller_scores == b.controller_scores and a.kl == pytest.approx(b.kl, abs=1e-5)
-    assert a.grpo.rollouts == b.grpo.rollouts == 8 and a.grpo.reward_mean == pytest.approx(b.grpo.reward_mean)
-    assert a.reward_version.startswith("bat_rubric/")  # 4 rows x K = 2 episodes sampled by vLLM, rubric-scored
+    assert a.reward_version.startswith("bat_rubric/")
+    counts = ("rollouts", "groups_drawn", "groups_trained", "groups_dropped_stale", "groups_evicted",
+              "groups_refilled")
+    assert [getattr(a.grpo, c) for c in counts] == [getattr(b.grpo, c) for c in counts] == [16, 8, 8, 0, 0, 0]
+    assert a.grpo.reward_mean == pytest.approx(b.grpo.reward_mean)
+    assert a.grpo.staleness_max == b.grpo.staleness_max == 1 and 0 <= a.grpo.staleness_mean <= 1
+    assert "Bounded-staleness GRPO per round" in (tmp_path / "ref" / "report.md").read_text()
     # the same number of sampled tokens, each vLLM logprob within float round-off of the learner's
     assert a.grpo.rollout_mismatch["tokens"] == b.grpo.rollout_mismatch["tokens"]
     assert max(a.grpo.rollout_mismatch["mismatch_max_abs"], b.grpo.rollout_mismatch["mismatch_max_abs"]) < 1e-5
-    for index in (0, 1):
-        config = json.loads((tmp_path / "multi" / "hosts" / f"process-{index}" / "vllm" / "checkpoint" /
-                             "config.json").read_text())
+    for config_dir in (tmp_path / "ref" / "vllm", *(tmp_path / "multi" / "hosts" / f"process-{i}" / "vllm"
+                                                    for i in (0, 1))):
+        config = json.loads((config_dir / "checkpoint" / "config.json").read_text())
         assert config["model_type"] == "qwen3" and config["head_dim"] == 32
-    config = json.loads((tmp_path / "ref" / "vllm" / "checkpoint" / "config.json").read_text())
-    assert config["model_type"] == "qwen3" and config["head_dim"] == 32
     p_ref, p_multi = _export_params(tmp_path / "ref"), _export_params(tmp_path / "multi")
     assert sorted(p_ref) == sorted(p_multi) and len(p_ref) > 10
     for k in p_ref:
         np.testing.assert_allclose(p_multi[k].astype(np.float32), p_ref[k].astype(np.float32), atol=1e-5, rtol=0,
                                    err_msg=k)
+    a_ref, a_multi = (load_file(tmp_path / n / "export_adapter" / "adapter_model.safetensors") for n in ("ref", "multi"))
+    assert sorted(a_ref) == sorted(a_multi) and any(k.endswith("lora_B.weight") for k in a_ref)
+    assert any(np.abs(v).max() > 0 for k, v in a_ref.items() if k.endswith("lora_B.weight"))  # GRPO moved B off 0
+    for k in a_ref:
+        np.testing.assert_allclose(a_multi[k], a_ref[k], atol=1e-5, rtol=0, err_msg=k)
+    base = [json.loads((tmp_path / n / "checkpoints" / "lora_base.json").read_text()) for n in ("ref", "multi")]
+    assert base[0] == base[1] and base[0]["digest"].startswith("sha256:")
 
 
 def _ray_run_file(tmp_path, address: str, rounds: int) -> pathlib.Path:
