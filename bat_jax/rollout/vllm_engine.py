@@ -108,6 +108,15 @@ def _on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
+def _recurrent(model_dir: str | os.PathLike) -> bool:
+    """Whether the checkpoint's model has recurrent (linear-attention) layers: its ``config.json`` ``layer_types``,
+    or its ``text_config``'s, name ``linear_attention``."""
+    import json
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return any("linear_attention" in (c.get("layer_types") or ()) for c in (config, config.get("text_config") or {}))
+
+
 def checkpoint_tensor_shapes(model_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of every tensor in the ``*.safetensors`` files of a checkpoint directory.
 
@@ -315,9 +324,10 @@ class VLLMEngine:
             kwargs["block_size"] = int(config.block_size)
         if config.max_lora_rank:  # one adapter, loaded before any request (`install_adapter`)
             kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1)
-        if _on_cpu():
+        if _on_cpu() and not (config.enable_prefix_caching and _recurrent(config.model_dir)):
             # A prefill split over engine steps rewinds a seeded request's generator, which the CPU's cannot ("CPU
             # Generator does not use offset", vLLM 0.32 `gpu_model_runner`): every prompt is prefilled in one step.
+            # vLLM requires split prefills for recurrent layers with prefix caching (Qwen3.5's Gated DeltaNet).
             kwargs.update(enable_chunked_prefill=False,
                           max_num_batched_tokens=max(config.max_model_len, CPU_BATCHED_TOKENS))
         self._lora = None  # the LoRARequest every request passes (LoRA engines, once an adapter is installed)
