@@ -109,8 +109,9 @@ def _on_cpu() -> bool:
 
 
 def _recurrent(model_dir: str | os.PathLike) -> bool:
-    """Whether the checkpoint's model has recurrent (linear-attention) layers: its ``config.json`` ``layer_types``,
-    or its ``text_config``'s, name ``linear_attention``."""
+    """Whether the checkpoint's model has recurrent (linear-attention) layers.
+
+    True when its ``config.json`` ``layer_types``, or its ``text_config``'s, name ``linear_attention``."""
     import json
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
