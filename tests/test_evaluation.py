@@ -138,7 +138,7 @@ class _Loop:
         return [failed_trajectory(req.state_id, *self.errors[i]) for i, req in enumerate(requests)]
 
 
-def test_engine_cells_count_scored_agent_failed_cells():
+def test_engine_cells_count_scored_agent_failed_cells(capsys):
     from bat_jax.bicurl.evaluation import EngineCells
 
     jobs = evaluator.suite_jobs(evaluator.EvalConfig(repeats=4, tracks=("vqa",)), IMAGING)
@@ -148,6 +148,9 @@ def test_engine_cells_count_scored_agent_failed_cells():
     cells = runner(jobs)
     assert [c.scored(STAGES) for c in cells] == [True, True, False, False]
     assert runner.agent_failed == 1  # the agent-failed cell is scored; the one also hit by infra is unscored
+    assert capsys.readouterr().out.splitlines() == [
+        "[bat_jax] warning: 2 held-out cells unscored by infrastructure failures (left out of the means); 2 of them: "
+        "engine down"]
     config = evaluator.EvalConfig(repeats=4, tracks=("vqa",))
     summary = evaluator.evaluate(EngineCells(_Loop(errors), IMAGING), config, IMAGING)
     assert (summary.n_cells, summary.n_unscored) == (4, 2)

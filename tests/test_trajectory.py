@@ -29,3 +29,15 @@ def test_arrays_of_different_lengths_and_unknown_finish_reasons_are_refused():
 def test_the_finish_reasons():
     assert tj.FINISH_REASONS == ("submitted", "no_tool_call", "max_turns", "max_tool_calls", "max_response_tokens",
                                  "max_context", "invalid_turn", "sandbox_error", "engine_error")
+
+
+def test_the_infrastructure_warning_counts_the_unscored_and_names_the_commonest_reason():
+    down = "generation failed: RuntimeError: engine down"
+    failed = [_trajectory(finish=tj.FINISH_ENGINE_ERROR, infra_error=e) for e in (down, "sandbox start failed", down)]
+    assert tj.infra_warning(failed + [_trajectory()], "GRPO rollouts", "left out of the loss") == (
+        f"[bat_jax] warning: 3 GRPO rollouts unscored by infrastructure failures (left out of the loss); 2 of them: "
+        f"{down}")
+    assert tj.infra_warning([_trajectory(), _trajectory(agent_error="sandbox died")], "cells", "x") is None
+    long = tj.infra_warning([_trajectory(finish=tj.FINISH_ENGINE_ERROR, infra_error="x" * 400)], "cells", "x")
+    assert long.endswith("1 of them: " + "x" * 297 + "...")
+

@@ -23,6 +23,7 @@ from bat_jax.errors import ConfigValueError
 from bat_jax.prompts import PromptFormat, request
 from bat_jax.rollout.agent_loop import AgentLoop
 from bat_jax.rollout.play import play
+from bat_jax.rollout.trajectory import infra_warning
 from bat_jax.sandbox.backends import SandboxFactory
 from bat_jax.staged_benchmark.contract import StagedBenchmark, Task
 from bat_jax.staged_benchmark.episode import ActionPolicy
@@ -234,6 +235,9 @@ class EngineCells:
             cells.append(episode_score.to_cell(job.track, job.repeat, bench.stages))
         self.agent_failed = sum(bool(by_request[f"eval-{i}"].agent_error) and cell.scored(bench.stages)
                                 for i, cell in enumerate(cells))
+        warning = infra_warning(trajectories, "held-out cells", "left out of the means")
+        if warning:  # otherwise only a count in the ledger: say why
+            print(warning, flush=True)
         return cells
 
 

@@ -30,6 +30,7 @@ from bat_jax.learn.staleness import StalenessConfig
 from bat_jax.ledger import GRPOStats
 from bat_jax.prompts import PromptFormat, rl_request
 from bat_jax.rollout.agent_loop import AgentLoop, AgentLoopConfig
+from bat_jax.rollout.trajectory import infra_warning
 from bat_jax.stage_bank import pools
 from bat_jax.stage_bank.bank import StageBank
 from bat_jax.staged_benchmark.contract import StagedBenchmark
@@ -155,7 +156,7 @@ class BlockTally:
       trained_pools: pool → groups trained.
       groups_with_variance, groups_scored, groups_drawn, groups_dropped, groups_trained: the GRPOStats group counts.
       first: the first trained host batch (None while none has trained): where the update's shift is measured.
-      infra_errors: message → rollouts it left unscored (`Trajectory.infra_error`), for the round's warning line.
+      unscored: the trajectories of the unscored rollouts drawn, for the round's warning line (`infra_warning`).
     """
 
     rewards: list = dataclasses.field(default_factory=list)
@@ -173,7 +174,7 @@ class BlockTally:
     groups_dropped: int = 0
     groups_trained: int = 0
     first: dict | None = None
-    infra_errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    failed: list = dataclasses.field(default_factory=list)
 
 
 class BlockRun:
@@ -214,7 +215,7 @@ class BlockRun:
         tally.unscored += n_unscored
         tally.agent_failed += n_agent_failed
         tally.rollouts += len(rewards)
-        tally.infra_errors.update(t.infra_error for t in trajectories if getattr(t, "infra_error", ""))
+        tally.failed += [t for t in trajectories if getattr(t, "infra_error", "")]
         tally.rewards += [r for r in rewards if r is not None]
         tally.version = scored[0].version if scored else tally.version
         tally.items += [(item.row.provenance.track, s.items) for item, s in zip(items, scored)
@@ -256,8 +257,9 @@ class BlockRun:
         is measured on the first trained batch's own rollouts (none trained: None).
         """
         learner, cfg, tally = self.learner, self.cfg, self.tally
-        if tally.infra_errors:  # otherwise only a count in the report: say why
-            self.hosts.primary_only(lambda: print(infra_warning(tally.infra_errors), flush=True))
+        warning = infra_warning(tally.failed, "GRPO rollouts", "left out of the loss")
+        if warning:  # otherwise only a count in the report: say why
+            self.hosts.primary_only(lambda: print(warning, flush=True))
         learner.adopt(self.state)
         first = tally.first
         if first is not None:
@@ -281,14 +283,6 @@ class BlockRun:
             items=ItemRates.tally(tally.items).to_dict() or None, groups_with_variance=tally.groups_with_variance,
             groups_scored=tally.groups_scored, groups_drawn=tally.groups_drawn, groups_dropped=tally.groups_dropped,
             groups_trained=tally.groups_trained, **extra)
-
-
-def infra_warning(errors: collections.Counter) -> str:
-    """One log line: how many GRPO rollouts infrastructure failures left unscored, and the commonest reason."""
-    message, count = errors.most_common(1)[0]
-    message = message if len(message) <= 300 else message[:297] + "..."
-    return (f"[bat_jax] warning: {sum(errors.values())} GRPO rollouts unscored by infrastructure failures (left out "
-            f"of the loss); {count} of them: {message}")
 
 
 def _mean(values: Sequence[float]) -> float | None:

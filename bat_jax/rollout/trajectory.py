@@ -5,8 +5,9 @@ Details: docs/design.md.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -110,3 +111,17 @@ class Trajectory:
     def scored(self) -> bool:
         """False for infrastructure failures: such rollouts leave their GRPO group (null is not zero)."""
         return not self.infra_error
+
+
+def infra_warning(trajectories: Iterable[Any], what: str, consequence: str) -> str | None:
+    """One log line on the trajectories infrastructure failures left unscored (`Trajectory.infra_error`).
+
+    It gives their count and the commonest reason (cut to 300 characters); None when there are none. `what` names
+    them (e.g. "GRPO rollouts"), `consequence` says what follows (e.g. "left out of the loss")."""
+    errors = collections.Counter(t.infra_error for t in trajectories if getattr(t, "infra_error", ""))
+    if not errors:
+        return None
+    message, count = errors.most_common(1)[0]
+    message = message if len(message) <= 300 else message[:297] + "..."
+    return (f"[bat_jax] warning: {sum(errors.values())} {what} unscored by infrastructure failures ({consequence}); "
+            f"{count} of them: {message}")
