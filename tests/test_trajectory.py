@@ -40,4 +40,3 @@ def test_the_infrastructure_warning_counts_the_unscored_and_names_the_commonest_
     assert tj.infra_warning([_trajectory(), _trajectory(agent_error="sandbox died")], "cells", "x") is None
     long = tj.infra_warning([_trajectory(finish=tj.FINISH_ENGINE_ERROR, infra_error="x" * 400)], "cells", "x")
     assert long.endswith("1 of them: " + "x" * 297 + "...")
-

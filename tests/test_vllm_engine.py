@@ -20,7 +20,8 @@ pytest.importorskip("vllm")
 from bat_jax.models import hf_io  # noqa: E402
 from bat_jax.models.configs import Qwen3Config  # noqa: E402
 from bat_jax.rollout.engine import SamplingParams  # noqa: E402
-from bat_jax.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig, lora_rank_for  # noqa: E402
+from bat_jax.rollout.vllm_engine import (CPU_BATCHED_TOKENS, VLLMEngine, VLLMEngineConfig,  # noqa: E402
+                                         lora_rank_for)
 from doubles import (VLLM_TINY, lora_reference_models, reference_logprobs, reference_logits,  # noqa: E402
                      set_random_adapter, vllm_reference_model)
 
@@ -251,7 +252,7 @@ def test_seeded_prompts_past_one_steps_token_budget_sample_what_they_sample_alon
         alone = [engine.generate([prompts[i]], params, seeds=[10 + i])[0] for i in (0, 4)]
     finally:
         engine.close()
-    assert engine.config.max_model_len == 1024 and 5 * 1000 > 4096
+    assert engine.config.max_model_len == 1024 and 5 * 1000 > CPU_BATCHED_TOKENS
     assert all(len(c.token_ids) == 8 for c in batch)
     for i, one in zip((0, 4), alone):
         np.testing.assert_array_equal(one.token_ids, batch[i].token_ids)

@@ -156,7 +156,8 @@ class BlockTally:
       trained_pools: pool → groups trained.
       groups_with_variance, groups_scored, groups_drawn, groups_dropped, groups_trained: the GRPOStats group counts.
       first: the first trained host batch (None while none has trained): where the update's shift is measured.
-      unscored: the trajectories of the unscored rollouts drawn, for the round's warning line (`infra_warning`).
+      failed: the rollouts drawn that infrastructure failures left unscored, for the round's warning line
+        (`infra_warning`).
     """
 
     rewards: list = dataclasses.field(default_factory=list)

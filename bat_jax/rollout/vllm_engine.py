@@ -26,7 +26,7 @@ ADAPTER_NAME, ADAPTER_ID = "policy", 1  # the one adapter a LoRA engine serves (
 CPU_KV_CACHE_BYTES = 256 << 20
 """Cache size (bytes) of an engine on the CPU backend when `VLLMEngineConfig.kv_cache_memory_bytes` is None."""
 CPU_BATCHED_TOKENS = 4096
-"""The least tokens one engine step of the CPU backend takes (vLLM's CPU default); at least `max_model_len`."""
+"""Tokens one engine step may take on the CPU backend (vLLM's CPU default), raised to `max_model_len` when larger."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,10 +112,11 @@ def _recurrent(model_dir: str | os.PathLike) -> bool:
     """Whether the checkpoint's model has recurrent (linear-attention) layers.
 
     True when its ``config.json`` ``layer_types``, or its ``text_config``'s, name ``linear_attention``."""
-    import json
+    from bat_jax.models.configs import LINEAR_ATTENTION
+    from bat_jax.models.hf_io import read_hf_config
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return any("linear_attention" in (c.get("layer_types") or ()) for c in (config, config.get("text_config") or {}))
+    config = read_hf_config(model_dir)
+    return any(LINEAR_ATTENTION in (c.get("layer_types") or ()) for c in (config, config.get("text_config") or {}))
 
 
 def checkpoint_tensor_shapes(model_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
