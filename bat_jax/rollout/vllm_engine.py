@@ -112,11 +112,10 @@ def _recurrent(model_dir: str | os.PathLike) -> bool:
     """Whether the checkpoint's model has recurrent (linear-attention) layers.
 
     True when its ``config.json`` ``layer_types``, or its ``text_config``'s, name ``linear_attention``."""
-    from bat_jax.models.configs import LINEAR_ATTENTION
-    from bat_jax.models.hf_io import read_hf_config
+    import json  # not hf_io.read_hf_config: bat_jax.models imports JAX, which vLLM replica processes never load
 
-    config = read_hf_config(model_dir)
-    return any(LINEAR_ATTENTION in (c.get("layer_types") or ()) for c in (config, config.get("text_config") or {}))
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return any("linear_attention" in (c.get("layer_types") or ()) for c in (config, config.get("text_config") or {}))
 
 
 def checkpoint_tensor_shapes(model_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
